@@ -174,6 +174,9 @@ func Decode(buf []byte, h *Header) error {
 		Checksum:    t.Checksum(),
 		HasChecksum: t.HasChecksum(),
 	}
+	if !h.HasChecksum {
+		h.Checksum = 0 // a checksum without its flag means nothing
+	}
 	n := t.ShapeLength()
 	if n > zerocopy.MaxRank {
 		return fmt.Errorf("%w: rank %d > %d", ErrInvalidHeader, n, zerocopy.MaxRank)
