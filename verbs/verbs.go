@@ -171,6 +171,18 @@ type QueuePair interface {
 	Close() error
 }
 
+// RemoteMapper is implemented by queue pairs whose peer's registered
+// memory is mapped into this process (shm). It lets a consumer use a
+// peer's tensor in place, with no copy.
+type RemoteMapper interface {
+	// MapRemote returns length bytes of the peer's memory at remote, after
+	// checking the key, the bounds and the remote-read right as a Read
+	// would. The bytes are the peer's memory: they change when the peer
+	// writes them, must not be written, and stay valid until the queue
+	// pair is closed.
+	MapRemote(remote Remote, length int) ([]byte, error)
+}
+
 // QPState is the state of a queue pair, as in the InfiniBand specification.
 type QPState int
 

@@ -1,0 +1,125 @@
+//go:build linux && cgo && rdma
+
+package ibv
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// memoryRegion is memory registered with ibv_reg_mr.
+type memoryRegion struct {
+	d      *domain
+	bytes  []byte
+	addr   uint64
+	access verbs.Access
+	lkey   uint32
+	rkey   uint32
+
+	mu sync.Mutex
+	mr *C.struct_ibv_mr // nil once deregistered
+}
+
+// RegisterMemory registers m.Bytes with ibv_reg_mr, which pins its pages.
+//
+// The memory must not be managed by the Go garbage collector's allocator in
+// a way that could reuse it while the NIC may touch it: pass mmap'd arena
+// memory (what mempool hands out). The region keeps a reference to
+// m.Bytes, and the Go collector does not move heap objects, so a Go heap
+// slice stays valid too; but its pages are shared with unrelated Go
+// objects, which MADV_DONTFORK (fork safety) would then also cover. Only the
+// address crosses into C, as an integer: libibverbs never holds a Go
+// pointer.
+func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
+	if len(m.Bytes) == 0 {
+		return nil, fmt.Errorf("ibv: register memory: %w: empty", verbs.ErrInvalidMemory)
+	}
+	if rest := access &^ (verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead); rest != 0 {
+		return nil, fmt.Errorf("ibv: register memory: %w: unknown access %s", verbs.ErrInvalidMemory, rest)
+	}
+	if uint64(len(m.Bytes)) > d.maxMRSize {
+		return nil, fmt.Errorf("ibv: register memory: %w: %d bytes, %s registers at most %d",
+			verbs.ErrInvalidMemory, len(m.Bytes), d.name, d.maxMRSize)
+	}
+	var flags C.int
+	if access&verbs.AccessLocalWrite != 0 {
+		flags |= C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&verbs.AccessRemoteWrite != 0 {
+		// The NIC requires local write with remote write. Local writes the
+		// region does not grant are refused in Go before posting.
+		flags |= C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&verbs.AccessRemoteRead != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_READ
+	}
+	// The address is an integer from here on; the region keeps m.Bytes
+	// reachable until it is deregistered.
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(m.Bytes))))
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, verbs.ErrClosed
+	}
+	mr, err := C.trpc_reg_mr(d.pd, C.uint64_t(addr), C.uint64_t(len(m.Bytes)), flags)
+	if mr == nil {
+		return nil, fmt.Errorf("ibv: register %d bytes at %#x with %s: %v%s", len(m.Bytes), addr, access, err, memlockHint(err))
+	}
+	r := &memoryRegion{
+		d:      d,
+		bytes:  m.Bytes,
+		addr:   addr,
+		access: access,
+		lkey:   uint32(mr.lkey),
+		rkey:   uint32(mr.rkey),
+		mr:     mr,
+	}
+	d.mrs[r] = struct{}{}
+	return r, nil
+}
+
+func memlockHint(err error) string {
+	if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EPERM) {
+		return " (pinned memory counts against RLIMIT_MEMLOCK: raise ulimit -l)"
+	}
+	return ""
+}
+
+func (r *memoryRegion) Addr() uint64         { return r.addr }
+func (r *memoryRegion) Len() int             { return len(r.bytes) }
+func (r *memoryRegion) Bytes() []byte        { return r.bytes }
+func (r *memoryRegion) LocalKey() uint32     { return r.lkey }
+func (r *memoryRegion) RemoteKey() uint32    { return r.rkey }
+func (r *memoryRegion) Access() verbs.Access { return r.access }
+
+func (r *memoryRegion) registered() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mr != nil
+}
+
+// Deregister calls ibv_dereg_mr. A second call returns verbs.ErrClosed.
+func (r *memoryRegion) Deregister() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mr == nil {
+		return verbs.ErrClosed
+	}
+	if rc := C.ibv_dereg_mr(r.mr); rc != 0 {
+		return fmt.Errorf("ibv: deregister region at %#x: %v", r.addr, errnoError(rc))
+	}
+	r.mr = nil
+	untrack(r.d, r.d.mrs, r)
+	return nil
+}

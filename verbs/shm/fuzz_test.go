@@ -1,0 +1,54 @@
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// FuzzParseInfo feeds arbitrary bytes to parseInfo: it must never panic,
+// must wrap ErrInvalidInfo on failure, and what it accepts must encode back
+// to the same bytes.
+func FuzzParseInfo(f *testing.F) {
+	good := connInfo{secret: [16]byte{1, 2, 3}, qpID: 42, addr: "@tensorrpc-shm-0123456789abcdef"}.marshal()
+	f.Add(good)
+	f.Add(connInfo{addr: "/tmp/x.sock"}.marshal())
+	f.Add([]byte{})
+	f.Add([]byte("TRSM"))
+	f.Add(good[:len(good)-1])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ci, err := parseInfo(b)
+		if err != nil {
+			if !errors.Is(err, verbs.ErrInvalidInfo) {
+				t.Fatalf("parseInfo error %v does not wrap ErrInvalidInfo", err)
+			}
+			return
+		}
+		if again := ci.marshal(); !bytes.Equal(again, b) {
+			t.Fatalf("parseInfo accepted %x, which re-encodes as %x", b, again)
+		}
+	})
+}
+
+// FuzzDecodeMessage feeds arbitrary bytes to decodeMessage: it must never
+// panic and what it accepts must encode back to the same bytes.
+func FuzzDecodeMessage(f *testing.F) {
+	var b [messageSize]byte
+	(&message{typ: msgSend, flags: flagLast, seq: 9, length: 100, total: 100}).encode(&b)
+	f.Add(b[:])
+	f.Add([]byte{})
+	f.Add(make([]byte, messageSize))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m, err := decodeMessage(in)
+		if err != nil {
+			return
+		}
+		var out [messageSize]byte
+		m.encode(&out)
+		if !bytes.Equal(out[:], in) {
+			t.Fatalf("decodeMessage accepted %x, which re-encodes as %x", in, out)
+		}
+	})
+}

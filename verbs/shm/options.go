@@ -1,0 +1,115 @@
+package shm
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// ErrOtherHost is returned by Connect when the peer's connection info comes
+// from another host (its host identity differs from ours). It wraps
+// verbs.ErrInvalidInfo, so callers that only know verbs still see an invalid
+// info error and can fall back to another provider.
+var ErrOtherHost = fmt.Errorf("shm: peer is on another host (host identities differ): %w", verbs.ErrInvalidInfo)
+
+// Option configures the provider made by New.
+type Option func(*options)
+
+type options struct {
+	socketDir         string
+	socketPrefix      string
+	rnrTimeout        time.Duration
+	stagingSize       int
+	handshakeTimeout  time.Duration
+	deregisterTimeout time.Duration
+	inlineLimit       int
+}
+
+// defaultOptions holds every default of the provider in one place.
+func defaultOptions() options {
+	return options{
+		socketPrefix:      "tensorrpc-shm-",
+		rnrTimeout:        time.Second,
+		stagingSize:       256 << 10,
+		handshakeTimeout:  10 * time.Second,
+		deregisterTimeout: 5 * time.Second,
+		inlineLimit:       1 << 30,
+	}
+}
+
+// WithSocketDir makes each domain listen on a unix socket file in dir
+// instead of the abstract namespace. The file is removed when the domain
+// closes. Use it where abstract sockets are unavailable or where file
+// permissions should restrict who may connect.
+func WithSocketDir(dir string) Option {
+	return func(o *options) { o.socketDir = dir }
+}
+
+// WithSocketPrefix sets the prefix of the domain's socket name; a random
+// suffix follows it. The default is "tensorrpc-shm-".
+func WithSocketPrefix(prefix string) Option {
+	return func(o *options) { o.socketPrefix = prefix }
+}
+
+// WithRNRTimeout sets how long an incoming Send or WriteImm waits for a
+// posted Recv before the initiator's request fails with
+// StatusReceiverNotReady. The default is one second.
+func WithRNRTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.rnrTimeout = d
+		}
+	}
+}
+
+// WithStagingSize sets the size of each queue pair's Send staging buffer,
+// the shared memory a Send payload passes through. Larger Sends are moved in
+// chunks of this size. The default is 256 KiB.
+func WithStagingSize(n int) Option {
+	return func(o *options) {
+		if n >= 4096 && n <= maxStagingSize {
+			o.stagingSize = n
+		}
+	}
+}
+
+// WithHandshakeTimeout bounds how long an accepted data connection may take
+// to present its hello. The default is ten seconds.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.handshakeTimeout = d
+		}
+	}
+}
+
+// WithDeregisterTimeout bounds how long Deregister waits for a connected
+// peer to confirm that it unmapped the region. A peer that does not answer
+// in time has its queue pair failed. The default is five seconds.
+func WithDeregisterTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.deregisterTimeout = d
+		}
+	}
+}
+
+// WithInlineLimit sets the largest Write or Read that PostSend performs
+// itself, in the caller's goroutine, when the queue pair has nothing else
+// queued and the peer's region is already mapped: the copy is done and the
+// completion queued before PostSend returns, which saves two goroutine
+// hand-offs per request. Larger requests, and requests queued behind
+// others, are executed by the queue pair's own goroutine. A queue pair's
+// QueuePairConfig.MaxInline, when not zero, overrides this limit. Zero
+// disables inline execution. The default is 1 GiB.
+func WithInlineLimit(n int) Option {
+	return func(o *options) {
+		if n >= 0 {
+			o.inlineLimit = n
+		}
+	}
+}
+
+// maxStagingSize bounds the staging buffer a peer may ask us to map.
+const maxStagingSize = 64 << 20

@@ -1,0 +1,537 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"golang.org/x/sys/unix"
+)
+
+// queuePair is a reliable connected queue pair over one SOCK_SEQPACKET unix
+// connection. Two goroutines run while it is connected: the sender executes
+// the send queue in order (copies straight into or out of the peer's mapped
+// regions, Send payloads through the staging buffer), and the receiver reads
+// control messages (doorbells, acks, region announcements). Close stops
+// both.
+type queuePair struct {
+	pd               *domain
+	id               uint64
+	secret           [16]byte
+	info             []byte
+	sendCQ, recvCQ   *completionQueue
+	maxSend, maxRecv int
+	inlineLimit      int
+
+	// incoming holds data connections that presented our secret, for
+	// Connect to check against the peer's own secret.
+	incoming chan dialIn
+
+	// ctx ends when Close is called; it stops Connect.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	state     verbs.QPState
+	closed    bool
+	accepting bool // offers of data connections are welcome: until Connect picks dialing or accepts one
+	conn      *net.UnixConn
+	failed    chan struct{} // closed on entering the error state
+	// inflightStatus and inflightErr complete the request executing when
+	// the queue pair fails.
+	inflightStatus verbs.Status
+	inflightErr    error
+
+	sq []verbs.SendRequest // sq[0] is executing when the sender set executing
+	// executing is set while a request runs, either sq[0] in the sender
+	// goroutine or one that PostSend runs inline (until its ack arrives,
+	// for a Send or WriteImm): requests run one at a time, in posting
+	// order.
+	executing bool
+	// awaiting is the inline Send or WriteImm whose ack the receiver will
+	// complete.
+	awaiting *awaitingAck
+	// inline counts PostSend calls copying outside mu; Close waits for
+	// them before it unmaps the staging buffer.
+	inline sync.WaitGroup
+
+	rq      []verbs.RecvRequest
+	inbound *inbound // a Send or WriteImm being received
+	// heldRecv is a successful receive completion held back until the
+	// ack of its request is on the wire (see releaseRecv).
+	heldRecv *verbs.Completion
+
+	// mapWanted is the request id and key of the sender's outstanding
+	// msgMapRequest; any other msgMapReply is a protocol violation.
+	mapWanted    mapRequest
+	unmapWaiters map[uint64]chan struct{}
+	nextToken    uint64
+	workerDone   chan struct{} // nil until connected
+	readerDone   chan struct{} // nil until connected
+
+	sqSignal chan struct{} // a token when the send queue may be non-empty
+
+	// Requests posted whose completions have not been polled yet; they
+	// count against maxSend and maxRecv.
+	sendOutstanding, recvOutstanding atomic.Int64
+
+	// Set by Connect before the goroutines start, released by Close after
+	// they stop.
+	stagingMapping     []byte         // ours, read-write: header, then payload
+	staging            []byte         // the payload part of stagingMapping
+	localState         *atomic.Uint32 // in our header
+	peerStaging        []byte         // the peer's payload area, read-only
+	peerStagingMapping []byte
+	peerState          *atomic.Uint32 // in the peer's header
+
+	// Owned by whoever is executing (see executing).
+	nextSeq uint64
+	ackCh   chan message   // acks of msgSend and msgWriteImm
+	mapCh   chan mapResult // answers to msgMapRequest
+
+	// remote caches the peer's regions we mapped, by key. Copies hold the
+	// read lock; unmapping holds the write lock.
+	remoteMu sync.RWMutex
+	remote   map[uint32]*remoteRegion
+
+	// announceMu orders our region announcements to the peer before the
+	// matching revocations. announced (guarded by pd.mu) holds the keys
+	// of our regions the peer may have mapped.
+	announceMu sync.Mutex
+	announced  map[uint32]struct{}
+}
+
+// errQueuePairClosed is the cause recorded in completions flushed by Close.
+var errQueuePairClosed = errors.New("shm: queue pair closed")
+
+func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePairConfig) *queuePair {
+	qp := &queuePair{
+		pd:           pd,
+		sendCQ:       sendCQ,
+		recvCQ:       recvCQ,
+		maxSend:      cfg.MaxSend,
+		maxRecv:      cfg.MaxRecv,
+		incoming:     make(chan dialIn, 4),
+		failed:       make(chan struct{}),
+		unmapWaiters: make(map[uint64]chan struct{}),
+		sqSignal:     make(chan struct{}, 1),
+		ackCh:        make(chan message, 1),
+		mapCh:        make(chan mapResult, 1),
+		remote:       make(map[uint32]*remoteRegion),
+		announced:    make(map[uint32]struct{}),
+		accepting:    true,
+	}
+	if qp.maxSend == 0 {
+		qp.maxSend = 1024
+	}
+	if qp.maxRecv == 0 {
+		qp.maxRecv = 1024
+	}
+	qp.inlineLimit = pd.opts.inlineLimit
+	if cfg.MaxInline > 0 {
+		qp.inlineLimit = cfg.MaxInline
+	}
+	randomBytes(qp.secret[:])
+	qp.ctx, qp.cancel = context.WithCancel(context.Background())
+	return qp
+}
+
+func (qp *queuePair) LocalInfo() []byte { return append([]byte(nil), qp.info...) }
+
+func (qp *queuePair) State() verbs.QPState {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state
+}
+
+func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	switch {
+	case qp.closed:
+		return verbs.ErrClosed
+	case qp.state == verbs.QPError:
+		return verbs.ErrQPError
+	case qp.state != verbs.QPReadyToSend:
+		return verbs.ErrNotConnected
+	}
+	posted := 0
+	defer func() {
+		if posted > 0 {
+			select {
+			case qp.sqSignal <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	for _, wr := range wrs {
+		switch {
+		case qp.closed:
+			return verbs.ErrClosed
+		case qp.state == verbs.QPError:
+			// An inline request of this call failed.
+			return verbs.ErrQPError
+		case wr.Op != verbs.OpSend && wr.Op != verbs.OpWrite && wr.Op != verbs.OpWriteImm && wr.Op != verbs.OpRead:
+			return fmt.Errorf("shm: work request %d: opcode %v does not belong on the send queue: %w", wr.ID, wr.Op, verbs.ErrUnsupported)
+		case qp.sendOutstanding.Load() >= int64(qp.maxSend):
+			return verbs.ErrQueueFull
+		}
+		qp.sendOutstanding.Add(1)
+		if !qp.executing && len(qp.sq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
+			continue
+		}
+		qp.sq = append(qp.sq, wr)
+		posted++
+	}
+	return nil
+}
+
+// awaitingAck is an inline Send or WriteImm waiting for the peer's ack: c is
+// its completion should the ack say success.
+type awaitingAck struct {
+	c   verbs.Completion
+	seq uint64
+}
+
+func (qp *queuePair) inlineable(wr verbs.SendRequest) bool {
+	if wr.Local.Length > qp.inlineLimit {
+		return false
+	}
+	switch wr.Op {
+	case verbs.OpWrite, verbs.OpRead, verbs.OpWriteImm:
+		return true
+	case verbs.OpSend:
+		return wr.Local.Length <= len(qp.staging)
+	}
+	return false
+}
+
+// executeInlineLocked runs a request in the caller's goroutine, with qp.mu
+// released during the copy: all of a Write or Read; the copy and doorbell
+// of a Send or WriteImm, whose completion the receiver queues when the ack
+// comes. It reports false, having done nothing, when the peer's region is
+// not mapped yet: asking the peer for it is the sender goroutine's job.
+func (qp *queuePair) executeInlineLocked(wr verbs.SendRequest) bool {
+	qp.executing = true
+	qp.inline.Add(1)
+	qp.mu.Unlock()
+	c, ran, doorbell := qp.startInline(wr)
+	qp.mu.Lock()
+	qp.inline.Done()
+	if !ran {
+		qp.executing = false
+		return false
+	}
+	if qp.state == verbs.QPError {
+		// Failed or closed while we copied; the peer never heard of it.
+		c.Status, c.Err = qp.inflightStatus, qp.inflightErr
+		doorbell = nil
+	}
+	if doorbell != nil && c.Status == verbs.StatusSuccess {
+		qp.nextSeq++
+		doorbell.seq = qp.nextSeq
+		qp.awaiting = &awaitingAck{c: c, seq: doorbell.seq}
+		qp.mu.Unlock()
+		err := qp.send(doorbell, -1)
+		qp.mu.Lock()
+		if err != nil {
+			acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+			qp.mu.Unlock()
+			qp.sendAll(acks)
+			qp.mu.Lock()
+		}
+		return true
+	}
+	qp.executing = false
+	qp.finishSendLocked(c)
+	return true
+}
+
+// finishSendLocked queues the completion of the request that was
+// executing, fails the queue pair if it failed and otherwise wakes the
+// sender for the requests queued behind it. It may release qp.mu for a
+// while.
+func (qp *queuePair) finishSendLocked(c verbs.Completion) {
+	qp.completeSend(c)
+	if c.Status != verbs.StatusSuccess {
+		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(c))
+		qp.mu.Unlock()
+		qp.sendAll(acks)
+		qp.mu.Lock()
+	} else if len(qp.sq) > 0 {
+		select {
+		case qp.sqSignal <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// onAck completes the inline request awaiting this ack. It reports false
+// when none is: the ack is for the sender goroutine.
+func (qp *queuePair) onAck(m message) (bool, error) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	aw := qp.awaiting
+	if aw == nil {
+		return false, nil
+	}
+	if aw.seq != m.seq {
+		return true, fmt.Errorf("ack %d, want %d", m.seq, aw.seq)
+	}
+	qp.awaiting = nil
+	qp.executing = false
+	c := aw.c
+	if st, err := ackStatus(m.status); st != verbs.StatusSuccess {
+		c = verbs.Completion{ID: c.ID, Op: c.Op, Status: st, Err: err}
+	}
+	qp.finishSendLocked(c)
+	return true, nil
+}
+
+// PostRecv posts receive buffers. It may be called before Connect, so that
+// buffers are ready when the first Send arrives.
+func (qp *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
+	qp.mu.Lock()
+	var acks []message
+	err := func() error {
+		switch {
+		case qp.closed:
+			return verbs.ErrClosed
+		case qp.state == verbs.QPError:
+			return verbs.ErrQPError
+		}
+		for _, wr := range wrs {
+			if qp.recvOutstanding.Load() >= int64(qp.maxRecv) {
+				return verbs.ErrQueueFull
+			}
+			qp.recvOutstanding.Add(1)
+			qp.rq = append(qp.rq, wr)
+		}
+		return nil
+	}()
+	if in := qp.inbound; in != nil && in.recv == nil && len(qp.rq) > 0 {
+		acks = qp.deliverLocked(in)
+	}
+	qp.mu.Unlock()
+	qp.sendAll(acks)
+	qp.releaseRecv()
+	return err
+}
+
+// fail moves the queue pair to the error state; see failLocked.
+func (qp *queuePair) fail(inflight verbs.Status, cause error) {
+	qp.mu.Lock()
+	acks := qp.failLocked(inflight, cause)
+	qp.mu.Unlock()
+	qp.sendAll(acks)
+}
+
+// failLocked moves the queue pair to the error state: posted Recvs are
+// flushed now, the send queue by the sender as it stops, and the request it
+// is executing completes with inflight. It returns the acks owed to the
+// peer, for the caller to send after unlocking.
+func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
+	if qp.state == verbs.QPError {
+		return nil
+	}
+	qp.state = verbs.QPError
+	qp.inflightStatus, qp.inflightErr = inflight, cause
+	close(qp.failed)
+	if qp.localState != nil {
+		qp.localState.Store(stateDown)
+	}
+	qp.releaseRecvLocked()
+	for _, r := range qp.rq {
+		qp.completeRecv(verbs.Completion{ID: r.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
+	}
+	qp.rq = nil
+	if aw := qp.awaiting; aw != nil {
+		qp.awaiting = nil
+		qp.completeSend(verbs.Completion{ID: aw.c.ID, Op: aw.c.Op, Status: inflight, Err: cause})
+	}
+	var acks []message
+	if in := qp.inbound; in != nil {
+		qp.inbound = nil
+		in.stopTimer()
+		if in.recv != nil {
+			qp.completeRecv(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
+		}
+		acks = append(acks, message{typ: msgAck, seq: in.seq, status: verbs.StatusTransport})
+	}
+	return acks
+}
+
+func (qp *queuePair) completeSend(c verbs.Completion) { qp.sendCQ.push(c, &qp.sendOutstanding) }
+func (qp *queuePair) completeRecv(c verbs.Completion) { qp.recvCQ.push(c, &qp.recvOutstanding) }
+
+// holdRecvLocked keeps a successful receive completion until releaseRecv.
+// The ack goes out first so that, when our application answers the Send at
+// once, the answer does not overtake the ack on the wire and find the
+// peer's queue pair still waiting for it.
+func (qp *queuePair) holdRecvLocked(c verbs.Completion) {
+	qp.releaseRecvLocked()
+	qp.heldRecv = &c
+}
+
+// releaseRecv queues the held receive completion, if any. Every failure
+// releases it before flushing, so receives still complete in order.
+func (qp *queuePair) releaseRecv() {
+	qp.mu.Lock()
+	qp.releaseRecvLocked()
+	qp.mu.Unlock()
+}
+
+func (qp *queuePair) releaseRecvLocked() {
+	if c := qp.heldRecv; c != nil {
+		qp.heldRecv = nil
+		qp.completeRecv(*c)
+	}
+}
+
+// sendAll sends control messages that carry no fd, ignoring errors: a
+// broken connection is noticed and reported by the receiver.
+func (qp *queuePair) sendAll(msgs []message) {
+	for i := range msgs {
+		qp.send(&msgs[i], -1)
+	}
+}
+
+// send writes one control message, with fd attached when fd >= 0.
+func (qp *queuePair) send(m *message, fd int) error {
+	return writeMessage(qp.conn, m, fd)
+}
+
+func writeMessage(c *net.UnixConn, m *message, fd int) error {
+	var b [messageSize]byte
+	m.encode(&b)
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	_, _, err := c.WriteMsgUnix(b[:], oob, nil)
+	return err
+}
+
+// Close fails the queue pair with StatusFlushed, closes its connection
+// (the peer sees it as gone), stops its goroutines and unmaps everything it
+// mapped.
+func (qp *queuePair) Close() error {
+	qp.mu.Lock()
+	if qp.closed {
+		qp.mu.Unlock()
+		return nil
+	}
+	qp.closed = true
+	qp.accepting = false
+	qp.failLocked(verbs.StatusFlushed, errQueuePairClosed) // the peer learns from the closed socket
+	conn, workerDone, readerDone := qp.conn, qp.workerDone, qp.readerDone
+	qp.mu.Unlock()
+
+	qp.cancel()
+	if conn != nil {
+		conn.Close()
+	}
+	if workerDone != nil {
+		<-workerDone
+		<-readerDone
+	}
+	qp.inline.Wait()
+	qp.drainIncoming()
+	qp.remoteMu.Lock()
+	for key, rr := range qp.remote {
+		delete(qp.remote, key)
+		rr.unmap()
+	}
+	qp.remoteMu.Unlock()
+	if qp.stagingMapping != nil {
+		unix.Munmap(qp.stagingMapping)
+		qp.stagingMapping, qp.staging, qp.localState = nil, nil, nil
+	}
+	if qp.peerStagingMapping != nil {
+		unix.Munmap(qp.peerStagingMapping)
+		qp.peerStagingMapping, qp.peerStaging, qp.peerState = nil, nil, nil
+	}
+	qp.pd.forgetQP(qp)
+	return nil
+}
+
+// revoke tells the peer to unmap our region key and waits for its
+// confirmation, for the connection to end, or for the deregister timeout
+// (after which the queue pair fails: a peer that keeps a revoked region
+// mapped is not one to keep talking to).
+func (qp *queuePair) revoke(key uint32) {
+	qp.mu.Lock()
+	readerDone := qp.readerDone
+	if readerDone == nil {
+		qp.mu.Unlock()
+		return
+	}
+	qp.nextToken++
+	token := qp.nextToken
+	done := make(chan struct{})
+	qp.unmapWaiters[token] = done
+	qp.mu.Unlock()
+	defer func() {
+		qp.mu.Lock()
+		delete(qp.unmapWaiters, token)
+		qp.mu.Unlock()
+	}()
+
+	qp.announceMu.Lock()
+	err := qp.send(&message{typ: msgUnmap, key: key, seq: token}, -1)
+	qp.announceMu.Unlock()
+	if err != nil {
+		return
+	}
+	t := time.NewTimer(qp.pd.opts.deregisterTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-readerDone:
+	case <-t.C:
+		qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer did not confirm unmapping region %#x within %v", key, qp.pd.opts.deregisterTimeout))
+		qp.conn.Close()
+	}
+}
+
+func (qp *queuePair) unmapConfirmed(token uint64) {
+	qp.mu.Lock()
+	if done, ok := qp.unmapWaiters[token]; ok {
+		delete(qp.unmapWaiters, token)
+		close(done)
+	}
+	qp.mu.Unlock()
+}
+
+// localBuffer resolves a local buffer of a work request, checking its
+// region, rights and bounds.
+func (qp *queuePair) localBuffer(l verbs.Local, need verbs.Access) ([]byte, verbs.Status, error) {
+	if l.Offset < 0 || l.Length < 0 {
+		return nil, verbs.StatusLocalLength, fmt.Errorf("shm: negative local offset %d or length %d", l.Offset, l.Length)
+	}
+	if l.Region == nil {
+		if l.Length == 0 {
+			return nil, verbs.StatusSuccess, nil
+		}
+		return nil, verbs.StatusLocalProtection, errors.New("shm: local buffer has no region")
+	}
+	r, ok := l.Region.(*region)
+	if !ok || r.pd != qp.pd {
+		return nil, verbs.StatusLocalProtection, errors.New("shm: local region belongs to another protection domain")
+	}
+	if r.deregistered.Load() {
+		return nil, verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x is deregistered", r.key)
+	}
+	if r.access&need != need {
+		return nil, verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x grants %v, the request needs %v", r.key, r.access, need)
+	}
+	if l.Offset > len(r.mem) || l.Length > len(r.mem)-l.Offset {
+		return nil, verbs.StatusLocalLength, fmt.Errorf("shm: local buffer [%d, +%d) lies outside region %#x of %d bytes", l.Offset, l.Length, r.key, len(r.mem))
+	}
+	return r.mem[l.Offset : l.Offset+l.Length : l.Offset+l.Length], verbs.StatusSuccess, nil
+}

@@ -1,0 +1,193 @@
+package shm
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// inbound is a Send or WriteImm from the peer that has not completed yet:
+// it waits for a Recv (under the RNR timer) or, for a Send of several
+// chunks, for its next chunk.
+type inbound struct {
+	send  bool    // a Send; else a WriteImm
+	chunk message // the latest chunk (the doorbell, for WriteImm)
+	seq   uint64  // of the latest chunk, which the peer waits to have acked
+	total uint64
+	next  uint64 // offset of the next chunk of a Send
+	recv  *verbs.RecvRequest
+	buf   []byte // the Recv's buffer, for a Send
+	timer *time.Timer
+}
+
+func (in *inbound) stopTimer() {
+	if in.timer != nil {
+		in.timer.Stop()
+		in.timer = nil
+	}
+}
+
+// runReceiver reads the peer's control messages until the connection ends.
+func (qp *queuePair) runReceiver() {
+	defer close(qp.readerDone)
+	bufs := newMsgBuffers()
+	for {
+		m, fd, err := readMessage(qp.conn, bufs)
+		if err != nil {
+			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+			return
+		}
+		if err := qp.handle(m, fd); err != nil {
+			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer broke the protocol: %w", err))
+			qp.conn.Close()
+			return
+		}
+	}
+}
+
+func (qp *queuePair) handle(m message, fd int) error {
+	if m.typ == msgMapReply {
+		return qp.onMapReply(m, fd)
+	}
+	if fd >= 0 {
+		closeFD(fd)
+		return fmt.Errorf("message type %d carried an fd", m.typ)
+	}
+	switch m.typ {
+	case msgSend, msgWriteImm:
+		return qp.onRequest(m)
+	case msgAck:
+		if mine, err := qp.onAck(m); mine || err != nil {
+			return err
+		}
+		select {
+		case qp.ackCh <- m:
+			return nil
+		default:
+			return fmt.Errorf("unexpected ack %d", m.seq)
+		}
+	case msgMapRequest:
+		qp.onMapRequest(m)
+	case msgUnmap:
+		qp.onUnmap(m)
+	case msgUnmapAck:
+		qp.unmapConfirmed(m.seq)
+	default:
+		return fmt.Errorf("unexpected message type %d on a connected queue pair", m.typ)
+	}
+	return nil
+}
+
+// onRequest receives a Send chunk or a WriteImm doorbell. The first chunk
+// of a message takes a Recv, or waits up to the RNR timeout for one.
+func (qp *queuePair) onRequest(m message) error {
+	if m.typ == msgSend {
+		last := m.flags&flagLast != 0
+		switch {
+		case m.length > uint64(len(qp.peerStaging)):
+			return fmt.Errorf("Send chunk of %d bytes exceeds the %d-byte staging buffer", m.length, len(qp.peerStaging))
+		case m.total > uint64(maxInt) || m.offset > m.total || m.length > m.total-m.offset:
+			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message", m.offset, m.length, m.total)
+		case last != (m.offset+m.length == m.total):
+			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message is marked last=%v", m.offset, m.length, m.total, last)
+		case !last && m.length == 0:
+			return fmt.Errorf("empty Send chunk at %d of a %d-byte message", m.offset, m.total)
+		}
+	}
+	qp.mu.Lock()
+	if qp.state == verbs.QPError {
+		qp.mu.Unlock()
+		qp.send(&message{typ: msgAck, seq: m.seq, status: verbs.StatusTransport}, -1)
+		return nil
+	}
+	in := qp.inbound
+	if m.typ == msgWriteImm || m.offset == 0 {
+		if in != nil {
+			qp.mu.Unlock()
+			return fmt.Errorf("new request %d while request %d is incomplete", m.seq, in.seq)
+		}
+		in = &inbound{send: m.typ == msgSend, chunk: m, seq: m.seq, total: m.total}
+		qp.inbound = in
+		if len(qp.rq) == 0 {
+			in.timer = time.AfterFunc(qp.pd.opts.rnrTimeout, func() { qp.rnrExpired(in) })
+			qp.mu.Unlock()
+			return nil
+		}
+	} else {
+		if in == nil || !in.send || in.recv == nil || m.offset != in.next || m.total != in.total {
+			qp.mu.Unlock()
+			return fmt.Errorf("Send chunk at %d does not continue a message", m.offset)
+		}
+		in.chunk, in.seq = m, m.seq
+	}
+	acks := qp.deliverLocked(in)
+	qp.mu.Unlock()
+	qp.sendAll(acks)
+	qp.releaseRecv()
+	return nil
+}
+
+// deliverLocked completes in's latest chunk, taking a Recv first if in has
+// none (there is one). It returns the acks to send after unlocking; the
+// caller then calls releaseRecv.
+func (qp *queuePair) deliverLocked(in *inbound) []message {
+	m := in.chunk
+	if in.recv == nil {
+		r := qp.rq[0]
+		qp.rq = qp.rq[1:]
+		in.recv = &r
+		in.stopTimer()
+		if in.send {
+			buf, st, err := qp.localBuffer(r.Local, verbs.AccessLocalWrite)
+			if st == verbs.StatusSuccess && in.total > uint64(len(buf)) {
+				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, len(buf))
+			}
+			if st != verbs.StatusSuccess {
+				// As on RC: the receiver's Recv fails and its queue pair
+				// goes to the error state; the sender learns why.
+				qp.inbound = nil
+				qp.releaseRecvLocked()
+				qp.completeRecv(verbs.Completion{ID: r.ID, Op: verbs.OpRecv, Status: st, Err: err})
+				peer := verbs.StatusRemoteOperation
+				if st == verbs.StatusLocalLength {
+					peer = verbs.StatusRemoteInvalidRequest
+				}
+				acks := []message{{typ: msgAck, seq: m.seq, status: peer}}
+				return append(acks, qp.failLocked(verbs.StatusFlushed, err)...)
+			}
+			in.buf = buf
+		}
+	}
+	ack := []message{{typ: msgAck, seq: m.seq}}
+	if in.send {
+		copy(in.buf[m.offset:], qp.peerStaging[:m.length])
+		in.next = m.offset + m.length
+		if m.flags&flagLast == 0 {
+			return ack
+		}
+		c := verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecv, Len: int(in.total)}
+		if m.flags&flagHasImm != 0 {
+			c.Imm, c.HasImm = m.imm, true
+		}
+		qp.holdRecvLocked(c)
+	} else {
+		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(maxInt))), Imm: m.imm, HasImm: true})
+	}
+	qp.inbound = nil
+	return ack
+}
+
+// rnrExpired refuses a request that found no Recv in time. The queue pair
+// stays usable; the sender's fails with StatusReceiverNotReady.
+func (qp *queuePair) rnrExpired(in *inbound) {
+	qp.mu.Lock()
+	if qp.inbound != in || in.recv != nil {
+		qp.mu.Unlock()
+		return
+	}
+	qp.inbound = nil
+	in.timer = nil
+	qp.mu.Unlock()
+	qp.send(&message{typ: msgAck, seq: in.seq, status: verbs.StatusReceiverNotReady}, -1)
+}

@@ -1,0 +1,200 @@
+package shm
+
+import (
+	"fmt"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"golang.org/x/sys/unix"
+)
+
+// remoteRegion is a peer's region mapped into our address space: PROT_READ,
+// plus PROT_WRITE when it grants remote write.
+type remoteRegion struct {
+	key     uint32
+	addr    uint64 // the peer's name for data[0]
+	length  uint64
+	access  verbs.Access
+	mapping []byte // the whole mmap, page-aligned
+	data    []byte // the region inside it
+}
+
+func (rr *remoteRegion) unmap() {
+	unix.Munmap(rr.mapping)
+	rr.mapping, rr.data = nil, nil
+}
+
+// span returns the n bytes at the peer's address addr if they lie inside
+// the region and the region grants need.
+func (rr *remoteRegion) span(addr uint64, n int, need verbs.Access) ([]byte, error) {
+	if rr.access&need != need {
+		return nil, fmt.Errorf("shm: remote key %#x grants %v, the request needs %v", rr.key, rr.access, need)
+	}
+	off := addr - rr.addr
+	if addr < rr.addr || off > rr.length || uint64(n) > rr.length-off {
+		return nil, fmt.Errorf("shm: remote [%#x, +%d) lies outside region %#x [%#x, +%d)", addr, n, rr.key, rr.addr, rr.length)
+	}
+	return rr.data[off : off+uint64(n) : off+uint64(n)], nil
+}
+
+// mapRequest identifies the sender's outstanding msgMapRequest.
+type mapRequest struct {
+	seq uint64
+	key uint32
+}
+
+// mapResult answers the sender's msgMapRequest.
+type mapResult struct {
+	seq uint64
+	err error // why the key cannot be used; nil when it is now mapped
+}
+
+// mapAnnounced maps a region the peer announced. The peer is not trusted:
+// its memfd must be sealed against shrinking and long enough, or a later
+// truncation could SIGBUS us.
+func mapAnnounced(m message, fd int) (*remoteRegion, error) {
+	const known = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	if m.access&^known != 0 {
+		return nil, fmt.Errorf("shm: peer region %#x has unknown access bits %v", m.key, m.access)
+	}
+	if m.length == 0 || m.length > uint64(maxInt) || m.addr+m.length < m.addr {
+		return nil, fmt.Errorf("shm: peer region %#x has bad bounds [%#x, +%d)", m.key, m.addr, m.length)
+	}
+	end := m.offset + m.length
+	if end < m.offset || end > maxInt64 {
+		return nil, fmt.Errorf("shm: peer region %#x has bad file range [%d, +%d)", m.key, m.offset, m.length)
+	}
+	if err := checkSealedFD(fd, end); err != nil {
+		return nil, fmt.Errorf("shm: refusing peer region %#x: %v", m.key, err)
+	}
+	mapping, data, err := mapFD(fd, m.offset, m.length, m.access&verbs.AccessRemoteWrite != 0)
+	if err != nil {
+		return nil, fmt.Errorf("shm: peer region %#x: %v", m.key, err)
+	}
+	return &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, mapping: mapping, data: data}, nil
+}
+
+// withRemote runs f on the peer's region key, mapped, with the mapping
+// cache read-locked so the region cannot be unmapped under f. A key not in
+// the cache is asked of the peer first when fetch is set; otherwise
+// withRemote reports false and does nothing.
+func (qp *queuePair) withRemote(key uint32, fetch bool, f func(*remoteRegion) error) (verbs.Status, error, bool) {
+	for asked := false; ; asked = true {
+		qp.remoteMu.RLock()
+		if rr := qp.remote[key]; rr != nil {
+			err := f(rr)
+			qp.remoteMu.RUnlock()
+			if err != nil {
+				return verbs.StatusRemoteAccess, err, true
+			}
+			return verbs.StatusSuccess, nil, true
+		}
+		qp.remoteMu.RUnlock()
+		if !fetch {
+			return 0, nil, false
+		}
+		if asked {
+			// Mapped and revoked again before we got to use it.
+			return verbs.StatusRemoteAccess, fmt.Errorf("shm: remote key %#x was deregistered by the peer", key), true
+		}
+		if st, err := qp.fetchRemote(key); st != verbs.StatusSuccess {
+			return st, err, true
+		}
+	}
+}
+
+// fetchRemote asks the peer for region key and waits for the receiver to
+// map it (or learn that it cannot be).
+func (qp *queuePair) fetchRemote(key uint32) (verbs.Status, error) {
+	qp.nextSeq++
+	req := message{typ: msgMapRequest, key: key, seq: qp.nextSeq}
+	qp.mu.Lock()
+	qp.mapWanted = mapRequest{seq: req.seq, key: key}
+	qp.mu.Unlock()
+	if err := qp.send(&req, -1); err != nil {
+		return qp.lost(err)
+	}
+	for {
+		select {
+		case r := <-qp.mapCh:
+			if r.seq != req.seq {
+				continue // the answer to a request abandoned earlier
+			}
+			if r.err != nil {
+				return verbs.StatusRemoteAccess, r.err
+			}
+			return verbs.StatusSuccess, nil
+		case <-qp.failed:
+			return qp.inflight()
+		}
+	}
+}
+
+// onMapReply maps an announced region into the cache and wakes the sender.
+// Only the answer to the outstanding request is accepted, so a peer cannot
+// make us map regions we did not ask for.
+func (qp *queuePair) onMapReply(m message, fd int) error {
+	qp.mu.Lock()
+	wanted := qp.mapWanted
+	if wanted.seq == m.seq && wanted.key == m.key {
+		qp.mapWanted = mapRequest{}
+	}
+	qp.mu.Unlock()
+	if wanted.seq == 0 || wanted.seq != m.seq || wanted.key != m.key {
+		closeFD(fd)
+		return fmt.Errorf("unrequested announcement of region %#x (request %d)", m.key, m.seq)
+	}
+	var err error
+	if m.flags&flagFound == 0 {
+		closeFD(fd)
+		err = fmt.Errorf("shm: remote key %#x is not registered for remote access at the peer", m.key)
+	} else if fd < 0 {
+		err = fmt.Errorf("shm: peer announced region %#x without its fd", m.key)
+	} else {
+		var rr *remoteRegion
+		rr, err = mapAnnounced(m, fd)
+		unix.Close(fd)
+		if err == nil {
+			qp.remoteMu.Lock()
+			if old := qp.remote[m.key]; old != nil {
+				old.unmap()
+			}
+			qp.remote[m.key] = rr
+			qp.remoteMu.Unlock()
+		}
+	}
+	select {
+	case qp.mapCh <- mapResult{seq: m.seq, err: err}:
+	default:
+	}
+	return nil
+}
+
+// onMapRequest announces our region to the peer, with its fd.
+func (qp *queuePair) onMapRequest(m message) {
+	qp.announceMu.Lock()
+	defer qp.announceMu.Unlock()
+	reply := message{typ: msgMapReply, key: m.key, seq: m.seq}
+	fd := -1
+	if r := qp.pd.lookupRegionFor(qp, m.key); r != nil && r.access&(verbs.AccessRemoteRead|verbs.AccessRemoteWrite) != 0 {
+		reply.flags = flagFound
+		reply.addr = r.addr
+		reply.length = uint64(len(r.mem))
+		reply.access = r.access
+		reply.offset = r.fdOffset
+		fd = r.fd
+	}
+	qp.send(&reply, fd)
+}
+
+// onUnmap drops our mapping of a peer region (waiting for any copy in
+// progress) and confirms.
+func (qp *queuePair) onUnmap(m message) {
+	qp.remoteMu.Lock()
+	rr := qp.remote[m.key]
+	delete(qp.remote, m.key)
+	qp.remoteMu.Unlock()
+	if rr != nil {
+		rr.unmap()
+	}
+	qp.send(&message{typ: msgUnmapAck, seq: m.seq}, -1)
+}

@@ -1,0 +1,110 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// msgType is the kind of a control message on a queue pair's socket.
+type msgType uint8
+
+const (
+	// msgHello opens a data connection: seq is the acceptor's queue pair
+	// id, secret[0] the acceptor's secret, secret[1] the dialer's; length
+	// is the size of the dialer's staging buffer, whose fd rides along.
+	msgHello msgType = iota + 1
+	// msgWelcome accepts it: length is the size of the acceptor's staging
+	// buffer, whose fd rides along.
+	msgWelcome
+	// msgSend: a chunk of a Send lies in the sender's staging buffer at
+	// [0, length); it belongs at offset in a message of total bytes.
+	msgSend
+	// msgWriteImm: length bytes were written; consume a Recv with imm.
+	msgWriteImm
+	// msgAck answers msgSend and msgWriteImm with the same seq and a status.
+	msgAck
+	// msgMapRequest asks the peer for region key; seq is a request id.
+	msgMapRequest
+	// msgMapReply answers it: flagFound, addr, length, access, offset (the
+	// offset in the fd); the region's fd rides along when found.
+	msgMapReply
+	// msgUnmap tells the peer to drop its mapping of key; seq is a token.
+	msgUnmap
+	// msgUnmapAck confirms msgUnmap with the same token.
+	msgUnmapAck
+)
+
+const (
+	flagLast   = 1 << 0 // msgSend: the last chunk of the message
+	flagHasImm = 1 << 1 // msgSend: the Send carries imm
+	flagFound  = 1 << 2 // msgMapReply: the region exists
+)
+
+// message is every control message; each type uses the fields its comment
+// above names. It travels as messageSize bytes in one SOCK_SEQPACKET record.
+type message struct {
+	typ    msgType
+	flags  uint8
+	status verbs.Status
+	imm    uint32
+	key    uint32
+	access verbs.Access
+	seq    uint64
+	addr   uint64
+	offset uint64
+	length uint64
+	total  uint64
+	secret [2][16]byte
+}
+
+const messageSize = 88
+
+func (m *message) encode(b *[messageSize]byte) {
+	*b = [messageSize]byte{}
+	b[0] = byte(m.typ)
+	b[1] = m.flags
+	b[2] = byte(m.status)
+	le := binary.LittleEndian
+	le.PutUint32(b[4:], m.imm)
+	le.PutUint32(b[8:], m.key)
+	le.PutUint32(b[12:], uint32(m.access))
+	le.PutUint64(b[16:], m.seq)
+	le.PutUint64(b[24:], m.addr)
+	le.PutUint64(b[32:], m.offset)
+	le.PutUint64(b[40:], m.length)
+	le.PutUint64(b[48:], m.total)
+	copy(b[56:72], m.secret[0][:])
+	copy(b[72:88], m.secret[1][:])
+}
+
+// decodeMessage decodes a control message from the peer. It checks only the
+// framing; each handler checks the fields it uses.
+func decodeMessage(b []byte) (message, error) {
+	var m message
+	if len(b) != messageSize {
+		return m, fmt.Errorf("shm: control message is %d bytes, want %d", len(b), messageSize)
+	}
+	m.typ = msgType(b[0])
+	if m.typ < msgHello || m.typ > msgUnmapAck {
+		return m, fmt.Errorf("shm: unknown control message type %d", b[0])
+	}
+	if b[3] != 0 {
+		return m, fmt.Errorf("shm: control message has reserved byte %#x", b[3])
+	}
+	m.flags = b[1]
+	m.status = verbs.Status(b[2])
+	le := binary.LittleEndian
+	m.imm = le.Uint32(b[4:])
+	m.key = le.Uint32(b[8:])
+	m.access = verbs.Access(le.Uint32(b[12:]))
+	m.seq = le.Uint64(b[16:])
+	m.addr = le.Uint64(b[24:])
+	m.offset = le.Uint64(b[32:])
+	m.length = le.Uint64(b[40:])
+	m.total = le.Uint64(b[48:])
+	copy(m.secret[0][:], b[56:72])
+	copy(m.secret[1][:], b[72:88])
+	return m, nil
+}

@@ -1,0 +1,38 @@
+package tcp_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+	"github.com/tensorrpc/tensorrpc/verbs/verbstest"
+)
+
+// testEnv is the conformance environment of the tcp provider: two domains
+// of one provider on loopback, and plain Go memory.
+func testEnv(opts ...tcp.Option) verbstest.Env {
+	p := tcp.New(append([]tcp.Option{tcp.WithLingerTimeout(time.Second)}, opts...)...)
+	return verbstest.Env{
+		Name: "tcp",
+		Open: func(t testing.TB) (a, b verbs.ProtectionDomain) {
+			a, err := p.Open("")
+			if err != nil {
+				t.Fatalf("open a: %v", err)
+			}
+			b, err = p.Open("tcp")
+			if err != nil {
+				a.Close()
+				t.Fatalf("open b: %v", err)
+			}
+			return a, b
+		},
+		NewMemory: func(t testing.TB, size int) verbs.Memory {
+			return verbs.Memory{Bytes: make([]byte, size)}
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	verbstest.Run(t, testEnv())
+}

@@ -1,0 +1,80 @@
+// Package tcp is the verbs provider for any pair of hosts: a software
+// reliable-connected queue pair over one TCP connection.
+//
+// # Basics
+//
+// New returns the provider; Open returns a protection domain that listens
+// for data connections (on 127.0.0.1 with a free port by default, see
+// WithListenAddress and WithAdvertiseAddress). Every queue pair's LocalInfo
+// carries the address peers dial, a random 128-bit one-time secret and the
+// queue pair's id. Of two queue pairs being connected, the one with the
+// smaller secret dials the other and presents both secrets; the accepting
+// side takes only a connection that presents the secret it issued and the
+// secret from the info its own Connect was given, and only once, so a data
+// connection is bound to the control-plane session that carried the infos.
+//
+// One goroutine writes frames in posting order and one reads and applies
+// them in order, so the RC ordering guarantee holds: the data of Writes
+// posted before a WriteImm or Send is in place when that WriteImm or Send
+// completes at the target. A frame is a 36-byte little-endian header
+// (opcode, status, flags, remote key, immediate, sequence number, remote
+// address, length) followed by the payload of Writes, Sends and read
+// responses. The target checks key, rights and bounds before it touches
+// memory; a refused access is reported to the requester (its request
+// completes with StatusRemoteAccess), its payload is discarded unread into
+// memory, and both queue pairs go to ERR, as in InfiniBand.
+//
+// Copies: a Write's or Send's payload goes from the registered memory to
+// the kernel with writev (payloads up to MaxInline, 1 KiB by default, are
+// first copied next to their header to batch small messages), and from the
+// kernel straight into the target region or receive buffer. Only the part
+// of a payload that the connection's 16 KiB read-ahead buffer already
+// holds is copied from that buffer, so a large payload is copied once by
+// each kernel and almost never in user space. Read responses travel the
+// same way in the other direction.
+//
+// Completions: Writes, WriteImms and Sends complete at the requester when
+// the target acknowledges them (acknowledgements are cumulative), Reads
+// when their data has arrived. Sends and receives complete in order. The
+// acknowledgement of a Send or WriteImm, which completed a receive, waits
+// up to 50 µs for a reply posted in the meantime to carry it, so that a
+// request-response exchange costs one write per direction.
+//
+// # Caveats
+//
+// A completion queue's capacity bounds the work that may be outstanding on
+// it: each queue pair reserves MaxSend entries of its send queue's
+// completion queue and MaxRecv of its receive queue's (1024 each by
+// default), and NewQueuePair fails with ErrQueueFull when a queue cannot
+// take the reservation. A work request is outstanding until its completion
+// is polled, so posting more than MaxSend (MaxRecv) fails with
+// ErrQueueFull and completions are never dropped. PostSend and PostRecv post
+// all of their requests or none.
+//
+// An incoming Send or WriteImm with no receive posted waits up to the RNR
+// timeout (WithRNRTimeout, 2 seconds by default) for one and then fails
+// with StatusReceiverNotReady; like every responder error, this is fatal for
+// both queue pairs. While it waits, the connection is not read.
+//
+// A Read is served when the target processes it, not when it was posted:
+// like RDMA without a fence, a Write posted after a Read on the same queue
+// pair may land before the Read's data is sent.
+//
+// Deregister waits only for transfers in progress on the region's memory
+// (a payload being read from or written to the socket); a transfer stalled
+// by its peer holds it until the connection fails or its queue pair is
+// closed. Work requests merely posted on the region do not hold it: one that
+// reaches it after Deregister fails with StatusLocalProtection and, like
+// every local or responder error, moves its queue pair to ERR.
+//
+// When a queue pair goes to ERR, its connection lingers (WithLingerTimeout,
+// 2 seconds by default) to deliver the error to the peer, then closes. A
+// queue pair that loses its connection completes the requests already sent
+// with StatusTransport and the others with StatusFlushed. Close completes
+// every outstanding request with StatusFlushed exactly once, closes the
+// connection and stops both goroutines before it returns.
+//
+// PostSend may write a small request to the socket itself when the
+// connection is nearly idle, instead of handing it to the writer goroutine,
+// which saves a hand-off on each message of a round trip.
+package tcp

@@ -1,0 +1,703 @@
+package tcp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// This file is the data path: the writer goroutine, the receiver goroutine
+// and the error state machine they share.
+//
+// Ownership rules that make every completion happen exactly once:
+//   - a send request is in sendq until the writer takes it, then in
+//     inflight until the receiver pops it on its response;
+//   - a receive is in recvq until the receiver takes it for a message;
+//   - whoever removes a request from those lists completes it;
+//   - in ERR, what is left is flushed once both goroutines have stopped
+//     touching memory (quiesce), or by Close after they have exited.
+
+// errRNR says no receive was posted within the RNR timeout.
+var errRNR = errors.New("no receive posted")
+
+// errStopped says the queue pair entered ERR while the receiver waited.
+var errStopped = errors.New("queue pair stopped")
+
+// writer writes frames in posting order: responses queued by the receiver,
+// then requests in the order they were posted. In ERR it writes the
+// responses still queued (the error report to the peer among them), shuts
+// down its half of the connection and stops.
+func (q *queuePair) writer(conn net.Conn) {
+	defer q.wg.Done()
+	for {
+		q.writeMu.Lock()
+		wrote, failed, err := q.writeQueued(conn, false)
+		q.writeMu.Unlock()
+		if err != nil {
+			q.enterError(verbs.StatusTransport, fmt.Errorf("tcp: queue pair %d: writing to the peer: %w", q.id, err))
+			conn.Close()
+			break
+		}
+		if wrote {
+			continue
+		}
+		if failed {
+			break
+		}
+		select {
+		case <-q.wakeWriter:
+		case <-q.errored:
+		}
+	}
+	// Posters check the state under writeMu before writing and the queue
+	// pair is in ERR: once a poster already writing is done, nobody writes
+	// any more.
+	q.writeMu.Lock()
+	q.writeMu.Unlock()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	q.quiesce()
+	q.leave(conn)
+}
+
+// directMaxQueued bounds the direct path, on which PostSend writes small
+// requests itself when the connection is nearly idle (at most one small
+// request in flight, the writer not busy), saving a goroutine hand-off on
+// each message of a round trip. Streams of requests go through the writer,
+// which batches them. The bound keeps PostSend from blocking on the
+// socket: a nearly idle connection has its send buffer free.
+const directMaxQueued = 16 << 10
+
+// writeQueued takes every queued frame and writes it; the caller holds
+// writeMu. With direct set it does nothing unless the batch is small and
+// the queue pair is not in ERR. It reports whether it wrote anything and
+// whether the queue pair is in ERR (then requests are left for the flush).
+func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool, err error) {
+	q.mu.Lock()
+	failed = q.state == verbs.QPError
+	if direct && (failed || len(q.inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) {
+		q.mu.Unlock()
+		return false, failed, nil
+	}
+	ctrl := q.ctrl
+	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
+	q.ctrlBytes, q.delayedAcks = 0, 0
+	var reqs []*sendWR
+	if !failed {
+		reqs = q.sendq
+		q.sendq, q.spareReqs = q.spareReqs[:0], reqs
+		q.inflight = append(q.inflight, reqs...)
+		q.unackedBytes += q.sendqBytes
+		q.sendqBytes = 0
+	}
+	q.mu.Unlock()
+	if len(ctrl) == 0 && len(reqs) == 0 {
+		return false, failed, nil
+	}
+	// Reference the regions whose bytes go out; a request whose region was
+	// deregistered ends the batch and the queue pair (a local protection
+	// error), after the requests before it are sent.
+	send := reqs
+	var bad *sendWR
+	for i, w := range reqs {
+		if w.region == nil || payloadBytes(w) == 0 {
+			continue
+		}
+		if !w.region.acquire() {
+			send, bad = reqs[:i], w
+			break
+		}
+	}
+	err = q.batch.write(conn, ctrl, send, q.maxInline)
+	for _, w := range send {
+		if w.region != nil && payloadBytes(w) > 0 {
+			w.region.release()
+		}
+	}
+	for i := range ctrl {
+		if ctrl[i].region != nil {
+			ctrl[i].region.release()
+		}
+	}
+	if bad != nil {
+		q.mu.Lock()
+		bad.localErr = true
+		q.mu.Unlock()
+		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %v %d: local region %#x was deregistered", q.id, bad.op, bad.id, bad.region.key))
+	}
+	clear(ctrl)
+	clear(reqs)
+	return true, failed, err
+}
+
+// frameBatch gathers frames into one writev: headers and small payloads are
+// copied into an arena, larger payloads are written straight from the
+// registered memory.
+type frameBatch struct {
+	arena []byte
+	cuts  []cut
+	bufs  net.Buffers
+}
+
+// cut ends an arena segment at end and follows it with an external payload.
+type cut struct {
+	end int
+	ext []byte
+}
+
+func (b *frameBatch) add(h *header, payload []byte, inline int) {
+	n := len(b.arena)
+	if cap(b.arena)-n < headerSize {
+		b.arena = append(b.arena, make([]byte, headerSize)...)
+	} else {
+		b.arena = b.arena[:n+headerSize]
+	}
+	h.put(b.arena[n:])
+	if len(payload) <= inline {
+		b.arena = append(b.arena, payload...)
+	} else {
+		b.cuts = append(b.cuts, cut{end: len(b.arena), ext: payload})
+	}
+}
+
+func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inline int) error {
+	b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
+	if raceEnabled {
+		inline = math.MaxInt // see race.go
+	}
+	for i := range ctrl {
+		f := &ctrl[i]
+		// Acknowledgements are cumulative: of consecutive ones, the last
+		// says it all.
+		if f.hdr.op == frameAck && f.hdr.status == nakNone && i+1 < len(ctrl) &&
+			ctrl[i+1].hdr.op == frameAck && ctrl[i+1].hdr.status == nakNone {
+			continue
+		}
+		b.add(&f.hdr, f.payload, inline)
+	}
+	for _, w := range reqs {
+		h := header{key: w.remote.Key, imm: w.imm, seq: w.seq, addr: w.remote.Addr, length: uint64(len(w.buf))}
+		if w.hasImm {
+			h.flags = flagImm
+		}
+		payload := w.buf
+		switch w.op {
+		case verbs.OpSend:
+			h.op = frameSend
+		case verbs.OpWrite:
+			h.op = frameWrite
+		case verbs.OpWriteImm:
+			h.op = frameWriteImm
+		case verbs.OpRead:
+			h.op, payload = frameReadReq, nil
+		}
+		b.add(&h, payload, inline)
+	}
+	start := 0
+	for _, c := range b.cuts {
+		if c.end > start {
+			b.bufs = append(b.bufs, b.arena[start:c.end])
+		}
+		b.bufs = append(b.bufs, c.ext)
+		start = c.end
+	}
+	if start < len(b.arena) {
+		b.bufs = append(b.bufs, b.arena[start:])
+	}
+	var err error
+	if raceEnabled {
+		// One plain write, which the race detector annotates; writev is
+		// not annotated. Every payload is in the arena.
+		_, err = conn.Write(b.arena)
+	} else {
+		bufs := b.bufs
+		_, err = bufs.WriteTo(conn)
+	}
+	clear(b.bufs) // drop references to user memory
+	for i := range b.cuts {
+		b.cuts[i].ext = nil
+	}
+	return err
+}
+
+// receiver reads frames and applies them in order. After a fatal error it
+// keeps reading and discarding frames, so that the peer can finish writing
+// and read the error report, until the peer closes or the linger timeout
+// passes.
+func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
+	defer q.wg.Done()
+	draining := false
+	var hb [headerSize]byte
+	var err error
+	for {
+		if _, err = io.ReadFull(br, hb[:]); err != nil {
+			break
+		}
+		var h header
+		if h, err = parseHeader(hb[:]); err != nil {
+			break
+		}
+		if !draining && q.State() == verbs.QPError {
+			draining = true
+			q.quiesce()
+		}
+		if draining {
+			if h.hasPayload() {
+				if _, err = br.Discard(int(h.length)); err != nil {
+					break
+				}
+			}
+			continue
+		}
+		var fatal bool
+		if fatal, err = q.apply(&h, br); err != nil {
+			break
+		}
+		if fatal {
+			draining = true
+			q.quiesce()
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("the peer closed the connection: %w", err)
+	}
+	q.enterError(verbs.StatusTransport, fmt.Errorf("tcp: queue pair %d: reading from the peer: %w", q.id, err))
+	if !draining {
+		q.quiesce()
+	}
+	q.leave(conn)
+}
+
+// apply executes one frame. fatal reports that the queue pair entered ERR
+// because of it; err that the connection is unusable.
+func (q *queuePair) apply(h *header, br *bufio.Reader) (fatal bool, err error) {
+	switch h.op {
+	case frameWrite, frameWriteImm:
+		return q.applyWrite(h, br)
+	case frameSend:
+		return q.applySend(h, br)
+	case frameReadReq:
+		return q.applyReadRequest(h), nil
+	case frameReadResp:
+		return q.applyReadResponse(h, br)
+	case frameAck:
+		return q.applyAck(h)
+	}
+	return false, fmt.Errorf("unexpected frame opcode %d", h.op)
+}
+
+func opName(op uint8) string {
+	switch op {
+	case frameWrite:
+		return "WRITE"
+	case frameWriteImm:
+		return "WRITE_IMM"
+	case frameSend:
+		return "SEND"
+	case frameReadReq:
+		return "READ"
+	}
+	return fmt.Sprintf("frame %d", op)
+}
+
+// readPayload reads a payload from the connection straight into dst.
+func readPayload(br *bufio.Reader, dst []byte) error {
+	if raceEnabled {
+		// See race.go: chunks smaller than the read buffer make bufio read
+		// into its own buffer and copy, after the read's annotations.
+		for len(dst) > 0 {
+			n, err := br.Read(dst[:min(len(dst), readBufferSize-1)])
+			dst = dst[n:]
+			if err != nil && len(dst) > 0 {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		return nil
+	}
+	_, err := io.ReadFull(br, dst)
+	return err
+}
+
+// applyWrite lands a Write or WriteImm. Key, rights and bounds are checked,
+// and for WriteImm a receive is taken, before a byte of the region is
+// written; the payload is read from the socket straight into the region.
+func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
+	region, buf, aerr := q.pd.remoteAccess(h.key, h.addr, h.length, verbs.AccessRemoteWrite)
+	if aerr != nil {
+		if _, err := br.Discard(int(h.length)); err != nil {
+			return false, err
+		}
+		return q.refuse(h, nakRemoteAccess, aerr), nil
+	}
+	var r *recvWR
+	if h.op == frameWriteImm {
+		var err error
+		if r, err = q.takeRecv(); err != nil {
+			region.release()
+			if !errors.Is(err, errRNR) {
+				return false, err
+			}
+			if _, err := br.Discard(int(h.length)); err != nil {
+				return false, err
+			}
+			return q.refuse(h, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout)), nil
+		}
+	}
+	err := readPayload(br, buf)
+	region.release()
+	if err != nil {
+		if r != nil {
+			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+		}
+		return false, err
+	}
+	if r != nil {
+		q.queueAck(h.seq, true)
+	} else {
+		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
+	}
+	if r != nil {
+		q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true}))
+	}
+	return false, nil
+}
+
+// applySend lands a Send in the oldest posted receive.
+func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
+	r, err := q.takeRecv()
+	if err != nil {
+		if !errors.Is(err, errRNR) {
+			return false, err
+		}
+		if _, err := br.Discard(int(h.length)); err != nil {
+			return false, err
+		}
+		return q.refuse(h, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout)), nil
+	}
+	if h.length > uint64(len(r.buf)) {
+		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, len(r.buf))
+		_, err := br.Discard(int(h.length))
+		q.refuse(h, nakInvalidRequest, cause)
+		q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
+		return true, err
+	}
+	buf := r.buf[:h.length]
+	if len(buf) > 0 {
+		if !r.region.acquire() {
+			cause := fmt.Errorf("the receive's region %#x was deregistered", r.region.key)
+			_, err := br.Discard(int(h.length))
+			q.refuse(h, nakOperation, cause)
+			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
+			return true, err
+		}
+		err := readPayload(br, buf)
+		r.region.release()
+		if err != nil {
+			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			return false, err
+		}
+	}
+	c := verbs.Completion{Op: verbs.OpRecv, Len: len(buf)}
+	if h.flags&flagImm != 0 {
+		c.Imm, c.HasImm = h.imm, true
+	}
+	// The acknowledgement is queued first so that a reply posted on the
+	// receive completion carries it.
+	q.queueAck(h.seq, true)
+	q.recvCQ.push(q.recvCompletion(r, c))
+	return false, nil
+}
+
+// applyReadRequest queues the response to a Read; the writer sends the
+// region's bytes straight from memory.
+func (q *queuePair) applyReadRequest(h *header) bool {
+	region, buf, aerr := q.pd.remoteAccess(h.key, h.addr, h.length, verbs.AccessRemoteRead)
+	if aerr != nil {
+		return q.refuse(h, nakRemoteAccess, aerr)
+	}
+	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, region: region})
+	return false
+}
+
+// applyReadResponse reads the data of the oldest outstanding Read straight
+// into its local buffer.
+func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error) {
+	q.mu.Lock()
+	if len(q.inflight) == 0 {
+		q.mu.Unlock()
+		return false, fmt.Errorf("read response %d with no request outstanding", h.seq)
+	}
+	w := q.inflight[0]
+	q.mu.Unlock()
+	if w.seq != h.seq || w.op != verbs.OpRead || uint64(len(w.buf)) != h.length {
+		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.seq, w.op, len(w.buf))
+	}
+	status, fatal := verbs.StatusSuccess, false
+	var cause error
+	if len(w.buf) > 0 {
+		if w.region.acquire() {
+			err := readPayload(br, w.buf)
+			w.region.release()
+			if err != nil {
+				return false, err
+			}
+		} else {
+			if _, err := br.Discard(int(h.length)); err != nil {
+				return false, err
+			}
+			status, fatal = verbs.StatusLocalProtection, true
+			cause = fmt.Errorf("tcp: queue pair %d: READ %d: local region %#x was deregistered", q.id, w.id, w.region.key)
+			q.enterError(verbs.StatusFlushed, cause)
+		}
+	}
+	q.mu.Lock()
+	q.inflight[0] = nil
+	q.inflight = q.inflight[1:]
+	q.mu.Unlock()
+	q.sendCQ.push(q.sendCompletion(w, status, cause))
+	return fatal, nil
+}
+
+// applyAck completes the requests an acknowledgement covers. A negative
+// acknowledgement fails its request and moves the queue pair to ERR.
+func (q *queuePair) applyAck(h *header) (bool, error) {
+	nak := h.status != nakNone
+	q.mu.Lock()
+	var done []*sendWR
+	for len(q.inflight) > 0 && (q.inflight[0].seq < h.seq || !nak && q.inflight[0].seq == h.seq) {
+		w := q.inflight[0]
+		if w.op == verbs.OpRead {
+			q.mu.Unlock()
+			return false, fmt.Errorf("acknowledgement %d covers read %d, which has no response", h.seq, w.seq)
+		}
+		done = append(done, w)
+		q.inflight[0] = nil
+		q.inflight = q.inflight[1:]
+	}
+	var failed *sendWR
+	if nak && len(q.inflight) > 0 && q.inflight[0].seq == h.seq {
+		failed = q.inflight[0]
+		q.inflight[0] = nil
+		q.inflight = q.inflight[1:]
+	}
+	q.mu.Unlock()
+	if !nak && (len(done) == 0 || done[len(done)-1].seq != h.seq) || nak && failed == nil {
+		return false, fmt.Errorf("acknowledgement of request %d, which is not outstanding", h.seq)
+	}
+	var cause error
+	if nak {
+		st := nakStatus(h.status)
+		cause = fmt.Errorf("the peer refused %v %d: %v", failed.op, failed.id, st)
+		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %w", q.id, cause))
+	}
+	es := make([]entry, 0, len(done)+1)
+	for _, w := range done {
+		es = append(es, q.sendCompletion(w, verbs.StatusSuccess, nil))
+	}
+	q.mu.Lock()
+	for _, w := range done {
+		q.unackedBytes -= payloadBytes(w)
+	}
+	q.mu.Unlock()
+	if failed != nil {
+		es = append(es, q.sendCompletion(failed, nakStatus(h.status), cause))
+	}
+	q.sendCQ.push(es...)
+	return nak, nil
+}
+
+// refuse reports a failed request to the peer and moves the queue pair to
+// ERR, as a responder error does in RC. It returns true (fatal).
+func (q *queuePair) refuse(h *header, status uint8, cause error) bool {
+	q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, status: status, seq: h.seq}})
+	q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: refused the peer's %s %d: %w", q.id, opName(h.op), h.seq, cause))
+	return true
+}
+
+// takeRecv takes the oldest posted receive, waiting up to the RNR timeout
+// for one to be posted.
+func (q *queuePair) takeRecv() (*recvWR, error) {
+	var timer *time.Timer
+	for {
+		q.mu.Lock()
+		if len(q.recvq) > 0 {
+			r := q.recvq[0]
+			q.recvq[0] = nil
+			q.recvq = q.recvq[1:]
+			q.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return r, nil
+		}
+		q.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(q.pd.opts.rnrTimeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-q.recvPosted:
+		case <-timer.C:
+			return nil, errRNR
+		case <-q.errored:
+			return nil, errStopped
+		}
+	}
+}
+
+// ackDelay is how long the acknowledgement of a message that completed a
+// receive may wait for a reply to carry it, and maxDelayedAcks how many
+// such acknowledgements may wait. A request-response exchange then costs
+// one frame batch per direction instead of two.
+const (
+	ackDelay       = 50 * time.Microsecond
+	maxDelayedAcks = 16
+)
+
+// queueAck queues the acknowledgement of request seq. With delay set it
+// wakes the writer only after ackDelay, unless a post writes it sooner or
+// too many wait.
+func (q *queuePair) queueAck(seq uint64, delay bool) {
+	q.mu.Lock()
+	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
+	q.delayedAcks++
+	now := !delay || q.delayedAcks >= maxDelayedAcks
+	if now {
+		q.delayedAcks = 0
+	} else if q.ackTimer == nil {
+		q.ackTimer = time.AfterFunc(ackDelay, func() { signal(q.wakeWriter) })
+	} else {
+		q.ackTimer.Reset(ackDelay)
+	}
+	q.mu.Unlock()
+	if now {
+		signal(q.wakeWriter)
+	}
+}
+
+func (q *queuePair) queueCtrl(f ctrlFrame) {
+	q.mu.Lock()
+	q.ctrl = append(q.ctrl, f)
+	q.ctrlBytes += len(f.payload)
+	q.mu.Unlock()
+	signal(q.wakeWriter)
+}
+
+// payloadBytes is how many bytes a request sends to the peer.
+func payloadBytes(w *sendWR) int {
+	if w.op == verbs.OpRead {
+		return 0
+	}
+	return len(w.buf)
+}
+
+// sendCompletion completes a send request.
+func (q *queuePair) sendCompletion(w *sendWR, st verbs.Status, err error) entry {
+	c := verbs.Completion{ID: w.id, Op: w.op, Status: st, Err: err}
+	if st == verbs.StatusSuccess {
+		c.Len = len(w.buf)
+	}
+	return entry{c: c, outstanding: &q.sendOutstanding}
+}
+
+// recvCompletion completes a receive with c's outcome.
+func (q *queuePair) recvCompletion(r *recvWR, c verbs.Completion) entry {
+	c.ID = r.id
+	if c.Op == 0 {
+		c.Op = verbs.OpRecv
+	}
+	return entry{c: c, outstanding: &q.recvOutstanding}
+}
+
+// enterError moves the queue pair to ERR once. Requests already sent are
+// flushed with status, the others with StatusFlushed. The connection gets
+// the linger timeout to deliver what is queued for the peer.
+func (q *queuePair) enterError(status verbs.Status, cause error) {
+	q.mu.Lock()
+	if q.state == verbs.QPError {
+		q.mu.Unlock()
+		return
+	}
+	q.state = verbs.QPError
+	q.cause = cause
+	q.flushStatus = status
+	conn := q.conn
+	q.mu.Unlock()
+	close(q.errored)
+	if conn != nil {
+		conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
+	}
+}
+
+// quiesce records that one goroutine no longer touches memory; the last
+// one flushes what is left.
+func (q *queuePair) quiesce() {
+	q.mu.Lock()
+	q.active--
+	last := q.active == 0
+	q.mu.Unlock()
+	if last {
+		q.flush()
+	}
+}
+
+// leave records that one goroutine no longer uses the connection; the last
+// one closes it.
+func (q *queuePair) leave(conn net.Conn) {
+	q.mu.Lock()
+	q.running--
+	last := q.running == 0
+	q.mu.Unlock()
+	if last {
+		conn.Close()
+	}
+}
+
+// flush completes every request still queued with an error status.
+func (q *queuePair) flush() {
+	q.mu.Lock()
+	inflight, sendq, recvq, ctrl := q.inflight, q.sendq, q.recvq, q.ctrl
+	q.inflight, q.sendq, q.recvq, q.ctrl = nil, nil, nil, nil
+	q.sendqBytes, q.unackedBytes, q.ctrlBytes = 0, 0, 0
+	status, cause := q.flushStatus, q.cause
+	q.mu.Unlock()
+	if status == verbs.StatusSuccess {
+		status = verbs.StatusFlushed
+	}
+	if len(inflight)+len(sendq) > 0 {
+		es := make([]entry, 0, len(inflight)+len(sendq))
+		for _, w := range inflight {
+			st := status
+			if w.localErr {
+				st = verbs.StatusLocalProtection
+			}
+			es = append(es, q.sendCompletion(w, st, cause))
+		}
+		for _, w := range sendq {
+			es = append(es, q.sendCompletion(w, verbs.StatusFlushed, cause))
+		}
+		q.sendCQ.push(es...)
+	}
+	if len(recvq) > 0 {
+		es := make([]entry, 0, len(recvq))
+		for _, r := range recvq {
+			es = append(es, q.recvCompletion(r, verbs.Completion{Status: verbs.StatusFlushed, Err: cause}))
+		}
+		q.recvCQ.push(es...)
+	}
+	for i := range ctrl {
+		if ctrl[i].region != nil {
+			ctrl[i].region.release()
+		}
+	}
+}

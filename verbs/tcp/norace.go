@@ -1,0 +1,6 @@
+//go:build !race
+
+package tcp
+
+// raceEnabled is true in race-detector builds; see race.go.
+const raceEnabled = false

@@ -1,0 +1,77 @@
+package tcp
+
+import "time"
+
+// Option configures the provider returned by New.
+type Option func(*options)
+
+type options struct {
+	listenAddress    string
+	advertiseAddress string
+	dialTimeout      time.Duration
+	handshakeTimeout time.Duration
+	rnrTimeout       time.Duration
+	lingerTimeout    time.Duration
+	socketBuffer     int
+}
+
+// defaultOptions holds every default of the provider.
+func defaultOptions() options {
+	return options{
+		listenAddress:    "127.0.0.1:0",
+		dialTimeout:      10 * time.Second,
+		handshakeTimeout: 10 * time.Second,
+		rnrTimeout:       2 * time.Second,
+		lingerTimeout:    2 * time.Second,
+	}
+}
+
+// WithListenAddress sets the address each protection domain listens on for
+// data connections, "127.0.0.1:0" by default. Port 0 picks a free port per
+// domain.
+func WithListenAddress(addr string) Option {
+	return func(o *options) { o.listenAddress = addr }
+}
+
+// WithAdvertiseAddress sets the address peers dial, as carried in
+// LocalInfo: "host" (the listener's port is added) or "host:port". Use it
+// when listening on a wildcard address or from inside a network namespace
+// or container whose listen address peers cannot reach. By default peers
+// dial the listener's own address.
+func WithAdvertiseAddress(addr string) Option {
+	return func(o *options) { o.advertiseAddress = addr }
+}
+
+// WithDialTimeout bounds how long Connect waits for the data connection to
+// be established, 10 seconds by default; Connect's context may end it
+// sooner.
+func WithDialTimeout(d time.Duration) Option {
+	return func(o *options) { o.dialTimeout = d }
+}
+
+// WithHandshakeTimeout bounds how long an accepted connection may take to
+// present its secret, 10 seconds by default.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(o *options) { o.handshakeTimeout = d }
+}
+
+// WithRNRTimeout sets how long an incoming Send or WriteImm waits for a
+// receive to be posted before it fails with StatusReceiverNotReady, 2
+// seconds by default. The failure is fatal for both queue pairs, as a
+// exhausted RNR retry count is in InfiniBand.
+func WithRNRTimeout(d time.Duration) Option {
+	return func(o *options) { o.rnrTimeout = d }
+}
+
+// WithLingerTimeout bounds how long a queue pair in the error state keeps
+// its connection to deliver the error to the peer, 2 seconds by default.
+func WithLingerTimeout(d time.Duration) Option {
+	return func(o *options) { o.lingerTimeout = d }
+}
+
+// WithSocketBuffer sets the kernel send and receive buffer sizes of data
+// connections. Zero, the default, leaves them to the kernel's autotuning,
+// which is usually fastest.
+func WithSocketBuffer(bytes int) Option {
+	return func(o *options) { o.socketBuffer = bytes }
+}

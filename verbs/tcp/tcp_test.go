@@ -1,0 +1,480 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// newTestQP opens a domain with one queue pair on a shared CQ.
+func newTestQP(t *testing.T, opts ...Option) (*domain, *queuePair, *completionQueue) {
+	t.Helper()
+	pd, err := New(opts...).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := pd.NewCompletionQueue(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pd.(*domain), qp.(*queuePair), cq.(*completionQueue)
+}
+
+// dialWith dials the queue pair's listener and presents a hello.
+func dialWith(t *testing.T, qp *queuePair, h hello) (net.Conn, byte, error) {
+	t.Helper()
+	in, err := parseInfo(qp.LocalInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", in.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(h.encode()); err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	status, err := readReply(c)
+	if err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	return c, status, nil
+}
+
+// refused reports whether a handshake attempt was refused: by a refusal
+// reply or by the connection being closed.
+func refused(c net.Conn, status byte, err error) bool {
+	if c != nil {
+		c.Close()
+	}
+	return err != nil || status == handshakeRefused
+}
+
+func TestHandshakeRejectsWrongSecret(t *testing.T) {
+	defer leakcheck.Check(t)
+	pd, qp, _ := newTestQP(t)
+	defer pd.Close()
+
+	var wrong secret
+	wrong[0] = 1
+	if c, st, err := dialWith(t, qp, hello{acceptor: wrong, dialer: wrong, qpID: qp.id}); !refused(c, st, err) {
+		t.Fatal("a connection presenting a wrong secret was accepted")
+	}
+	if c, st, err := dialWith(t, qp, hello{acceptor: qp.secret, dialer: wrong, qpID: qp.id + 1}); !refused(c, st, err) {
+		t.Fatal("a connection naming the wrong queue pair was accepted")
+	}
+
+	// The right acceptor secret but not the dialer the peer's info names:
+	// refused once the queue pair's Connect knows the peer.
+	// The smallest nonzero secret: the queue pair under test accepts.
+	peer := info{secret: secret{secretSize - 1: 1}, qpID: 7, addr: "127.0.0.1:9"}
+	var forged secret
+	forged[0] = 0xfe
+	forgedDone := make(chan bool, 1)
+	go func() {
+		c, st, err := dialWith(t, qp, hello{acceptor: qp.secret, dialer: forged, qpID: qp.id})
+		forgedDone <- refused(c, st, err)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := qp.Connect(ctx, peer.encode())
+	cancel()
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Connect with only a forged dialer: %v, want a deadline error", err)
+	}
+	if !<-forgedDone {
+		t.Fatal("a connection presenting a forged dialer secret was accepted")
+	}
+	if st := qp.State(); st != verbs.QPReset {
+		t.Fatalf("after a failed Connect the queue pair is in %v", st)
+	}
+}
+
+func TestHandshakeSecretIsOneTime(t *testing.T) {
+	defer leakcheck.Check(t)
+	pdA, a, _ := newTestQP(t)
+	defer pdA.Close()
+	pdB, b, _ := newTestQP(t)
+	defer pdB.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Connect(ctx, a.LocalInfo()) }()
+	if err := a.Connect(ctx, b.LocalInfo()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Replaying the handshake that connected the pair is refused by
+	// whichever side accepted it.
+	acceptor, dialer := a, b
+	if bytes.Compare(a.secret[:], b.secret[:]) < 0 {
+		acceptor, dialer = b, a
+	}
+	if c, st, err := dialWith(t, acceptor, hello{acceptor: acceptor.secret, dialer: dialer.secret, qpID: acceptor.id}); !refused(c, st, err) {
+		t.Fatal("a replayed handshake was accepted")
+	}
+	if err := a.Connect(ctx, b.LocalInfo()); err == nil {
+		t.Fatal("a second Connect succeeded")
+	}
+}
+
+func TestParseInfoRoundTrip(t *testing.T) {
+	in := info{secret: secret{1, 2, 3}, qpID: 42, addr: "[::1]:1234"}
+	got, err := parseInfo(in.encode())
+	if err != nil || got != in {
+		t.Fatalf("parseInfo(encode(%+v)) = %+v, %v", in, got, err)
+	}
+}
+
+func TestParseInfoRejectsGarbage(t *testing.T) {
+	good := (&info{secret: secret{9}, qpID: 1, addr: "127.0.0.1:80"}).encode()
+	bad := [][]byte{
+		nil, {}, {infoVersion}, good[:len(good)-1], append(bytes.Clone(good), 0),
+		(&info{secret: secret{9}, addr: "127.0.0.1"}).encode(),
+		(&info{secret: secret{9}, addr: "127.0.0.1:0"}).encode(),
+		(&info{secret: secret{9}, addr: ":80"}).encode(),
+		(&info{secret: secret{9}, addr: "127.0.0.1:99999"}).encode(),
+		(&info{addr: "127.0.0.1:80"}).encode(),
+	}
+	v2 := bytes.Clone(good)
+	v2[0] = 2
+	bad = append(bad, v2)
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		b := make([]byte, r.IntN(80))
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		bad = append(bad, b)
+	}
+	for _, b := range bad {
+		if _, err := parseInfo(b); !errors.Is(err, verbs.ErrInvalidInfo) {
+			// Random bytes may, very rarely, be well formed.
+			if len(b) > infoFixed && b[0] == infoVersion {
+				continue
+			}
+			t.Fatalf("parseInfo(%x) = %v, want ErrInvalidInfo", b, err)
+		}
+	}
+}
+
+func FuzzParseInfo(f *testing.F) {
+	f.Add((&info{secret: secret{9}, qpID: 1, addr: "127.0.0.1:80"}).encode())
+	f.Add([]byte{infoVersion, 0, 0})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		in, err := parseInfo(b)
+		if err != nil {
+			if !errors.Is(err, verbs.ErrInvalidInfo) {
+				t.Fatalf("parseInfo error %v does not wrap ErrInvalidInfo", err)
+			}
+			return
+		}
+		if !bytes.Equal(in.encode(), b) {
+			t.Fatalf("parseInfo(%x) = %+v, which encodes differently", b, in)
+		}
+	})
+}
+
+func FuzzParseHeader(f *testing.F) {
+	var b [headerSize]byte
+	(&header{op: frameWrite, key: 1, seq: 2, addr: 3, length: 4}).put(b[:])
+	f.Add(b[:])
+	f.Add(make([]byte, headerSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHeader(b)
+		if err != nil {
+			return
+		}
+		var out [headerSize]byte
+		h.put(out[:])
+		if !bytes.Equal(out[:], b[:headerSize]) {
+			t.Fatalf("parseHeader(%x) = %+v, which encodes as %x", b, h, out)
+		}
+	})
+}
+
+// fakePeer connects a queue pair to a test-controlled socket that speaks
+// the handshake and then whatever the test writes.
+func fakePeer(t *testing.T, qp *queuePair) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var s secret
+	for i := range s {
+		s[i] = 0xff // larger than any real secret but all-ones: the queue pair dials
+	}
+	peer := info{secret: s, qpID: 99, addr: ln.Addr().String()}
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		h, err := readHello(c)
+		if err != nil || h.acceptor != s || h.dialer != qp.secret || h.qpID != 99 {
+			c.Close()
+			accepted <- nil
+			return
+		}
+		c.Write(replyBytes(handshakeOK))
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := qp.Connect(ctx, peer.encode()); err != nil {
+		t.Fatal(err)
+	}
+	c := <-accepted
+	if c == nil {
+		t.Fatal("the fake peer did not see a valid handshake")
+	}
+	return c
+}
+
+func frame(h header, payload []byte) []byte {
+	b := make([]byte, headerSize, headerSize+len(payload))
+	h.put(b)
+	return append(b, payload...)
+}
+
+// TestHostilePeer feeds a queue pair malformed and malicious frames: each
+// moves it to ERR and flushes its receives; none panics or touches memory.
+func TestHostilePeer(t *testing.T) {
+	cases := []struct {
+		name  string
+		bytes func(key uint32, addr uint64) []byte
+	}{
+		{"UnknownOpcode", func(uint32, uint64) []byte { return frame(header{op: 77}, nil) }},
+		{"ReservedBits", func(uint32, uint64) []byte {
+			b := frame(header{op: frameWrite}, nil)
+			b[3] = 1
+			return b
+		}},
+		{"HugeLength", func(key uint32, addr uint64) []byte {
+			return frame(header{op: frameWrite, key: key, addr: addr, length: 1 << 63}, nil)
+		}},
+		{"OutOfBoundsWithPayload", func(key uint32, addr uint64) []byte {
+			return frame(header{op: frameWrite, key: key, addr: addr + 60, seq: 1, length: 8}, bytes.Repeat([]byte{0xee}, 8))
+		}},
+		{"AckOfNothing", func(uint32, uint64) []byte { return frame(header{op: frameAck, seq: 5}, nil) }},
+		{"ReadResponseOfNothing", func(uint32, uint64) []byte {
+			return frame(header{op: frameReadResp, seq: 1, length: 4}, []byte{1, 2, 3, 4})
+		}},
+		{"TruncatedPayload", func(key uint32, addr uint64) []byte {
+			return frame(header{op: frameWrite, key: key, addr: addr, seq: 1, length: 64}, []byte{1, 2, 3})
+		}},
+		{"TruncatedHeader", func(uint32, uint64) []byte { return []byte{frameWrite, 0, 0} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			defer leakcheck.Check(t)
+			pd, qp, cq := newTestQP(t, WithLingerTimeout(200*time.Millisecond))
+			defer pd.Close()
+			mr, err := pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 64)}, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: mr, Length: 64}}); err != nil {
+				t.Fatal(err)
+			}
+			c := fakePeer(t, qp)
+			defer c.Close()
+			c.Write(tc.bytes(mr.RemoteKey(), mr.Addr()))
+			if tc.name == "TruncatedPayload" || tc.name == "TruncatedHeader" {
+				c.(*net.TCPConn).CloseWrite()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out := make([]verbs.Completion, 1)
+			if n, err := cq.Wait(ctx, out); err != nil || n != 1 || out[0].ID != 1 || out[0].Status == verbs.StatusSuccess {
+				t.Fatalf("receive completion %v, %v: want the receive flushed", out[:n], err)
+			}
+			if st := qp.State(); st != verbs.QPError {
+				t.Fatalf("queue pair in %v, want ERR", st)
+			}
+			if !bytes.Equal(mr.Bytes(), make([]byte, 64)) && tc.name != "TruncatedPayload" {
+				t.Fatalf("region changed: %x", mr.Bytes())
+			}
+			io.Copy(io.Discard, c) // the queue pair closes its side
+		})
+	}
+}
+
+func TestRNRTimeout(t *testing.T) {
+	defer leakcheck.Check(t)
+	p := New(WithRNRTimeout(50 * time.Millisecond))
+	a, b := openPair(t, p)
+	defer a.pd.Close()
+	defer b.pd.Close()
+	mr, _ := a.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 8)}, verbs.AccessLocalWrite)
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 3, Op: verbs.OpSend, Local: verbs.Local{Region: mr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]verbs.Completion, 1)
+	if n, err := a.cq.Wait(ctx, out); err != nil || n != 1 || out[0].Status != verbs.StatusReceiverNotReady {
+		t.Fatalf("send completion %v, %v: want receiver not ready", out[:n], err)
+	}
+	if a.qp.State() != verbs.QPError {
+		t.Fatalf("sender in %v after RNR, want ERR", a.qp.State())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.qp.State() != verbs.QPError && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if b.qp.State() != verbs.QPError {
+		t.Fatalf("receiver in %v after RNR, want ERR", b.qp.State())
+	}
+}
+
+func TestCompletionQueueReservation(t *testing.T) {
+	defer leakcheck.Check(t)
+	pd, err := New().Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	cq, _ := pd.NewCompletionQueue(100)
+	if _, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq}); !errors.Is(err, verbs.ErrQueueFull) {
+		t.Fatalf("NewQueuePair with 2048 requests on a queue of 100: %v, want ErrQueueFull", err)
+	}
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 50, MaxRecv: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 1, MaxRecv: 1}); !errors.Is(err, verbs.ErrQueueFull) {
+		t.Fatalf("NewQueuePair on a fully reserved queue: %v, want ErrQueueFull", err)
+	}
+	qp.Close()
+	if qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 1, MaxRecv: 1}); err != nil {
+		t.Fatalf("NewQueuePair after the reservation was released: %v", err)
+	} else {
+		qp.Close()
+	}
+}
+
+func TestAdvertiseAddress(t *testing.T) {
+	defer leakcheck.Check(t)
+	p := New(WithAdvertiseAddress("localhost"))
+	devs, err := p.Devices()
+	if err != nil || len(devs) != 1 || !strings.Contains(devs[0].Description, "localhost") {
+		t.Fatalf("Devices() = %v, %v", devs, err)
+	}
+	a, b := openPair(t, p)
+	defer a.pd.Close()
+	defer b.pd.Close()
+	in, _ := parseInfo(a.qp.LocalInfo())
+	if !strings.HasPrefix(in.addr, "localhost:") {
+		t.Fatalf("advertised address %q, want localhost:port", in.addr)
+	}
+	if _, err := p.Open("mlx5_0"); !errors.Is(err, verbs.ErrNoDevice) {
+		t.Fatalf("Open(mlx5_0) = %v, want ErrNoDevice", err)
+	}
+}
+
+// end is one side of a connected pair in these tests.
+type end struct {
+	pd verbs.ProtectionDomain
+	cq verbs.CompletionQueue
+	qp verbs.QueuePair
+}
+
+func openPair(t *testing.T, p verbs.Provider) (a, b end) {
+	t.Helper()
+	for _, e := range []*end{&a, &b} {
+		var err error
+		if e.pd, err = p.Open(""); err != nil {
+			t.Fatal(err)
+		}
+		if e.cq, err = e.pd.NewCompletionQueue(4096); err != nil {
+			t.Fatal(err)
+		}
+		if e.qp, err = e.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: e.cq, RecvCQ: e.cq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.qp.Connect(ctx, a.qp.LocalInfo()) }()
+	if err := a.qp.Connect(ctx, b.qp.LocalInfo()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+func TestHeaderLayout(t *testing.T) {
+	var b [headerSize]byte
+	(&header{op: frameWriteImm, status: 0, flags: flagImm, key: 0x01020304, imm: 0x0a0b0c0d, seq: 5, addr: 6, length: 7}).put(b[:])
+	if b[0] != frameWriteImm || b[2] != flagImm || binary.LittleEndian.Uint32(b[4:]) != 0x01020304 ||
+		binary.LittleEndian.Uint32(b[8:]) != 0x0a0b0c0d || binary.LittleEndian.Uint64(b[12:]) != 5 ||
+		binary.LittleEndian.Uint64(b[20:]) != 6 || binary.LittleEndian.Uint64(b[28:]) != 7 {
+		t.Fatalf("header bytes %x", b)
+	}
+}
+
+// TestDeregisterWithPostedReceive checks that Deregister does not wait for
+// work that is merely posted: the receive fails when a message reaches it.
+func TestDeregisterWithPostedReceive(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	src, _ := a.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 64)}, verbs.AccessLocalWrite)
+	dst, _ := b.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 64)}, verbs.AccessLocalWrite)
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: dst, Length: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	deregistered := make(chan error, 1)
+	go func() { deregistered <- dst.Deregister() }()
+	select {
+	case err := <-deregistered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Deregister waited for a posted receive")
+	}
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: src, Length: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]verbs.Completion, 1)
+	if n, err := b.cq.Wait(ctx, out); err != nil || n != 1 || out[0].Status != verbs.StatusLocalProtection {
+		t.Fatalf("receive completion %v, %v: want local protection error", out[:n], err)
+	}
+	if n, err := a.cq.Wait(ctx, out); err != nil || n != 1 || out[0].Status != verbs.StatusRemoteOperation {
+		t.Fatalf("send completion %v, %v: want remote operation error", out[:n], err)
+	}
+	if !bytes.Equal(dst.Bytes(), make([]byte, 64)) {
+		t.Fatal("a deregistered receive buffer was written")
+	}
+}
