@@ -276,7 +276,10 @@ type TensorMeta struct {
 	// Set for rendezvous transfers; unset when bytes are inline.
 	Location *Location `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`
 	// Index into the enclosing message's inline_data, when inline.
-	InlineIndex   *uint32 `protobuf:"varint,7,opt,name=inline_index,json=inlineIndex,proto3,oneof" json:"inline_index,omitempty"`
+	InlineIndex *uint32 `protobuf:"varint,7,opt,name=inline_index,json=inlineIndex,proto3,oneof" json:"inline_index,omitempty"`
+	// In a CallRequest: the transfer (from a Send with hold set) whose
+	// destination holds this tensor's bytes.
+	TransferId    uint64 `protobuf:"varint,8,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +359,13 @@ func (x *TensorMeta) GetLocation() *Location {
 func (x *TensorMeta) GetInlineIndex() uint32 {
 	if x != nil && x.InlineIndex != nil {
 		return *x.InlineIndex
+	}
+	return 0
+}
+
+func (x *TensorMeta) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
 	}
 	return 0
 }
@@ -475,6 +485,247 @@ func (x *TransportRejection) GetReason() string {
 	return ""
 }
 
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionRequest_Handshake
+	//	*SessionRequest_ConnectResult
+	Msg           isSessionRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_tensorrpc_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SessionRequest) GetMsg() isSessionRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetHandshake() *HandshakeRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_Handshake); ok {
+			return x.Handshake
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetConnectResult() *ConnectResult {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_ConnectResult); ok {
+			return x.ConnectResult
+		}
+	}
+	return nil
+}
+
+type isSessionRequest_Msg interface {
+	isSessionRequest_Msg()
+}
+
+type SessionRequest_Handshake struct {
+	Handshake *HandshakeRequest `protobuf:"bytes,1,opt,name=handshake,proto3,oneof"`
+}
+
+type SessionRequest_ConnectResult struct {
+	ConnectResult *ConnectResult `protobuf:"bytes,2,opt,name=connect_result,json=connectResult,proto3,oneof"`
+}
+
+func (*SessionRequest_Handshake) isSessionRequest_Msg() {}
+
+func (*SessionRequest_ConnectResult) isSessionRequest_Msg() {}
+
+type SessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionResponse_Handshake
+	//	*SessionResponse_Choice
+	//	*SessionResponse_ConnectResult
+	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_tensorrpc_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetHandshake() *HandshakeResponse {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Handshake); ok {
+			return x.Handshake
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetChoice() *TransportOffer {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Choice); ok {
+			return x.Choice
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetConnectResult() *ConnectResult {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_ConnectResult); ok {
+			return x.ConnectResult
+		}
+	}
+	return nil
+}
+
+type isSessionResponse_Msg interface {
+	isSessionResponse_Msg()
+}
+
+type SessionResponse_Handshake struct {
+	Handshake *HandshakeResponse `protobuf:"bytes,1,opt,name=handshake,proto3,oneof"`
+}
+
+type SessionResponse_Choice struct {
+	Choice *TransportOffer `protobuf:"bytes,2,opt,name=choice,proto3,oneof"`
+}
+
+type SessionResponse_ConnectResult struct {
+	ConnectResult *ConnectResult `protobuf:"bytes,3,opt,name=connect_result,json=connectResult,proto3,oneof"`
+}
+
+func (*SessionResponse_Handshake) isSessionResponse_Msg() {}
+
+func (*SessionResponse_Choice) isSessionResponse_Msg() {}
+
+func (*SessionResponse_ConnectResult) isSessionResponse_Msg() {}
+
+// ConnectResult reports whether one side connected the chosen data plane.
+type ConnectResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Transport     Transport              `protobuf:"varint,1,opt,name=transport,proto3,enum=tensorrpc.v1.Transport" json:"transport,omitempty"`
+	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectResult) Reset() {
+	*x = ConnectResult{}
+	mi := &file_tensorrpc_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectResult) ProtoMessage() {}
+
+func (x *ConnectResult) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectResult.ProtoReflect.Descriptor instead.
+func (*ConnectResult) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ConnectResult) GetTransport() Transport {
+	if x != nil {
+		return x.Transport
+	}
+	return Transport_TRANSPORT_UNSPECIFIED
+}
+
+func (x *ConnectResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *ConnectResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -486,7 +737,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[4]
+	mi := &file_tensorrpc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +749,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[4]
+	mi := &file_tensorrpc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +762,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{4}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -539,19 +790,17 @@ type HandshakeResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	SessionId       string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// The chosen data plane with the server's connection info; TRANSPORT_GRPC
-	// when none could be used.
-	Chosen   *TransportOffer       `protobuf:"bytes,3,opt,name=chosen,proto3" json:"chosen,omitempty"`
-	Rejected []*TransportRejection `protobuf:"bytes,4,rep,name=rejected,proto3" json:"rejected,omitempty"`
+	// Offers the server cannot use, and why.
+	Rejected []*TransportRejection `protobuf:"bytes,3,rep,name=rejected,proto3" json:"rejected,omitempty"`
 	// Tensors up to this many bytes travel inline.
-	EagerThreshold uint64 `protobuf:"varint,5,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
+	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[5]
+	mi := &file_tensorrpc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +812,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[5]
+	mi := &file_tensorrpc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +825,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{5}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -593,13 +842,6 @@ func (x *HandshakeResponse) GetSessionId() string {
 	return ""
 }
 
-func (x *HandshakeResponse) GetChosen() *TransportOffer {
-	if x != nil {
-		return x.Chosen
-	}
-	return nil
-}
-
 func (x *HandshakeResponse) GetRejected() []*TransportRejection {
 	if x != nil {
 		return x.Rejected
@@ -614,86 +856,6 @@ func (x *HandshakeResponse) GetEagerThreshold() uint64 {
 	return 0
 }
 
-type CloseSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *CloseSessionRequest) Reset() {
-	*x = CloseSessionRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *CloseSessionRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*CloseSessionRequest) ProtoMessage() {}
-
-func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
-func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *CloseSessionRequest) GetSessionId() string {
-	if x != nil {
-		return x.SessionId
-	}
-	return ""
-}
-
-type CloseSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *CloseSessionResponse) Reset() {
-	*x = CloseSessionResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *CloseSessionResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*CloseSessionResponse) ProtoMessage() {}
-
-func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
-func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{7}
-}
-
 type FetchRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -706,7 +868,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[8]
+	mi := &file_tensorrpc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +880,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[8]
+	mi := &file_tensorrpc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,7 +893,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{8}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FetchRequest) GetSessionId() string {
@@ -767,7 +929,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[9]
+	mi := &file_tensorrpc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +941,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[9]
+	mi := &file_tensorrpc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +954,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{9}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FetchResponse) GetMeta() *TensorMeta {
@@ -817,17 +979,20 @@ func (x *FetchResponse) GetTransferId() uint64 {
 }
 
 type SendRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Meta          *TensorMeta            `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
-	InlineData    []byte                 `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Meta       *TensorMeta            `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	InlineData []byte                 `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	// Hold the tensor for a following Call (named by transfer_id in the
+	// CallRequest) instead of publishing it under meta.key.
+	Hold          bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1004,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1017,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SendRequest) GetSessionId() string {
@@ -876,6 +1041,13 @@ func (x *SendRequest) GetInlineData() []byte {
 	return nil
 }
 
+func (x *SendRequest) GetHold() bool {
+	if x != nil {
+		return x.Hold
+	}
+	return false
+}
+
 type SendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For rendezvous sends: where to write, and the immediate value that
@@ -889,7 +1061,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1073,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1086,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SendResponse) GetDestination() *Location {
@@ -951,7 +1123,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1135,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1148,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CallRequest) GetSessionId() string {
@@ -1026,7 +1198,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1210,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1223,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CallResponse) GetMetadata() []byte {
@@ -1092,7 +1264,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1276,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1289,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetSessionId() string {
@@ -1142,7 +1314,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1326,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1339,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
 }
 
 // ChunkHeader opens a fallback stream: what follows and in which order.
@@ -1183,7 +1355,7 @@ type ChunkHeader struct {
 
 func (x *ChunkHeader) Reset() {
 	*x = ChunkHeader{}
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1367,7 @@ func (x *ChunkHeader) String() string {
 func (*ChunkHeader) ProtoMessage() {}
 
 func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1380,7 @@ func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHeader.ProtoReflect.Descriptor instead.
 func (*ChunkHeader) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ChunkHeader) GetMethod() string {
@@ -1244,7 +1416,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1428,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1441,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Chunk) GetHeader() *ChunkHeader {
@@ -1298,7 +1470,7 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"remote_key\x18\x03 \x01(\rR\tremoteKey\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\x04R\aaddress\x12\x16\n" +
 	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x06 \x01(\x04R\x06length\"\x95\x02\n" +
+	"\x06length\x18\x06 \x01(\x04R\x06length\"\xb6\x02\n" +
 	"\n" +
 	"TensorMeta\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
@@ -1308,7 +1480,9 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"byteLength\x12\x1b\n" +
 	"\x06crc32c\x18\x05 \x01(\rH\x00R\x06crc32c\x88\x01\x01\x122\n" +
 	"\blocation\x18\x06 \x01(\v2\x16.tensorrpc.v1.LocationR\blocation\x12&\n" +
-	"\finline_index\x18\a \x01(\rH\x01R\vinlineIndex\x88\x01\x01B\t\n" +
+	"\finline_index\x18\a \x01(\rH\x01R\vinlineIndex\x88\x01\x01\x12\x1f\n" +
+	"\vtransfer_id\x18\b \x01(\x04R\n" +
+	"transferIdB\t\n" +
 	"\a_crc32cB\x0f\n" +
 	"\r_inline_index\"}\n" +
 	"\x0eTransportOffer\x125\n" +
@@ -1317,23 +1491,31 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\"c\n" +
 	"\x12TransportRejection\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x94\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x9d\x01\n" +
+	"\x0eSessionRequest\x12>\n" +
+	"\thandshake\x18\x01 \x01(\v2\x1e.tensorrpc.v1.HandshakeRequestH\x00R\thandshake\x12D\n" +
+	"\x0econnect_result\x18\x02 \x01(\v2\x1b.tensorrpc.v1.ConnectResultH\x00R\rconnectResultB\x05\n" +
+	"\x03msg\"\xd7\x01\n" +
+	"\x0fSessionResponse\x12?\n" +
+	"\thandshake\x18\x01 \x01(\v2\x1f.tensorrpc.v1.HandshakeResponseH\x00R\thandshake\x126\n" +
+	"\x06choice\x18\x02 \x01(\v2\x1c.tensorrpc.v1.TransportOfferH\x00R\x06choice\x12D\n" +
+	"\x0econnect_result\x18\x03 \x01(\v2\x1b.tensorrpc.v1.ConnectResultH\x00R\rconnectResultB\x05\n" +
+	"\x03msg\"l\n" +
+	"\rConnectResult\x125\n" +
+	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x94\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
-	"clientName\"\xfa\x01\n" +
+	"clientName\"\xc4\x01\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\x124\n" +
-	"\x06chosen\x18\x03 \x01(\v2\x1c.tensorrpc.v1.TransportOfferR\x06chosen\x12<\n" +
-	"\brejected\x18\x04 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x05 \x01(\x04R\x0eeagerThreshold\"4\n" +
-	"\x13CloseSessionRequest\x12\x1d\n" +
-	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"U\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
+	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"U\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
@@ -1344,13 +1526,14 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"{\n" +
+	"transferId\"\x8f\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x01(\fR\n" +
-	"inlineData\"\x87\x01\n" +
+	"inlineData\x12\x12\n" +
+	"\x04hold\x18\x04 \x01(\bR\x04hold\"\x87\x01\n" +
 	"\fSendResponse\x128\n" +
 	"\vdestination\x18\x01 \x01(\v2\x16.tensorrpc.v1.LocationR\vdestination\x12\x1c\n" +
 	"\timmediate\x18\x02 \x01(\rR\timmediate\x12\x1f\n" +
@@ -1407,10 +1590,9 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\rTRANSPORT_IBV\x10\x01\x12\x11\n" +
 	"\rTRANSPORT_SHM\x10\x02\x12\x11\n" +
 	"\rTRANSPORT_TCP\x10\x03\x12\x12\n" +
-	"\x0eTRANSPORT_GRPC\x10\x042\xf7\x04\n" +
-	"\tTensorRPC\x12L\n" +
-	"\tHandshake\x12\x1e.tensorrpc.v1.HandshakeRequest\x1a\x1f.tensorrpc.v1.HandshakeResponse\x12U\n" +
-	"\fCloseSession\x12!.tensorrpc.v1.CloseSessionRequest\x1a\".tensorrpc.v1.CloseSessionResponse\x12@\n" +
+	"\x0eTRANSPORT_GRPC\x10\x042\x9e\x04\n" +
+	"\tTensorRPC\x12J\n" +
+	"\aSession\x12\x1c.tensorrpc.v1.SessionRequest\x1a\x1d.tensorrpc.v1.SessionResponse(\x010\x01\x12@\n" +
 	"\x05Fetch\x12\x1a.tensorrpc.v1.FetchRequest\x1a\x1b.tensorrpc.v1.FetchResponse\x12=\n" +
 	"\x04Send\x12\x19.tensorrpc.v1.SendRequest\x1a\x1a.tensorrpc.v1.SendResponse\x12=\n" +
 	"\x04Call\x12\x19.tensorrpc.v1.CallRequest\x1a\x1a.tensorrpc.v1.CallResponse\x12F\n" +
@@ -1434,28 +1616,29 @@ func file_tensorrpc_proto_rawDescGZIP() []byte {
 }
 
 var file_tensorrpc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_tensorrpc_proto_goTypes = []any{
-	(DType)(0),                   // 0: tensorrpc.v1.DType
-	(Transport)(0),               // 1: tensorrpc.v1.Transport
-	(*Location)(nil),             // 2: tensorrpc.v1.Location
-	(*TensorMeta)(nil),           // 3: tensorrpc.v1.TensorMeta
-	(*TransportOffer)(nil),       // 4: tensorrpc.v1.TransportOffer
-	(*TransportRejection)(nil),   // 5: tensorrpc.v1.TransportRejection
-	(*HandshakeRequest)(nil),     // 6: tensorrpc.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),    // 7: tensorrpc.v1.HandshakeResponse
-	(*CloseSessionRequest)(nil),  // 8: tensorrpc.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil), // 9: tensorrpc.v1.CloseSessionResponse
-	(*FetchRequest)(nil),         // 10: tensorrpc.v1.FetchRequest
-	(*FetchResponse)(nil),        // 11: tensorrpc.v1.FetchResponse
-	(*SendRequest)(nil),          // 12: tensorrpc.v1.SendRequest
-	(*SendResponse)(nil),         // 13: tensorrpc.v1.SendResponse
-	(*CallRequest)(nil),          // 14: tensorrpc.v1.CallRequest
-	(*CallResponse)(nil),         // 15: tensorrpc.v1.CallResponse
-	(*ReleaseRequest)(nil),       // 16: tensorrpc.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 17: tensorrpc.v1.ReleaseResponse
-	(*ChunkHeader)(nil),          // 18: tensorrpc.v1.ChunkHeader
-	(*Chunk)(nil),                // 19: tensorrpc.v1.Chunk
+	(DType)(0),                 // 0: tensorrpc.v1.DType
+	(Transport)(0),             // 1: tensorrpc.v1.Transport
+	(*Location)(nil),           // 2: tensorrpc.v1.Location
+	(*TensorMeta)(nil),         // 3: tensorrpc.v1.TensorMeta
+	(*TransportOffer)(nil),     // 4: tensorrpc.v1.TransportOffer
+	(*TransportRejection)(nil), // 5: tensorrpc.v1.TransportRejection
+	(*SessionRequest)(nil),     // 6: tensorrpc.v1.SessionRequest
+	(*SessionResponse)(nil),    // 7: tensorrpc.v1.SessionResponse
+	(*ConnectResult)(nil),      // 8: tensorrpc.v1.ConnectResult
+	(*HandshakeRequest)(nil),   // 9: tensorrpc.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),  // 10: tensorrpc.v1.HandshakeResponse
+	(*FetchRequest)(nil),       // 11: tensorrpc.v1.FetchRequest
+	(*FetchResponse)(nil),      // 12: tensorrpc.v1.FetchResponse
+	(*SendRequest)(nil),        // 13: tensorrpc.v1.SendRequest
+	(*SendResponse)(nil),       // 14: tensorrpc.v1.SendResponse
+	(*CallRequest)(nil),        // 15: tensorrpc.v1.CallRequest
+	(*CallResponse)(nil),       // 16: tensorrpc.v1.CallResponse
+	(*ReleaseRequest)(nil),     // 17: tensorrpc.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 18: tensorrpc.v1.ReleaseResponse
+	(*ChunkHeader)(nil),        // 19: tensorrpc.v1.ChunkHeader
+	(*Chunk)(nil),              // 20: tensorrpc.v1.Chunk
 }
 var file_tensorrpc_proto_depIdxs = []int32{
 	1,  // 0: tensorrpc.v1.Location.transport:type_name -> tensorrpc.v1.Transport
@@ -1463,39 +1646,42 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	2,  // 2: tensorrpc.v1.TensorMeta.location:type_name -> tensorrpc.v1.Location
 	1,  // 3: tensorrpc.v1.TransportOffer.transport:type_name -> tensorrpc.v1.Transport
 	1,  // 4: tensorrpc.v1.TransportRejection.transport:type_name -> tensorrpc.v1.Transport
-	4,  // 5: tensorrpc.v1.HandshakeRequest.offers:type_name -> tensorrpc.v1.TransportOffer
-	4,  // 6: tensorrpc.v1.HandshakeResponse.chosen:type_name -> tensorrpc.v1.TransportOffer
-	5,  // 7: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
-	3,  // 8: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 9: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	2,  // 10: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
-	3,  // 11: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 12: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 13: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	18, // 14: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	6,  // 15: tensorrpc.v1.TensorRPC.Handshake:input_type -> tensorrpc.v1.HandshakeRequest
-	8,  // 16: tensorrpc.v1.TensorRPC.CloseSession:input_type -> tensorrpc.v1.CloseSessionRequest
-	10, // 17: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	12, // 18: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	14, // 19: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	16, // 20: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	10, // 21: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	19, // 22: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	19, // 23: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	7,  // 24: tensorrpc.v1.TensorRPC.Handshake:output_type -> tensorrpc.v1.HandshakeResponse
-	9,  // 25: tensorrpc.v1.TensorRPC.CloseSession:output_type -> tensorrpc.v1.CloseSessionResponse
-	11, // 26: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	13, // 27: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	15, // 28: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	17, // 29: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	19, // 30: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	13, // 31: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	19, // 32: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	9,  // 5: tensorrpc.v1.SessionRequest.handshake:type_name -> tensorrpc.v1.HandshakeRequest
+	8,  // 6: tensorrpc.v1.SessionRequest.connect_result:type_name -> tensorrpc.v1.ConnectResult
+	10, // 7: tensorrpc.v1.SessionResponse.handshake:type_name -> tensorrpc.v1.HandshakeResponse
+	4,  // 8: tensorrpc.v1.SessionResponse.choice:type_name -> tensorrpc.v1.TransportOffer
+	8,  // 9: tensorrpc.v1.SessionResponse.connect_result:type_name -> tensorrpc.v1.ConnectResult
+	1,  // 10: tensorrpc.v1.ConnectResult.transport:type_name -> tensorrpc.v1.Transport
+	4,  // 11: tensorrpc.v1.HandshakeRequest.offers:type_name -> tensorrpc.v1.TransportOffer
+	5,  // 12: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
+	3,  // 13: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	3,  // 14: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	2,  // 15: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
+	3,  // 16: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	3,  // 17: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	3,  // 18: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	19, // 19: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	6,  // 20: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	11, // 21: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	13, // 22: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	15, // 23: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	17, // 24: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	11, // 25: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	20, // 26: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	20, // 27: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	7,  // 28: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	12, // 29: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	14, // 30: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	16, // 31: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	18, // 32: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	20, // 33: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	14, // 34: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	20, // 35: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
@@ -1504,13 +1690,22 @@ func file_tensorrpc_proto_init() {
 		return
 	}
 	file_tensorrpc_proto_msgTypes[1].OneofWrappers = []any{}
+	file_tensorrpc_proto_msgTypes[4].OneofWrappers = []any{
+		(*SessionRequest_Handshake)(nil),
+		(*SessionRequest_ConnectResult)(nil),
+	}
+	file_tensorrpc_proto_msgTypes[5].OneofWrappers = []any{
+		(*SessionResponse_Handshake)(nil),
+		(*SessionResponse_Choice)(nil),
+		(*SessionResponse_ConnectResult)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tensorrpc_proto_rawDesc), len(file_tensorrpc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,27 +31,33 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TensorRPC_Handshake_FullMethodName    = "/tensorrpc.v1.TensorRPC/Handshake"
-	TensorRPC_CloseSession_FullMethodName = "/tensorrpc.v1.TensorRPC/CloseSession"
-	TensorRPC_Fetch_FullMethodName        = "/tensorrpc.v1.TensorRPC/Fetch"
-	TensorRPC_Send_FullMethodName         = "/tensorrpc.v1.TensorRPC/Send"
-	TensorRPC_Call_FullMethodName         = "/tensorrpc.v1.TensorRPC/Call"
-	TensorRPC_Release_FullMethodName      = "/tensorrpc.v1.TensorRPC/Release"
-	TensorRPC_FetchStream_FullMethodName  = "/tensorrpc.v1.TensorRPC/FetchStream"
-	TensorRPC_SendStream_FullMethodName   = "/tensorrpc.v1.TensorRPC/SendStream"
-	TensorRPC_CallStream_FullMethodName   = "/tensorrpc.v1.TensorRPC/CallStream"
+	TensorRPC_Session_FullMethodName     = "/tensorrpc.v1.TensorRPC/Session"
+	TensorRPC_Fetch_FullMethodName       = "/tensorrpc.v1.TensorRPC/Fetch"
+	TensorRPC_Send_FullMethodName        = "/tensorrpc.v1.TensorRPC/Send"
+	TensorRPC_Call_FullMethodName        = "/tensorrpc.v1.TensorRPC/Call"
+	TensorRPC_Release_FullMethodName     = "/tensorrpc.v1.TensorRPC/Release"
+	TensorRPC_FetchStream_FullMethodName = "/tensorrpc.v1.TensorRPC/FetchStream"
+	TensorRPC_SendStream_FullMethodName  = "/tensorrpc.v1.TensorRPC/SendStream"
+	TensorRPC_CallStream_FullMethodName  = "/tensorrpc.v1.TensorRPC/CallStream"
 )
 
 // TensorRPCClient is the client API for TensorRPC service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type TensorRPCClient interface {
-	// Handshake opens a session. The client offers every data plane it can
-	// use; the server answers with the one both can use (ibv > shm > tcp >
-	// grpc), its own connection info for it, and why it rejected the others.
-	Handshake(ctx context.Context, in *HandshakeRequest, opts ...grpc.CallOption) (*HandshakeResponse, error)
-	// CloseSession ends a session and releases everything it holds.
-	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
+	// Session opens a session and keeps it alive: the session ends, and the
+	// server releases everything it holds for it, when the stream ends.
+	//
+	// The client first sends a handshake offering every data plane it can
+	// use, each with its connection info. The server answers with a
+	// handshake (session id, rejected offers and why), then tries the data
+	// planes both can use in priority order (ibv > shm > tcp): for each it
+	// sends a choice with its own connection info, both sides connect, and
+	// both report the outcome with a connect_result. The first data plane
+	// that connects on both sides is used; when none does, the server sends
+	// a final choice of TRANSPORT_GRPC and tensors travel in the streaming
+	// methods below.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 	// Fetch asks for a published tensor by key and waits until it is
 	// published or the deadline passes. Small tensors come back inline;
 	// larger ones as a Location the client reads with one remote Read, after
@@ -87,25 +93,18 @@ func NewTensorRPCClient(cc grpc.ClientConnInterface) TensorRPCClient {
 	return &tensorRPCClient{cc}
 }
 
-func (c *tensorRPCClient) Handshake(ctx context.Context, in *HandshakeRequest, opts ...grpc.CallOption) (*HandshakeResponse, error) {
+func (c *tensorRPCClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(HandshakeResponse)
-	err := c.cc.Invoke(ctx, TensorRPC_Handshake_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[0], TensorRPC_Session_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[SessionRequest, SessionResponse]{ClientStream: stream}
+	return x, nil
 }
 
-func (c *tensorRPCClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(CloseSessionResponse)
-	err := c.cc.Invoke(ctx, TensorRPC_CloseSession_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TensorRPC_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
 
 func (c *tensorRPCClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -149,7 +148,7 @@ func (c *tensorRPCClient) Release(ctx context.Context, in *ReleaseRequest, opts 
 
 func (c *tensorRPCClient) FetchStream(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Chunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[0], TensorRPC_FetchStream_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[1], TensorRPC_FetchStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +167,7 @@ type TensorRPC_FetchStreamClient = grpc.ServerStreamingClient[Chunk]
 
 func (c *tensorRPCClient) SendStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[Chunk, SendResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[1], TensorRPC_SendStream_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[2], TensorRPC_SendStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +180,7 @@ type TensorRPC_SendStreamClient = grpc.ClientStreamingClient[Chunk, SendResponse
 
 func (c *tensorRPCClient) CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Chunk, Chunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[2], TensorRPC_CallStream_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &TensorRPC_ServiceDesc.Streams[3], TensorRPC_CallStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -196,12 +195,19 @@ type TensorRPC_CallStreamClient = grpc.BidiStreamingClient[Chunk, Chunk]
 // All implementations must embed UnimplementedTensorRPCServer
 // for forward compatibility.
 type TensorRPCServer interface {
-	// Handshake opens a session. The client offers every data plane it can
-	// use; the server answers with the one both can use (ibv > shm > tcp >
-	// grpc), its own connection info for it, and why it rejected the others.
-	Handshake(context.Context, *HandshakeRequest) (*HandshakeResponse, error)
-	// CloseSession ends a session and releases everything it holds.
-	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
+	// Session opens a session and keeps it alive: the session ends, and the
+	// server releases everything it holds for it, when the stream ends.
+	//
+	// The client first sends a handshake offering every data plane it can
+	// use, each with its connection info. The server answers with a
+	// handshake (session id, rejected offers and why), then tries the data
+	// planes both can use in priority order (ibv > shm > tcp): for each it
+	// sends a choice with its own connection info, both sides connect, and
+	// both report the outcome with a connect_result. The first data plane
+	// that connects on both sides is used; when none does, the server sends
+	// a final choice of TRANSPORT_GRPC and tensors travel in the streaming
+	// methods below.
+	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	// Fetch asks for a published tensor by key and waits until it is
 	// published or the deadline passes. Small tensors come back inline;
 	// larger ones as a Location the client reads with one remote Read, after
@@ -237,11 +243,8 @@ type TensorRPCServer interface {
 // pointer dereference when methods are called.
 type UnimplementedTensorRPCServer struct{}
 
-func (UnimplementedTensorRPCServer) Handshake(context.Context, *HandshakeRequest) (*HandshakeResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Handshake not implemented")
-}
-func (UnimplementedTensorRPCServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
+func (UnimplementedTensorRPCServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedTensorRPCServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
@@ -285,41 +288,12 @@ func RegisterTensorRPCServer(s grpc.ServiceRegistrar, srv TensorRPCServer) {
 	s.RegisterService(&TensorRPC_ServiceDesc, srv)
 }
 
-func _TensorRPC_Handshake_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(HandshakeRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(TensorRPCServer).Handshake(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: TensorRPC_Handshake_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(TensorRPCServer).Handshake(ctx, req.(*HandshakeRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+func _TensorRPC_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TensorRPCServer).Session(&grpc.GenericServerStream[SessionRequest, SessionResponse]{ServerStream: stream})
 }
 
-func _TensorRPC_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(CloseSessionRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(TensorRPCServer).CloseSession(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: TensorRPC_CloseSession_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(TensorRPCServer).CloseSession(ctx, req.(*CloseSessionRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TensorRPC_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
 
 func _TensorRPC_Fetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(FetchRequest)
@@ -426,14 +400,6 @@ var TensorRPC_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*TensorRPCServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
-			MethodName: "Handshake",
-			Handler:    _TensorRPC_Handshake_Handler,
-		},
-		{
-			MethodName: "CloseSession",
-			Handler:    _TensorRPC_CloseSession_Handler,
-		},
-		{
 			MethodName: "Fetch",
 			Handler:    _TensorRPC_Fetch_Handler,
 		},
@@ -451,6 +417,12 @@ var TensorRPC_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Session",
+			Handler:       _TensorRPC_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "FetchStream",
 			Handler:       _TensorRPC_FetchStream_Handler,

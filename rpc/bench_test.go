@@ -1,0 +1,265 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// Benchmarks of the rpc data paths beside the ceilings of the machine,
+// measured in the same run:
+//
+//	go test -run xxx -bench . -benchtime 20x ./rpc/
+//
+// memcpy and a raw loopback TCP socket are the ceilings; plain is a grpc-go
+// unary call returning the bytes in a protobuf bytes field.
+
+var benchSizes = []int{4 << 10, 1 << 20, 64 << 20, 1 << 30}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	default:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+}
+
+func benchPair(b *testing.B, transport string, opts ...Option) (*Server, *Client, func()) {
+	ts := []string{transport}
+	s, err := NewServer(append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go s.Serve(lis)
+	c, err := Dial(context.Background(), lis.Addr().String(), append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s, c, func() { c.Close(); s.Stop() }
+}
+
+func BenchmarkFetch(b *testing.B) {
+	for _, tr := range testTransports {
+		for _, n := range benchSizes {
+			b.Run(tr+"/"+sizeName(n), func(b *testing.B) {
+				s, c, done := benchPair(b, tr)
+				defer done()
+				ctx := context.Background()
+				t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				fill(t.Bytes(), 1)
+				s.Publish("x", t)
+				t.Release()
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					got, err := c.Fetch(ctx, "x")
+					if err != nil {
+						b.Fatal(err)
+					}
+					got.Release()
+				}
+			})
+		}
+	}
+	b.Run("shm-lease", func(b *testing.B) {
+		for _, n := range benchSizes {
+			b.Run(sizeName(n), func(b *testing.B) {
+				s, c, done := benchPair(b, TransportSHM)
+				defer done()
+				ctx := context.Background()
+				t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+				s.Publish("x", t)
+				t.Release()
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					got, err := c.Fetch(ctx, "x", Lease())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if n > DefaultEagerThreshold && !got.Leased() {
+						b.Fatal("not leased")
+					}
+					got.Release()
+				}
+			})
+		}
+	})
+}
+
+func BenchmarkSend(b *testing.B) {
+	for _, tr := range testTransports {
+		for _, n := range benchSizes {
+			b.Run(tr+"/"+sizeName(n), func(b *testing.B) {
+				s, c, done := benchPair(b, tr)
+				defer done()
+				ctx := context.Background()
+				t, err := c.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer t.Release()
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					if err := c.Send(ctx, "x", t); err != nil {
+						b.Fatal(err)
+					}
+				}
+				s.Unpublish("x")
+			})
+		}
+	}
+}
+
+// BenchmarkEagerThreshold fetches tensors around the threshold both inline
+// and over the data plane, to place the threshold where the two meet.
+func BenchmarkEagerThreshold(b *testing.B) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		for _, mode := range []string{"inline", "dataplane"} {
+			for _, n := range []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20} {
+				b.Run(fmt.Sprintf("%s/%s/%s", tr, mode, sizeName(n)), func(b *testing.B) {
+					threshold := 0
+					if mode == "inline" {
+						threshold = 8 << 20
+					}
+					s, c, done := benchPair(b, tr, WithEagerThreshold(threshold))
+					defer done()
+					ctx := context.Background()
+					t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+					s.Publish("x", t)
+					t.Release()
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						got, err := c.Fetch(ctx, "x")
+						if err != nil {
+							b.Fatal(err)
+						}
+						got.Release()
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkMemcpy is the ceiling of shm copy mode.
+func BenchmarkMemcpy(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(sizeName(n), func(b *testing.B) {
+			src, dst := make([]byte, n), make([]byte, n)
+			fill(src, 1)
+			fill(dst, 2)
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				copy(dst, src)
+			}
+		})
+	}
+}
+
+// BenchmarkRawTCP moves n bytes over a loopback TCP socket and waits for a
+// one-byte acknowledgement: the ceiling of the tcp data plane.
+func BenchmarkRawTCP(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(sizeName(n), func(b *testing.B) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer lis.Close()
+			go func() {
+				conn, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				buf := make([]byte, n)
+				for {
+					if _, err := io.ReadFull(conn, buf); err != nil {
+						return
+					}
+					if _, err := conn.Write([]byte{1}); err != nil {
+						return
+					}
+				}
+			}()
+			conn, err := net.Dial("tcp", lis.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			src := make([]byte, n)
+			ack := make([]byte, 1)
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				if _, err := conn.Write(src); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(conn, ack); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// plainService is a grpc-go service that returns n bytes in a protobuf
+// bytes field: what a user would write without tensorrpc.
+var plainDesc = grpc.ServiceDesc{
+	ServiceName: "bench.Plain",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Get",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			var req pb.FetchRequest
+			if err := dec(&req); err != nil {
+				return nil, err
+			}
+			return &pb.FetchResponse{InlineData: srv.([]byte)}, nil
+		},
+	}},
+}
+
+func BenchmarkPlainGRPC(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(sizeName(n), func(b *testing.B) {
+			gs := grpc.NewServer(grpc.MaxSendMsgSize(2 << 30))
+			gs.RegisterService(&plainDesc, make([]byte, n))
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			go gs.Serve(lis)
+			defer gs.Stop()
+			cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2<<30)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				var resp pb.FetchResponse
+				if err := cc.Invoke(context.Background(), "/bench.Plain/Get", &pb.FetchRequest{Key: "x"}, &resp); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,304 @@
+package rpc
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// FetchOption changes how Fetch moves a tensor.
+type FetchOption func(*fetchOptions)
+
+type fetchOptions struct{ lease bool }
+
+// Lease asks for a zero-copy shared-memory lease of the server's tensor
+// instead of a copy: on the shm data plane the returned tensor is the
+// server's memory, mapped read-only into this process, and the server keeps
+// it until the tensor is released. On other data planes Fetch copies as
+// usual. A leased tensor must not be written.
+func Lease() FetchOption { return func(o *fetchOptions) { o.lease = true } }
+
+// Fetch returns the tensor the server has published under key (with
+// Server.Publish, or a client's Send), waiting until it is published or ctx
+// ends. The tensor comes from the Client's pool; release it when done.
+func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*Tensor, error) {
+	var fo fetchOptions
+	for _, o := range opts {
+		o(&fo)
+	}
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	if c.link == nil {
+		return c.fetchStream(ctx, key)
+	}
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, Lease: fo.lease})
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.receive(ctx, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
+	if err != nil {
+		c.stats.errors.Add(1)
+	}
+	return t, err
+}
+
+// receive materializes a tensor the server offered: inline bytes, or a
+// transfer to read (or lease) and then release.
+func (c *Client) receive(ctx context.Context, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
+	if err := checkMeta(meta, c.opts.maxTensorBytes); err != nil {
+		c.releaseTransfer(transferID)
+		return nil, err
+	}
+	dtype, shape := shapeOf(meta)
+	n := int(meta.ByteLength)
+	loc := meta.Location
+	if loc == nil {
+		if len(inline) != n {
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", meta.Key, len(inline), n)
+		}
+		buf, err := copyToPool(ctx, c.pool, inline, &c.stats)
+		if err != nil {
+			return nil, err
+		}
+		c.stats.transfers.Add(1)
+		c.stats.inlineBytes.Add(int64(n))
+		return newPoolTensor(dtype, shape, buf)
+	}
+	if c.link == nil || loc.Transport != transportOf(c.transport) || transferID == 0 {
+		c.releaseTransfer(transferID)
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: location on %s, session uses %s", meta.Key, loc.Transport, c.transport)
+	}
+	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
+	if lease {
+		if m, ok := c.link.qp.(verbs.RemoteMapper); ok {
+			view, err := m.MapRemote(remote, n)
+			if err != nil {
+				c.releaseTransfer(transferID)
+				return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: leasing tensor %q: %v", meta.Key, err)
+			}
+			zt, err := zerocopy.New(dtype, shape, view)
+			if err != nil {
+				c.releaseTransfer(transferID)
+				return nil, status.Error(codes.InvalidArgument, err.Error())
+			}
+			c.stats.transfers.Add(1)
+			c.stats.leases.Add(1)
+			c.stats.dataPlaneBytes.Add(int64(n))
+			return &Tensor{Tensor: zt, lease: true, release: func() { c.releaseTransfer(transferID) }}, nil
+		}
+	}
+	buf, err := allocBuffer(ctx, c.pool, n)
+	if err != nil {
+		c.releaseTransfer(transferID)
+		return nil, err
+	}
+	if err := c.read(ctx, buf, remote, func() { c.releaseTransfer(transferID) }); err != nil {
+		return nil, err
+	}
+	c.releaseTransfer(transferID)
+	return newPoolTensor(dtype, shape, buf)
+}
+
+// read reads len(buf) bytes from remote into buf with one one-sided Read.
+// On failure buf is released; if ctx ends while the Read is under way, buf
+// and done run only once the Read completes.
+func (c *Client) read(ctx context.Context, buf *mempool.Buffer, remote verbs.Remote, done func()) error {
+	if buf.Len() == 0 {
+		return nil
+	}
+	local, err := c.link.dev.reg.Local(buf)
+	if err != nil {
+		buf.Release()
+		done()
+		return status.Error(codes.Internal, err.Error())
+	}
+	_, err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
+		buf.Release()
+		done()
+	})
+	if err != nil {
+		if ctx.Err() == nil { // not abandoned: the completion came, with an error
+			buf.Release()
+			done()
+		}
+		c.stats.errors.Add(1)
+		return err
+	}
+	c.stats.transfers.Add(1)
+	c.stats.dataPlaneBytes.Add(int64(buf.Len()))
+	return nil
+}
+
+// Send puts t into the server's rendezvous under key, where Server.Fetch
+// and other clients' Fetch find it. t stays the caller's; a tensor over
+// caller memory (WrapTensor) is copied into pool memory once first.
+func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if c.link == nil {
+		return c.sendStream(ctx, key, t)
+	}
+	_, err := c.send(ctx, key, t, false)
+	return err
+}
+
+// send moves one tensor to the server: inline when small, else into a
+// destination the server allocates, with WriteImm. With hold, the server
+// keeps it for a Call and send returns its transfer id.
+func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (uint64, error) {
+	if t == nil || !t.Valid() {
+		return 0, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
+	}
+	if t.released.Load() {
+		return 0, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
+	}
+	meta := metaOf(key, t.Tensor)
+	n := len(t.Bytes())
+	if n <= c.eager {
+		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, InlineData: t.Bytes(), Hold: hold})
+		if err != nil {
+			return 0, err
+		}
+		c.stats.transfers.Add(1)
+		c.stats.inlineBytes.Add(int64(n))
+		if n > 0 {
+			c.stats.copied(n) // into the control message
+		}
+		return resp.TransferId, nil
+	}
+	src, err := poolBuffer(ctx, c.pool, t, &c.stats)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold})
+	if err != nil {
+		src.Release()
+		return 0, err
+	}
+	dst := resp.Destination
+	if dst == nil || dst.Length != uint64(n) || dst.Transport != transportOf(c.transport) {
+		src.Release()
+		c.releaseTransfer(resp.TransferId)
+		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: server gave a bad destination for %q", key)
+	}
+	local, err := c.link.dev.reg.Local(src)
+	if err != nil {
+		src.Release()
+		c.releaseTransfer(resp.TransferId)
+		return 0, status.Error(codes.Internal, err.Error())
+	}
+	_, err = c.link.post(ctx, verbs.SendRequest{
+		Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: dst.Address, Key: dst.RemoteKey}, Imm: resp.Immediate, HasImm: true,
+	}, func() { src.Release() })
+	if err != nil {
+		if ctx.Err() == nil {
+			src.Release()
+		}
+		c.releaseTransfer(resp.TransferId)
+		c.stats.errors.Add(1)
+		return 0, err
+	}
+	src.Release()
+	c.stats.transfers.Add(1)
+	c.stats.dataPlaneBytes.Add(int64(n))
+	return resp.TransferId, nil
+}
+
+// Call invokes method on the server with req and returns its reply. The
+// request's tensors stay the caller's; the reply's come from the Client's
+// pool and are released with reply.Release.
+func (c *Client) Call(ctx context.Context, method string, req *Message) (*Message, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	if req == nil {
+		req = &Message{}
+	}
+	if c.link == nil {
+		return c.callStream(ctx, method, req)
+	}
+	creq := &pb.CallRequest{SessionId: c.sessionID, Method: method, Metadata: req.Metadata}
+	var held []uint64
+	for i, t := range req.Tensors {
+		if t == nil || !t.Valid() || t.released.Load() {
+			c.releaseHeld(held)
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
+		}
+		meta := metaOf("", t.Tensor)
+		if len(t.Bytes()) <= c.eager {
+			idx := uint32(len(creq.InlineData))
+			meta.InlineIndex = &idx
+			creq.InlineData = append(creq.InlineData, t.Bytes())
+			c.stats.transfers.Add(1)
+			c.stats.inlineBytes.Add(int64(len(t.Bytes())))
+			if len(t.Bytes()) > 0 {
+				c.stats.copied(len(t.Bytes())) // into the control message
+			}
+		} else {
+			id, err := c.send(ctx, "", t, true)
+			if err != nil {
+				c.releaseHeld(held)
+				return nil, err
+			}
+			held = append(held, id)
+			meta.TransferId = id
+		}
+		creq.Tensors = append(creq.Tensors, meta)
+	}
+	resp, err := c.api.Call(ctx, creq)
+	if err != nil {
+		c.releaseHeld(held)
+		return nil, err
+	}
+	return c.receiveReply(ctx, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+}
+
+// releaseHeld drops destinations held for a Call that will not happen.
+func (c *Client) releaseHeld(ids []uint64) {
+	for _, id := range ids {
+		c.releaseTransfer(id)
+	}
+}
+
+func (c *Client) receiveReply(ctx context.Context, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
+	reply := &Message{Metadata: metadata}
+	next := 0
+	fail := func(err error) (*Message, error) {
+		reply.Release()
+		for _, id := range transfers[min(next, len(transfers)):] {
+			c.releaseTransfer(id)
+		}
+		return nil, err
+	}
+	for _, m := range metas {
+		var data []byte
+		var id uint64
+		switch {
+		case m.InlineIndex != nil:
+			i := int(*m.InlineIndex)
+			if i >= len(inline) {
+				return fail(status.Errorf(codes.InvalidArgument, "tensorrpc: reply tensor inline index %d out of range", i))
+			}
+			data = inline[i]
+		case next < len(transfers):
+			id = transfers[next]
+			next++
+		default:
+			return fail(status.Error(codes.InvalidArgument, "tensorrpc: reply tensor without data"))
+		}
+		t, err := c.receive(ctx, m, data, id, false)
+		if err != nil {
+			return fail(err)
+		}
+		reply.Tensors = append(reply.Tensors, t)
+	}
+	return reply, nil
+}

@@ -1,0 +1,360 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/internal/chunkcodec"
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+)
+
+// The plain-gRPC fallback streams tensors as Chunk messages: a header, then
+// the tensors' bytes back to back in chunks of streamChunkSize. Sending
+// makes no copy of our own: the chunks view pool memory (chunkcodec), and
+// gRPC's transport copies them into its frames. Receiving copies each chunk
+// once, out of gRPC's receive buffers into the destination pool buffer.
+
+// streamChunkSize is the payload of one data Chunk; well under gRPC's
+// default 4 MiB message limit.
+const streamChunkSize = 1 << 20
+
+func init() { chunkcodec.Register() }
+
+// msgSender and msgReceiver are the halves of gRPC streams we use.
+type msgSender interface{ SendMsg(m any) error }
+type msgReceiver interface{ RecvMsg(m any) error }
+
+// sendChunks sends header, then the bytes of bufs back to back. The chunks
+// hold their own references to bufs until gRPC has written them; the
+// caller keeps its references.
+func sendChunks(s msgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters) error {
+	if err := s.SendMsg(&chunkcodec.OutChunk{Header: header}); err != nil {
+		return err
+	}
+	for _, buf := range bufs {
+		b := buf.Bytes()
+		for off := 0; off < len(b); off += streamChunkSize {
+			piece := b[off:min(off+streamChunkSize, len(b))]
+			buf.Retain()
+			out := &chunkcodec.OutChunk{Data: mem.BufferSlice{chunkcodec.Wrap(piece, func() { buf.Release() })}}
+			err := s.SendMsg(out)
+			out.Free()
+			if err != nil {
+				return err
+			}
+			c.streamBytes.Add(int64(len(piece)))
+		}
+	}
+	return nil
+}
+
+// recvHeader receives the header chunk of a stream.
+func recvHeader(r msgReceiver) (*pb.ChunkHeader, error) {
+	var in chunkcodec.InChunk
+	if err := r.RecvMsg(&in); err != nil {
+		return nil, err
+	}
+	defer in.Free()
+	if in.Header == nil || in.Len() != 0 {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a stream starts with a header chunk and no data")
+	}
+	return in.Header, nil
+}
+
+// recvTensors receives the bytes of the tensors metas describes into new
+// pool tensors. A chunk may span tensors. On error every tensor made so far
+// is released.
+func recvTensors(ctx context.Context, r msgReceiver, pool *mempool.Pool, metas []*pb.TensorMeta, limit int64, c *counters) (_ []*Tensor, err error) {
+	out := make([]*Tensor, 0, len(metas))
+	defer func() {
+		if err != nil {
+			for _, t := range out {
+				t.Release()
+			}
+		}
+	}()
+	for _, m := range metas {
+		if err := checkMeta(m, limit); err != nil {
+			return nil, err
+		}
+		if m.Location != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: streamed tensor %q has a location", m.Key)
+		}
+	}
+	var in chunkcodec.InChunk
+	defer in.Free()
+	pending := mem.BufferSlice(nil) // bytes received but not yet placed
+	for _, m := range metas {
+		buf, err := allocBuffer(ctx, pool, int(m.ByteLength))
+		if err != nil {
+			return nil, err
+		}
+		dtype, shape := shapeOf(m)
+		t, err := newPoolTensor(dtype, shape, buf)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		out = append(out, t)
+		dst := buf.Bytes()
+		for len(dst) > 0 {
+			if pending.Len() == 0 {
+				in.Free()
+				if err := r.RecvMsg(&in); err != nil {
+					if errors.Is(err, io.EOF) {
+						return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: stream ended %d bytes short", len(dst))
+					}
+					return nil, err
+				}
+				if in.Header != nil {
+					return nil, status.Error(codes.InvalidArgument, "tensorrpc: a second header chunk in a stream")
+				}
+				pending = in.Data
+				c.streamBytes.Add(int64(pending.Len()))
+			}
+			dst = dst[copyFrom(dst, &pending):]
+		}
+		if m.ByteLength > 0 {
+			c.copied(int(m.ByteLength)) // out of gRPC's receive buffers, chunk by chunk
+		}
+		c.transfers.Add(1)
+	}
+	if pending.Len() != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes past the last tensor", pending.Len())
+	}
+	return out, nil
+}
+
+// copyFrom copies from the front of *src into dst and drops what it
+// copied from *src (which views buffers that InChunk.Free releases).
+func copyFrom(dst []byte, src *mem.BufferSlice) int {
+	n := 0
+	for n < len(dst) && len(*src) > 0 {
+		b := (*src)[0].ReadOnlyData()
+		k := copy(dst[n:], b)
+		n += k
+		if k == len(b) {
+			*src = (*src)[1:]
+		} else {
+			(*src)[0] = mem.SliceBuffer(b[k:])
+		}
+	}
+	return n
+}
+
+// expectEnd checks that the peer sent nothing more.
+func expectEnd(r msgReceiver) error {
+	var in chunkcodec.InChunk
+	err := r.RecvMsg(&in)
+	in.Free()
+	if err == nil {
+		return status.Error(codes.InvalidArgument, "tensorrpc: data past the end of the stream")
+	}
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// FetchStream implements the FetchStream method.
+func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
+	ss, err := s.session(req.SessionId)
+	if err != nil {
+		return err
+	}
+	e, err := s.rv.fetch(stream.Context(), req.Key, false)
+	if err != nil {
+		return rendezvousError(err)
+	}
+	defer e.buf.Release()
+	var c counters
+	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	c.transfers.Add(1)
+	return sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor)}}, []*mempool.Buffer{e.buf}, &c)
+}
+
+// SendStream implements the SendStream method.
+func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
+	ctx := stream.Context()
+	h, err := recvHeader(stream)
+	if err != nil {
+		return err
+	}
+	if len(h.Tensors) != 1 {
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
+	}
+	var c counters
+	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
+	ts, err := recvTensors(ctx, stream, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	if err != nil {
+		return err
+	}
+	if err := expectEnd(stream); err != nil {
+		ts[0].Release()
+		return err
+	}
+	t := ts[0]
+	if err := s.rv.publish(h.Tensors[0].Key, entry{tensor: t.Tensor, buf: t.buf}); err != nil {
+		return rendezvousError(err)
+	}
+	return stream.SendAndClose(&pb.SendResponse{})
+}
+
+// CallStream implements the CallStream method.
+func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk]) error {
+	ctx := stream.Context()
+	h, err := recvHeader(stream)
+	if err != nil {
+		return err
+	}
+	handler, err := s.handler(h.Method)
+	if err != nil {
+		return err
+	}
+	var c counters
+	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
+	ts, err := recvTensors(ctx, stream, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	if err != nil {
+		return err
+	}
+	in := &Message{Metadata: h.Metadata, Tensors: ts}
+	defer in.Release()
+	out, err := handler(ctx, in)
+	if err != nil {
+		c.errors.Add(1)
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		return status.Error(codes.Unknown, err.Error())
+	}
+	if out == nil {
+		out = &Message{}
+	}
+	defer out.Release()
+	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c)
+	if err != nil {
+		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
+	}
+	defer releaseAll(bufs)
+	return sendChunks(stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c)
+}
+
+// poolBuffers returns pool buffer references and descriptions for ts.
+func poolBuffers(ctx context.Context, pool *mempool.Pool, ts []*Tensor, c *counters) ([]*mempool.Buffer, []*pb.TensorMeta, error) {
+	var bufs []*mempool.Buffer
+	var metas []*pb.TensorMeta
+	for i, t := range ts {
+		buf, err := poolBuffer(ctx, pool, t, c)
+		if err != nil {
+			releaseAll(bufs)
+			return nil, nil, fmt.Errorf("tensor %d: %w", i, err)
+		}
+		bufs = append(bufs, buf)
+		metas = append(metas, metaOf("", t.Tensor))
+	}
+	return bufs, metas, nil
+}
+
+func releaseAll(bufs []*mempool.Buffer) {
+	for _, b := range bufs {
+		b.Release()
+	}
+}
+
+// fetchStream is Fetch over the fallback.
+func (c *Client) fetchStream(ctx context.Context, key string) (*Tensor, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key})
+	if err != nil {
+		return nil, err
+	}
+	h, err := recvHeader(stream)
+	if err != nil {
+		return nil, err
+	}
+	if len(h.Tensors) != 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: FetchStream carries one tensor, header has %d", len(h.Tensors))
+	}
+	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats)
+	if err != nil {
+		c.stats.errors.Add(1)
+		return nil, err
+	}
+	if err := expectEnd(stream); err != nil {
+		ts[0].Release()
+		return nil, err
+	}
+	return ts[0], nil
+}
+
+// sendStream is Send over the fallback.
+func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
+	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	defer releaseAll(bufs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.api.SendStream(ctx)
+	if err != nil {
+		return err
+	}
+	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor)}}, bufs, &c.stats); err != nil {
+		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
+			_, err = stream.CloseAndRecv()
+		}
+		c.stats.errors.Add(1)
+		return err
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		c.stats.errors.Add(1)
+		return err
+	}
+	c.stats.transfers.Add(1)
+	return nil
+}
+
+// callStream is Call over the fallback.
+func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
+	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	defer releaseAll(bufs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.api.CallStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
+	if err := sendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if err := stream.CloseSend(); err != nil {
+		return nil, err
+	}
+	h, err := recvHeader(stream)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats)
+	if err != nil {
+		return nil, err
+	}
+	reply := &Message{Metadata: h.Metadata, Tensors: ts}
+	if err := expectEnd(stream); err != nil {
+		reply.Release()
+		return nil, err
+	}
+	return reply, nil
+}

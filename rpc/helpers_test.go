@@ -1,0 +1,114 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(runChild(mode))
+	}
+	leakcheck.Main(m)
+}
+
+// testTransports are the data planes end-to-end tests run over.
+var testTransports = []string{TransportTCP, TransportSHM, TransportGRPC}
+
+// small pools keep the tests' memory modest.
+func testPool() Option {
+	return WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(3<<30))
+}
+
+// pair starts a Server and a Client restricted to transport and registers
+// cleanups that check both end with every buffer released and no
+// goroutine left.
+func pair(t *testing.T, transport string, serverOpts, clientOpts []Option) (*Server, *Client) {
+	t.Helper()
+	ts := []string{transport}
+	if transport != TransportGRPC {
+		ts = append(ts, TransportGRPC)
+	}
+	s, err := NewServer(append([]Option{WithTransports(ts...), testPool()}, serverOpts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(lis) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, lis.Addr().String(), append([]Option{WithTransports(ts...), testPool()}, clientOpts...)...)
+	if err != nil {
+		s.Stop()
+		<-served
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("client Close: %v", err)
+		}
+		s.Stop()
+		<-served
+		if st := s.Pool().Stats(); st.InUse != 0 {
+			t.Errorf("server pool: %d bytes still in use", st.InUse)
+		}
+		leakcheck.Check(t)
+	})
+	if c.Transport() != transport {
+		t.Fatalf("negotiated %s, want %s (rejections: %v)", c.Transport(), transport, c.Rejections())
+	}
+	return s, c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// pattern fills b with bytes that depend on seed and position.
+func pattern(b []byte, seed byte) {
+	x := uint32(seed)*2654435761 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+}
+
+func wrapped(t *testing.T, n int, seed byte) *Tensor {
+	t.Helper()
+	b := make([]byte, n)
+	pattern(b, seed)
+	zt, err := zerocopy.New(zerocopy.Uint8, []int64{int64(n)}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return WrapTensor(zt)
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lis
+}
+
+func writeImm(local verbs.Local, addr uint64, key, imm uint32) verbs.SendRequest {
+	return verbs.SendRequest{Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: addr, Key: key}, Imm: imm, HasImm: true}
+}

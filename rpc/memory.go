@@ -1,0 +1,71 @@
+package rpc
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// poolBuffer returns a buffer reference that holds t's bytes in pool: t's
+// own buffer, retained, when it lives in pool; otherwise a copy of t's bytes
+// in a new buffer (counted in c). The caller releases the reference.
+func poolBuffer(ctx context.Context, pool *mempool.Pool, t *Tensor, c *counters) (*mempool.Buffer, error) {
+	if t == nil || !t.Valid() {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
+	}
+	if t.released.Load() {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
+	}
+	if t.buf != nil && t.buf.Len() > 0 {
+		if a, _, ok := pool.Locate(t.buf.Addr()); ok && a == t.buf.Arena() {
+			t.buf.Retain()
+			return t.buf, nil
+		}
+	}
+	return copyToPool(ctx, pool, t.Bytes(), c)
+}
+
+// copyToPool copies b into a new pool buffer, counting the copy.
+func copyToPool(ctx context.Context, pool *mempool.Pool, b []byte, c *counters) (*mempool.Buffer, error) {
+	buf, err := allocBuffer(ctx, pool, len(b))
+	if err != nil {
+		return nil, err
+	}
+	copy(buf.Bytes(), b)
+	if len(b) > 0 {
+		c.copied(len(b))
+	}
+	return buf, nil
+}
+
+// allocBuffer allocates from pool, mapping failures to status codes:
+// context errors keep their codes, a request over the pool's limit is
+// ResourceExhausted.
+func allocBuffer(ctx context.Context, pool *mempool.Pool, n int) (*mempool.Buffer, error) {
+	buf, err := pool.Alloc(ctx, n)
+	if err == nil {
+		return buf, nil
+	}
+	if ctx.Err() != nil {
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: allocating %d bytes: %v", n, err)
+}
+
+// NewTensor allocates a tensor of the given dtype and shape from pool.
+// Sending it costs no copy. Its bytes are not zeroed.
+func newTensor(ctx context.Context, pool *mempool.Pool, dtype zerocopy.DType, shape []int64) (*Tensor, error) {
+	n, err := zerocopy.ByteSize(dtype, shape)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	buf, err := allocBuffer(ctx, pool, int(n))
+	if err != nil {
+		return nil, err
+	}
+	return newPoolTensor(dtype, shape, buf)
+}

@@ -1,0 +1,305 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// poolAccess is what every pool arena grants on a data plane: peers read
+// published tensors and write into destinations we allocated for them.
+const poolAccess = verbs.AccessLocalWrite | verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+
+// device is one opened provider, shared by every session of a Server or
+// Client: its protection domain and the registration of the pool.
+type device struct {
+	name string
+	pd   verbs.ProtectionDomain
+	reg  *verbs.PoolRegistration
+}
+
+func openDevice(p verbs.Provider, pool *mempool.Pool) (*device, error) {
+	if _, err := p.Devices(); err != nil {
+		return nil, err
+	}
+	pd, err := p.Open("")
+	if err != nil {
+		return nil, err
+	}
+	reg, err := verbs.RegisterPool(pd, pool, poolAccess)
+	if err != nil {
+		pd.Close()
+		return nil, err
+	}
+	return &device{name: p.Name(), pd: pd, reg: reg}, nil
+}
+
+func (d *device) close() {
+	d.reg.Close()
+	d.pd.Close()
+}
+
+// Depths of a link's queues. recvDepth Recvs stay posted for incoming
+// WriteImms; sendDepth bounds the outstanding Reads and Writes.
+const (
+	recvDepth = 256
+	sendDepth = 1024
+)
+
+// link is one session's connected queue pair. A single goroutine polls its
+// completion queue and hands each completion to the waiter that posted the
+// work request, or to onRecv for received WriteImms.
+type link struct {
+	dev    *device
+	qp     verbs.QueuePair
+	cq     verbs.CompletionQueue
+	recv   *mempool.Buffer // a small buffer Recvs point at; WriteImms use none of it
+	onRecv func(verbs.Completion)
+
+	nextID  atomic.Uint64
+	mu      sync.Mutex
+	waiters map[uint64]*waiter
+	closed  bool
+	failure error // the first fatal completion or closing reason
+	dead    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// waiter receives the completion of one work request. When its poster
+// stops waiting (its context ended), abandoned runs instead, so buffers the
+// request still uses are freed only once the hardware is done with them.
+type waiter struct {
+	ch        chan verbs.Completion
+	abandoned func(verbs.Completion)
+}
+
+func newLink(ctx context.Context, dev *device, pool *mempool.Pool) (*link, error) {
+	cq, err := dev.pd.NewCompletionQueue(2 * (recvDepth + sendDepth))
+	if err != nil {
+		return nil, err
+	}
+	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: recvDepth})
+	if err != nil {
+		cq.Close()
+		return nil, err
+	}
+	recv, err := pool.Alloc(ctx, 64)
+	if err != nil {
+		qp.Close()
+		cq.Close()
+		return nil, err
+	}
+	return &link{dev: dev, qp: qp, cq: cq, recv: recv, waiters: make(map[uint64]*waiter), dead: make(chan struct{})}, nil
+}
+
+// connect connects the queue pair, posts the Recvs and starts polling.
+// onRecv receives every successful Recv completion.
+func (l *link) connect(ctx context.Context, remote []byte, onRecv func(verbs.Completion)) error {
+	if err := l.qp.Connect(ctx, remote); err != nil {
+		return err
+	}
+	l.onRecv = onRecv
+	for range recvDepth {
+		if err := l.postRecv(); err != nil {
+			return err
+		}
+	}
+	l.wg.Add(1)
+	go l.poll()
+	return nil
+}
+
+func (l *link) postRecv() error {
+	local, err := l.dev.reg.Local(l.recv)
+	if err != nil {
+		return err
+	}
+	return l.qp.PostRecv(verbs.RecvRequest{ID: 0, Local: local})
+}
+
+func (l *link) poll() {
+	defer l.wg.Done()
+	batch := make([]verbs.Completion, 64)
+	for {
+		n, err := l.cq.Wait(context.Background(), batch)
+		if err != nil {
+			return // the queue was closed
+		}
+		for _, c := range batch[:n] {
+			l.complete(c)
+		}
+	}
+}
+
+func (l *link) complete(c verbs.Completion) {
+	if c.Status != verbs.StatusSuccess && c.Status != verbs.StatusFlushed {
+		l.fail(verbs.CompletionError(c))
+	}
+	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
+		if c.Status == verbs.StatusSuccess {
+			if err := l.postRecv(); err != nil {
+				l.fail(fmt.Errorf("reposting a receive: %w", err))
+			}
+			if l.onRecv != nil {
+				l.onRecv(c)
+			}
+		}
+		return
+	}
+	l.mu.Lock()
+	w, ok := l.waiters[c.ID]
+	delete(l.waiters, c.ID)
+	l.mu.Unlock()
+	if !ok {
+		return
+	}
+	if w.abandoned != nil {
+		w.abandoned(c)
+		return
+	}
+	w.ch <- c
+}
+
+// fail records the link's first failure and marks it dead.
+func (l *link) fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failure == nil {
+		l.failure = err
+		close(l.dead)
+	}
+}
+
+// post posts one work request and waits for its completion. When ctx ends
+// first it returns ctx's error at once and calls abandoned (if not nil)
+// with the completion when it comes, so the caller can free the buffers
+// the request uses. abandoned is also called when post fails after the
+// request was posted.
+func (l *link) post(ctx context.Context, wr verbs.SendRequest, abandoned func()) (verbs.Completion, error) {
+	w := &waiter{ch: make(chan verbs.Completion, 1)}
+	wr.ID = l.nextID.Add(1)
+	l.mu.Lock()
+	if l.closed || l.failure != nil {
+		err := l.failure
+		l.mu.Unlock()
+		return verbs.Completion{}, unavailable(err)
+	}
+	l.waiters[wr.ID] = w
+	l.mu.Unlock()
+	if err := l.qp.PostSend(wr); err != nil {
+		l.mu.Lock()
+		delete(l.waiters, wr.ID)
+		l.mu.Unlock()
+		return verbs.Completion{}, completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err})
+	}
+	select {
+	case c := <-w.ch:
+		return c, completionStatus(c)
+	case <-ctx.Done():
+		l.mu.Lock()
+		if _, pending := l.waiters[wr.ID]; pending {
+			w.abandoned = func(verbs.Completion) {
+				if abandoned != nil {
+					abandoned()
+				}
+			}
+			l.mu.Unlock()
+			return verbs.Completion{}, status.FromContextError(ctx.Err()).Err()
+		}
+		l.mu.Unlock()
+		c := <-w.ch // delivered just now
+		return c, completionStatus(c)
+	}
+}
+
+// close flushes the queue pair, stops polling and fails every waiter that
+// is left, so every posted request's waiter hears exactly once.
+func (l *link) close(reason error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.mu.Unlock()
+	l.fail(reason)
+	l.qp.Close()
+	l.cq.Close()
+	l.wg.Wait()
+	l.mu.Lock()
+	left := l.waiters
+	l.waiters = map[uint64]*waiter{}
+	l.mu.Unlock()
+	for _, w := range left {
+		c := verbs.Completion{Status: verbs.StatusFlushed, Err: reason}
+		if w.abandoned != nil {
+			w.abandoned(c)
+		} else {
+			w.ch <- c
+		}
+	}
+	l.recv.Release()
+}
+
+// completionStatus maps a completion to a gRPC status error (nil on
+// success).
+func completionStatus(c verbs.Completion) error {
+	switch c.Status {
+	case verbs.StatusSuccess:
+		return nil
+	case verbs.StatusRemoteAccess:
+		return status.Error(codes.PermissionDenied, verbs.CompletionError(c).Error())
+	case verbs.StatusLocalLength, verbs.StatusLocalProtection, verbs.StatusRemoteInvalidRequest:
+		return status.Error(codes.InvalidArgument, verbs.CompletionError(c).Error())
+	default:
+		return status.Error(codes.Unavailable, verbs.CompletionError(c).Error())
+	}
+}
+
+func unavailable(err error) error {
+	if err == nil {
+		err = errClosed
+	}
+	return status.Errorf(codes.Unavailable, "tensorrpc: data plane down: %v", err)
+}
+
+var errClosed = errors.New("tensorrpc: closed")
+
+// transportOf and transportName convert between transport names and the
+// control plane's enum.
+func transportOf(name string) pb.Transport {
+	switch name {
+	case TransportIBV:
+		return pb.Transport_TRANSPORT_IBV
+	case TransportSHM:
+		return pb.Transport_TRANSPORT_SHM
+	case TransportTCP:
+		return pb.Transport_TRANSPORT_TCP
+	case TransportGRPC:
+		return pb.Transport_TRANSPORT_GRPC
+	}
+	return pb.Transport_TRANSPORT_UNSPECIFIED
+}
+
+func transportName(t pb.Transport) string {
+	switch t {
+	case pb.Transport_TRANSPORT_IBV:
+		return TransportIBV
+	case pb.Transport_TRANSPORT_SHM:
+		return TransportSHM
+	case pb.Transport_TRANSPORT_TCP:
+		return TransportTCP
+	case pb.Transport_TRANSPORT_GRPC:
+		return TransportGRPC
+	}
+	return t.String()
+}

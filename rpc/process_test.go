@@ -1,0 +1,176 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+)
+
+// dialChild dials a child server and checks the client ends clean.
+func dialChild(t *testing.T, ch *child, transport string, opts ...Option) *Client {
+	t.Helper()
+	addr := ch.line(t)
+	ts := []string{transport}
+	if transport != TransportGRPC {
+		ts = append(ts, TransportGRPC)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr, append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Transport() != transport {
+		t.Fatalf("negotiated %s, want %s: %v", c.Transport(), transport, c.Rejections())
+	}
+	return c
+}
+
+func closeClient(t *testing.T, c *Client) {
+	t.Helper()
+	// Close fails when the pool still has buffers out.
+	if err := c.Close(); err != nil {
+		t.Errorf("client Close: %v", err)
+	}
+}
+
+func TestPeerInAnotherProcess(t *testing.T) {
+	const size = 3<<20 + 5
+	want := make([]byte, size)
+	fill(want, 7)
+	for _, tr := range testTransports {
+		t.Run(tr, func(t *testing.T) {
+			ch := startChild(t, "server", tr, size)
+			c := dialChild(t, ch, tr)
+			ctx := ctxT(t)
+			got, err := c.Fetch(ctx, "big")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), want) {
+				t.Fatal("fetched bytes differ")
+			}
+			reply, err := c.Call(ctx, "reverse", &Message{Tensors: []*Tensor{got, wrapped(t, 10, 1)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(reply.Tensors[1].Bytes(), want) {
+				t.Fatal("call reply differs")
+			}
+			reply.Release()
+			if err := c.Send(ctx, "back", got); err != nil {
+				t.Fatal(err)
+			}
+			got.Release()
+			closeClient(t, c)
+			ch.kill()
+			leakcheck.Check(t)
+		})
+	}
+}
+
+// TestServerKilledMidCall kills the server process while a call waits in
+// its handler: the call fails with Unavailable, later calls too, and the
+// client's buffers all come back.
+func TestServerKilledMidCall(t *testing.T) {
+	for _, tr := range testTransports {
+		t.Run(tr, func(t *testing.T) {
+			ch := startChild(t, "server", tr, 1<<20)
+			c := dialChild(t, ch, tr)
+			ctx := ctxT(t)
+			errc := make(chan error, 1)
+			go func() {
+				_, err := c.Call(ctx, "block", &Message{Tensors: []*Tensor{wrapped(t, 200000, 3)}})
+				errc <- err
+			}()
+			if l := ch.line(t); l != "blocked" {
+				t.Fatalf("child said %q", l)
+			}
+			ch.kill()
+			if err := <-errc; status.Code(err) != codes.Unavailable {
+				t.Fatalf("call to a killed server: %v, want Unavailable", err)
+			}
+			waitFor(t, "the session to notice", func() bool { return c.check() != nil })
+			if _, err := c.Fetch(ctx, "big"); status.Code(err) != codes.Unavailable {
+				t.Fatalf("fetch after the kill: %v, want Unavailable", err)
+			}
+			closeClient(t, c)
+			leakcheck.Check(t)
+		})
+	}
+}
+
+// TestServerKilledMidRead kills the server between its Fetch answer and the
+// client's Read of its memory (over tcp, where the Read needs the peer): the
+// Read fails with Unavailable and the destination buffer is freed.
+func TestServerKilledMidRead(t *testing.T) {
+	const size = 64 << 20
+	ch := startChild(t, "server", TransportTCP, size)
+	interceptor := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if _, ok := reply.(*pb.FetchResponse); ok && err == nil {
+			ch.kill()
+		}
+		return err
+	}
+	c := dialChild(t, ch, TransportTCP, WithGRPCDialOptions(grpc.WithUnaryInterceptor(interceptor)))
+	_, err := c.Fetch(ctxT(t), "big")
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Fetch from a server killed mid-read: %v, want Unavailable", err)
+	}
+	closeClient(t, c)
+	leakcheck.Check(t)
+}
+
+// TestClientKilledMidSend kills a client process that keeps sending large
+// tensors: the server ends its session and frees every destination.
+func TestClientKilledMidSend(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, err := NewServer(WithTransports(tr, TransportGRPC), testPool())
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis := listen(t)
+			served := make(chan error, 1)
+			go func() { served <- s.Serve(lis) }()
+			ch := startChild(t, "client", tr, 16<<20, "TENSORRPC_TEST_ADDR="+lis.Addr().String())
+			if l := ch.line(t); l != "sending" {
+				t.Fatalf("child said %q", l)
+			}
+			waitFor(t, "the client's tensors", func() bool { return s.Stats().Transfers >= 3 })
+			ch.kill()
+			waitFor(t, "the session to end", func() bool { return len(s.Sessions()) == 0 })
+			// Keys the client managed to send stay published; drop them.
+			for i := range 1000 {
+				s.Unpublish(fmt.Sprintf("flood%d", i))
+			}
+			if st := s.Pool().Stats(); st.InUse != 0 {
+				t.Fatalf("server pool: %d bytes in use after the client died", st.InUse)
+			}
+			s.Stop()
+			<-served
+			leakcheck.Check(t)
+		})
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

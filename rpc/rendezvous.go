@@ -1,0 +1,135 @@
+package rpc
+
+import (
+	"context"
+	"sync"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// entry is a published tensor: its description and one reference to its
+// pool buffer, owned by the rendezvous.
+type entry struct {
+	tensor zerocopy.Tensor
+	buf    *mempool.Buffer
+}
+
+// rendezvous maps keys to published tensors. Fetches of a key not yet
+// published wait for it until their context ends.
+type rendezvous struct {
+	mu      sync.Mutex
+	entries map[string]entry
+	waiters map[string][]chan struct{}
+	closed  bool
+}
+
+func newRendezvous() *rendezvous {
+	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{})}
+}
+
+// publish stores e under key, taking over e's buffer reference, and wakes
+// the key's waiters. A previous entry under key is released.
+func (r *rendezvous) publish(key string, e entry) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		e.buf.Release()
+		return errClosed
+	}
+	old, had := r.entries[key]
+	r.entries[key] = e
+	ws := r.waiters[key]
+	delete(r.waiters, key)
+	r.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+	if had {
+		old.buf.Release()
+	}
+	return nil
+}
+
+// fetch returns the entry under key with an extra buffer reference for the
+// caller, waiting until it is published or ctx ends. With take, the entry
+// is removed and the rendezvous's own reference passes to the caller.
+func (r *rendezvous) fetch(ctx context.Context, key string, take bool) (entry, error) {
+	for {
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return entry{}, errClosed
+		}
+		if e, ok := r.entries[key]; ok {
+			if take {
+				delete(r.entries, key)
+			} else {
+				e.buf.Retain()
+			}
+			r.mu.Unlock()
+			return e, nil
+		}
+		w := make(chan struct{})
+		r.waiters[key] = append(r.waiters[key], w)
+		r.mu.Unlock()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			r.dropWaiter(key, w)
+			return entry{}, ctx.Err()
+		}
+	}
+}
+
+func (r *rendezvous) dropWaiter(key string, w chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ws := r.waiters[key]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(r.waiters, key)
+	} else {
+		r.waiters[key] = ws
+	}
+}
+
+// remove drops key and releases its buffer. It reports whether key was
+// published.
+func (r *rendezvous) remove(key string) bool {
+	r.mu.Lock()
+	e, ok := r.entries[key]
+	delete(r.entries, key)
+	r.mu.Unlock()
+	if ok {
+		e.buf.Release()
+	}
+	return ok
+}
+
+// close releases every entry and fails waiting and later fetches.
+func (r *rendezvous) close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	entries := r.entries
+	waiters := r.waiters
+	r.entries, r.waiters = nil, nil
+	r.mu.Unlock()
+	for _, ws := range waiters {
+		for _, w := range ws {
+			close(w)
+		}
+	}
+	for _, e := range entries {
+		e.buf.Release()
+	}
+}

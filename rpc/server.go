@@ -1,0 +1,303 @@
+package rpc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// ProtocolVersion is the version of the tensorrpc session protocol.
+const ProtocolVersion = 1
+
+// Handler serves a method. The request's tensors belong to tensorrpc and
+// are released when the handler returns; publish or copy a tensor to keep
+// it. The reply's tensors pass to tensorrpc, which releases them once the
+// client has them.
+type Handler func(ctx context.Context, req *Message) (*Message, error)
+
+// Server serves tensors to clients: a rendezvous of published tensors that
+// clients fetch and send to, and methods they call. It is safe for
+// concurrent use.
+type Server struct {
+	opts    options
+	log     *slog.Logger
+	pool    *mempool.Pool
+	ownPool bool
+	grpc    *grpc.Server
+	rv      *rendezvous
+	devices map[string]*device
+	missing map[string]string // transport → why its device did not open
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	sessions map[string]*serverSession
+	stopping bool
+	drain    chan struct{}  // closed when sessions must end
+	active   sync.WaitGroup // running Session handlers
+	total    Stats          // of ended sessions
+}
+
+// NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
+// the devices of every enabled data plane. A data plane whose device cannot
+// open is left out and reported to clients during negotiation.
+func NewServer(opts ...Option) (*Server, error) {
+	o := buildOptions(opts)
+	s := &Server{
+		opts: o, log: o.logger, rv: newRendezvous(),
+		devices: map[string]*device{}, missing: map[string]string{},
+		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
+		drain: make(chan struct{}),
+	}
+	if err := s.openPool(); err != nil {
+		return nil, err
+	}
+	s.devices, s.missing = openDevices(&s.opts, s.pool, s.log)
+	s.grpc = grpc.NewServer(o.grpcServerOpts...)
+	s.Register(s.grpc)
+	return s, nil
+}
+
+func (s *Server) openPool() error {
+	if s.opts.pool != nil {
+		s.pool = s.opts.pool
+		return nil
+	}
+	p, err := mempool.NewPool(s.opts.poolOptions...)
+	if err != nil {
+		return fmt.Errorf("tensorrpc: making the pool: %w", err)
+	}
+	s.pool, s.ownPool = p, true
+	return nil
+}
+
+// Register registers the tensorrpc service on gs, for a server that also
+// serves other services. Serve, Stop and GracefulStop then belong to gs's
+// owner; call Close after gs has stopped to release the Server.
+func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, service{Server: s}) }
+
+// service implements the gRPC service; it is separate from Server so that
+// the service's methods do not clash with the Server's API.
+type service struct {
+	pb.UnimplementedTensorRPCServer
+	*Server
+}
+
+// Serve accepts connections on lis until Stop or GracefulStop.
+func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
+
+// Pool is the pool the Server carves tensors from.
+func (s *Server) Pool() *mempool.Pool { return s.pool }
+
+// Handle registers h for method, replacing any handler it had.
+func (s *Server) Handle(method string, h Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handlers[method] = h
+}
+
+// NewTensor allocates a tensor from the Server's pool, waiting while the
+// pool is full until ctx ends. Publishing or returning it costs no copy.
+func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []int64) (*Tensor, error) {
+	return newTensor(ctx, s.pool, dtype, shape)
+}
+
+// Publish makes t available under key to Fetch, replacing what key held.
+// The Server keeps its own reference to t's memory (or a copy, for a
+// wrapped tensor), so the caller may Release t after Publish returns.
+//
+// Publishing a wrapped tensor copies it into the pool; when the pool is
+// full, Publish fails with ResourceExhausted rather than wait.
+func (s *Server) Publish(key string, t *Tensor) error {
+	var c counters
+	noWait, cancel := context.WithCancel(context.Background())
+	cancel() // the pool waits only on a live context
+	buf, err := poolBuffer(noWait, s.pool, t, &c)
+	if status.Code(err) == codes.Canceled {
+		err = status.Errorf(codes.ResourceExhausted, "tensorrpc: publishing %q: the pool is full", key)
+	}
+	if err != nil {
+		return err
+	}
+	s.addTotals(&c)
+	zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
+	return s.rv.publish(key, entry{tensor: zt, buf: buf})
+}
+
+// Unpublish removes key. It reports whether key was published. Transfers
+// of the tensor already under way finish.
+func (s *Server) Unpublish(key string) bool { return s.rv.remove(key) }
+
+// Fetch returns the tensor published (locally or by a client's Send) under
+// key, waiting until it is or ctx ends. The tensor stays published; the
+// caller releases the returned reference.
+func (s *Server) Fetch(ctx context.Context, key string) (*Tensor, error) {
+	return s.take(ctx, key, false)
+}
+
+// Take is Fetch that also unpublishes the tensor: the caller gets the only
+// reference.
+func (s *Server) Take(ctx context.Context, key string) (*Tensor, error) {
+	return s.take(ctx, key, true)
+}
+
+func (s *Server) take(ctx context.Context, key string, remove bool) (*Tensor, error) {
+	e, err := s.rv.fetch(ctx, key, remove)
+	if err != nil {
+		return nil, rendezvousError(err)
+	}
+	return &Tensor{Tensor: e.tensor, buf: e.buf}, nil
+}
+
+func rendezvousError(err error) error {
+	if err == errClosed {
+		return status.Error(codes.Unavailable, "tensorrpc: server stopped")
+	}
+	return status.FromContextError(err).Err()
+}
+
+// Stats returns the totals over every session, ended or live.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.total
+	for _, ss := range s.sessions {
+		t.add(ss.stats.snapshot(""))
+	}
+	return t
+}
+
+// SessionInfo describes a live session.
+type SessionInfo struct {
+	ID     string
+	Client string
+	Stats  Stats
+}
+
+// Sessions lists the live sessions.
+func (s *Server) Sessions() []SessionInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SessionInfo
+	for _, ss := range s.sessions {
+		out = append(out, SessionInfo{ID: ss.id, Client: ss.client, Stats: ss.stats.snapshot(ss.transport)})
+	}
+	slices.SortFunc(out, func(a, b SessionInfo) int { return cmpString(a.ID, b.ID) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *Server) addTotals(c *counters) {
+	s.mu.Lock()
+	s.total.add(c.snapshot(""))
+	s.mu.Unlock()
+}
+
+// Stop closes every session and connection at once; calls under way fail.
+// It then releases the Server's memory and devices.
+func (s *Server) Stop() {
+	s.endSessions()
+	s.grpc.Stop()
+	s.Close()
+}
+
+// GracefulStop stops accepting sessions, ends the open ones (clients see
+// Unavailable on their next call), waits for calls under way to finish and
+// then releases the Server like Stop.
+func (s *Server) GracefulStop() {
+	s.endSessions()
+	s.grpc.GracefulStop()
+	s.Close()
+}
+
+func (s *Server) endSessions() {
+	s.mu.Lock()
+	if !s.stopping {
+		s.stopping = true
+		close(s.drain)
+	}
+	s.mu.Unlock()
+}
+
+// Close releases what the Server holds: sessions, published tensors,
+// devices and its own pool. Stop and GracefulStop call it; call it yourself
+// only after stopping a grpc.Server you registered the Server on. It
+// returns the pool's error when buffers are still outstanding (tensors the
+// application did not release).
+func (s *Server) Close() error {
+	s.endSessions()
+	s.active.Wait() // handlers release their sessions on the way out
+	s.mu.Lock()
+	sessions := s.sessions
+	s.sessions = map[string]*serverSession{}
+	s.mu.Unlock()
+	for _, ss := range sessions {
+		s.closeSession(ss)
+	}
+	s.rv.close()
+	s.mu.Lock()
+	devices := s.devices
+	s.devices = map[string]*device{}
+	s.mu.Unlock()
+	for _, d := range devices {
+		d.close()
+	}
+	if s.ownPool {
+		s.ownPool = false
+		return s.pool.Close()
+	}
+	return nil
+}
+
+func newSessionID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// session returns the live session id names, or an error for an unknown
+// one. An empty id is allowed (nil session): it is how plain gRPC clients
+// that never opened a session call.
+func (s *Server) session(id string) (*serverSession, error) {
+	if id == "" {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss, ok := s.sessions[id]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "tensorrpc: unknown or ended session %q", id)
+	}
+	return ss, nil
+}
+
+func (s *Server) handler(method string) (Handler, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.handlers[method]
+	if !ok {
+		return nil, status.Errorf(codes.Unimplemented, "tensorrpc: no handler for method %q", method)
+	}
+	return h, nil
+}

@@ -1,0 +1,307 @@
+package rpc
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// Fetch implements the Fetch method.
+func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResponse, error) {
+	ss, err := s.session(req.SessionId)
+	if err != nil {
+		return nil, err
+	}
+	e, err := s.rv.fetch(ctx, req.Key, false)
+	if err != nil {
+		return nil, rendezvousError(err)
+	}
+	resp := &pb.FetchResponse{}
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss, req.Key, e.tensor, e.buf)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// offer hands a tensor to a client: inline when it is small (or when the
+// session has no data plane), else as a transfer the client reads. It takes
+// over buf's reference.
+func (s *Server) offer(ss *serverSession, key string, t zerocopy.Tensor, buf *mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
+	meta := metaOf(key, t)
+	n := len(t.Bytes())
+	if n <= s.opts.eagerThreshold || ss == nil || ss.link == nil {
+		if n > s.opts.eagerThreshold {
+			buf.Release()
+			return nil, nil, 0, status.Errorf(codes.FailedPrecondition,
+				"tensorrpc: tensor %q of %d bytes is above the eager threshold (%d) and the session has no data plane: use the streaming methods", key, n, s.opts.eagerThreshold)
+		}
+		inline := append([]byte(nil), t.Bytes()...)
+		buf.Release()
+		s.count(ss, func(c *counters) {
+			c.transfers.Add(1)
+			c.inlineBytes.Add(int64(n))
+			if n > 0 {
+				c.copied(n)
+			}
+		})
+		return meta, inline, 0, nil
+	}
+	remote, err := ss.link.dev.reg.Remote(buf)
+	if err != nil {
+		buf.Release()
+		return nil, nil, 0, status.Error(codes.Internal, err.Error())
+	}
+	tr := &transfer{buf: buf}
+	if err := ss.add(tr); err != nil {
+		buf.Release()
+		return nil, nil, 0, err
+	}
+	meta.Location = &pb.Location{
+		Transport: transportOf(ss.transport), RegionId: buf.Arena().ID(), RemoteKey: remote.Key,
+		Address: remote.Addr, Offset: uint64(buf.Offset()), Length: uint64(n),
+	}
+	ss.stats.transfers.Add(1)
+	ss.stats.dataPlaneBytes.Add(int64(n))
+	return meta, nil, tr.id, nil
+}
+
+// count applies f to the session's counters, or to the server's totals for
+// calls without a session.
+func (s *Server) count(ss *serverSession, f func(*counters)) {
+	if ss != nil {
+		f(&ss.stats)
+		return
+	}
+	var c counters
+	f(&c)
+	s.addTotals(&c)
+}
+
+// Send implements the Send method.
+func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendResponse, error) {
+	ss, err := s.session(req.SessionId)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
+		return nil, err
+	}
+	if req.Meta.Location != nil {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
+	}
+	if req.Hold && ss == nil {
+		return nil, status.Error(codes.FailedPrecondition, "tensorrpc: holding a tensor for a call needs a session")
+	}
+	n := int(req.Meta.ByteLength)
+	if len(req.InlineData) > 0 || n == 0 {
+		return s.receiveInline(ctx, ss, req)
+	}
+	if ss == nil || ss.link == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes needs inline data or a data plane", req.Meta.Key, n)
+	}
+	buf, err := allocBuffer(ctx, s.pool, n)
+	if err != nil {
+		return nil, err
+	}
+	remote, err := ss.link.dev.reg.Remote(buf)
+	if err != nil {
+		buf.Release()
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{})}
+	if err := ss.add(tr); err != nil {
+		buf.Release()
+		return nil, err
+	}
+	return &pb.SendResponse{
+		Destination: &pb.Location{
+			Transport: transportOf(ss.transport), RegionId: buf.Arena().ID(), RemoteKey: remote.Key,
+			Address: remote.Addr, Offset: uint64(buf.Offset()), Length: uint64(n),
+		},
+		Immediate:  tr.imm,
+		TransferId: tr.id,
+	}, nil
+}
+
+func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
+	n := int(req.Meta.ByteLength)
+	if len(req.InlineData) != n {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
+	}
+	var c counters
+	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
+	if err != nil {
+		return nil, err
+	}
+	c.transfers.Add(1)
+	c.inlineBytes.Add(int64(n))
+	s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	if req.Hold {
+		tr := &transfer{buf: buf, meta: req.Meta, hold: true, done: make(chan struct{})}
+		close(tr.done)
+		if err := ss.add(tr); err != nil {
+			buf.Release()
+			return nil, err
+		}
+		return &pb.SendResponse{TransferId: tr.id}, nil
+	}
+	dtype, shape := shapeOf(req.Meta)
+	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
+	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf}); err != nil {
+		return nil, rendezvousError(err)
+	}
+	return &pb.SendResponse{}, nil
+}
+
+func mergeCounters(dst, src *counters) {
+	dst.transfers.Add(src.transfers.Load())
+	dst.dataPlaneBytes.Add(src.dataPlaneBytes.Load())
+	dst.inlineBytes.Add(src.inlineBytes.Load())
+	dst.streamBytes.Add(src.streamBytes.Load())
+	dst.copies.Add(src.copies.Load())
+	dst.copiedBytes.Add(src.copiedBytes.Load())
+	dst.leases.Add(src.leases.Load())
+	dst.errors.Add(src.errors.Load())
+}
+
+// Release implements the Release method.
+func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
+	ss, err := s.session(req.SessionId)
+	if err != nil {
+		return nil, err
+	}
+	if ss == nil {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: Release needs a session")
+	}
+	for _, id := range req.TransferIds {
+		if t := ss.remove(id); t != nil {
+			t.buf.Release()
+		}
+	}
+	return &pb.ReleaseResponse{}, nil
+}
+
+// Call implements the Call method.
+func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallResponse, error) {
+	ss, err := s.session(req.SessionId)
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.handler(req.Method)
+	if err != nil {
+		return nil, err
+	}
+	in := &Message{Metadata: req.Metadata}
+	defer in.Release()
+	for _, m := range req.Tensors {
+		t, err := s.callTensor(ctx, ss, m, req.InlineData)
+		if err != nil {
+			return nil, err
+		}
+		in.Tensors = append(in.Tensors, t)
+	}
+	out, err := h(ctx, in)
+	if err != nil {
+		s.count(ss, func(c *counters) { c.errors.Add(1) })
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Error(codes.Unknown, err.Error())
+	}
+	resp := &pb.CallResponse{}
+	if out == nil {
+		return resp, nil
+	}
+	defer out.Release()
+	resp.Metadata = out.Metadata
+	for i, t := range out.Tensors {
+		var c counters
+		buf, err := poolBuffer(ctx, s.pool, t, &c)
+		if err != nil {
+			s.releaseTransfers(ss, resp.TransferIds)
+			return nil, status.Errorf(codes.Internal, "tensorrpc: reply tensor %d: %v", i, err)
+		}
+		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
+		meta, inline, id, err := s.offer(ss, "", zt, buf)
+		if err != nil {
+			s.releaseTransfers(ss, resp.TransferIds)
+			return nil, err
+		}
+		if inline != nil || id == 0 {
+			idx := uint32(len(resp.InlineData))
+			meta.InlineIndex = &idx
+			resp.InlineData = append(resp.InlineData, inline)
+		} else {
+			resp.TransferIds = append(resp.TransferIds, id)
+		}
+		resp.Tensors = append(resp.Tensors, meta)
+	}
+	return resp, nil
+}
+
+func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
+	for _, id := range ids {
+		if t := ss.remove(id); t != nil {
+			t.buf.Release()
+		}
+	}
+}
+
+// callTensor materializes one request tensor of a Call: from the inline
+// data, or from a held destination the client has written.
+func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline [][]byte) (*Tensor, error) {
+	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
+		return nil, err
+	}
+	dtype, shape := shapeOf(m)
+	if m.InlineIndex != nil {
+		i := int(*m.InlineIndex)
+		if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
+		}
+		var c counters
+		buf, err := copyToPool(ctx, s.pool, inline[i], &c)
+		if err != nil {
+			return nil, err
+		}
+		c.transfers.Add(1)
+		c.inlineBytes.Add(int64(len(inline[i])))
+		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+		return newPoolTensor(dtype, shape, buf)
+	}
+	if ss == nil {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q has neither inline data nor a session", m.Key)
+	}
+	ss.mu.Lock()
+	t, ok := ss.transfers[m.TransferId]
+	ss.mu.Unlock()
+	if !ok || !t.hold {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: unknown transfer %d", m.Key, m.TransferId)
+	}
+	var dead <-chan struct{}
+	if ss.link != nil {
+		dead = ss.link.dead
+	}
+	select {
+	case <-t.done:
+	case <-dead:
+		return nil, unavailable(ss.link.failure)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if t = ss.remove(m.TransferId); t == nil {
+		return nil, status.Error(codes.Unavailable, "tensorrpc: session ended")
+	}
+	if t.meta.ByteLength != m.ByteLength || t.meta.Dtype != m.Dtype {
+		t.buf.Release()
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q does not match its transfer", m.Key)
+	}
+	return newPoolTensor(dtype, shape, t.buf)
+}
