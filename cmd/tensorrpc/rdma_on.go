@@ -1,0 +1,7 @@
+//go:build linux && cgo && rdma
+
+package main
+
+// builtWithRDMA reports whether verbs/ibv was compiled against libibverbs
+// (the same constraint as its real provider).
+const builtWithRDMA = true

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// A rank talks with the parent in lines:
+//
+//	rank → parent: "<address>"             its server is listening
+//	parent → rank: "<address>"             its right neighbour's server
+//	rank → parent: "ready <data plane>"    its session with it is open
+//	parent → rank: "go"                    run one all-reduce
+//	rank → parent: {result as JSON}        after each all-reduce
+//
+// and ends when the parent closes its stdin.
+
+// iterResult is what a rank reports after one all-reduce.
+type iterResult struct {
+	Rank, Iter int
+	Time       time.Duration // from "go" to the last chunk in place
+	// Sent and Received are the tensor bytes this rank's client sent and
+	// its server received during the all-reduce (rpc.Stats), and Copies
+	// the CPU copies of tensor bytes its client made.
+	Sent, Received, Copies int64
+	Exact                  bool
+	Mismatch               string `json:",omitempty"`
+}
+
+func rankMain(args []string) int {
+	fs := flag.NewFlagSet(rankRole, flag.ContinueOnError)
+	var cfg config
+	rank := fs.Int("rank", 0, "this process's rank")
+	fs.IntVar(&cfg.Ranks, "p", 0, "processes in the ring")
+	fs.IntVar(&cfg.Elements, "n", 0, "float32 elements")
+	transports := fs.String("transports", "", "data planes")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.Transports = strings.Split(*transports, ",")
+	if err := runRank(&cfg, *rank, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "allreduce rank %d: %v\n", *rank, err)
+		return 1
+	}
+	return 0
+}
+
+// ring is one rank's side of the ring: its server, which its left
+// neighbour sends to, and its client of its right neighbour's server.
+type ring struct {
+	cfg    *config
+	rank   int
+	pool   *mempool.Pool
+	srv    *rpc.Server
+	client *rpc.Client
+	chunks []*rpc.Tensor // the vector, chunk by chunk, in pool memory
+}
+
+func runRank(cfg *config, rank int, out io.Writer) (err error) {
+	ctx := context.Background()
+	bytes := int64(cfg.Elements) * 4
+	pool, err := mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("allreduce"),
+		mempool.WithLimit(max(1<<30, 4*bytes)))
+	if err != nil {
+		return err
+	}
+	r := &ring{cfg: cfg, rank: rank, pool: pool}
+	defer func() { err = errors.Join(err, r.close()) }()
+	// The server and the client share the pool: a chunk the server
+	// received is sent on by the client without a copy.
+	opts := []rpc.Option{rpc.WithPool(pool), rpc.WithTransports(cfg.Transports...)}
+	if r.srv, err = rpc.NewServer(opts...); err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go r.srv.Serve(lis) // returns when the server stops
+	fmt.Fprintln(out, lis.Addr().String())
+
+	right, err := proc.ReadParent()
+	if err != nil {
+		return fmt.Errorf("waiting for the right neighbour's address: %w", err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	r.client, err = rpc.Dial(dctx, right, append(opts, rpc.WithName(fmt.Sprintf("rank-%d", rank)))...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("dialing the right neighbour %s: %w", right, err)
+	}
+	for c := range cfg.Ranks {
+		lo, hi := chunkRange(cfg, c)
+		t, err := r.srv.NewTensor(ctx, zerocopy.Float32, []int64{int64(hi - lo)})
+		if err != nil {
+			return err
+		}
+		r.chunks = append(r.chunks, t)
+	}
+	r.fill(0)
+	fmt.Fprintln(out, "ready", r.client.Transport())
+
+	// The counters are read between all-reduces, when no rank is sending:
+	// a neighbour that starts an all-reduce before this rank does may
+	// already be sending to it.
+	sent0, recv0 := r.client.Stats(), r.srv.Stats()
+	for iter := 0; ; iter++ {
+		if _, err := proc.ReadParent(); err != nil {
+			return nil // told to stop
+		}
+		start := time.Now()
+		if err := r.allReduce(ctx, iter); err != nil {
+			return fmt.Errorf("all-reduce %d: %w", iter, err)
+		}
+		res := iterResult{Rank: rank, Iter: iter, Time: time.Since(start)}
+		sent1, recv1 := r.client.Stats(), r.srv.Stats()
+		res.Sent = tensorBytes(sent1) - tensorBytes(sent0)
+		res.Received = tensorBytes(recv1) - tensorBytes(recv0)
+		res.Copies = sent1.Copies - sent0.Copies
+		sent0, recv0 = sent1, recv1
+		res.Mismatch = r.verify(iter)
+		res.Exact = res.Mismatch == ""
+		r.fill(iter + 1)
+		line, _ := json.Marshal(res)
+		fmt.Fprintln(out, string(line))
+	}
+}
+
+func tensorBytes(s rpc.Stats) int64 { return s.DataPlaneBytes + s.InlineBytes + s.StreamBytes }
+
+// chunkRange is the part of the vector chunk c holds.
+func chunkRange(cfg *config, c int) (lo, hi int) {
+	return c * cfg.Elements / cfg.Ranks, (c + 1) * cfg.Elements / cfg.Ranks
+}
+
+// allReduce replaces the vector with its sum over all ranks.
+func (r *ring) allReduce(ctx context.Context, iter int) error {
+	p := r.cfg.Ranks
+	mod := func(i int) int { return ((i % p) + p) % p }
+	// Reduce-scatter: add the left neighbour's partial sums into ours.
+	for s := range p - 1 {
+		key := fmt.Sprintf("%d/rs/%d", iter, s)
+		if err := r.client.Send(ctx, key, r.chunks[mod(r.rank-s)]); err != nil {
+			return err
+		}
+		got, err := r.srv.Take(ctx, key)
+		if err != nil {
+			return err
+		}
+		err = addInto(r.chunks[mod(r.rank-s-1)], got)
+		got.Release()
+		if err != nil {
+			return err
+		}
+	}
+	// All-gather: pass the complete chunks around; a received chunk simply
+	// replaces ours, and is sent on as it is at the next step.
+	for s := range p - 1 {
+		key := fmt.Sprintf("%d/ag/%d", iter, s)
+		if err := r.client.Send(ctx, key, r.chunks[mod(r.rank+1-s)]); err != nil {
+			return err
+		}
+		got, err := r.srv.Take(ctx, key)
+		if err != nil {
+			return err
+		}
+		c := mod(r.rank - s)
+		if got.DType() != zerocopy.Float32 || got.Shape()[0] != r.chunks[c].Shape()[0] {
+			got.Release()
+			return fmt.Errorf("chunk %d arrived as %v %v", c, got.DType(), got.Shape())
+		}
+		r.chunks[c].Release()
+		r.chunks[c] = got
+	}
+	return nil
+}
+
+// addInto adds src to dst, element by element.
+func addInto(dst, src *rpc.Tensor) error {
+	d, err := zerocopy.View[float32](dst.Tensor)
+	if err != nil {
+		return err
+	}
+	s, err := zerocopy.View[float32](src.Tensor)
+	if err != nil || len(s) != len(d) {
+		return fmt.Errorf("received %v %v, want float32[%d]", src.DType(), src.Shape(), len(d))
+	}
+	for i := range d {
+		d[i] += s[i]
+	}
+	return nil
+}
+
+// maxValue bounds the magnitude of the elements; a sum of P of them stays
+// an integer that float32 represents exactly while P·maxValue < 2²⁴.
+const maxValue = 100
+
+// value is element i of rank r's vector in all-reduce iter: an integer in
+// [−maxValue, maxValue] that looks random along the vector and differs
+// from rank to rank.
+func value(r, i, iter int) float32 {
+	return float32(int((mix(i, iter)+37*uint32(r))%(2*maxValue+1)) - maxValue)
+}
+
+// mix hashes an element's index and the iteration.
+func mix(i, iter int) uint32 {
+	x := uint32(i)*0x9e3779b1 ^ uint32(iter)*0xc2b2ae3d
+	x ^= x >> 15
+	x *= 0x2c1b3c6d
+	x ^= x >> 12
+	x *= 0x297a2d39
+	x ^= x >> 15
+	return x % (1 << 24) // leaves room for 37·r without overflow
+}
+
+// fill sets the vector to this rank's input of iteration iter.
+func (r *ring) fill(iter int) {
+	for c, t := range r.chunks {
+		lo, _ := chunkRange(r.cfg, c)
+		v, _ := zerocopy.View[float32](t.Tensor)
+		for i := range v {
+			v[i] = value(r.rank, lo+i, iter)
+		}
+	}
+}
+
+// verify compares the vector with the exact sum of every rank's input and
+// describes the first difference, or returns "".
+func (r *ring) verify(iter int) string {
+	for c, t := range r.chunks {
+		lo, _ := chunkRange(r.cfg, c)
+		v, _ := zerocopy.View[float32](t.Tensor)
+		for i, got := range v {
+			h := mix(lo+i, iter)
+			var want float32
+			for rank := range r.cfg.Ranks {
+				want += float32(int((h+37*uint32(rank))%(2*maxValue+1)) - maxValue)
+			}
+			if got != want {
+				return fmt.Sprintf("element %d is %v, want %v", lo+i, got, want)
+			}
+		}
+	}
+	return ""
+}
+
+// close releases the vector, closes the session, stops the server and
+// closes the pool, which fails if a tensor was not released.
+func (r *ring) close() error {
+	for _, t := range r.chunks {
+		t.Release()
+	}
+	var err error
+	if r.client != nil {
+		err = r.client.Close()
+	}
+	if r.srv != nil {
+		r.srv.GracefulStop()
+	}
+	return errors.Join(err, r.pool.Close())
+}

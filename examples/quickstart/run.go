@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// config is what run does.
+type config struct {
+	addr   string // the server; "" starts one as a child process
+	sizes  []int
+	planes []string
+	iters  int // timed operations per cell; 0 picks by size
+}
+
+// result is one row of the table: one operation on tensors of one size
+// over one data plane.
+type result struct {
+	Plane  string
+	Size   int
+	Op     string // "send", "fetch" or "lease"
+	Iters  int
+	PerOp  time.Duration
+	GBps   float64
+	Copies float64 // CPU copies of tensor bytes on the client, per operation
+	Leases int64   // zero-copy leases among the timed operations
+}
+
+// skipped is a data plane that did not connect, and why.
+type skipped struct{ Plane, Reason string }
+
+// report is everything run measured.
+type report struct {
+	Negotiated string
+	Results    []result
+	Skipped    []skipped
+}
+
+// run starts a server unless cfg.addr names one, shows which data plane a
+// default session negotiates, then measures every size and operation over
+// each data plane in cfg.planes and prints the table to out.
+func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
+	addr := cfg.addr
+	if addr == "" {
+		server, err := proc.Start(serverRole)
+		if err != nil {
+			return nil, err
+		}
+		defer server.Kill() // on early returns; Stop below is the normal end
+		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		addr, err = server.ReadLine(sctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the server's address: %w", err)
+		}
+		fmt.Fprintf(out, "server: pid %d, listening on %s\n", server.PID(), addr)
+		defer func() {
+			if err := server.Stop(10 * time.Second); err != nil {
+				fmt.Fprintln(out, "server:", err)
+			}
+		}()
+	}
+
+	rep := &report{}
+	reasons, err := negotiate(ctx, addr, rep, out)
+	if err != nil {
+		return nil, err
+	}
+	for _, plane := range cfg.planes {
+		rows, err := measurePlane(ctx, addr, plane, cfg)
+		if err != nil {
+			if reason := reasons[plane]; reason != "" {
+				err = fmt.Errorf("%s", reason)
+			}
+			rep.Skipped = append(rep.Skipped, skipped{plane, err.Error()})
+			continue
+		}
+		rep.Results = append(rep.Results, rows...)
+	}
+	printTable(out, rep)
+	if len(rep.Results) == 0 {
+		return rep, fmt.Errorf("no data plane connected")
+	}
+	return rep, nil
+}
+
+// negotiate opens a session with every data plane allowed, as an
+// application would, and prints the plane it got and why the better ones
+// were not used. It returns those reasons by plane.
+func negotiate(ctx context.Context, addr string, rep *report, out io.Writer) (map[string]string, error) {
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	c, err := rpc.Dial(dctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	rep.Negotiated = c.Transport()
+	reasons := map[string]string{}
+	fmt.Fprintf(out, "negotiated data plane: %s\n", c.Transport())
+	for _, r := range c.Rejections() {
+		reasons[r.Transport] = r.String()
+		fmt.Fprintf(out, "  not used: %s\n", r)
+	}
+	return reasons, c.Close()
+}
+
+// measurePlane opens a session restricted to plane and measures each size.
+func measurePlane(ctx context.Context, addr, plane string, cfg config) ([]result, error) {
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	c, err := rpc.Dial(dctx, addr, rpc.WithTransports(plane))
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	var rows []result
+	for _, size := range cfg.sizes {
+		r, err := measureSize(ctx, c, plane, size, cfg.iters)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%s, %s: %w", plane, formatSize(size), err)
+		}
+		rows = append(rows, r...)
+	}
+	// Close fails if a received tensor was not released.
+	return rows, c.Close()
+}
+
+// measureSize sends a tensor of size bytes to the server's rendezvous,
+// fetches it back (and leases it, on shm), checking the bytes every time,
+// and finally has the server verify what it received.
+func measureSize(ctx context.Context, c *rpc.Client, plane string, size, iters int) ([]result, error) {
+	if iters <= 0 {
+		iters = min(max((256<<20)/size, 5), 200)
+	}
+	// A tensor in the client's pool: sending it costs no copy.
+	t, err := c.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
+	if err != nil {
+		return nil, err
+	}
+	defer t.Release()
+	fill(t.Bytes(), byte(size))
+	key := fmt.Sprintf("quickstart/%s/%d", plane, size)
+
+	ops := []operation{
+		{"send", func() (*rpc.Tensor, error) { return nil, c.Send(ctx, key, t) }},
+		{"fetch", func() (*rpc.Tensor, error) { return c.Fetch(ctx, key) }},
+	}
+	if plane == rpc.TransportSHM {
+		// A zero-copy lease of the server's memory; other planes would copy.
+		ops = append(ops, operation{"lease", func() (*rpc.Tensor, error) { return c.Fetch(ctx, key, rpc.Lease()) }})
+	}
+	check := func(got *rpc.Tensor) error {
+		if got.DType() != t.DType() || !slices.Equal(got.Shape(), t.Shape()) || !bytes.Equal(got.Bytes(), t.Bytes()) {
+			return fmt.Errorf("the fetched tensor differs from the one sent")
+		}
+		return nil
+	}
+	var rows []result
+	for _, op := range ops {
+		r, err := timeOp(c, op, iters, check)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op.name, err)
+		}
+		r.Plane, r.Size, r.Op = plane, size, op.name
+		rows = append(rows, r)
+	}
+	meta, _ := json.Marshal(checkRequest{Key: key, CRC32C: zerocopy.Checksum(t.Bytes())})
+	reply, err := c.Call(ctx, "check", &rpc.Message{Metadata: meta})
+	if err != nil {
+		return nil, fmt.Errorf("server check: %w", err)
+	}
+	reply.Release()
+	return rows, nil
+}
+
+// operation is one timed operation; do returns the tensor it received, if
+// any, for checking.
+type operation struct {
+	name string
+	do   func() (*rpc.Tensor, error)
+}
+
+// warmups is the number of untimed operations before the timed ones: the
+// first operations of a size grow the pools and map new regions, and a
+// Send's destination alternates between two server buffers (the next one
+// is allocated while the previous is still published).
+const warmups = 4
+
+// timeOp runs op warmups+iters times and reports the time and the
+// client's copies per timed operation. Checking and releasing a received
+// tensor are not timed.
+func timeOp(c *rpc.Client, op operation, iters int, check func(*rpc.Tensor) error) (result, error) {
+	var before rpc.Stats
+	var total time.Duration
+	for i := range warmups + iters {
+		if i == warmups {
+			before = c.Stats()
+		}
+		start := time.Now()
+		got, err := op.do()
+		elapsed := time.Since(start)
+		if err != nil {
+			return result{}, err
+		}
+		if got != nil {
+			err = check(got)
+			got.Release()
+			if err != nil {
+				return result{}, err
+			}
+		}
+		if i >= warmups {
+			total += elapsed
+		}
+	}
+	after := c.Stats()
+	return result{
+		Iters:  iters,
+		PerOp:  total / time.Duration(iters),
+		Copies: float64(after.Copies-before.Copies) / float64(iters),
+		Leases: after.Leases - before.Leases,
+	}, nil
+}
+
+// fill writes a pattern that depends on seed and position.
+func fill(b []byte, seed byte) {
+	x := uint32(seed)*2654435761 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+}
+
+func printTable(out io.Writer, rep *report) {
+	fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6s  %6s\n", "data plane", "size", "op", "time/op", "GB/s", "copies")
+	for _, r := range rep.Results {
+		gbps := float64(r.Size) / r.PerOp.Seconds() / 1e9
+		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, formatSize(r.Size), r.Op, formatDuration(r.PerOp), gbps, formatCopies(r.Copies))
+	}
+	for _, r := range rep.Results {
+		if r.Op == "lease" && r.Leases < int64(r.Iters) {
+			fmt.Fprintf(out, "%s %s lease: %d of %d fetches with rpc.Lease() were leases; the others were copied into the client's pool\n",
+				r.Plane, formatSize(r.Size), r.Leases, r.Iters)
+		}
+	}
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(out, "%s: not measured: %s\n", s.Plane, s.Reason)
+	}
+	fmt.Fprintln(out, "copies: CPU copies of the tensor bytes on the client per operation (rpc.Stats.Copies)")
+}
+
+func formatCopies(c float64) string {
+	if c == float64(int64(c)) {
+		return fmt.Sprintf("%d", int64(c))
+	}
+	return fmt.Sprintf("%.2f", c)
+}
+
+func formatDuration(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
+// formatSize writes n bytes with the largest binary unit that divides it.
+func formatSize(n int) string {
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// parseSizes parses a comma-separated list such as "4KiB,1MiB,64MiB".
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := parseSize(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no sizes")
+	}
+	return out, nil
+}
+
+func parseSize(s string) (int, error) {
+	mult := 1
+	num := s
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	var n int
+	if _, err := fmt.Sscanf(num, "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != num {
+		return 0, fmt.Errorf("bad size %q (want e.g. 4096, 4KiB, 64MiB)", s)
+	}
+	return n * mult, nil
+}
