@@ -36,6 +36,7 @@ func sizeName(n int) string {
 }
 
 func benchPair(b *testing.B, transport string, opts ...Option) (*Server, *Client, func()) {
+	skipWithoutDevice(b, transport)
 	ts := []string{transport}
 	s, err := NewServer(append([]Option{WithTransports(ts...), testPool()}, opts...)...)
 	if err != nil {

@@ -104,6 +104,7 @@ type child struct {
 
 func startChild(t *testing.T, mode, transport string, size int, env ...string) *child {
 	t.Helper()
+	skipWithoutDevice(t, transport)
 	ts := transport
 	if transport != TransportGRPC {
 		ts += "," + TransportGRPC

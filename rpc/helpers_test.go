@@ -20,8 +20,9 @@ func TestMain(m *testing.M) {
 	leakcheck.Main(m)
 }
 
-// testTransports are the data planes end-to-end tests run over.
-var testTransports = []string{TransportTCP, TransportSHM, TransportGRPC}
+// testTransports are the data planes end-to-end tests run over. ibv tests
+// skip, naming the reason, where there is no RDMA device.
+var testTransports = []string{TransportIBV, TransportTCP, TransportSHM, TransportGRPC}
 
 // small pools keep the tests' memory modest.
 func testPool() Option {
@@ -33,6 +34,7 @@ func testPool() Option {
 // goroutine left.
 func pair(t *testing.T, transport string, serverOpts, clientOpts []Option) (*Server, *Client) {
 	t.Helper()
+	skipWithoutDevice(t, transport)
 	ts := []string{transport}
 	if transport != TransportGRPC {
 		ts = append(ts, TransportGRPC)
@@ -111,4 +113,15 @@ func listen(t *testing.T) net.Listener {
 
 func writeImm(local verbs.Local, addr uint64, key, imm uint32) verbs.SendRequest {
 	return verbs.SendRequest{Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: addr, Key: key}, Imm: imm, HasImm: true}
+}
+
+// skipWithoutDevice skips the test when transport's provider has no device
+// here, with the provider's own explanation.
+func skipWithoutDevice(t testing.TB, transport string) {
+	t.Helper()
+	if p := defaultProvider(transport); p != nil {
+		if _, err := p.Devices(); err != nil {
+			t.Skipf("no %s device: %v", transport, err)
+		}
+	}
 }
