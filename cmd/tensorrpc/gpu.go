@@ -1,48 +1,83 @@
 package main
 
-// GPUDirect and PCI peer-to-peer memory. For now doctor only reports what
-// the host has; the gpudirect package, when it comes, will own detection
-// and this file will ask it instead.
+// GPUDirect and PCI peer-to-peer memory, as package gpudirect finds them.
 
 import (
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/tensorrpc/tensorrpc/gpudirect"
 )
 
+// checkGPUDirect reports the GPU driver, nvidia_peermem, dma-buf and p2pmem
+// (in that order), then the decision for every pairing of device memory and
+// RDMA NIC, and, on the real host only, whether the CUDA driver loads: a
+// fixture tree cannot stand in for a shared library.
 func checkGPUDirect(h host) []Check {
-	driver := checkGPUDriver(h)
-	return []Check{driver, checkPeermem(h), checkDMABuf(h, driver.Status == StatusOK), checkP2Pmem(h)}
+	topo, err := gpudirect.Discover(gpudirect.WithRoot(h.root))
+	if err != nil {
+		c := Check{Status: StatusUnavailable, Detail: err.Error(), Advice: "tensors in device memory go through host staging"}
+		var out []Check
+		for _, name := range []string{"gpu-driver", "nvidia-peermem", "dma-buf", "p2pmem", "gpudirect-paths"} {
+			c.Name = name
+			out = append(out, c)
+		}
+		return out
+	}
+	driver := checkGPUDriver(h, topo)
+	checks := []Check{driver, checkPeermem(topo), checkDMABuf(h, driver.Status == StatusOK), checkP2Pmem(topo), checkGPUPaths(topo)}
+	if h.root == defaultHost().root {
+		checks = append(checks, checkCUDA())
+	}
+	return checks
 }
 
-func checkGPUDriver(h host) Check {
+func checkGPUDriver(h host, topo *gpudirect.Topology) Check {
 	c := Check{Name: "gpu-driver"}
+	var nvidia, others []string
+	for _, g := range topo.GPUs {
+		if g.Vendor == gpudirect.VendorNVIDIA {
+			nvidia = append(nvidia, g.Address)
+		} else {
+			others = append(others, fmt.Sprintf("%s (vendor %04x)", g.Address, g.Vendor))
+		}
+	}
+	var gpus string
+	switch {
+	case len(nvidia) > 0:
+		gpus = "NVIDIA GPUs at " + strings.Join(nvidia, ", ")
+	case len(others) > 0:
+		gpus = "no NVIDIA GPU on the PCI bus (other display controllers: " + strings.Join(others, ", ") + ")"
+	default:
+		gpus = "no GPU on the PCI bus"
+	}
 	if !h.exists("/sys/module/nvidia") {
-		c.Status, c.Detail = StatusUnavailable, "no NVIDIA kernel driver loaded (/sys/module/nvidia does not exist)"
+		c.Status, c.Detail = StatusUnavailable, "no NVIDIA kernel driver loaded (/sys/module/nvidia does not exist); "+gpus
 		c.Advice = "GPUDirect needs an NVIDIA GPU and its driver; without one, tensors live in host memory and nothing needs doing"
+		if len(nvidia) > 0 {
+			c.Advice = "install and load the NVIDIA driver (modprobe nvidia); until then GPU tensors cannot be used"
+		}
 		return c
 	}
 	c.Status, c.Detail = StatusOK, "NVIDIA kernel driver loaded"
 	if v, err := h.readTrim("/sys/module/nvidia/version"); err == nil && v != "" {
 		c.Detail += ", version " + v
 	}
+	c.Detail += "; " + gpus
 	return c
 }
 
-func checkPeermem(h host) Check {
-	c := Check{Name: "nvidia-peermem"}
-	switch {
-	case h.exists("/sys/module/nvidia_peermem"):
-		c.Status, c.Detail = StatusOK, "nvidia_peermem is loaded: RDMA NICs can register GPU memory (GPUDirect RDMA)"
-	case h.exists("/sys/module/nv_peer_mem"):
-		c.Status, c.Detail = StatusOK, "nv_peer_mem (the older Mellanox module) is loaded: RDMA NICs can register GPU memory (GPUDirect RDMA)"
-	default:
-		c.Status, c.Detail = StatusUnavailable, "neither nvidia_peermem nor nv_peer_mem is loaded (/sys/module/nvidia_peermem does not exist)"
-		c.Advice = "on a host with an NVIDIA GPU and an RDMA NIC: modprobe nvidia_peermem (shipped with the NVIDIA driver), " +
-			"or use dma-buf registration instead; otherwise GPU tensors are staged through host memory"
+func checkPeermem(topo *gpudirect.Topology) Check {
+	c := Check{Name: "nvidia-peermem", Detail: topo.Peermem.Detail}
+	if topo.Peermem.Loaded {
+		c.Status = StatusOK
+		return c
 	}
+	c.Status = StatusUnavailable
+	c.Advice = "on a host with an NVIDIA GPU and an RDMA NIC: modprobe nvidia_peermem (shipped with the NVIDIA driver), " +
+		"or use dma-buf registration instead; otherwise GPU tensors are staged through host memory"
 	return c
 }
 
@@ -102,34 +137,92 @@ func kernelAtLeast(release string, major, minor int) bool {
 	return gotMajor > major || gotMajor == major && gotMinor >= minor
 }
 
-func checkP2Pmem(h host) Check {
+func checkP2Pmem(topo *gpudirect.Topology) Check {
 	c := Check{Name: "p2pmem"}
-	dirs, _ := filepath.Glob(h.path("/sys/bus/pci/devices/*/p2pmem"))
-	if len(dirs) == 0 {
+	if len(topo.P2PMem) == 0 {
 		c.Status, c.Detail = StatusUnavailable, "no PCI device publishes peer-to-peer memory (no /sys/bus/pci/devices/*/p2pmem)"
 		c.Advice = "needs CONFIG_PCI_P2PDMA and a device that publishes memory for peer-to-peer DMA (e.g. an NVMe controller memory buffer); host memory works without it"
 		return c
 	}
 	var devs []string
-	for _, d := range dirs {
-		dev := filepath.Base(filepath.Dir(d))
-		desc := dev
-		if size, err := readUint(filepath.Join(d, "size")); err == nil {
-			desc += " " + formatBytes(size)
-			if avail, err := readUint(filepath.Join(d, "available")); err == nil {
-				desc += fmt.Sprintf(" (%s available)", formatBytes(avail))
-			}
+	usable := false
+	for _, p := range topo.P2PMem {
+		desc := fmt.Sprintf("%s %s (%s available)", p.PCIAddress, formatBytes(p.Size), formatBytes(p.Available))
+		switch {
+		case p.Published:
+			desc += ", published"
+			usable = true
+		case p.Detail != "":
+			desc += ", unreadable: " + p.Detail
+			usable = true // a real kernel always has the files; say what is missing and let the user judge
+		default:
+			desc += ", not published"
 		}
 		devs = append(devs, desc)
 	}
-	c.Status, c.Detail = StatusOK, "p2pmem: "+strings.Join(devs, ", ")
+	c.Detail = strings.Join(devs, "; ")
+	if usable {
+		c.Status = StatusOK
+		return c
+	}
+	c.Status = StatusUnavailable
+	c.Advice = "the drivers of these devices keep their p2pmem for themselves (p2pmem/published is 0); host memory works without it"
 	return c
 }
 
-func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
+// checkGPUPaths reports how a tensor in each GPU or p2pmem provider would
+// reach each RDMA NIC.
+func checkGPUPaths(topo *gpudirect.Topology) Check {
+	c := Check{Name: "gpudirect-paths"}
+	pairs := topo.Pairs()
+	if len(pairs) == 0 {
+		var missing []string
+		for _, capability := range topo.Capabilities() {
+			if (capability.Name == "gpu" || capability.Name == "rdma-nic") && !capability.Available {
+				missing = append(missing, capability.Detail)
+			}
+		}
+		if len(missing) == 0 { // GPUs and NICs, but no p2pmem and no pair: cannot happen
+			missing = append(missing, "no pairing of device memory and RDMA NIC")
+		}
+		c.Status = StatusUnavailable
+		c.Detail = strings.Join(missing, "; ") + ": device tensors use host staging"
+		c.Advice = "a direct path needs device memory (an NVIDIA GPU or published p2pmem) and an RDMA NIC on the same PCIe switch; without them nothing needs doing"
+		return c
 	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 0, 64)
+	var lines []string
+	direct := 0
+	for _, d := range pairs {
+		if d.Path == gpudirect.Direct {
+			direct++
+		}
+		lines = append(lines, fmt.Sprintf("%s→%s %s (%s)", d.Device, d.NIC, d.Path, d.Reason))
+	}
+	c.Detail = fmt.Sprintf("%d of %d pairs direct: %s", direct, len(pairs), strings.Join(lines, "; "))
+	if direct > 0 {
+		c.Status = StatusOK
+		return c
+	}
+	c.Status = StatusUnavailable
+	c.Advice = "every device tensor is staged through host memory; the reasons above say what is missing " +
+		"(nvidia_peermem or dma-buf support, or a NIC on the device's PCIe switch)"
+	return c
+}
+
+// checkCUDA loads the CUDA driver as gpudirect would.
+func checkCUDA() Check {
+	c := Check{Name: "cuda"}
+	cuda, err := gpudirect.LoadCUDA()
+	if err == nil {
+		c.Status, c.Detail = StatusOK, cuda.String()
+		return c
+	}
+	c.Status, c.Detail = StatusUnavailable, err.Error()
+	switch {
+	case errors.Is(err, gpudirect.ErrUnavailable) && strings.Contains(err.Error(), "without cgo"):
+		c.Advice = "rebuild with CGO_ENABLED=1 on Linux to use CUDA device memory"
+	default:
+		c.Advice = "CUDA device memory needs an NVIDIA GPU and its driver (libcuda.so.1); without them tensors live in host memory and nothing needs doing"
+	}
+	return c
 }
