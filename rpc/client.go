@@ -36,6 +36,7 @@ type Client struct {
 	rejections []Rejection
 	eager      int
 	stats      counters
+	topo       topology
 
 	stream       pb.TensorRPC_SessionClient
 	cancelStream context.CancelFunc

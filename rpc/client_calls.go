@@ -119,15 +119,11 @@ func (c *Client) read(ctx context.Context, buf *mempool.Buffer, remote verbs.Rem
 		done()
 		return status.Error(codes.Internal, err.Error())
 	}
-	_, err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
+	err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
 		buf.Release()
 		done()
 	})
 	if err != nil {
-		if ctx.Err() == nil { // not abandoned: the completion came, with an error
-			buf.Release()
-			done()
-		}
 		c.stats.errors.Add(1)
 		return err
 	}
@@ -178,37 +174,43 @@ func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (ui
 	if err != nil {
 		return 0, err
 	}
-	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold})
-	if err != nil {
-		src.Release()
-		return 0, err
-	}
-	dst := resp.Destination
-	if dst == nil || dst.Length != uint64(n) || dst.Transport != transportOf(c.transport) {
-		src.Release()
-		c.releaseTransfer(resp.TransferId)
-		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: server gave a bad destination for %q", key)
-	}
 	local, err := c.link.dev.reg.Local(src)
 	if err != nil {
 		src.Release()
-		c.releaseTransfer(resp.TransferId)
 		return 0, status.Error(codes.Internal, err.Error())
 	}
-	_, err = c.link.post(ctx, verbs.SendRequest{
-		Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: dst.Address, Key: dst.RemoteKey}, Imm: resp.Immediate, HasImm: true,
-	}, func() { src.Release() })
+	return c.writeRendezvous(ctx, meta, local, func() { src.Release() }, hold)
+}
+
+// writeRendezvous asks the server for a destination for meta's tensor and
+// writes local into it with WriteImm. release runs exactly once, when the
+// data plane no longer reads local: after the write completes or fails,
+// also when ctx ends while the write is under way.
+func (c *Client) writeRendezvous(ctx context.Context, meta *pb.TensorMeta, local verbs.Local, release func(), hold bool) (uint64, error) {
+	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold})
 	if err != nil {
-		if ctx.Err() == nil {
-			src.Release()
-		}
+		release()
+		return 0, err
+	}
+	dst := resp.Destination
+	if dst == nil || dst.Length != meta.ByteLength || dst.Transport != transportOf(c.transport) {
+		release()
 		c.releaseTransfer(resp.TransferId)
+		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: server gave a bad destination for %q", meta.Key)
+	}
+	err = c.link.post(ctx, verbs.SendRequest{
+		Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: dst.Address, Key: dst.RemoteKey}, Imm: resp.Immediate, HasImm: true,
+	}, func() {
+		release()
+		c.releaseTransfer(resp.TransferId)
+	})
+	if err != nil {
 		c.stats.errors.Add(1)
 		return 0, err
 	}
-	src.Release()
+	release()
 	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
+	c.stats.dataPlaneBytes.Add(int64(meta.ByteLength))
 	return resp.TransferId, nil
 }
 

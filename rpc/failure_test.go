@@ -247,7 +247,7 @@ func TestHostileClient(t *testing.T) {
 	defer src.Release()
 	local, _ := c.link.dev.reg.Local(src.buf)
 	dst := resp.Destination
-	_, err = c.link.post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil)
+	err = c.link.post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("write with a forged key: %v, want PermissionDenied", err)
 	}

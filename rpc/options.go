@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tensorrpc/tensorrpc/gpudirect"
+
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -42,6 +44,7 @@ type options struct {
 	grpcServerOpts []grpc.ServerOption
 	grpcDialOpts   []grpc.DialOption
 	name           string
+	topology       *gpudirect.Topology
 }
 
 func defaultOptions() options {
@@ -118,6 +121,10 @@ func WithGRPCServerOptions(opts ...grpc.ServerOption) Option {
 func WithGRPCDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) }
 }
+
+// WithTopology gives the PCI topology that decides how device tensors
+// move (default: gpudirect.Discover on first use). Client only.
+func WithTopology(t *gpudirect.Topology) Option { return func(o *options) { o.topology = t } }
 
 // WithName names the Client in the server's logs. Client only.
 func WithName(name string) Option { return func(o *options) { o.name = name } }

@@ -179,19 +179,25 @@ func (l *link) fail(err error) {
 	}
 }
 
-// post posts one work request and waits for its completion. When ctx ends
-// first it returns ctx's error at once and calls abandoned (if not nil)
-// with the completion when it comes, so the caller can free the buffers
-// the request uses. abandoned is also called when post fails after the
-// request was posted.
-func (l *link) post(ctx context.Context, wr verbs.SendRequest, abandoned func()) (verbs.Completion, error) {
+// post posts one work request and waits for its completion. onFail (if not
+// nil) runs exactly once if and only if post returns an error: at once, or,
+// when ctx ends while the request is under way, later, when the request
+// completes, so that the caller's buffers are freed only once the data
+// plane is done with them.
+func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) error {
+	fail := func(err error) error {
+		if onFail != nil {
+			onFail()
+		}
+		return err
+	}
 	w := &waiter{ch: make(chan verbs.Completion, 1)}
 	wr.ID = l.nextID.Add(1)
 	l.mu.Lock()
 	if l.closed || l.failure != nil {
 		err := l.failure
 		l.mu.Unlock()
-		return verbs.Completion{}, unavailable(err)
+		return fail(unavailable(err))
 	}
 	l.waiters[wr.ID] = w
 	l.mu.Unlock()
@@ -199,26 +205,29 @@ func (l *link) post(ctx context.Context, wr verbs.SendRequest, abandoned func())
 		l.mu.Lock()
 		delete(l.waiters, wr.ID)
 		l.mu.Unlock()
-		return verbs.Completion{}, completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err})
+		return fail(completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
 	}
+	var c verbs.Completion
 	select {
-	case c := <-w.ch:
-		return c, completionStatus(c)
+	case c = <-w.ch:
 	case <-ctx.Done():
 		l.mu.Lock()
 		if _, pending := l.waiters[wr.ID]; pending {
 			w.abandoned = func(verbs.Completion) {
-				if abandoned != nil {
-					abandoned()
+				if onFail != nil {
+					onFail()
 				}
 			}
 			l.mu.Unlock()
-			return verbs.Completion{}, status.FromContextError(ctx.Err()).Err()
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		l.mu.Unlock()
-		c := <-w.ch // delivered just now
-		return c, completionStatus(c)
+		c = <-w.ch // delivered just now
 	}
+	if err := completionStatus(c); err != nil {
+		return fail(err)
+	}
+	return nil
 }
 
 // close flushes the queue pair, stops polling and fails every waiter that

@@ -168,6 +168,8 @@ func mergeCounters(dst, src *counters) {
 	dst.copiedBytes.Add(src.copiedBytes.Load())
 	dst.leases.Add(src.leases.Load())
 	dst.errors.Add(src.errors.Load())
+	dst.direct.Add(src.direct.Load())
+	dst.staged.Add(src.staged.Load())
 }
 
 // Release implements the Release method.

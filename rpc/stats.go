@@ -21,12 +21,17 @@ type Stats struct {
 	Leases int64
 	// Errors is the number of failed transfers.
 	Errors int64
+	// DirectTransfers and StagedTransfers count device tensors
+	// (SendDevice, FetchToDevice) moved directly by the NIC and through
+	// host memory.
+	DirectTransfers, StagedTransfers int64
 }
 
 // counters is the live, concurrently updated form of Stats.
 type counters struct {
 	transfers, dataPlaneBytes, inlineBytes, streamBytes atomic.Int64
 	copies, copiedBytes, leases, errors                 atomic.Int64
+	direct, staged                                      atomic.Int64
 }
 
 func (c *counters) copied(n int) {
@@ -45,6 +50,9 @@ func (c *counters) snapshot(transport string) Stats {
 		CopiedBytes:    c.copiedBytes.Load(),
 		Leases:         c.leases.Load(),
 		Errors:         c.errors.Load(),
+
+		DirectTransfers: c.direct.Load(),
+		StagedTransfers: c.staged.Load(),
 	}
 }
 
@@ -58,4 +66,6 @@ func (t *Stats) add(s Stats) {
 	t.CopiedBytes += s.CopiedBytes
 	t.Leases += s.Leases
 	t.Errors += s.Errors
+	t.DirectTransfers += s.DirectTransfers
+	t.StagedTransfers += s.StagedTransfers
 }

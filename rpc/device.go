@@ -1,0 +1,227 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/gpudirect"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// DeviceTensor is a tensor in device memory (a GPU, PCI p2pmem): its
+// element type and shape, and the device buffer that holds its bytes from
+// Offset on.
+//
+// Experimental: the direct (GPUDirect RDMA, p2pmem) path has not run on
+// hardware; the staged path is tested with a host-memory stand-in device.
+type DeviceTensor struct {
+	DType  zerocopy.DType
+	Shape  []int64
+	Buffer gpudirect.DeviceBuffer
+	Offset int
+}
+
+// topology discovers the host's PCI topology once per Client.
+type topology struct {
+	once sync.Once
+	topo *gpudirect.Topology
+}
+
+func (t *topology) get(o *options) *gpudirect.Topology {
+	t.once.Do(func() {
+		if o.topology != nil {
+			t.topo = o.topology
+			return
+		}
+		topo, err := gpudirect.Discover()
+		if err == nil {
+			t.topo = topo
+		}
+	})
+	return t.topo
+}
+
+// plan decides how a device buffer moves over this session's data plane.
+func (c *Client) plan(buf gpudirect.DeviceBuffer) gpudirect.Decision {
+	return gpudirect.Plan(buf, c.transport, c.topo.get(&c.opts))
+}
+
+// SendDevice puts a device tensor into the server's rendezvous under key,
+// like Send. Where the hardware allows (ibv with GPUDirect RDMA or p2pmem,
+// see gpudirect.Plan) the NIC reads the device memory directly; otherwise
+// the bytes are staged through a pinned pool buffer (one device-to-host
+// copy). The returned Decision says which path was taken and why.
+func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gpudirect.Decision, error) {
+	n, err := deviceBytes(t)
+	if err != nil {
+		return gpudirect.Decision{}, err
+	}
+	if err := c.check(); err != nil {
+		return gpudirect.Decision{}, err
+	}
+	d := c.plan(t.Buffer)
+	if d.Path == gpudirect.Direct && c.link != nil && n > c.eager {
+		mr, local, err := c.registerDevice(t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
+		if err == nil {
+			meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(t.DType), Shape: append([]int64(nil), t.Shape...), ByteLength: uint64(n)}
+			_, err = c.writeRendezvous(ctx, meta, local, func() { mr.Deregister() }, false)
+			if err == nil {
+				c.stats.direct.Add(1)
+			}
+			return d, err
+		}
+		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), c.transport, err)}
+	}
+	buf, err := gpudirect.StageOut(ctx, c.pool, t.Buffer, t.Offset, n)
+	if err != nil {
+		return d, status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+	}
+	c.stats.copied(n)
+	staged, err := newPoolTensor(t.DType, t.Shape, buf)
+	if err != nil {
+		return d, status.Error(codes.InvalidArgument, err.Error())
+	}
+	defer staged.Release()
+	if err := c.Send(ctx, key, staged); err != nil {
+		return d, err
+	}
+	c.stats.staged.Add(1)
+	return d, nil
+}
+
+// FetchToDevice fetches the tensor published under key, like Fetch, into
+// dst at offset, and returns its dtype and shape. The NIC writes device
+// memory directly where the hardware allows; otherwise the tensor is
+// fetched into the pool and copied to the device (one host-to-device
+// copy). The returned Decision says which path was taken and why.
+func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, error) {
+	if err := c.check(); err != nil {
+		return 0, nil, gpudirect.Decision{}, err
+	}
+	d := c.plan(dst)
+	if d.Path == gpudirect.Direct && c.link != nil {
+		dtype, shape, err := c.fetchDirect(ctx, key, dst, offset)
+		if err == nil || status.Code(err) != codes.Unimplemented {
+			if err == nil {
+				c.stats.direct.Add(1)
+			}
+			return dtype, shape, d, err
+		}
+		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: status.Convert(err).Message() + "; using host staging"}
+	}
+	t, err := c.Fetch(ctx, key)
+	if err != nil {
+		return 0, nil, d, err
+	}
+	defer t.Release()
+	if offset < 0 || offset+len(t.Bytes()) > dst.Len() {
+		return 0, nil, d, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", len(t.Bytes()), offset, dst.Device(), dst.Len())
+	}
+	if err := gpudirect.StageIn(dst, offset, t.Bytes()); err != nil {
+		return 0, nil, d, status.Error(codes.Internal, err.Error())
+	}
+	c.stats.copied(len(t.Bytes()))
+	c.stats.staged.Add(1)
+	return t.DType(), append([]int64(nil), t.Shape()...), d, nil
+}
+
+// fetchDirect reads a published tensor straight into registered device
+// memory. It fails with Unimplemented when the device memory cannot be
+// registered, so the caller can stage instead.
+func (c *Client) fetchDirect(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key})
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
+		c.releaseTransfer(resp.TransferId)
+		return 0, nil, err
+	}
+	dtype, shape := shapeOf(resp.Meta)
+	n := int(resp.Meta.ByteLength)
+	if offset < 0 || offset+n > dst.Len() {
+		c.releaseTransfer(resp.TransferId)
+		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
+	}
+	loc := resp.Meta.Location
+	if loc == nil { // small: it came inline
+		if err := gpudirect.StageIn(dst, offset, resp.InlineData); err != nil || len(resp.InlineData) != n {
+			return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: inline tensor %q: %d bytes, %v", key, len(resp.InlineData), err)
+		}
+		return dtype, shape, nil
+	}
+	mr, local, err := c.registerDevice(dst, offset, n, verbs.AccessLocalWrite)
+	if err != nil {
+		c.releaseTransfer(resp.TransferId)
+		return 0, nil, status.Errorf(codes.Unimplemented, "registering %s with %s failed: %v", dst.Device(), c.transport, err)
+	}
+	id := resp.TransferId
+	err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}, func() {
+		mr.Deregister()
+		c.releaseTransfer(id)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	mr.Deregister()
+	c.releaseTransfer(id)
+	c.stats.transfers.Add(1)
+	c.stats.dataPlaneBytes.Add(int64(n))
+	return dtype, append([]int64(nil), shape...), nil
+}
+
+// registerDevice registers the direct memory of a device buffer for one
+// transfer. Registering per transfer costs what the pool avoids for host
+// memory; device arenas are few and long-lived in practice, and a cache of
+// their registrations is future work.
+func (c *Client) registerDevice(buf gpudirect.DeviceBuffer, offset, n int, access verbs.Access) (verbs.MemoryRegion, verbs.Local, error) {
+	m, ok := buf.Direct()
+	if !ok {
+		return nil, verbs.Local{}, fmt.Errorf("%s has no direct memory", buf.Device())
+	}
+	mr, err := c.link.dev.pd.RegisterMemory(m, access)
+	if err != nil {
+		return nil, verbs.Local{}, err
+	}
+	return mr, verbs.Local{Region: mr, Offset: offset, Length: n}, nil
+}
+
+// PublishDevice publishes a device tensor under key by staging it into the
+// Server's pool (one device-to-host copy); the device buffer may be reused
+// once it returns.
+func (s *Server) PublishDevice(key string, t DeviceTensor) error {
+	n, err := deviceBytes(t)
+	if err != nil {
+		return err
+	}
+	buf, err := gpudirect.StageOut(context.Background(), s.pool, t.Buffer, t.Offset, n)
+	if err != nil {
+		return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+	}
+	pt, err := newPoolTensor(t.DType, t.Shape, buf)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	defer pt.Release()
+	return s.Publish(key, pt)
+}
+
+func deviceBytes(t DeviceTensor) (int, error) {
+	if t.Buffer == nil {
+		return 0, status.Error(codes.InvalidArgument, "tensorrpc: device tensor without a buffer")
+	}
+	n, err := zerocopy.ByteSize(t.DType, t.Shape)
+	if err != nil {
+		return 0, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if t.Offset < 0 || int64(t.Offset)+n > int64(t.Buffer.Len()) {
+		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, t.Offset, t.Buffer.Device(), t.Buffer.Len())
+	}
+	return int(n), nil
+}

@@ -1,0 +1,94 @@
+package rpc
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/tensorrpc/tensorrpc/gpudirect"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// TestDeviceTensorsStaged moves tensors of a stand-in device (host memory
+// behind the device-memory interface) over every data plane: with no
+// GPUDirect here, each goes through the staging path, and says why.
+func TestDeviceTensorsStaged(t *testing.T) {
+	for _, tr := range testTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			ctx := ctxT(t)
+			dev := gpudirect.NewHostAllocator()
+			const n = 300000
+			src, err := dev.Alloc(n + 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, n)
+			pattern(want, 8)
+			if err := src.CopyFromHost(want, 64); err != nil {
+				t.Fatal(err)
+			}
+			d, err := c.SendDevice(ctx, "dev", DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n / 4}, Buffer: src, Offset: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Path != gpudirect.Staged || !strings.Contains(d.Reason, "host staging") {
+				t.Fatalf("SendDevice decision: %+v", d)
+			}
+			got, err := s.Fetch(ctx, "dev")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), want) || got.DType() != zerocopy.Float32 {
+				t.Fatal("sent device tensor differs")
+			}
+			got.Release()
+
+			dst, err := dev.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dtype, shape, d, err := c.FetchToDevice(ctx, "dev", dst, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Path != gpudirect.Staged || dtype != zerocopy.Float32 || fmt.Sprint(shape) != fmt.Sprint([]int64{n / 4}) {
+				t.Fatalf("FetchToDevice: %v %v %+v", dtype, shape, d)
+			}
+			back := make([]byte, n)
+			if err := dst.CopyToHost(back, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back, want) {
+				t.Fatal("fetched device tensor differs")
+			}
+			if err := s.PublishDevice("dev2", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: dst}); err != nil {
+				t.Fatal(err)
+			}
+			got, err = c.Fetch(ctx, "dev2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), want) {
+				t.Fatal("published device tensor differs")
+			}
+			got.Release()
+			if _, err := c.SendDevice(ctx, "bad", DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n}, Buffer: src}); err == nil {
+				t.Fatal("a device tensor larger than its buffer was sent")
+			}
+			if st := c.Stats(); st.StagedTransfers != 2 || st.DirectTransfers != 0 {
+				t.Fatalf("stats: %+v", st)
+			}
+			hs := dev.Stats()
+			if hs.CopiesToHost < 1 || hs.CopiesFromHost < 1 {
+				t.Fatalf("device copies: %+v", hs)
+			}
+			src.Free()
+			dst.Free()
+			if err := dev.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
