@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
@@ -96,11 +97,30 @@ func BenchmarkMemcpyMemfd(b *testing.B) {
 	}
 }
 
+// controlPaths are the ways control messages can travel, for benchmarks
+// that compare them in one run: the shared rings (with the default spin, a
+// shorter one and none) and the unix socket, as before the rings.
+var controlPaths = []struct {
+	name string
+	opts []Option
+}{
+	{"ctl=ring", nil},
+	{"ctl=ring-nospin", []Option{withRingSpin(0)}},
+	{"ctl=ring-spin5us", []Option{withRingSpin(5 * time.Microsecond)}},
+	{"ctl=socket", []Option{withSocketControl()}},
+}
+
 // BenchmarkSendRecvRoundTrip bounces a 64-byte Send between two queue
 // pairs: one op is a Send there and a Send back.
 func BenchmarkSendRecvRoundTrip(b *testing.B) {
+	for _, cp := range controlPaths {
+		b.Run(cp.name, func(b *testing.B) { benchSendRecvRoundTrip(b, cp.opts...) })
+	}
+}
+
+func benchSendRecvRoundTrip(b *testing.B, opts ...Option) {
 	const size = 64
-	a, t, closeAll := connected(b, 4096)
+	a, t, closeAll := connected(b, 4096, opts...)
 	defer closeAll()
 	send := func(e *end) error {
 		return e.qp.PostSend(verbs.SendRequest{Op: verbs.OpSend, Local: verbs.Local{Region: e.mr, Length: size}})
@@ -172,9 +192,9 @@ func BenchmarkSendRecvRoundTrip(b *testing.B) {
 }
 
 // BenchmarkUnixSocketRoundTrip is the floor under BenchmarkSendRecvRoundTrip
-// on this machine: one control-message-sized datagram there and back over a
-// unixpacket socket between two goroutines. A Send/Recv round trip costs
-// two Sends, each a doorbell and an ack.
+// with ctl=socket on this machine: one control-message-sized datagram there
+// and back over a unixpacket socket between two goroutines. A Send/Recv
+// round trip costs two Sends, each a doorbell and an ack.
 func BenchmarkUnixSocketRoundTrip(b *testing.B) {
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@tensorrpc-shm-bench-" + fmt.Sprint(randomUint32()), Net: "unixpacket"})
 	if err != nil {
@@ -217,4 +237,72 @@ func BenchmarkUnixSocketRoundTrip(b *testing.B) {
 	b.StopTimer()
 	c.Close()
 	<-done
+}
+
+// BenchmarkWriteImm posts one 64-byte WriteImm at a time and waits for its
+// completion at the initiator, which comes with the target's ack: one op is
+// a copy, a doorbell to the target, a Recv consumed there and an ack back.
+// A goroutine at the target reaps its receive completions and reposts.
+func BenchmarkWriteImm(b *testing.B) {
+	for _, cp := range controlPaths {
+		b.Run(cp.name, func(b *testing.B) { benchWriteImm(b, cp.opts...) })
+	}
+}
+
+func benchWriteImm(b *testing.B, opts ...Option) {
+	const size = 64
+	a, t, closeAll := connected(b, 4096, opts...)
+	defer closeAll()
+	recv := func() error {
+		return t.qp.PostRecv(verbs.RecvRequest{Local: verbs.Local{Region: t.mr, Length: 0}})
+	}
+	for range 64 {
+		if err := recv(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	reaped := make(chan error, 1)
+	go func() {
+		cs := make([]verbs.Completion, 16)
+		for {
+			n, err := t.cq.Wait(ctx, cs)
+			if err != nil {
+				reaped <- err
+				return
+			}
+			for _, c := range cs[:n] {
+				if err := verbs.CompletionError(c); err != nil {
+					reaped <- err
+					return
+				}
+				if err := recv(); err != nil {
+					reaped <- err
+					return
+				}
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		<-reaped
+	}()
+	wr := verbs.SendRequest{Op: verbs.OpWriteImm, Imm: 7, Local: verbs.Local{Region: a.mr, Length: size}, Remote: verbs.Remote{Addr: t.mr.Addr() + 1024, Key: t.mr.RemoteKey()}}
+	cs := make([]verbs.Completion, 1)
+	post := func() {
+		if err := a.qp.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := a.cq.Wait(ctx, cs); err != nil {
+			b.Fatal(err)
+		}
+		if err := verbs.CompletionError(cs[0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	post() // map the region
+	b.ResetTimer()
+	for range b.N {
+		post()
+	}
 }

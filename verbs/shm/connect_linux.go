@@ -20,11 +20,13 @@ type dialIn struct {
 	conn      *net.UnixConn
 	hello     message
 	stagingFD int
+	ringFD    int // the dialer's control ring, -1 if it offers none
 }
 
 func (d dialIn) close() {
 	d.conn.Close()
 	closeFD(d.stagingFD)
+	closeFD(d.ringFD)
 }
 
 func closeFD(fd int) {
@@ -119,6 +121,27 @@ func (qp *queuePair) Connect(ctx context.Context, remote []byte) error {
 	return err
 }
 
+// link is what a handshake sets up besides our own staging buffer: the
+// connection, the peer's staging buffer and, when both ends use them, the
+// control rings.
+type link struct {
+	conn                     *net.UnixConn
+	peerMapping, peerStaging []byte
+	rx                       *ringRx
+	tx                       *ringTx
+}
+
+func (l *link) release() {
+	if l.conn != nil {
+		l.conn.Close()
+	}
+	if l.peerMapping != nil {
+		unix.Munmap(l.peerMapping)
+	}
+	l.rx.release()
+	l.tx.release()
+}
+
 func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) error {
 	size := stagingHeader + qp.pd.opts.stagingSize
 	stagingFD, staging, err := newSealedMemfd("tensorrpc-shm-staging", size)
@@ -129,91 +152,112 @@ func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) erro
 	// The mapping keeps the file alive; the peer gets its own fd.
 	defer unix.Close(stagingFD)
 
-	var conn *net.UnixConn
-	var peerMapping, peerStaging []byte
+	var l link
 	if dialer {
-		conn, peerMapping, peerStaging, err = qp.dial(ctx, ri, stagingFD, size)
+		err = qp.dial(ctx, ri, stagingFD, size, &l)
 	} else {
-		conn, peerMapping, peerStaging, err = qp.accept(ctx, ri, stagingFD, size)
+		err = qp.accept(ctx, ri, stagingFD, size, &l)
 	}
 	if err != nil {
+		l.release()
 		unix.Munmap(staging)
 		return err
 	}
+	l.rx.closeFD() // the peer has its own
 
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.closed {
-		conn.Close()
+		l.release()
 		unix.Munmap(staging)
-		unix.Munmap(peerMapping)
 		return verbs.ErrClosed
 	}
-	qp.conn = conn
+	qp.conn = l.conn
 	qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
-	qp.peerStagingMapping, qp.peerStaging, qp.peerState = peerMapping, peerStaging[stagingHeader:], stateWord(peerStaging)
+	qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
+	qp.rx, qp.tx = l.rx, l.tx
 	qp.state = verbs.QPReadyToSend
 	qp.workerDone = make(chan struct{})
 	qp.readerDone = make(chan struct{})
 	go qp.runSender()
-	go qp.runReceiver()
+	if qp.rx != nil {
+		go qp.runRingReceiver()
+	} else {
+		go qp.runReceiver()
+	}
 	return nil
 }
 
-// dial connects to the peer's socket, presents the secrets and our staging
-// buffer, and waits for the welcome that carries the peer's.
-func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int) (conn *net.UnixConn, peerMapping, peerStaging []byte, err error) {
+// dial connects to the peer's socket, presents the secrets, our staging
+// buffer and (unless told not to) the control ring we will consume, and
+// waits for the welcome that carries the peer's staging buffer and, if it
+// takes up the rings, its control ring.
+func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int, l *link) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", ri.addr)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("shm: dial the peer's socket %s: %w", ri.addr, err)
+		return fmt.Errorf("shm: dial the peer's socket %s: %w", ri.addr, err)
 	}
-	uc := c.(*net.UnixConn)
-	defer func() {
-		if err != nil {
-			uc.Close()
-		}
-	}()
-	conn = uc
+	l.conn = c.(*net.UnixConn)
 	hello := message{typ: msgHello, seq: ri.qpID, length: uint64(size)}
 	hello.secret[0], hello.secret[1] = ri.secret, qp.secret
-	if err := writeMessage(conn, &hello, stagingFD); err != nil {
-		return nil, nil, nil, fmt.Errorf("shm: send hello: %w", err)
+	ringFD := -1
+	if !qp.pd.opts.socketControl {
+		if l.rx, err = newRingRx(); err != nil {
+			return err
+		}
+		hello.flags |= flagRing
+		ringFD = l.rx.fd
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
-	m, fd, err := readMessage(conn, newMsgBuffers())
+	if err := writeMessage(l.conn, &hello, stagingFD, ringFD); err != nil {
+		return fmt.Errorf("shm: send hello: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { l.conn.SetReadDeadline(time.Unix(1, 0)) })
+	m, fds, err := readMessageFDs(l.conn, newMsgBuffers())
 	if !stop() {
-		closeFD(fd)
-		return nil, nil, nil, fmt.Errorf("shm: waiting for the peer's welcome: %w", context.Cause(ctx))
+		fds.close()
+		return fmt.Errorf("shm: waiting for the peer's welcome: %w", context.Cause(ctx))
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, nil, nil, errRefused
+			return errRefused
 		}
-		return nil, nil, nil, fmt.Errorf("shm: waiting for the peer's welcome: %w", err)
+		return fmt.Errorf("shm: waiting for the peer's welcome: %w", err)
 	}
+	defer fds.close()
 	if m.typ != msgWelcome {
-		closeFD(fd)
-		return nil, nil, nil, fmt.Errorf("shm: peer answered hello with message type %d", m.typ)
+		return fmt.Errorf("shm: peer answered hello with message type %d", m.typ)
 	}
-	peerMapping, peerStaging, err = mapPeerStaging(fd, m.length)
-	closeFD(fd)
+	l.peerMapping, l.peerStaging, err = mapPeerStaging(fds[0], m.length)
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
-	return conn, peerMapping, peerStaging, nil
+	switch {
+	case m.flags&flagRing == 0:
+		// The peer keeps control messages on the socket.
+		l.rx.release()
+		l.rx = nil
+	case l.rx == nil:
+		return errors.New("shm: the peer took up control rings we did not offer")
+	default:
+		if l.tx, err = attachRingTx(fds[1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // accept waits for the dialer that presents the peer's secret, maps its
-// staging buffer and welcomes it. Connections with any other secret are
-// closed; once one is welcomed, no other is accepted.
-func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size int) (conn *net.UnixConn, peerMapping, peerStaging []byte, err error) {
+// staging buffer (and its control ring, if it offers one and we are not
+// told to keep to the socket) and welcomes it. Connections with any other
+// secret are closed; once one is welcomed, no other is accepted.
+func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size int, l *link) error {
 	for {
 		var d dialIn
 		select {
 		case d = <-qp.incoming:
 		case <-ctx.Done():
-			return nil, nil, nil, fmt.Errorf("shm: waiting for the peer to connect: %w", context.Cause(ctx))
+			return fmt.Errorf("shm: waiting for the peer to connect: %w", context.Cause(ctx))
 		}
 		if subtle.ConstantTimeCompare(d.hello.secret[1][:], ri.secret[:]) != 1 {
 			d.close()
@@ -224,19 +268,30 @@ func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size in
 		qp.mu.Unlock()
 		qp.drainIncoming()
 
-		peerMapping, peerStaging, err = mapPeerStaging(d.stagingFD, d.hello.length)
+		l.conn = d.conn
+		defer closeFD(d.stagingFD)
+		defer closeFD(d.ringFD)
+		var err error
+		l.peerMapping, l.peerStaging, err = mapPeerStaging(d.stagingFD, d.hello.length)
 		if err != nil {
-			d.close()
-			return nil, nil, nil, err
+			return err
 		}
-		closeFD(d.stagingFD)
 		welcome := message{typ: msgWelcome, length: uint64(size)}
-		if err := writeMessage(d.conn, &welcome, stagingFD); err != nil {
-			d.conn.Close()
-			unix.Munmap(peerMapping)
-			return nil, nil, nil, fmt.Errorf("shm: send welcome: %w", err)
+		ringFD := -1
+		if d.hello.flags&flagRing != 0 && !qp.pd.opts.socketControl {
+			if l.tx, err = attachRingTx(d.ringFD); err != nil {
+				return err
+			}
+			if l.rx, err = newRingRx(); err != nil {
+				return err
+			}
+			welcome.flags |= flagRing
+			ringFD = l.rx.fd
 		}
-		return d.conn, peerMapping, peerStaging, nil
+		if err := writeMessage(l.conn, &welcome, stagingFD, ringFD); err != nil {
+			return fmt.Errorf("shm: send welcome: %w", err)
+		}
+		return nil
 	}
 }
 
@@ -264,58 +319,78 @@ type msgBuffers struct {
 }
 
 func newMsgBuffers() *msgBuffers {
-	// One byte more than a message, to detect longer ones; room for one fd.
-	return &msgBuffers{data: make([]byte, messageSize+1), oob: make([]byte, unix.CmsgSpace(4))}
+	// One byte more than a message, to detect longer ones; room for two
+	// fds (a hello's staging buffer and control ring).
+	return &msgBuffers{data: make([]byte, messageSize+1), oob: make([]byte, unix.CmsgSpace(8))}
+}
+
+// passedFDs are the fds that came with a message, -1 where none did.
+type passedFDs [2]int
+
+func (f passedFDs) close() {
+	closeFD(f[0])
+	closeFD(f[1])
 }
 
 // readMessage reads one control message and the fd that came with it (-1
 // if none). Extra fds are closed; the caller owns the one returned, also
 // when it returns an error together with it.
 func readMessage(c *net.UnixConn, bufs *msgBuffers) (message, int, error) {
+	m, fds, err := readMessageFDs(c, bufs)
+	closeFD(fds[1])
+	return m, fds[0], err
+}
+
+// readMessageFDs reads one control message and up to two fds that came
+// with it. Extra fds are closed; the caller owns the ones returned.
+func readMessageFDs(c *net.UnixConn, bufs *msgBuffers) (message, passedFDs, error) {
+	none := passedFDs{-1, -1}
 	n, oobn, flags, _, err := c.ReadMsgUnix(bufs.data, bufs.oob)
-	fd := -1
+	fds := none
 	if oobn > 0 {
-		fd = takeFD(bufs.oob[:oobn])
+		fds = takeFDs(bufs.oob[:oobn])
 	}
 	if err != nil {
-		closeFD(fd)
-		return message{}, -1, err
+		fds.close()
+		return message{}, none, err
 	}
 	if n == 0 {
-		closeFD(fd)
-		return message{}, -1, io.EOF
+		fds.close()
+		return message{}, none, io.EOF
 	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-		closeFD(fd)
-		return message{}, -1, fmt.Errorf("shm: truncated control message (%d bytes, flags %#x)", n, flags)
+		fds.close()
+		return message{}, none, fmt.Errorf("shm: truncated control message (%d bytes, flags %#x)", n, flags)
 	}
 	m, err := decodeMessage(bufs.data[:n])
 	if err != nil {
-		closeFD(fd)
-		return message{}, -1, err
+		fds.close()
+		return message{}, none, err
 	}
-	return m, fd, nil
+	return m, fds, nil
 }
 
-// takeFD returns the first fd passed in oob and closes any others.
-func takeFD(oob []byte) int {
-	fd := -1
+// takeFDs returns the first two fds passed in oob and closes any others.
+func takeFDs(oob []byte) passedFDs {
+	got := passedFDs{-1, -1}
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return -1
+		return got
 	}
+	n := 0
 	for i := range msgs {
 		fds, err := unix.ParseUnixRights(&msgs[i])
 		if err != nil {
 			continue
 		}
 		for _, f := range fds {
-			if fd < 0 {
-				fd = f
+			if n < len(got) {
+				got[n] = f
+				n++
 			} else {
 				unix.Close(f)
 			}
 		}
 	}
-	return fd
+	return got
 }

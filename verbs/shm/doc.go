@@ -23,7 +23,10 @@
 // dials the other's socket and presents both secrets; the acceptor takes
 // exactly one connection, the one that presents its own secret and its
 // peer's, and closes any other. The connection is a SOCK_SEQPACKET unix
-// socket that carries small control messages and, with SCM_RIGHTS, memfds.
+// socket. The handshake passes, with SCM_RIGHTS, each side's staging buffer
+// and control ring (sealed memfds; see below); afterwards the socket
+// carries only wake-ups, the memfds of regions and the end of the
+// connection.
 //
 // Regions are announced lazily: the first time a queue pair targets a
 // remote key, it asks the peer, which answers with the region's bounds,
@@ -35,6 +38,12 @@
 // for each to confirm, so remote accesses after Deregister returns fail
 // with StatusRemoteAccess.
 //
+// Queue pairs implement verbs.RemoteMapper: MapRemote checks a key, bounds
+// and the remote-read right as a Read would, through the same mapping cache
+// (asking the peer on first use), and returns a slice of our mapping of
+// the peer's region, with no copy. A refusal is an error and leaves the
+// queue pair usable.
+//
 // Every request checks the remote key, bounds and rights against the
 // peer's announced region before memory is touched; a refusal is a
 // StatusRemoteAccess completion and moves the queue pair to the error
@@ -43,13 +52,16 @@
 // Copies per byte:
 //
 //   - Write: one, from the local region straight into the mapped remote
-//     region. WriteImm adds a doorbell message that consumes a Recv at the
-//     peer.
+//     region. WriteImm adds a doorbell record (88 bytes, through the
+//     peer's control ring) that consumes a Recv at the peer.
 //   - Read: one, from the mapped remote region into the local region.
 //   - Send: two, into this queue pair's staging buffer (a sealed memfd the
 //     peer maps read-only) and from there into the peer's Recv buffer.
 //     Sends larger than the staging buffer (WithStagingSize, 256 KiB by
 //     default) move in chunks, each acknowledged.
+//   - Control messages (doorbells, acks): written once into the peer's
+//     control ring and copied once out of it by the peer; no system call
+//     while the peer's receiver is awake.
 //
 // Requests run one at a time, in posting order. When the queue pair is
 // idle, PostSend runs the request itself, in the caller's goroutine (see
@@ -63,13 +75,42 @@
 // peer for one up to the RNR timeout (WithRNRTimeout, one second by
 // default) and then fails with StatusReceiverNotReady.
 //
-// The control channel is the unix socket: doorbells, acknowledgements and
-// region announcements are 88-byte SOCK_SEQPACKET records, and the socket
-// is the wake-up. The one thing shared through memory besides the data is
-// a state word at the head of each staging buffer: a queue pair marks it
-// down when it fails or closes, before closing its socket, so the peer's
-// next request fails with StatusTransport at once instead of landing in
-// memory of a queue pair that is gone.
+// The control path is a pair of shared rings, one per direction. Each
+// queue pair makes a sealed 64 KiB memfd for the messages it receives,
+// formats it as a mempool.Ring and passes it to the peer at connect; both
+// map it read-write, the peer produces, we consume. Every control message
+// (doorbells, acknowledgements, region requests, announcements and
+// revocations) is an 88-byte record in the receiver's ring, in order. What
+// memory cannot carry stays on the socket: a region's memfd follows its
+// announcement record (which says so) as an SCM_RIGHTS message, and the
+// socket is the wake-up and the sign of the peer's death.
+//
+// Wake-ups: a receiver whose ring is empty polls it for a while (20 µs,
+// yielding the processor between looks, so it costs little when the host
+// is busy), then publishes a sleeping word in the ring's memory, looks at
+// the ring once more and, if it is still empty, blocks reading the socket.
+// A sender commits its record, then atomically swaps the sleeping word
+// from 1 to 0 and, if it did, writes a wake-up message on the socket. With
+// sequentially consistent atomics on both sides, either the receiver's
+// second look sees the record or the sender's swap sees the word, so no
+// wake-up is lost, and a sleep costs one wake-up message at most. Only the
+// peer's records are trusted as far as mempool.Ring checks them: a corrupt
+// ring, a record that is not a control message, or anything but a wake-up
+// or an announced fd on the socket fails the queue pair with
+// StatusTransport, as does a peer whose ring stays full for a second (a
+// peer that stopped reading; honest peers hold a handful of records). The
+// producer's counter shares a page with the consumer's, so a hostile
+// consumer can corrupt it too; the producer reports that as ring
+// corruption, not a panic. The rings are negotiated in the handshake
+// (flagRing); the socket-only control path of earlier versions remains,
+// behind an unexported switch, for comparison: when either end keeps to
+// it, every control message travels on the socket as an 88-byte
+// SOCK_SEQPACKET record and the socket is the wake-up.
+//
+// Besides the data and the rings, each staging buffer starts with a state
+// word: a queue pair marks it down when it fails or closes, before closing
+// its socket, so the peer's next request fails with StatusTransport at
+// once instead of landing in memory of a queue pair that is gone.
 //
 // # Caveats
 //
@@ -93,16 +134,24 @@
 // Lifetimes. Memory.Bytes and its memfd belong to the caller and must stay
 // mapped until Deregister returns; the provider keeps its own duplicate of
 // the fd and closes it in Deregister. A peer's mapping of a region lasts
-// until the region is deregistered or the queue pair closes. Revocation
+// until the region is deregistered or the queue pair closes. Slices that
+// MapRemote handed out are never left pointing at unmapped memory: when the
+// peer deregisters a region we made views of, we replace the peer's pages
+// behind them with read-only anonymous zero pages (mmap MAP_FIXED over the
+// same range) before confirming, so the views stay valid Go memory that
+// reads zeros, the peer's memory is out of our reach as its Deregister
+// promises, and Close unmaps the range. Views of a region become invalid
+// only when the queue pair closes. Revocation
 // relies on the peer's cooperation: a peer process that ignores the unmap
 // request keeps its mapping (and can go on writing the memory) for as long
 // as it lives; Deregister then fails the queue pair after
 // WithDeregisterTimeout. Share regions only with processes you trust with
 // that memory.
 //
-// Peer death is seen when the socket closes: outstanding requests complete
-// with StatusTransport (the one executing) or StatusFlushed, posted Recvs
-// with StatusFlushed. A peer that hangs without dying keeps a Send or
+// Peer death is seen when the socket closes, which a receiver notices when
+// its ring runs dry and it sleeps on the socket: outstanding requests
+// complete with StatusTransport (the one executing) or StatusFlushed,
+// posted Recvs with StatusFlushed. A peer that hangs without dying keeps a Send or
 // WriteImm waiting until the queue pair is closed.
 //
 // The provider is Linux-only; on other systems New returns a provider

@@ -134,24 +134,24 @@ func (pd *domain) handshake(c *net.UnixConn) {
 		}
 	}()
 	c.SetReadDeadline(time.Now().Add(pd.opts.handshakeTimeout))
-	m, fd, err := readMessage(c, newMsgBuffers())
+	m, fds, err := readMessageFDs(c, newMsgBuffers())
 	if err != nil {
 		return
 	}
-	if m.typ != msgHello || fd < 0 {
-		closeFD(fd)
+	if m.typ != msgHello || fds[0] < 0 {
+		fds.close()
 		return
 	}
 	pd.mu.Lock()
 	qp := pd.qps[m.seq]
 	pd.mu.Unlock()
 	if qp == nil || !qp.isOwnSecret(m.secret[0]) {
-		closeFD(fd)
+		fds.close()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	if !qp.offer(dialIn{conn: c, hello: m, stagingFD: fd}) {
-		closeFD(fd)
+	if !qp.offer(dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
+		fds.close()
 		return
 	}
 	handed = true

@@ -24,6 +24,13 @@ type options struct {
 	handshakeTimeout  time.Duration
 	deregisterTimeout time.Duration
 	inlineLimit       int
+	// socketControl keeps control messages on the unix socket, as before
+	// the shared rings; unexported, for comparisons. A queue pair uses the
+	// rings only when both ends want them.
+	socketControl bool
+	// ringSpin is how long a receiver polls its empty ring before it
+	// sleeps on the socket.
+	ringSpin time.Duration
 }
 
 // defaultOptions holds every default of the provider in one place.
@@ -35,6 +42,7 @@ func defaultOptions() options {
 		handshakeTimeout:  10 * time.Second,
 		deregisterTimeout: 5 * time.Second,
 		inlineLimit:       1 << 30,
+		ringSpin:          defaultRingSpin,
 	}
 }
 
@@ -111,5 +119,25 @@ func WithInlineLimit(n int) Option {
 	}
 }
 
+// defaultRingSpin is how long a receiver polls its empty control ring
+// before it sleeps on the socket.
+const defaultRingSpin = 20 * time.Microsecond
+
 // maxStagingSize bounds the staging buffer a peer may ask us to map.
 const maxStagingSize = 64 << 20
+
+// withSocketControl makes queue pairs keep their control messages on the
+// unix socket instead of shared rings (for benchmarks and tests).
+func withSocketControl() Option {
+	return func(o *options) { o.socketControl = true }
+}
+
+// withRingSpin sets how long a receiver polls its empty control ring before
+// it sleeps on the socket; zero sleeps at once.
+func withRingSpin(d time.Duration) Option {
+	return func(o *options) {
+		if d >= 0 {
+			o.ringSpin = d
+		}
+	}
+}

@@ -39,7 +39,7 @@ func pattern(b []byte, seed byte) {
 
 // startChild starts the test binary as a peer in mode and returns its
 // stdin, its stdout lines and the command.
-func startChild(t *testing.T, mode string) (io.WriteCloser, *bufio.Scanner, *exec.Cmd) {
+func startChild(t testing.TB, mode string) (io.WriteCloser, *bufio.Scanner, *exec.Cmd) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode)
@@ -64,7 +64,12 @@ func startChild(t *testing.T, mode string) (io.WriteCloser, *bufio.Scanner, *exe
 // parent with a WriteImm and waits for "bye"; in mode "idle" it connects
 // and waits to be killed.
 func childMain() int {
-	if err := child(os.Getenv(childEnv)); err != nil {
+	mode := os.Getenv(childEnv)
+	run := child
+	if strings.HasPrefix(mode, "echo/") {
+		run = childEcho
+	}
+	if err := run(mode); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}

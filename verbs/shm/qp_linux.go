@@ -14,11 +14,12 @@ import (
 )
 
 // queuePair is a reliable connected queue pair over one SOCK_SEQPACKET unix
-// connection. Two goroutines run while it is connected: the sender executes
-// the send queue in order (copies straight into or out of the peer's mapped
-// regions, Send payloads through the staging buffer), and the receiver reads
-// control messages (doorbells, acks, region announcements). Close stops
-// both.
+// connection and, usually, a pair of shared control rings. Two goroutines
+// run while it is connected: the sender executes the send queue in order
+// (copies straight into or out of the peer's mapped regions, Send payloads
+// through the staging buffer), and the receiver handles control messages
+// (doorbells, acks, region announcements) from the ring or the socket.
+// Close stops both.
 type queuePair struct {
 	pd               *domain
 	id               uint64
@@ -88,16 +89,29 @@ type queuePair struct {
 	peerStaging        []byte         // the peer's payload area, read-only
 	peerStagingMapping []byte
 	peerState          *atomic.Uint32 // in the peer's header
+	// The control rings, when both ends use them (nil otherwise): rx is
+	// ours, which the peer produces into; tx is the peer's.
+	rx *ringRx
+	tx *ringTx
 
 	// Owned by whoever is executing (see executing).
 	nextSeq uint64
-	ackCh   chan message   // acks of msgSend and msgWriteImm
-	mapCh   chan mapResult // answers to msgMapRequest
+	ackCh   chan message // acks of msgSend and msgWriteImm
+
+	mapCh chan mapResult // answers to msgMapRequest, for the holder of fetchMu
 
 	// remote caches the peer's regions we mapped, by key. Copies hold the
-	// read lock; unmapping holds the write lock.
+	// read lock; unmapping holds the write lock. retired holds mappings
+	// the peer revoked while MapRemote views of them were out; Close
+	// unmaps them (see dropRemoteLocked).
 	remoteMu sync.RWMutex
 	remote   map[uint32]*remoteRegion
+	retired  []*remoteRegion
+
+	// fetchMu serializes asking the peer for regions (the sender's
+	// requests and MapRemote's); mapSeq, the request ids, is guarded by it.
+	fetchMu sync.Mutex
+	mapSeq  uint64
 
 	// announceMu orders our region announcements to the peer before the
 	// matching revocations. announced (guarded by pd.mu) holds the keys
@@ -401,17 +415,31 @@ func (qp *queuePair) sendAll(msgs []message) {
 	}
 }
 
-// send writes one control message, with fd attached when fd >= 0.
+// send sends one control message, with fd attached when fd >= 0: through
+// the peer's control ring when the queue pair has one, else on the socket.
 func (qp *queuePair) send(m *message, fd int) error {
+	if qp.tx != nil {
+		return qp.ringSend(m, fd)
+	}
 	return writeMessage(qp.conn, m, fd)
 }
 
-func writeMessage(c *net.UnixConn, m *message, fd int) error {
+// writeMessage writes one control message on the socket, with the fds
+// that are >= 0 attached.
+func writeMessage(c *net.UnixConn, m *message, fds ...int) error {
 	var b [messageSize]byte
 	m.encode(&b)
 	var oob []byte
-	if fd >= 0 {
-		oob = unix.UnixRights(fd)
+	var pass [2]int
+	k := 0
+	for _, fd := range fds {
+		if fd >= 0 && k < len(pass) {
+			pass[k] = fd
+			k++
+		}
+	}
+	if k > 0 {
+		oob = unix.UnixRights(pass[:k]...)
 	}
 	_, _, err := c.WriteMsgUnix(b[:], oob, nil)
 	return err
@@ -447,6 +475,10 @@ func (qp *queuePair) Close() error {
 		delete(qp.remote, key)
 		rr.unmap()
 	}
+	for _, rr := range qp.retired {
+		rr.unmap()
+	}
+	qp.retired = nil
 	qp.remoteMu.Unlock()
 	if qp.stagingMapping != nil {
 		unix.Munmap(qp.stagingMapping)
@@ -456,6 +488,10 @@ func (qp *queuePair) Close() error {
 		unix.Munmap(qp.peerStagingMapping)
 		qp.peerStagingMapping, qp.peerStaging, qp.peerState = nil, nil, nil
 	}
+	// Senders outside our goroutines (a Deregister, an RNR timer, a
+	// PostRecv) may still try the peer's ring: release takes its lock.
+	qp.tx.release()
+	qp.rx.release()
 	qp.pd.forgetQP(qp)
 	return nil
 }

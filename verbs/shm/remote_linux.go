@@ -2,6 +2,9 @@ package shm
 
 import (
 	"fmt"
+	"sync/atomic"
+
+	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
@@ -16,6 +19,11 @@ type remoteRegion struct {
 	access  verbs.Access
 	mapping []byte // the whole mmap, page-aligned
 	data    []byte // the region inside it
+
+	// viewed is set once MapRemote has handed out a slice of data: the
+	// address range must then stay mapped until the queue pair closes
+	// (see retire).
+	viewed atomic.Bool
 }
 
 func (rr *remoteRegion) unmap() {
@@ -96,17 +104,32 @@ func (qp *queuePair) withRemote(key uint32, fetch bool, f func(*remoteRegion) er
 			// Mapped and revoked again before we got to use it.
 			return verbs.StatusRemoteAccess, fmt.Errorf("shm: remote key %#x was deregistered by the peer", key), true
 		}
-		if st, err := qp.fetchRemote(key); st != verbs.StatusSuccess {
+		if st, err := qp.ensureRemote(key); st != verbs.StatusSuccess {
 			return st, err, true
 		}
 	}
 }
 
+// ensureRemote makes sure the peer's region key is in the mapping cache,
+// asking the peer for it if it is not. The sender and MapRemote both fetch;
+// fetchMu lets one request be outstanding at a time.
+func (qp *queuePair) ensureRemote(key uint32) (verbs.Status, error) {
+	qp.fetchMu.Lock()
+	defer qp.fetchMu.Unlock()
+	qp.remoteMu.RLock()
+	_, ok := qp.remote[key]
+	qp.remoteMu.RUnlock()
+	if ok {
+		return verbs.StatusSuccess, nil
+	}
+	return qp.fetchRemote(key)
+}
+
 // fetchRemote asks the peer for region key and waits for the receiver to
-// map it (or learn that it cannot be).
+// map it (or learn that it cannot be). The caller holds fetchMu.
 func (qp *queuePair) fetchRemote(key uint32) (verbs.Status, error) {
-	qp.nextSeq++
-	req := message{typ: msgMapRequest, key: key, seq: qp.nextSeq}
+	qp.mapSeq++
+	req := message{typ: msgMapRequest, key: key, seq: qp.mapSeq}
 	qp.mu.Lock()
 	qp.mapWanted = mapRequest{seq: req.seq, key: key}
 	qp.mu.Unlock()
@@ -156,7 +179,7 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 		if err == nil {
 			qp.remoteMu.Lock()
 			if old := qp.remote[m.key]; old != nil {
-				old.unmap()
+				qp.dropRemoteLocked(old)
 			}
 			qp.remote[m.key] = rr
 			qp.remoteMu.Unlock()
@@ -190,11 +213,30 @@ func (qp *queuePair) onMapRequest(m message) {
 // progress) and confirms.
 func (qp *queuePair) onUnmap(m message) {
 	qp.remoteMu.Lock()
-	rr := qp.remote[m.key]
-	delete(qp.remote, m.key)
-	qp.remoteMu.Unlock()
-	if rr != nil {
-		rr.unmap()
+	if rr := qp.remote[m.key]; rr != nil {
+		delete(qp.remote, m.key)
+		qp.dropRemoteLocked(rr)
 	}
+	qp.remoteMu.Unlock()
 	qp.send(&message{typ: msgUnmapAck, seq: m.seq}, -1)
+}
+
+// dropRemoteLocked releases a mapping that has left the cache; the caller
+// holds remoteMu for writing, so no copy is using it. A mapping MapRemote
+// never handed out is unmapped. One it did is retired instead: the peer's
+// memory is replaced by anonymous read-only zero pages at the same
+// addresses, so the views stay valid Go memory (reading zeros from now on)
+// while the peer's memory is no longer reachable, and Close unmaps the
+// range. Should the replacement fail, the mapping is made read-only and
+// kept until Close as it is.
+func (qp *queuePair) dropRemoteLocked(rr *remoteRegion) {
+	if !rr.viewed.Load() {
+		rr.unmap()
+		return
+	}
+	p := unsafe.Pointer(unsafe.SliceData(rr.mapping))
+	if _, err := unix.MmapPtr(-1, 0, p, uintptr(len(rr.mapping)), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED); err != nil {
+		unix.Mprotect(rr.mapping, unix.PROT_READ)
+	}
+	qp.retired = append(qp.retired, rr)
 }

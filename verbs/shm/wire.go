@@ -34,16 +34,26 @@ const (
 	msgUnmap
 	// msgUnmapAck confirms msgUnmap with the same token.
 	msgUnmapAck
+	// msgWake, on the socket of a queue pair whose control messages go
+	// through the shared ring, wakes the peer's receiver, which said it
+	// was going to sleep (see ring_linux.go).
+	msgWake
+	// msgFD, on the socket of such a queue pair, carries the fd of the
+	// ring record with the same seq, which is marked flagFD.
+	msgFD
 )
 
 const (
 	flagLast   = 1 << 0 // msgSend: the last chunk of the message
 	flagHasImm = 1 << 1 // msgSend: the Send carries imm
 	flagFound  = 1 << 2 // msgMapReply: the region exists
+	flagFD     = 1 << 3 // a ring record: its fd follows on the socket in a msgFD
+	flagRing   = 1 << 4 // msgHello, msgWelcome: control messages go through shared rings; the ring's memfd is the second fd
 )
 
 // message is every control message; each type uses the fields its comment
-// above names. It travels as messageSize bytes in one SOCK_SEQPACKET record.
+// above names. It travels as messageSize bytes in one SOCK_SEQPACKET record
+// or one record of the peer's control ring.
 type message struct {
 	typ    msgType
 	flags  uint8
@@ -87,7 +97,7 @@ func decodeMessage(b []byte) (message, error) {
 		return m, fmt.Errorf("shm: control message is %d bytes, want %d", len(b), messageSize)
 	}
 	m.typ = msgType(b[0])
-	if m.typ < msgHello || m.typ > msgUnmapAck {
+	if m.typ < msgHello || m.typ > msgFD {
 		return m, fmt.Errorf("shm: unknown control message type %d", b[0])
 	}
 	if b[3] != 0 {

@@ -1,0 +1,50 @@
+package rpc
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestLease fetches with Lease: on shm the tensor is the server's memory,
+// with no copy; on tcp it is an ordinary copy.
+func TestLease(t *testing.T) {
+	for _, tr := range []string{TransportSHM, TransportTCP} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			ctx := ctxT(t)
+			in := wrapped(t, 1<<20, 6)
+			s.Publish("x", in)
+			before := c.Stats()
+			got, err := c.Fetch(ctx, "x", Lease())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), in.Bytes()) {
+				t.Fatal("data differs")
+			}
+			after := c.Stats()
+			wantLease := tr == TransportSHM
+			if got.Leased() != wantLease || (after.Leases-before.Leases == 1) != wantLease {
+				t.Fatalf("Leased() = %v, leases %d → %d; want lease %v", got.Leased(), before.Leases, after.Leases, wantLease)
+			}
+			if wantLease {
+				if c.Pool().Stats().InUse > 256 { // only the link's receive buffer
+					t.Fatalf("a lease used %d bytes of the client's pool", c.Pool().Stats().InUse)
+				}
+				// The lease is the server's memory: the server's buffer stays
+				// held after Unpublish until the lease is released.
+				s.Unpublish("x")
+				if s.Pool().Stats().InUse < 1<<20 {
+					t.Fatal("the server freed a leased buffer")
+				}
+				if !bytes.Equal(got.Bytes(), in.Bytes()) {
+					t.Fatal("leased data changed after Unpublish")
+				}
+			}
+			got.Release()
+			got.Release() // a second Release does nothing
+			s.Unpublish("x")
+			waitFor(t, "the server's buffer", func() bool { return s.Pool().Stats().InUse <= 256 })
+		})
+	}
+}

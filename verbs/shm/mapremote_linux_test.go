@@ -1,0 +1,282 @@
+package shm
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// isMapped reports whether addr lies in a mapping of this process.
+func isMapped(t testing.TB, addr uintptr) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		var lo, hi uintptr
+		if _, err := fmt.Sscanf(s.Text(), "%x-%x", &lo, &hi); err == nil && lo <= addr && addr < hi {
+			return true
+		}
+	}
+	return false
+}
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func remoteMappings(qp *queuePair) (cached, retired int) {
+	qp.remoteMu.RLock()
+	defer qp.remoteMu.RUnlock()
+	return len(qp.remote), len(qp.retired)
+}
+
+// TestMapRemote maps part of the peer's region: the view is the peer's
+// memory, so it sees the peer's later writes, and the mapping is the one
+// Read and Write use.
+func TestMapRemote(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 1<<16)
+	defer closeAll()
+	pattern(b.mr.Bytes(), 9)
+	remote := verbs.Remote{Addr: b.mr.Addr() + 100, Key: b.mr.RemoteKey()}
+	view, err := a.qp.MapRemote(remote, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(view) != 300 || cap(view) != 300 {
+		t.Fatalf("view has len %d cap %d, want 300", len(view), cap(view))
+	}
+	if string(view) != string(b.mr.Bytes()[100:400]) {
+		t.Fatal("the view differs from the peer's memory")
+	}
+	copy(b.mr.Bytes()[100:], "written by the peer afterwards")
+	if !strings.HasPrefix(string(view), "written by the peer afterwards") {
+		t.Fatalf("the view does not see the peer's write: %q", view[:30])
+	}
+	if addrOf(view) == addrOf(b.mr.Bytes()[100:]) {
+		t.Fatal("the view is the peer's own mapping, not ours")
+	}
+	// The whole region, and a second view of the same mapping.
+	whole, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr(), Key: b.mr.RemoteKey()}, b.mr.Len())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrOf(whole)+100 != addrOf(view) {
+		t.Fatal("two views of one region come from different mappings")
+	}
+	if cached, _ := remoteMappings(a.qp); cached != 1 {
+		t.Fatalf("%d mappings cached, want 1", cached)
+	}
+	// Read uses the same mapping and sees the same bytes.
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpRead, Local: verbs.Local{Region: a.mr, Length: 30}, Remote: remote}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess || string(a.mr.Bytes()[:30]) != "written by the peer afterwards" {
+		t.Fatalf("read: %v %q", verbs.CompletionError(c), a.mr.Bytes()[:30])
+	}
+	if cached, _ := remoteMappings(a.qp); cached != 1 {
+		t.Fatalf("%d mappings cached after a Read, want 1", cached)
+	}
+	// Zero length works, like a zero-length Read, whatever the key.
+	for _, r := range []verbs.Remote{remote, {Addr: 1, Key: 12345}} {
+		if v, err := a.qp.MapRemote(r, 0); err != nil || v == nil || len(v) != 0 {
+			t.Fatalf("MapRemote(%+v, 0) = %v (nil %v), %v", r, v, v == nil, err)
+		}
+	}
+	if st := a.qp.State(); st != verbs.QPReadyToSend {
+		t.Fatalf("queue pair is %v, want RTS", st)
+	}
+}
+
+// TestMapRemoteRefusals checks the key, bounds and rights; a refusal
+// leaves the queue pair usable.
+func TestMapRemoteRefusals(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 8192)
+	defer closeAll()
+	writeOnly, err := b.pd.RegisterMemory(sealedMemory(t, 4096), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	localOnly, err := b.pd.RegisterMemory(sealedMemory(t, 4096), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := b.mr.RemoteKey()
+	base := b.mr.Addr()
+	for _, tc := range []struct {
+		name   string
+		remote verbs.Remote
+		length int
+		want   string
+	}{
+		{"unknown key", verbs.Remote{Addr: base, Key: key + 1000}, 8, "not registered for remote access"},
+		{"no remote rights", verbs.Remote{Addr: localOnly.Addr(), Key: localOnly.RemoteKey()}, 8, "not registered for remote access"},
+		{"no remote read", verbs.Remote{Addr: writeOnly.Addr(), Key: writeOnly.RemoteKey()}, 8, "remote-read"},
+		{"before the region", verbs.Remote{Addr: base - 1, Key: key}, 8, "outside region"},
+		{"past its end", verbs.Remote{Addr: base + 8190, Key: key}, 3, "outside region"},
+		{"longer than it", verbs.Remote{Addr: base, Key: key}, 8193, "outside region"},
+		{"address wraps", verbs.Remote{Addr: ^uint64(0) - 2, Key: key}, 8, "outside region"},
+		{"negative length", verbs.Remote{Addr: base, Key: key}, -1, "negative"},
+	} {
+		v, err := a.qp.MapRemote(tc.remote, tc.length)
+		if err == nil || v != nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: MapRemote = %d bytes, %v; want a refusal naming %q", tc.name, len(v), err, tc.want)
+		}
+		if st := a.qp.State(); st != verbs.QPReadyToSend {
+			t.Fatalf("%s: the refusal moved the queue pair to %v", tc.name, st)
+		}
+	}
+	// Still usable: a Write and a good MapRemote.
+	copy(a.mr.Bytes(), "still fine")
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Length: 10}, Remote: verbs.Remote{Addr: base, Key: key}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
+		t.Fatal(verbs.CompletionError(c))
+	}
+	if v, err := a.qp.MapRemote(verbs.Remote{Addr: base, Key: key}, 10); err != nil || string(v) != "still fine" {
+		t.Fatalf("MapRemote after refusals: %q, %v", v, err)
+	}
+
+	// Not connected, and closed.
+	cq, _ := a.pd.NewCompletionQueue(4)
+	qp, err := a.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qp.(verbs.RemoteMapper).MapRemote(verbs.Remote{Addr: base, Key: key}, 8); !errors.Is(err, verbs.ErrNotConnected) {
+		t.Fatalf("MapRemote on an unconnected queue pair: %v", err)
+	}
+	qp.Close()
+	a.qp.Close()
+	if _, err := a.qp.MapRemote(verbs.Remote{Addr: base, Key: key}, 8); !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("MapRemote on a closed queue pair: %v", err)
+	}
+}
+
+// TestMapRemoteViewOutlivesDeregister: when the peer deregisters a region
+// we handed out views of, the views stay readable memory (zeros from then
+// on, no longer the peer's memory) until the queue pair closes, and then
+// the range is unmapped. A region without views is unmapped at once.
+func TestMapRemoteViewOutlivesDeregister(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 1<<16)
+	defer closeAll()
+	other, err := b.pd.RegisterMemory(sealedMemory(t, 4096), allRemote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// other is mapped by a Write, without views.
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Length: 8}, Remote: verbs.Remote{Addr: other.Addr(), Key: other.RemoteKey()}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
+		t.Fatal(verbs.CompletionError(c))
+	}
+	copy(b.mr.Bytes()[4096:], "before deregistration")
+	view, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr() + 4096, Key: b.mr.RemoteKey()}, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(view) != "before deregistration" {
+		t.Fatalf("view holds %q", view)
+	}
+	if err := b.mr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if cached, retired := remoteMappings(a.qp); cached != 0 || retired != 1 {
+		t.Fatalf("after deregistration: %d cached, %d retired mappings; want 0 and 1", cached, retired)
+	}
+	// Readable, no longer the peer's memory.
+	copy(b.mr.Bytes()[4096:], "after  deregistration")
+	for i, c := range view {
+		if c != 0 {
+			t.Fatalf("view byte %d is %#x after the peer deregistered, want 0", i, c)
+		}
+	}
+	if _, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr() + 4096, Key: b.mr.RemoteKey()}, 21); err == nil {
+		t.Fatal("MapRemote of a deregistered region succeeded")
+	}
+	if st := a.qp.State(); st != verbs.QPReadyToSend {
+		t.Fatalf("queue pair is %v, want RTS", st)
+	}
+	if !isMapped(t, addrOf(view)) {
+		t.Fatal("the view's range was unmapped before Close")
+	}
+	a.qp.Close()
+	if cached, retired := remoteMappings(a.qp); cached != 0 || retired != 0 {
+		t.Fatalf("after Close: %d cached, %d retired mappings", cached, retired)
+	}
+	if isMapped(t, addrOf(view)) {
+		t.Fatal("the view's range is still mapped after Close")
+	}
+}
+
+// TestMapRemoteConcurrent maps fresh regions from several goroutines while
+// the sender fetches others for Writes: one request to the peer at a time,
+// every answer reaching its asker.
+func TestMapRemoteConcurrent(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 4096)
+	defer closeAll()
+	const n = 16
+	mrs := make([]verbs.MemoryRegion, n)
+	for i := range mrs {
+		m := sealedMemory(t, 4096)
+		copy(m.Bytes, fmt.Sprintf("region %2d", i))
+		mr, err := b.pd.RegisterMemory(m, allRemote)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mrs[i] = mr
+	}
+	copy(a.mr.Bytes(), "W")
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := a.qp.MapRemote(verbs.Remote{Addr: mrs[i].Addr(), Key: mrs[i].RemoteKey()}, 9)
+			if err == nil && string(v) != fmt.Sprintf("region %2d", i) && string(v) != fmt.Sprintf("Wegion %2d", i) {
+				err = fmt.Errorf("view of region %d holds %q", i, v)
+			}
+			errs <- err
+		}()
+	}
+	for i := range n {
+		wr := verbs.SendRequest{ID: uint64(i), Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Length: 1}, Remote: verbs.Remote{Addr: mrs[n-1-i].Addr(), Key: mrs[n-1-i].RemoteKey()}}
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
+			t.Fatal(verbs.CompletionError(c))
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if cached, _ := remoteMappings(a.qp); cached != n {
+		t.Fatalf("%d mappings cached for %d regions", cached, n)
+	}
+}

@@ -1,0 +1,362 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"golang.org/x/sys/unix"
+)
+
+// The control ring. Each queue pair makes one sealed memfd for the control
+// messages it receives and passes it to the peer at connect, next to its
+// staging buffer. Both map it read-write: the peer produces into it, we
+// consume. Its layout:
+//
+//	[0:4)     sleeping word: 1 while the consumer is (about to be) blocked
+//	          on the socket, waiting for a wake-up
+//	[64:end)  a mempool.Ring whose records are encoded control messages
+//
+// The consumer formats the ring (mempool.NewRing), so its own read position
+// starts where it should; the producer attaches to it (mempool.AttachRing).
+// Every control message goes through the ring. The socket carries what
+// memory cannot: the wake-up (a msgWake), the fd of a msgMapReply (a msgFD
+// right after the record, which is marked flagFD) and the peer's death
+// (EOF).
+//
+// Wake-ups are Dekker-style, with sequentially consistent atomics on both
+// sides. The consumer stores sleeping = 1, then looks at the ring once more,
+// and only if it is empty blocks reading the socket. The producer commits
+// its record (an atomic store of the ring's tail), then swaps sleeping from
+// 1 to 0 and, if it did, sends a wake-up. Either the consumer's second look
+// sees the record or the producer's swap sees the 1, so no wake-up is lost;
+// and since only the producer that clears the word sends one, a sleep costs
+// at most one wake-up message.
+const (
+	ringFileSize  = 64 << 10 // about 680 records of 96 bytes
+	ringOffset    = 64
+	ringRecord    = messageSize
+	sleepingWord  = 0
+	ringFullLimit = time.Second // how long a producer waits for credit
+)
+
+var errRingClosed = errors.New("shm: control ring closed")
+
+// ringRx is our end of the ring we consume.
+type ringRx struct {
+	fd       int // until passed to the peer; -1 after
+	mapping  []byte
+	ring     *mempool.Ring
+	sleeping *atomic.Uint32
+}
+
+// newRingRx makes the memfd of the ring we will consume and formats it.
+func newRingRx() (*ringRx, error) {
+	fd, mapping, err := newSealedMemfd("tensorrpc-shm-ring", ringFileSize)
+	if err != nil {
+		return nil, err
+	}
+	r, err := mempool.NewRing(mapping[ringOffset:])
+	if err != nil {
+		unix.Munmap(mapping)
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: control ring: %w", err)
+	}
+	return &ringRx{fd: fd, mapping: mapping, ring: r, sleeping: wordAt(mapping, sleepingWord)}, nil
+}
+
+// closeFD closes the memfd once the peer has its copy (or will not get one).
+func (rx *ringRx) closeFD() {
+	if rx == nil {
+		return
+	}
+	closeFD(rx.fd)
+	rx.fd = -1
+}
+
+func (rx *ringRx) release() {
+	if rx == nil {
+		return
+	}
+	rx.closeFD()
+	if rx.mapping != nil {
+		unix.Munmap(rx.mapping)
+		rx.mapping, rx.ring, rx.sleeping = nil, nil, nil
+	}
+}
+
+// wordAt is the 32-bit word at off in a page-aligned mapping, which keeps
+// it aligned for atomic access.
+func wordAt(mapping []byte, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&mapping[off]))
+}
+
+// ringTx is our end of the peer's ring, which we produce into. mu makes us
+// the single producer, keeps the fd that follows a record in record order
+// on the socket, and keeps Close from unmapping the ring under a producer.
+type ringTx struct {
+	mu       sync.Mutex
+	mapping  []byte
+	ring     *mempool.Ring
+	sleeping *atomic.Uint32
+	closed   bool
+	broken   error // why the ring cannot be used any more
+}
+
+// attachRingTx maps the peer's ring. The peer is not trusted: the memfd
+// must be sealed and large enough, and AttachRing checks the header.
+func attachRingTx(fd int) (*ringTx, error) {
+	if fd < 0 {
+		return nil, errors.New("shm: the peer offered a control ring without its memfd")
+	}
+	if err := checkSealedFD(fd, ringFileSize); err != nil {
+		return nil, fmt.Errorf("shm: peer control ring: %v", err)
+	}
+	mapping, _, err := mapFD(fd, 0, ringFileSize, true)
+	if err != nil {
+		return nil, fmt.Errorf("shm: peer control ring: %v", err)
+	}
+	r, err := mempool.AttachRing(mapping[ringOffset:])
+	if err == nil && r.MaxRecord() < ringRecord {
+		err = fmt.Errorf("%w: records of at most %d bytes", mempool.ErrRingCorrupt, r.MaxRecord())
+	}
+	if err != nil {
+		unix.Munmap(mapping)
+		return nil, fmt.Errorf("shm: peer control ring: %w", err)
+	}
+	return &ringTx{mapping: mapping, ring: r, sleeping: wordAt(mapping, sleepingWord)}, nil
+}
+
+func (tx *ringTx) release() {
+	if tx == nil {
+		return
+	}
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	tx.closed = true
+	if tx.mapping != nil {
+		unix.Munmap(tx.mapping)
+		tx.mapping, tx.ring, tx.sleeping = nil, nil, nil
+	}
+}
+
+// put commits one record. A peer that corrupts the ring's header (which it
+// can write: the consumer's counter shares the page with ours) could make
+// mempool.Ring index out of range; that is recovered here as corruption.
+func (tx *ringTx) put(rec *[messageSize]byte) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", mempool.ErrRingCorrupt, p)
+		}
+	}()
+	buf, err := tx.ring.Reserve(len(rec))
+	if err != nil {
+		return err
+	}
+	copy(buf, rec[:])
+	return tx.ring.Commit(len(rec))
+}
+
+// ringSend puts a control message into the peer's ring, wakes the peer if
+// it sleeps, and sends fd (when >= 0) on the socket right after. A ring
+// that is corrupt or stays full fails the queue pair.
+func (qp *queuePair) ringSend(m *message, fd int) error {
+	tx := qp.tx
+	var rec [messageSize]byte
+	mm := *m
+	if fd >= 0 {
+		mm.flags |= flagFD
+	}
+	mm.encode(&rec)
+
+	tx.mu.Lock()
+	if tx.closed {
+		tx.mu.Unlock()
+		return errRingClosed
+	}
+	if tx.broken != nil {
+		err := tx.broken
+		tx.mu.Unlock()
+		return err
+	}
+	var err error
+	var waited time.Duration
+	for {
+		err = tx.put(&rec)
+		if !errors.Is(err, mempool.ErrRingFull) {
+			break
+		}
+		// The peer reads its ring all the time and we never have more
+		// than a few messages in flight, so a full ring means a peer
+		// that stopped reading. Give it a moment, then give up.
+		if waited >= ringFullLimit || qp.isFailed() {
+			err = fmt.Errorf("shm: the peer's control ring stayed full for %v: it does not read its control messages", waited)
+			break
+		}
+		qp.wakePeerLocked()
+		time.Sleep(100 * time.Microsecond)
+		waited += 100 * time.Microsecond
+	}
+	if err != nil {
+		tx.broken = fmt.Errorf("shm: peer control ring: %w", err)
+		err = tx.broken
+		tx.mu.Unlock()
+		qp.fail(verbs.StatusTransport, err)
+		qp.conn.Close()
+		return err
+	}
+	err = qp.wakePeerLocked()
+	if fd >= 0 && err == nil {
+		err = writeMessage(qp.conn, &message{typ: msgFD, seq: m.seq}, fd)
+	}
+	tx.mu.Unlock()
+	return err
+}
+
+// wakePeerLocked sends a wake-up if the peer said it sleeps. The caller
+// holds tx.mu and has committed its record.
+func (qp *queuePair) wakePeerLocked() error {
+	if !qp.tx.sleeping.CompareAndSwap(1, 0) {
+		return nil
+	}
+	return writeMessage(qp.conn, &message{typ: msgWake}, -1)
+}
+
+func (qp *queuePair) isFailed() bool {
+	select {
+	case <-qp.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// runRingReceiver is the receiver of a queue pair whose control messages
+// come through the ring: it handles records as they come, polls the ring
+// for a while when it runs dry (WithRingSpin), then sleeps on the socket
+// until a wake-up, the fd of a record, or the end of the connection.
+func (qp *queuePair) runRingReceiver() {
+	defer close(qp.readerDone)
+	bufs := newMsgBuffers()
+	rx := qp.rx
+	spin := qp.pd.opts.ringSpin
+	fail := func(err error) {
+		qp.fail(verbs.StatusTransport, err)
+		qp.conn.Close()
+	}
+	for {
+		n, err := qp.drainRing(bufs)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if n > 0 {
+			continue
+		}
+		if spin > 0 {
+			// Poll for a while before sleeping, which costs the peer a
+			// wake-up message and us a trip through the netpoller. Yield
+			// to our goroutines (the one our last record woke, usually)
+			// and to the other threads of the host (the peer's, which
+			// has the answer to compute) between looks.
+			start := time.Now()
+			for n == 0 && err == nil && time.Since(start) < spin {
+				runtime.Gosched()
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				n, err = qp.drainRing(bufs)
+			}
+			if err != nil {
+				fail(err)
+				return
+			}
+			if n > 0 {
+				continue
+			}
+		}
+		rx.sleeping.Store(1)
+		n, err = qp.drainRing(bufs)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if n > 0 {
+			rx.sleeping.Store(0)
+			continue
+		}
+		m, fds, err := readMessageFDs(qp.conn, bufs)
+		rx.sleeping.Store(0)
+		if err != nil {
+			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+			return
+		}
+		if m.typ != msgWake || fds[0] >= 0 {
+			fds.close()
+			fail(fmt.Errorf("shm: peer broke the protocol: message type %d on the socket while waiting for a wake-up", m.typ))
+			return
+		}
+	}
+}
+
+// drainRing handles every record in the ring and reports how many there
+// were. An error (a corrupt ring, a protocol violation, a lost connection)
+// ends the receiver.
+func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
+	rx := qp.rx
+	n := 0
+	for {
+		b, ok := rx.ring.Read()
+		if !ok {
+			if err := rx.ring.Err(); err != nil {
+				return n, fmt.Errorf("shm: peer broke the protocol: %w", err)
+			}
+			return n, nil
+		}
+		// The peer can still write the record: copy it before looking.
+		var rec [messageSize]byte
+		copied := copy(rec[:], b)
+		length := len(b)
+		rx.ring.Release()
+		n++
+		if length != messageSize || copied != messageSize {
+			return n, fmt.Errorf("shm: peer broke the protocol: control record of %d bytes, want %d", length, messageSize)
+		}
+		m, err := decodeMessage(rec[:])
+		if err != nil {
+			return n, fmt.Errorf("shm: peer broke the protocol: %w", err)
+		}
+		fd := -1
+		if m.flags&flagFD != 0 {
+			if fd, err = qp.readFD(m.seq, bufs); err != nil {
+				return n, err
+			}
+		}
+		if err := qp.handle(m, fd); err != nil {
+			return n, fmt.Errorf("shm: peer broke the protocol: %w", err)
+		}
+	}
+}
+
+// readFD reads the msgFD that follows a record marked flagFD on the socket,
+// skipping wake-ups, and returns its fd.
+func (qp *queuePair) readFD(seq uint64, bufs *msgBuffers) (int, error) {
+	for {
+		m, fds, err := readMessageFDs(qp.conn, bufs)
+		if err != nil {
+			return -1, fmt.Errorf("shm: connection to the peer lost: %w", err)
+		}
+		if m.typ == msgWake && fds[0] < 0 {
+			continue
+		}
+		if m.typ != msgFD || m.seq != seq || fds[0] < 0 || fds[1] >= 0 {
+			fds.close()
+			return -1, fmt.Errorf("shm: peer broke the protocol: message type %d (seq %d) on the socket, want the fd of record %d", m.typ, m.seq, seq)
+		}
+		return fds[0], nil
+	}
+}

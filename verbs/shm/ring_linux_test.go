@@ -1,0 +1,288 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/verbstest"
+)
+
+// The conformance suite on the other control paths: the socket, as before
+// the rings, and the rings without polling, where every message that finds
+// the receiver asleep goes through the wake-up.
+func TestConformanceSocketControl(t *testing.T) {
+	verbstest.Run(t, testEnv(withSocketControl()))
+}
+
+func TestConformanceRingNoSpin(t *testing.T) {
+	verbstest.Run(t, testEnv(withRingSpin(0)))
+}
+
+func openFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// sendRecv sends n bytes from a to b and checks both completions.
+func sendRecv(t testing.TB, a, b *end, n int) {
+	t.Helper()
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: b.mr, Length: n}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: a.mr, Length: n}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitOne(t, b.cq); c.Status != verbs.StatusSuccess || c.Len != n {
+		t.Fatalf("receive: %+v", c)
+	}
+	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
+		t.Fatalf("send: %+v", c)
+	}
+}
+
+// TestControlRingNegotiation: the rings are used only when both ends want
+// them, whichever end dials; a queue pair leaves no fd behind.
+func TestControlRingNegotiation(t *testing.T) {
+	defer leakcheck.Check(t)
+	before := openFDs(t)
+	for _, tc := range []struct {
+		name     string
+		a, b     []Option
+		wantRing bool
+	}{
+		{"both rings", nil, nil, true},
+		{"socket and ring", []Option{withSocketControl()}, nil, false},
+		{"ring and socket", nil, []Option{withSocketControl()}, false},
+		{"both sockets", []Option{withSocketControl()}, []Option{withSocketControl()}, false},
+	} {
+		// The dialer is the end with the smaller secret: several rounds
+		// let each end dial.
+		for range 6 {
+			a := newEnd(t, New(tc.a...), 4096, allRemote)
+			b := newEnd(t, New(tc.b...), 4096, allRemote)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			errc := make(chan error, 1)
+			go func() { errc <- b.qp.Connect(ctx, a.qp.LocalInfo()) }()
+			err := a.qp.Connect(ctx, b.qp.LocalInfo())
+			if err2 := <-errc; err == nil {
+				err = err2
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			for _, e := range []*end{a, b} {
+				if got := e.qp.rx != nil && e.qp.tx != nil; got != tc.wantRing {
+					t.Fatalf("%s: rings in use: %v, want %v", tc.name, got, tc.wantRing)
+				}
+			}
+			sendRecv(t, a, b, 64)
+			sendRecv(t, b, a, 100)
+			a.pd.Close()
+			b.pd.Close()
+			a.mr.Deregister()
+			b.mr.Deregister()
+		}
+	}
+	// The test's memory is freed by t.Cleanup, after us: count it out.
+	if after := openFDs(t); after > before+2*4*6 {
+		t.Fatalf("%d fds open after the queue pairs closed, %d before", after, before)
+	}
+}
+
+// TestControlRingWakeups bounces Sends and WriteImms with no polling, so
+// that nearly every message finds the receiver asleep: a lost wake-up hangs
+// a round trip.
+func TestControlRingWakeups(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 4096, withRingSpin(0))
+	defer closeAll()
+	rounds := 2000
+	if testing.Short() {
+		rounds = 200
+	}
+	for i := range rounds {
+		if i%2 == 0 {
+			sendRecv(t, a, b, 64)
+			continue
+		}
+		if err := a.qp.PostRecv(verbs.RecvRequest{ID: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.qp.PostSend(verbs.SendRequest{ID: 4, Op: verbs.OpWriteImm, Imm: uint32(i), Local: verbs.Local{Region: b.mr, Length: 8}, Remote: verbs.Remote{Addr: a.mr.Addr(), Key: a.mr.RemoteKey()}}); err != nil {
+			t.Fatal(err)
+		}
+		if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess || c.Imm != uint32(i) {
+			t.Fatalf("round %d: receive %+v", i, c)
+		}
+		if c := waitOne(t, b.cq); c.Status != verbs.StatusSuccess {
+			t.Fatalf("round %d: WriteImm %+v", i, c)
+		}
+	}
+}
+
+// inject commits rec into the peer's control ring as e, bypassing the
+// encoder, and wakes the peer.
+func inject(t *testing.T, e *end, rec []byte) {
+	t.Helper()
+	tx := e.qp.tx
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	buf, err := tx.ring.Reserve(len(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, rec)
+	if err := tx.ring.Commit(len(rec)); err != nil {
+		t.Fatal(err)
+	}
+	e.qp.wakePeerLocked()
+}
+
+func encoded(m message) []byte {
+	var b [messageSize]byte
+	m.encode(&b)
+	return b[:]
+}
+
+// waitFailed waits for qp to enter the error state and returns the cause.
+func waitFailed(t *testing.T, qp *queuePair) error {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for qp.State() != verbs.QPError {
+		if time.Now().After(deadline) {
+			t.Fatal("the queue pair kept talking to a peer that broke the protocol")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, err := qp.inflight()
+	return err
+}
+
+// ringTail and ringHead are the producer's and the consumer's counters in
+// the ring's header (mempool's layout).
+func ringTail(mapping []byte) *uint64 {
+	return (*uint64)(unsafe.Pointer(&mapping[ringOffset+64]))
+}
+
+func ringHead(mapping []byte) *uint64 {
+	return (*uint64)(unsafe.Pointer(&mapping[ringOffset+128]))
+}
+
+// misalign sets both counters of the ring in mapping to 3 bytes short of
+// its end, as a hostile consumer could.
+func misalign(mapping []byte, capacity int) {
+	atomic.StoreUint64(ringHead(mapping), uint64(capacity-3))
+	atomic.StoreUint64(ringTail(mapping), uint64(capacity-3))
+}
+
+// TestControlRingHostilePeer plays a peer that abuses the ring or the
+// socket: the queue pair fails with a reason, and nothing panics.
+func TestControlRingHostilePeer(t *testing.T) {
+	defer leakcheck.Check(t)
+	for _, tc := range []struct {
+		name string
+		act  func(t *testing.T, a, b *end)
+		want string
+	}{
+		{"corrupt header", func(t *testing.T, a, b *end) {
+			atomic.StoreUint64(ringTail(b.qp.tx.mapping), 1<<40+5)
+			writeMessage(b.qp.conn, &message{typ: msgWake}, -1)
+		}, "ring corrupt"},
+		{"short record", func(t *testing.T, a, b *end) {
+			inject(t, b, make([]byte, 10))
+		}, "control record of 10 bytes"},
+		{"garbage record", func(t *testing.T, a, b *end) {
+			inject(t, b, make([]byte, messageSize))
+		}, "unknown control message type 0"},
+		{"hello in the ring", func(t *testing.T, a, b *end) {
+			inject(t, b, encoded(message{typ: msgHello}))
+		}, "unexpected message type"},
+		{"socket message instead of a wake-up", func(t *testing.T, a, b *end) {
+			writeMessage(b.qp.conn, &message{typ: msgAck, seq: 1}, -1)
+		}, "while waiting for a wake-up"},
+		{"fd of another record", func(t *testing.T, a, b *end) {
+			inject(t, b, encoded(message{typ: msgMapReply, flags: flagFD | flagFound, seq: 5}))
+			writeMessage(b.qp.conn, &message{typ: msgFD, seq: 6}, b.mem.FD)
+		}, "want the fd of record 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, closeAll := connected(t, 4096)
+			defer closeAll()
+			tc.act(t, a, b)
+			err := waitFailed(t, a.qp)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("failed with %v, want a reason naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestControlRingHostileConsumer: the consumer can write the producer's
+// counter (they share a page). A counter that would make mempool.Ring index
+// out of range is reported as corruption, not a panic, and fails the queue
+// pair.
+func TestControlRingHostileConsumer(t *testing.T) {
+	defer leakcheck.Check(t)
+	rx, err := newRingRx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.release()
+	tx, err := attachRingTx(rx.fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.release()
+	var rec [messageSize]byte
+	if err := tx.put(&rec); err != nil {
+		t.Fatal(err)
+	}
+	misalign(rx.mapping, rx.ring.Cap())
+	if err := tx.put(&rec); !errors.Is(err, mempool.ErrRingCorrupt) {
+		t.Fatalf("put over a misaligned counter: %v, want ErrRingCorrupt", err)
+	}
+
+	// End to end: a queue pair whose peer scribbles so fails.
+	a, b, closeAll := connected(t, 4096)
+	defer closeAll()
+	misalign(a.qp.rx.mapping, a.qp.rx.ring.Cap())
+	b.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: b.mr, Length: 64}})
+	a.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: a.mr, Length: 64}}) // a produces into b's ring: fine
+	b.qp.PostSend(verbs.SendRequest{ID: 3, Op: verbs.OpSend, Local: verbs.Local{Region: b.mr, Length: 64}}) // b produces into a's: corrupt
+	if err := waitFailed(t, b.qp); err == nil || !strings.Contains(err.Error(), "ring corrupt") {
+		t.Fatalf("the producer failed with %v, want ring corruption", err)
+	}
+	waitFailed(t, a.qp)
+}
+
+// TestAttachRingRefusesBadMemory: the peer's ring memfd must be sealed, big
+// enough and formatted.
+func TestAttachRingRefusesBadMemory(t *testing.T) {
+	for name, m := range map[string]verbs.Memory{
+		"unsealed":  memfdMemory(t, ringFileSize, 0),
+		"too small": sealedMemory(t, ringFileSize/2),
+		"garbage":   sealedMemory(t, ringFileSize),
+	} {
+		if tx, err := attachRingTx(m.FD); err == nil {
+			tx.release()
+			t.Errorf("%s: attached", name)
+		}
+	}
+	if _, err := attachRingTx(-1); err == nil {
+		t.Error("attached no fd")
+	}
+}
