@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -42,7 +43,8 @@ type Client struct {
 	cancelStream context.CancelFunc
 	streamDone   chan struct{}
 
-	releases chan uint64
+	releases chan release
+	nextRef  atomic.Uint64
 	wg       sync.WaitGroup
 
 	mu     sync.Mutex
@@ -76,7 +78,7 @@ func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...Option) (*Clien
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {
-	c := &Client{opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc), releases: make(chan uint64, 1024), streamDone: make(chan struct{})}
+	c := &Client{opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc), releases: make(chan release, 1024), streamDone: make(chan struct{})}
 	if o.pool != nil {
 		c.pool = o.pool
 	} else {
@@ -293,51 +295,74 @@ func (c *Client) check() error {
 	return nil
 }
 
+// release names server-side buffers the client no longer needs: a transfer
+// by id, or every transfer of a call by the call's client_ref.
+type release struct{ id, ref uint64 }
+
+// newRef names a call's transfers; see FetchRequest.client_ref.
+func (c *Client) newRef() uint64 { return c.nextRef.Add(1) }
+
 // releaseTransfer tells the server, in the background, that a transfer's
 // buffer is no longer needed.
 func (c *Client) releaseTransfer(id uint64) {
-	if id == 0 {
-		return
+	if id != 0 {
+		c.queueRelease(release{id: id})
 	}
+}
+
+// releaseRef tells the server, in the background, to drop whatever a
+// failed or cancelled call created.
+func (c *Client) releaseRef(ref uint64) { c.queueRelease(release{ref: ref}) }
+
+func (c *Client) queueRelease(r release) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return // the session's end releases it on the server
 	}
 	select {
-	case c.releases <- id:
+	case c.releases <- r:
 	default:
 		// The queue is full: release synchronously rather than drop it.
 		c.mu.Unlock()
-		c.sendReleases([]uint64{id})
+		c.sendReleases([]release{r})
 		c.mu.Lock()
 	}
 }
 
 func (c *Client) releaseLoop() {
 	defer c.wg.Done()
-	for id := range c.releases {
-		ids := []uint64{id}
+	for r := range c.releases {
+		batch := []release{r}
 	more:
 		for {
 			select {
-			case id, ok := <-c.releases:
+			case r, ok := <-c.releases:
 				if !ok {
 					break more
 				}
-				ids = append(ids, id)
+				batch = append(batch, r)
 			default:
 				break more
 			}
 		}
-		c.sendReleases(ids)
+		c.sendReleases(batch)
 	}
 }
 
-func (c *Client) sendReleases(ids []uint64) {
+func (c *Client) sendReleases(batch []release) {
+	req := &pb.ReleaseRequest{SessionId: c.sessionID}
+	for _, r := range batch {
+		if r.id != 0 {
+			req.TransferIds = append(req.TransferIds, r.id)
+		}
+		if r.ref != 0 {
+			req.ClientRefs = append(req.ClientRefs, r.ref)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.connectTimeout)
 	defer cancel()
-	if _, err := c.api.Release(ctx, &pb.ReleaseRequest{SessionId: c.sessionID, TransferIds: ids}); err != nil {
+	if _, err := c.api.Release(ctx, req); err != nil {
 		c.log.Debug("tensorrpc: release failed; the session's end frees the buffers", "err", err)
 	}
 }

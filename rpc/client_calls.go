@@ -38,8 +38,10 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	if c.link == nil {
 		return c.fetchStream(ctx, key)
 	}
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, Lease: fo.lease})
+	ref := c.newRef()
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, Lease: fo.lease, ClientRef: ref})
 	if err != nil {
+		c.releaseRef(ref) // the server may have made a transfer we never heard of
 		return nil, err
 	}
 	t, err := c.receive(ctx, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
@@ -187,9 +189,11 @@ func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (ui
 // data plane no longer reads local: after the write completes or fails,
 // also when ctx ends while the write is under way.
 func (c *Client) writeRendezvous(ctx context.Context, meta *pb.TensorMeta, local verbs.Local, release func(), hold bool) (uint64, error) {
-	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold})
+	ref := c.newRef()
+	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold, ClientRef: ref})
 	if err != nil {
 		release()
+		c.releaseRef(ref) // the server may have allocated a destination we never heard of
 		return 0, err
 	}
 	dst := resp.Destination
@@ -255,9 +259,11 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
+	creq.ClientRef = c.newRef()
 	resp, err := c.api.Call(ctx, creq)
 	if err != nil {
 		c.releaseHeld(held)
+		c.releaseRef(creq.ClientRef) // reply transfers we never heard of
 		return nil, err
 	}
 	return c.receiveReply(ctx, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)

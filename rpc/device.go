@@ -135,8 +135,10 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 // memory. It fails with Unimplemented when the device memory cannot be
 // registered, so the caller can stage instead.
 func (c *Client) fetchDirect(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key})
+	ref := c.newRef()
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, ClientRef: ref})
 	if err != nil {
+		c.releaseRef(ref)
 		return 0, nil, err
 	}
 	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {

@@ -118,16 +118,11 @@ func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 // The Server keeps its own reference to t's memory (or a copy, for a
 // wrapped tensor), so the caller may Release t after Publish returns.
 //
-// Publishing a wrapped tensor copies it into the pool; when the pool is
-// full, Publish fails with ResourceExhausted rather than wait.
+// Publishing a wrapped tensor copies it into the pool, waiting for pool
+// memory when the pool is full; tensors from NewTensor need neither.
 func (s *Server) Publish(key string, t *Tensor) error {
 	var c counters
-	noWait, cancel := context.WithCancel(context.Background())
-	cancel() // the pool waits only on a live context
-	buf, err := poolBuffer(noWait, s.pool, t, &c)
-	if status.Code(err) == codes.Canceled {
-		err = status.Errorf(codes.ResourceExhausted, "tensorrpc: publishing %q: the pool is full", key)
-	}
+	buf, err := poolBuffer(context.Background(), s.pool, t, &c)
 	if err != nil {
 		return err
 	}

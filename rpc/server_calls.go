@@ -22,7 +22,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 		return nil, rendezvousError(err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss, req.Key, e.tensor, e.buf)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf)
 	if err != nil {
 		return nil, err
 	}
@@ -32,7 +32,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 // offer hands a tensor to a client: inline when it is small (or when the
 // session has no data plane), else as a transfer the client reads. It takes
 // over buf's reference.
-func (s *Server) offer(ss *serverSession, key string, t zerocopy.Tensor, buf *mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
+func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
 	meta := metaOf(key, t)
 	n := len(t.Bytes())
 	if n <= s.opts.eagerThreshold || ss == nil || ss.link == nil {
@@ -58,7 +58,7 @@ func (s *Server) offer(ss *serverSession, key string, t zerocopy.Tensor, buf *me
 		return nil, nil, 0, status.Error(codes.Internal, err.Error())
 	}
 	tr := &transfer{buf: buf}
-	if err := ss.add(tr); err != nil {
+	if err := ss.add(ctx, tr, ref); err != nil {
 		buf.Release()
 		return nil, nil, 0, err
 	}
@@ -115,7 +115,7 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{})}
-	if err := ss.add(tr); err != nil {
+	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
 		buf.Release()
 		return nil, err
 	}
@@ -145,7 +145,7 @@ func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.S
 	if req.Hold {
 		tr := &transfer{buf: buf, meta: req.Meta, hold: true, done: make(chan struct{})}
 		close(tr.done)
-		if err := ss.add(tr); err != nil {
+		if err := ss.add(ctx, tr, req.ClientRef); err != nil {
 			buf.Release()
 			return nil, err
 		}
@@ -183,6 +183,11 @@ func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 	}
 	for _, id := range req.TransferIds {
 		if t := ss.remove(id); t != nil {
+			t.buf.Release()
+		}
+	}
+	for _, ref := range req.ClientRefs {
+		for _, t := range ss.releaseRef(ref) {
 			t.buf.Release()
 		}
 	}
@@ -231,7 +236,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		}
 		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-		meta, inline, id, err := s.offer(ss, "", zt, buf)
+		meta, inline, id, err := s.offer(ctx, ss, req.ClientRef, "", zt, buf)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, err

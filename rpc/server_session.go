@@ -28,9 +28,17 @@ type serverSession struct {
 	mu        sync.Mutex
 	transfers map[uint64]*transfer
 	byImm     map[uint32]*transfer
+	byRef     map[uint64][]uint64 // client_ref → transfer ids
+	released  map[uint64]bool     // client_refs released before (or after) their call
+	order     []uint64            // released refs, oldest first, to bound the set
 	next      uint64
 	closed    bool
 }
+
+// maxReleasedRefs bounds how many released client_refs a session
+// remembers; a release that overtakes its call by more than this many
+// releases is missed, and the session's end frees the transfer.
+const maxReleasedRefs = 4096
 
 // transfer is a buffer the server holds for a client: a tensor the client
 // reads (fetch, call reply) until it releases it, or a destination the
@@ -38,6 +46,7 @@ type serverSession struct {
 type transfer struct {
 	id   uint64
 	imm  uint32
+	ref  uint64 // the client's name for the call that made it, or 0
 	buf  *mempool.Buffer
 	meta *pb.TensorMeta // for destinations
 	hold bool           // a destination for a Call, not the rendezvous
@@ -45,18 +54,31 @@ type transfer struct {
 	dest bool
 }
 
-func (ss *serverSession) add(t *transfer) error {
+// add registers a transfer made by the call the client named ref. It fails
+// when the session has ended or the client has already released ref (the
+// call was cancelled); the caller then still owns t.buf.
+func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
 		return status.Error(codes.Unavailable, "tensorrpc: session ended")
 	}
+	if ss.released[ref] {
+		return status.Error(codes.Canceled, "tensorrpc: the client released the call")
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
 	ss.next++
 	t.id = ss.next
 	t.imm = uint32(t.id)
+	t.ref = ref
 	ss.transfers[t.id] = t
 	if t.dest {
 		ss.byImm[t.imm] = t
+	}
+	if ref != 0 {
+		ss.byRef[ref] = append(ss.byRef[ref], t.id)
 	}
 	return nil
 }
@@ -65,6 +87,10 @@ func (ss *serverSession) add(t *transfer) error {
 func (ss *serverSession) remove(id uint64) *transfer {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	return ss.removeLocked(id)
+}
+
+func (ss *serverSession) removeLocked(id uint64) *transfer {
 	t, ok := ss.transfers[id]
 	if !ok {
 		return nil
@@ -73,7 +99,43 @@ func (ss *serverSession) remove(id uint64) *transfer {
 	if t.dest {
 		delete(ss.byImm, t.imm)
 	}
+	if t.ref != 0 {
+		ids := ss.byRef[t.ref]
+		for i, x := range ids {
+			if x == id {
+				ids = append(ids[:i], ids[i+1:]...)
+				break
+			}
+		}
+		if len(ids) == 0 {
+			delete(ss.byRef, t.ref)
+		} else {
+			ss.byRef[t.ref] = ids
+		}
+	}
 	return t
+}
+
+// releaseRef removes every transfer of the call named ref, and remembers
+// ref so that transfers the call adds later are refused.
+func (ss *serverSession) releaseRef(ref uint64) []*transfer {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var out []*transfer
+	for _, id := range append([]uint64(nil), ss.byRef[ref]...) {
+		if t := ss.removeLocked(id); t != nil {
+			out = append(out, t)
+		}
+	}
+	if !ss.released[ref] {
+		ss.released[ref] = true
+		ss.order = append(ss.order, ref)
+		if len(ss.order) > maxReleasedRefs {
+			delete(ss.released, ss.order[0])
+			ss.order = ss.order[1:]
+		}
+	}
+	return out
 }
 
 // Session implements the Session method: negotiation, then the session's
@@ -99,7 +161,10 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	if hs.ProtocolVersion != ProtocolVersion {
 		return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d", hs.ProtocolVersion, ProtocolVersion)
 	}
-	ss := &serverSession{id: newSessionID(), client: hs.ClientName, transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}}
+	ss := &serverSession{
+		id: newSessionID(), client: hs.ClientName,
+		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
+	}
 
 	// Sort the offers the server can use by priority; reject the rest.
 	var candidates []*pb.TransportOffer
@@ -130,11 +195,38 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		return err
 	}
 
+	// open registers the session once its data plane is settled and before
+	// the client hears so: the client may call as soon as it does.
+	open := func(l *link, transport string) error {
+		ss.link, ss.transport = l, transport
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.stopping {
+			return status.Error(codes.Unavailable, "tensorrpc: server stopping")
+		}
+		s.sessions[ss.id] = ss
+		return nil
+	}
+	unregister := func() {
+		s.mu.Lock()
+		delete(s.sessions, ss.id)
+		s.mu.Unlock()
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			unregister()
+			s.closeSession(ss)
+		}
+	}()
 	for _, offer := range candidates {
-		l, err := s.tryConnect(ctx, stream, ss, offer)
+		_, err := s.tryConnect(ctx, stream, ss, offer, open)
 		if err == nil {
-			ss.link, ss.transport = l, transportName(offer.Transport)
+			opened = true
 			break
+		}
+		if ss.link != nil {
+			return err // opened, but the client did not hear of it
 		}
 		if ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
@@ -152,20 +244,14 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 			}
 			return status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the server's grpc fallback is disabled: %s", strings.Join(reasons, "; "))
 		}
-		ss.transport = TransportGRPC
+		if err := open(nil, TransportGRPC); err != nil {
+			return err
+		}
 		if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{Transport: pb.Transport_TRANSPORT_GRPC}}}); err != nil {
 			return err
 		}
+		opened = true
 	}
-
-	s.mu.Lock()
-	if s.stopping {
-		s.mu.Unlock()
-		s.closeSession(ss)
-		return status.Error(codes.Unavailable, "tensorrpc: server stopping")
-	}
-	s.sessions[ss.id] = ss
-	s.mu.Unlock()
 	s.log.Info("tensorrpc: session open", "session", ss.id, "client", ss.client, "transport", ss.transport)
 
 	// The session lives until the client ends the stream (or dies), the
@@ -204,7 +290,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 // tryConnect offers one data plane to the client and connects it. Both
 // sides report their outcome; the data plane is used only when both
 // connected.
-func (s *Server) tryConnect(ctx context.Context, stream pb.TensorRPC_SessionServer, ss *serverSession, offer *pb.TransportOffer) (*link, error) {
+func (s *Server) tryConnect(ctx context.Context, stream pb.TensorRPC_SessionServer, ss *serverSession, offer *pb.TransportOffer, open func(*link, string) error) (*link, error) {
 	dev := s.devices[transportName(offer.Transport)]
 	l, err := newLink(ctx, dev, s.pool)
 	if err != nil {
@@ -229,14 +315,6 @@ func (s *Server) tryConnect(ctx context.Context, stream pb.TensorRPC_SessionServ
 	}
 	theirs := msg.GetConnectResult()
 	myErr := <-mine
-	result := &pb.ConnectResult{Transport: offer.Transport, Ok: myErr == nil}
-	if myErr != nil {
-		result.Error = myErr.Error()
-	}
-	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: result}}); err != nil {
-		l.close(err)
-		return nil, err
-	}
 	switch {
 	case theirs == nil || theirs.Transport != offer.Transport:
 		err = status.Error(codes.InvalidArgument, "tensorrpc: expected the client's connect result")
@@ -244,9 +322,25 @@ func (s *Server) tryConnect(ctx context.Context, stream pb.TensorRPC_SessionServ
 		err = fmt.Errorf("client: %s", theirs.Error)
 	case myErr != nil:
 		err = myErr
+	default:
+		err = open(l, transportName(offer.Transport)) // before the client hears
+	}
+	result := &pb.ConnectResult{Transport: offer.Transport, Ok: myErr == nil && err == nil}
+	if myErr != nil {
+		result.Error = myErr.Error()
+	} else if err != nil && theirs != nil && theirs.Ok {
+		result.Error = err.Error()
 	}
 	if err != nil {
 		l.close(err)
+	}
+	if serr := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: result}}); serr != nil {
+		if err == nil {
+			err = serr // the session is open; the handler's cleanup closes it
+		}
+		return nil, err
+	}
+	if err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -263,7 +357,7 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	if ok {
 		delete(ss.byImm, c.Imm)
 		if !t.hold {
-			delete(ss.transfers, t.id)
+			ss.removeLocked(t.id)
 		}
 	}
 	ss.mu.Unlock()

@@ -861,7 +861,11 @@ type FetchRequest struct {
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Key       string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Ask for a shared-memory lease (zero copy on one host) instead of a copy.
-	Lease         bool `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease bool `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// A number the client picks to name the transfers this call creates, so
+	// that it can release them (ReleaseRequest.client_refs) even when the
+	// call fails or is cancelled before the client learns their ids.
+	ClientRef     uint64 `protobuf:"varint,4,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -915,6 +919,13 @@ func (x *FetchRequest) GetLease() bool {
 		return x.Lease
 	}
 	return false
+}
+
+func (x *FetchRequest) GetClientRef() uint64 {
+	if x != nil {
+		return x.ClientRef
+	}
+	return 0
 }
 
 type FetchResponse struct {
@@ -985,7 +996,9 @@ type SendRequest struct {
 	InlineData []byte                 `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	// Hold the tensor for a following Call (named by transfer_id in the
 	// CallRequest) instead of publishing it under meta.key.
-	Hold          bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
+	Hold bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
+	// As in FetchRequest.
+	ClientRef     uint64 `protobuf:"varint,5,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1046,6 +1059,13 @@ func (x *SendRequest) GetHold() bool {
 		return x.Hold
 	}
 	return false
+}
+
+func (x *SendRequest) GetClientRef() uint64 {
+	if x != nil {
+		return x.ClientRef
+	}
+	return 0
 }
 
 type SendResponse struct {
@@ -1111,12 +1131,14 @@ func (x *SendResponse) GetTransferId() uint64 {
 }
 
 type CallRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Method        string                 `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
-	Metadata      []byte                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors       []*TensorMeta          `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	InlineData    [][]byte               `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Method     string                 `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	Metadata   []byte                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors    []*TensorMeta          `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	InlineData [][]byte               `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	// As in FetchRequest: names the reply's transfers.
+	ClientRef     uint64 `protobuf:"varint,6,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1184,6 +1206,13 @@ func (x *CallRequest) GetInlineData() [][]byte {
 		return x.InlineData
 	}
 	return nil
+}
+
+func (x *CallRequest) GetClientRef() uint64 {
+	if x != nil {
+		return x.ClientRef
+	}
+	return 0
 }
 
 type CallResponse struct {
@@ -1255,9 +1284,12 @@ func (x *CallResponse) GetTransferIds() []uint64 {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	TransferIds   []uint64               `protobuf:"varint,2,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TransferIds []uint64               `protobuf:"varint,2,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	// Releases every transfer a call with this client_ref created, now or
+	// later (a release may overtake the call it names).
+	ClientRefs    []uint64 `protobuf:"varint,3,rep,packed,name=client_refs,json=clientRefs,proto3" json:"client_refs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1302,6 +1334,13 @@ func (x *ReleaseRequest) GetSessionId() string {
 func (x *ReleaseRequest) GetTransferIds() []uint64 {
 	if x != nil {
 		return x.TransferIds
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetClientRefs() []uint64 {
+	if x != nil {
+		return x.ClientRefs
 	}
 	return nil
 }
@@ -1515,30 +1554,34 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"U\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"t\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05lease\x18\x03 \x01(\bR\x05lease\"\x7f\n" +
+	"\x05lease\x18\x03 \x01(\bR\x05lease\x12\x1d\n" +
+	"\n" +
+	"client_ref\x18\x04 \x01(\x04R\tclientRef\"\x7f\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"\x8f\x01\n" +
+	"transferId\"\xae\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x01(\fR\n" +
 	"inlineData\x12\x12\n" +
-	"\x04hold\x18\x04 \x01(\bR\x04hold\"\x87\x01\n" +
+	"\x04hold\x18\x04 \x01(\bR\x04hold\x12\x1d\n" +
+	"\n" +
+	"client_ref\x18\x05 \x01(\x04R\tclientRef\"\x87\x01\n" +
 	"\fSendResponse\x128\n" +
 	"\vdestination\x18\x01 \x01(\v2\x16.tensorrpc.v1.LocationR\vdestination\x12\x1c\n" +
 	"\timmediate\x18\x02 \x01(\rR\timmediate\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"\xb5\x01\n" +
+	"transferId\"\xd4\x01\n" +
 	"\vCallRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
@@ -1546,17 +1589,21 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x04 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x1f\n" +
 	"\vinline_data\x18\x05 \x03(\fR\n" +
-	"inlineData\"\xa2\x01\n" +
+	"inlineData\x12\x1d\n" +
+	"\n" +
+	"client_ref\x18\x06 \x01(\x04R\tclientRef\"\xa2\x01\n" +
 	"\fCallResponse\x12\x1a\n" +
 	"\bmetadata\x18\x01 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x02 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x03(\fR\n" +
 	"inlineData\x12!\n" +
-	"\ftransfer_ids\x18\x04 \x03(\x04R\vtransferIds\"R\n" +
+	"\ftransfer_ids\x18\x04 \x03(\x04R\vtransferIds\"s\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
-	"\ftransfer_ids\x18\x02 \x03(\x04R\vtransferIds\"\x11\n" +
+	"\ftransfer_ids\x18\x02 \x03(\x04R\vtransferIds\x12\x1f\n" +
+	"\vclient_refs\x18\x03 \x03(\x04R\n" +
+	"clientRefs\"\x11\n" +
 	"\x0fReleaseResponse\"u\n" +
 	"\vChunkHeader\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1a\n" +
