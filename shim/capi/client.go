@@ -1,0 +1,288 @@
+package main
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "tensorrpc.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc"
+)
+
+// clientEntry is a Client the C side opened.
+type clientEntry struct {
+	c *rpc.Client
+}
+
+func getClient(h C.trpc_client) (*clientEntry, error) {
+	c, ok := clients.get(uint64(h))
+	if !ok {
+		return nil, errorf(codes.FailedPrecondition, "client handle %d is closed or unknown", uint64(h))
+	}
+	return c, nil
+}
+
+// trpc_client_dial opens a session with the server at target ("host:port"),
+// waiting up to timeout_ms (forever when negative) for it.
+//
+//export trpc_client_dial
+func trpc_client_dial(target *C.char, opts *C.trpc_options, timeoutMs C.int64_t, out *C.trpc_client, errOut **C.char) C.int {
+	if target == nil || out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL target or out"))
+	}
+	ropts, err := rpcOptions(opts)
+	if err != nil {
+		return report(errOut, err)
+	}
+	ctx, cancel := callContext(timeoutMs)
+	defer cancel()
+	c, err := rpc.Dial(ctx, C.GoString(target), ropts...)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if err := awaitSession(ctx, c); err != nil {
+		c.Close()
+		return report(errOut, err)
+	}
+	*out = C.trpc_client(clients.add(&clientEntry{c: c}))
+	return 0
+}
+
+// probeMethod is a method no server registers.
+const probeMethod = "\x00tensorrpc-shim/probe"
+
+// awaitSession works around a race in rpc: the server registers a session
+// only after it has sent the client the last negotiation message, so a call
+// made right after Dial returns can reach the server first and fail with
+// NotFound ("unknown or ended session"). A call of a method no server has
+// checks the session first: NotFound means "not registered yet", anything
+// else (Unimplemented) that it is.
+func awaitSession(ctx context.Context, c *rpc.Client) error {
+	if c.Transport() == rpc.TransportGRPC {
+		return nil // fallback calls do not use the session
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		_, err := c.Call(ctx, probeMethod, nil)
+		if status.Code(err) != codes.NotFound {
+			if code := status.Code(err); code == codes.Unimplemented || code == codes.OK {
+				return nil
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// trpc_client_close ends the session. Tensors received stay valid until
+// deleted; *outstanding (if not NULL) is how many pool buffers are still
+// live.
+//
+//export trpc_client_close
+func trpc_client_close(h C.trpc_client, outstanding *C.int64_t, errOut **C.char) C.int {
+	c, ok := clients.remove(uint64(h))
+	if !ok {
+		return report(errOut, errorf(codes.FailedPrecondition, "client handle %d is closed or unknown", uint64(h)))
+	}
+	err := c.c.Close()
+	if errors.Is(err, mempool.ErrOutstanding) {
+		err = nil
+	}
+	if outstanding != nil {
+		*outstanding = C.int64_t(c.c.Pool().Stats().Allocs)
+	}
+	return report(errOut, err)
+}
+
+// trpc_client_transport stores the session's data plane ("shm", "tcp",
+// "ibv" or "grpc") in *out, malloc'd.
+//
+//export trpc_client_transport
+func trpc_client_transport(h C.trpc_client, out **C.char, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL out"))
+	}
+	*out = C.CString(c.c.Transport())
+	return 0
+}
+
+// fetchLease, flag 1 of trpc_client_fetch, asks for a shared-memory lease
+// of the server's memory (no copy; must not be written) when the session
+// uses shm.
+const fetchLease = 1
+
+// trpc_client_fetch fetches the tensor published under key, waiting up to
+// timeout_ms (forever when negative). flags: 1 = lease.
+//
+//export trpc_client_fetch
+func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if key == nil || out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
+	}
+	ctx, cancel := callContext(timeoutMs)
+	defer cancel()
+	var opts []rpc.FetchOption
+	if flags&fetchLease != 0 {
+		opts = append(opts, rpc.Lease())
+	}
+	t, err := c.c.Fetch(ctx, C.GoString(key), opts...)
+	if err != nil {
+		return report(errOut, err)
+	}
+	m, err := export(t, nil)
+	if err != nil {
+		return report(errOut, err)
+	}
+	*out = m
+	return 0
+}
+
+// trpc_client_send puts the caller's tensor into the server's rendezvous
+// under key. The library reads the tensor's memory only until it returns.
+//
+//export trpc_client_send
+func trpc_client_send(h C.trpc_client, key *C.char, dl *C.DLTensor, timeoutMs C.int64_t, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if key == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL key"))
+	}
+	t, done, err := input(dl)
+	if err != nil {
+		return report(errOut, err)
+	}
+	defer done()
+	ctx, cancel := callContext(timeoutMs)
+	defer cancel()
+	return report(errOut, c.c.Send(ctx, C.GoString(key), t))
+}
+
+// trpc_client_call calls method with metadata[0:metadata_len] and the n
+// tensors of the array tensors. On success the reply's metadata is stored
+// in *reply_metadata (malloc'd, NULL when empty) and *reply_metadata_len,
+// and its tensors in *reply_tensors (a malloc'd array of *n_reply
+// DLManagedTensor pointers, NULL when empty). Free the arrays with
+// trpc_free and each tensor with its deleter.
+//
+//export trpc_client_call
+func trpc_client_call(h C.trpc_client, method *C.char, metadata *C.uint8_t, metadataLen C.int64_t,
+	tensors *C.DLTensor, n C.int64_t, timeoutMs C.int64_t,
+	replyMetadata **C.uint8_t, replyMetadataLen *C.int64_t, replyTensors ***C.DLManagedTensor, nReply *C.int64_t,
+	errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if method == nil || replyMetadata == nil || replyMetadataLen == nil || replyTensors == nil || nReply == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL method or reply pointer"))
+	}
+	if metadataLen < 0 || (metadataLen > 0 && metadata == nil) {
+		return report(errOut, errorf(codes.InvalidArgument, "bad metadata (%d bytes)", int64(metadataLen)))
+	}
+	ts, done, err := inputs(tensors, n)
+	if err != nil {
+		return report(errOut, err)
+	}
+	defer done()
+	req := &rpc.Message{Tensors: ts}
+	if metadataLen > 0 {
+		req.Metadata = C.GoBytes(unsafe.Pointer(metadata), C.int(metadataLen))
+	}
+	ctx, cancel := callContext(timeoutMs)
+	defer cancel()
+	reply, err := c.c.Call(ctx, C.GoString(method), req)
+	if err != nil {
+		return report(errOut, err)
+	}
+	arr, err := exportAll(reply.Tensors, nil)
+	if err != nil {
+		return report(errOut, err)
+	}
+	*replyMetadata, *replyMetadataLen = nil, 0
+	if len(reply.Metadata) > 0 {
+		*replyMetadata = (*C.uint8_t)(C.CBytes(reply.Metadata))
+		*replyMetadataLen = C.int64_t(len(reply.Metadata))
+	}
+	*replyTensors, *nReply = arr, C.int64_t(len(reply.Tensors))
+	return 0
+}
+
+// trpc_client_empty allocates an uninitialised tensor in the client's
+// pool. Sending it costs no copy.
+//
+//export trpc_client_empty
+func trpc_client_empty(h C.trpc_client, dtype C.DLDataType, ndim C.int32_t, shape *C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL out"))
+	}
+	t, err := emptyTensor(dtype, ndim, shape, c.c.NewTensor)
+	if err != nil {
+		return report(errOut, err)
+	}
+	m, err := export(t, nil)
+	if err != nil {
+		return report(errOut, err)
+	}
+	*out = m
+	return 0
+}
+
+// trpc_client_pool_stats stores the client pool's statistics in *out.
+//
+//export trpc_client_pool_stats
+func trpc_client_pool_stats(h C.trpc_client, out *C.trpc_pool_stats, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL out"))
+	}
+	fillPoolStats(out, c.c.Pool().Stats())
+	return 0
+}
+
+// trpc_client_stats stores the session's transfer statistics in *out.
+//
+//export trpc_client_stats
+func trpc_client_stats(h C.trpc_client, out *C.trpc_stats, errOut **C.char) C.int {
+	c, err := getClient(h)
+	if err != nil {
+		return report(errOut, err)
+	}
+	if out == nil {
+		return report(errOut, errorf(codes.InvalidArgument, "NULL out"))
+	}
+	fillStats(out, c.c.Stats())
+	return 0
+}

@@ -1,0 +1,122 @@
+package main
+
+/*
+#include "tensorrpc.h"
+*/
+import "C"
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+var transportNames = []string{rpc.TransportIBV, rpc.TransportSHM, rpc.TransportTCP, rpc.TransportGRPC}
+
+// logOption sends tensorrpc's logs to stderr when $TENSORRPC_LOG is
+// "debug", "info" or "warn" (default: no logs).
+func logOption() []rpc.Option {
+	var level slog.Level
+	switch os.Getenv("TENSORRPC_LOG") {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "warn":
+		level = slog.LevelWarn
+	default:
+		return nil
+	}
+	return []rpc.Option{rpc.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))}
+}
+
+// rpcOptions translates o (which may be NULL) into rpc options.
+func rpcOptions(o *C.trpc_options) ([]rpc.Option, error) {
+	opts := logOption()
+	if o == nil {
+		return opts, nil
+	}
+	if o.transports != nil {
+		var names []string
+		for _, n := range strings.Split(C.GoString(o.transports), ",") {
+			n = strings.TrimSpace(n)
+			if n == "" {
+				continue
+			}
+			if !slices.Contains(transportNames, n) {
+				return nil, errorf(codes.InvalidArgument, "unknown transport %q (known: %s)", n, strings.Join(transportNames, ", "))
+			}
+			names = append(names, n)
+		}
+		if len(names) == 0 {
+			return nil, errorf(codes.InvalidArgument, "no transport named in %q", C.GoString(o.transports))
+		}
+		opts = append(opts, rpc.WithTransports(names...))
+	}
+	if o.eager_threshold < 0 || o.pool_limit < 0 || o.max_tensor_bytes < 0 || o.connect_timeout_ms < 0 {
+		return nil, errorf(codes.InvalidArgument, "negative option")
+	}
+	if o.eager_threshold > 0 {
+		opts = append(opts, rpc.WithEagerThreshold(int(o.eager_threshold)))
+	}
+	if o.pool_limit > 0 {
+		opts = append(opts, rpc.WithPoolOptions(mempool.WithLimit(int64(o.pool_limit))))
+	}
+	if o.max_tensor_bytes > 0 {
+		opts = append(opts, rpc.WithMaxTensorBytes(int64(o.max_tensor_bytes)))
+	}
+	if o.connect_timeout_ms > 0 {
+		opts = append(opts, rpc.WithConnectTimeout(time.Duration(o.connect_timeout_ms)*time.Millisecond))
+	}
+	return opts, nil
+}
+
+// callContext is the context of one call: timeoutMs milliseconds, or no
+// deadline when it is negative.
+func callContext(timeoutMs C.int64_t) (context.Context, context.CancelFunc) {
+	if timeoutMs < 0 {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
+}
+
+func fillPoolStats(out *C.trpc_pool_stats, s mempool.Stats) {
+	*out = C.trpc_pool_stats{
+		in_use: C.int64_t(s.InUse), requested: C.int64_t(s.Requested), peak: C.int64_t(s.Peak),
+		reserved: C.int64_t(s.Reserved), allocs: C.int64_t(s.Allocs), total_allocs: C.int64_t(s.TotalAllocs),
+		arenas: C.int64_t(s.Arenas), waiting: C.int64_t(s.Waiting),
+	}
+}
+
+func fillStats(out *C.trpc_stats, s rpc.Stats) {
+	*out = C.trpc_stats{
+		transfers: C.int64_t(s.Transfers), data_plane_bytes: C.int64_t(s.DataPlaneBytes),
+		inline_bytes: C.int64_t(s.InlineBytes), stream_bytes: C.int64_t(s.StreamBytes),
+		copies: C.int64_t(s.Copies), copied_bytes: C.int64_t(s.CopiedBytes),
+		leases: C.int64_t(s.Leases), errors: C.int64_t(s.Errors),
+	}
+}
+
+// shapeOf reads an ndim-long shape array.
+func shapeOf(ndim C.int32_t, shape *C.int64_t) ([]int64, error) {
+	if ndim < 0 || int(ndim) > zerocopy.MaxRank || (ndim > 0 && shape == nil) {
+		return nil, errorf(codes.InvalidArgument, "bad shape (%d dimensions)", int(ndim))
+	}
+	out := make([]int64, int(ndim))
+	if ndim > 0 {
+		for i, d := range unsafe.Slice(shape, int(ndim)) {
+			out[i] = int64(d)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,109 @@
+/*
+ * tensorrpc.h: the types of tensorrpc's C ABI.
+ *
+ * libtensorrpc.h, which `go build -buildmode=c-shared` writes next to
+ * libtensorrpc.so, declares the functions and includes this file. See
+ * shim/README.md for the functions, their arguments and the ownership rules.
+ *
+ * Every function returns 0 (OK) or a gRPC status code and, when its last
+ * argument `char **err` is not NULL, stores a malloc'd message there on
+ * failure; free it with trpc_free.
+ */
+#ifndef TENSORRPC_H
+#define TENSORRPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The DLPack types (dlpack.h, v0.x layout). A program that includes
+ * dlpack.h before this file uses dlpack.h's definitions, which have the
+ * same layout. */
+#ifndef DLPACK_VERSION
+typedef struct {
+  int32_t device_type; /* 1 = kDLCPU, the only device tensorrpc accepts */
+  int32_t device_id;
+} DLDevice;
+
+typedef struct {
+  uint8_t code; /* 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool */
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+  void *data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape;
+  int64_t *strides; /* NULL means compact row-major */
+  uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+#endif
+
+/* Handles name servers, clients and handler replies. 0 is never a valid
+ * handle. */
+typedef uint64_t trpc_server;
+typedef uint64_t trpc_client;
+typedef uint64_t trpc_reply;
+
+/* trpc_options configures trpc_server_new and trpc_client_dial. A NULL
+ * pointer, a NULL string and a zero number each mean the default. */
+typedef struct {
+  const char *transports;     /* comma-separated, e.g. "shm,tcp,grpc" */
+  int64_t eager_threshold;    /* bytes; server side decides */
+  int64_t pool_limit;         /* bytes the pool may reserve */
+  int64_t max_tensor_bytes;   /* largest tensor a peer may make us allocate */
+  int64_t connect_timeout_ms; /* per data plane */
+} trpc_options;
+
+/* trpc_pool_stats mirrors mempool.Stats. */
+typedef struct {
+  int64_t in_use, requested, peak, reserved;
+  int64_t allocs, total_allocs, arenas, waiting;
+} trpc_pool_stats;
+
+/* trpc_stats mirrors rpc.Stats. */
+typedef struct {
+  int64_t transfers, data_plane_bytes, inline_bytes, stream_bytes;
+  int64_t copies, copied_bytes, leases, errors;
+} trpc_stats;
+
+/* trpc_handler_fn serves a method registered with trpc_server_handle. It
+ * runs on a tensorrpc thread, possibly several at once. The request tensors
+ * are the callee's: it calls each one's deleter when done with it (they stay
+ * valid until then, also after the handler returns). It builds its reply
+ * with trpc_reply_set_metadata and trpc_reply_add_tensor on `reply`, which
+ * is valid only until it returns, and returns 0, or a status code after
+ * trpc_reply_set_error. */
+typedef int (*trpc_handler_fn)(void *user_data, trpc_reply reply,
+                               const char *method, const uint8_t *metadata,
+                               int64_t metadata_len, DLManagedTensor **tensors,
+                               int64_t n_tensors);
+
+/* Implemented in C (dlpack.c). */
+DLManagedTensor *trpc_managed_alloc(int32_t ndim, uint64_t handle);
+void trpc_managed_deleter(DLManagedTensor *self);
+int trpc_invoke_handler(trpc_handler_fn fn, void *user_data, trpc_reply reply,
+                        const char *method, const uint8_t *metadata,
+                        int64_t metadata_len, DLManagedTensor **tensors,
+                        int64_t n_tensors);
+void trpc_set_capsule_api(void *is_valid, void *get_pointer);
+void trpc_dlpack_capsule_destructor(void *capsule);
+const char *trpc_dltensor_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORRPC_H */

@@ -1,0 +1,26 @@
+"""tensorrpc for Python: move NumPy arrays and PyTorch tensors between
+processes through tensorrpc, without copying them in Python.
+
+    import tensorrpc
+    with tensorrpc.Server() as srv:               # listens on 127.0.0.1:<free port>
+        srv.publish("weights", w)                 # a NumPy array or torch tensor
+        with tensorrpc.Client(srv.address) as c:
+            x = c.fetch("weights")                # zero-copy view of pool memory
+            c.send("grad", g)
+            meta, outs = c.call("scale", b"2", [x])
+
+The package is a ctypes binding of libtensorrpc.so (shim/capi); see
+shim/README.md.
+"""
+
+from ._core import Client, Server, live_tensors
+from ._lib import library_path
+from ._tensors import DTYPES, Tensor
+from .errors import (CODES, DeadlineExceededError, Error, FailedPreconditionError, InvalidArgumentError,
+                     NotFoundError, ResourceExhaustedError, UnavailableError, UnimplementedError)
+
+__all__ = [
+    "Server", "Client", "Tensor", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
+    "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError", "UnavailableError",
+    "CODES", "DTYPES", "live_tensors", "library_path",
+]

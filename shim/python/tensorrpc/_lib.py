@@ -1,0 +1,167 @@
+"""Loading libtensorrpc.so and declaring its C ABI with ctypes.
+
+The library is looked up in $TENSORRPC_LIB, then next to this file. ctypes
+releases the GIL around every call into it (CDLL), so Go may call back into
+Python (method handlers) while a Python thread waits in the library.
+"""
+
+import ctypes
+import os
+
+ABI_VERSION = 1
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))),
+]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("transports", ctypes.c_char_p),
+        ("eager_threshold", ctypes.c_int64),
+        ("pool_limit", ctypes.c_int64),
+        ("max_tensor_bytes", ctypes.c_int64),
+        ("connect_timeout_ms", ctypes.c_int64),
+    ]
+
+
+class PoolStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "in_use", "requested", "peak", "reserved", "allocs", "total_allocs", "arenas", "waiting")]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "transfers", "data_plane_bytes", "inline_bytes", "stream_bytes",
+        "copies", "copied_bytes", "leases", "errors")]
+
+
+# trpc_handler_fn; the request tensors arrive as a DLManagedTensor** array.
+HANDLER = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p,
+    ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64)
+
+_c = ctypes
+_u64 = _c.c_uint64
+_err = _c.POINTER(_c.c_void_p)  # char** err, read as a pointer to free
+_mt_out = _c.POINTER(_c.c_void_p)  # DLManagedTensor** out
+
+_PROTOTYPES = {
+    "trpc_abi_version": (_c.c_int, []),
+    "trpc_free": (None, [_c.c_void_p]),
+    "trpc_live_tensors": (_c.c_int64, []),
+    "trpc_dlpack_share": (_c.c_void_p, [_c.c_void_p]),
+    "trpc_managed_deleter": (None, [_c.c_void_p]),
+    "trpc_set_capsule_api": (None, [_c.c_void_p, _c.c_void_p]),
+    "trpc_dltensor_name": (_c.c_void_p, []),
+    "trpc_server_new": (_c.c_int, [_c.c_char_p, _c.POINTER(Options), _c.POINTER(_u64), _err]),
+    "trpc_server_address": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
+    "trpc_server_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
+    "trpc_server_publish": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _err]),
+    "trpc_server_unpublish": (_c.c_int, [_u64, _c.c_char_p]),
+    "trpc_server_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
+    "trpc_server_empty": (_c.c_int, [_u64, DLDataType, _c.c_int32, _c.POINTER(_c.c_int64), _mt_out, _err]),
+    "trpc_server_handle": (_c.c_int, [_u64, _c.c_char_p, HANDLER, _c.c_void_p, _err]),
+    "trpc_server_pool_stats": (_c.c_int, [_u64, _c.POINTER(PoolStats), _err]),
+    "trpc_server_stats": (_c.c_int, [_u64, _c.POINTER(Stats), _err]),
+    "trpc_reply_set_metadata": (_c.c_int, [_u64, _c.c_char_p, _c.c_int64, _err]),
+    "trpc_reply_add_tensor": (_c.c_int, [_u64, _c.POINTER(DLTensor), _err]),
+    "trpc_reply_set_error": (_c.c_int, [_u64, _c.c_char_p]),
+    "trpc_client_dial": (_c.c_int, [_c.c_char_p, _c.POINTER(Options), _c.c_int64, _c.POINTER(_u64), _err]),
+    "trpc_client_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
+    "trpc_client_transport": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
+    "trpc_client_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
+    "trpc_client_send": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _c.c_int64, _err]),
+    "trpc_client_call": (_c.c_int, [
+        _u64, _c.c_char_p, _c.c_char_p, _c.c_int64, _c.POINTER(DLTensor), _c.c_int64, _c.c_int64,
+        _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _err]),
+    "trpc_client_empty": (_c.c_int, [_u64, DLDataType, _c.c_int32, _c.POINTER(_c.c_int64), _mt_out, _err]),
+    "trpc_client_pool_stats": (_c.c_int, [_u64, _c.POINTER(PoolStats), _err]),
+    "trpc_client_stats": (_c.c_int, [_u64, _c.POINTER(Stats), _err]),
+}
+
+
+def library_path():
+    """The path of libtensorrpc.so this package loads."""
+    env = os.environ.get("TENSORRPC_LIB")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libtensorrpc.so")
+
+
+def _load():
+    path = library_path()
+    if not os.path.exists(path):
+        raise ImportError(
+            "tensorrpc: %s not found; build it with `bash shim/install.sh` "
+            "or point TENSORRPC_LIB at a libtensorrpc.so" % path)
+    lib = ctypes.CDLL(path)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+    if lib.trpc_abi_version() != ABI_VERSION:
+        raise ImportError("tensorrpc: %s has C ABI version %d; this package needs %d"
+                          % (path, lib.trpc_abi_version(), ABI_VERSION))
+    # The capsule destructor (in C) needs two functions of the Python C API.
+    api = ctypes.pythonapi
+    lib.trpc_set_capsule_api(
+        ctypes.cast(api.PyCapsule_IsValid, ctypes.c_void_p),
+        ctypes.cast(api.PyCapsule_GetPointer, ctypes.c_void_p))
+    return lib
+
+
+lib = _load()
+
+# PyCapsule_New(pointer, name, destructor); the name must outlive the
+# capsule, so it is the library's static "dltensor" string.
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+_capsule_name = lib.trpc_dltensor_name()
+_capsule_destructor = ctypes.cast(lib.trpc_dlpack_capsule_destructor, ctypes.c_void_p)
+
+
+def capsule(managed):
+    """Wraps the DLManagedTensor at address managed in a "dltensor"
+    PyCapsule. The capsule owns it until a consumer (np.from_dlpack,
+    torch.utils.dlpack.from_dlpack) takes it over; an unconsumed capsule
+    deletes it when collected."""
+    return _capsule_new(managed, _capsule_name, _capsule_destructor)
+
+
+def take_string(p):
+    """Returns the library-malloc'd C string at p as str and frees it."""
+    if not p:
+        return ""
+    try:
+        return ctypes.string_at(p).decode("utf-8", "replace")
+    finally:
+        lib.trpc_free(p)

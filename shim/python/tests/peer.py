@@ -1,0 +1,64 @@
+"""A Python peer process for the cross-process tests (_common.py describes
+the protocol); it needs NumPy, not torch.
+
+    python3 peer.py serve TRANSPORTS        # prints ADDR; stdin "check" checks back/*
+    python3 peer.py client ADDR TRANSPORTS  # prints OK transport=...
+    python3 peer.py bench-serve TRANSPORTS SIZE
+"""
+
+import gc
+import sys
+
+import tensorrpc
+from _common import client_checks, serve_check, serve_setup
+
+
+def serve(transports, setup):
+    srv = tensorrpc.Server(transports=transports.split(","))
+    setup(srv)
+    print("ADDR " + srv.address, flush=True)
+    failed = None
+    if sys.stdin.readline().strip() == "check":
+        try:
+            print("BACK ok %d" % serve_check(srv), flush=True)
+        except Exception as e:
+            failed = e
+    sys.stdin.read()
+    gc.collect()
+    allocs = srv.close()
+    print("POOL allocs=%d live=%d" % (allocs, tensorrpc.live_tensors()), flush=True)
+    if failed is not None:
+        raise failed
+    return 0 if allocs == 0 and tensorrpc.live_tensors() == 0 else 1
+
+
+def bench_setup(size):
+    def setup(srv):
+        with srv.empty(size, "uint8", output="tensor") as t:
+            t.numpy()[:] = 1  # touch every page, as gopeer's Pattern does
+            srv.publish("bench", t)  # a pool tensor: no copy
+    return setup
+
+
+def main(argv):
+    mode = argv[1]
+    if mode == "serve":
+        return serve(argv[2], serve_setup)
+    if mode == "bench-serve":
+        return serve(argv[2], bench_setup(int(argv[3])))
+    if mode == "client":
+        with tensorrpc.Client(argv[2], transports=argv[3].split(",")) as c:
+            client_checks(c)
+            transport = c.transport
+        gc.collect()
+        if tensorrpc.live_tensors():
+            print("live tensors after close: %d" % tensorrpc.live_tensors(), file=sys.stderr)
+            return 1
+        print("OK transport=" + transport, flush=True)
+        return 0
+    print("unknown mode " + mode, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

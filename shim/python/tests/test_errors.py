@@ -1,0 +1,193 @@
+"""Bad arguments and misuse raise clear exceptions carrying a status code,
+and leave the library working: nothing crashes, nothing leaks."""
+
+import ctypes
+import gc
+import unittest
+
+import numpy as np
+
+import tensorrpc
+from tensorrpc import _lib
+
+
+class ErrorTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = tensorrpc.Server()
+        cls.c = tensorrpc.Client(cls.srv.address)
+        cls.srv.handle("echo", lambda meta, ts: (meta, ts))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.srv.close()
+
+    def tearDown(self):
+        # After every failure the session still works.
+        x = np.arange(10, dtype=np.int32)
+        self.c.send("alive", x)
+        self.assertTrue((self.srv.take("alive", timeout=5) == x).all())
+        gc.collect()
+        self.assertEqual(tensorrpc.live_tensors(), 0)
+
+    def assert_code(self, cls, code, fn, *args, **kw):
+        with self.assertRaises(cls) as cm:
+            fn(*args, **kw)
+        self.assertEqual(cm.exception.code, code)
+        self.assertEqual(cm.exception.code_name, {v: k for k, v in tensorrpc.CODES.items()}[code])
+        return cm.exception
+
+    def test_wrong_dtype(self):
+        for bad in (np.array(["a", "b"]), np.zeros(3, dtype=object), np.zeros(3, dtype=np.longdouble),
+                    np.zeros(3, dtype=">f4"), np.zeros(3, dtype=[("a", "i4")]), np.zeros(2, dtype="datetime64[s]")):
+            with self.subTest(dtype=bad.dtype):
+                e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", bad)
+                self.assertIn("dtype", str(e))
+                self.assertIsInstance(e, ValueError)
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.empty, (3,), "float128")
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.empty, (3,), "str")
+
+    def test_not_a_tensor(self):
+        for bad in ([1, 2, 3], None, "abc", 3.5):
+            with self.subTest(value=bad):
+                self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", bad)
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, 42, np.zeros(3))  # key
+
+    def test_non_contiguous(self):
+        a = np.arange(100, dtype=np.float32).reshape(10, 10)
+        for bad in (a[:, 1], a.T, a[::2]):
+            e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", bad)
+            self.assertIn("contiguous", str(e))
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.srv.publish, "k", a.T)
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.call, "echo", b"", [a[:, ::2]])
+
+    def test_torch_arguments(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        t = torch.arange(100, dtype=torch.float32).reshape(10, 10)
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", t.t())
+        self.assertIn("contiguous", str(e))
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", torch.empty(3, device="meta"))
+        self.assertIn("device", str(e))
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", torch.zeros(3, 3).to_sparse())
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", torch.zeros(3, dtype=torch.cfloat).conj())
+        # uint16 has no torch dtype in torch 1.13
+        self.srv.publish("u16", np.arange(3, dtype=np.uint16))
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.fetch, "u16", output="torch")
+        self.srv.unpublish("u16")
+
+    def test_bfloat16_to_numpy(self):
+        with self.c.empty((4,), "bfloat16", output="tensor") as t:
+            self.c.send("bf", t)
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.srv.take, "bf")
+        self.assertIn("bfloat16", str(e))
+
+    def test_bad_options(self):
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, tensorrpc.Server, transports=["carrier-pigeon"])
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, tensorrpc.Client, self.srv.address, transports="nope")
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.fetch, "k", output="pandas")
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.fetch, "k", timeout=-1)
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, tensorrpc.Server, "not an address")
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.empty, (-1, 3), "float32")
+
+    def test_closed_client_and_server(self):
+        srv = tensorrpc.Server()
+        c = tensorrpc.Client(srv.address)
+        c.close()
+        c.close()  # twice is fine
+        for fn, args in ((c.fetch, ("k",)), (c.send, ("k", np.zeros(3))), (c.call, ("echo",)),
+                         (c.empty, ((3,), "int8")), (c.stats, ()), (c.pool_stats, ())):
+            with self.subTest(fn=fn.__name__):
+                e = self.assert_code(tensorrpc.FailedPreconditionError, 9, fn, *args)
+                self.assertIn("closed", str(e))
+        srv.close()
+        for fn, args in ((srv.publish, ("k", np.zeros(3))), (srv.fetch, ("k",)), (srv.handle, ("m", print))):
+            with self.subTest(fn=fn.__name__):
+                self.assert_code(tensorrpc.FailedPreconditionError, 9, fn, *args)
+
+    def test_closed_handles_in_c(self):
+        # The C ABI refuses stale handles by itself.
+        err = ctypes.c_void_p()
+        dl = _lib.DLTensor()
+        code = _lib.lib.trpc_client_send(987654321, b"k", ctypes.byref(dl), -1, ctypes.byref(err))
+        self.assertEqual(code, 9)
+        self.assertIn("closed or unknown", _lib.take_string(err.value))
+
+    def test_bad_dltensor_in_c(self):
+        # Malformed DLTensors straight into the C ABI: each is refused.
+        buf = (ctypes.c_float * 8)()
+        shape = (ctypes.c_int64 * 2)(2, 4)
+        good_strides = (ctypes.c_int64 * 2)(4, 1)
+        bad_strides = (ctypes.c_int64 * 2)(1, 2)
+
+        def dl(**kw):
+            d = _lib.DLTensor()
+            d.data = ctypes.addressof(buf)
+            d.device = _lib.DLDevice(1, 0)
+            d.ndim = 2
+            d.dtype = _lib.DLDataType(2, 32, 1)
+            d.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+            for k, v in kw.items():
+                setattr(d, k, v)
+            return d
+
+        h = self.c._handle()
+        cases = {
+            "gpu": dl(device=_lib.DLDevice(2, 0)),
+            "lanes": dl(dtype=_lib.DLDataType(2, 32, 4)),
+            "dtype code": dl(dtype=_lib.DLDataType(9, 32, 1)),
+            "bits": dl(dtype=_lib.DLDataType(2, 24, 1)),
+            "strides": dl(strides=ctypes.cast(bad_strides, ctypes.POINTER(ctypes.c_int64))),
+            "null data": dl(data=None),
+            "null shape": dl(shape=None),
+            "ndim": dl(ndim=-1),
+            "rank": dl(ndim=33),
+        }
+        for name, d in cases.items():
+            with self.subTest(case=name):
+                err = ctypes.c_void_p()
+                self.assertEqual(_lib.lib.trpc_client_send(h, b"k", ctypes.byref(d), -1, ctypes.byref(err)), 3)
+                self.assertTrue(_lib.take_string(err.value))
+        err = ctypes.c_void_p()
+        self.assertEqual(_lib.lib.trpc_client_send(h, b"k", None, -1, ctypes.byref(err)), 3)
+        _lib.take_string(err.value)
+        # Compact strides are accepted.
+        d = dl(strides=ctypes.cast(good_strides, ctypes.POINTER(ctypes.c_int64)))
+        self.assertEqual(_lib.lib.trpc_client_send(h, b"k", ctypes.byref(d), -1, None), 0)
+        self.assertEqual(self.srv.take("k").tolist(), [[0.0] * 4] * 2)
+
+    def test_timeout_and_missing(self):
+        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.c.fetch, "never", timeout=0.05)
+        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.srv.take, "never", timeout=0.05)
+        self.assert_code(tensorrpc.UnimplementedError, 12, self.c.call, "no-such-method")
+
+    def test_handler_errors(self):
+        def fails(meta, ts):
+            raise KeyError("boom")
+
+        def bad_code(meta, ts):
+            raise tensorrpc.ResourceExhaustedError("too big")
+
+        def bad_reply(meta, ts):
+            return b"", [np.zeros(4)[::2]]
+
+        self.srv.handle("fails", fails)
+        self.srv.handle("bad_code", bad_code)
+        self.srv.handle("bad_reply", bad_reply)
+        e = self.assert_code(tensorrpc.Error, 2, self.c.call, "fails", b"", [np.zeros(100000)])
+        self.assertIn("KeyError", str(e))
+        self.assert_code(tensorrpc.ResourceExhaustedError, 8, self.c.call, "bad_code")
+        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.call, "bad_reply")
+        self.assertIn("contiguous", str(e))
+
+    def test_too_large(self):
+        with tensorrpc.Server(max_tensor_bytes=1 << 20) as srv, tensorrpc.Client(srv.address) as c:
+            self.assert_code(tensorrpc.ResourceExhaustedError, 8, c.send, "k", np.zeros(1 << 20, np.uint16))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,133 @@
+// A C program using libtensorrpc directly: a server publishes a tensor, a
+// client fetches it as a DLManagedTensor, sends it back, calls a C handler,
+// and every pool buffer comes back. shim_test.go compiles and runs it.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "libtensorrpc.h"
+
+#define N 100000  // floats: over the eager threshold
+
+static int failures;
+#define CHECK(cond, ...)                  \
+  do {                                    \
+    if (!(cond)) {                        \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);       \
+      fprintf(stderr, "\n");              \
+      failures++;                         \
+    }                                     \
+  } while (0)
+
+static int ok(int code, char *err, const char *what) {
+  if (code != 0) {
+    fprintf(stderr, "FAIL %s: code %d: %s\n", what, code, err ? err : "");
+    trpc_free(err);
+    failures++;
+    return 0;
+  }
+  return 1;
+}
+
+// double_it replies with each request tensor times two.
+static int double_it(void *user, trpc_reply reply, const char *method, const uint8_t *meta, int64_t meta_len,
+                     DLManagedTensor **tensors, int64_t n) {
+  (void)user;
+  (void)method;
+  char *err = NULL;
+  trpc_reply_set_metadata(reply, (uint8_t *)meta, meta_len, NULL);
+  for (int64_t i = 0; i < n; i++) {
+    DLTensor *t = &tensors[i]->dl_tensor;
+    float *f = (float *)t->data;
+    for (int64_t j = 0; j < t->shape[0]; j++) f[j] *= 2;
+    if (trpc_reply_add_tensor(reply, t, &err) != 0) {  // ours: no copy
+      trpc_reply_set_error(reply, err);
+      trpc_free(err);
+      return 13;
+    }
+    tensors[i]->deleter(tensors[i]);
+  }
+  return 0;
+}
+
+int main(void) {
+  char *err = NULL;
+  trpc_server srv;
+  trpc_client cli;
+  trpc_options opts = {0};
+  opts.transports = "shm,tcp";
+  if (!ok(trpc_server_new("127.0.0.1:0", &opts, &srv, &err), err, "server_new")) return 1;
+  char *addr = NULL;
+  ok(trpc_server_address(srv, &addr, &err), err, "address");
+  if (!ok(trpc_client_dial(addr, &opts, 10000, &cli, &err), err, "dial")) return 1;
+  trpc_free(addr);
+  char *transport = NULL;
+  ok(trpc_client_transport(cli, &transport, &err), err, "transport");
+  CHECK(strcmp(transport, "shm") == 0, "transport %s", transport);
+  trpc_free(transport);
+
+  float *data = malloc(N * sizeof(float));
+  for (int i = 0; i < N; i++) data[i] = (float)i;
+  int64_t shape[1] = {N};
+  DLTensor in = {0};
+  in.data = data;
+  in.device.device_type = 1;
+  in.ndim = 1;
+  in.dtype.code = 2;
+  in.dtype.bits = 32;
+  in.dtype.lanes = 1;
+  in.shape = shape;
+  ok(trpc_server_publish(srv, "x", &in, &err), err, "publish");
+  free(data);  // the server has its own copy
+
+  DLManagedTensor *got = NULL;
+  if (ok(trpc_client_fetch(cli, "x", 0, 10000, &got, &err), err, "fetch")) {
+    float *f = got->dl_tensor.data;
+    CHECK(got->dl_tensor.ndim == 1 && got->dl_tensor.shape[0] == N, "shape");
+    CHECK(got->dl_tensor.dtype.code == 2 && got->dl_tensor.dtype.bits == 32, "dtype");
+    CHECK(f[0] == 0 && f[N - 1] == (float)(N - 1), "data");
+    ok(trpc_client_send(cli, "back", &got->dl_tensor, 10000, &err), err, "send");
+    got->deleter(got);
+  }
+  DLManagedTensor *back = NULL;
+  if (ok(trpc_server_fetch(srv, "back", 1, 10000, &back, &err), err, "take")) {
+    CHECK(((float *)back->dl_tensor.data)[12345] == 12345.0f, "back");
+    back->deleter(back);
+  }
+
+  ok(trpc_server_handle(srv, "double", double_it, NULL, &err), err, "handle");
+  DLManagedTensor *x = NULL;
+  if (ok(trpc_client_fetch(cli, "x", 0, 10000, &x, &err), err, "fetch 2")) {
+    uint8_t *rmeta = NULL;
+    int64_t rmeta_len = 0, nr = 0;
+    DLManagedTensor **rts = NULL;
+    if (ok(trpc_client_call(cli, "double", (uint8_t *)"hi", 2, &x->dl_tensor, 1, 10000, &rmeta, &rmeta_len, &rts, &nr,
+                            &err), err, "call")) {
+      CHECK(rmeta_len == 2 && memcmp(rmeta, "hi", 2) == 0, "reply metadata");
+      CHECK(nr == 1 && ((float *)rts[0]->dl_tensor.data)[N - 1] == 2.0f * (N - 1), "reply tensor");
+      for (int64_t i = 0; i < nr; i++) rts[i]->deleter(rts[i]);
+      trpc_free(rmeta);
+      trpc_free(rts);
+    }
+    x->deleter(x);
+  }
+
+  // A stale handle and a bad tensor are errors, not crashes.
+  in.data = NULL;
+  CHECK(trpc_client_send(cli, "bad", &in, 1000, &err) == 3, "NULL data accepted");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_client_send(cli + 1000, "bad", &in, 1000, &err) == 9, "stale handle accepted");
+  trpc_free(err);
+  err = NULL;
+
+  CHECK(trpc_live_tensors() == 0, "%lld live tensors", (long long)trpc_live_tensors());
+  int64_t left = -1;
+  ok(trpc_client_close(cli, &left, &err), err, "client close");
+  CHECK(left == 0, "client: %lld buffers live after close", (long long)left);
+  ok(trpc_server_close(srv, &left, &err), err, "server close");
+  CHECK(left == 0, "server: %lld buffers live after close", (long long)left);
+  if (failures == 0) printf("capi_smoke OK\n");
+  return failures != 0;
+}
