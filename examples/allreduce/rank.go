@@ -111,12 +111,12 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 		r.chunks = append(r.chunks, t)
 	}
 	r.fill(0)
-	fmt.Fprintln(out, "ready", r.client.Transport())
-
 	// The counters are read between all-reduces, when no rank is sending:
-	// a neighbour that starts an all-reduce before this rank does may
-	// already be sending to it.
+	// before this rank says it is ready (the parent starts the first
+	// all-reduce once every rank is), and after each all-reduce, before it
+	// reports (the parent starts the next once every rank has reported).
 	sent0, recv0 := r.client.Stats(), r.srv.Stats()
+	fmt.Fprintln(out, "ready", r.client.Transport())
 	for iter := 0; ; iter++ {
 		if _, err := proc.ReadParent(); err != nil {
 			return nil // told to stop

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tensorrpc/tensorrpc/examples/internal/units"
 	"io"
 	"math"
 	"slices"
@@ -33,7 +34,7 @@ type summary struct {
 func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error) {
 	bytes := int64(cfg.Elements) * 4
 	fmt.Fprintf(out, "allreduce: %d processes, n = %d float32 (%s), 1 warm-up + %d timed all-reduces\n",
-		cfg.Ranks, cfg.Elements, formatBytes(bytes), cfg.Iters)
+		cfg.Ranks, cfg.Elements, units.Bytes(bytes), cfg.Iters)
 
 	ranks := make(proc.Group, 0, cfg.Ranks)
 	defer func() {
@@ -139,7 +140,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 		fmt.Fprintf(out, "result exact: every element on every rank in all %d all-reduces equals the integer sum\n", cfg.Iters+1)
 	}
 	fmt.Fprintf(out, "time %s per all-reduce (mean of %d, slowest rank); algbw %.3f GB/s, busbw %.3f GB/s\n",
-		fmtDuration(sum.Time), cfg.Iters, sum.AlgBW/1e9, sum.BusBW/1e9)
+		units.Duration(sum.Time), cfg.Iters, sum.AlgBW/1e9, sum.BusBW/1e9)
 	switch {
 	case !sum.Exact:
 		return sum, errors.New("the all-reduce result is wrong")
@@ -147,24 +148,4 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 		return sum, errors.New("a rank's traffic differs from 2(p−1)/p·n by more than 5%")
 	}
 	return sum, nil
-}
-
-func fmtDuration(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
-	case d < time.Second:
-		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
-	}
-	return fmt.Sprintf("%.2f s", d.Seconds())
-}
-
-func formatBytes(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.4g MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.4g KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

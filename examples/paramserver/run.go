@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tensorrpc/tensorrpc/examples/internal/units"
 	"io"
 	"net"
 	"strconv"
@@ -55,7 +56,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 		mode = "goroutines in one process"
 	}
 	fmt.Fprintf(out, "paramserver: %d shards, %d workers (%s); n = %d float32 parameters (%s), %d samples with %d features each\n",
-		cfg.Shards, cfg.Workers, mode, cfg.Params, formatBytes(4*cfg.Params), cfg.samples(), cfg.NonZeros)
+		cfg.Shards, cfg.Workers, mode, cfg.Params, units.Bytes(int64(4*cfg.Params)), cfg.samples(), cfg.NonZeros)
 
 	addrs, stopShards, err := startShards(ctx, cfg)
 	if err != nil {
@@ -75,7 +76,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	if sum.Beta, err = measureBeta(ctx, c, cfg.BetaBytes); err != nil {
 		return nil, fmt.Errorf("measuring β: %w", err)
 	}
-	fmt.Fprintf(out, "data plane %s; β = %.2f GB/s (Send of a %s tensor to shard 0)\n", sum.Plane, sum.Beta/1e9, formatBytes(cfg.BetaBytes))
+	fmt.Fprintf(out, "data plane %s; β = %.2f GB/s (Send of a %s tensor to shard 0)\n", sum.Plane, sum.Beta/1e9, units.Bytes(int64(cfg.BetaBytes)))
 	fmt.Fprintf(out, "learning rate %.4g; noise variance %.4g\n", cfg.learningRate(), cfg.Noise*cfg.Noise)
 
 	workersDone := startWorkers(ctx, cfg, addrs, cancel)
@@ -118,9 +119,9 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	fmt.Fprintf(out, "final loss %.6g after %d steps = %.3f × L(w*); L(w*) = %.6g, the mean squared noise of the samples\n",
 		last.Loss, cfg.Steps, last.Loss/sum.LossAtOptimum, sum.LossAtOptimum)
 	fmt.Fprintf(out, "step time %s (mean of steps 1–%d): slowest worker's gradient %s, the rest (pull, push, waiting) %s\n",
-		fmtDuration(sum.StepTime), cfg.Steps-1, fmtDuration(sum.Compute), fmtDuration(sum.StepTime-sum.Compute))
+		units.Duration(sum.StepTime), cfg.Steps-1, units.Duration(sum.Compute), units.Duration(sum.StepTime-sum.Compute))
 	fmt.Fprintf(out, "cost model max(n/β, p·n/(k·β)) = max(%s, %s) = %s per direction; pull + push = %s per step\n",
-		fmtDuration(time.Duration(perWorker*1e9)), fmtDuration(time.Duration(perShard*1e9)), fmtDuration(direction), fmtDuration(sum.Model))
+		units.Duration(time.Duration(perWorker*1e9)), units.Duration(time.Duration(perShard*1e9)), units.Duration(direction), units.Duration(sum.Model))
 	return sum, nil
 }
 
@@ -245,24 +246,4 @@ func fetchRecord(ctx context.Context, c *rpc.Client, step int) (stepRecord, erro
 	defer reply.Release()
 	var rec stepRecord
 	return rec, json.Unmarshal(reply.Metadata, &rec)
-}
-
-func fmtDuration(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
-	case d < time.Second:
-		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
-	}
-	return fmt.Sprintf("%.2f s", d.Seconds())
-}
-
-func formatBytes(n int) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.4g MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.4g KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

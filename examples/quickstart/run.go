@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tensorrpc/tensorrpc/examples/internal/units"
 	"io"
 	"slices"
 	"strings"
@@ -247,7 +248,7 @@ func printTable(out io.Writer, rep *report) {
 	fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6s  %6s\n", "data plane", "size", "op", "time/op", "GB/s", "copies")
 	for _, r := range rep.Results {
 		gbps := float64(r.Size) / r.PerOp.Seconds() / 1e9
-		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, formatSize(r.Size), r.Op, formatDuration(r.PerOp), gbps, formatCopies(r.Copies))
+		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, formatSize(r.Size), r.Op, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
 	}
 	for _, r := range rep.Results {
 		if r.Op == "lease" && r.Leases < int64(r.Iters) {
@@ -266,16 +267,6 @@ func formatCopies(c float64) string {
 		return fmt.Sprintf("%d", int64(c))
 	}
 	return fmt.Sprintf("%.2f", c)
-}
-
-func formatDuration(d time.Duration) string {
-	switch {
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
-	case d < time.Second:
-		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
-	}
-	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
 // formatSize writes n bytes with the largest binary unit that divides it.
