@@ -68,6 +68,7 @@ func BenchmarkFetch(b *testing.B) {
 				fill(t.Bytes(), 1)
 				s.Publish("x", t)
 				t.Release()
+				warmUp(b, func() error { return fetchOnce(c, "x") })
 				b.SetBytes(int64(n))
 				for b.Loop() {
 					got, err := c.Fetch(ctx, "x")
@@ -88,6 +89,7 @@ func BenchmarkFetch(b *testing.B) {
 				t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
 				s.Publish("x", t)
 				t.Release()
+				warmUp(b, func() error { return fetchOnce(c, "x", Lease()) })
 				b.SetBytes(int64(n))
 				for b.Loop() {
 					got, err := c.Fetch(ctx, "x", Lease())
@@ -116,6 +118,7 @@ func BenchmarkSend(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer t.Release()
+				warmUp(b, func() error { return c.Send(ctx, "x", t) })
 				b.SetBytes(int64(n))
 				for b.Loop() {
 					if err := c.Send(ctx, "x", t); err != nil {
@@ -145,6 +148,7 @@ func BenchmarkEagerThreshold(b *testing.B) {
 					t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
 					s.Publish("x", t)
 					t.Release()
+					warmUp(b, func() error { return fetchOnce(c, "x") })
 					b.SetBytes(int64(n))
 					for b.Loop() {
 						got, err := c.Fetch(ctx, "x")
@@ -157,6 +161,25 @@ func BenchmarkEagerThreshold(b *testing.B) {
 			}
 		}
 	}
+}
+
+// warmUp runs op twice before timing starts, so that the pools' arenas are
+// mapped and pinned and the data planes' mappings made: what a long-running
+// service pays once.
+func warmUp(b *testing.B, op func() error) {
+	for range 2 {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func fetchOnce(c *Client, key string, opts ...FetchOption) error {
+	got, err := c.Fetch(context.Background(), key, opts...)
+	if err == nil {
+		got.Release()
+	}
+	return err
 }
 
 // BenchmarkMemcpy is the ceiling of shm copy mode.

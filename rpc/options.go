@@ -25,10 +25,13 @@ const (
 var allTransports = []string{TransportIBV, TransportSHM, TransportTCP, TransportGRPC}
 
 // DefaultEagerThreshold is the largest tensor, in bytes, that travels inside
-// the control message instead of over the data plane. Below it a rendezvous
-// costs more than the copy through gRPC saves; see the README's benchmark
-// section for the measurement behind the number.
-const DefaultEagerThreshold = 64 << 10
+// the control message instead of over the data plane. It is where the two
+// cost the same, measured with BenchmarkEagerThreshold (a Fetch inline
+// against one over the data plane, same run, 2-core VM): over tcp, inline
+// took 105 against 152 µs at 4 KiB, 143 against 164 µs at 16 KiB and 326
+// against 184 µs at 64 KiB; over shm the two met at 4 KiB and the data plane
+// won from 16 KiB on (88 against 147 µs).
+const DefaultEagerThreshold = 16 << 10
 
 // options holds the settings of a Server or a Client. Each field's default
 // is set in defaultOptions, nowhere else.
