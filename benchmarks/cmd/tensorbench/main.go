@@ -1,0 +1,276 @@
+// Command tensorbench measures tensorrpc against what people would use
+// instead — gRPC with protobuf bytes (default and tuned), gRPC with
+// FlatBuffers, gRPC with zstd, s2, snappy or gzip compression — and against
+// the ceilings of the machine (memcpy, a raw TCP socket, a unix socket), all
+// in one run on the same payloads; then a ser/des micro-suite and a
+// compression table with the link speed above which compressing loses.
+//
+// Usage:
+//
+//	go run ./benchmarks/cmd/tensorbench -quick            # < 60 s smoke run
+//	go run ./benchmarks/cmd/tensorbench -plots DIR        # full run, 4 KiB to 1 GiB
+//	go run ./benchmarks/cmd/tensorbench -format json      # one JSON object per line
+//
+// Tables (Markdown) or JSON lines go to stdout, progress to stderr.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/benchmarks/internal/suite"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "tensorbench:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("tensorbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		quick        = fs.Bool("quick", false, "smoke run: small sizes, few reps, a subset of the cases (at least one of each kind); under 60 s")
+		format       = fs.String("format", "text", "stdout format: text (Markdown tables) or json (one object per line)")
+		jsonFile     = fs.String("jsonl", "", "also write the JSON lines to this file")
+		plotDir      = fs.String("plots", "", "write SVG plots (throughput against size, log-log) into this directory")
+		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
+		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
+		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4)")
+		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset)")
+		payloads     = fs.String("payloads", "", "comma-separated payloads (gauss-f32, lowent-f16, sparse-f32, random); default all")
+		allPayloads  = fs.Bool("all-payloads", false, "run content-blind cases on every payload too (their speed does not depend on it)")
+		reps         = fs.Int("reps", 0, "reps per measurement when within -budget (default 5; quick 3)")
+		minReps      = fs.Int("min-reps", 0, "reps per measurement even over -budget (default 3)")
+		repTime      = fs.Duration("rep-time", 0, "shortest rep: small transfers repeat to fill it (default 30ms; quick 15ms)")
+		budget       = fs.Duration("budget", 0, "time the reps of one measurement should take (default 1.5s; quick 250ms)")
+		maxInflight  = fs.String("max-inflight", "1GiB", "skip concurrency × size above this, to bound memory")
+		maxCompress  = fs.Duration("max-compress-time", 0, "skip compressed-gRPC measurements predicted to take longer (default 15s; quick 2s)")
+		compressConc = fs.String("compress-conc-max-size", "4MiB", "largest size at which compressed cases run with more than one stream")
+		slowCodec    = fs.String("slow-codec-max-size", "256MiB", "largest size at which compressed cases other than s2 (the fastest codec) run")
+		codecSize    = fs.String("codec-size", "", "bytes per payload in the compression table (default 32MiB; quick 1MiB)")
+		serdesSizes  = fs.String("serdes-sizes", "", "tensor sizes of the ser/des micro-suite (default 4KiB,1MiB,64MiB; quick 4KiB,1MiB)")
+		sections     = fs.String("sections", "transfers,serdes,codecs", "what to run")
+		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		memLimit     = fs.String("mem-limit", "8GiB", "Go soft memory limit (runtime/debug.SetMemoryLimit); the run is sized to stay under ~12 GiB")
+	)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: tensorbench [flags]\n\nMeasures tensorrpc against gRPC (protobuf, FlatBuffers, compressed) and the machine's ceilings.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	cfg := suite.DefaultConfig()
+	if *quick {
+		cfg = suite.QuickConfig()
+	}
+	cfg.Command = "tensorbench " + strings.Join(args, " ")
+	var err error
+	switch *format {
+	case "text":
+	case "json":
+		cfg.JSON = true
+	default:
+		return fmt.Errorf("-format %q: want text or json", *format)
+	}
+	cfg.PlotDir = *plotDir
+	if *sizes != "" {
+		if cfg.Sizes, err = parseSizes(*sizes); err != nil {
+			return fmt.Errorf("-sizes: %w", err)
+		}
+	} else if !*quick {
+		top, err := parseSize(*maxSize)
+		if err != nil {
+			return fmt.Errorf("-max-size: %w", err)
+		}
+		cfg.Sizes = cfg.Sizes[:0]
+		for _, n := range suite.DefaultConfig().Sizes {
+			if n < top {
+				cfg.Sizes = append(cfg.Sizes, n)
+			}
+		}
+		cfg.Sizes = append(cfg.Sizes, top)
+	}
+	if *conc != "" {
+		if cfg.Concurrency, err = parseInts(*conc); err != nil {
+			return fmt.Errorf("-concurrency: %w", err)
+		}
+	}
+	if *cases != "" {
+		if cfg.Cases, err = suite.SelectCases(*cases, *quick); err != nil {
+			return fmt.Errorf("-cases: %w", err)
+		}
+	}
+	if *payloads != "" {
+		cfg.Payloads = nil
+		for _, name := range strings.Split(*payloads, ",") {
+			p, err := suite.PayloadByName(strings.TrimSpace(name))
+			if err != nil {
+				return fmt.Errorf("-payloads: %w", err)
+			}
+			cfg.Payloads = append(cfg.Payloads, p)
+		}
+	}
+	cfg.AllPayloads = *allPayloads
+	setInt(&cfg.Reps, *reps)
+	setInt(&cfg.MinReps, *minReps)
+	cfg.MinReps = min(cfg.MinReps, cfg.Reps)
+	setDuration(&cfg.RepTime, *repTime)
+	setDuration(&cfg.Budget, *budget)
+	setDuration(&cfg.MaxCompressTime, *maxCompress)
+	if n, err := parseSize(*maxInflight); err != nil {
+		return fmt.Errorf("-max-inflight: %w", err)
+	} else {
+		cfg.MaxInflight = int64(n)
+	}
+	if cfg.CompressConcMaxSize, err = parseSize(*compressConc); err != nil {
+		return fmt.Errorf("-compress-conc-max-size: %w", err)
+	}
+	if cfg.SlowCodecMaxSize, err = parseSize(*slowCodec); err != nil {
+		return fmt.Errorf("-slow-codec-max-size: %w", err)
+	}
+	if *codecSize != "" {
+		if cfg.CodecSize, err = parseSize(*codecSize); err != nil {
+			return fmt.Errorf("-codec-size: %w", err)
+		}
+	}
+	if *serdesSizes != "" {
+		if cfg.SerdesSizes, err = parseSizes(*serdesSizes); err != nil {
+			return fmt.Errorf("-serdes-sizes: %w", err)
+		}
+	}
+	cfg.Transfers, cfg.Serdes, cfg.Codecs = false, false, false
+	for _, s := range strings.Split(*sections, ",") {
+		switch strings.TrimSpace(s) {
+		case "transfers":
+			cfg.Transfers = true
+		case "serdes":
+			cfg.Serdes = true
+		case "codecs":
+			cfg.Codecs = true
+		default:
+			return fmt.Errorf("-sections: unknown section %q (transfers, serdes, codecs)", s)
+		}
+	}
+	limit, err := parseSize(*memLimit)
+	if err != nil {
+		return fmt.Errorf("-mem-limit: %w", err)
+	}
+	if len(cfg.Sizes) == 0 || len(cfg.Concurrency) == 0 || len(cfg.Payloads) == 0 {
+		return errors.New("nothing to measure: sizes, concurrency and payloads must not be empty")
+	}
+	for _, n := range cfg.Concurrency {
+		if n < 1 {
+			return fmt.Errorf("-concurrency: %d streams", n)
+		}
+	}
+	for _, n := range cfg.Sizes {
+		if n < 4 || n%4 != 0 {
+			return fmt.Errorf("-sizes: %d is not a positive multiple of 4 bytes", n)
+		}
+	}
+	old := debug.SetMemoryLimit(int64(limit))
+	defer debug.SetMemoryLimit(old)
+
+	var jsonl io.Writer
+	if *jsonFile != "" {
+		f, err := os.Create(*jsonFile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		jsonl = f
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start := time.Now()
+	if _, err := suite.Run(ctx, cfg, stdout, jsonl, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "tensorbench: finished in %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+func setInt(dst *int, v int) {
+	if v > 0 {
+		*dst = v
+	}
+}
+
+func setDuration(dst *time.Duration, v time.Duration) {
+	if v > 0 {
+		*dst = v
+	}
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := parseSize(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseSize reads "4096", "4KiB", "64MiB", "1GiB" (also K, M, G, KB...:
+// binary units throughout).
+func parseSize(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20, "g": 30, "gb": 30, "gib": 30}
+	sh, ok := shift[unit]
+	if !ok {
+		return 0, fmt.Errorf("bad size unit in %q", s)
+	}
+	return n << sh, nil
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+)
+
+// TestQuickJSON runs the quick mode on tiny sizes with -format json and
+// checks that every line is a JSON object with the fields its kind
+// promises, that every kind of case was measured, and that the plots were
+// written. It checks shapes, never speeds: a slow machine passes.
+func TestQuickJSON(t *testing.T) {
+	defer leakcheck.Check(t)
+	plots := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, progress bytes.Buffer
+	args := []string{
+		"-quick", "-format", "json", "-plots", plots,
+		"-sizes", "4KiB,128KiB", "-concurrency", "1,2",
+		"-reps", "2", "-min-reps", "1", "-rep-time", "2ms", "-budget", "20ms",
+		"-codec-size", "64KiB", "-serdes-sizes", "4KiB",
+	}
+	if err := run(ctx, args, &out, &progress); err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+
+	kinds := map[string]int{}
+	caseKinds := map[string]bool{}
+	sc := bufio.NewScanner(&out)
+	sc.Buffer(nil, 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		var obj map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &obj); err != nil {
+			t.Fatalf("line %d is not a JSON object: %v\n%s", line, err, sc.Text())
+		}
+		kind, _ := obj["kind"].(string)
+		kinds[kind]++
+		switch kind {
+		case "machine":
+			requireFields(t, line, obj, "cores", "memory_gib", "kernel", "go_version", "load_before")
+		case "transfer":
+			requireFields(t, line, obj, "case", "case_kind", "transport", "payload", "bytes", "concurrency",
+				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "p50_us", "p99_us")
+			for _, f := range []string{"bytes", "concurrency", "seconds", "gb_per_s", "p50_us", "ops"} {
+				if v, _ := obj[f].(float64); v <= 0 {
+					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])
+				}
+			}
+			if lo, med, hi := obj["gb_per_s_min"].(float64), obj["gb_per_s"].(float64), obj["gb_per_s_max"].(float64); lo > med || med > hi {
+				t.Errorf("line %d: min %v, median %v, max %v out of order", line, lo, med, hi)
+			}
+			caseKinds[obj["case_kind"].(string)] = true
+		case "serdes":
+			requireFields(t, line, obj, "format", "bytes", "wire_bytes", "encode_ns", "decode_ns", "encode_allocs", "decode_allocs")
+		case "codec":
+			requireFields(t, line, obj, "codec", "payload", "bytes", "compressed_bytes", "ratio",
+				"compress_mb_per_s", "decompress_mb_per_s", "break_even_gbps", "pipelined_break_even_gbps")
+		case "skip":
+			requireFields(t, line, obj, "case", "reason")
+		case "note":
+			requireFields(t, line, obj, "note")
+		case "summary":
+			requireFields(t, line, obj, "seconds", "measurements", "load_after")
+		default:
+			t.Errorf("line %d: unknown kind %q", line, kind)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"machine", "transfer", "serdes", "codec", "summary"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %q line", k)
+		}
+	}
+	for _, k := range []string{"ceiling", "grpc", "grpc-compressed", "tensorrpc"} {
+		if !caseKinds[k] {
+			t.Errorf("no transfer of case kind %q", k)
+		}
+	}
+	svgs, _ := filepath.Glob(filepath.Join(plots, "*.svg"))
+	if len(svgs) == 0 {
+		t.Error("no SVG plot written")
+	}
+	for _, f := range svgs {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) || !bytes.Contains(b, []byte("</svg>")) {
+			t.Errorf("%s is not an SVG document (err %v)", f, err)
+		}
+	}
+	if t.Failed() {
+		t.Logf("progress:\n%s", progress.String())
+	}
+}
+
+// TestText checks that the default format prints the tables.
+func TestText(t *testing.T) {
+	defer leakcheck.Check(t)
+	var out, progress bytes.Buffer
+	args := []string{"-quick", "-sizes", "4KiB", "-concurrency", "1", "-cases", "memcpy,tcp-socket,grpc-proto",
+		"-reps", "1", "-rep-time", "1ms", "-sections", "transfers,serdes,codecs", "-codec-size", "16KiB", "-serdes-sizes", "4KiB"}
+	if err := run(context.Background(), args, &out, &progress); err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	for _, want := range []string{"| cores |", "### Throughput, GB/s, 1 stream", "| grpc-proto |", "## Ser/des", "## Compression", "break-even"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30, "2k": 2048, "3 MB": 3 << 20} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "KiB", "4TiB", "-1"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) succeeded", bad)
+		}
+	}
+}
+
+func requireFields(t *testing.T, line int, obj map[string]any, fields ...string) {
+	t.Helper()
+	for _, f := range fields {
+		if _, ok := obj[f]; !ok {
+			t.Errorf("line %d (%s) lacks %q", line, obj["kind"], f)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package suite
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tensorrpc/tensorrpc/benchmarks/internal/compressors"
+	"github.com/tensorrpc/tensorrpc/rpc"
+)
+
+// Kinds of case.
+const (
+	KindCeiling    = "ceiling"
+	KindGRPC       = "grpc"
+	KindCompressed = "grpc-compressed"
+	KindTensorRPC  = "tensorrpc"
+)
+
+// A Case is one way of moving a tensor from a server to a client.
+type Case struct {
+	Name string
+	Kind string
+	// Ceiling names the case that bounds this one: the medium its bytes
+	// cross, with nothing on top.
+	Ceiling string
+	About   string
+	// Content is true when the case's speed depends on the bytes
+	// (compression); other cases never read them and run on the first
+	// payload only, unless -all-payloads.
+	Content bool
+	// Quick cases run in -quick mode.
+	Quick bool
+	// Compressor is the gRPC compressor of a compressed case.
+	Compressor string
+	open       func(ctx context.Context, env *caseEnv) (session, error)
+}
+
+// caseEnv is what a case is opened with.
+type caseEnv struct {
+	payload Payload
+	data    []byte // the payload, exactly one transfer long
+	maxConc int    // the most streams that will be opened at once
+}
+
+// Cases returns every case, in the order a run measures them at each size:
+// ceilings first, so that the others can be compared as they finish.
+func Cases() []Case {
+	cs := []Case{
+		{Name: "memcpy", Kind: KindCeiling, About: "copy() into a buffer of the stream's own", Quick: true, open: openMemcpy},
+		{Name: "tcp-socket", Kind: KindCeiling, About: "raw loopback TCP: 8-byte request, n-byte reply, one connection per stream", Quick: true, open: openSocket("tcp")},
+		{Name: "unix-socket", Kind: KindCeiling, About: "the same over a unix socket", Quick: true, open: openSocket("unix")},
+
+		{Name: "grpc-proto", Kind: KindGRPC, Ceiling: "tcp-socket", About: "unary call, reply in a protobuf bytes field; default settings (receive limit raised)", Quick: true, open: openGRPC(grpcSettings{})},
+		{Name: "grpc-proto-tuned", Kind: KindGRPC, Ceiling: "tcp-socket", About: "the same with 64 MiB stream / 256 MiB connection windows and 1 MiB read/write buffers", Quick: true, open: openGRPC(grpcSettings{tuned: true})},
+		{Name: "grpc-flatbuffers", Kind: KindGRPC, Ceiling: "tcp-socket", About: "tuned, reply a FlatBuffers tensor through a zero-copy []byte codec", Quick: true, open: openGRPC(grpcSettings{tuned: true, flatbuf: true})},
+	}
+	quickCompressors := []string{compressors.ZstdFastest, compressors.S2}
+	for _, c := range compressors.All() {
+		name := "grpc-" + strings.TrimPrefix(c.Name(), "tb-")
+		cs = append(cs, Case{
+			Name: name, Kind: KindCompressed, Ceiling: "tcp-socket", Content: true,
+			About:      "grpc-proto-tuned with " + strings.TrimPrefix(c.Name(), "tb-") + " compression (klauspost/compress, one goroutine)",
+			Quick:      slices.Contains(quickCompressors, c.Name()),
+			Compressor: c.Name(),
+			open:       openGRPC(grpcSettings{tuned: true, compressor: c.Name()}),
+		})
+	}
+	cs = append(cs,
+		Case{Name: "trpc-grpc", Kind: KindTensorRPC, Ceiling: "tcp-socket", About: "tensorrpc Fetch, plain-gRPC fallback plane", Quick: true, open: openTensorRPC(rpc.TransportGRPC, false)},
+		Case{Name: "trpc-tcp", Kind: KindTensorRPC, Ceiling: "tcp-socket", About: "tensorrpc Fetch, tcp data plane", Quick: true, open: openTensorRPC(rpc.TransportTCP, false)},
+		Case{Name: "trpc-shm", Kind: KindTensorRPC, Ceiling: "memcpy", About: "tensorrpc Fetch, shm data plane (one copy into the client's pool)", Quick: true, open: openTensorRPC(rpc.TransportSHM, false)},
+		Case{Name: "trpc-shm-lease", Kind: KindTensorRPC, Ceiling: "memcpy", About: "tensorrpc Fetch with Lease, shm data plane (no copy)", Quick: true, open: openTensorRPC(rpc.TransportSHM, true)},
+		Case{Name: "trpc-ibv", Kind: KindTensorRPC, Ceiling: "tcp-socket", About: "tensorrpc Fetch, ibv data plane (RDMA NIC)", Quick: true, open: openTensorRPC(rpc.TransportIBV, false)},
+	)
+	return cs
+}
+
+// caseByName returns the case named name; it panics for an unknown name,
+// which only a mistake in Cases can produce.
+func caseByName(name string) Case {
+	for _, c := range Cases() {
+		if c.Name == name {
+			return c
+		}
+	}
+	panic("suite: no case " + name)
+}
+
+// SelectCases returns the cases named by spec, a comma-separated list of
+// case names and kinds; "" selects every case, or the quick ones if quick.
+func SelectCases(spec string, quick bool) ([]Case, error) {
+	all := Cases()
+	if spec == "" {
+		if !quick {
+			return all, nil
+		}
+		return slices.DeleteFunc(all, func(c Case) bool { return !c.Quick }), nil
+	}
+	want := map[string]bool{}
+	for _, w := range strings.Split(spec, ",") {
+		w = strings.TrimSpace(w)
+		found := false
+		for _, c := range all {
+			if c.Name == w || c.Kind == w {
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown case or kind %q (kinds: %s, %s, %s, %s)", w, KindCeiling, KindGRPC, KindCompressed, KindTensorRPC)
+		}
+		want[w] = true
+	}
+	return slices.DeleteFunc(all, func(c Case) bool { return !want[c.Name] && !want[c.Kind] }), nil
+}

@@ -1,0 +1,175 @@
+package suite
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Measurement is one case moving one payload size at one concurrency: a
+// line of -format json.
+type Measurement struct {
+	Kind        string `json:"kind"` // "transfer"
+	Case        string `json:"case"`
+	CaseKind    string `json:"case_kind"`
+	Transport   string `json:"transport"`
+	Payload     string `json:"payload"`
+	Bytes       int64  `json:"bytes"` // per transfer
+	Concurrency int    `json:"concurrency"`
+	Reps        int    `json:"reps"`
+	Ops         int64  `json:"ops"` // transfers timed, over every rep and stream
+	// Seconds is the wall time of the timed reps.
+	Seconds float64 `json:"seconds"`
+	// GBps is the median over reps of bytes moved by all streams per
+	// second, in GB/s (1e9 bytes); Min and Max are the extreme reps.
+	GBps    float64 `json:"gb_per_s"`
+	GBpsMin float64 `json:"gb_per_s_min"`
+	GBpsMax float64 `json:"gb_per_s_max"`
+	// P50us and P99us are latency percentiles of one transfer, in
+	// microseconds, over every timed transfer.
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
+	// Ceiling is the case that bounds this one. It ran the same transfers
+	// in reps alternating with this case's: CeilingGBps is its median, and
+	// OfCeiling the median over reps of this case's GB/s over the
+	// ceiling's in the neighbouring rep.
+	Ceiling     string  `json:"ceiling,omitempty"`
+	CeilingGBps float64 `json:"ceiling_gb_per_s,omitempty"`
+	OfCeiling   float64 `json:"of_ceiling,omitempty"`
+}
+
+// Skip records a measurement that was not made, and why.
+type Skip struct {
+	Kind        string `json:"kind"` // "skip"
+	Case        string `json:"case"`
+	Payload     string `json:"payload,omitempty"`
+	Bytes       int64  `json:"bytes,omitempty"`
+	Concurrency int    `json:"concurrency,omitempty"`
+	Reason      string `json:"reason"`
+}
+
+// Note is something the reader of the results must know, such as a data
+// plane that is unavailable or did not do what its case asked.
+type Note struct {
+	Kind string `json:"kind"` // "note"
+	Note string `json:"note"`
+}
+
+// Summary ends a run.
+type Summary struct {
+	Kind         string     `json:"kind"` // "summary"
+	Seconds      float64    `json:"seconds"`
+	Measurements int        `json:"measurements"`
+	Skipped      int        `json:"skipped"`
+	LoadAfter    [3]float64 `json:"load_after"`
+	PeakRSSMiB   float64    `json:"peak_rss_mib"`
+}
+
+// Report is everything a run measured.
+type Report struct {
+	Machine   Machine
+	Command   string
+	Config    Config
+	Cases     []Case
+	Transfers []Measurement
+	Skips     []Skip
+	Serdes    []SerdesResult
+	Codecs    []CodecResult
+	Notes     []string
+	Summary   Summary
+}
+
+func newMeasurement(c Case, transport string, p Payload, size, conc int, t timing) Measurement {
+	m := Measurement{
+		Kind: "transfer", Case: c.Name, CaseKind: c.Kind, Transport: transport, Payload: p.Name,
+		Bytes: int64(size), Concurrency: conc, Reps: t.reps, Ops: t.ops, Seconds: t.seconds,
+		Ceiling: c.Ceiling,
+	}
+	rates := append([]float64(nil), t.repRates...)
+	m.GBps = median(rates) / 1e9
+	m.GBpsMin, m.GBpsMax = rates[0]/1e9, rates[len(rates)-1]/1e9 // median sorted them
+	m.P50us = float64(percentile(t.latencies, 0.50)) / float64(time.Microsecond)
+	m.P99us = float64(percentile(t.latencies, 0.99)) / float64(time.Microsecond)
+	if len(t.ratios) > 0 {
+		m.CeilingGBps = median(append([]float64(nil), t.ceilingRates...)) / 1e9
+		m.OfCeiling = median(append([]float64(nil), t.ratios...))
+	}
+	return m
+}
+
+// find returns the measurement of case name at size and conc, preferring
+// payload, or nil.
+func (r *Report) find(name, payload string, size int64, conc int) *Measurement {
+	var any *Measurement
+	for i := range r.Transfers {
+		m := &r.Transfers[i]
+		if m.Case == name && m.Bytes == size && m.Concurrency == conc {
+			if m.Payload == payload {
+				return m
+			}
+			any = m
+		}
+	}
+	return any
+}
+
+// spread is half the range of the reps over the median, in percent.
+func (m *Measurement) spread() float64 {
+	if m.GBps == 0 {
+		return 0
+	}
+	return 100 * (m.GBpsMax - m.GBpsMin) / 2 / m.GBps
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func fmtNs(ns float64) string {
+	switch {
+	case ns >= 1e9:
+		return fmt.Sprintf("%.2f s", ns/1e9)
+	case ns >= 1e6:
+		return fmt.Sprintf("%.2f ms", ns/1e6)
+	case ns >= 1e3:
+		return fmt.Sprintf("%.2f µs", ns/1e3)
+	}
+	return fmt.Sprintf("%.0f ns", ns)
+}
+
+func fmtUs(us float64) string { return fmtNs(us * 1e3) }
+
+// fmtRate prints GB/s with three significant digits.
+func fmtRate(gbps float64) string {
+	switch {
+	case gbps >= 100:
+		return fmt.Sprintf("%.0f", gbps)
+	case gbps >= 10:
+		return fmt.Sprintf("%.1f", gbps)
+	case gbps >= 1:
+		return fmt.Sprintf("%.2f", gbps)
+	case gbps >= 0.1:
+		return fmt.Sprintf("%.3f", gbps)
+	}
+	return fmt.Sprintf("%.2g", gbps)
+}
+
+func fmtBytes(n float64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", n/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", n/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", n/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", math.Round(n))
+}

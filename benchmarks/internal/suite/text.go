@@ -1,0 +1,276 @@
+package suite
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// writeText prints the report as Markdown tables, readable in a terminal
+// and pasteable into RESULTS.md.
+func writeText(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	m := r.Machine
+	p("# tensorbench results\n\n")
+	if r.Command != "" {
+		p("Command: `%s`\n\n", r.Command)
+	}
+	p("| machine | |\n| --- | --- |\n")
+	p("| CPU | %s |\n| cores | %d (GOMAXPROCS %d) |\n| memory | %.1f GiB |\n| kernel | %s |\n| Go | %s (%s) |\n",
+		orDash(m.CPUModel), m.Cores, m.GOMAXPROCS, m.MemoryGiB, orDash(m.Kernel), m.GoVersion, m.OS)
+	p("| load average (1/5/15 min) | %.2f %.2f %.2f at start, %.2f %.2f %.2f at end |\n",
+		m.LoadBefore[0], m.LoadBefore[1], m.LoadBefore[2], m.LoadAfter[0], m.LoadAfter[1], m.LoadAfter[2])
+	p("| run | %s, %.0f s, %d measurements, %d skipped, peak RSS %.0f MiB |\n\n",
+		m.Time.Format("2006-01-02 15:04 UTC"), r.Summary.Seconds, r.Summary.Measurements, r.Summary.Skipped, r.Summary.PeakRSSMiB)
+	for _, n := range r.Notes {
+		p("- %s\n", n)
+	}
+	if len(r.Notes) > 0 {
+		p("\n")
+	}
+
+	if len(r.Transfers) > 0 {
+		writeTransfers(w, r)
+	}
+	if len(r.Serdes) > 0 {
+		writeSerdes(w, r)
+	}
+	if len(r.Codecs) > 0 {
+		writeCodecs(w, r)
+	}
+	if len(r.Skips) > 0 {
+		writeSkips(w, r.Skips)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// row is one line of a transfer table: a case on a payload.
+type row struct {
+	c       Case
+	payload string
+	label   string
+}
+
+func transferRows(r *Report) []row {
+	var rows []row
+	for _, c := range r.Cases {
+		var payloads []string
+		for _, p := range r.Config.Payloads {
+			if slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Case == c.Name && m.Payload == p.Name }) {
+				payloads = append(payloads, p.Name)
+			}
+		}
+		for _, p := range payloads {
+			label := c.Name
+			if c.Content || len(payloads) > 1 {
+				label += " · " + p
+			}
+			rows = append(rows, row{c: c, payload: p, label: label})
+		}
+	}
+	return rows
+}
+
+func (r *Report) sizes() []int64 {
+	var s []int64
+	for _, m := range r.Transfers {
+		if !slices.Contains(s, m.Bytes) {
+			s = append(s, m.Bytes)
+		}
+	}
+	slices.Sort(s)
+	return s
+}
+
+func (r *Report) exact(name, payload string, size int64, conc int) *Measurement {
+	for i := range r.Transfers {
+		m := &r.Transfers[i]
+		if m.Case == name && m.Payload == payload && m.Bytes == size && m.Concurrency == conc {
+			return m
+		}
+	}
+	return nil
+}
+
+func writeTransfers(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## Transfers\n\n")
+	p("A server holds the tensor; each stream asks for it and receives all of it, again and again. ")
+	p("GB/s is 1e9 bytes per second over all streams (the median of the reps, ± half their range); ")
+	p("streams of gRPC and tensorrpc cases share one connection or session, socket streams each have a connection.\n\n")
+	p("Payloads:\n\n")
+	for _, pl := range r.Config.Payloads {
+		p("- `%s`: %s\n", pl.Name, pl.About)
+	}
+	p("\nCases (content-blind cases run on `%s` only; compressed ones on every payload):\n\n", r.Config.Payloads[0].Name)
+	for _, c := range r.Cases {
+		ceil := ""
+		if c.Ceiling != "" {
+			ceil = "; ceiling: " + c.Ceiling
+		}
+		p("- `%s` (%s): %s%s\n", c.Name, c.Kind, c.About, ceil)
+	}
+	p("\n")
+
+	sizes := r.sizes()
+	rows := transferRows(r)
+	header := func(first string, extra ...string) {
+		p("| %s |", first)
+		for _, e := range extra {
+			p(" %s |", e)
+		}
+		for _, s := range sizes {
+			p(" %s |", sizeName(int(s)))
+		}
+		p("\n|%s", strings.Repeat(" --- |", 1+len(extra)))
+		p("%s\n", strings.Repeat(" ---: |", len(sizes)))
+	}
+	for _, conc := range r.Config.Concurrency {
+		if !slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Concurrency == conc }) {
+			continue
+		}
+		p("### Throughput, GB/s, %d stream%s\n\n", conc, plural(conc))
+		header("case")
+		for _, rw := range rows {
+			p("| %s |", rw.label)
+			for _, s := range sizes {
+				if m := r.exact(rw.c.Name, rw.payload, s, conc); m != nil {
+					p(" %s ±%.0f%% |", fmtRate(m.GBps), m.spread())
+				} else {
+					p(" - |")
+				}
+			}
+			p("\n")
+		}
+		p("\n### Fraction of the ceiling, %d stream%s\n\n", conc, plural(conc))
+		p("The ceiling runs the same transfers with as many streams, in reps alternating with the case's; each cell is the median over reps of the case's GB/s over the ceiling's in the neighbouring rep.\n\n")
+		header("case", "ceiling")
+		for _, rw := range rows {
+			if rw.c.Ceiling == "" {
+				continue
+			}
+			p("| %s | %s |", rw.label, rw.c.Ceiling)
+			for _, s := range sizes {
+				if m := r.exact(rw.c.Name, rw.payload, s, conc); m != nil && m.OfCeiling > 0 {
+					p(" %.2f |", m.OfCeiling)
+				} else {
+					p(" - |")
+				}
+			}
+			p("\n")
+		}
+		p("\n")
+	}
+
+	// Latency matters for small transfers; past a few MiB it is size/throughput.
+	var small []int64
+	for _, s := range sizes {
+		if s <= 1<<20 {
+			small = append(small, s)
+		}
+	}
+	if len(small) == 0 {
+		return
+	}
+	conc := r.Config.Concurrency[0]
+	p("### Latency of one transfer, %d stream%s: p50 / p99\n\n", conc, plural(conc))
+	p("| case |")
+	for _, s := range small {
+		p(" %s |", sizeName(int(s)))
+	}
+	p(" p50 at %s vs grpc-proto |\n|---|%s ---: |\n", sizeName(int(small[0])), strings.Repeat(" ---: |", len(small)))
+	base := r.exact("grpc-proto", r.Config.Payloads[0].Name, small[0], conc)
+	for _, rw := range rows {
+		p("| %s |", rw.label)
+		for _, s := range small {
+			if m := r.exact(rw.c.Name, rw.payload, s, conc); m != nil {
+				p(" %s / %s |", fmtUs(m.P50us), fmtUs(m.P99us))
+			} else {
+				p(" - |")
+			}
+		}
+		if m := r.exact(rw.c.Name, rw.payload, small[0], conc); m != nil && base != nil && base.P50us > 0 {
+			p(" %.2f× |\n", m.P50us/base.P50us)
+		} else {
+			p(" - |\n")
+		}
+	}
+	p("\n")
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func writeSerdes(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## Ser/des of one tensor message (%s, in process)\n\n", r.Config.Payloads[0].Name)
+	p("Encode: build the message from a key, dtype, shape and the tensor bytes. ")
+	p("Decode+traverse: parse it and read every field, and the first and last tensor byte. ")
+	p("Allocations are per message, averaged over the timed loops (the first call, which fills reused buffers, is not counted).\n\n")
+	for _, f := range serdesFormats() {
+		p("- `%s`: %s\n", f.name, f.about)
+	}
+	p("\n| format | tensor | wire size | encode | decode+traverse | encode allocs | decode allocs |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, s := range r.Serdes {
+		p("| %s | %s | %s | %s | %s | %.1f (%s) | %.1f (%s) |\n", s.Format, sizeName(int(s.Bytes)), fmtBytes(float64(s.WireBytes)),
+			fmtNs(s.EncodeNs), fmtNs(s.DecodeNs), s.EncodeAllocs, fmtBytes(s.EncodeAllocBytes), s.DecodeAllocs, fmtBytes(s.DecodeAllocBytes))
+	}
+	p("\n")
+}
+
+func writeCodecs(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	size := r.Codecs[0].Bytes
+	p("## Compression, %s per payload, one core\n\n", sizeName(int(size)))
+	p("Through the same encoding.Compressor the gRPC cases use. MB/s are uncompressed MB (1e6 bytes) per second. ")
+	p("Break-even is the link speed above which compressing makes the transfer slower: with ratio r, compression Cc and decompression Cd, ")
+	p("compress-send-decompress beats sending raw bytes over a link of B only if n/B > n/Cc + n/(r·B) + n/Cd, that is B < (1 − 1/r) / (1/Cc + 1/Cd) (serial). ")
+	p("A perfect pipeline would move the bound to min(Cc, Cd) (pipelined), though with r close to 1 it gains next to nothing below it either. 100 Gb/s is 12.5 GB/s.\n\n")
+	p("| codec | payload | ratio | compress MB/s | decompress MB/s | break-even, serial | pipelined |\n")
+	p("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, c := range r.Codecs {
+		p("| %s | %s | %.3f | %.0f | %.0f | %s | %s |\n", strings.TrimPrefix(c.Codec, "tb-"), c.Payload, c.Ratio,
+			c.CompressMBps, c.DecompressMBps, fmtGbps(c.BreakEvenGbps), fmtGbps(c.PipelinedBreakEvenGbps))
+	}
+	p("\n")
+}
+
+func fmtGbps(g float64) string {
+	if g == 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%.2f Gb/s", g)
+}
+
+// writeSkips lists the measurements not made, grouped by reason.
+func writeSkips(w io.Writer, skips []Skip) {
+	fmt.Fprintf(w, "## Skipped\n\n")
+	var reasons []string
+	byReason := map[string][]string{}
+	for _, s := range skips {
+		if _, ok := byReason[s.Reason]; !ok {
+			reasons = append(reasons, s.Reason)
+		}
+		what := s.Case
+		if s.Bytes > 0 {
+			what = fmt.Sprintf("%s %s %s c=%d", s.Case, sizeName(int(s.Bytes)), s.Payload, s.Concurrency)
+		}
+		byReason[s.Reason] = append(byReason[s.Reason], what)
+	}
+	for _, reason := range reasons {
+		fmt.Fprintf(w, "- %s (%d): %s\n", reason, len(byReason[reason]), strings.Join(byReason[reason], ", "))
+	}
+	fmt.Fprintf(w, "\n")
+}

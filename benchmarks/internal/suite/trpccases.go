@@ -1,0 +1,223 @@
+package suite
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// tensorrpc over one data plane: the server publishes the payload once, and
+// each stream Fetches it, as a consumer of a parameter server would.
+
+type trpcSession struct {
+	plane  string
+	lease  bool
+	size   int
+	server *rpc.Server
+	client *rpc.Client
+	// leased and copied count Fetches with Lease above the eager
+	// threshold by what they returned.
+	leased, copied atomic.Int64
+}
+
+// poolLimit sizes a pool for want bytes of tensors at once, with room for
+// the allocator's rounding and arena growth.
+func poolLimit(want int64) int64 {
+	return max(1<<30, want+want/4+(64<<20))
+}
+
+func trpcOptions(planes []string, poolBytes int64) []rpc.Option {
+	return []rpc.Option{
+		rpc.WithTransports(planes...),
+		rpc.WithPoolOptions(mempool.WithLimit(poolLimit(poolBytes))),
+	}
+}
+
+func openTensorRPC(plane string, lease bool) func(context.Context, *caseEnv) (session, error) {
+	return func(ctx context.Context, env *caseEnv) (session, error) {
+		size := int64(len(env.data))
+		s := &trpcSession{plane: plane, lease: lease, size: len(env.data)}
+		var err error
+		if s.server, err = rpc.NewServer(trpcOptions([]string{plane}, size)...); err != nil {
+			return nil, err
+		}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			s.server.Close()
+			return nil, err
+		}
+		go s.server.Serve(lis)
+		fail := func(err error) (session, error) {
+			if s.client != nil {
+				s.client.Close()
+			}
+			s.server.Stop()
+			return nil, err
+		}
+		t, err := s.server.NewTensor(ctx, env.payload.DType, shapeOf(len(env.data), env.payload.DType))
+		if err != nil {
+			return fail(err)
+		}
+		copy(t.Bytes(), env.data)
+		err = s.server.Publish(tensorKey, t)
+		t.Release()
+		if err != nil {
+			return fail(err)
+		}
+		// Each stream holds one fetched tensor at a time.
+		if s.client, err = rpc.Dial(ctx, lis.Addr().String(), trpcOptions([]string{plane}, size*int64(env.maxConc))...); err != nil {
+			return fail(err)
+		}
+		if got := s.client.Transport(); got != plane {
+			return fail(fmt.Errorf("negotiated %s, not %s: %s", got, plane, rejections(s.client)))
+		}
+		if err := awaitSession(ctx, s.server, s.client); err != nil {
+			return fail(err)
+		}
+		return s, nil
+	}
+}
+
+// awaitSession works around a race in rpc: the server registers a session
+// only after it has sent the client the last handshake message, so a call
+// made as soon as Dial returns can fail with NotFound ("unknown or ended
+// session"). It fetches a tiny tensor until the server knows the session.
+func awaitSession(ctx context.Context, srv *rpc.Server, c *rpc.Client) error {
+	t, err := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4})
+	if err != nil {
+		return err
+	}
+	err = srv.Publish(readyKey, t)
+	t.Release()
+	if err != nil {
+		return err
+	}
+	defer srv.Unpublish(readyKey)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := c.Fetch(ctx, readyKey)
+		if err == nil {
+			got.Release()
+			return nil
+		}
+		if status.Code(err) != codes.NotFound || time.Now().After(deadline) {
+			return fmt.Errorf("first fetch: %w", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+const readyKey = "tensorbench.ready"
+
+func rejections(c *rpc.Client) string {
+	var rs []string
+	for _, r := range c.Rejections() {
+		rs = append(rs, r.String())
+	}
+	if len(rs) == 0 {
+		return "no reason given"
+	}
+	return strings.Join(rs, "; ")
+}
+
+func (s *trpcSession) transport() string {
+	switch {
+	case s.lease && s.copied.Load() > 0:
+		return s.client.Transport() + "+copy(lease refused)"
+	case s.lease && s.leased.Load() > 0:
+		return s.client.Transport() + "+lease"
+	}
+	return s.client.Transport()
+}
+
+// note says what the reader must know about the measurement: a Lease that
+// returned copies measured a copy, not a lease.
+func (s *trpcSession) note() string {
+	if s.lease && s.copied.Load() > 0 {
+		return fmt.Sprintf("%s: Fetch with rpc.Lease() returned copies (Tensor.Leased() false) above the eager threshold, so this case measures a copy: "+
+			"the %s queue pair does not implement verbs.RemoteMapper, which rpc needs to map the server's memory", s.plane+"-lease", s.plane)
+	}
+	return ""
+}
+
+func (s *trpcSession) close() error {
+	err := s.client.Close()
+	s.server.Unpublish(tensorKey)
+	s.server.Stop()
+	return err
+}
+
+func (s *trpcSession) newStream() (stream, error) {
+	var opts []rpc.FetchOption
+	if s.lease {
+		opts = append(opts, rpc.Lease())
+	}
+	return streamFunc(func(ctx context.Context) error {
+		t, err := s.client.Fetch(ctx, tensorKey, opts...)
+		if err != nil {
+			return err
+		}
+		defer t.Release()
+		if got := len(t.Bytes()); got != s.size {
+			return fmt.Errorf("fetched %d bytes, want %d", got, s.size)
+		}
+		// Below the eager threshold the bytes ride in the control message
+		// and there is nothing to lease.
+		if s.lease && s.size > rpc.DefaultEagerThreshold {
+			if t.Leased() {
+				s.leased.Add(1)
+			} else {
+				s.copied.Add(1)
+			}
+		}
+		return nil
+	}), nil
+}
+
+// probeIBV reports whether the ibv data plane negotiates on this machine,
+// and if not, why.
+func probeIBV(ctx context.Context) (ok bool, reason string) {
+	srv, err := rpc.NewServer(rpc.WithTransports(rpc.TransportIBV, rpc.TransportGRPC))
+	if err != nil {
+		return false, err.Error()
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		srv.Close()
+		return false, err.Error()
+	}
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c, err := rpc.Dial(ctx, lis.Addr().String(), rpc.WithTransports(rpc.TransportIBV, rpc.TransportGRPC))
+	if err != nil {
+		return false, err.Error()
+	}
+	defer c.Close()
+	if c.Transport() == rpc.TransportIBV {
+		return true, ""
+	}
+	return false, rejections(c)
+}
+
+// shapeOf is the shape of an n-byte tensor of dtype: rows of 1024 elements
+// when they divide evenly, else one dimension.
+func shapeOf(n int, dtype zerocopy.DType) []int64 {
+	elems := int64(n / dtype.Size())
+	if elems >= 1024 && elems%1024 == 0 {
+		return []int64{elems / 1024, 1024}
+	}
+	return []int64{elems}
+}
+
+// tensorKey names the tensor every case moves.
+const tensorKey = "layer.17.mlp.weight.grad"
