@@ -69,7 +69,8 @@ func NumElements(shape []int64) (int64, error) {
 		}
 		hi, lo := bits.Mul64(n, uint64(d))
 		if hi != 0 || lo > math.MaxInt64 {
-			return 0, fmt.Errorf("%w: element count of %v", ErrOverflow, shape)
+			// A copy, so that shape does not escape (decoders keep it on the stack).
+			return 0, fmt.Errorf("%w: element count of %v", ErrOverflow, append([]int64(nil), shape...))
 		}
 		n = lo
 	}

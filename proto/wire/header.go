@@ -97,7 +97,9 @@ func (h *Header) Validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalidHeader, err)
 	}
 	if uint64(n) != h.ByteLength {
-		return fmt.Errorf("%w: %s%v is %d bytes, header says %d", ErrInvalidHeader, h.DType, h.Shape(), n, h.ByteLength)
+		// The shape is copied so that h does not escape: Decode's callers
+		// keep their Header on the stack.
+		return fmt.Errorf("%w: %s%v is %d bytes, header says %d", ErrInvalidHeader, h.DType, append([]int64(nil), h.Shape()...), n, h.ByteLength)
 	}
 	if h.HasLocation {
 		l := &h.Location

@@ -181,3 +181,22 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeFreshHeaderAllocatesNothing: a Header declared per call stays
+// on the stack.
+func TestDecodeFreshHeaderAllocatesNothing(t *testing.T) {
+	var enc Encoder
+	b, err := enc.Encode(sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		var h Header
+		if err := Decode(b, &h); err != nil || h.Rank != 3 {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Decode into a fresh Header allocates %.1f times per call", allocs)
+	}
+}
