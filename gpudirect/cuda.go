@@ -276,7 +276,7 @@ func (a *CUDAAllocator) direct(off, n int) (verbs.Memory, Mechanism, bool) {
 	case a.peermem:
 		return verbs.Memory{Bytes: a.api.view(a.base+uint64(off), n)}, MechanismPeermem, true
 	case a.dmabuf >= 0:
-		return verbs.Memory{Bytes: a.api.view(a.base+uint64(off), n), HasFD: true, FD: a.dmabuf, FDOffset: int64(off)}, MechanismDMABuf, true
+		return verbs.Memory{Bytes: a.api.view(a.base+uint64(off), n), HasFD: true, FD: a.dmabuf, FDOffset: int64(off), DMABuf: true}, MechanismDMABuf, true
 	}
 	return verbs.Memory{}, MechanismNone, false
 }

@@ -71,11 +71,11 @@
 // The Direct memory of a CUDA buffer is GPU memory: its Bytes hold device
 // addresses for registration by address, and the CPU must never touch
 // them. Hand it only to the ibv provider, and only when Plan said Direct.
-// For a DMA-BUF, verbs.Memory's HasFD, FD and FDOffset name the DMA-BUF,
-// but the ibv provider registers every memory with ibv_reg_mr today and
-// cannot yet tell a DMA-BUF from a memfd: DMA-BUF registration
-// (ibv_reg_dmabuf_mr) still has to be added there. nvidia_peermem works
-// with plain ibv_reg_mr.
+// For a DMA-BUF, verbs.Memory's HasFD, FD and FDOffset name the DMA-BUF
+// and DMABuf is set: the ibv provider then registers it with
+// ibv_reg_dmabuf_mr (the tcp and shm providers refuse it). That call has
+// compiled against rdma-core 44 but has not run on hardware. nvidia_peermem
+// works with plain ibv_reg_mr.
 //
 // A p2pmem arena's memory is readable by the CPU, but every access crosses
 // PCIe, so CopyToHost and CopyFromHost are slow. Its verbs.Memory has no

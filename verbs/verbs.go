@@ -84,11 +84,17 @@ func (a Access) String() string {
 // where Bytes starts in that file; the shm provider needs this to share the
 // region with its peer and refuses memory without it. Registration does not
 // take ownership of FD; it must stay open until the region is deregistered.
+//
+// DMABuf marks FD as a DMA-BUF of device memory (GPU memory exported for
+// RDMA): Bytes then holds device addresses the CPU must never touch, only
+// ibv registers it (with ibv_reg_dmabuf_mr), and the software providers
+// refuse it.
 type Memory struct {
 	Bytes    []byte
 	HasFD    bool
 	FD       int
 	FDOffset int64
+	DMABuf   bool
 }
 
 // ProtectionDomain owns memory regions, completion queues and queue pairs on

@@ -72,7 +72,18 @@ func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Memo
 	if d.closed {
 		return nil, verbs.ErrClosed
 	}
-	mr, err := C.trpc_reg_mr(d.pd, C.uint64_t(addr), C.uint64_t(len(m.Bytes)), flags)
+	var mr *C.struct_ibv_mr
+	var err error
+	if m.DMABuf {
+		// Device memory exported as a DMA-BUF: the NIC maps it through
+		// the fd; addr (the device address) is the region's iova.
+		if !m.HasFD {
+			return nil, fmt.Errorf("ibv: register memory: %w: DMA-BUF memory without its fd", verbs.ErrInvalidMemory)
+		}
+		mr, err = C.trpc_reg_dmabuf_mr(d.pd, C.uint64_t(m.FDOffset), C.uint64_t(len(m.Bytes)), C.uint64_t(addr), C.int(m.FD), flags)
+	} else {
+		mr, err = C.trpc_reg_mr(d.pd, C.uint64_t(addr), C.uint64_t(len(m.Bytes)), flags)
+	}
 	if mr == nil {
 		return nil, fmt.Errorf("ibv: register %d bytes at %#x with %s: %v%s", len(m.Bytes), addr, access, err, memlockHint(err))
 	}

@@ -123,6 +123,10 @@ int trpc_query_gid(struct ibv_context *ctx, uint8_t port, int index, uint8_t out
 	return 0;
 }
 
+struct ibv_mr *trpc_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, uint64_t length, uint64_t iova, int fd, int access) {
+	return ibv_reg_dmabuf_mr(pd, offset, (size_t)length, iova, fd, access);
+}
+
 struct ibv_mr *trpc_reg_mr(struct ibv_pd *pd, uint64_t addr, uint64_t length, int access) {
 	return ibv_reg_mr(pd, (void *)(uintptr_t)addr, (size_t)length, access);
 }

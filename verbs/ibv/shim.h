@@ -91,6 +91,7 @@ int trpc_get_cq_event(struct ibv_comp_channel *channel);
 int trpc_query_port(struct ibv_context *ctx, uint8_t port, trpc_port *out);
 int trpc_query_gid(struct ibv_context *ctx, uint8_t port, int index, uint8_t out[16]);
 struct ibv_mr *trpc_reg_mr(struct ibv_pd *pd, uint64_t addr, uint64_t length, int access);
+struct ibv_mr *trpc_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, uint64_t length, uint64_t iova, int fd, int access);
 struct ibv_qp *trpc_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct ibv_cq *recv_cq,
 	uint32_t max_send, uint32_t max_recv, uint32_t max_inline, trpc_qp_caps *caps);
 int trpc_qp_to_init(struct ibv_qp *qp, uint8_t port);

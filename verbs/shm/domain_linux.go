@@ -160,6 +160,9 @@ func (pd *domain) handshake(c *net.UnixConn) {
 // RegisterMemory registers memfd-backed memory. It refuses memory without
 // an fd and memfds that are not sealed against shrinking.
 func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
+	if m.DMABuf {
+		return nil, fmt.Errorf("shm: DMA-BUF device memory cannot be shared through a memfd; stage it through host memory: %w", verbs.ErrInvalidMemory)
+	}
 	if !m.HasFD {
 		return nil, fmt.Errorf("shm: memory must be backed by a memfd (Memory.HasFD is false): %w", verbs.ErrInvalidMemory)
 	}

@@ -61,6 +61,9 @@ func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Memo
 	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
 		return nil, fmt.Errorf("tcp: register memory: unknown access bits %v: %w", access, verbs.ErrInvalidMemory)
 	}
+	if m.DMABuf {
+		return nil, fmt.Errorf("tcp: register memory: %w: DMA-BUF device memory cannot be read by the CPU; stage it through host memory", verbs.ErrInvalidMemory)
+	}
 	if d.isClosed() {
 		return nil, fmt.Errorf("tcp: register memory: domain: %w", verbs.ErrClosed)
 	}
