@@ -251,6 +251,11 @@ func printTable(out io.Writer, rep *report) {
 		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, formatSize(r.Size), r.Op, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
 	}
 	for _, r := range rep.Results {
+		if r.Op == "lease" && r.Leases < int64(r.Iters) && r.Size <= rpc.DefaultEagerThreshold {
+			fmt.Fprintf(out, "%s %s lease: at or below the eager threshold (%s), the tensor travels inline in the control message, so there is nothing to lease\n",
+				r.Plane, formatSize(r.Size), formatSize(rpc.DefaultEagerThreshold))
+			continue
+		}
 		if r.Op == "lease" && r.Leases < int64(r.Iters) {
 			fmt.Fprintf(out, "%s %s lease: %d of %d fetches with rpc.Lease() were leases; the others were copied into the client's pool\n",
 				r.Plane, formatSize(r.Size), r.Leases, r.Iters)
