@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 )
 
 // Provider is one data-plane implementation. It is safe for concurrent use.
@@ -147,6 +148,53 @@ type QueuePairConfig struct {
 	// MaxInline is the largest Send or Write payload the provider may copy
 	// into the work request itself; zero means the provider's default.
 	MaxInline int
+	// LocalAddress is this host's address on the control connection the
+	// queue pair belongs to; package rpc passes the local address of the
+	// gRPC connection. A socket-based provider (tcp) listens on this
+	// address for the queue pair's data connection and advertises it in
+	// LocalInfo, unless the provider was configured with an explicit listen
+	// or advertise address or with a network interface, which take
+	// precedence. The zero value means the provider's default, which is
+	// 127.0.0.1 for tcp. Providers that do not use sockets for data (shm,
+	// ibv) ignore it.
+	LocalAddress netip.Addr
+	// Role says which side of the connection opens the data connection.
+	// The zero value, RoleAny, leaves it to the provider. The tcp provider
+	// honours it; shm, whose data connection is a unix socket on the same
+	// host, and ibv, which has no data connection of its own, ignore it.
+	Role ConnectRole
+}
+
+// ConnectRole says whether a queue pair opens its data connection to the
+// peer, accepts it from the peer, or leaves the choice to the provider. It
+// lets the caller decide who dials, for example so that a server never
+// dials an address named by a client.
+type ConnectRole uint8
+
+const (
+	// RoleAny leaves the choice to the provider (tcp: of two RoleAny queue
+	// pairs, the one with the smaller secret dials). A RoleAny queue pair
+	// dials a RoleAccept peer and accepts from a RoleDial peer.
+	RoleAny ConnectRole = iota
+	// RoleDial makes the queue pair open the data connection to the peer;
+	// it never listens for one, and its LocalInfo carries no address.
+	RoleDial
+	// RoleAccept makes the queue pair only accept the data connection; it
+	// never dials an address taken from the peer's connection info.
+	RoleAccept
+)
+
+// String returns "any", "dial" or "accept".
+func (r ConnectRole) String() string {
+	switch r {
+	case RoleAny:
+		return "any"
+	case RoleDial:
+		return "dial"
+	case RoleAccept:
+		return "accept"
+	}
+	return fmt.Sprintf("ConnectRole(%d)", uint8(r))
 }
 
 // QueuePair is a reliable connected queue pair. Work requests on one queue
@@ -162,7 +210,9 @@ type QueuePair interface {
 	LocalInfo() []byte
 	// Connect connects to the peer whose LocalInfo is remote; the peer
 	// calls Connect with this side's LocalInfo at about the same time.
-	// It moves the queue pair through INIT and RTR to RTS.
+	// It moves the queue pair through INIT and RTR to RTS. A provider that
+	// honours QueuePairConfig.Role fails with an error wrapping
+	// ErrInvalidInfo when both sides are RoleDial or both RoleAccept.
 	Connect(ctx context.Context, remote []byte) error
 	// PostSend posts Send, Write, WriteImm and Read work requests, in order.
 	// An error means none of the requests from the failing one on were

@@ -43,6 +43,8 @@ type queuePair struct {
 	recvBatch [C.TRPC_BATCH]C.trpc_recv
 }
 
+// NewQueuePair makes a queue pair. cfg.LocalAddress and cfg.Role are
+// ignored: an ibv queue pair exchanges no socket connection of its own.
 func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
