@@ -3,15 +3,47 @@
 //
 // # Basics
 //
-// New returns the provider; Open returns a protection domain that listens
-// for data connections (on 127.0.0.1 with a free port by default, see
-// WithListenAddress and WithAdvertiseAddress). Every queue pair's LocalInfo
-// carries the address peers dial, a random 128-bit one-time secret and the
-// queue pair's id. Of two queue pairs being connected, the one with the
-// smaller secret dials the other and presents both secrets; the accepting
+// New returns the provider; Open returns a protection domain. Every queue
+// pair's LocalInfo carries its role, the address peers dial, a random
+// 128-bit one-time secret and the queue pair's id. One of two queue pairs
+// being connected dials the other and presents both secrets; the accepting
 // side takes only a connection that presents the secret it issued and the
 // secret from the info its own Connect was given, and only once, so a data
 // connection is bound to the control-plane session that carried the infos.
+//
+// Who dials follows verbs.QueuePairConfig.Role: a RoleDial queue pair
+// dials, listens for nothing and advertises no address; a RoleAccept one
+// only accepts and never dials an address taken from the peer's info, so a
+// server that makes its queue pairs RoleAccept cannot be made to connect
+// anywhere by a client; a RoleAny one does the opposite of a peer with a
+// role, and of two RoleAny queue pairs the one with the smaller secret
+// dials. Two RoleDial or two RoleAccept queue pairs fail to connect with
+// verbs.ErrInvalidInfo.
+//
+// # Addresses
+//
+// A domain keeps one listener per local address, started by the first
+// queue pair (other than RoleDial) that uses it; peers dial the listener's
+// address unless WithAdvertiseAddress says otherwise. A queue pair listens
+// on the first of
+//
+//   - the explicit listen address: WithListenAddress, else the environment
+//     variable TENSORRPC_TCP_ADDR ("host[:port]");
+//   - the address of the interface named by TENSORRPC_SOCKET_IFNAME, a
+//     list of name prefixes in the style of NCCL_SOCKET_IFNAME ("eth,ib",
+//     "=eth0", "^docker,lo");
+//   - verbs.QueuePairConfig.LocalAddress, this host's address on the
+//     control connection (package rpc passes the gRPC connection's);
+//   - 127.0.0.1,
+//
+// with a free port, or the port of an explicit listen address whose host is
+// a wildcard (such an address gives only its port when an interface or a
+// LocalAddress is known). Since LocalAddress is the address the peer
+// already reached this host on, sessions between hosts work with no
+// configuration. A loopback address is never offered to a peer on another
+// host: when LocalAddress is not loopback but the address a queue pair
+// would advertise is, NewQueuePair fails and says how to fix it. The
+// environment is read once, by New; EnvSettings reports it.
 //
 // One goroutine writes frames in posting order and one reads and applies
 // them in order, so the RC ordering guarantee holds: the data of Writes

@@ -5,25 +5,26 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// domain implements verbs.ProtectionDomain. It owns the listener that
-// accepts the data connections of its queue pairs; an accepted connection
-// is handed to the queue pair whose one-time secret it presents.
+// domain implements verbs.ProtectionDomain. It owns the listeners that
+// accept the data connections of its queue pairs, one per local address;
+// an accepted connection is handed to the queue pair whose one-time secret
+// it presents.
 type domain struct {
 	opts options
 
 	mu         sync.Mutex
 	closed     bool
-	ln         net.Listener
-	advertise  string
+	listeners  map[string]*listener // by listen address
 	nextQP     uint64
 	qps        map[*queuePair]struct{}
 	cqs        map[*completionQueue]struct{}
@@ -38,6 +39,7 @@ type domain struct {
 func newDomain(opts options) *domain {
 	return &domain{
 		opts:       opts,
+		listeners:  make(map[string]*listener),
 		qps:        make(map[*queuePair]struct{}),
 		cqs:        make(map[*completionQueue]struct{}),
 		waiting:    make(map[secret]*queuePair),
@@ -144,7 +146,9 @@ func (d *domain) removeCQ(q *completionQueue) {
 
 // NewQueuePair makes a queue pair in RESET. Its completion queues must
 // belong to this domain and have room for MaxSend and MaxRecv outstanding
-// requests besides those already reserved by other queue pairs.
+// requests besides those already reserved by other queue pairs. Unless its
+// role is RoleDial, it uses the domain's listener for its local address
+// (see listenFor), which it starts when it is the first to use it.
 func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	if d.isClosed() {
 		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
@@ -157,9 +161,17 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 || cfg.MaxInline < 0 {
 		return nil, fmt.Errorf("tcp: new queue pair: negative limits in %+v", cfg)
 	}
+	if cfg.Role > verbs.RoleAccept {
+		return nil, fmt.Errorf("tcp: new queue pair: unknown role %v", cfg.Role)
+	}
 	maxSend, maxRecv := cmpOr(cfg.MaxSend, 1024), cmpOr(cfg.MaxRecv, 1024)
-	if err := d.ensureListener(); err != nil {
-		return nil, err
+	var advertise string
+	if cfg.Role != verbs.RoleDial {
+		l, err := d.listenerFor(cfg.LocalAddress.Unmap())
+		if err != nil {
+			return nil, err
+		}
+		advertise = l.advertise
 	}
 	if err := sendCQ.reserve(maxSend); err != nil {
 		return nil, fmt.Errorf("tcp: new queue pair: send queue of %d: %w", maxSend, err)
@@ -169,6 +181,7 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		return nil, fmt.Errorf("tcp: new queue pair: receive queue of %d: %w", maxRecv, err)
 	}
 	q := newQueuePair(d, sendCQ, recvCQ, maxSend, maxRecv, cmpOr(cfg.MaxInline, defaultMaxInline))
+	q.role, q.advertise = cfg.Role, advertise
 	if _, err := rand.Read(q.secret[:]); err != nil {
 		sendCQ.unreserve(maxSend)
 		recvCQ.unreserve(maxRecv)
@@ -183,9 +196,13 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 	}
 	d.nextQP++
 	q.id = d.nextQP
-	q.info = (&info{secret: q.secret, qpID: q.id, addr: d.advertise}).encode()
+	q.info = (&info{role: q.role, secret: q.secret, qpID: q.id, addr: q.advertise}).encode()
 	d.qps[q] = struct{}{}
-	d.waiting[q.secret] = q
+	if q.role != verbs.RoleDial {
+		// A dialing queue pair accepts nothing: no connection may
+		// present its secret.
+		d.waiting[q.secret] = q
+	}
 	return q, nil
 }
 
@@ -215,29 +232,105 @@ func (d *domain) forget(q *queuePair) {
 	d.mu.Unlock()
 }
 
-// ensureListener starts the domain's listener and accept loop once.
-func (d *domain) ensureListener() error {
+// listener is one of a domain's listeners.
+type listener struct {
+	ln        net.Listener
+	advertise string // the address peers dial, as carried in LocalInfo
+}
+
+// listenFor is the address a queue pair whose control connection has the
+// local address local listens on, and where that choice came from: an
+// explicit listen address (WithListenAddress, else TENSORRPC_TCP_ADDR),
+// else the TENSORRPC_SOCKET_IFNAME interface's address, else local, else
+// 127.0.0.1. An explicit address with a wildcard host gives only its port
+// when an interface or local address is known.
+func (o *options) listenFor(local netip.Addr) (addr, from string) {
+	port := "0"
+	if o.listenAddress != "" {
+		host, p, _ := net.SplitHostPort(o.listenAddress) // checked by New
+		if !isWildcard(host) {
+			return o.listenAddress, o.listenFrom
+		}
+		if p != "" {
+			port = p
+		}
+	}
+	switch {
+	case o.ifAddr.IsValid():
+		return net.JoinHostPort(o.ifAddr.String(), port), fmt.Sprintf("interface %s from %s=%q", o.ifName, EnvSocketIfname, o.ifSpec)
+	case local.IsValid() && !local.IsUnspecified():
+		return net.JoinHostPort(local.String(), port), "the queue pair's LocalAddress"
+	case o.listenAddress != "":
+		return o.listenAddress, o.listenFrom
+	}
+	return "127.0.0.1:0", "the default"
+}
+
+// checkReachable refuses to offer a loopback address to a peer reached
+// over a control connection whose local address is not loopback: that
+// peer is on another host and cannot dial it.
+func (o *options) checkReachable(local netip.Addr, listen, from string) error {
+	if !local.IsValid() || local.IsUnspecified() || local.IsLoopback() {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		host = listen
+	}
+	if o.advertiseAddress != "" {
+		from = "tcp.WithAdvertiseAddress"
+		if host, _, err = net.SplitHostPort(o.advertiseAddress); err != nil {
+			host = strings.TrimSuffix(strings.TrimPrefix(o.advertiseAddress, "["), "]")
+		}
+	}
+	if !isLoopbackHost(host) {
+		return nil
+	}
+	return fmt.Errorf("tcp: new queue pair: the control connection's local address %s is not loopback, but the data plane would advertise the loopback host %s (from %s), which a peer on another host cannot reach; "+
+		"give a reachable address with tcp.WithListenAddress or tcp.WithAdvertiseAddress, or set %s to the interface to use (or %s to the address)",
+		local, host, from, EnvSocketIfname, EnvAddr)
+}
+
+// isLoopbackHost reports whether a host name or address is loopback.
+func isLoopbackHost(host string) bool {
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// listenerFor returns the domain's listener for a queue pair whose control
+// connection has the local address local, and starts it and its accept
+// loop if it is the first.
+func (d *domain) listenerFor(local netip.Addr) (*listener, error) {
+	addr, from := d.opts.listenFor(local)
+	if err := d.opts.checkReachable(local, addr, from); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
+		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
 	}
-	if d.ln != nil {
-		return nil
+	if l := d.listeners[addr]; l != nil {
+		return l, nil
 	}
-	ln, err := net.Listen("tcp", d.opts.listenAddress)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("tcp: listening on %s: %w", d.opts.listenAddress, err)
+		return nil, fmt.Errorf("tcp: new queue pair: listening on %s (%s): %w", addr, from, err)
 	}
 	adv, err := advertised(ln.Addr().(*net.TCPAddr), d.opts.advertiseAddress)
 	if err != nil {
 		ln.Close()
-		return err
+		return nil, err
 	}
-	d.ln, d.advertise = ln, adv
+	l := &listener{ln: ln, advertise: adv}
+	d.listeners[addr] = l
 	d.wg.Add(1)
 	go d.acceptLoop(ln)
-	return nil
+	return l, nil
 }
 
 // advertised is the address peers dial: adv with the listener's port when
@@ -263,7 +356,7 @@ func (d *domain) acceptLoop(ln net.Listener) {
 			if d.isClosed() || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			slog.Warn("tcp: accepting a data connection", "listener", ln.Addr().String(), "err", err)
+			d.opts.logger.Warn("tcp: accepting a data connection", "listener", ln.Addr().String(), "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -296,21 +389,21 @@ func (d *domain) handshake(c net.Conn) {
 	c.SetDeadline(time.Now().Add(d.opts.handshakeTimeout))
 	h, err := readHello(c)
 	if err != nil {
-		slog.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
+		d.opts.logger.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
 	d.mu.Lock()
 	q := d.waiting[h.acceptor]
 	d.mu.Unlock()
 	if q == nil || q.id != h.qpID || !q.offer(c, h) {
-		slog.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
+		d.opts.logger.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
 		c.Write(replyBytes(handshakeRefused))
 		return
 	}
 	handed = true
 }
 
-// Close closes the listener, the queue pairs, the completion queues and the
+// Close closes the listeners, the queue pairs, the completion queues and the
 // regions left in the domain, and waits for its goroutines to stop.
 func (d *domain) Close() error {
 	d.mu.Lock()
@@ -319,8 +412,8 @@ func (d *domain) Close() error {
 		return fmt.Errorf("tcp: domain: %w", verbs.ErrClosed)
 	}
 	d.closed = true
-	if d.ln != nil {
-		d.ln.Close()
+	for _, l := range d.listeners {
+		l.ln.Close()
 	}
 	for c := range d.handshakes {
 		c.Close()

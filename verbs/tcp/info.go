@@ -12,8 +12,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// infoVersion is the first byte of LocalInfo.
-const infoVersion = 1
+// infoVersion is the first byte of LocalInfo. Version 2 added the role.
+const infoVersion = 2
 
 // secretSize is the size of a queue pair's one-time secret.
 const secretSize = 16
@@ -22,19 +22,23 @@ type secret [secretSize]byte
 
 // info is a queue pair's connection information. Its encoding is
 //
-//	version (1) | secret (16) | queue pair id (8, little endian) |
+//	version (1) | role (1) | secret (16) | queue pair id (8, little endian) |
 //	address length (1) | address ("host:port", address length bytes)
+//
+// The role is a verbs.ConnectRole. A RoleDial queue pair listens for
+// nothing: its address is empty, and only its address may be.
 type info struct {
+	role   verbs.ConnectRole
 	secret secret
 	qpID   uint64
 	addr   string
 }
 
-const infoFixed = 1 + secretSize + 8 + 1
+const infoFixed = 1 + 1 + secretSize + 8 + 1
 
 func (in *info) encode() []byte {
 	b := make([]byte, 0, infoFixed+len(in.addr))
-	b = append(b, infoVersion)
+	b = append(b, infoVersion, byte(in.role))
 	b = append(b, in.secret[:]...)
 	b = binary.LittleEndian.AppendUint64(b, in.qpID)
 	b = append(b, byte(len(in.addr)))
@@ -51,22 +55,37 @@ func parseInfo(b []byte) (info, error) {
 	if b[0] != infoVersion {
 		return in, fmt.Errorf("tcp: connection info version %d, want %d: %w", b[0], infoVersion, verbs.ErrInvalidInfo)
 	}
-	copy(in.secret[:], b[1:])
-	in.qpID = binary.LittleEndian.Uint64(b[1+secretSize:])
+	in.role = verbs.ConnectRole(b[1])
+	switch in.role {
+	case verbs.RoleAny, verbs.RoleDial, verbs.RoleAccept:
+	default:
+		return in, fmt.Errorf("tcp: connection info has an unknown role %d: %w", b[1], verbs.ErrInvalidInfo)
+	}
+	copy(in.secret[:], b[2:])
+	in.qpID = binary.LittleEndian.Uint64(b[2+secretSize:])
 	n := int(b[infoFixed-1])
 	if len(b) != infoFixed+n {
 		return in, fmt.Errorf("tcp: connection info of %d bytes, its address length says %d: %w", len(b), infoFixed+n, verbs.ErrInvalidInfo)
 	}
 	in.addr = string(b[infoFixed:])
+	if in.secret == (secret{}) {
+		return in, fmt.Errorf("tcp: connection info has an all-zero secret: %w", verbs.ErrInvalidInfo)
+	}
+	if in.role == verbs.RoleDial {
+		if in.addr != "" {
+			return in, fmt.Errorf("tcp: connection info of a dialing queue pair carries an address %q: %w", in.addr, verbs.ErrInvalidInfo)
+		}
+		return in, nil
+	}
+	if in.addr == "" {
+		return in, fmt.Errorf("tcp: connection info of a %s queue pair has no address: %w", in.role, verbs.ErrInvalidInfo)
+	}
 	host, port, err := net.SplitHostPort(in.addr)
 	if err != nil {
 		return in, fmt.Errorf("tcp: connection info address %q: %v: %w", in.addr, err, verbs.ErrInvalidInfo)
 	}
 	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 || host == "" {
 		return in, fmt.Errorf("tcp: connection info address %q has no usable host and port: %w", in.addr, verbs.ErrInvalidInfo)
-	}
-	if in.secret == (secret{}) {
-		return in, fmt.Errorf("tcp: connection info has an all-zero secret: %w", verbs.ErrInvalidInfo)
 	}
 	return in, nil
 }

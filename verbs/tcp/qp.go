@@ -29,6 +29,8 @@ type queuePair struct {
 	pd               *domain
 	id               uint64
 	secret           secret
+	role             verbs.ConnectRole
+	advertise        string // the listener address in info; "" for RoleDial
 	info             []byte
 	sendCQ, recvCQ   *completionQueue
 	maxSend, maxRecv int
@@ -149,10 +151,11 @@ func (q *queuePair) offer(c net.Conn, h hello) bool {
 	}
 }
 
-// Connect connects to the peer: the queue pair with the smaller secret
-// dials the other's listener and presents both secrets; the other accepts
-// only that connection. Connect fails with ErrInvalidInfo for malformed
-// info, leaving the queue pair in RESET, and honours ctx.
+// Connect connects to the peer. One side dials the other's listener and
+// presents both secrets; the other accepts only that connection. The roles
+// decide which (see shouldDial). Connect fails with ErrInvalidInfo for
+// malformed info or roles that cannot meet, leaving the queue pair in
+// RESET, and honours ctx.
 func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	peer, err := parseInfo(remote)
 	if err != nil {
@@ -160,6 +163,10 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	}
 	if peer.secret == q.secret {
 		return fmt.Errorf("tcp: queue pair %d: connection info is the queue pair's own: %w", q.id, verbs.ErrInvalidInfo)
+	}
+	dial, err := q.shouldDial(peer)
+	if err != nil {
+		return err
 	}
 	q.mu.Lock()
 	switch {
@@ -186,7 +193,7 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 		}
 	}()
 	var conn net.Conn
-	if bytes.Compare(q.secret[:], peer.secret[:]) < 0 {
+	if dial {
 		conn, err = q.dial(ctx, peer)
 	} else {
 		conn, err = q.accept(ctx, peer)
@@ -222,6 +229,28 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	go q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize))
 	q.pd.forget(q)
 	return nil
+}
+
+// shouldDial says whether this queue pair dials the peer: a RoleDial side
+// dials and a RoleAccept side accepts; a RoleAny side does the opposite of
+// a peer with a role, and of two RoleAny sides the one with the smaller
+// secret dials. Two RoleDial or two RoleAccept sides cannot connect.
+func (q *queuePair) shouldDial(peer info) (bool, error) {
+	if q.role != verbs.RoleAny && q.role == peer.role {
+		return false, fmt.Errorf("tcp: queue pair %d: both sides have role %s, so neither would %s: %w",
+			q.id, q.role, map[verbs.ConnectRole]string{verbs.RoleDial: "accept", verbs.RoleAccept: "dial"}[q.role], verbs.ErrInvalidInfo)
+	}
+	switch {
+	case q.role == verbs.RoleDial:
+		return true, nil
+	case q.role == verbs.RoleAccept:
+		return false, nil
+	case peer.role == verbs.RoleAccept:
+		return true, nil
+	case peer.role == verbs.RoleDial:
+		return false, nil
+	}
+	return bytes.Compare(q.secret[:], peer.secret[:]) < 0, nil
 }
 
 // dial connects to the peer's listener and presents both secrets.

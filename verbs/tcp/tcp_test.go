@@ -137,10 +137,15 @@ func TestHandshakeSecretIsOneTime(t *testing.T) {
 }
 
 func TestParseInfoRoundTrip(t *testing.T) {
-	in := info{secret: secret{1, 2, 3}, qpID: 42, addr: "[::1]:1234"}
-	got, err := parseInfo(in.encode())
-	if err != nil || got != in {
-		t.Fatalf("parseInfo(encode(%+v)) = %+v, %v", in, got, err)
+	for _, in := range []info{
+		{secret: secret{1, 2, 3}, qpID: 42, addr: "[::1]:1234"},
+		{role: verbs.RoleAccept, secret: secret{1, 2, 3}, qpID: 42, addr: "10.0.0.1:1234"},
+		{role: verbs.RoleDial, secret: secret{4}, qpID: 43},
+	} {
+		got, err := parseInfo(in.encode())
+		if err != nil || got != in {
+			t.Fatalf("parseInfo(encode(%+v)) = %+v, %v", in, got, err)
+		}
 	}
 }
 
@@ -153,10 +158,22 @@ func TestParseInfoRejectsGarbage(t *testing.T) {
 		(&info{secret: secret{9}, addr: ":80"}).encode(),
 		(&info{secret: secret{9}, addr: "127.0.0.1:99999"}).encode(),
 		(&info{addr: "127.0.0.1:80"}).encode(),
+		// Only a dialing queue pair has no address, and it has none.
+		(&info{secret: secret{9}}).encode(),
+		(&info{role: verbs.RoleAccept, secret: secret{9}}).encode(),
+		(&info{role: verbs.RoleDial, secret: secret{9}, addr: "127.0.0.1:80"}).encode(),
+		(&info{role: verbs.RoleAccept + 1, secret: secret{9}, addr: "127.0.0.1:80"}).encode(),
+		(&info{role: 0xff, secret: secret{9}}).encode(),
+		(&info{role: verbs.RoleDial}).encode(),
 	}
-	v2 := bytes.Clone(good)
-	v2[0] = 2
-	bad = append(bad, v2)
+	for _, v := range []byte{0, 1, 3, 0xff} {
+		old := bytes.Clone(good)
+		old[0] = v
+		bad = append(bad, old)
+	}
+	// Version 1 had no role byte.
+	v1 := append([]byte{1}, good[2:]...)
+	bad = append(bad, v1)
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		b := make([]byte, r.IntN(80))
@@ -168,7 +185,7 @@ func TestParseInfoRejectsGarbage(t *testing.T) {
 	for _, b := range bad {
 		if _, err := parseInfo(b); !errors.Is(err, verbs.ErrInvalidInfo) {
 			// Random bytes may, very rarely, be well formed.
-			if len(b) > infoFixed && b[0] == infoVersion {
+			if len(b) >= infoFixed && b[0] == infoVersion {
 				continue
 			}
 			t.Fatalf("parseInfo(%x) = %v, want ErrInvalidInfo", b, err)
@@ -178,6 +195,8 @@ func TestParseInfoRejectsGarbage(t *testing.T) {
 
 func FuzzParseInfo(f *testing.F) {
 	f.Add((&info{secret: secret{9}, qpID: 1, addr: "127.0.0.1:80"}).encode())
+	f.Add((&info{role: verbs.RoleDial, secret: secret{9}, qpID: 1}).encode())
+	f.Add((&info{role: verbs.RoleAccept, secret: secret{9}, qpID: 1, addr: "[::1]:80"}).encode())
 	f.Add([]byte{infoVersion, 0, 0})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
