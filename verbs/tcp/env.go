@@ -42,6 +42,9 @@ func withPort(s string) (string, error) {
 	if _, _, err := net.SplitHostPort(s); err == nil {
 		return s, nil
 	}
+	if strings.HasPrefix(s, "[") != strings.HasSuffix(s, "]") {
+		return "", fmt.Errorf("%q is not host[:port]", s)
+	}
 	h := strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
 	if h == "" || strings.ContainsAny(h, "[]") {
 		return "", fmt.Errorf("%q is not host[:port]", s)
