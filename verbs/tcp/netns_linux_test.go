@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -18,7 +19,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
-// childEnv carries the child's listen address to TestNetnsChild.
+// childEnv carries the child's address on the veth pair to TestNetnsChild.
 const childEnv = "TENSORRPC_TCP_NETNS_CHILD"
 
 const netnsPayload = 1 << 20
@@ -35,7 +36,11 @@ func netnsPattern() []byte {
 // in a child process inside another network namespace, over a veth pair:
 // the two ends share no loopback, as on two hosts. The connection info
 // travels over the child's stdin and stdout, standing in for the control
-// plane.
+// plane. The child uses the default options and only sets LocalAddress, as
+// package rpc does, to its veth address. It runs twice: once the parent
+// dials the child (RoleDial), so the child's data plane must listen on and
+// advertise its LocalAddress, and once the child dials the parent
+// (RoleAccept), which listens where WithListenAddress says.
 func TestAcrossNetworkNamespaces(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
 		t.Skip("running as the namespace child")
@@ -77,13 +82,24 @@ func TestAcrossNetworkNamespaces(t *testing.T) {
 	}
 	defer ip("link", "del", hostIf)
 
+	for _, role := range []verbs.ConnectRole{verbs.RoleDial, verbs.RoleAccept} {
+		t.Run("parent-"+role.String(), func(t *testing.T) {
+			defer leakcheck.Check(t)
+			netnsPair(t, ns, subnet, role)
+		})
+	}
+}
+
+// netnsPair connects a queue pair of the given role in this process to a
+// child's in the namespace ns, then writes and sends to it.
+func netnsPair(t *testing.T, ns, subnet string, role verbs.ConnectRole) {
 	pd, err := tcp.New(tcp.WithListenAddress(subnet + ".1:0")).Open("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pd.Close()
 	cq, _ := pd.NewCompletionQueue(64)
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 16, MaxRecv: 16})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 16, MaxRecv: 16, Role: role})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +108,7 @@ func TestAcrossNetworkNamespaces(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, os.Args[0], "-test.run", "^TestNetnsChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+subnet+".2:0")
+	cmd.Env = append(os.Environ(), childEnv+"="+subnet+".2")
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -114,6 +130,9 @@ func TestAcrossNetworkNamespaces(t *testing.T) {
 	info, err := hex.DecodeString(next("INFO "))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []byte(subnet + ".2:"); !bytes.Contains(info, want) {
+		t.Fatalf("the child's info %x does not advertise its LocalAddress %s", info, want)
 	}
 	var addr uint64
 	var key uint32
@@ -150,21 +169,25 @@ func TestAcrossNetworkNamespaces(t *testing.T) {
 // TestNetnsChild is the other end of TestAcrossNetworkNamespaces, run in
 // the namespace; it does nothing in a normal test run.
 func TestNetnsChild(t *testing.T) {
-	listen := os.Getenv(childEnv)
-	if listen == "" {
+	local := os.Getenv(childEnv)
+	if local == "" {
 		t.Skip("helper process of TestAcrossNetworkNamespaces")
 	}
 	fail := func(format string, args ...any) {
 		fmt.Printf("RESULT "+format+"\n", args...)
 		t.Fatalf(format, args...)
 	}
-	pd, err := tcp.New(tcp.WithListenAddress(listen)).Open("")
+	addr, err := netip.ParseAddr(local)
+	if err != nil {
+		fail("%s=%q: %v", childEnv, local, err)
+	}
+	pd, err := tcp.New().Open("")
 	if err != nil {
 		fail("open: %v", err)
 	}
 	defer pd.Close()
 	cq, _ := pd.NewCompletionQueue(64)
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 16, MaxRecv: 16})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 16, MaxRecv: 16, LocalAddress: addr})
 	if err != nil {
 		fail("queue pair: %v", err)
 	}
