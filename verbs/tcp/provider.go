@@ -119,7 +119,7 @@ func (p *provider) Devices() ([]verbs.Device, error) {
 // domain's listeners are created with the queue pairs that use them.
 func (p *provider) Open(name string) (verbs.ProtectionDomain, error) {
 	if p.err != nil {
-		return nil, fmt.Errorf("tcp: open: %w: %w", p.err, verbs.ErrNoDevice)
+		return nil, fmt.Errorf("%w: %w", p.err, verbs.ErrNoDevice)
 	}
 	if name != "" && name != Name {
 		return nil, fmt.Errorf("tcp: open device %q: the only device is %q: %w", name, Name, verbs.ErrNoDevice)
