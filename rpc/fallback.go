@@ -21,12 +21,17 @@ import (
 // makes no copy of our own: the chunks view pool memory (chunkcodec), and
 // gRPC's transport copies them into its frames. Receiving copies each chunk
 // once, out of gRPC's receive buffers into the destination pool buffer.
+//
+// The chunkcodec codec is used per call, never installed as gRPC's "proto"
+// codec: our client asks for it on each fallback stream
+// (chunkcodec.CallOptions), and the server handlers wrap their stream with
+// chunkcodec.ServerStream, which is the stream itself for our clients and
+// translates to *pb.Chunk for clients with only the .proto (gRPC's proto
+// codec then copies each chunk once on send, as it does for any Chunk).
 
 // streamChunkSize is the payload of one data Chunk; well under gRPC's
 // default 4 MiB message limit.
 const streamChunkSize = 1 << 20
-
-func init() { chunkcodec.Register() }
 
 // msgSender and msgReceiver are the halves of gRPC streams we use.
 type msgSender interface{ SendMsg(m any) error }
@@ -177,13 +182,14 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
-	return sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor)}}, []*mempool.Buffer{e.buf}, &c)
+	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor)}}, []*mempool.Buffer{e.buf}, &c)
 }
 
 // SendStream implements the SendStream method.
 func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
 	ctx := stream.Context()
-	h, err := recvHeader(stream)
+	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
+	h, err := recvHeader(cs)
 	if err != nil {
 		return err
 	}
@@ -192,11 +198,11 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	}
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := recvTensors(ctx, stream, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	ts, err := recvTensors(ctx, cs, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
 	if err != nil {
 		return err
 	}
-	if err := expectEnd(stream); err != nil {
+	if err := expectEnd(cs); err != nil {
 		ts[0].Release()
 		return err
 	}
@@ -210,7 +216,8 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 // CallStream implements the CallStream method.
 func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk]) error {
 	ctx := stream.Context()
-	h, err := recvHeader(stream)
+	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
+	h, err := recvHeader(cs)
 	if err != nil {
 		return err
 	}
@@ -220,7 +227,7 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	}
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := recvTensors(ctx, stream, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	ts, err := recvTensors(ctx, cs, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
 	if err != nil {
 		return err
 	}
@@ -243,7 +250,7 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
-	return sendChunks(stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c)
+	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c)
 }
 
 // poolBuffers returns pool buffer references and descriptions for ts.
@@ -272,7 +279,7 @@ func releaseAll(bufs []*mempool.Buffer) {
 func (c *Client) fetchStream(ctx context.Context, key string) (*Tensor, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key})
+	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key}, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +311,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.SendStream(ctx)
+	stream, err := c.api.SendStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return err
 	}
@@ -332,7 +339,7 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (*
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.CallStream(ctx)
+	stream, err := c.api.CallStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}

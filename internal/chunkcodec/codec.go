@@ -3,21 +3,32 @@ package chunkcodec
 import (
 	"errors"
 	"fmt"
-	"sync"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto" // registers grpc-go's stock "proto" CodecV2
 	"google.golang.org/grpc/mem"
 )
 
-// Name is the codec name, and the gRPC content-subtype, this codec answers
-// to. It is "proto" because the wire format is plain protobuf.
-const Name = grpcproto.Name
+// Name is the codec's name and the gRPC content-subtype it answers to: a
+// call made with CallOptions carries the content-type
+// "application/grpc+tensorrpc-chunk", and a grpc.Server picks this codec
+// for it from gRPC's codec registry. The wire format is plain protobuf all
+// the same; the name only says that both ends are this package.
+const Name = "tensorrpc-chunk"
 
 // stockProto is grpc-go's own "proto" CodecV2, captured when this package is
 // initialised (grpc's encoding/proto package, imported above, registers it
 // first). It is the fallback of New(nil).
-var stockProto = encoding.GetCodecV2(Name)
+var stockProto = encoding.GetCodecV2(grpcproto.Name)
+
+// init registers a Codec under Name, the way grpc-go's own codecs register
+// themselves. Nothing else changes: gRPC's "proto" codec, which every other
+// service and call in the process uses, stays grpc-go's own. A server needs
+// the registration to serve our clients when it is not built with
+// grpc.ForceServerCodecV2 (rpc.Server.Register registers tensorrpc on an
+// application's grpc.Server, whose options are not ours to choose).
+func init() { encoding.RegisterCodecV2(New(nil)) }
 
 // Codec is an encoding.CodecV2 that moves the data of Chunk messages as
 // mem.BufferSlice views: *OutChunk and *InChunk are marshalled and
@@ -35,7 +46,7 @@ var _ encoding.CodecV2 = Codec{}
 // A fallback that is itself a Codec is unwrapped, so codecs never stack.
 //
 // Use it with grpc.ForceServerCodecV2 and grpc.ForceCodecV2 to use the codec
-// on chosen servers and calls only, without Register.
+// on a whole server or connection; CallOptions uses it per call.
 func New(fallback encoding.CodecV2) Codec {
 	if c, ok := fallback.(Codec); ok {
 		fallback = c.fallback
@@ -46,25 +57,16 @@ func New(fallback encoding.CodecV2) Codec {
 	return Codec{fallback: fallback}
 }
 
-var registerOnce sync.Once
-
-// Register installs a Codec process-wide as gRPC's "proto" codec, wrapping
-// the "proto" CodecV2 registered before it, so every other protobuf message
-// is encoded exactly as before. Only the first call has an effect.
-//
-// Like encoding.RegisterCodecV2, Register is not safe to run while gRPC
-// clients or servers are running: call it from init or early in main.
-func Register() {
-	registerOnce.Do(func() {
-		prev := encoding.GetCodecV2(Name)
-		if _, ok := prev.(Codec); ok {
-			return
-		}
-		encoding.RegisterCodecV2(New(prev))
-	})
+// CallOptions returns the options that make one client call use this codec:
+// grpc.ForceCodecV2 with a Codec (so the call does not depend on the
+// registry), and grpc.CallContentSubtype(Name), so that the server picks
+// the same codec (ServerStream) even when the connection's default call
+// options name another content-subtype.
+func CallOptions() []grpc.CallOption {
+	return []grpc.CallOption{grpc.ForceCodecV2(New(nil)), grpc.CallContentSubtype(Name)}
 }
 
-// Name returns "proto".
+// Name returns Name, "tensorrpc-chunk".
 func (c Codec) Name() string { return Name }
 
 // Marshal encodes *OutChunk and *InChunk as a protobuf Chunk whose data

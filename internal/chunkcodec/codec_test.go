@@ -2,14 +2,18 @@ package chunkcodec
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -378,7 +382,7 @@ func TestWrap(t *testing.T) {
 func TestDelegation(t *testing.T) {
 	defer leakcheck.Check(t)
 	codec := New(nil)
-	if codec.Name() != "proto" {
+	if codec.Name() != Name || Name != "tensorrpc-chunk" {
 		t.Fatalf("Name() = %q", codec.Name())
 	}
 	if New(codec).fallback != stockProto {
@@ -426,3 +430,105 @@ func TestDelegation(t *testing.T) {
 	}
 	var _ encoding.CodecV2 = zero
 }
+
+// fakeServerStream records what a handler sends and replays chunks to
+// receive; its context carries no metadata (a client of the proto codec).
+type fakeServerStream struct {
+	grpc.ServerStream
+	sent []any
+	recv []*tensorrpcpb.Chunk
+}
+
+func (f *fakeServerStream) Context() context.Context { return context.Background() }
+func (f *fakeServerStream) SendMsg(m any) error      { f.sent = append(f.sent, m); return nil }
+func (f *fakeServerStream) RecvMsg(m any) error {
+	if len(f.recv) == 0 {
+		return io.EOF
+	}
+	c, ok := m.(*tensorrpcpb.Chunk)
+	if !ok {
+		return fmt.Errorf("RecvMsg into %T", m)
+	}
+	proto.Merge(c, f.recv[0])
+	f.recv = f.recv[1:]
+	return nil
+}
+
+func TestServerStreamProto(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := randBytes(3000, 1), randBytes(2000, 2)
+	f := &fakeServerStream{recv: []*tensorrpcpb.Chunk{{Header: testHeader()}, {Data: a}, {}}}
+	ss := ServerStream(f)
+	if ss == grpc.ServerStream(f) {
+		t.Fatal("ServerStream did not wrap a stream without the codec's content-type")
+	}
+	var rc releaseCounter
+	out := &OutChunk{Header: testHeader(), Data: mem.BufferSlice{Wrap(a, rc.release), Wrap(b, rc.release)}}
+	if err := ss.SendMsg(out); err != nil {
+		t.Fatal(err)
+	}
+	out.Free()
+	if rc.count() != 2 {
+		t.Fatalf("%d of 2 buffers released after SendMsg and Free", rc.count())
+	}
+	one := &OutChunk{Data: mem.BufferSlice{mem.SliceBuffer(a)}}
+	if err := ss.SendMsg(one); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.SendMsg(&InChunk{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.SendMsg(&tensorrpcpb.SendResponse{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.SendMsg((*OutChunk)(nil)); err == nil {
+		t.Error("SendMsg of a nil *OutChunk succeeded")
+	}
+	if len(f.sent) != 4 {
+		t.Fatalf("sent %d messages", len(f.sent))
+	}
+	c0, _ := f.sent[0].(*tensorrpcpb.Chunk)
+	if c0 == nil || !proto.Equal(c0.Header, testHeader()) || !bytes.Equal(c0.Data, append(append([]byte(nil), a...), b...)) {
+		t.Errorf("first chunk sent as %v", f.sent[0])
+	}
+	if c1, _ := f.sent[1].(*tensorrpcpb.Chunk); c1 == nil || c1.Header != nil || !bytes.Equal(c1.Data, a) {
+		t.Errorf("second chunk sent as %v", f.sent[1])
+	}
+	if c2, _ := f.sent[2].(*tensorrpcpb.Chunk); c2 == nil || c2.Header != nil || c2.Data != nil {
+		t.Errorf("empty chunk sent as %v", f.sent[2])
+	}
+	if _, ok := f.sent[3].(*tensorrpcpb.SendResponse); !ok {
+		t.Errorf("SendResponse sent as %T", f.sent[3])
+	}
+
+	var in InChunk
+	if err := ss.RecvMsg(&in); err != nil || !proto.Equal(in.Header, testHeader()) || in.Data != nil {
+		t.Fatalf("header chunk: %v %v %d", err, in.Header, in.Len())
+	}
+	if err := ss.RecvMsg(&in); err != nil || in.Header != nil || in.Len() != len(a) || !bytes.Equal(in.Data.Materialize(), a) {
+		t.Fatalf("data chunk: %v %v %d", err, in.Header, in.Len())
+	}
+	in.Free()
+	if err := ss.RecvMsg(&in); err != nil || in.Header != nil || in.Data != nil {
+		t.Fatalf("empty chunk: %v %v %d", err, in.Header, in.Len())
+	}
+	if err := ss.RecvMsg(&OutChunk{}); err == nil {
+		t.Error("RecvMsg into *OutChunk succeeded")
+	}
+	if err := ss.RecvMsg(&in); err != io.EOF {
+		t.Fatalf("at the end: %v", err)
+	}
+
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("content-type", "application/grpc+"+Name))
+	own := &ctxServerStream{fakeServerStream: f, ctx: ctx}
+	if ServerStream(own) != grpc.ServerStream(own) {
+		t.Error("ServerStream wrapped a stream of this codec")
+	}
+}
+
+type ctxServerStream struct {
+	*fakeServerStream
+	ctx context.Context
+}
+
+func (s *ctxServerStream) Context() context.Context { return s.ctx }

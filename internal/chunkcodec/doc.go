@@ -7,11 +7,24 @@
 //
 // # Use
 //
-// Send an *OutChunk and receive into an *InChunk through a Codec, installed
-// either per server and call (grpc.ForceServerCodecV2(chunkcodec.New(nil)),
-// grpc.ForceCodecV2(chunkcodec.New(nil))) or process-wide with Register.
-// Every other message, *tensorrpcpb.Chunk included, goes to the wrapped
-// protobuf codec and is encoded exactly as before.
+// Send an *OutChunk and receive into an *InChunk through a Codec. The
+// Codec is registered with gRPC under its own name, the content-subtype
+// Name ("tensorrpc-chunk"), as grpc-go's codecs register themselves; it
+// never replaces gRPC's "proto" codec, so importing this package changes
+// nothing for any other service or call in the process. Every other
+// message, *tensorrpcpb.Chunk included, goes to grpc-go's protobuf codec
+// and is encoded exactly as before.
+//
+// A client picks the codec per call with CallOptions (grpc.ForceCodecV2
+// and grpc.CallContentSubtype), so nothing depends on connection-wide
+// settings. A server finds it in the registry by the content-subtype the
+// client sent, with no server option. A server handler wraps its stream
+// with ServerStream, which keeps the zero-copy path for clients of this
+// codec and translates to *tensorrpcpb.Chunk for clients that have only
+// tensorrpc.proto (content-type application/grpc or application/grpc+proto,
+// hence gRPC's proto codec); Incoming tells which a stream is.
+// grpc.ForceServerCodecV2(New(nil)) and grpc.ForceCodecV2(New(nil)) still
+// put the codec on a whole server or connection.
 //
 // # Copies of the tensor bytes
 //

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
@@ -36,10 +37,17 @@ func echo(t *testing.T, conn *grpc.ClientConn, raw bool, payload []byte, chunkSi
 // with the stream committed (see Commit) or not.
 func echoStream(t *testing.T, conn *grpc.ClientConn, raw, commit bool, payload []byte, chunkSize int, release func(i int) func()) {
 	t.Helper()
+	echoOn(t, conn, 0, nil, raw, commit, payload, chunkSize, release)
+}
+
+// echoOn is echoStream on the Echo-like method m, with call options opts;
+// it returns the response header the server sent.
+func echoOn(t *testing.T, conn *grpc.ClientConn, m int, opts []grpc.CallOption, raw, commit bool, payload []byte, chunkSize int, release func(i int) func()) metadata.MD {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	desc, name := method(0)
-	stream, err := conn.NewStream(ctx, desc, name)
+	desc, name := method(m)
+	stream, err := conn.NewStream(ctx, desc, name, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +130,11 @@ func echoStream(t *testing.T, conn *grpc.ClientConn, raw, commit bool, payload [
 	if want := 1 + (len(payload)+chunkSize-1)/chunkSize; msgs != want {
 		t.Errorf("received %d messages, want %d", msgs, want)
 	}
+	md, err := stream.Header()
+	if err != nil {
+		t.Fatalf("header: %v", err)
+	}
+	return md
 }
 
 // eventually polls cond for up to 5 s.
@@ -244,22 +257,29 @@ func TestCommit(t *testing.T) {
 	}
 }
 
-// TestRegister installs the codec process-wide and checks that ordinary
-// protobuf messages keep working with no codec options anywhere, and that
-// OutChunk/InChunk then need none either.
-func TestRegister(t *testing.T) {
+// TestRegistered checks that the codec is registered under its own name
+// only: gRPC's "proto" codec stays grpc-go's own, so ordinary calls with no
+// codec options are untouched, while a server with no codec option serves
+// both our per-call codec (zero copy) and plain protobuf clients through
+// ServerStream.
+func TestRegistered(t *testing.T) {
 	defer leakcheck.Check(t)
-	Register()
-	Register()
-	c, ok := encoding.GetCodecV2("proto").(Codec)
+	c, ok := encoding.GetCodecV2(Name).(Codec)
 	if !ok {
-		t.Fatalf("registered proto codec is %T", encoding.GetCodecV2("proto"))
+		t.Fatalf("codec registered as %q is %T", Name, encoding.GetCodecV2(Name))
 	}
 	if c.fallback != stockProto {
 		t.Fatalf("registered codec wraps %T, want grpc's stock codec", c.fallback)
 	}
+	pc := encoding.GetCodecV2("proto")
+	if _, ok := pc.(Codec); ok || pc != stockProto || pc.Name() != "proto" {
+		t.Fatalf(`the "proto" codec is %T (%q), want grpc-go's own`, pc, pc.Name())
+	}
+	if _, err := pc.Marshal(&OutChunk{}); err == nil {
+		t.Fatal(`the "proto" codec marshals an OutChunk`)
+	}
 
-	addr, stop := startServer(t)
+	addr, stop := startServer(t) // no codec option
 	defer stop()
 	conn := dial(t, addr)
 	defer conn.Close()
@@ -274,6 +294,65 @@ func TestRegister(t *testing.T) {
 		t.Fatalf("unary reply %v", &resp)
 	}
 	payload := randBytes(4<<20, 7)
-	t.Run("raw", func(t *testing.T) { echo(t, conn, true, payload, 65536, nil) })
-	t.Run("proto", func(t *testing.T) { echo(t, conn, false, payload, 65536, nil) })
+	n := (len(payload) + 65535) / 65536
+	t.Run("raw", func(t *testing.T) {
+		var rc releaseCounter
+		md := echoOn(t, conn, 3, CallOptions(), true, true, payload, 65536, func(int) func() { return rc.release })
+		if got := md.Get("x-codec"); len(got) != 1 || got[0] != Name {
+			t.Errorf("server saw codec %q, want %q", got, Name)
+		}
+		if !eventually(func() bool { return rc.count() == n }) {
+			t.Errorf("%d of %d sent chunks released", rc.count(), n)
+		}
+	})
+	t.Run("proto", func(t *testing.T) {
+		md := echoOn(t, conn, 3, nil, false, true, payload, 65536, func(int) func() { return nil })
+		if got := md.Get("x-codec"); len(got) != 1 || got[0] != "proto" {
+			t.Errorf("server saw codec %q, want proto", got)
+		}
+	})
+	t.Run("proto, content-subtype proto", func(t *testing.T) {
+		opts := []grpc.CallOption{grpc.CallContentSubtype("proto")}
+		md := echoOn(t, conn, 3, opts, false, true, payload[:1<<20+3], 100003, func(int) func() { return nil })
+		if got := md.Get("x-codec"); len(got) != 1 || got[0] != "proto" {
+			t.Errorf("server saw codec %q, want proto", got)
+		}
+	})
+	t.Run("raw to a handler without ServerStream", func(t *testing.T) {
+		// Echo receives into InChunk directly: with the per-call codec the
+		// server's registry gives it this codec.
+		echoOn(t, conn, 0, CallOptions(), true, true, payload, 65536, func(int) func() { return nil })
+	})
+}
+
+func TestIncoming(t *testing.T) {
+	in := func(vs ...string) context.Context {
+		md := metadata.MD{}
+		for _, v := range vs {
+			md.Append("content-type", v)
+		}
+		return metadata.NewIncomingContext(context.Background(), md)
+	}
+	cases := []struct {
+		ctx  context.Context
+		want bool
+	}{
+		{context.Background(), false},
+		{in(), false},
+		{in("application/grpc"), false},
+		{in("application/grpc+proto"), false},
+		{in("application/grpc+tensorrpc-chunk"), true},
+		{in("application/grpc;tensorrpc-chunk"), true},
+		{in("application/grpc+TENSORRPC-CHUNK"), false}, // grpc-go's registry lookup is case-sensitive too
+		{in("application/grpcx+tensorrpc-chunk"), false},
+		{in("application/json+tensorrpc-chunk"), false},
+		{in("application/grpc+tensorrpc-chunk", "application/grpc"), false}, // the last one counts, as in grpc-go
+		{in("application/grpc", "application/grpc+tensorrpc-chunk"), true},
+	}
+	for i, c := range cases {
+		if got := Incoming(c.ctx); got != c.want {
+			md, _ := metadata.FromIncomingContext(c.ctx)
+			t.Errorf("case %d (%v): Incoming = %v, want %v", i, md, got, c.want)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -29,6 +30,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 //	  rpc Echo(stream Chunk) returns (stream Chunk);      // sends every chunk back
 //	  rpc SinkRaw(stream Chunk) returns (stream Chunk);   // counts bytes, replies once
 //	  rpc SinkProto(stream Chunk) returns (stream Chunk); // same, via tensorrpcpb.Chunk
+//	  rpc EchoAny(stream Chunk) returns (stream Chunk);   // Echo through ServerStream
 //	}
 const svcName = "tensorrpc.chunkcodec.test.Echo"
 
@@ -40,6 +42,7 @@ var testDesc = grpc.ServiceDesc{
 		{StreamName: "Echo", Handler: echoHandler, ServerStreams: true, ClientStreams: true},
 		{StreamName: "SinkRaw", Handler: sinkRawHandler, ServerStreams: true, ClientStreams: true},
 		{StreamName: "SinkProto", Handler: sinkProtoHandler, ServerStreams: true, ClientStreams: true},
+		{StreamName: "EchoAny", Handler: echoAnyHandler, ServerStreams: true, ClientStreams: true},
 	},
 }
 
@@ -92,6 +95,20 @@ func echoHandler(_ any, stream grpc.ServerStream) error {
 			total, crc, want.ByteLength, want.GetCrc32C())
 	}
 	return nil
+}
+
+// echoAnyHandler is echoHandler through ServerStream, so that it serves
+// clients of either codec; it names the codec it saw in the response
+// header "x-codec".
+func echoAnyHandler(srv any, stream grpc.ServerStream) error {
+	codec := "proto"
+	if Incoming(stream.Context()) {
+		codec = Name
+	}
+	if err := stream.SetHeader(metadata.Pairs("x-codec", codec)); err != nil {
+		return err
+	}
+	return echoHandler(srv, ServerStream(stream))
 }
 
 func sinkReply(total uint64) *tensorrpcpb.ChunkHeader {
