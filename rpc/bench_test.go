@@ -35,10 +35,10 @@ func sizeName(n int) string {
 	}
 }
 
-func benchPair(b *testing.B, transport string, opts ...Option) (*Server, *Client, func()) {
+func benchPair(b *testing.B, transport string, opts ...ServerOption) (*Server, *Client, func()) {
 	skipWithoutDevice(b, transport)
 	ts := []string{transport}
-	s, err := NewServer(append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	s, err := NewServer(append([]ServerOption{WithTransports(ts...), testPool()}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func benchPair(b *testing.B, transport string, opts ...Option) (*Server, *Client
 		b.Fatal(err)
 	}
 	go s.Serve(lis)
-	c, err := Dial(context.Background(), lis.Addr().String(), append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	c, err := Dial(context.Background(), lis.Addr().String(), WithTransports(ts...), testPool(), insecureCreds())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func BenchmarkFetch(b *testing.B) {
 					b.Fatal(err)
 				}
 				fill(t.Bytes(), 1)
-				s.Publish("x", t)
+				s.Publish(context.Background(), "x", t)
 				t.Release()
 				warmUp(b, func() error { return fetchOnce(c, "x") })
 				b.SetBytes(int64(n))
@@ -87,7 +87,7 @@ func BenchmarkFetch(b *testing.B) {
 				defer done()
 				ctx := context.Background()
 				t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
-				s.Publish("x", t)
+				s.Publish(context.Background(), "x", t)
 				t.Release()
 				warmUp(b, func() error { return fetchOnce(c, "x", Lease()) })
 				b.SetBytes(int64(n))
@@ -146,7 +146,7 @@ func BenchmarkEagerThreshold(b *testing.B) {
 					defer done()
 					ctx := context.Background()
 					t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
-					s.Publish("x", t)
+					s.Publish(context.Background(), "x", t)
 					t.Release()
 					warmUp(b, func() error { return fetchOnce(c, "x") })
 					b.SetBytes(int64(n))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,7 +137,7 @@ func TestConcurrentCalls(t *testing.T) {
 							errs <- fmt.Errorf("send %d: data differs", i)
 						}
 					case 2:
-						if err := s.Publish(key, in); err != nil {
+						if err := s.Publish(context.Background(), key, in); err != nil {
 							errs <- err
 							return
 						}
@@ -167,7 +168,7 @@ func TestFetchWaitsForPublish(t *testing.T) {
 	ctx := ctxT(t)
 	got := make(chan error, 1)
 	go func() {
-		tn, err := c.Fetch(ctx, "later")
+		tn, err := c.Fetch(ctx, "later", WaitForKey())
 		if err == nil {
 			if len(tn.Bytes()) != 100000 {
 				err = errors.New("wrong size")
@@ -177,7 +178,7 @@ func TestFetchWaitsForPublish(t *testing.T) {
 		got <- err
 	}()
 	in := wrapped(t, 100000, 1)
-	if err := s.Publish("later", in); err != nil {
+	if err := s.Publish(context.Background(), "later", in); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-got; err != nil {
@@ -185,7 +186,11 @@ func TestFetchWaitsForPublish(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 50e6)
 	defer cancel()
-	if _, err := c.Fetch(short, "never"); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("Fetch of a missing key: %v, want DeadlineExceeded", err)
+	if _, err := c.Fetch(short, "never", WaitForKey()); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Fetch of a missing key with WaitForKey: %v, want DeadlineExceeded", err)
+	}
+	_, err := c.Fetch(ctx, "never")
+	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), `"never"`) {
+		t.Fatalf("Fetch of a missing key: %v, want NotFound naming the key", err)
 	}
 }

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -26,12 +27,18 @@ const childEnv = "TENSORRPC_TEST_CHILD"
 // closes. Mode "client" dials TENSORRPC_TEST_ADDR and sends "flood" tensors
 // of TENSORRPC_TEST_BYTES bytes until it is killed.
 func runChild(mode string) int {
-	transports := strings.Split(os.Getenv("TENSORRPC_TEST_TRANSPORTS"), ",")
 	size, _ := strconv.Atoi(os.Getenv("TENSORRPC_TEST_BYTES"))
-	opts := []Option{WithTransports(transports...), testPool()}
+	opts := []Option{testPool()}
+	if ts := os.Getenv("TENSORRPC_TEST_TRANSPORTS"); ts != "" { // else the defaults
+		opts = append(opts, WithTransports(strings.Split(ts, ",")...))
+	}
 	switch mode {
 	case "server":
-		s, err := NewServer(opts...)
+		sopts := asServer(opts)
+		if a := os.Getenv("TENSORRPC_TEST_DATA_ADDR"); a != "" {
+			sopts = append(sopts, WithDataAddress(a))
+		}
+		s, err := NewServer(sopts...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -43,7 +50,7 @@ func runChild(mode string) int {
 			return 1
 		}
 		fill(big.Bytes(), 7)
-		s.Publish("big", big)
+		s.Publish(context.Background(), "big", big)
 		big.Release()
 		s.Handle("reverse", echoReverse)
 		s.Handle("block", func(ctx context.Context, _ *Message) (*Message, error) {
@@ -51,7 +58,8 @@ func runChild(mode string) int {
 			<-ctx.Done()
 			return nil, ctx.Err()
 		})
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		addr := cmp.Or(os.Getenv("TENSORRPC_TEST_LISTEN"), "127.0.0.1:0")
+		lis, err := net.Listen("tcp", addr)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -63,7 +71,7 @@ func runChild(mode string) int {
 		return 0
 	case "client":
 		ctx := context.Background()
-		c, err := Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), opts...)
+		c, err := Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -109,8 +117,16 @@ func startChild(t *testing.T, mode, transport string, size int, env ...string) *
 	if transport != TransportGRPC {
 		ts += "," + TransportGRPC
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+mode, "TENSORRPC_TEST_TRANSPORTS="+ts, fmt.Sprintf("TENSORRPC_TEST_BYTES=%d", size))
+	return startChildCmd(t, nil, mode, ts, size, env...)
+}
+
+// startChildCmd starts a child peer; prefix (e.g. "ip netns exec NS") runs
+// it inside something, and transports "" leaves the defaults.
+func startChildCmd(t *testing.T, prefix []string, mode, transports string, size int, env ...string) *child {
+	t.Helper()
+	args := append(append([]string(nil), prefix...), os.Args[0], "-test.run=^$")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "TENSORRPC_TEST_TRANSPORTS="+transports, fmt.Sprintf("TENSORRPC_TEST_BYTES=%d", size))
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

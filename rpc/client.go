@@ -5,13 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -19,8 +21,12 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// Client is a session with a Server: a gRPC connection for control and the
-// best data plane both sides could connect. It is safe for concurrent use.
+// Client is a channel to a Server: a gRPC connection for control and, at
+// any time, at most one session over it with the best data plane both sides
+// could connect. When a session ends (the server restarted, the connection
+// was lost), calls under way fail with Unavailable and the next call opens
+// a new session, renegotiating the data plane, with gRPC's backoff between
+// failed attempts. It is safe for concurrent use.
 type Client struct {
 	opts    options
 	log     *slog.Logger
@@ -30,36 +36,41 @@ type Client struct {
 	ownConn bool
 	api     pb.TensorRPCClient
 	devices map[string]*device
-
-	sessionID  string
-	transport  string
-	link       *link
-	rejections []Rejection
-	eager      int
-	stats      counters
-	topo       topology
-
-	stream       pb.TensorRPC_SessionClient
-	cancelStream context.CancelFunc
-	streamDone   chan struct{}
+	missing []Rejection // data planes this side could not open
+	stats   counters
+	topo    topology
 
 	releases chan release
 	nextRef  atomic.Uint64
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the release loop
 
-	mu     sync.Mutex
-	closed bool
-	broken error // why the session ended, once it has
+	mu         sync.Mutex
+	closed     bool
+	sess       *clientSession // the current session; nil before the first and after one ended
+	last       *clientSession // the latest session that opened, for Transport and Rejections
+	state      connectivity.State
+	stateCh    chan struct{} // closed and replaced on every state change
+	connecting chan struct{} // non-nil while a session is being opened
+	lastErr    error         // why the latest attempt failed or the latest session ended
+	failures   int           // consecutive failed attempts
+	retryAt    time.Time     // no new attempt before this
 }
 
 // Dial connects to the tensorrpc server at target (a gRPC target such as
-// "host:port") and opens a session. Without WithGRPCDialOptions giving
-// transport credentials it uses an insecure connection.
-func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
-	o := buildOptions(opts)
-	dialOpts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.grpcDialOpts...)
+// "host:port") and opens a session. Transport credentials are required, as
+// grpc.NewClient requires them: WithTransportCredentials(creds), or
+// WithTransportCredentials(insecure.NewCredentials()) for plaintext.
+func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
+	o := buildDialOptions(opts)
+	dialOpts := o.grpcDialOpts
+	if o.creds != nil {
+		dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, dialOpts...)
+	}
 	cc, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
+		if o.creds == nil {
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: dialing %s: %v; pass rpc.WithTransportCredentials (TLS, or insecure.NewCredentials() for plaintext)", target, err)
+		}
 		return nil, fmt.Errorf("tensorrpc: dialing %s: %w", target, err)
 	}
 	c, err := newClient(ctx, cc, o)
@@ -73,12 +84,15 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 
 // NewClient opens a session over an existing gRPC connection. Close does
 // not close cc.
-func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...Option) (*Client, error) {
-	return newClient(ctx, cc, buildOptions(opts))
+func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...DialOption) (*Client, error) {
+	return newClient(ctx, cc, buildDialOptions(opts))
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {
-	c := &Client{opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc), releases: make(chan release, 1024), streamDone: make(chan struct{})}
+	c := &Client{
+		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),
+		releases: make(chan release, 1024), state: connectivity.Idle, stateCh: make(chan struct{}),
+	}
 	if o.pool != nil {
 		c.pool = o.pool
 	} else {
@@ -92,35 +106,105 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	c.devices, missing = openDevices(&c.opts, c.pool, c.log)
 	for _, name := range o.transports {
 		if reason, ok := missing[name]; ok {
-			c.rejections = append(c.rejections, Rejection{Transport: name, Side: "client", Reason: reason})
+			c.missing = append(c.missing, newRejection(name, "client", reason))
 		}
 	}
-	if err := c.negotiate(ctx); err != nil {
+	if _, err := c.session(ctx); err != nil {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
 		c.teardown()
 		return nil, err
 	}
 	c.wg.Add(1)
 	go c.releaseLoop()
-	c.log.Info("tensorrpc: session open", "session", c.sessionID, "transport", c.transport)
 	return c, nil
 }
 
-// Transport is the data plane the session uses: TransportIBV,
-// TransportSHM, TransportTCP or TransportGRPC.
-func (c *Client) Transport() string { return c.transport }
+// Transport is the data plane of the current session (or of the latest,
+// while none is open): TransportIBV, TransportSHM, TransportTCP or
+// TransportGRPC.
+func (c *Client) Transport() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		return ""
+	}
+	return c.last.transport
+}
 
 // Rejections says why each enabled data plane other than the one in use was
-// not used, on either side.
-func (c *Client) Rejections() []Rejection { return append([]Rejection(nil), c.rejections...) }
+// not used, on either side, for the current (or latest) session.
+func (c *Client) Rejections() []Rejection {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		return append([]Rejection(nil), c.missing...)
+	}
+	return append([]Rejection(nil), c.last.rejections...)
+}
 
-// SessionID is the server's name for the session.
-func (c *Client) SessionID() string { return c.sessionID }
+// SessionID is the server's name for the current (or latest) session.
+func (c *Client) SessionID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		return ""
+	}
+	return c.last.id
+}
+
+// State is the Client's connectivity state, in gRPC's terms: Ready while a
+// session is open, Connecting while one is being opened, Idle after a
+// session ended (the next call opens one), TransientFailure after an
+// attempt failed (calls fail with Unavailable until the backoff allows the
+// next attempt), Shutdown after Close.
+func (c *Client) State() connectivity.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state
+}
+
+// WaitForStateChange waits until the state differs from source or ctx
+// ends; it reports whether the state changed.
+func (c *Client) WaitForStateChange(ctx context.Context, source connectivity.State) bool {
+	for {
+		c.mu.Lock()
+		st, ch := c.state, c.stateCh
+		c.mu.Unlock()
+		if st != source {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Connect opens a session now, if none is open, instead of on the next
+// call; it returns the error of that attempt.
+func (c *Client) Connect(ctx context.Context) error {
+	_, err := c.session(ctx)
+	return err
+}
+
+// setStateLocked changes the state and wakes WaitForStateChange.
+func (c *Client) setStateLocked(st connectivity.State) {
+	if c.state == st {
+		return
+	}
+	c.state = st
+	close(c.stateCh)
+	c.stateCh = make(chan struct{})
+}
 
 // Pool is the pool received tensors come from.
 func (c *Client) Pool() *mempool.Pool { return c.pool }
 
-// Stats returns the session's counters.
-func (c *Client) Stats() Stats { return c.stats.snapshot(c.transport) }
+// Stats returns the Client's counters over all its sessions.
+func (c *Client) Stats() Stats { return c.stats.snapshot(c.Transport()) }
 
 // NewTensor allocates a tensor from the Client's pool, waiting while the
 // pool is full until ctx ends. Sending it costs no copy.
@@ -128,193 +212,130 @@ func (c *Client) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 	return newTensor(ctx, c.pool, dtype, shape)
 }
 
-// negotiate opens the session stream, offers every opened data plane and
-// connects the first the server chooses that both sides connect.
-func (c *Client) negotiate(ctx context.Context) error {
-	sctx, cancel := context.WithCancel(context.Background())
-	c.cancelStream = cancel
-	stop := context.AfterFunc(ctx, cancel) // ctx bounds the negotiation only
-	defer stop()
-	stream, err := c.api.Session(sctx)
-	if err != nil {
-		return negotiationError(ctx, err)
-	}
-	c.stream = stream
-
-	links := map[pb.Transport]*link{}
-	defer func() {
-		for _, l := range links {
-			if l != c.link {
-				l.close(errors.New("not chosen"))
-			}
-		}
-	}()
-	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
-	for _, name := range c.opts.transports {
-		if name == TransportGRPC {
-			continue
-		}
-		dev := c.devices[name]
-		if dev == nil {
-			continue
-		}
-		l, err := newLink(ctx, dev, c.pool)
-		if err != nil {
-			c.rejections = append(c.rejections, Rejection{Transport: name, Side: "client", Reason: err.Error()})
-			continue
-		}
-		links[transportOf(name)] = l
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.qp.LocalInfo(), Description: dev.name})
-	}
-	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
-		return negotiationError(ctx, err)
-	}
-	msg, err := stream.Recv()
-	if err != nil {
-		return negotiationError(ctx, err)
-	}
-	resp := msg.GetHandshake()
-	if resp == nil {
-		return status.Error(codes.Internal, "tensorrpc: server did not answer the handshake")
-	}
-	c.sessionID = resp.SessionId
-	c.eager = int(resp.EagerThreshold)
-	for _, r := range resp.Rejected {
-		c.rejections = append(c.rejections, Rejection{Transport: transportName(r.Transport), Side: "server", Reason: r.Reason})
-	}
+// session returns the open session, opening one when there is none. While
+// the backoff after a failed attempt lasts it fails at once with
+// Unavailable, as a gRPC channel in TRANSIENT_FAILURE fails fast calls.
+func (c *Client) session(ctx context.Context) (*clientSession, error) {
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			return negotiationError(ctx, err)
-		}
-		choice := msg.GetChoice()
-		if choice == nil {
-			return status.Error(codes.Internal, "tensorrpc: expected the server's choice of data plane")
-		}
-		if choice.Transport == pb.Transport_TRANSPORT_GRPC {
-			if !enabled(&c.opts, TransportGRPC) {
-				return status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the grpc fallback is disabled: %s", c.rejectionText())
+		c.mu.Lock()
+		switch {
+		case c.closed && c.state == connectivity.Shutdown:
+			c.mu.Unlock()
+			return nil, status.Error(codes.Canceled, "tensorrpc: client closed")
+		case c.sess != nil && c.sess.err() == nil:
+			s := c.sess
+			c.mu.Unlock()
+			return s, nil
+		case c.connecting != nil:
+			ch := c.connecting
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
 			}
-			c.transport = TransportGRPC
-			break
+		case time.Now().Before(c.retryAt):
+			err := status.Errorf(codes.Unavailable, "tensorrpc: no session (next attempt in %v): %v", time.Until(c.retryAt).Round(time.Millisecond), c.lastErr)
+			c.mu.Unlock()
+			return nil, err
 		}
-		l := links[choice.Transport]
-		if l == nil {
-			return status.Errorf(codes.Internal, "tensorrpc: server chose %s, which was not offered", choice.Transport)
+		ch := make(chan struct{})
+		c.connecting = ch
+		c.setStateLocked(connectivity.Connecting)
+		c.mu.Unlock()
+
+		s, err := c.openSession(ctx)
+
+		c.mu.Lock()
+		c.connecting = nil
+		close(ch)
+		if err == nil && c.closed {
+			err = status.Error(codes.Canceled, "tensorrpc: client closed")
+			c.mu.Unlock()
+			s.close(errors.New("client closed"))
+			return nil, err
 		}
-		name := transportName(choice.Transport)
-		cctx, ccancel := context.WithTimeout(ctx, c.opts.connectTimeout)
-		myErr := l.connect(cctx, choice.Info, nil)
-		ccancel()
-		result := &pb.ConnectResult{Transport: choice.Transport, Ok: myErr == nil}
-		if myErr != nil {
-			result.Error = myErr.Error()
-		}
-		if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: result}}); err != nil {
-			return negotiationError(ctx, err)
-		}
-		msg, err = stream.Recv()
 		if err != nil {
-			return negotiationError(ctx, err)
-		}
-		theirs := msg.GetConnectResult()
-		if theirs == nil {
-			return status.Error(codes.Internal, "tensorrpc: expected the server's connect result")
-		}
-		if myErr == nil && theirs.Ok {
-			c.link, c.transport = l, name
-			break
-		}
-		reason, side := "", "client"
-		if myErr != nil {
-			reason = myErr.Error()
-		} else {
-			reason, side = theirs.Error, "server"
-		}
-		c.rejections = append(c.rejections, Rejection{Transport: name, Side: side, Reason: "connect: " + reason})
-		delete(links, choice.Transport)
-		l.close(errors.New("did not connect"))
-	}
-	// Watch the stream: its end is the session's end.
-	go func() {
-		defer close(c.streamDone)
-		for {
-			if _, err := stream.Recv(); err != nil {
-				c.sessionEnded(err)
-				return
+			if ctx.Err() == nil { // the caller's deadline is no failure of the server's
+				c.failures++
+				c.retryAt = time.Now().Add(backoffDelay(c.opts.backoff, c.failures))
+				c.lastErr = err
+				c.setStateLocked(connectivity.TransientFailure)
+			} else {
+				c.setStateLocked(connectivity.Idle)
 			}
+			c.mu.Unlock()
+			return nil, err
 		}
-	}()
-	return nil
-}
-
-// rejectionText lists the rejections for error messages.
-func (c *Client) rejectionText() string {
-	if len(c.rejections) == 0 {
-		return "no data plane was offered"
-	}
-	var parts []string
-	for _, r := range c.rejections {
-		parts = append(parts, r.String())
-	}
-	return strings.Join(parts, "; ")
-}
-
-func negotiationError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Errorf(codes.Unavailable, "tensorrpc: session: %v", err)
-}
-
-// sessionEnded marks the session broken: the server went away or ended it.
-func (c *Client) sessionEnded(err error) {
-	c.mu.Lock()
-	if c.broken == nil {
-		c.broken = fmt.Errorf("session ended: %w", err)
-	}
-	c.mu.Unlock()
-	if c.link != nil {
-		c.link.close(c.broken)
+		c.failures, c.retryAt = 0, time.Time{}
+		c.sess, c.last = s, s
+		c.setStateLocked(connectivity.Ready)
+		c.mu.Unlock()
+		c.log.Info("tensorrpc: session open", "session", s.id, "transport", s.transport)
+		return s, nil
 	}
 }
 
-// check returns an error when the client can no longer make calls.
-func (c *Client) check() error {
+// sessionEnded is called by a session's watcher when its stream ends.
+func (c *Client) sessionEnded(s *clientSession, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return status.Error(codes.Canceled, "tensorrpc: client closed")
+	if c.sess != s {
+		return
 	}
-	if c.broken != nil {
-		return status.Errorf(codes.Unavailable, "tensorrpc: %v", c.broken)
+	c.sess = nil
+	c.lastErr = err
+	if !c.closed {
+		c.setStateLocked(connectivity.Idle)
+		c.log.Info("tensorrpc: session ended; the next call opens a new one", "session", s.id, "err", err)
 	}
-	return nil
+}
+
+// backoffDelay is gRPC's connection backoff: base·multiplier^(n-1), capped
+// at max, with ±jitter. The first retry after a session ends is at once
+// (failures is 0 then); each failed attempt waits longer.
+func backoffDelay(cfg backoff.Config, failures int) time.Duration {
+	if failures <= 0 {
+		return 0
+	}
+	d := float64(cfg.BaseDelay)
+	for i := 1; i < failures && d < float64(cfg.MaxDelay); i++ {
+		d *= cfg.Multiplier
+	}
+	d = min(d, float64(cfg.MaxDelay))
+	d *= 1 + cfg.Jitter*(2*rand.Float64()-1)
+	return time.Duration(max(d, 0))
 }
 
 // release names server-side buffers the client no longer needs: a transfer
 // by id, or every transfer of a call by the call's client_ref.
-type release struct{ id, ref uint64 }
+type release struct {
+	sess    *clientSession
+	id, ref uint64
+}
 
 // newRef names a call's transfers; see FetchRequest.client_ref.
 func (c *Client) newRef() uint64 { return c.nextRef.Add(1) }
 
 // releaseTransfer tells the server, in the background, that a transfer's
 // buffer is no longer needed.
-func (c *Client) releaseTransfer(id uint64) {
+func (c *Client) releaseTransfer(s *clientSession, id uint64) {
 	if id != 0 {
-		c.queueRelease(release{id: id})
+		c.queueRelease(release{sess: s, id: id})
 	}
 }
 
 // releaseRef tells the server, in the background, to drop whatever a
 // failed or cancelled call created.
-func (c *Client) releaseRef(ref uint64) { c.queueRelease(release{ref: ref}) }
+func (c *Client) releaseRef(s *clientSession, ref uint64) {
+	c.queueRelease(release{sess: s, ref: ref})
+}
 
 func (c *Client) queueRelease(r release) {
+	if r.sess.err() != nil {
+		return // the session's end released it on the server
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -350,9 +371,19 @@ func (c *Client) releaseLoop() {
 	}
 }
 
+// sendReleases sends one Release per session in batch; releases of ended
+// sessions are dropped (the server freed everything when they ended).
 func (c *Client) sendReleases(batch []release) {
-	req := &pb.ReleaseRequest{SessionId: c.sessionID}
+	reqs := map[*clientSession]*pb.ReleaseRequest{}
 	for _, r := range batch {
+		if r.sess.err() != nil {
+			continue
+		}
+		req := reqs[r.sess]
+		if req == nil {
+			req = &pb.ReleaseRequest{SessionId: r.sess.id}
+			reqs[r.sess] = req
+		}
 		if r.id != 0 {
 			req.TransferIds = append(req.TransferIds, r.id)
 		}
@@ -360,10 +391,12 @@ func (c *Client) sendReleases(batch []release) {
 			req.ClientRefs = append(req.ClientRefs, r.ref)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.connectTimeout)
-	defer cancel()
-	if _, err := c.api.Release(ctx, req); err != nil {
-		c.log.Debug("tensorrpc: release failed; the session's end frees the buffers", "err", err)
+	for _, req := range reqs {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.connectTimeout)
+		if _, err := c.api.Release(ctx, req); err != nil {
+			c.log.Debug("tensorrpc: release failed; the session's end frees the buffers", "err", err)
+		}
+		cancel()
 	}
 }
 
@@ -371,6 +404,7 @@ func (c *Client) sendReleases(batch []release) {
 // the Client releases its data plane, its pool (unless WithPool) and its
 // connection (when Dial made it). Tensors received from the Client must be
 // released before Close; Close reports the pool's error when some are not.
+// Close is idempotent.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -385,23 +419,19 @@ func (c *Client) Close() error {
 }
 
 func (c *Client) teardown() error {
-	if c.stream != nil {
-		c.stream.CloseSend()
+	c.mu.Lock()
+	for c.connecting != nil { // an attempt under way sees closed and closes its session
+		ch := c.connecting
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
 	}
-	if c.cancelStream != nil {
-		c.cancelStream()
-	}
-	if c.stream != nil {
-		select {
-		case <-c.streamDone:
-		default:
-			if c.transport != "" { // the watcher runs only after negotiation
-				<-c.streamDone
-			}
-		}
-	}
-	if c.link != nil {
-		c.link.close(errors.New("client closed"))
+	s := c.sess
+	c.sess = nil
+	c.setStateLocked(connectivity.Shutdown)
+	c.mu.Unlock()
+	if s != nil {
+		s.close(errors.New("client closed"))
 	}
 	for _, d := range c.devices {
 		d.close()

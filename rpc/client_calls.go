@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,7 +16,7 @@ import (
 // FetchOption changes how Fetch moves a tensor.
 type FetchOption func(*fetchOptions)
 
-type fetchOptions struct{ lease bool }
+type fetchOptions struct{ lease, wait bool }
 
 // Lease asks for a zero-copy shared-memory lease of the server's tensor
 // instead of a copy: on the shm data plane the returned tensor is the
@@ -24,27 +25,34 @@ type fetchOptions struct{ lease bool }
 // usual. A leased tensor must not be written.
 func Lease() FetchOption { return func(o *fetchOptions) { o.lease = true } }
 
+// WaitForKey makes Fetch wait until the key is published (or ctx ends)
+// instead of failing at once with NotFound, as gRPC's WaitForReady makes a
+// call wait for a connection.
+func WaitForKey() FetchOption { return func(o *fetchOptions) { o.wait = true } }
+
 // Fetch returns the tensor the server has published under key (with
-// Server.Publish, or a client's Send), waiting until it is published or ctx
-// ends. The tensor comes from the Client's pool; release it when done.
+// Server.Publish, or a client's Send). A key that is not published fails
+// with NotFound naming the key, unless WaitForKey is given. The tensor
+// comes from the Client's pool; release it when done.
 func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*Tensor, error) {
 	var fo fetchOptions
 	for _, o := range opts {
 		o(&fo)
 	}
-	if err := c.check(); err != nil {
+	s, err := c.session(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if c.link == nil {
-		return c.fetchStream(ctx, key)
+	if s.link == nil {
+		return c.fetchStream(ctx, s, key, fo.wait)
 	}
 	ref := c.newRef()
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, Lease: fo.lease, ClientRef: ref})
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Lease: fo.lease, ClientRef: ref, Wait: fo.wait})
 	if err != nil {
-		c.releaseRef(ref) // the server may have made a transfer we never heard of
-		return nil, err
+		c.releaseRef(s, ref) // the server may have made a transfer we never heard of
+		return nil, sessionError(s, err)
 	}
-	t, err := c.receive(ctx, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
+	t, err := c.receive(ctx, s, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
 	if err != nil {
 		c.stats.errors.Add(1)
 	}
@@ -53,9 +61,9 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 
 // receive materializes a tensor the server offered: inline bytes, or a
 // transfer to read (or lease) and then release.
-func (c *Client) receive(ctx context.Context, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
+func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
 	if err := checkMeta(meta, c.opts.maxTensorBytes); err != nil {
-		c.releaseTransfer(transferID)
+		c.releaseTransfer(s, transferID)
 		return nil, err
 	}
 	dtype, shape := shapeOf(meta)
@@ -73,55 +81,55 @@ func (c *Client) receive(ctx context.Context, meta *pb.TensorMeta, inline []byte
 		c.stats.inlineBytes.Add(int64(n))
 		return newPoolTensor(dtype, shape, buf)
 	}
-	if c.link == nil || loc.Transport != transportOf(c.transport) || transferID == 0 {
-		c.releaseTransfer(transferID)
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: location on %s, session uses %s", meta.Key, loc.Transport, c.transport)
+	if s.link == nil || loc.Transport != transportOf(s.transport) || transferID == 0 {
+		c.releaseTransfer(s, transferID)
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: location on %s, session uses %s", meta.Key, loc.Transport, s.transport)
 	}
 	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 	if lease {
-		if m, ok := c.link.qp.(verbs.RemoteMapper); ok {
+		if m, ok := s.link.qp.(verbs.RemoteMapper); ok {
 			view, err := m.MapRemote(remote, n)
 			if err != nil {
-				c.releaseTransfer(transferID)
+				c.releaseTransfer(s, transferID)
 				return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: leasing tensor %q: %v", meta.Key, err)
 			}
 			zt, err := zerocopy.New(dtype, shape, view)
 			if err != nil {
-				c.releaseTransfer(transferID)
+				c.releaseTransfer(s, transferID)
 				return nil, status.Error(codes.InvalidArgument, err.Error())
 			}
 			c.stats.transfers.Add(1)
 			c.stats.leases.Add(1)
 			c.stats.dataPlaneBytes.Add(int64(n))
-			return &Tensor{Tensor: zt, lease: true, release: func() { c.releaseTransfer(transferID) }}, nil
+			return &Tensor{Tensor: zt, lease: true, release: func() { c.releaseTransfer(s, transferID) }}, nil
 		}
 	}
 	buf, err := allocBuffer(ctx, c.pool, n)
 	if err != nil {
-		c.releaseTransfer(transferID)
+		c.releaseTransfer(s, transferID)
 		return nil, err
 	}
-	if err := c.read(ctx, buf, remote, func() { c.releaseTransfer(transferID) }); err != nil {
+	if err := c.read(ctx, s, buf, remote, func() { c.releaseTransfer(s, transferID) }); err != nil {
 		return nil, err
 	}
-	c.releaseTransfer(transferID)
+	c.releaseTransfer(s, transferID)
 	return newPoolTensor(dtype, shape, buf)
 }
 
 // read reads len(buf) bytes from remote into buf with one one-sided Read.
 // On failure buf is released; if ctx ends while the Read is under way, buf
 // and done run only once the Read completes.
-func (c *Client) read(ctx context.Context, buf *mempool.Buffer, remote verbs.Remote, done func()) error {
+func (c *Client) read(ctx context.Context, s *clientSession, buf *mempool.Buffer, remote verbs.Remote, done func()) error {
 	if buf.Len() == 0 {
 		return nil
 	}
-	local, err := c.link.dev.reg.Local(buf)
+	local, err := s.link.dev.reg.Local(buf)
 	if err != nil {
 		buf.Release()
 		done()
 		return status.Error(codes.Internal, err.Error())
 	}
-	err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
+	err = s.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
 		buf.Release()
 		done()
 	})
@@ -138,20 +146,21 @@ func (c *Client) read(ctx context.Context, buf *mempool.Buffer, remote verbs.Rem
 // and other clients' Fetch find it. t stays the caller's; a tensor over
 // caller memory (WrapTensor) is copied into pool memory once first.
 func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
-	if err := c.check(); err != nil {
+	s, err := c.session(ctx)
+	if err != nil {
 		return err
 	}
-	if c.link == nil {
+	if s.link == nil {
 		return c.sendStream(ctx, key, t)
 	}
-	_, err := c.send(ctx, key, t, false)
+	_, err = c.send(ctx, s, key, t, false)
 	return err
 }
 
 // send moves one tensor to the server: inline when small, else into a
 // destination the server allocates, with WriteImm. With hold, the server
 // keeps it for a Call and send returns its transfer id.
-func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (uint64, error) {
+func (c *Client) send(ctx context.Context, s *clientSession, key string, t *Tensor, hold bool) (uint64, error) {
 	if t == nil || !t.Valid() {
 		return 0, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
 	}
@@ -160,10 +169,10 @@ func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (ui
 	}
 	meta := metaOf(key, t.Tensor)
 	n := len(t.Bytes())
-	if n <= c.eager {
-		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, InlineData: t.Bytes(), Hold: hold})
+	if n <= s.eager {
+		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: meta, InlineData: t.Bytes(), Hold: hold})
 		if err != nil {
-			return 0, err
+			return 0, sessionError(s, err)
 		}
 		c.stats.transfers.Add(1)
 		c.stats.inlineBytes.Add(int64(n))
@@ -176,37 +185,37 @@ func (c *Client) send(ctx context.Context, key string, t *Tensor, hold bool) (ui
 	if err != nil {
 		return 0, err
 	}
-	local, err := c.link.dev.reg.Local(src)
+	local, err := s.link.dev.reg.Local(src)
 	if err != nil {
 		src.Release()
 		return 0, status.Error(codes.Internal, err.Error())
 	}
-	return c.writeRendezvous(ctx, meta, local, func() { src.Release() }, hold)
+	return c.writeRendezvous(ctx, s, meta, local, func() { src.Release() }, hold)
 }
 
 // writeRendezvous asks the server for a destination for meta's tensor and
 // writes local into it with WriteImm. release runs exactly once, when the
 // data plane no longer reads local: after the write completes or fails,
 // also when ctx ends while the write is under way.
-func (c *Client) writeRendezvous(ctx context.Context, meta *pb.TensorMeta, local verbs.Local, release func(), hold bool) (uint64, error) {
+func (c *Client) writeRendezvous(ctx context.Context, s *clientSession, meta *pb.TensorMeta, local verbs.Local, release func(), hold bool) (uint64, error) {
 	ref := c.newRef()
-	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: c.sessionID, Meta: meta, Hold: hold, ClientRef: ref})
+	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: meta, Hold: hold, ClientRef: ref})
 	if err != nil {
 		release()
-		c.releaseRef(ref) // the server may have allocated a destination we never heard of
-		return 0, err
+		c.releaseRef(s, ref) // the server may have allocated a destination we never heard of
+		return 0, sessionError(s, err)
 	}
 	dst := resp.Destination
-	if dst == nil || dst.Length != meta.ByteLength || dst.Transport != transportOf(c.transport) {
+	if dst == nil || dst.Length != meta.ByteLength || dst.Transport != transportOf(s.transport) {
 		release()
-		c.releaseTransfer(resp.TransferId)
+		c.releaseTransfer(s, resp.TransferId)
 		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: server gave a bad destination for %q", meta.Key)
 	}
-	err = c.link.post(ctx, verbs.SendRequest{
+	err = s.link.post(ctx, verbs.SendRequest{
 		Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: dst.Address, Key: dst.RemoteKey}, Imm: resp.Immediate, HasImm: true,
 	}, func() {
 		release()
-		c.releaseTransfer(resp.TransferId)
+		c.releaseTransfer(s, resp.TransferId)
 	})
 	if err != nil {
 		c.stats.errors.Add(1)
@@ -222,24 +231,25 @@ func (c *Client) writeRendezvous(ctx context.Context, meta *pb.TensorMeta, local
 // request's tensors stay the caller's; the reply's come from the Client's
 // pool and are released with reply.Release.
 func (c *Client) Call(ctx context.Context, method string, req *Message) (*Message, error) {
-	if err := c.check(); err != nil {
+	s, err := c.session(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if req == nil {
 		req = &Message{}
 	}
-	if c.link == nil {
+	if s.link == nil {
 		return c.callStream(ctx, method, req)
 	}
-	creq := &pb.CallRequest{SessionId: c.sessionID, Method: method, Metadata: req.Metadata}
+	creq := &pb.CallRequest{SessionId: s.id, Method: method, Metadata: req.Metadata}
 	var held []uint64
 	for i, t := range req.Tensors {
 		if t == nil || !t.Valid() || t.released.Load() {
-			c.releaseHeld(held)
+			c.releaseHeld(s, held)
 			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
 		}
 		meta := metaOf("", t.Tensor)
-		if len(t.Bytes()) <= c.eager {
+		if len(t.Bytes()) <= s.eager {
 			idx := uint32(len(creq.InlineData))
 			meta.InlineIndex = &idx
 			creq.InlineData = append(creq.InlineData, t.Bytes())
@@ -249,9 +259,9 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 				c.stats.copied(len(t.Bytes())) // into the control message
 			}
 		} else {
-			id, err := c.send(ctx, "", t, true)
+			id, err := c.send(ctx, s, "", t, true)
 			if err != nil {
-				c.releaseHeld(held)
+				c.releaseHeld(s, held)
 				return nil, err
 			}
 			held = append(held, id)
@@ -262,27 +272,27 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 	creq.ClientRef = c.newRef()
 	resp, err := c.api.Call(ctx, creq)
 	if err != nil {
-		c.releaseHeld(held)
-		c.releaseRef(creq.ClientRef) // reply transfers we never heard of
-		return nil, err
+		c.releaseHeld(s, held)
+		c.releaseRef(s, creq.ClientRef) // reply transfers we never heard of
+		return nil, sessionError(s, err)
 	}
-	return c.receiveReply(ctx, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	return c.receiveReply(ctx, s, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
 }
 
 // releaseHeld drops destinations held for a Call that will not happen.
-func (c *Client) releaseHeld(ids []uint64) {
+func (c *Client) releaseHeld(s *clientSession, ids []uint64) {
 	for _, id := range ids {
-		c.releaseTransfer(id)
+		c.releaseTransfer(s, id)
 	}
 }
 
-func (c *Client) receiveReply(ctx context.Context, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
+func (c *Client) receiveReply(ctx context.Context, s *clientSession, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
 	reply := &Message{Metadata: metadata}
 	next := 0
 	fail := func(err error) (*Message, error) {
 		reply.Release()
 		for _, id := range transfers[min(next, len(transfers)):] {
-			c.releaseTransfer(id)
+			c.releaseTransfer(s, id)
 		}
 		return nil, err
 	}
@@ -302,11 +312,35 @@ func (c *Client) receiveReply(ctx context.Context, metadata []byte, metas []*pb.
 		default:
 			return fail(status.Error(codes.InvalidArgument, "tensorrpc: reply tensor without data"))
 		}
-		t, err := c.receive(ctx, m, data, id, false)
+		t, err := c.receive(ctx, s, m, data, id, false)
 		if err != nil {
 			return fail(err)
 		}
 		reply.Tensors = append(reply.Tensors, t)
 	}
 	return reply, nil
+}
+
+// sessionError turns a call's error into the error the caller sees: when
+// the session ended under the call (the server restarted or the connection
+// was lost), Unavailable, as gRPC reports calls cut off by a broken
+// connection.
+func sessionError(s *clientSession, err error) error {
+	if serr := s.check(); serr != nil {
+		if st, ok := status.FromError(err); ok && (st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded) {
+			return err
+		}
+		return serr
+	}
+	if status.Code(err) == codes.Unavailable && isSessionGone(err) {
+		s.end(err)
+	}
+	return err
+}
+
+// isSessionGone reports whether the server said it does not know the
+// session (it restarted, or ended the session).
+func isSessionGone(err error) bool {
+	st, _ := status.FromError(err)
+	return strings.Contains(st.Message(), errSessionGone)
 }

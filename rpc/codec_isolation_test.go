@@ -89,7 +89,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	}
 
 	var codecs streamCodecs
-	s, c := pair(t, TransportGRPC, []Option{WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record))}, nil)
+	s, c := pair(t, TransportGRPC, []ServerOption{WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record))}, nil)
 	s.Handle("reverse", echoReverse)
 	ctx := ctxT(t)
 
@@ -128,7 +128,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	}
 	got.Release()
 	out := wrapped(t, 2<<20+5, 12)
-	if err := s.Publish("out", out); err != nil {
+	if err := s.Publish(context.Background(), "out", out); err != nil {
 		t.Fatal(err)
 	}
 	fetched, err := c.Fetch(ctx, "out")
@@ -310,7 +310,7 @@ func testPlainProtoClient(t *testing.T, opts []grpc.CallOption) {
 
 	// FetchStream of a published tensor.
 	out := wrapped(t, 5<<20+3, 22)
-	if err := s.Publish("out", out); err != nil {
+	if err := s.Publish(context.Background(), "out", out); err != nil {
 		t.Fatal(err)
 	}
 	fs, err := api.FetchStream(ctx, &pb.FetchRequest{SessionId: id, Key: "out"})

@@ -48,8 +48,8 @@ func (t *topology) get(o *options) *gpudirect.Topology {
 }
 
 // plan decides how a device buffer moves over this session's data plane.
-func (c *Client) plan(buf gpudirect.DeviceBuffer) gpudirect.Decision {
-	return gpudirect.Plan(buf, c.transport, c.topo.get(&c.opts))
+func (c *Client) plan(s *clientSession, buf gpudirect.DeviceBuffer) gpudirect.Decision {
+	return gpudirect.Plan(buf, s.transport, c.topo.get(&c.opts))
 }
 
 // SendDevice puts a device tensor into the server's rendezvous under key,
@@ -62,21 +62,22 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 	if err != nil {
 		return gpudirect.Decision{}, err
 	}
-	if err := c.check(); err != nil {
+	s, err := c.session(ctx)
+	if err != nil {
 		return gpudirect.Decision{}, err
 	}
-	d := c.plan(t.Buffer)
-	if d.Path == gpudirect.Direct && c.link != nil && n > c.eager {
-		mr, local, err := c.registerDevice(t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
+	d := c.plan(s, t.Buffer)
+	if d.Path == gpudirect.Direct && s.link != nil && n > s.eager {
+		mr, local, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
 		if err == nil {
 			meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(t.DType), Shape: append([]int64(nil), t.Shape...), ByteLength: uint64(n)}
-			_, err = c.writeRendezvous(ctx, meta, local, func() { mr.Deregister() }, false)
+			_, err = c.writeRendezvous(ctx, s, meta, local, func() { mr.Deregister() }, false)
 			if err == nil {
 				c.stats.direct.Add(1)
 			}
 			return d, err
 		}
-		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), c.transport, err)}
+		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), s.transport, err)}
 	}
 	buf, err := gpudirect.StageOut(ctx, c.pool, t.Buffer, t.Offset, n)
 	if err != nil {
@@ -101,12 +102,13 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 // fetched into the pool and copied to the device (one host-to-device
 // copy). The returned Decision says which path was taken and why.
 func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, error) {
-	if err := c.check(); err != nil {
+	s, err := c.session(ctx)
+	if err != nil {
 		return 0, nil, gpudirect.Decision{}, err
 	}
-	d := c.plan(dst)
-	if d.Path == gpudirect.Direct && c.link != nil {
-		dtype, shape, err := c.fetchDirect(ctx, key, dst, offset)
+	d := c.plan(s, dst)
+	if d.Path == gpudirect.Direct && s.link != nil {
+		dtype, shape, err := c.fetchDirect(ctx, s, key, dst, offset)
 		if err == nil || status.Code(err) != codes.Unimplemented {
 			if err == nil {
 				c.stats.direct.Add(1)
@@ -134,21 +136,21 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 // fetchDirect reads a published tensor straight into registered device
 // memory. It fails with Unimplemented when the device memory cannot be
 // registered, so the caller can stage instead.
-func (c *Client) fetchDirect(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
+func (c *Client) fetchDirect(ctx context.Context, s *clientSession, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
 	ref := c.newRef()
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key, ClientRef: ref})
+	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, ClientRef: ref})
 	if err != nil {
-		c.releaseRef(ref)
-		return 0, nil, err
+		c.releaseRef(s, ref)
+		return 0, nil, sessionError(s, err)
 	}
 	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
-		c.releaseTransfer(resp.TransferId)
+		c.releaseTransfer(s, resp.TransferId)
 		return 0, nil, err
 	}
 	dtype, shape := shapeOf(resp.Meta)
 	n := int(resp.Meta.ByteLength)
 	if offset < 0 || offset+n > dst.Len() {
-		c.releaseTransfer(resp.TransferId)
+		c.releaseTransfer(s, resp.TransferId)
 		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
 	}
 	loc := resp.Meta.Location
@@ -158,21 +160,21 @@ func (c *Client) fetchDirect(ctx context.Context, key string, dst gpudirect.Devi
 		}
 		return dtype, shape, nil
 	}
-	mr, local, err := c.registerDevice(dst, offset, n, verbs.AccessLocalWrite)
+	mr, local, err := c.registerDevice(s, dst, offset, n, verbs.AccessLocalWrite)
 	if err != nil {
-		c.releaseTransfer(resp.TransferId)
-		return 0, nil, status.Errorf(codes.Unimplemented, "registering %s with %s failed: %v", dst.Device(), c.transport, err)
+		c.releaseTransfer(s, resp.TransferId)
+		return 0, nil, status.Errorf(codes.Unimplemented, "registering %s with %s failed: %v", dst.Device(), s.transport, err)
 	}
 	id := resp.TransferId
-	err = c.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}, func() {
+	err = s.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}, func() {
 		mr.Deregister()
-		c.releaseTransfer(id)
+		c.releaseTransfer(s, id)
 	})
 	if err != nil {
 		return 0, nil, err
 	}
 	mr.Deregister()
-	c.releaseTransfer(id)
+	c.releaseTransfer(s, id)
 	c.stats.transfers.Add(1)
 	c.stats.dataPlaneBytes.Add(int64(n))
 	return dtype, append([]int64(nil), shape...), nil
@@ -182,12 +184,12 @@ func (c *Client) fetchDirect(ctx context.Context, key string, dst gpudirect.Devi
 // transfer. Registering per transfer costs what the pool avoids for host
 // memory; device arenas are few and long-lived in practice, and a cache of
 // their registrations is future work.
-func (c *Client) registerDevice(buf gpudirect.DeviceBuffer, offset, n int, access verbs.Access) (verbs.MemoryRegion, verbs.Local, error) {
+func (c *Client) registerDevice(s *clientSession, buf gpudirect.DeviceBuffer, offset, n int, access verbs.Access) (verbs.MemoryRegion, verbs.Local, error) {
 	m, ok := buf.Direct()
 	if !ok {
 		return nil, verbs.Local{}, fmt.Errorf("%s has no direct memory", buf.Device())
 	}
-	mr, err := c.link.dev.pd.RegisterMemory(m, access)
+	mr, err := s.link.dev.pd.RegisterMemory(m, access)
 	if err != nil {
 		return nil, verbs.Local{}, err
 	}
@@ -197,12 +199,12 @@ func (c *Client) registerDevice(buf gpudirect.DeviceBuffer, offset, n int, acces
 // PublishDevice publishes a device tensor under key by staging it into the
 // Server's pool (one device-to-host copy); the device buffer may be reused
 // once it returns.
-func (s *Server) PublishDevice(key string, t DeviceTensor) error {
+func (s *Server) PublishDevice(ctx context.Context, key string, t DeviceTensor) error {
 	n, err := deviceBytes(t)
 	if err != nil {
 		return err
 	}
-	buf, err := gpudirect.StageOut(context.Background(), s.pool, t.Buffer, t.Offset, n)
+	buf, err := gpudirect.StageOut(ctx, s.pool, t.Buffer, t.Offset, n)
 	if err != nil {
 		return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
 	}
@@ -211,7 +213,7 @@ func (s *Server) PublishDevice(key string, t DeviceTensor) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	defer pt.Release()
-	return s.Publish(key, pt)
+	return s.Publish(ctx, key, pt)
 }
 
 func deviceBytes(t DeviceTensor) (int, error) {

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestDeviceTensorsStaged(t *testing.T) {
 			if !bytes.Equal(back, want) {
 				t.Fatal("fetched device tensor differs")
 			}
-			if err := s.PublishDevice("dev2", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: dst}); err != nil {
+			if err := s.PublishDevice(context.Background(), "dev2", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: dst}); err != nil {
 				t.Fatal(err)
 			}
 			got, err = c.Fetch(ctx, "dev2")

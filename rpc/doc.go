@@ -10,23 +10,52 @@
 //
 //	srv, _ := rpc.NewServer()
 //	go srv.Serve(lis)
-//	srv.Publish("weights", w)
+//	srv.Publish(ctx, "weights", w)
 //	srv.Handle("scale", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) { ... })
 //
-//	c, _ := rpc.Dial(ctx, addr)
+//	c, _ := rpc.Dial(ctx, addr, rpc.WithTransportCredentials(insecure.NewCredentials()))
 //	defer c.Close()
-//	t, _ := c.Fetch(ctx, "weights") // waits until "weights" is published
+//	t, _ := c.Fetch(ctx, "weights")  // NotFound unless published; rpc.WaitForKey() waits
 //	defer t.Release()
-//	_ = c.Send(ctx, "grad", g)       // into the server's rendezvous
+//	_ = c.Send(ctx, "grad", g)        // into the server's rendezvous
 //	reply, _ := c.Call(ctx, "scale", &rpc.Message{Tensors: []*rpc.Tensor{t}})
 //	defer reply.Release()
 //
-// Dial negotiates the data plane: the client offers every plane it can
-// open, the server picks the first both can use in the order ibv > shm >
-// tcp, both connect it, and if that fails the next is tried, down to the
-// gRPC fallback. Client.Transport says which plane a session uses and
-// Client.Rejections why the others were not used. WithTransports restricts
-// the choice.
+// Options are typed by side, as in grpc-go: ServerOption for NewServer,
+// DialOption for Dial and NewClient, and Option for those that fit both.
+// Dial requires transport credentials (TLS, or insecure.NewCredentials()
+// for plaintext), as grpc.NewClient does.
+//
+// # Sessions and negotiation
+//
+// Dial opens a session: the client offers every data plane it can open,
+// the server picks the first both can use in the order ibv > shm > tcp,
+// and both connect it. Each side reports its outcome as soon as it knows
+// it, and a side that hears the other failed abandons its own attempt, so
+// a plane that cannot work costs about one round trip, not a timeout
+// (WithConnectTimeout bounds only a plane whose packets vanish). A plane
+// is used only after a verifying round trip over it; when none verifies,
+// the session falls back to gRPC streams. Client.Transport says which
+// plane a session uses and Client.Rejections why the others were not used
+// and what would fix it; both sides also log each refused plane at Info.
+// WithTransports restricts the choice.
+//
+// Across hosts the defaults work: the server's tcp plane listens on, and
+// advertises, the local address of the gRPC connection the session
+// arrived on — an address the client could reach — and the client dials
+// it; the server never dials an address a client names. A loopback
+// address is never advertised to a client that is not on loopback.
+// WithDataAddress, or the environment variables TENSORRPC_SOCKET_IFNAME
+// (interface name prefixes, as NCCL_SOCKET_IFNAME: "eth", "=eth0",
+// "^docker") and TENSORRPC_TCP_ADDR ("host[:port]"), choose another
+// address, e.g. a faster network than the control plane's.
+//
+// A Client is a channel, like a grpc.ClientConn: when its session ends
+// (the server restarted, the connection was lost) calls under way fail
+// with Unavailable, and the next call opens a new session and renegotiates
+// the data plane, with gRPC's connection backoff between failed attempts
+// (WithBackoff). Client.State and Client.WaitForStateChange report the
+// connectivity state in gRPC's terms.
 //
 // How bytes move, and the copies this side makes (Stats counts them):
 //
@@ -47,10 +76,16 @@
 //     memory before it moves; NewTensor allocates pool memory to avoid that.
 //
 // Errors carry gRPC status codes: InvalidArgument for malformed tensors or
-// descriptors, PermissionDenied for a remote key the peer refuses,
-// ResourceExhausted for tensors over the limit, Unavailable when the peer or
+// descriptors, NotFound for a key that is not published (without
+// WaitForKey), PermissionDenied for a remote key the peer refuses,
+// ResourceExhausted for a tensor over a limit (WithMaxTensorBytes, the
+// pool's limit) or a full queue, Unavailable when the peer, the session or
 // the data plane is gone, and the context's code for deadlines and
-// cancellation.
+// cancellation. A local limit is never reported as Unavailable.
+//
+// Limits agree by default: a tensor may be up to DefaultMaxTensorBytes
+// (1 GiB), and the pool a Server or Client makes for itself may grow to
+// DefaultPoolLimit (4 GiB), mapping memory only as it grows.
 //
 // # Caveats
 //
@@ -72,7 +107,13 @@
 // reflects later writes by the server to that buffer (a published tensor is
 // not written by tensorrpc; do not write a tensor after publishing it).
 //
-// The tcp data plane listens on 127.0.0.1 by default; for sessions across
-// hosts, give both sides a tcp provider with a reachable address
-// (WithProvider(tcp.New(tcp.WithListenAddress(...)))).
+// Writes are visible to later reads: once Send (or a Call) returns, any
+// later Fetch of that key, from any client, sees the tensor. A Fetch of a
+// key whose Send is under way waits for that Send instead of failing with
+// NotFound.
+//
+// Importing rpc changes nothing process-wide: the fallback's zero-copy
+// codec is registered under its own content-subtype ("tensorrpc-chunk")
+// and chosen per call, so other gRPC services in the process keep gRPC's
+// own proto codec.
 package rpc

@@ -2,7 +2,9 @@ package rpc_test
 
 import (
 	"context"
+
 	"fmt"
+	"google.golang.org/grpc/credentials/insecure"
 	"net"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -22,7 +24,7 @@ func Example() {
 	for i := range v {
 		v[i] = 0.5
 	}
-	srv.Publish("weights", w)
+	srv.Publish(context.Background(), "weights", w)
 	w.Release()
 	srv.Handle("norm", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 		v, _ := zerocopy.View[float32](req.Tensors[0].Tensor)
@@ -34,7 +36,7 @@ func Example() {
 		return &rpc.Message{Tensors: []*rpc.Tensor{rpc.WrapTensor(out)}}, nil
 	})
 
-	c, _ := rpc.Dial(ctx, lis.Addr().String())
+	c, _ := rpc.Dial(ctx, lis.Addr().String(), rpc.WithTransportCredentials(insecure.NewCredentials()))
 	defer c.Close()
 	t, _ := c.Fetch(ctx, "weights")
 	reply, _ := c.Call(ctx, "norm", &rpc.Message{Tensors: []*rpc.Tensor{t}})

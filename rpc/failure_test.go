@@ -23,7 +23,7 @@ import (
 func TestFallbackWhenDataPlaneCannotConnect(t *testing.T) {
 	unreachable := WithProvider(tcp.New(tcp.WithAdvertiseAddress("127.0.0.1:1"), tcp.WithDialTimeout(2*time.Second)))
 	opts := []Option{unreachable, WithConnectTimeout(3 * time.Second)}
-	s, c := pair(t, TransportGRPC, append(opts, WithTransports(TransportTCP, TransportGRPC)), append(opts, WithTransports(TransportTCP, TransportGRPC)))
+	s, c := pair(t, TransportGRPC, asServer(append(opts, WithTransports(TransportTCP, TransportGRPC))), asDial(append(opts, WithTransports(TransportTCP, TransportGRPC))))
 	found := false
 	for _, r := range c.Rejections() {
 		if r.Transport == TransportTCP && strings.Contains(r.Reason, "connect") {
@@ -35,7 +35,7 @@ func TestFallbackWhenDataPlaneCannotConnect(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	in := wrapped(t, 3<<20, 9)
-	if err := s.Publish("x", in); err != nil {
+	if err := s.Publish(context.Background(), "x", in); err != nil {
 		t.Fatal(err)
 	}
 	got, err := c.Fetch(ctx, "x")
@@ -61,7 +61,7 @@ func TestNoFallback(t *testing.T) {
 	defer func() { s.Stop(); <-served }()
 	ctx := ctxT(t)
 	// A client that offers only shm cannot meet a tcp-only server.
-	_, err = Dial(ctx, lis.Addr().String(), WithTransports(TransportSHM), testPool())
+	_, err = Dial(ctx, lis.Addr().String(), WithTransports(TransportSHM), testPool(), insecureCreds())
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("Dial: %v, want FailedPrecondition", err)
 	}
@@ -78,7 +78,7 @@ func TestCancelMidTransfer(t *testing.T) {
 				t.Fatal(err)
 			}
 			fill(big.Bytes(), 1)
-			s.Publish("big", big)
+			s.Publish(context.Background(), "big", big)
 			big.Release()
 			published := s.Pool().Stats().InUse
 			for _, delay := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond} {
@@ -106,8 +106,8 @@ func TestCancelMidTransfer(t *testing.T) {
 			}
 			src.Release()
 			s.Unpublish("sent")
-			waitFor(t, "the client's buffers", func() bool { return c.Pool().Stats().InUse <= 256 }) // the link's receive buffer
-			waitFor(t, "the server's buffers", func() bool { s.Unpublish("sent"); return s.Pool().Stats().InUse <= published+256 })
+			waitFor(t, "the client's buffers", func() bool { return c.Pool().Stats().InUse <= linkPoolBytes })
+			waitFor(t, "the server's buffers", func() bool { s.Unpublish("sent"); return s.Pool().Stats().InUse <= published+linkPoolBytes })
 		})
 	}
 }
@@ -116,7 +116,7 @@ func TestCancelMidTransfer(t *testing.T) {
 // memory is released, or until the context ends.
 func TestBackpressure(t *testing.T) {
 	small := WithPoolOptions(mempool.WithArenaSize(8<<20), mempool.WithLimit(64<<20))
-	s, c := pair(t, TransportTCP, []Option{small}, nil)
+	s, c := pair(t, TransportTCP, []ServerOption{small}, nil)
 	ctx := ctxT(t)
 	a := wrapped(t, 40<<20, 1)
 	if err := c.Send(ctx, "a", a); err != nil {
@@ -148,7 +148,7 @@ func TestBackpressure(t *testing.T) {
 
 // TestLimits: a tensor over the peer's size limit is ResourceExhausted.
 func TestLimits(t *testing.T) {
-	_, c := pair(t, TransportTCP, []Option{WithMaxTensorBytes(1 << 20)}, nil)
+	_, c := pair(t, TransportTCP, []ServerOption{WithMaxTensorBytes(1 << 20)}, nil)
 	err := c.Send(ctxT(t), "x", wrapped(t, 2<<20, 1))
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized Send: %v", err)
@@ -187,9 +187,9 @@ func TestHostileServer(t *testing.T) {
 					}
 					return resp, err
 				}
-				s, c := pair(t, tr, []Option{WithGRPCServerOptions(grpc.UnaryInterceptor(lie))}, nil)
+				s, c := pair(t, tr, []ServerOption{WithGRPCServerOptions(grpc.UnaryInterceptor(lie))}, nil)
 				in := wrapped(t, 4<<20, 5)
-				s.Publish("x", in)
+				s.Publish(context.Background(), "x", in)
 				_, err := c.Fetch(ctxT(t), "x")
 				if status.Code(err) != tc.want {
 					t.Fatalf("Fetch: %v, want %v", err, tc.want)
@@ -215,7 +215,7 @@ func TestHostileClient(t *testing.T) {
 	ctx := ctxT(t)
 	api := pb.NewTensorRPCClient(c.cc)
 	guard := wrapped(t, 1<<20, 3)
-	s.Publish("guard", guard)
+	s.Publish(context.Background(), "guard", guard)
 	bad := []*pb.TensorMeta{
 		nil,
 		{Key: "a", Dtype: 99, Shape: []int64{1}, ByteLength: 1},
@@ -231,8 +231,8 @@ func TestHostileClient(t *testing.T) {
 			t.Errorf("bad meta %d: %v, want InvalidArgument", i, err)
 		}
 	}
-	if _, err := api.Send(ctx, &pb.SendRequest{SessionId: "forged", Meta: &pb.TensorMeta{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1}, ByteLength: 1}, InlineData: []byte{1}}); status.Code(err) != codes.NotFound {
-		t.Errorf("forged session: %v", err)
+	if _, err := api.Send(ctx, &pb.SendRequest{SessionId: "forged", Meta: &pb.TensorMeta{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1}, ByteLength: 1}, InlineData: []byte{1}}); status.Code(err) != codes.Unavailable {
+		t.Errorf("forged session: %v, want Unavailable (unknown session)", err)
 	}
 	if _, err := api.Call(ctx, &pb.CallRequest{SessionId: c.SessionID(), Method: "m", Tensors: []*pb.TensorMeta{{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1}, ByteLength: 1, TransferId: 12345}}}); status.Code(err) == codes.OK {
 		t.Error("call with a forged transfer succeeded")
@@ -245,9 +245,9 @@ func TestHostileClient(t *testing.T) {
 	}
 	src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 	defer src.Release()
-	local, _ := c.link.dev.reg.Local(src.buf)
+	local, _ := currentLink(c).dev.reg.Local(src.buf)
 	dst := resp.Destination
-	err = c.link.post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil)
+	err = currentLink(c).post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("write with a forged key: %v, want PermissionDenied", err)
 	}

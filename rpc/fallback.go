@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 
 	"google.golang.org/grpc"
@@ -174,9 +173,9 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	if err != nil {
 		return err
 	}
-	e, err := s.rv.fetch(stream.Context(), req.Key, false)
+	e, err := s.rv.fetch(stream.Context(), req.Key, false, req.Wait)
 	if err != nil {
-		return rendezvousError(err)
+		return rendezvousError(req.Key, err)
 	}
 	defer e.buf.Release()
 	var c counters
@@ -208,7 +207,7 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	}
 	t := ts[0]
 	if err := s.rv.publish(h.Tensors[0].Key, entry{tensor: t.Tensor, buf: t.buf}); err != nil {
-		return rendezvousError(err)
+		return rendezvousError(h.Tensors[0].Key, err)
 	}
 	return stream.SendAndClose(&pb.SendResponse{})
 }
@@ -261,7 +260,8 @@ func poolBuffers(ctx context.Context, pool *mempool.Pool, ts []*Tensor, c *count
 		buf, err := poolBuffer(ctx, pool, t, c)
 		if err != nil {
 			releaseAll(bufs)
-			return nil, nil, fmt.Errorf("tensor %d: %w", i, err)
+			st := status.Convert(err) // keep the code: a limit stays ResourceExhausted, a deadline DeadlineExceeded
+			return nil, nil, status.Errorf(st.Code(), "tensor %d: %s", i, st.Message())
 		}
 		bufs = append(bufs, buf)
 		metas = append(metas, metaOf("", t.Tensor))
@@ -276,10 +276,10 @@ func releaseAll(bufs []*mempool.Buffer) {
 }
 
 // fetchStream is Fetch over the fallback.
-func (c *Client) fetchStream(ctx context.Context, key string) (*Tensor, error) {
+func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, wait bool) (*Tensor, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: c.sessionID, Key: key}, chunkcodec.CallOptions()...)
+	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Wait: wait}, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +306,7 @@ func (c *Client) fetchStream(ctx context.Context, key string) (*Tensor, error) {
 func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats)
 	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return err
 	}
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)
@@ -334,7 +334,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
 	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)

@@ -2,6 +2,9 @@ package rpc
 
 import (
 	"context"
+	"log/slog"
+
+	"google.golang.org/grpc/credentials/insecure"
 	"net"
 	"os"
 	"testing"
@@ -32,14 +35,14 @@ func testPool() Option {
 // pair starts a Server and a Client restricted to transport and registers
 // cleanups that check both end with every buffer released and no
 // goroutine left.
-func pair(t *testing.T, transport string, serverOpts, clientOpts []Option) (*Server, *Client) {
+func pair(t *testing.T, transport string, serverOpts []ServerOption, clientOpts []DialOption) (*Server, *Client) {
 	t.Helper()
 	skipWithoutDevice(t, transport)
 	ts := []string{transport}
 	if transport != TransportGRPC {
 		ts = append(ts, TransportGRPC)
 	}
-	s, err := NewServer(append([]Option{WithTransports(ts...), testPool()}, serverOpts...)...)
+	s, err := NewServer(append([]ServerOption{WithTransports(ts...), testPool()}, serverOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +54,7 @@ func pair(t *testing.T, transport string, serverOpts, clientOpts []Option) (*Ser
 	go func() { served <- s.Serve(lis) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, lis.Addr().String(), append([]Option{WithTransports(ts...), testPool()}, clientOpts...)...)
+	c, err := Dial(ctx, lis.Addr().String(), append([]DialOption{WithTransports(ts...), testPool(), insecureCreds()}, clientOpts...)...)
 	if err != nil {
 		s.Stop()
 		<-served
@@ -119,9 +122,51 @@ func writeImm(local verbs.Local, addr uint64, key, imm uint32) verbs.SendRequest
 // here, with the provider's own explanation.
 func skipWithoutDevice(t testing.TB, transport string) {
 	t.Helper()
-	if p := defaultProvider(transport); p != nil {
+	if p := defaultProvider(transport, slog.New(slog.DiscardHandler)); p != nil {
 		if _, err := p.Devices(); err != nil {
 			t.Skipf("no %s device: %v", transport, err)
 		}
 	}
 }
+
+// insecureCreds is the plaintext credentials every test client passes.
+func insecureCreds() DialOption { return WithTransportCredentials(insecure.NewCredentials()) }
+
+// asServer and asDial convert options that fit both sides.
+func asServer(opts []Option) []ServerOption {
+	out := make([]ServerOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
+
+func asDial(opts []Option) []DialOption {
+	out := []DialOption{insecureCreds()}
+	for _, o := range opts {
+		out = append(out, o)
+	}
+	return out
+}
+
+// currentLink is the data plane of c's open session (nil on grpc).
+func currentLink(c *Client) *link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil {
+		return nil
+	}
+	return c.sess.link
+}
+
+// sessionGone reports whether c's latest session has ended.
+func sessionGone(c *Client) bool {
+	c.mu.Lock()
+	s := c.sess
+	c.mu.Unlock()
+	return s == nil || s.err() != nil
+}
+
+// linkPoolBytes is what a session's data plane holds of its pool: the
+// receive buffer and the verifying-send buffer, 256 bytes each.
+const linkPoolBytes = 2 * 256

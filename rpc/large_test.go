@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -22,7 +23,7 @@ func TestOneGiB(t *testing.T) {
 				t.Fatal(err)
 			}
 			fill(big.Bytes(), 11)
-			s.Publish("big", big)
+			s.Publish(context.Background(), "big", big)
 			got, err := c.Fetch(ctx, "big")
 			if err != nil {
 				t.Fatal(err)

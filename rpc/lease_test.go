@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"testing"
 )
 
@@ -13,7 +14,7 @@ func TestLease(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			ctx := ctxT(t)
 			in := wrapped(t, 1<<20, 6)
-			s.Publish("x", in)
+			s.Publish(context.Background(), "x", in)
 			before := c.Stats()
 			got, err := c.Fetch(ctx, "x", Lease())
 			if err != nil {
@@ -28,7 +29,7 @@ func TestLease(t *testing.T) {
 				t.Fatalf("Leased() = %v, leases %d → %d; want lease %v", got.Leased(), before.Leases, after.Leases, wantLease)
 			}
 			if wantLease {
-				if c.Pool().Stats().InUse > 256 { // only the link's receive buffer
+				if c.Pool().Stats().InUse > linkPoolBytes { // only the link's own buffers
 					t.Fatalf("a lease used %d bytes of the client's pool", c.Pool().Stats().InUse)
 				}
 				// The lease is the server's memory: the server's buffer stays
@@ -44,7 +45,7 @@ func TestLease(t *testing.T) {
 			got.Release()
 			got.Release() // a second Release does nothing
 			s.Unpublish("x")
-			waitFor(t, "the server's buffer", func() bool { return s.Pool().Stats().InUse <= 256 })
+			waitFor(t, "the server's buffer", func() bool { return s.Pool().Stats().InUse <= linkPoolBytes })
 		})
 	}
 }

@@ -53,7 +53,7 @@ func allocBuffer(ctx context.Context, pool *mempool.Pool, n int) (*mempool.Buffe
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: allocating %d bytes: %v", n, err)
+	return nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: allocating %d bytes: %v (rpc.WithPoolOptions(mempool.WithLimit(n)) raises the pool's limit)", n, err)
 }
 
 // NewTensor allocates a tensor of the given dtype and shape from pool.

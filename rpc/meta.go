@@ -46,7 +46,7 @@ func checkMeta(m *pb.TensorMeta, limit int64) error {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %v", m.Key, err)
 	}
 	if m.ByteLength > uint64(limit) {
-		return status.Errorf(codes.ResourceExhausted, "tensorrpc: tensor %q of %d bytes exceeds the limit of %d", m.Key, m.ByteLength, limit)
+		return status.Errorf(codes.ResourceExhausted, "tensorrpc: tensor %q of %d bytes exceeds the limit of %d bytes (rpc.WithMaxTensorBytes on the receiving side raises it)", m.Key, m.ByteLength, limit)
 	}
 	return nil
 }

@@ -5,9 +5,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
-
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -33,6 +34,20 @@ var allTransports = []string{TransportIBV, TransportSHM, TransportTCP, Transport
 // won from 16 KiB on (88 against 147 µs).
 const DefaultEagerThreshold = 16 << 10
 
+// DefaultMaxTensorBytes is the largest tensor a peer may make this side
+// allocate unless WithMaxTensorBytes says otherwise: 1 GiB.
+const DefaultMaxTensorBytes = 1 << 30
+
+// DefaultPoolLimit is the limit of the pool a Server or Client makes for
+// itself: room for several tensors of DefaultMaxTensorBytes at once (the
+// pool maps memory as it grows, so the limit costs nothing until used).
+const DefaultPoolLimit = 4 * DefaultMaxTensorBytes
+
+// DefaultConnectTimeout bounds the connection of one data plane during
+// negotiation. A plane whose peer reports failure is abandoned at once; the
+// timeout matters only when packets vanish (a firewall that drops them).
+const DefaultConnectTimeout = 5 * time.Second
+
 // options holds the settings of a Server or a Client. Each field's default
 // is set in defaultOptions, nowhere else.
 type options struct {
@@ -46,38 +61,63 @@ type options struct {
 	logger         *slog.Logger
 	grpcServerOpts []grpc.ServerOption
 	grpcDialOpts   []grpc.DialOption
+	creds          credentials.TransportCredentials
+	dataAddress    string
 	name           string
 	topology       *gpudirect.Topology
+	backoff        backoff.Config
 }
 
 func defaultOptions() options {
 	return options{
-		poolOptions:    []mempool.Option{mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc")},
+		poolOptions:    []mempool.Option{mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc"), mempool.WithLimit(DefaultPoolLimit)},
 		transports:     allTransports,
 		providers:      map[string]verbs.Provider{},
 		eagerThreshold: DefaultEagerThreshold,
-		maxTensorBytes: 4 << 30,
-		connectTimeout: 10 * time.Second,
+		maxTensorBytes: DefaultMaxTensorBytes,
+		connectTimeout: DefaultConnectTimeout,
 		logger:         slog.New(slog.DiscardHandler),
+		backoff:        backoff.DefaultConfig,
 	}
 }
 
-// Option configures a Server (NewServer) or a Client (Dial, NewClient).
-// Options that apply to only one of them say so and are ignored by the
-// other.
-type Option func(*options)
+// ServerOption configures a Server (NewServer).
+type ServerOption interface{ applyServer(*options) }
+
+// DialOption configures a Client (Dial, NewClient).
+type DialOption interface{ applyDial(*options) }
+
+// Option configures either side: it is both a ServerOption and a
+// DialOption.
+type Option interface {
+	ServerOption
+	DialOption
+}
+
+type sharedOption func(*options)
+
+func (f sharedOption) applyServer(o *options) { f(o) }
+func (f sharedOption) applyDial(o *options)   { f(o) }
+
+type serverOption func(*options)
+
+func (f serverOption) applyServer(o *options) { f(o) }
+
+type dialOption func(*options)
+
+func (f dialOption) applyDial(o *options) { f(o) }
 
 // WithPool makes the Server or Client carve tensors from p instead of a
 // pool of its own. p must outlive it; it is not closed with it. Data planes
 // register p's arenas with their devices, so p's backing decides which data
 // planes can work: shm needs BackingMemfd.
-func WithPool(p *mempool.Pool) Option { return func(o *options) { o.pool = p } }
+func WithPool(p *mempool.Pool) Option { return sharedOption(func(o *options) { o.pool = p }) }
 
 // WithPoolOptions sets the options of the pool the Server or Client makes
 // for itself (default: memfd backing, so that every data plane can use it,
-// and mempool's default limit). They are appended to the defaults.
+// and a limit of DefaultPoolLimit). They are appended to the defaults.
 func WithPoolOptions(opts ...mempool.Option) Option {
-	return func(o *options) { o.poolOptions = append(o.poolOptions, opts...) }
+	return sharedOption(func(o *options) { o.poolOptions = append(o.poolOptions, opts...) })
 }
 
 // WithTransports restricts the data planes to the named ones (TransportIBV,
@@ -85,57 +125,106 @@ func WithPoolOptions(opts ...mempool.Option) Option {
 // makes a session fail when no other data plane connects, instead of
 // falling back.
 func WithTransports(names ...string) Option {
-	return func(o *options) { o.transports = append([]string(nil), names...) }
+	return sharedOption(func(o *options) { o.transports = append([]string(nil), names...) })
 }
 
 // WithProvider replaces the default provider of a data plane, e.g. a tcp
-// provider that listens on another address. The provider's Name selects
-// the data plane it serves.
+// provider with options of its own. The provider's Name selects the data
+// plane it serves.
 func WithProvider(p verbs.Provider) Option {
-	return func(o *options) { o.providers[p.Name()] = p }
+	return sharedOption(func(o *options) { o.providers[p.Name()] = p })
 }
+
+// WithMaxTensorBytes bounds the size of a tensor a peer may make this side
+// allocate (default DefaultMaxTensorBytes). Larger tensors fail with
+// ResourceExhausted, on the side whose limit they exceed.
+func WithMaxTensorBytes(n int64) Option {
+	return sharedOption(func(o *options) { o.maxTensorBytes = n })
+}
+
+// WithConnectTimeout bounds how long connecting one data plane may take
+// before the next is tried (default DefaultConnectTimeout). A data plane
+// the peer reports as failed is abandoned at once, without waiting.
+func WithConnectTimeout(d time.Duration) Option {
+	return sharedOption(func(o *options) { o.connectTimeout = d })
+}
+
+// WithLogger sets the logger (default: discard). tensorrpc logs session
+// set-up, refused data planes and failures at Info and Warn, never per
+// transfer.
+func WithLogger(l *slog.Logger) Option { return sharedOption(func(o *options) { o.logger = l }) }
 
 // WithEagerThreshold sets the largest tensor, in bytes, that travels inline
 // in control messages (default DefaultEagerThreshold). The server's value
 // is used for a session.
-func WithEagerThreshold(n int) Option { return func(o *options) { o.eagerThreshold = n } }
-
-// WithMaxTensorBytes bounds the size of a tensor a peer may make this side
-// allocate (default 4 GiB). Larger requests fail with ResourceExhausted.
-func WithMaxTensorBytes(n int64) Option { return func(o *options) { o.maxTensorBytes = n } }
-
-// WithConnectTimeout bounds how long connecting one data plane may take
-// before the next is tried (default 10 s).
-func WithConnectTimeout(d time.Duration) Option { return func(o *options) { o.connectTimeout = d } }
-
-// WithLogger sets the logger (default: discard). tensorrpc logs session
-// set-up and failures at Info and Warn, never per transfer.
-func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
-
-// WithGRPCServerOptions passes options, such as grpc.Creds, to the
-// grpc.Server that NewServer makes. Server only.
-func WithGRPCServerOptions(opts ...grpc.ServerOption) Option {
-	return func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) }
+func WithEagerThreshold(n int) ServerOption {
+	return serverOption(func(o *options) { o.eagerThreshold = n })
 }
 
-// WithGRPCDialOptions passes options, such as transport credentials, to the
-// gRPC client connection that Dial makes. Without transport credentials
-// Dial uses insecure ones. Client only.
-func WithGRPCDialOptions(opts ...grpc.DialOption) Option {
-	return func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) }
+// WithGRPCServerOptions passes options to the grpc.Server that NewServer
+// makes.
+func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
+	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
+}
+
+// WithCreds sets the transport credentials (TLS, mTLS) of the grpc.Server
+// that NewServer makes. Without it the server accepts plaintext
+// connections, as a grpc.Server does.
+func WithCreds(c credentials.TransportCredentials) ServerOption {
+	return serverOption(func(o *options) { o.creds = c })
+}
+
+// WithDataAddress sets the address the tcp data plane listens on and
+// advertises: "host" (a free port is chosen) or "host:port". By default it
+// is the local address of the gRPC connection each session arrived on,
+// which is an address the client could reach; the environment variables
+// TENSORRPC_SOCKET_IFNAME and TENSORRPC_TCP_ADDR also set it (see the
+// package documentation). Give a WithProvider tcp provider instead for
+// full control.
+func WithDataAddress(addr string) ServerOption {
+	return serverOption(func(o *options) { o.dataAddress = addr })
+}
+
+// WithTransportCredentials sets the credentials of the gRPC connection that
+// Dial makes: TLS credentials, or insecure.NewCredentials() for plaintext.
+// Dial requires them, as grpc.NewClient does; there is no silent insecure
+// default.
+func WithTransportCredentials(c credentials.TransportCredentials) DialOption {
+	return dialOption(func(o *options) { o.creds = c })
+}
+
+// WithGRPCDialOptions passes options to the gRPC client connection that
+// Dial makes.
+func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
+	return dialOption(func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) })
 }
 
 // WithTopology gives the PCI topology that decides how device tensors
-// move (default: gpudirect.Discover on first use). Client only.
-func WithTopology(t *gpudirect.Topology) Option { return func(o *options) { o.topology = t } }
+// move (default: gpudirect.Discover on first use).
+func WithTopology(t *gpudirect.Topology) DialOption {
+	return dialOption(func(o *options) { o.topology = t })
+}
 
-// WithName names the Client in the server's logs. Client only.
-func WithName(name string) Option { return func(o *options) { o.name = name } }
+// WithName names the Client in the server's logs.
+func WithName(name string) DialOption { return dialOption(func(o *options) { o.name = name }) }
 
-func buildOptions(opts []Option) options {
+// WithBackoff sets how the Client waits between attempts to re-establish a
+// session that ended (default: gRPC's backoff.DefaultConfig: 1 s, growing
+// 1.6× with 20 % jitter up to 120 s).
+func WithBackoff(c backoff.Config) DialOption { return dialOption(func(o *options) { o.backoff = c }) }
+
+func buildServerOptions(opts []ServerOption) options {
 	o := defaultOptions()
 	for _, opt := range opts {
-		opt(&o)
+		opt.applyServer(&o)
+	}
+	return o
+}
+
+func buildDialOptions(opts []DialOption) options {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt.applyDial(&o)
 	}
 	return o
 }

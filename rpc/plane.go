@@ -1,9 +1,11 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -63,7 +65,13 @@ type link struct {
 	qp     verbs.QueuePair
 	cq     verbs.CompletionQueue
 	recv   *mempool.Buffer // a small buffer Recvs point at; WriteImms use none of it
+	out    *mempool.Buffer // a small buffer the verifying Send goes from
 	onRecv func(verbs.Completion)
+
+	// Until verified is set, received Sends are the negotiation's verifying
+	// round trip: their bytes go to verifyCh instead of onRecv.
+	verified atomic.Bool
+	verifyCh chan []byte
 
 	nextID  atomic.Uint64
 	mu      sync.Mutex
@@ -82,23 +90,65 @@ type waiter struct {
 	abandoned func(verbs.Completion)
 }
 
-func newLink(ctx context.Context, dev *device, pool *mempool.Pool) (*link, error) {
+// verifyBytes is the size of the buffers of the verifying round trip; the
+// message is the session id.
+const verifyBytes = 64
+
+// newLink makes a queue pair on dev. local is this host's address on the
+// session's gRPC connection (zero when unknown) and role who opens the data
+// connection: the server accepts, the client dials, so a server never
+// connects to an address a client named.
+func newLink(ctx context.Context, dev *device, pool *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*link, error) {
 	cq, err := dev.pd.NewCompletionQueue(2 * (recvDepth + sendDepth))
 	if err != nil {
 		return nil, err
 	}
-	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: recvDepth})
+	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: recvDepth, LocalAddress: local, Role: role})
 	if err != nil {
 		cq.Close()
 		return nil, err
 	}
-	recv, err := pool.Alloc(ctx, 64)
+	recv, err := pool.Alloc(ctx, verifyBytes)
 	if err != nil {
 		qp.Close()
 		cq.Close()
 		return nil, err
 	}
-	return &link{dev: dev, qp: qp, cq: cq, recv: recv, waiters: make(map[uint64]*waiter), dead: make(chan struct{})}, nil
+	out, err := pool.Alloc(ctx, verifyBytes)
+	if err != nil {
+		recv.Release()
+		qp.Close()
+		cq.Close()
+		return nil, err
+	}
+	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{})}, nil
+}
+
+// sendVerify Sends msg (at most verifyBytes) over the link and waits for
+// its completion.
+func (l *link) sendVerify(ctx context.Context, msg []byte) error {
+	if len(msg) > verifyBytes {
+		return fmt.Errorf("verifying message of %d bytes", len(msg))
+	}
+	copy(l.out.Bytes(), msg)
+	local, err := l.dev.reg.Local(l.out)
+	if err != nil {
+		return err
+	}
+	local.Length = len(msg)
+	return l.post(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil)
+}
+
+// recvVerify waits for the peer's verifying message.
+func (l *link) recvVerify(ctx context.Context) ([]byte, error) {
+	select {
+	case msg := <-l.verifyCh:
+		return msg, nil
+	case <-l.dead:
+		return nil, l.failure
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // connect connects the queue pair, posts the Recvs and starts polling.
@@ -146,10 +196,17 @@ func (l *link) complete(c verbs.Completion) {
 	}
 	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
 		if c.Status == verbs.StatusSuccess {
+			if !l.verified.Load() && c.Op == verbs.OpRecv {
+				msg := bytes.Clone(l.recv.Bytes()[:min(c.Len, verifyBytes)])
+				select {
+				case l.verifyCh <- msg:
+				default: // a second verifying message is a peer's mistake; ignore it
+				}
+			}
 			if err := l.postRecv(); err != nil {
 				l.fail(fmt.Errorf("reposting a receive: %w", err))
 			}
-			if l.onRecv != nil {
+			if l.onRecv != nil && l.verified.Load() {
 				l.onRecv(c)
 			}
 		}
@@ -205,6 +262,9 @@ func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) er
 		l.mu.Lock()
 		delete(l.waiters, wr.ID)
 		l.mu.Unlock()
+		if errors.Is(err, verbs.ErrQueueFull) {
+			return fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", sendDepth, err))
+		}
 		return fail(completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
 	}
 	var c verbs.Completion
@@ -257,6 +317,7 @@ func (l *link) close(reason error) {
 		}
 	}
 	l.recv.Release()
+	l.out.Release()
 }
 
 // completionStatus maps a completion to a gRPC status error (nil on

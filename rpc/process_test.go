@@ -16,7 +16,7 @@ import (
 )
 
 // dialChild dials a child server and checks the client ends clean.
-func dialChild(t *testing.T, ch *child, transport string, opts ...Option) *Client {
+func dialChild(t *testing.T, ch *child, transport string, opts ...DialOption) *Client {
 	t.Helper()
 	addr := ch.line(t)
 	ts := []string{transport}
@@ -25,7 +25,7 @@ func dialChild(t *testing.T, ch *child, transport string, opts ...Option) *Clien
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, addr, append([]Option{WithTransports(ts...), testPool()}, opts...)...)
+	c, err := Dial(ctx, addr, append([]DialOption{WithTransports(ts...), testPool(), insecureCreds()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestServerKilledMidCall(t *testing.T) {
 			if err := <-errc; status.Code(err) != codes.Unavailable {
 				t.Fatalf("call to a killed server: %v, want Unavailable", err)
 			}
-			waitFor(t, "the session to notice", func() bool { return c.check() != nil })
+			waitFor(t, "the session to notice", func() bool { return sessionGone(c) })
 			if _, err := c.Fetch(ctx, "big"); status.Code(err) != codes.Unavailable {
 				t.Fatalf("fetch after the kill: %v, want Unavailable", err)
 			}

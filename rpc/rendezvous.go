@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -15,17 +16,25 @@ type entry struct {
 	buf    *mempool.Buffer
 }
 
+// errNotPublished is a fetch of a key that is not published, without
+// waiting.
+var errNotPublished = errors.New("not published")
+
 // rendezvous maps keys to published tensors. Fetches of a key not yet
 // published wait for it until their context ends.
 type rendezvous struct {
 	mu      sync.Mutex
 	entries map[string]entry
 	waiters map[string][]chan struct{}
+	// pending counts, per key, the destinations reserved by Sends whose
+	// bytes have not landed yet: a Fetch of such a key waits for them, so
+	// that a client's Fetch after its own Send sees what it sent.
+	pending map[string]int
 	closed  bool
 }
 
 func newRendezvous() *rendezvous {
-	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{})}
+	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), pending: make(map[string]int)}
 }
 
 // publish stores e under key, taking over e's buffer reference, and wakes
@@ -52,9 +61,10 @@ func (r *rendezvous) publish(key string, e entry) error {
 }
 
 // fetch returns the entry under key with an extra buffer reference for the
-// caller, waiting until it is published or ctx ends. With take, the entry
-// is removed and the rendezvous's own reference passes to the caller.
-func (r *rendezvous) fetch(ctx context.Context, key string, take bool) (entry, error) {
+// caller. A key that is not published fails with errNotPublished, unless
+// wait: then fetch waits until it is published or ctx ends. With take, the
+// entry is removed and the rendezvous's own reference passes to the caller.
+func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (entry, error) {
 	for {
 		r.mu.Lock()
 		if r.closed {
@@ -70,6 +80,10 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take bool) (entry, e
 			r.mu.Unlock()
 			return e, nil
 		}
+		if !wait && r.pending[key] == 0 {
+			r.mu.Unlock()
+			return entry{}, errNotPublished
+		}
 		w := make(chan struct{})
 		r.waiters[key] = append(r.waiters[key], w)
 		r.mu.Unlock()
@@ -79,6 +93,28 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take bool) (entry, e
 			r.dropWaiter(key, w)
 			return entry{}, ctx.Err()
 		}
+	}
+}
+
+// reserve notes a Send of key whose bytes are on their way.
+func (r *rendezvous) reserve(key string) {
+	r.mu.Lock()
+	r.pending[key]++
+	r.mu.Unlock()
+}
+
+// unreserve notes that a Send of key has landed (after its publish) or
+// will not; it wakes the key's waiters so they check again.
+func (r *rendezvous) unreserve(key string) {
+	r.mu.Lock()
+	if r.pending[key]--; r.pending[key] <= 0 {
+		delete(r.pending, key)
+	}
+	ws := r.waiters[key]
+	delete(r.waiters, key)
+	r.mu.Unlock()
+	for _, w := range ws {
+		close(w)
 	}
 }
 

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"testing"
 )
@@ -14,7 +15,7 @@ func TestFetchAndSendSizes(t *testing.T) {
 			for _, n := range []int{0, 1, 7, 4096, 65536, 65537, 1<<20 + 3, 8 << 20} {
 				key := fmt.Sprintf("k%d", n)
 				in := wrapped(t, n, byte(n))
-				if err := s.Publish(key, in); err != nil {
+				if err := s.Publish(context.Background(), key, in); err != nil {
 					t.Fatal(err)
 				}
 				got, err := c.Fetch(ctx, key)

@@ -53,8 +53,8 @@ type Server struct {
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
 // the devices of every enabled data plane. A data plane whose device cannot
 // open is left out and reported to clients during negotiation.
-func NewServer(opts ...Option) (*Server, error) {
-	o := buildOptions(opts)
+func NewServer(opts ...ServerOption) (*Server, error) {
+	o := buildServerOptions(opts)
 	s := &Server{
 		opts: o, log: o.logger, rv: newRendezvous(),
 		devices: map[string]*device{}, missing: map[string]string{},
@@ -65,7 +65,11 @@ func NewServer(opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	s.devices, s.missing = openDevices(&s.opts, s.pool, s.log)
-	s.grpc = grpc.NewServer(o.grpcServerOpts...)
+	gopts := o.grpcServerOpts
+	if o.creds != nil {
+		gopts = append([]grpc.ServerOption{grpc.Creds(o.creds)}, gopts...)
+	}
+	s.grpc = grpc.NewServer(gopts...)
 	s.Register(s.grpc)
 	return s, nil
 }
@@ -119,10 +123,14 @@ func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 // wrapped tensor), so the caller may Release t after Publish returns.
 //
 // Publishing a wrapped tensor copies it into the pool, waiting for pool
-// memory when the pool is full; tensors from NewTensor need neither.
-func (s *Server) Publish(key string, t *Tensor) error {
+// memory while the pool is full until ctx ends; tensors from NewTensor need
+// neither.
+func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
+	if t == nil || !t.Valid() {
+		return status.Error(codes.InvalidArgument, "tensorrpc: Publish of a nil or invalid tensor")
+	}
 	var c counters
-	buf, err := poolBuffer(context.Background(), s.pool, t, &c)
+	buf, err := poolBuffer(ctx, s.pool, t, &c)
 	if err != nil {
 		return err
 	}
@@ -136,29 +144,37 @@ func (s *Server) Publish(key string, t *Tensor) error {
 func (s *Server) Unpublish(key string) bool { return s.rv.remove(key) }
 
 // Fetch returns the tensor published (locally or by a client's Send) under
-// key, waiting until it is or ctx ends. The tensor stays published; the
-// caller releases the returned reference.
-func (s *Server) Fetch(ctx context.Context, key string) (*Tensor, error) {
-	return s.take(ctx, key, false)
+// key. A key that is not published fails with NotFound, unless WaitForKey
+// is given: then Fetch waits until it is or ctx ends. The tensor stays
+// published; the caller releases the returned reference.
+func (s *Server) Fetch(ctx context.Context, key string, opts ...FetchOption) (*Tensor, error) {
+	return s.take(ctx, key, false, opts)
 }
 
 // Take is Fetch that also unpublishes the tensor: the caller gets the only
 // reference.
-func (s *Server) Take(ctx context.Context, key string) (*Tensor, error) {
-	return s.take(ctx, key, true)
+func (s *Server) Take(ctx context.Context, key string, opts ...FetchOption) (*Tensor, error) {
+	return s.take(ctx, key, true, opts)
 }
 
-func (s *Server) take(ctx context.Context, key string, remove bool) (*Tensor, error) {
-	e, err := s.rv.fetch(ctx, key, remove)
+func (s *Server) take(ctx context.Context, key string, remove bool, opts []FetchOption) (*Tensor, error) {
+	var fo fetchOptions
+	for _, o := range opts {
+		o(&fo)
+	}
+	e, err := s.rv.fetch(ctx, key, remove, fo.wait)
 	if err != nil {
-		return nil, rendezvousError(err)
+		return nil, rendezvousError(key, err)
 	}
 	return &Tensor{Tensor: e.tensor, buf: e.buf}, nil
 }
 
-func rendezvousError(err error) error {
-	if err == errClosed {
+func rendezvousError(key string, err error) error {
+	switch err {
+	case errClosed:
 		return status.Error(codes.Unavailable, "tensorrpc: server stopped")
+	case errNotPublished:
+		return status.Errorf(codes.NotFound, "tensorrpc: no tensor is published under key %q (to wait for it, fetch with rpc.WaitForKey, or set FetchRequest.wait)", key)
 	}
 	return status.FromContextError(err).Err()
 }
@@ -265,6 +281,10 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// errSessionGone starts the message of calls naming a session the server
+// does not have; clients recognise it to open a new session.
+const errSessionGone = "unknown or ended session"
+
 func newSessionID() string {
 	var b [16]byte
 	rand.Read(b[:])
@@ -282,7 +302,7 @@ func (s *Server) session(id string) (*serverSession, error) {
 	defer s.mu.Unlock()
 	ss, ok := s.sessions[id]
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "tensorrpc: unknown or ended session %q", id)
+		return nil, status.Errorf(codes.Unavailable, "tensorrpc: %s %q (the server restarted or ended it; open a new session)", errSessionGone, id)
 	}
 	return ss, nil
 }

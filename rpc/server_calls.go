@@ -17,9 +17,9 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.rv.fetch(ctx, req.Key, false)
+	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
 	if err != nil {
-		return nil, rendezvousError(err)
+		return nil, rendezvousError(req.Key, err)
 	}
 	resp := &pb.FetchResponse{}
 	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf)
@@ -114,7 +114,7 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		buf.Release()
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{})}
+	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv}
 	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
 		buf.Release()
 		return nil, err
@@ -154,7 +154,7 @@ func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.S
 	dtype, shape := shapeOf(req.Meta)
 	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
 	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf}); err != nil {
-		return nil, rendezvousError(err)
+		return nil, rendezvousError(req.Meta.Key, err)
 	}
 	return &pb.SendResponse{}, nil
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -52,6 +56,18 @@ type transfer struct {
 	hold bool           // a destination for a Call, not the rendezvous
 	done chan struct{}  // closed when a destination is complete
 	dest bool
+	// rv is the rendezvous a destination for it (dest && !hold) is
+	// reserved in until it lands or goes; landed is set once it landed.
+	rv     *rendezvous
+	landed bool
+}
+
+// unreserve ends a rendezvous destination's reservation, if it has one.
+func (t *transfer) unreserve() {
+	if t.rv != nil {
+		t.rv.unreserve(t.meta.Key)
+		t.rv = nil
+	}
 }
 
 // add registers a transfer made by the call the client named ref. It fails
@@ -76,6 +92,11 @@ func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error
 	ss.transfers[t.id] = t
 	if t.dest {
 		ss.byImm[t.imm] = t
+		if !t.hold && t.rv != nil {
+			t.rv.reserve(t.meta.Key)
+		} else {
+			t.rv = nil
+		}
 	}
 	if ref != 0 {
 		ss.byRef[ref] = append(ss.byRef[ref], t.id)
@@ -98,6 +119,9 @@ func (ss *serverSession) removeLocked(id uint64) *transfer {
 	delete(ss.transfers, id)
 	if t.dest {
 		delete(ss.byImm, t.imm)
+		if !t.landed {
+			t.unreserve()
+		}
 	}
 	if t.ref != 0 {
 		ids := ss.byRef[t.ref]
@@ -150,7 +174,42 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	s.mu.Unlock()
 	defer s.active.Done()
 	ctx := stream.Context()
-	first, err := stream.Recv()
+
+	// One reader for the stream's life: during negotiation its messages go
+	// to in; in is closed when the stream ends.
+	in := make(chan *pb.SessionRequest, 4)
+	var readErr error
+	go func() {
+		defer close(in)
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				readErr = err
+				return
+			}
+			select {
+			case in <- msg:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	next := func() (*pb.SessionRequest, error) {
+		select {
+		case msg, ok := <-in:
+			if !ok {
+				if readErr == nil || readErr == io.EOF {
+					return nil, status.Error(codes.Canceled, "tensorrpc: the client ended the session stream")
+				}
+				return nil, readErr
+			}
+			return msg, nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+
+	first, err := next()
 	if err != nil {
 		return err
 	}
@@ -166,28 +225,48 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 	}
 
-	// Sort the offers the server can use by priority; reject the rest.
-	var candidates []*pb.TransportOffer
+	// Make a queue pair for every offer the server can use, by priority;
+	// reject the rest. The tcp plane listens on the address this session's
+	// gRPC connection arrived on, which the client could reach.
+	local := localAddress(ctx)
+	var candidates []candidate
 	var rejected []*pb.TransportRejection
+	defer func() {
+		for _, c := range candidates {
+			if c.link != ss.link {
+				c.link.close(errors.New("not chosen"))
+			}
+		}
+	}()
 	for _, offer := range hs.Offers {
 		name := transportName(offer.Transport)
+		reason := ""
 		switch {
-		case name == TransportGRPC:
+		case name == TransportGRPC || slices.ContainsFunc(candidates, func(c candidate) bool { return c.offer.Transport == offer.Transport }):
 			continue
 		case !enabled(&s.opts, name):
-			rejected = append(rejected, &pb.TransportRejection{Transport: offer.Transport, Reason: "not enabled on the server"})
+			reason = "not enabled on the server"
 		case s.devices[name] == nil:
-			reason := s.missing[name]
+			reason = s.missing[name]
 			if reason == "" {
 				reason = "unknown transport"
 			}
-			rejected = append(rejected, &pb.TransportRejection{Transport: offer.Transport, Reason: reason})
 		default:
-			candidates = append(candidates, offer)
+			l, err := newLink(ctx, s.devices[name], s.pool, local, verbs.RoleAccept)
+			if err != nil {
+				reason = err.Error()
+				break
+			}
+			candidates = append(candidates, candidate{offer: offer, link: l})
+		}
+		if reason != "" {
+			rejected = append(rejected, &pb.TransportRejection{Transport: offer.Transport, Reason: reason})
+			r := newRejection(name, "server", reason)
+			s.log.Info("tensorrpc: data plane not used", "session", ss.id, "transport", name, "reason", reason, "fix", r.Fix)
 		}
 	}
-	slices.SortStableFunc(candidates, func(a, b *pb.TransportOffer) int {
-		return priority(transportName(a.Transport)) - priority(transportName(b.Transport))
+	slices.SortStableFunc(candidates, func(a, b candidate) int {
+		return priority(transportName(a.offer.Transport)) - priority(transportName(b.offer.Transport))
 	})
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: ProtocolVersion, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
@@ -198,42 +277,37 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	// open registers the session once its data plane is settled and before
 	// the client hears so: the client may call as soon as it does.
 	open := func(l *link, transport string) error {
-		ss.link, ss.transport = l, transport
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.stopping {
 			return status.Error(codes.Unavailable, "tensorrpc: server stopping")
 		}
+		ss.link, ss.transport = l, transport
 		s.sessions[ss.id] = ss
 		return nil
-	}
-	unregister := func() {
-		s.mu.Lock()
-		delete(s.sessions, ss.id)
-		s.mu.Unlock()
 	}
 	opened := false
 	defer func() {
 		if !opened {
-			unregister()
+			s.mu.Lock()
+			delete(s.sessions, ss.id)
+			s.mu.Unlock()
 			s.closeSession(ss)
 		}
 	}()
-	for _, offer := range candidates {
-		_, err := s.tryConnect(ctx, stream, ss, offer, open)
-		if err == nil {
+	for _, c := range candidates {
+		reason, err := s.tryConnect(ctx, stream.Send, next, ss, c, open)
+		if err != nil {
+			return err
+		}
+		if reason == "" {
 			opened = true
 			break
 		}
-		if ss.link != nil {
-			return err // opened, but the client did not hear of it
-		}
-		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		s.log.Info("tensorrpc: data plane did not connect", "session", ss.id, "transport", transportName(offer.Transport), "err", err)
+		r := newRejection(transportName(c.offer.Transport), "server", reason)
+		s.log.Info("tensorrpc: data plane not used", "session", ss.id, "transport", r.Transport, "reason", reason, "fix", r.Fix)
 	}
-	if ss.link == nil {
+	if !opened {
 		if !enabled(&s.opts, TransportGRPC) {
 			var reasons []string
 			for _, r := range rejected {
@@ -256,27 +330,28 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 
 	// The session lives until the client ends the stream (or dies), the
 	// data plane fails, or the server stops.
-	ended := make(chan error, 1)
-	go func() {
-		for {
-			if _, err := stream.Recv(); err != nil {
-				ended <- err
-				return
-			}
-		}
-	}()
 	var dead <-chan struct{}
 	if ss.link != nil {
 		dead = ss.link.dead
 	}
 	var result error
-	select {
-	case <-ended:
-	case <-dead:
-		result = unavailable(ss.link.failure)
-	case <-s.drain:
-		result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case _, ok := <-in:
+			if !ok {
+				break wait
+			}
+			// Nothing is expected from the client once the session is open.
+		case <-dead:
+			result = unavailable(ss.link.failure)
+			break wait
+		case <-s.drain:
+			result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	s.closeSession(ss) // before it leaves Sessions, so its buffers are back by then
 	s.mu.Lock()
@@ -287,63 +362,138 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	return result
 }
 
-// tryConnect offers one data plane to the client and connects it. Both
-// sides report their outcome; the data plane is used only when both
-// connected.
-func (s *Server) tryConnect(ctx context.Context, stream pb.TensorRPC_SessionServer, ss *serverSession, offer *pb.TransportOffer, open func(*link, string) error) (*link, error) {
-	dev := s.devices[transportName(offer.Transport)]
-	l, err := newLink(ctx, dev, s.pool)
-	if err != nil {
-		return nil, err
+// candidate is a data plane the client offered and the server can use,
+// with the server's queue pair for it.
+type candidate struct {
+	offer *pb.TransportOffer
+	link  *link
+}
+
+// localAddress is this host's address on the gRPC connection of ctx's
+// call, or the zero Addr when it is not an IP connection.
+func localAddress(ctx context.Context) netip.Addr {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.LocalAddr == nil {
+		return netip.Addr{}
 	}
-	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
-		Transport: offer.Transport, Info: l.qp.LocalInfo(), Description: dev.name,
+	if ta, ok := p.LocalAddr.(*net.TCPAddr); ok {
+		if a, ok := netip.AddrFromSlice(ta.IP); ok {
+			return a.Unmap()
+		}
+	}
+	return netip.Addr{}
+}
+
+// tryConnect offers one data plane to the client, connects it and verifies
+// it with a round trip (see the Session method in the .proto). It returns
+// why the plane is not used ("" when the session is open on it), or an
+// error when the session itself failed.
+func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func(*link, string) error) (string, error) {
+	l, offer := c.link, c.offer
+	name := transportName(offer.Transport)
+	report := func(ok, verify bool, err error) error {
+		r := &pb.ConnectResult{Transport: offer.Transport, Ok: ok, Verify: verify}
+		if err != nil {
+			r.Error = err.Error()
+		}
+		return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
+	}
+	theirResult := func(verify bool) (*pb.ConnectResult, error) {
+		msg, err := next()
+		if err != nil {
+			return nil, err
+		}
+		r := msg.GetConnectResult()
+		if r == nil || r.Transport != offer.Transport || r.Verify != verify {
+			return nil, status.Error(codes.InvalidArgument, "tensorrpc: expected the client's connect result")
+		}
+		return r, nil
+	}
+	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
+		Transport: offer.Transport, Info: l.qp.LocalInfo(), Description: s.devices[name].name,
 	}}}); err != nil {
-		l.close(err)
-		return nil, err
+		return "", err
 	}
+
+	// Step 1: connect, report at once, give up as soon as the client fails.
 	cctx, cancel := context.WithTimeout(ctx, s.opts.connectTimeout)
 	defer cancel()
 	mine := make(chan error, 1)
 	go func() { mine <- l.connect(cctx, offer.Info, func(c verbs.Completion) { s.completeDestination(ss, c) }) }()
-	msg, err := stream.Recv()
-	if err != nil {
-		cancel()
-		<-mine
-		l.close(err)
-		return nil, err
-	}
-	theirs := msg.GetConnectResult()
-	myErr := <-mine
-	switch {
-	case theirs == nil || theirs.Transport != offer.Transport:
-		err = status.Error(codes.InvalidArgument, "tensorrpc: expected the client's connect result")
-	case !theirs.Ok:
-		err = fmt.Errorf("client: %s", theirs.Error)
-	case myErr != nil:
-		err = myErr
-	default:
-		err = open(l, transportName(offer.Transport)) // before the client hears
-	}
-	result := &pb.ConnectResult{Transport: offer.Transport, Ok: myErr == nil && err == nil}
-	if myErr != nil {
-		result.Error = myErr.Error()
-	} else if err != nil && theirs != nil && theirs.Ok {
-		result.Error = err.Error()
-	}
-	if err != nil {
-		l.close(err)
-	}
-	if serr := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: result}}); serr != nil {
-		if err == nil {
-			err = serr // the session is open; the handler's cleanup closes it
+	theirs := make(chan *pb.ConnectResult, 1)
+	theirsErr := make(chan error, 1)
+	go func() {
+		r, err := theirResult(false)
+		if err != nil {
+			theirsErr <- err
+			return
 		}
-		return nil, err
+		theirs <- r
+	}()
+	var myErr error
+	var their *pb.ConnectResult
+	haveMine, abandoned := false, false
+	for !haveMine || their == nil {
+		select {
+		case myErr = <-mine:
+			haveMine = true
+			if their != nil && !their.Ok && myErr != nil {
+				myErr, abandoned = errors.New("abandoned: the client failed to connect"), true
+			}
+			if err := report(myErr == nil, false, myErr); err != nil {
+				return "", err
+			}
+		case their = <-theirs:
+			if !their.Ok {
+				cancel()
+			}
+		case err := <-theirsErr:
+			cancel()
+			<-mine
+			return "", err
+		}
 	}
+	switch {
+	case myErr != nil && !abandoned:
+		return "connect: " + myErr.Error(), nil
+	case !their.Ok:
+		return "client: connect: " + their.Error, nil
+	}
+
+	// Step 2: the client's verifying message, our echo, then both verdicts.
+	vctx, vcancel := context.WithTimeout(ctx, s.opts.connectTimeout)
+	defer vcancel()
+	msg, verr := l.recvVerify(vctx)
+	if verr == nil && string(msg) != ss.id {
+		verr = errors.New("the client's verifying message is not the session id")
+	}
+	if verr == nil {
+		l.verified.Store(true)
+		verr = l.sendVerify(vctx, msg)
+	}
+	their, err := theirResult(true)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return l, nil
+	reason := ""
+	switch {
+	case verr != nil:
+		reason = "verifying round trip: " + verr.Error()
+	case !their.Ok:
+		reason = "client: " + their.Error
+	default:
+		if err := open(l, name); err != nil {
+			reason = err.Error()
+		}
+	}
+	var rerr error
+	if reason != "" {
+		rerr = errors.New(reason)
+	}
+	if err := report(reason == "", true, rerr); err != nil {
+		return "", err // if the session opened, the handler's cleanup closes it
+	}
+	return reason, nil
 }
 
 // completeDestination handles a received WriteImm: the immediate value
@@ -357,6 +507,7 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	if ok {
 		delete(ss.byImm, c.Imm)
 		if !t.hold {
+			t.landed = true // its reservation ends after the publish below
 			ss.removeLocked(t.id)
 		}
 	}
@@ -374,6 +525,7 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	dtype, shape := shapeOf(t.meta)
 	zt, _ := zerocopy.New(dtype, shape, t.buf.Bytes())
 	s.rv.publish(t.meta.Key, entry{tensor: zt, buf: t.buf})
+	t.unreserve()
 }
 
 // closeSession closes the data plane first, so nothing writes into the
@@ -388,6 +540,7 @@ func (s *Server) closeSession(ss *serverSession) {
 	ss.transfers, ss.byImm = map[uint64]*transfer{}, map[uint32]*transfer{}
 	ss.mu.Unlock()
 	for _, t := range transfers {
+		t.unreserve()
 		t.buf.Release()
 	}
 }

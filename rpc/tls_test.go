@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
@@ -82,10 +81,10 @@ func TestTLS(t *testing.T) {
 				clientConf.Certificates = []tls.Certificate{pki.client}
 			}
 			s, c := pair(t, TransportTCP,
-				[]Option{WithGRPCServerOptions(grpc.Creds(credentials.NewTLS(serverConf)))},
-				[]Option{WithGRPCDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(clientConf)))})
+				[]ServerOption{WithCreds(credentials.NewTLS(serverConf))},
+				[]DialOption{WithTransportCredentials(credentials.NewTLS(clientConf))})
 			in := wrapped(t, 1<<20, 4)
-			s.Publish("x", in)
+			s.Publish(context.Background(), "x", in)
 			got, err := c.Fetch(ctxT(t), "x")
 			if err != nil {
 				t.Fatal(err)
@@ -98,7 +97,7 @@ func TestTLS(t *testing.T) {
 	}
 	t.Run("mtls-without-client-cert", func(t *testing.T) {
 		serverConf := &tls.Config{Certificates: []tls.Certificate{pki.server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pki.pool}
-		s, err := NewServer(WithTransports(TransportTCP, TransportGRPC), testPool(), WithGRPCServerOptions(grpc.Creds(credentials.NewTLS(serverConf))))
+		s, err := NewServer(WithTransports(TransportTCP, TransportGRPC), testPool(), WithCreds(credentials.NewTLS(serverConf)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +106,7 @@ func TestTLS(t *testing.T) {
 		go func() { served <- s.Serve(lis) }()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := Dial(ctx, lis.Addr().String(), testPool(), WithGRPCDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool}))))
+		c, err := Dial(ctx, lis.Addr().String(), testPool(), WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool})))
 		if err == nil {
 			c.Close()
 			t.Fatal("a client without a certificate opened a session")

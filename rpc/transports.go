@@ -3,7 +3,9 @@ package rpc
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"strings"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -14,14 +16,14 @@ import (
 
 // defaultProvider makes the provider of a data plane when no WithProvider
 // option gave one.
-func defaultProvider(name string) verbs.Provider {
+func defaultProvider(name string, log *slog.Logger) verbs.Provider {
 	switch name {
 	case TransportIBV:
 		return ibv.New()
 	case TransportSHM:
 		return shm.New()
 	case TransportTCP:
-		return tcp.New()
+		return tcp.New(tcp.WithLogger(log))
 	}
 	return nil
 }
@@ -34,15 +36,46 @@ func priority(name string) int {
 	return len(allTransports)
 }
 
-// Rejection says why a data plane is not used.
+// Rejection says why a data plane is not used, and what would make it
+// work.
 type Rejection struct {
 	Transport string
 	// Side is "client" or "server": where the reason arose.
 	Side   string
 	Reason string
+	// Fix suggests what to change, when there is a likely remedy.
+	Fix string
 }
 
-func (r Rejection) String() string { return fmt.Sprintf("%s (%s): %s", r.Transport, r.Side, r.Reason) }
+func (r Rejection) String() string {
+	s := fmt.Sprintf("%s (%s): %s", r.Transport, r.Side, r.Reason)
+	if r.Fix != "" {
+		s += " (fix: " + r.Fix + ")"
+	}
+	return s
+}
+
+// newRejection makes a Rejection with the remedy that fits its transport
+// and reason.
+func newRejection(transport, side, reason string) Rejection {
+	return Rejection{Transport: transport, Side: side, Reason: reason, Fix: rejectionFix(transport, reason)}
+}
+
+func rejectionFix(transport, reason string) string {
+	switch {
+	case strings.Contains(reason, "not enabled"):
+		return "enable it with rpc.WithTransports on both sides"
+	case transport == TransportTCP && (strings.Contains(reason, "connect") || strings.Contains(reason, "verifying")):
+		return "the client must reach the server's data address (by default the address the client dialled for gRPC, on a port chosen by the server): open the port range in firewalls, or choose the address with rpc.WithDataAddress or TENSORRPC_SOCKET_IFNAME / TENSORRPC_TCP_ADDR on the server"
+	case transport == TransportTCP && strings.Contains(reason, "loopback"):
+		return "give the server a data address the client can reach: rpc.WithDataAddress or TENSORRPC_SOCKET_IFNAME"
+	case transport == TransportSHM && (strings.Contains(reason, "connect") || strings.Contains(reason, "host")):
+		return "shm works only between processes on one host that share /dev/shm and abstract unix sockets (one network namespace); across hosts tcp is used"
+	case transport == TransportIBV && strings.Contains(reason, "no RDMA"):
+		return "install an RDMA NIC and its driver (rdma-core), and build with -tags rdma"
+	}
+	return ""
+}
 
 // openDevices opens the device of every enabled verbs data plane. It
 // returns the opened devices and, for each that did not open, the reason.
@@ -54,8 +87,11 @@ func openDevices(o *options, pool *mempool.Pool, log *slog.Logger) (map[string]*
 			continue
 		}
 		p := o.providers[name]
+		if p == nil && name == TransportTCP && o.dataAddress != "" {
+			p = tcp.New(tcp.WithListenAddress(withPort(o.dataAddress)), tcp.WithLogger(log))
+		}
 		if p == nil {
-			p = defaultProvider(name)
+			p = defaultProvider(name, log)
 		}
 		if p == nil {
 			missing[name] = "unknown transport"
@@ -73,3 +109,11 @@ func openDevices(o *options, pool *mempool.Pool, log *slog.Logger) (map[string]*
 }
 
 func enabled(o *options, name string) bool { return slices.Contains(o.transports, name) }
+
+// withPort adds port 0 (any free port) to a host without one.
+func withPort(addr string) string {
+	if _, _, err := net.SplitHostPort(addr); err == nil {
+		return addr
+	}
+	return net.JoinHostPort(strings.Trim(addr, "[]"), "0")
+}

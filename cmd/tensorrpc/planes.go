@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -19,9 +22,11 @@ import (
 const probeBytes = 256 << 10
 
 var planeAdvice = map[string]string{
-	rpc.TransportIBV:  "see rdma-build and rdma-devices",
-	rpc.TransportSHM:  "see memfd and shm",
-	rpc.TransportTCP:  "the tcp data plane listens on 127.0.0.1 by default: check that loopback TCP connections are allowed",
+	rpc.TransportIBV: "see rdma-build and rdma-devices",
+	rpc.TransportSHM: "see memfd and shm",
+	rpc.TransportTCP: "on loopback the tcp data plane listens on 127.0.0.1, the address the gRPC connection arrived on, unless " +
+		"TENSORRPC_TCP_ADDR or TENSORRPC_SOCKET_IFNAME choose another: check that loopback TCP connections are allowed " +
+		"and that the address those variables choose is this host's",
 	rpc.TransportGRPC: "the control plane itself failed on loopback: check that the process may listen on and connect to 127.0.0.1",
 }
 
@@ -60,7 +65,7 @@ func checkDataPlanes() []Check {
 		probe[i] = byte(i * 7)
 	}
 	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{probeBytes}, probe)
-	if err := srv.Publish("doctor/probe", rpc.WrapTensor(zt)); err != nil {
+	if err := srv.Publish(ctx, "doctor/probe", rpc.WrapTensor(zt)); err != nil {
 		return fail(err)
 	}
 	var out []Check
@@ -76,23 +81,31 @@ func probePlane(ctx context.Context, addr, plane string, want []byte) Check {
 	if plane != rpc.TransportGRPC {
 		transports = append(transports, rpc.TransportGRPC)
 	}
-	client, err := rpc.Dial(ctx, addr, rpc.WithTransports(transports...), rpc.WithConnectTimeout(5*time.Second),
+	client, err := rpc.Dial(ctx, addr, rpc.WithTransportCredentials(insecure.NewCredentials()), // loopback
+		rpc.WithTransports(transports...), rpc.WithConnectTimeout(5*time.Second),
 		rpc.WithPoolOptions(mempool.WithArenaSize(1<<20), mempool.WithLimit(16<<20)))
 	if err != nil {
 		c.Detail = "session: " + err.Error()
 		return c
 	}
 	if client.Transport() != plane {
-		var reasons []string
+		var reasons, fixes []string
 		for _, r := range client.Rejections() {
 			if r.Transport == plane {
 				reasons = append(reasons, fmt.Sprintf("%s side: %s", r.Side, r.Reason))
+				if r.Fix != "" && !slices.Contains(fixes, r.Fix) {
+					fixes = append(fixes, r.Fix)
+				}
 			}
 		}
 		if len(reasons) == 0 {
 			reasons = append(reasons, "not negotiated, no reason given")
 		}
 		c.Detail = strings.Join(reasons, "; ")
+		if len(fixes) > 0 {
+			// The rejection's own suggestion first, then the general one.
+			c.Advice = strings.Join(append(fixes, c.Advice), "; ")
+		}
 		if err := client.Close(); err != nil {
 			c.Detail += "; closing the session: " + err.Error()
 		}

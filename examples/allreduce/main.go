@@ -11,7 +11,8 @@
 // sends chunk (r−s) mod P to its right neighbour (Client.Send into the
 // neighbour's rendezvous under "<iter>/rs/<s>") and takes chunk (r−s−1)
 // mod P from its own (Server.Take of the same key from its left
-// neighbour), adding it to its copy; after P−1 steps rank r holds the full
+// neighbour, with rpc.WaitForKey, since the neighbour may not have sent it
+// yet), adding it to its copy; after P−1 steps rank r holds the full
 // sum of chunk (r+1) mod P. The all-gather phase passes the summed chunks
 // around the ring the same way, P−1 more steps, replacing instead of
 // adding.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -80,9 +82,21 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 	r := &ring{cfg: cfg, rank: rank, pool: pool}
 	defer func() { err = errors.Join(err, r.close()) }()
 	// The server and the client share the pool: a chunk the server
-	// received is sent on by the client without a copy.
-	opts := []rpc.Option{rpc.WithPool(pool), rpc.WithTransports(cfg.Transports...)}
-	if r.srv, err = rpc.NewServer(opts...); err != nil {
+	// received is sent on by the client without a copy. A chunk may be as
+	// large as the pool allows, beyond rpc's default limit.
+	shared := []rpc.Option{rpc.WithPool(pool), rpc.WithTransports(cfg.Transports...),
+		rpc.WithMaxTensorBytes(max(rpc.DefaultMaxTensorBytes, bytes))}
+	var sopts []rpc.ServerOption
+	dopts := []rpc.DialOption{
+		// The ranks talk over loopback, in plaintext.
+		rpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpc.WithName(fmt.Sprintf("rank-%d", rank)),
+	}
+	for _, o := range shared {
+		sopts = append(sopts, o)
+		dopts = append(dopts, o)
+	}
+	if r.srv, err = rpc.NewServer(sopts...); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -97,7 +111,7 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 		return fmt.Errorf("waiting for the right neighbour's address: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	r.client, err = rpc.Dial(dctx, right, append(opts, rpc.WithName(fmt.Sprintf("rank-%d", rank)))...)
+	r.client, err = rpc.Dial(dctx, right, dopts...)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("dialing the right neighbour %s: %w", right, err)
@@ -156,7 +170,9 @@ func (r *ring) allReduce(ctx context.Context, iter int) error {
 		if err := r.client.Send(ctx, key, r.chunks[mod(r.rank-s)]); err != nil {
 			return err
 		}
-		got, err := r.srv.Take(ctx, key)
+		// The left neighbour sends key to our server when it gets there:
+		// wait for it.
+		got, err := r.srv.Take(ctx, key, rpc.WaitForKey())
 		if err != nil {
 			return err
 		}
@@ -173,7 +189,7 @@ func (r *ring) allReduce(ctx context.Context, iter int) error {
 		if err := r.client.Send(ctx, key, r.chunks[mod(r.rank+1-s)]); err != nil {
 			return err
 		}
-		got, err := r.srv.Take(ctx, key)
+		got, err := r.srv.Take(ctx, key, rpc.WaitForKey())
 		if err != nil {
 			return err
 		}

@@ -8,7 +8,8 @@
 //
 // The model is linear regression on generated sparse data (see model.go):
 // each worker holds its own samples, pulls the parameters from every shard
-// (Client.Fetch of the tensor the shard published), computes its gradient
+// (Client.Fetch, with rpc.WaitForKey, of the tensor the shard publishes once
+// every worker has pushed the previous step), computes its gradient
 // and pushes each shard its slice (Client.Call of the "push" method); a
 // shard sums the P gradients of a step, applies SGD and publishes the next
 // parameters (see shard.go). The loss falls to the noise variance, the

@@ -13,10 +13,16 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
+
+// plaintext is the credentials of every session: the shards and workers
+// talk over loopback, in plaintext.
+var plaintext = rpc.WithTransportCredentials(insecure.NewCredentials())
 
 // summary is what a run measured.
 type summary struct {
@@ -66,7 +72,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 
 	// The coordinator's own session with shard 0: β, then the records.
 	dctx, dcancel := context.WithTimeout(ctx, connectTimeout)
-	c, err := rpc.Dial(dctx, addrs[0], rpc.WithTransports(cfg.Transports...), rpc.WithName("coordinator"))
+	c, err := rpc.Dial(dctx, addrs[0], plaintext, rpc.WithTransports(cfg.Transports...), rpc.WithName("coordinator"))
 	dcancel()
 	if err != nil {
 		return nil, err

@@ -24,8 +24,8 @@ import (
 //     w_{t+1} = w_t − lr·Σ gradients, publishes it as "w/<t+1>" and
 //     unpublishes "w/<t>".
 //
-// Workers wait in Fetch for "w/<t+1>", so no worker runs ahead; the push
-// handler itself never waits.
+// Workers wait in Fetch (rpc.WaitForKey) for "w/<t+1>", so no worker runs
+// ahead; the push handler itself never waits.
 
 // pushMeta is the metadata of a push.
 type pushMeta struct {
@@ -86,7 +86,7 @@ func newShard(cfg *config, k int) (*shard, error) {
 		return nil, err
 	}
 	clear(w0.Bytes())
-	if err := srv.Publish(paramKey(0), w0); err != nil {
+	if err := srv.Publish(context.Background(), paramKey(0), w0); err != nil {
 		w0.Release()
 		srv.Stop()
 		return nil, err
@@ -153,7 +153,7 @@ func (s *shard) update(ctx context.Context) error {
 	}
 	// A published tensor must not be written again: each step publishes a
 	// new one. Every worker has fetched w_step, since it pushed for step.
-	if err := s.srv.Publish(paramKey(s.step+1), next); err != nil {
+	if err := s.srv.Publish(ctx, paramKey(s.step+1), next); err != nil {
 		next.Release()
 		return err
 	}

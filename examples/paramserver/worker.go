@@ -27,7 +27,7 @@ func runWorker(ctx context.Context, cfg *config, i int, addrs []string) (err err
 	}()
 	for k, addr := range addrs {
 		dctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		clients[k], err = rpc.Dial(dctx, addr, rpc.WithTransports(cfg.Transports...), rpc.WithName(fmt.Sprintf("worker-%d", i)))
+		clients[k], err = rpc.Dial(dctx, addr, plaintext, rpc.WithTransports(cfg.Transports...), rpc.WithName(fmt.Sprintf("worker-%d", i)))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("worker %d: dialing shard %d: %w", i, k, err)
@@ -38,9 +38,10 @@ func runWorker(ctx context.Context, cfg *config, i int, addrs []string) (err err
 	grad := make([]float32, cfg.Params)
 	total := cfg.samples()
 	for step := range cfg.Steps {
-		// Pull w_step from every shard at once.
+		// Pull w_step from every shard at once. A shard publishes it once
+		// every worker has pushed step−1: wait for it.
 		err := eachShard(cfg, func(k, lo, hi int) error {
-			t, err := clients[k].Fetch(ctx, paramKey(step))
+			t, err := clients[k].Fetch(ctx, paramKey(step), rpc.WaitForKey())
 			if err != nil {
 				return err
 			}

@@ -8,6 +8,14 @@
 //	go run ./examples/quickstart -serve -listen :7000 # on one host ...
 //	go run ./examples/quickstart -addr HOST:7000      # ... and on another
 //
+// Across hosts the tcp data plane listens on, and advertises, the address
+// the client reached the server's gRPC port on, so nothing needs setting;
+// -data-addr (or TENSORRPC_TCP_ADDR, TENSORRPC_SOCKET_IFNAME in the
+// server's environment) chooses another, e.g. a faster network than the
+// one gRPC uses:
+//
+//	go run ./examples/quickstart -serve -listen :7000 -data-addr 10.1.0.5
+//
 // Without -addr the program re-executes itself as the server (see
 // examples/internal/proc), reads the address the server prints, and stops
 // it at the end. For each data plane it opens a session restricted to that
@@ -40,16 +48,22 @@ func main() {
 	var cfg config
 	var sizes, transports string
 	var serveOnly bool
-	var listen string
+	var listen, dataAddr string
 	flag.StringVar(&cfg.addr, "addr", "", "use the server at `HOST:PORT` instead of starting one")
 	flag.StringVar(&sizes, "sizes", "4KiB,1MiB,64MiB", "tensor sizes, comma-separated (B, KiB, MiB, GiB suffixes)")
 	flag.StringVar(&transports, "transports", strings.Join(allPlanes, ","), "data planes to measure, comma-separated")
 	flag.IntVar(&cfg.iters, "iters", 0, "timed operations per size and op (default: about 128 MiB worth, 3 to 200)")
 	flag.BoolVar(&serveOnly, "serve", false, "only serve, until interrupted, for clients on other hosts")
 	flag.StringVar(&listen, "listen", "127.0.0.1:0", "address the server listens on")
+	flag.StringVar(&dataAddr, "data-addr", "", "with -serve: the `HOST[:PORT]` the tcp data plane listens on and advertises to clients "+
+		"(default: the local address of the gRPC connection each session arrived on, which clients on other hosts can reach; "+
+		"the environment variables TENSORRPC_TCP_ADDR=HOST[:PORT] and TENSORRPC_SOCKET_IFNAME=eth0 also set it)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		usage("unexpected arguments: %s", strings.Join(flag.Args(), " "))
+	}
+	if dataAddr != "" && !serveOnly {
+		usage("-data-addr applies to -serve only (a client uses the address its server advertises)")
 	}
 	var err error
 	if cfg.sizes, err = parseSizes(sizes); err != nil {
@@ -65,7 +79,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if serveOnly {
-		err = serve(listen, os.Stdout, ctx.Done())
+		err = serve(listen, dataAddr, os.Stdout, ctx.Done())
 	} else {
 		_, err = run(ctx, cfg, os.Stdout)
 	}
@@ -104,7 +118,7 @@ func serveChild() int {
 		proc.WaitForStop()
 		close(stopped)
 	}()
-	if err := serve("127.0.0.1:0", os.Stdout, stopped); err != nil {
+	if err := serve("127.0.0.1:0", "", os.Stdout, stopped); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart server:", err)
 		return 1
 	}

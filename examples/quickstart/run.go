@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -95,13 +97,18 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	return rep, nil
 }
 
+// plaintext is the quickstart's gRPC credentials: none. A deployment
+// across untrusted networks dials with TLS credentials instead
+// (credentials.NewTLS), and serves with rpc.WithCreds.
+var plaintext = rpc.WithTransportCredentials(insecure.NewCredentials())
+
 // negotiate opens a session with every data plane allowed, as an
 // application would, and prints the plane it got and why the better ones
 // were not used. It returns those reasons by plane.
 func negotiate(ctx context.Context, addr string, rep *report, out io.Writer) (map[string]string, error) {
 	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	c, err := rpc.Dial(dctx, addr)
+	c, err := rpc.Dial(dctx, addr, plaintext)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +117,10 @@ func negotiate(ctx context.Context, addr string, rep *report, out io.Writer) (ma
 	fmt.Fprintf(out, "negotiated data plane: %s\n", c.Transport())
 	for _, r := range c.Rejections() {
 		reasons[r.Transport] = r.String()
-		fmt.Fprintf(out, "  not used: %s\n", r)
+		fmt.Fprintf(out, "  not used: %s (%s): %s\n", r.Transport, r.Side, r.Reason)
+		if r.Fix != "" {
+			fmt.Fprintf(out, "    fix: %s\n", r.Fix)
+		}
 	}
 	return reasons, c.Close()
 }
@@ -118,7 +128,7 @@ func negotiate(ctx context.Context, addr string, rep *report, out io.Writer) (ma
 // measurePlane opens a session restricted to plane and measures each size.
 func measurePlane(ctx context.Context, addr, plane string, cfg config) ([]result, error) {
 	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	c, err := rpc.Dial(dctx, addr, rpc.WithTransports(plane))
+	c, err := rpc.Dial(dctx, addr, plaintext, rpc.WithTransports(plane))
 	cancel()
 	if err != nil {
 		return nil, err

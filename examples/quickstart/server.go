@@ -23,12 +23,18 @@ type checkRequest struct {
 
 // serve runs the quickstart server on addr. It prints the address it
 // listens on as the first line of out and serves until stop is closed.
+// dataAddr, when not empty, is the address the tcp data plane listens on
+// and advertises (rpc.WithDataAddress).
 //
 // Clients Send tensors into the server's rendezvous and Fetch them back
 // from it; the "check" method then takes the tensor out of the rendezvous
 // and verifies that the server received exactly what the client sent.
-func serve(addr string, out io.Writer, stop <-chan struct{}) error {
-	srv, err := rpc.NewServer()
+func serve(addr, dataAddr string, out io.Writer, stop <-chan struct{}) error {
+	var opts []rpc.ServerOption
+	if dataAddr != "" {
+		opts = append(opts, rpc.WithDataAddress(dataAddr))
+	}
+	srv, err := rpc.NewServer(opts...)
 	if err != nil {
 		return err
 	}

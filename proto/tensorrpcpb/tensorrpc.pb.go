@@ -665,12 +665,15 @@ func (*SessionResponse_Choice) isSessionResponse_Msg() {}
 
 func (*SessionResponse_ConnectResult) isSessionResponse_Msg() {}
 
-// ConnectResult reports whether one side connected the chosen data plane.
+// ConnectResult reports whether one side connected the chosen data plane
+// (verify false) or completed the verifying round trip over it (verify
+// true); see Session.
 type ConnectResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Transport     Transport              `protobuf:"varint,1,opt,name=transport,proto3,enum=tensorrpc.v1.Transport" json:"transport,omitempty"`
 	Ok            bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
 	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Verify        bool                   `protobuf:"varint,4,opt,name=verify,proto3" json:"verify,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +727,13 @@ func (x *ConnectResult) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ConnectResult) GetVerify() bool {
+	if x != nil {
+		return x.Verify
+	}
+	return false
 }
 
 type HandshakeRequest struct {
@@ -865,7 +875,10 @@ type FetchRequest struct {
 	// A number the client picks to name the transfers this call creates, so
 	// that it can release them (ReleaseRequest.client_refs) even when the
 	// call fails or is cancelled before the client learns their ids.
-	ClientRef     uint64 `protobuf:"varint,4,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
+	ClientRef uint64 `protobuf:"varint,4,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
+	// Wait until the key is published (or the deadline passes) instead of
+	// failing at once with NOT_FOUND.
+	Wait          bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -926,6 +939,13 @@ func (x *FetchRequest) GetClientRef() uint64 {
 		return x.ClientRef
 	}
 	return 0
+}
+
+func (x *FetchRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
 }
 
 type FetchResponse struct {
@@ -1539,11 +1559,12 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\thandshake\x18\x01 \x01(\v2\x1f.tensorrpc.v1.HandshakeResponseH\x00R\thandshake\x126\n" +
 	"\x06choice\x18\x02 \x01(\v2\x1c.tensorrpc.v1.TransportOfferH\x00R\x06choice\x12D\n" +
 	"\x0econnect_result\x18\x03 \x01(\v2\x1b.tensorrpc.v1.ConnectResultH\x00R\rconnectResultB\x05\n" +
-	"\x03msg\"l\n" +
+	"\x03msg\"\x84\x01\n" +
 	"\rConnectResult\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\x94\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
+	"\x06verify\x18\x04 \x01(\bR\x06verify\"\x94\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
@@ -1554,14 +1575,15 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"t\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"\x88\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05lease\x18\x03 \x01(\bR\x05lease\x12\x1d\n" +
 	"\n" +
-	"client_ref\x18\x04 \x01(\x04R\tclientRef\"\x7f\n" +
+	"client_ref\x18\x04 \x01(\x04R\tclientRef\x12\x12\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04wait\"\x7f\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +

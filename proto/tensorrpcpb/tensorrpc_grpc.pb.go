@@ -51,15 +51,29 @@ type TensorRPCClient interface {
 	// The client first sends a handshake offering every data plane it can
 	// use, each with its connection info. The server answers with a
 	// handshake (session id, rejected offers and why), then tries the data
-	// planes both can use in priority order (ibv > shm > tcp): for each it
-	// sends a choice with its own connection info, both sides connect, and
-	// both report the outcome with a connect_result. The first data plane
-	// that connects on both sides is used; when none does, the server sends
-	// a final choice of TRANSPORT_GRPC and tensors travel in the streaming
-	// methods below.
+	// planes both can use in priority order (ibv > shm > tcp). For each:
+	//
+	//  1. The server sends a choice with its own connection info; both sides
+	//     start connecting at once, and each sends a connect_result as soon
+	//     as it knows its outcome. A side that receives a failed
+	//     connect_result cancels its own attempt and reports it, so each
+	//     side sends exactly one connect_result in this step.
+	//  2. If both connected, the plane is verified with a round trip over it:
+	//     the client Sends the session id (as bytes) over the data plane, the
+	//     server checks it and Sends it back. The client then sends a
+	//     connect_result with verify set (ok when the echo arrived); the
+	//     server answers with a connect_result with verify set, ok when it
+	//     also received the client's message, after which the session is
+	//     open on that plane.
+	//
+	// When no data plane verifies, the server sends a final choice of
+	// TRANSPORT_GRPC and tensors travel in the streaming methods below. For
+	// tcp, the server listens on (and advertises) the local address of the
+	// gRPC connection the session arrived on, and the client dials it.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
-	// Fetch asks for a published tensor by key and waits until it is
-	// published or the deadline passes. Small tensors come back inline;
+	// Fetch asks for a published tensor by key. A key that is not published
+	// fails with NOT_FOUND naming it, unless the request sets wait: then the
+	// call waits until it is published or the deadline passes. Small tensors come back inline;
 	// larger ones as a Location the client reads with one remote Read, after
 	// which it calls Release.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
@@ -201,15 +215,29 @@ type TensorRPCServer interface {
 	// The client first sends a handshake offering every data plane it can
 	// use, each with its connection info. The server answers with a
 	// handshake (session id, rejected offers and why), then tries the data
-	// planes both can use in priority order (ibv > shm > tcp): for each it
-	// sends a choice with its own connection info, both sides connect, and
-	// both report the outcome with a connect_result. The first data plane
-	// that connects on both sides is used; when none does, the server sends
-	// a final choice of TRANSPORT_GRPC and tensors travel in the streaming
-	// methods below.
+	// planes both can use in priority order (ibv > shm > tcp). For each:
+	//
+	//  1. The server sends a choice with its own connection info; both sides
+	//     start connecting at once, and each sends a connect_result as soon
+	//     as it knows its outcome. A side that receives a failed
+	//     connect_result cancels its own attempt and reports it, so each
+	//     side sends exactly one connect_result in this step.
+	//  2. If both connected, the plane is verified with a round trip over it:
+	//     the client Sends the session id (as bytes) over the data plane, the
+	//     server checks it and Sends it back. The client then sends a
+	//     connect_result with verify set (ok when the echo arrived); the
+	//     server answers with a connect_result with verify set, ok when it
+	//     also received the client's message, after which the session is
+	//     open on that plane.
+	//
+	// When no data plane verifies, the server sends a final choice of
+	// TRANSPORT_GRPC and tensors travel in the streaming methods below. For
+	// tcp, the server listens on (and advertises) the local address of the
+	// gRPC connection the session arrived on, and the client dials it.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
-	// Fetch asks for a published tensor by key and waits until it is
-	// published or the deadline passes. Small tensors come back inline;
+	// Fetch asks for a published tensor by key. A key that is not published
+	// fails with NOT_FOUND naming it, unless the request sets wait: then the
+	// call waits until it is published or the deadline passes. Small tensors come back inline;
 	// larger ones as a Location the client reads with one remote Read, after
 	// which it calls Release.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)

@@ -8,13 +8,10 @@ package main
 import "C"
 
 import (
-	"context"
 	"errors"
-	"time"
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -34,60 +31,26 @@ func getClient(h C.trpc_client) (*clientEntry, error) {
 }
 
 // trpc_client_dial opens a session with the server at target ("host:port"),
-// waiting up to timeout_ms (forever when negative) for it.
+// waiting up to timeout_ms (forever when negative) for it. The control
+// connection is plaintext gRPC (insecure credentials): the shim has no TLS.
 //
 //export trpc_client_dial
 func trpc_client_dial(target *C.char, opts *C.trpc_options, timeoutMs C.int64_t, out *C.trpc_client, errOut **C.char) C.int {
 	if target == nil || out == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL target or out"))
 	}
-	ropts, err := rpcOptions(opts)
+	dopts, err := dialOptions(opts)
 	if err != nil {
 		return report(errOut, err)
 	}
 	ctx, cancel := callContext(timeoutMs)
 	defer cancel()
-	c, err := rpc.Dial(ctx, C.GoString(target), ropts...)
+	c, err := rpc.Dial(ctx, C.GoString(target), dopts...)
 	if err != nil {
-		return report(errOut, err)
-	}
-	if err := awaitSession(ctx, c); err != nil {
-		c.Close()
 		return report(errOut, err)
 	}
 	*out = C.trpc_client(clients.add(&clientEntry{c: c}))
 	return 0
-}
-
-// probeMethod is a method no server registers.
-const probeMethod = "\x00tensorrpc-shim/probe"
-
-// awaitSession works around a race in rpc: the server registers a session
-// only after it has sent the client the last negotiation message, so a call
-// made right after Dial returns can reach the server first and fail with
-// NotFound ("unknown or ended session"). A call of a method no server has
-// checks the session first: NotFound means "not registered yet", anything
-// else (Unimplemented) that it is.
-func awaitSession(ctx context.Context, c *rpc.Client) error {
-	if c.Transport() == rpc.TransportGRPC {
-		return nil // fallback calls do not use the session
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for {
-		_, err := c.Call(ctx, probeMethod, nil)
-		if status.Code(err) != codes.NotFound {
-			if code := status.Code(err); code == codes.Unimplemented || code == codes.OK {
-				return nil
-			}
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
 }
 
 // trpc_client_close ends the session. Tensors received stay valid until
@@ -126,13 +89,32 @@ func trpc_client_transport(h C.trpc_client, out **C.char, errOut **C.char) C.int
 	return 0
 }
 
-// fetchLease, flag 1 of trpc_client_fetch, asks for a shared-memory lease
-// of the server's memory (no copy; must not be written) when the session
-// uses shm.
-const fetchLease = 1
+// Flags of trpc_client_fetch and trpc_server_fetch, defined in
+// tensorrpc.h.
+const (
+	// fetchLease (trpc_client_fetch) asks for a shared-memory lease of the
+	// server's memory (no copy; must not be written) when the session uses
+	// shm.
+	fetchLease = C.TRPC_FETCH_LEASE
+	// fetchTake (trpc_server_fetch) also unpublishes the key.
+	fetchTake = C.TRPC_FETCH_TAKE
+	// fetchWait waits until the key is published (rpc.WaitForKey) instead
+	// of failing at once with NotFound.
+	fetchWait = C.TRPC_FETCH_WAIT
+)
 
-// trpc_client_fetch fetches the tensor published under key, waiting up to
-// timeout_ms (forever when negative). flags: 1 = lease.
+// fetchOptions are the rpc options of the flags common to both fetches.
+func fetchOptions(flags C.int) []rpc.FetchOption {
+	if flags&fetchWait != 0 {
+		return []rpc.FetchOption{rpc.WaitForKey()}
+	}
+	return nil
+}
+
+// trpc_client_fetch fetches the tensor published under key, taking up to
+// timeout_ms (no limit when negative). flags: TRPC_FETCH_LEASE (1) = lease;
+// TRPC_FETCH_WAIT (2) = wait for the key to be published; without it a key
+// that is not published fails at once with NOT_FOUND.
 //
 //export trpc_client_fetch
 func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
@@ -143,9 +125,12 @@ func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.in
 	if key == nil || out == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
 	}
+	if flags&^(fetchLease|fetchWait) != 0 {
+		return report(errOut, errorf(codes.InvalidArgument, "unknown fetch flags %#x", int(flags)))
+	}
 	ctx, cancel := callContext(timeoutMs)
 	defer cancel()
-	var opts []rpc.FetchOption
+	opts := fetchOptions(flags)
 	if flags&fetchLease != 0 {
 		opts = append(opts, rpc.Lease())
 	}

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -40,11 +41,19 @@ func logOption() []rpc.Option {
 	return []rpc.Option{rpc.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))}
 }
 
-// rpcOptions translates o (which may be NULL) into rpc options.
-func rpcOptions(o *C.trpc_options) ([]rpc.Option, error) {
-	opts := logOption()
+// options is a trpc_options read into Go: the options of both sides, and
+// the settings only a server uses.
+type options struct {
+	shared         []rpc.Option
+	eagerThreshold int    // server only; 0 is the default
+	dataAddress    string // server only; "" is the default
+}
+
+// readOptions reads o (which may be NULL).
+func readOptions(o *C.trpc_options) (options, error) {
+	out := options{shared: logOption()}
 	if o == nil {
-		return opts, nil
+		return out, nil
 	}
 	if o.transports != nil {
 		var names []string
@@ -54,29 +63,67 @@ func rpcOptions(o *C.trpc_options) ([]rpc.Option, error) {
 				continue
 			}
 			if !slices.Contains(transportNames, n) {
-				return nil, errorf(codes.InvalidArgument, "unknown transport %q (known: %s)", n, strings.Join(transportNames, ", "))
+				return options{}, errorf(codes.InvalidArgument, "unknown transport %q (known: %s)", n, strings.Join(transportNames, ", "))
 			}
 			names = append(names, n)
 		}
 		if len(names) == 0 {
-			return nil, errorf(codes.InvalidArgument, "no transport named in %q", C.GoString(o.transports))
+			return options{}, errorf(codes.InvalidArgument, "no transport named in %q", C.GoString(o.transports))
 		}
-		opts = append(opts, rpc.WithTransports(names...))
+		out.shared = append(out.shared, rpc.WithTransports(names...))
 	}
 	if o.eager_threshold < 0 || o.pool_limit < 0 || o.max_tensor_bytes < 0 || o.connect_timeout_ms < 0 {
-		return nil, errorf(codes.InvalidArgument, "negative option")
+		return options{}, errorf(codes.InvalidArgument, "negative option")
 	}
-	if o.eager_threshold > 0 {
-		opts = append(opts, rpc.WithEagerThreshold(int(o.eager_threshold)))
-	}
+	out.eagerThreshold = int(o.eager_threshold)
 	if o.pool_limit > 0 {
-		opts = append(opts, rpc.WithPoolOptions(mempool.WithLimit(int64(o.pool_limit))))
+		out.shared = append(out.shared, rpc.WithPoolOptions(mempool.WithLimit(int64(o.pool_limit))))
 	}
 	if o.max_tensor_bytes > 0 {
-		opts = append(opts, rpc.WithMaxTensorBytes(int64(o.max_tensor_bytes)))
+		out.shared = append(out.shared, rpc.WithMaxTensorBytes(int64(o.max_tensor_bytes)))
 	}
 	if o.connect_timeout_ms > 0 {
-		opts = append(opts, rpc.WithConnectTimeout(time.Duration(o.connect_timeout_ms)*time.Millisecond))
+		out.shared = append(out.shared, rpc.WithConnectTimeout(time.Duration(o.connect_timeout_ms)*time.Millisecond))
+	}
+	if o.data_address != nil {
+		out.dataAddress = strings.TrimSpace(C.GoString(o.data_address))
+	}
+	return out, nil
+}
+
+// serverOptions translates o (which may be NULL) into the options of
+// rpc.NewServer.
+func serverOptions(o *C.trpc_options) ([]rpc.ServerOption, error) {
+	r, err := readOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	var opts []rpc.ServerOption
+	for _, opt := range r.shared {
+		opts = append(opts, opt)
+	}
+	if r.eagerThreshold > 0 {
+		opts = append(opts, rpc.WithEagerThreshold(r.eagerThreshold))
+	}
+	if r.dataAddress != "" {
+		opts = append(opts, rpc.WithDataAddress(r.dataAddress))
+	}
+	return opts, nil
+}
+
+// dialOptions translates o (which may be NULL) into the options of
+// rpc.Dial. The server-only fields (eager_threshold, data_address) are
+// ignored, so that one trpc_options can configure both sides. The shim has
+// no TLS: the control connection is plaintext gRPC, said explicitly, as
+// rpc.Dial requires.
+func dialOptions(o *C.trpc_options) ([]rpc.DialOption, error) {
+	r, err := readOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	opts := []rpc.DialOption{rpc.WithTransportCredentials(insecure.NewCredentials())}
+	for _, opt := range r.shared {
+		opts = append(opts, opt)
 	}
 	return opts, nil
 }

@@ -50,7 +50,7 @@ func (s *serverEntry) enter() bool {
 // reference over.
 func (s *serverEntry) dup(t *rpc.Tensor) (*rpc.Tensor, error) {
 	key := fmt.Sprintf("\x00tensorrpc-shim/dup/%d", s.dupSeq.Add(1))
-	if err := s.srv.Publish(key, t); err != nil {
+	if err := s.srv.Publish(context.Background(), key, t); err != nil {
 		return nil, err
 	}
 	return s.srv.Take(context.Background(), key)
@@ -72,7 +72,7 @@ func trpc_server_new(listen *C.char, opts *C.trpc_options, out *C.trpc_server, e
 	if out == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL out"))
 	}
-	ropts, err := rpcOptions(opts)
+	sopts, err := serverOptions(opts)
 	if err != nil {
 		return report(errOut, err)
 	}
@@ -84,7 +84,7 @@ func trpc_server_new(listen *C.char, opts *C.trpc_options, out *C.trpc_server, e
 	if err != nil {
 		return report(errOut, errorf(codes.InvalidArgument, "listening on %s: %v", addr, err))
 	}
-	srv, err := rpc.NewServer(ropts...)
+	srv, err := rpc.NewServer(sopts...)
 	if err != nil {
 		lis.Close()
 		return report(errOut, err)
@@ -154,7 +154,7 @@ func trpc_server_publish(h C.trpc_server, key *C.char, dl *C.DLTensor, errOut **
 		return report(errOut, err)
 	}
 	defer done()
-	return report(errOut, s.srv.Publish(C.GoString(key), t))
+	return report(errOut, s.srv.Publish(context.Background(), C.GoString(key), t))
 }
 
 // trpc_server_unpublish removes key; it returns 1 when key was published.
@@ -172,11 +172,14 @@ func trpc_server_unpublish(h C.trpc_server, key *C.char) C.int {
 }
 
 // trpc_server_fetch returns the tensor published under key (by this side or
-// a client's send), waiting up to timeout_ms (forever when negative). With
-// take, the key is also unpublished.
+// a client's send), taking up to timeout_ms (no limit when negative).
+// flags: TRPC_FETCH_TAKE (1) also unpublishes the key (this argument was a
+// boolean `take` before TRPC_FETCH_WAIT existed; 0 and 1 keep their
+// meaning); TRPC_FETCH_WAIT (2) waits for the key to be published; without
+// it a key that is not published fails at once with NOT_FOUND.
 //
 //export trpc_server_fetch
-func trpc_server_fetch(h C.trpc_server, key *C.char, take C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
+func trpc_server_fetch(h C.trpc_server, key *C.char, flags C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
 	s, err := getServer(h)
 	if err != nil {
 		return report(errOut, err)
@@ -184,13 +187,16 @@ func trpc_server_fetch(h C.trpc_server, key *C.char, take C.int, timeoutMs C.int
 	if key == nil || out == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
 	}
+	if flags&^(fetchTake|fetchWait) != 0 {
+		return report(errOut, errorf(codes.InvalidArgument, "unknown fetch flags %#x", int(flags)))
+	}
 	ctx, cancel := callContext(timeoutMs)
 	defer cancel()
 	var t *rpc.Tensor
-	if take != 0 {
-		t, err = s.srv.Take(ctx, C.GoString(key))
+	if flags&fetchTake != 0 {
+		t, err = s.srv.Take(ctx, C.GoString(key), fetchOptions(flags)...)
 	} else {
-		t, err = s.srv.Fetch(ctx, C.GoString(key))
+		t, err = s.srv.Fetch(ctx, C.GoString(key), fetchOptions(flags)...)
 	}
 	if err != nil {
 		return report(errOut, err)

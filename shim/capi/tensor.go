@@ -15,9 +15,12 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// ABIVersion is the version of the C ABI; the Python package refuses a
-// library with another one.
-const ABIVersion = 1
+// ABIVersion is the version of the C ABI (TRPC_ABI_VERSION in
+// tensorrpc.h); the Python package refuses a library with another one.
+// Version 2 appended data_address to trpc_options (a caller built against
+// version 1 passes a shorter struct) and made a fetch of a key that is not
+// published fail at once unless TRPC_FETCH_WAIT is given.
+const ABIVersion = C.TRPC_ABI_VERSION
 
 const dlCPU = 1 // DLPack's kDLCPU
 

@@ -19,6 +19,12 @@
 extern "C" {
 #endif
 
+/* TRPC_ABI_VERSION is the C ABI these declarations describe; a program can
+ * compare it with trpc_abi_version(), the library's. Version 2 appended
+ * trpc_options.data_address and made fetches of a key that is not
+ * published fail at once unless TRPC_FETCH_WAIT is given. */
+#define TRPC_ABI_VERSION 2
+
 /* The DLPack types (dlpack.h, v0.x layout). A program that includes
  * dlpack.h before this file uses dlpack.h's definitions, which have the
  * same layout. */
@@ -58,14 +64,38 @@ typedef uint64_t trpc_client;
 typedef uint64_t trpc_reply;
 
 /* trpc_options configures trpc_server_new and trpc_client_dial. A NULL
- * pointer, a NULL string and a zero number each mean the default. */
+ * pointer, a NULL string and a zero number each mean the default. New
+ * fields are only ever appended; zero-initialise the whole struct
+ * (`trpc_options opts = {0};`) so that fields a program does not know stay
+ * at their defaults. */
 typedef struct {
   const char *transports;     /* comma-separated, e.g. "shm,tcp,grpc" */
-  int64_t eager_threshold;    /* bytes; server side decides */
-  int64_t pool_limit;         /* bytes the pool may reserve */
-  int64_t max_tensor_bytes;   /* largest tensor a peer may make us allocate */
+  int64_t eager_threshold;    /* bytes; server only (the server's value is used for a session) */
+  int64_t pool_limit;         /* bytes the pool may reserve (default 4 GiB) */
+  int64_t max_tensor_bytes;   /* largest tensor a peer may make us allocate (default 1 GiB) */
   int64_t connect_timeout_ms; /* per data plane */
+  /* Server only (trpc_client_dial ignores it): the address the tcp data
+   * plane listens on and advertises to clients, "host" (a free port is
+   * chosen) or "host:port" (rpc.WithDataAddress). NULL or "" means the
+   * local address of the gRPC connection each session arrived on, which
+   * clients on other hosts can reach; the environment variables
+   * TENSORRPC_TCP_ADDR ("host[:port]") and TENSORRPC_SOCKET_IFNAME
+   * (interface name prefixes, as NCCL_SOCKET_IFNAME) also choose it. Added
+   * in C ABI version 2. */
+  const char *data_address;
 } trpc_options;
+
+/* Flags of trpc_client_fetch and trpc_server_fetch. Without
+ * TRPC_FETCH_WAIT, a key that is not published fails at once with
+ * NOT_FOUND (5), as rpc's Fetch does; with it the call waits for the key
+ * until timeout_ms passes (DEADLINE_EXCEEDED, 4). */
+#define TRPC_FETCH_LEASE 1 /* trpc_client_fetch: a shared-memory lease of the server's memory (shm; do not write it) */
+#define TRPC_FETCH_TAKE 1  /* trpc_server_fetch: also unpublish the key */
+#define TRPC_FETCH_WAIT 2  /* both: wait until the key is published (rpc.WaitForKey) */
+
+/* The control connection of trpc_client_dial is plaintext gRPC (insecure
+ * credentials, passed explicitly: rpc.Dial requires credentials): the shim
+ * has no TLS. Use it on trusted networks, or tunnel it. */
 
 /* trpc_pool_stats mirrors mempool.Stats. */
 typedef struct {

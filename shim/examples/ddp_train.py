@@ -13,6 +13,10 @@ mean squared error on their half of a fixed batch:
     rank 1:  fetch "avg/<step>" ◄─────────────── publish "avg/<step>"
     both:    w -= lr * avg
 
+Each side waits for the key the other one writes (wait=True): without it, a
+fetch or take of a key that is not published yet fails at once with
+NotFoundError.
+
 Since the halves are equal, the average of the two half-batch gradients is
 the full-batch gradient, so both ranks must end with the weights of a
 single-process run on the full batch; rank 0 checks that with
@@ -85,7 +89,7 @@ def rank0(steps, transport):
         try:
             for step in range(steps):
                 g0 = gradient(net, x, y)
-                g1 = srv.take("grad/%d" % step, timeout=60)  # a view of rank 1's gradient in our pool
+                g1 = srv.take("grad/%d" % step, wait=True, timeout=60)  # a view of rank 1's gradient in our pool
                 avg = srv.empty(n, torch.float64)
                 torch.add(g0, g1, out=avg).mul_(0.5)
                 srv.publish("avg/%d" % step, avg)  # a pool tensor: no copy
@@ -93,7 +97,7 @@ def rank0(steps, transport):
                 srv.unpublish("avg/%d" % (step - 1))
                 apply(net, avg)
                 del g1, avg
-            theirs = srv.take("params", timeout=60)
+            theirs = srv.take("params", wait=True, timeout=60)
             srv.unpublish("avg/%d" % (steps - 1))
             same = torch.equal(theirs, flat(net))
             del theirs
@@ -124,7 +128,7 @@ def rank1(steps, transport, address):
             g = c.empty(n, torch.float64)  # pool memory: sending it costs no copy
             gradient(net, x, y, out=g)
             c.send("grad/%d" % step, g, timeout=60)
-            avg = c.fetch("avg/%d" % step, timeout=60)
+            avg = c.fetch("avg/%d" % step, wait=True, timeout=60)  # rank 0 publishes it once it has our gradient
             apply(net, avg)
             del g, avg
         c.send("params", flat(net), timeout=60)

@@ -55,8 +55,10 @@ int main(void) {
   char *err = NULL;
   trpc_server srv;
   trpc_client cli;
+  CHECK(trpc_abi_version() == TRPC_ABI_VERSION, "library ABI %d, header %d", trpc_abi_version(), TRPC_ABI_VERSION);
   trpc_options opts = {0};
   opts.transports = "shm,tcp";
+  opts.data_address = "127.0.0.1";  // for the tcp data plane; trpc_client_dial ignores it
   if (!ok(trpc_server_new("127.0.0.1:0", &opts, &srv, &err), err, "server_new")) return 1;
   char *addr = NULL;
   ok(trpc_server_address(srv, &addr, &err), err, "address");
@@ -91,7 +93,7 @@ int main(void) {
     got->deleter(got);
   }
   DLManagedTensor *back = NULL;
-  if (ok(trpc_server_fetch(srv, "back", 1, 10000, &back, &err), err, "take")) {
+  if (ok(trpc_server_fetch(srv, "back", TRPC_FETCH_TAKE, 10000, &back, &err), err, "take")) {
     CHECK(((float *)back->dl_tensor.data)[12345] == 12345.0f, "back");
     back->deleter(back);
   }
@@ -112,6 +114,23 @@ int main(void) {
     }
     x->deleter(x);
   }
+
+  // A key that is not published: NOT_FOUND at once, or, with
+  // TRPC_FETCH_WAIT, DEADLINE_EXCEEDED when the timeout passes.
+  DLManagedTensor *none = NULL;
+  CHECK(trpc_client_fetch(cli, "never", 0, 10000, &none, &err) == 5, "client: missing key not NOT_FOUND");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_server_fetch(srv, "never", TRPC_FETCH_TAKE, 10000, &none, &err) == 5, "server: missing key not NOT_FOUND");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_client_fetch(cli, "never", TRPC_FETCH_WAIT, 50, &none, &err) == 4, "client: wait did not time out");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_server_fetch(srv, "never", TRPC_FETCH_WAIT, 50, &none, &err) == 4, "server: wait did not time out");
+  trpc_free(err);
+  err = NULL;
+  CHECK(none == NULL, "a failed fetch stored a tensor");
 
   // A stale handle and a bad tensor are errors, not crashes.
   in.data = NULL;

@@ -6,10 +6,8 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
-	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -36,11 +34,33 @@ func poolLimit(want int64) int64 {
 	return max(1<<30, want+want/4+(64<<20))
 }
 
-func trpcOptions(planes []string, poolBytes int64) []rpc.Option {
+// trpcOptions are the options of both sides of a case: the data plane,
+// a pool for poolBytes of tensors at once, and room for tensors of size
+// bytes (rpc's default limit is 1 GiB; -sizes may ask for more).
+func trpcOptions(planes []string, size, poolBytes int64) []rpc.Option {
 	return []rpc.Option{
 		rpc.WithTransports(planes...),
 		rpc.WithPoolOptions(mempool.WithLimit(poolLimit(poolBytes))),
+		rpc.WithMaxTensorBytes(max(rpc.DefaultMaxTensorBytes, size)),
 	}
+}
+
+func serverOptions(opts []rpc.Option) []rpc.ServerOption {
+	out := make([]rpc.ServerOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
+
+// dialOptions adds the credentials: the cases run over loopback, in
+// plaintext.
+func dialOptions(opts []rpc.Option) []rpc.DialOption {
+	out := []rpc.DialOption{rpc.WithTransportCredentials(insecure.NewCredentials())}
+	for _, o := range opts {
+		out = append(out, o)
+	}
+	return out
 }
 
 func openTensorRPC(plane string, lease bool) func(context.Context, *caseEnv) (session, error) {
@@ -48,7 +68,7 @@ func openTensorRPC(plane string, lease bool) func(context.Context, *caseEnv) (se
 		size := int64(len(env.data))
 		s := &trpcSession{plane: plane, lease: lease, size: len(env.data)}
 		var err error
-		if s.server, err = rpc.NewServer(trpcOptions([]string{plane}, size)...); err != nil {
+		if s.server, err = rpc.NewServer(serverOptions(trpcOptions([]string{plane}, size, size))...); err != nil {
 			return nil, err
 		}
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -69,55 +89,21 @@ func openTensorRPC(plane string, lease bool) func(context.Context, *caseEnv) (se
 			return fail(err)
 		}
 		copy(t.Bytes(), env.data)
-		err = s.server.Publish(tensorKey, t)
+		err = s.server.Publish(ctx, tensorKey, t)
 		t.Release()
 		if err != nil {
 			return fail(err)
 		}
 		// Each stream holds one fetched tensor at a time.
-		if s.client, err = rpc.Dial(ctx, lis.Addr().String(), trpcOptions([]string{plane}, size*int64(env.maxConc))...); err != nil {
+		if s.client, err = rpc.Dial(ctx, lis.Addr().String(), dialOptions(trpcOptions([]string{plane}, size, size*int64(env.maxConc)))...); err != nil {
 			return fail(err)
 		}
 		if got := s.client.Transport(); got != plane {
 			return fail(fmt.Errorf("negotiated %s, not %s: %s", got, plane, rejections(s.client)))
 		}
-		if err := awaitSession(ctx, s.server, s.client); err != nil {
-			return fail(err)
-		}
 		return s, nil
 	}
 }
-
-// awaitSession works around a race in rpc: the server registers a session
-// only after it has sent the client the last handshake message, so a call
-// made as soon as Dial returns can fail with NotFound ("unknown or ended
-// session"). It fetches a tiny tensor until the server knows the session.
-func awaitSession(ctx context.Context, srv *rpc.Server, c *rpc.Client) error {
-	t, err := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4})
-	if err != nil {
-		return err
-	}
-	err = srv.Publish(readyKey, t)
-	t.Release()
-	if err != nil {
-		return err
-	}
-	defer srv.Unpublish(readyKey)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, err := c.Fetch(ctx, readyKey)
-		if err == nil {
-			got.Release()
-			return nil
-		}
-		if status.Code(err) != codes.NotFound || time.Now().After(deadline) {
-			return fmt.Errorf("first fetch: %w", err)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-const readyKey = "tensorbench.ready"
 
 func rejections(c *rpc.Client) string {
 	var rs []string
@@ -198,7 +184,7 @@ func probeIBV(ctx context.Context) (ok bool, reason string) {
 	}
 	go srv.Serve(lis)
 	defer srv.Stop()
-	c, err := rpc.Dial(ctx, lis.Addr().String(), rpc.WithTransports(rpc.TransportIBV, rpc.TransportGRPC))
+	c, err := rpc.Dial(ctx, lis.Addr().String(), dialOptions([]rpc.Option{rpc.WithTransports(rpc.TransportIBV, rpc.TransportGRPC)})...)
 	if err != nil {
 		return false, err.Error()
 	}

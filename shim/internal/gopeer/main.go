@@ -31,8 +31,7 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -94,16 +93,24 @@ func main() {
 	if *transports != "" {
 		opts = append(opts, rpc.WithTransports(strings.Split(*transports, ",")...))
 	}
+	var sopts []rpc.ServerOption
+	// The shim has no TLS: the Go client dials in plaintext, as the C ABI's
+	// does.
+	dopts := []rpc.DialOption{rpc.WithTransportCredentials(insecure.NewCredentials())}
+	for _, o := range opts {
+		sopts = append(sopts, o)
+		dopts = append(dopts, o)
+	}
 	var err error
 	switch os.Args[1] {
 	case "serve":
-		err = serve(opts, publishAll)
+		err = serve(sopts, publishAll)
 	case "bench-serve":
-		err = serve(opts, func(s *rpc.Server) error { return publishBench(s, *size) })
+		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) })
 	case "client":
-		err = client(*addr, opts)
+		err = client(*addr, dopts)
 	case "bench-client":
-		err = benchClient(*addr, opts, *size, *iters)
+		err = benchClient(*addr, dopts, *size, *iters)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -114,7 +121,7 @@ func main() {
 }
 
 // serve runs a server until stdin closes.
-func serve(opts []rpc.Option, setup func(*rpc.Server) error) error {
+func serve(opts []rpc.ServerOption, setup func(*rpc.Server) error) error {
 	s, err := rpc.NewServer(opts...)
 	if err != nil {
 		return err
@@ -156,7 +163,7 @@ var sizes = []struct {
 func publishAll(s *rpc.Server) error {
 	for _, d := range zerocopy.DTypes() {
 		for _, sz := range sizes {
-			if err := s.Publish("srv/"+d.String()+"/"+sz.name, rpc.WrapTensor(patterned(d, sz.shape))); err != nil {
+			if err := s.Publish(context.Background(), "srv/"+d.String()+"/"+sz.name, rpc.WrapTensor(patterned(d, sz.shape))); err != nil {
 				return err
 			}
 		}
@@ -172,7 +179,10 @@ func checkBack(s *rpc.Server) error {
 	for _, d := range zerocopy.DTypes() {
 		for _, sz := range sizes {
 			key := "back/" + d.String() + "/" + sz.name
-			t, err := s.Take(ctx, key)
+			// The client process sent these before it ended; a transfer of
+			// its may still be landing, so wait for the key (up to ctx's 5
+			// seconds) rather than fail with NotFound.
+			t, err := s.Take(ctx, key, rpc.WaitForKey())
 			if err != nil {
 				return fmt.Errorf("take %s: %w", key, err)
 			}
@@ -195,7 +205,7 @@ func publishBench(s *rpc.Server, size int) error {
 	}
 	defer t.Release()
 	Pattern(t.Bytes(), zerocopy.Uint8)
-	return s.Publish("bench", t)
+	return s.Publish(context.Background(), "bench", t)
 }
 
 // echo replies with its request, the tensors copied into the pool.
@@ -228,10 +238,10 @@ func checksum(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 // client checks a server (shim/python/tests/peer.py or gopeer serve): it
 // fetches the tensors the server published as "srv/<dtype>/<size>", sends
 // them back as "back/<dtype>/<size>" and calls the server's "echo" method.
-func client(addr string, opts []rpc.Option) error {
+func client(addr string, opts []rpc.DialOption) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := dial(ctx, addr, opts)
+	c, err := rpc.Dial(ctx, addr, opts...)
 	if err != nil {
 		return err
 	}
@@ -247,28 +257,6 @@ func client(addr string, opts []rpc.Option) error {
 	}
 	fmt.Printf("OK transport=%s\n", c.Transport())
 	return nil
-}
-
-// dial is rpc.Dial plus the work-around of shim/capi's awaitSession for
-// rpc's session-registration race: a call right after Dial may otherwise
-// fail with NotFound ("unknown or ended session").
-func dial(ctx context.Context, addr string, opts []rpc.Option) (*rpc.Client, error) {
-	c, err := rpc.Dial(ctx, addr, opts...)
-	if err != nil || c.Transport() == rpc.TransportGRPC {
-		return c, err
-	}
-	for {
-		_, err := c.Call(ctx, "\x00gopeer/probe", nil)
-		switch status.Code(err) {
-		case codes.NotFound:
-			time.Sleep(time.Millisecond)
-			continue
-		case codes.Unimplemented:
-			return c, nil
-		}
-		c.Close()
-		return nil, fmt.Errorf("probing the session: %w", err)
-	}
 }
 
 func clientChecks(ctx context.Context, c *rpc.Client) error {
@@ -344,9 +332,9 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 // benchClient measures, against bench-serve: Fetch (+Release) of the
 // published tensor, Send of a pool tensor (NewTensor) and Send of a tensor
 // over Go memory (WrapTensor, one copy into the pool first).
-func benchClient(addr string, opts []rpc.Option, size, iters int) error {
+func benchClient(addr string, opts []rpc.DialOption, size, iters int) error {
 	ctx := context.Background()
-	c, err := dial(ctx, addr, opts)
+	c, err := rpc.Dial(ctx, addr, opts...)
 	if err != nil {
 		return err
 	}

@@ -47,7 +47,7 @@ def _key(key, what="key"):
     return key
 
 
-def _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout):
+def _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout, data_address=None):
     o = _lib.Options()
     if transports is not None:
         if isinstance(transports, str):
@@ -57,6 +57,8 @@ def _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_
     o.pool_limit = pool_limit or 0
     o.max_tensor_bytes = max_tensor_bytes or 0
     o.connect_timeout_ms = int((connect_timeout or 0) * 1000)
+    if data_address:
+        o.data_address = _key(data_address, "data_address")
     return o
 
 
@@ -96,14 +98,22 @@ class Server:
     threads until close() (or the end of a with block). output says what
     fetch, take, empty and handlers' request tensors are: "numpy", "torch"
     or "tensor" (tensorrpc.Tensor).
+
+    data_address is the address the tcp data plane listens on and
+    advertises to clients, "host" (a free port is chosen) or "host:port".
+    By default (None) it is the local address of the connection each
+    client arrived on, which clients on other hosts can reach; the
+    environment variables TENSORRPC_TCP_ADDR and TENSORRPC_SOCKET_IFNAME
+    also choose it.
     """
 
     def __init__(self, address="127.0.0.1:0", *, transports=None, eager_threshold=None,
-                 pool_limit=None, max_tensor_bytes=None, connect_timeout=None, output="numpy"):
+                 pool_limit=None, max_tensor_bytes=None, connect_timeout=None, data_address=None,
+                 output="numpy"):
         self._output = check_output(output)
         self._handlers = []  # every callback ever registered: in-flight calls may use a replaced one
         self._lock = threading.Lock()
-        opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout)
+        opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout, data_address)
         h, err = ctypes.c_uint64(), ctypes.c_void_p()
         _check(lib.trpc_server_new(_key(address, "address"), ctypes.byref(opts), ctypes.byref(h), ctypes.byref(err)), err)
         self._h = h.value
@@ -131,20 +141,23 @@ class Server:
         """Removes key; returns whether it was published."""
         return bool(lib.trpc_server_unpublish(self._handle(), _key(key)))
 
-    def fetch(self, key, *, timeout=None, output=None):
-        """The tensor published under key (by publish or a client's send),
-        waiting up to timeout seconds (None: forever). It stays published
-        and shares memory with the published tensor."""
-        return self._fetch(key, False, timeout, output)
+    def fetch(self, key, *, wait=False, timeout=None, output=None):
+        """The tensor published under key (by publish or a client's send).
+        It stays published and shares memory with the published tensor.
+        A key that is not published raises NotFoundError at once, unless
+        wait: then fetch waits for it, up to timeout seconds (None:
+        forever; DeadlineExceededError after)."""
+        return self._fetch(key, False, wait, timeout, output)
 
-    def take(self, key, *, timeout=None, output=None):
+    def take(self, key, *, wait=False, timeout=None, output=None):
         """fetch that also unpublishes key."""
-        return self._fetch(key, True, timeout, output)
+        return self._fetch(key, True, wait, timeout, output)
 
-    def _fetch(self, key, take, timeout, output):
+    def _fetch(self, key, take, wait, timeout, output):
         output = check_output(output or self._output)
+        flags = (_lib.FETCH_TAKE if take else 0) | (_lib.FETCH_WAIT if wait else 0)
         out, err = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib.trpc_server_fetch(self._handle(), _key(key), int(take), _timeout_ms(timeout),
+        _check(lib.trpc_server_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
                                      ctypes.byref(out), ctypes.byref(err)), err)
         return adopt(out.value, output)
 
@@ -264,14 +277,18 @@ class Client:
             raise FailedPreconditionError("tensorrpc: the client is closed")
         return h
 
-    def fetch(self, key, *, lease=False, timeout=None, output=None):
-        """The tensor published under key, waiting up to timeout seconds
-        (None: forever). It is a zero-copy view of the client's pool memory,
-        valid until collected. With lease (shm only) it is the server's
-        memory itself, mapped read-only in spirit: do not write it."""
+    def fetch(self, key, *, lease=False, wait=False, timeout=None, output=None):
+        """The tensor the server published under key (or a client sent
+        there), taking up to timeout seconds (None: no limit). It is a
+        zero-copy view of the client's pool memory, valid until collected.
+        With lease (shm only) it is the server's memory itself, mapped
+        read-only in spirit: do not write it. A key that is not published
+        raises NotFoundError at once, unless wait: then fetch waits for it
+        until timeout (DeadlineExceededError)."""
         output = check_output(output or self._output)
+        flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
         out, err = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib.trpc_client_fetch(self._handle(), _key(key), 1 if lease else 0, _timeout_ms(timeout),
+        _check(lib.trpc_client_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
                                      ctypes.byref(out), ctypes.byref(err)), err)
         return adopt(out.value, output)
 

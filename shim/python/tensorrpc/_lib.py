@@ -8,7 +8,12 @@ Python (method handlers) while a Python thread waits in the library.
 import ctypes
 import os
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # TRPC_ABI_VERSION of tensorrpc.h
+
+# Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
+FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
+FETCH_TAKE = 1  # trpc_server_fetch: also unpublish the key
+FETCH_WAIT = 2  # both: wait until the key is published
 
 
 class DLDevice(ctypes.Structure):
@@ -43,12 +48,14 @@ DLManagedTensor._fields_ = [
 
 
 class Options(ctypes.Structure):
+    """trpc_options: the same fields in the same order as tensorrpc.h."""
     _fields_ = [
         ("transports", ctypes.c_char_p),
         ("eager_threshold", ctypes.c_int64),
         ("pool_limit", ctypes.c_int64),
         ("max_tensor_bytes", ctypes.c_int64),
         ("connect_timeout_ms", ctypes.c_int64),
+        ("data_address", ctypes.c_char_p),  # server only; ABI version 2
     ]
 
 

@@ -83,7 +83,9 @@ def serve_check(srv):
     n = 0
     for name in NAMES:
         for size, shape in SIZES.items():
-            with srv.take("back/%s/%s" % (name, size), timeout=5, output="tensor") as t:
+            # The client sent these before it ended; wait (up to 5 s) for a
+            # transfer that may still be landing rather than fail NOT_FOUND.
+            with srv.take("back/%s/%s" % (name, size), wait=True, timeout=5, output="tensor") as t:
                 check_tensor("back/%s/%s" % (name, size), t, name, shape)
             n += 1
     return n

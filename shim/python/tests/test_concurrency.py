@@ -3,6 +3,7 @@ runs on library threads: calls release the GIL, handlers take it."""
 
 import gc
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -39,22 +40,57 @@ class ConcurrencyTest(unittest.TestCase):
         gc.collect()
         self.assertEqual(tensorrpc.live_tensors(), 0)
 
+    def test_wait_for_key(self):
+        # fetch and take with wait=True return once another thread
+        # publishes or sends the key; without wait they fail at once.
+        with tensorrpc.Server() as srv, tensorrpc.Client(srv.address) as c:
+            got = {}
+
+            def fetch(name, fn, key):
+                try:
+                    got[name] = fn(key, wait=True, timeout=30)
+                except Exception as e:  # checked below
+                    got[name] = e
+
+            threads = [threading.Thread(target=fetch, args=a) for a in (
+                ("client", c.fetch, "later"), ("server", srv.fetch, "later"), ("take", srv.take, "sent"))]
+            for t in threads:
+                t.start()
+            time.sleep(0.2)
+            self.assertEqual(got, {}, "fetches with wait=True returned before the keys existed")
+            x = np.arange(50000, dtype=np.float64)  # over the eager threshold
+            srv.publish("later", x)
+            c.send("sent", x)
+            for t in threads:
+                t.join(30)
+            self.assertFalse(any(t.is_alive() for t in threads), "fetches hang")
+            for name in ("client", "server", "take"):
+                self.assertIsInstance(got[name], np.ndarray, "%s: %r" % (name, got[name]))
+                self.assertTrue((got[name] == x).all(), name)
+            with self.assertRaises(tensorrpc.NotFoundError):
+                srv.take("sent")  # taken above
+            srv.unpublish("later")
+            got.clear()
+        gc.collect()
+        self.assertEqual(tensorrpc.live_tensors(), 0)
+
     def test_close_while_fetching(self):
-        # A fetch blocked in the library fails cleanly when the client is
-        # closed under it.
+        # A fetch waiting in the library for a key fails cleanly when the
+        # client is closed under it.
         srv = tensorrpc.Server()
         c = tensorrpc.Client(srv.address)
         result = []
 
         def fetch():
             try:
-                c.fetch("never", timeout=30)
+                c.fetch("never", wait=True, timeout=30)
             except tensorrpc.Error as e:
                 result.append(e)
 
         t = threading.Thread(target=fetch)
         t.start()
         t.join(0.2)
+        self.assertTrue(t.is_alive(), "fetch with wait=True did not wait: %r" % result)
         c.close()
         srv.close()
         t.join(30)

@@ -3,6 +3,7 @@ and leave the library working: nothing crashes, nothing leaks."""
 
 import ctypes
 import gc
+import time
 import unittest
 
 import numpy as np
@@ -94,6 +95,36 @@ class ErrorTest(unittest.TestCase):
         self.assert_code(tensorrpc.InvalidArgumentError, 3, tensorrpc.Server, "not an address")
         self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.empty, (-1, 3), "float32")
 
+    def test_options_layout(self):
+        # _lib.Options mirrors trpc_options of tensorrpc.h field by field;
+        # data_address (ABI version 2) is appended after the version-1 fields.
+        self.assertEqual([n for n, _ in _lib.Options._fields_],
+                         ["transports", "eager_threshold", "pool_limit", "max_tensor_bytes",
+                          "connect_timeout_ms", "data_address"])
+        self.assertEqual(_lib.Options.data_address.offset, 40)
+        self.assertEqual(ctypes.sizeof(_lib.Options), 48)
+        self.assertEqual(_lib.lib.trpc_abi_version(), _lib.ABI_VERSION)
+
+    def test_data_address(self):
+        # A data address for the tcp data plane; a client ignores it.
+        for addr in ("127.0.0.1", "127.0.0.1:0"):
+            with self.subTest(data_address=addr):
+                with tensorrpc.Server(transports=["tcp"], data_address=addr) as srv, \
+                        tensorrpc.Client(srv.address, transports=["tcp"]) as c:
+                    self.assertEqual(c.transport, "tcp")
+                    x = np.arange(50000, dtype=np.float32)  # over the eager threshold
+                    srv.publish("k", x)
+                    self.assertTrue((c.fetch("k") == x).all())
+                    srv.unpublish("k")
+        # An address that is not this host's (TEST-NET-1) reaches the tcp
+        # data plane, which cannot listen there: the session falls back.
+        with tensorrpc.Server(transports=["tcp", "grpc"], data_address="192.0.2.1") as srv, \
+                tensorrpc.Client(srv.address, transports=["tcp", "grpc"]) as c:
+            self.assertEqual(c.transport, "grpc")
+        self.assert_code(tensorrpc.InvalidArgumentError, 3, tensorrpc.Server, data_address=5)
+        with self.assertRaises(TypeError):
+            tensorrpc.Client(self.srv.address, data_address="127.0.0.1")
+
     def test_closed_client_and_server(self):
         srv = tensorrpc.Server()
         c = tensorrpc.Client(srv.address)
@@ -161,9 +192,28 @@ class ErrorTest(unittest.TestCase):
         self.assertEqual(self.srv.take("k").tolist(), [[0.0] * 4] * 2)
 
     def test_timeout_and_missing(self):
-        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.c.fetch, "never", timeout=0.05)
-        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.srv.take, "never", timeout=0.05)
+        # A key that is not published fails at once, as rpc's Fetch does ...
+        for fn in (self.c.fetch, self.srv.fetch, self.srv.take):
+            with self.subTest(fn=fn.__qualname__):
+                start = time.monotonic()
+                e = self.assert_code(tensorrpc.NotFoundError, 5, fn, "never", timeout=30)
+                self.assertLess(time.monotonic() - start, 10)
+                self.assertIn("never", str(e))
+                self.assertIsInstance(e, LookupError)
+        # ... unless the caller waits for it, until the timeout.
+        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.c.fetch, "never", wait=True, timeout=0.05)
+        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.srv.fetch, "never", wait=True, timeout=0.05)
+        self.assert_code(tensorrpc.DeadlineExceededError, 4, self.srv.take, "never", wait=True, timeout=0.05)
         self.assert_code(tensorrpc.UnimplementedError, 12, self.c.call, "no-such-method")
+
+    def test_unknown_fetch_flags_in_c(self):
+        out, err = ctypes.c_void_p(), ctypes.c_void_p()
+        self.assertEqual(_lib.lib.trpc_client_fetch(self.c._handle(), b"k", 4, 1000, ctypes.byref(out),
+                                                    ctypes.byref(err)), 3)
+        self.assertIn("flags", _lib.take_string(err.value))
+        self.assertEqual(_lib.lib.trpc_server_fetch(self.srv._handle(), b"k", 4, 1000, ctypes.byref(out),
+                                                    ctypes.byref(err)), 3)
+        self.assertIn("flags", _lib.take_string(err.value))
 
     def test_handler_errors(self):
         def fails(meta, ts):

@@ -1,0 +1,328 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// clientSession is one session of a Client: the Session stream that keeps
+// it alive, and its data plane.
+type clientSession struct {
+	id         string
+	transport  string
+	link       *link // nil for the grpc transport
+	eager      int
+	rejections []Rejection
+
+	cancel context.CancelFunc // ends the Session stream
+	done   chan struct{}      // closed when the stream's reader has stopped
+
+	mu     sync.Mutex
+	broken error // why the session ended, once it has
+}
+
+// err is nil while the session is open.
+func (s *clientSession) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broken
+}
+
+// end marks the session ended and closes its data plane, so that calls
+// under way on it fail with Unavailable.
+func (s *clientSession) end(err error) {
+	s.mu.Lock()
+	if s.broken == nil {
+		s.broken = fmt.Errorf("session ended: %w", err)
+	}
+	broken := s.broken
+	s.mu.Unlock()
+	if s.link != nil {
+		s.link.close(broken)
+	}
+}
+
+// close ends the session from this side and waits for its reader.
+func (s *clientSession) close(reason error) {
+	s.end(reason)
+	s.cancel()
+	<-s.done
+}
+
+// check returns the Unavailable error of an ended session, else nil.
+func (s *clientSession) check() error {
+	if err := s.err(); err != nil {
+		return status.Errorf(codes.Unavailable, "tensorrpc: %v", err)
+	}
+	return nil
+}
+
+// openSession opens the Session stream, offers every opened data plane and
+// uses the first the server chooses that both sides connect and verify.
+// ctx bounds the negotiation only; the stream lives until the session ends.
+func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
+	sctx, cancel := context.WithCancel(context.Background())
+	s := &clientSession{cancel: cancel, done: make(chan struct{}), rejections: append([]Rejection(nil), c.missing...)}
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	stream, err := c.api.Session(sctx)
+	if err != nil {
+		cancel()
+		close(s.done)
+		return nil, negotiationError(ctx, err)
+	}
+	// One reader for the stream's life: during negotiation its messages go
+	// to in; its end is the session's end.
+	in := make(chan *pb.SessionResponse, 4)
+	var readErr error
+	go func() {
+		defer close(s.done)
+		defer close(in)
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				readErr = err
+				s.end(err)
+				c.sessionEnded(s, err)
+				return
+			}
+			select {
+			case in <- msg:
+			default: // nothing is expected after negotiation; a full queue means a confused peer
+			}
+		}
+	}()
+	next := func() (*pb.SessionResponse, error) {
+		select {
+		case msg, ok := <-in:
+			if !ok {
+				return nil, negotiationError(ctx, readErr)
+			}
+			return msg, nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	fail := func(err error) (*clientSession, error) {
+		s.close(err)
+		return nil, err
+	}
+
+	links := map[pb.Transport]*link{}
+	defer func() {
+		for _, l := range links {
+			if l != s.link {
+				l.close(errors.New("not chosen"))
+			}
+		}
+	}()
+	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
+	for _, name := range c.opts.transports {
+		dev := c.devices[name]
+		if name == TransportGRPC || dev == nil {
+			continue
+		}
+		l, err := newLink(ctx, dev, c.pool, netip.Addr{}, verbs.RoleDial)
+		if err != nil {
+			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
+			continue
+		}
+		links[transportOf(name)] = l
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.qp.LocalInfo(), Description: dev.name})
+	}
+	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
+		return fail(negotiationError(ctx, err))
+	}
+	msg, err := next()
+	if err != nil {
+		return fail(err)
+	}
+	resp := msg.GetHandshake()
+	if resp == nil {
+		return fail(status.Error(codes.Internal, "tensorrpc: server did not answer the handshake"))
+	}
+	s.id = resp.SessionId
+	s.eager = int(resp.EagerThreshold)
+	for _, r := range resp.Rejected {
+		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
+	}
+	for {
+		msg, err := next()
+		if err != nil {
+			return fail(err)
+		}
+		choice := msg.GetChoice()
+		if choice == nil {
+			return fail(status.Error(codes.Internal, "tensorrpc: expected the server's choice of data plane"))
+		}
+		if choice.Transport == pb.Transport_TRANSPORT_GRPC {
+			if !enabled(&c.opts, TransportGRPC) {
+				return fail(status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the grpc fallback is disabled: %s", rejectionText(s.rejections)))
+			}
+			s.transport = TransportGRPC
+			break
+		}
+		l := links[choice.Transport]
+		if l == nil {
+			return fail(status.Errorf(codes.Internal, "tensorrpc: server chose %s, which was not offered", choice.Transport))
+		}
+		name := transportName(choice.Transport)
+		rej, err := c.tryConnect(ctx, stream.Send, next, s, l, choice)
+		if err != nil {
+			return fail(err)
+		}
+		if rej == nil {
+			s.link, s.transport = l, name
+			break
+		}
+		s.rejections = append(s.rejections, *rej)
+		delete(links, choice.Transport)
+		l.close(errors.New("did not connect"))
+	}
+	for _, r := range s.rejections {
+		c.log.Info("tensorrpc: data plane not used", "transport", r.Transport, "side", r.Side, "reason", r.Reason, "fix", r.Fix)
+	}
+	return s, nil
+}
+
+// tryConnect connects and verifies the data plane the server chose. It
+// returns the rejection when the plane is not usable, or an error when the
+// session itself failed.
+func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, l *link, choice *pb.TransportOffer) (*Rejection, error) {
+	name := transportName(choice.Transport)
+	report := func(ok bool, verify bool, err error) error {
+		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
+		if err != nil {
+			r.Error = err.Error()
+		}
+		return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
+	}
+	theirResult := func() (*pb.ConnectResult, error) {
+		msg, err := next()
+		if err != nil {
+			return nil, err
+		}
+		r := msg.GetConnectResult()
+		if r == nil || r.Transport != choice.Transport {
+			return nil, status.Error(codes.Internal, "tensorrpc: expected the server's connect result")
+		}
+		return r, nil
+	}
+
+	// Step 1: connect, report at once, and give up as soon as the server
+	// reports failure.
+	cctx, ccancel := context.WithTimeout(ctx, c.opts.connectTimeout)
+	defer ccancel()
+	mine := make(chan error, 1)
+	go func() { mine <- l.connect(cctx, choice.Info, nil) }()
+	theirs := make(chan *pb.ConnectResult, 1)
+	theirsErr := make(chan error, 1)
+	go func() {
+		r, err := theirResult()
+		if err != nil {
+			theirsErr <- err
+			return
+		}
+		theirs <- r
+	}()
+	var myErr error
+	var their *pb.ConnectResult
+	haveMine, abandoned := false, false
+	for !haveMine || their == nil {
+		select {
+		case myErr = <-mine:
+			haveMine = true
+			if their != nil && !their.Ok && myErr != nil {
+				myErr, abandoned = errors.New("abandoned: the server failed to connect"), true
+			}
+			if err := report(myErr == nil, false, myErr); err != nil {
+				return nil, negotiationError(ctx, err)
+			}
+		case their = <-theirs:
+			if !their.Ok {
+				ccancel() // the server failed: stop waiting for our side
+			}
+		case err := <-theirsErr:
+			ccancel()
+			<-mine
+			return nil, err
+		}
+	}
+	switch {
+	case myErr != nil && !abandoned:
+		return rejectionPtr(name, "client", "connect: "+myErr.Error()), nil
+	case !their.Ok:
+		return rejectionPtr(name, "server", "connect: "+their.Error), nil
+	}
+
+	// Step 2: a round trip over the data plane, then both verdicts.
+	vctx, vcancel := context.WithTimeout(ctx, c.opts.connectTimeout)
+	defer vcancel()
+	verr := l.sendVerify(vctx, []byte(s.id))
+	if verr == nil {
+		var echo []byte
+		echo, verr = l.recvVerify(vctx)
+		if verr == nil && !bytes.Equal(echo, []byte(s.id)) {
+			verr = fmt.Errorf("the server's verifying message %q is not the session id", echo)
+		}
+	}
+	if verr != nil {
+		verr = fmt.Errorf("verifying round trip: %w", verr)
+	}
+	if err := report(verr == nil, true, verr); err != nil {
+		return nil, negotiationError(ctx, err)
+	}
+	their, err := theirResult()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case verr != nil:
+		return rejectionPtr(name, "client", verr.Error()), nil
+	case !their.Ok || !their.Verify:
+		return rejectionPtr(name, "server", their.Error), nil
+	}
+	l.verified.Store(true)
+	return nil, nil
+}
+
+func rejectionPtr(transport, side, reason string) *Rejection {
+	r := newRejection(transport, side, reason)
+	return &r
+}
+
+// rejectionText lists rejections for error messages.
+func rejectionText(rs []Rejection) string {
+	if len(rs) == 0 {
+		return "no data plane was offered"
+	}
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, r.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func negotiationError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if err == nil {
+		err = errors.New("session stream ended")
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "tensorrpc: session: %v", err)
+}

@@ -1,0 +1,179 @@
+package rpc
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// twoHosts is a second "host": a network namespace joined to this one by a
+// veth pair, so the two share no loopback, as two machines.
+type twoHosts struct {
+	ns     string // the namespace
+	hostIP string // this side of the veth
+	nsIP   string // the namespace's side
+	nsIP2  string // a second address of the namespace's side, not routed from here
+}
+
+// newTwoHosts makes the namespace and removes it when the test ends. It
+// skips, saying why, where namespaces cannot be made (not root, no
+// iproute2, no permission in a container).
+func newTwoHosts(t *testing.T) *twoHosts {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("two-host tests need root to create network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("two-host tests need the ip command (iproute2)")
+	}
+	id := (os.Getpid()*7 + int(time.Now().UnixNano()%1000)) % 250
+	h := &twoHosts{
+		ns:     fmt.Sprintf("trpcrpc%d", id),
+		hostIP: fmt.Sprintf("10.202.%d.1", id),
+		nsIP:   fmt.Sprintf("10.202.%d.2", id),
+		nsIP2:  fmt.Sprintf("10.203.%d.2", id),
+	}
+	hostIf, nsIf := fmt.Sprintf("trpch%d", id), fmt.Sprintf("trpcn%d", id)
+	ip := func(args ...string) error {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if err := ip("netns", "add", h.ns); err != nil {
+		t.Skipf("cannot create a network namespace here: %v", err)
+	}
+	t.Cleanup(func() { ip("link", "del", hostIf); ip("netns", "del", h.ns) })
+	for _, args := range [][]string{
+		{"link", "add", hostIf, "type", "veth", "peer", "name", nsIf},
+		{"link", "set", nsIf, "netns", h.ns},
+		{"addr", "add", h.hostIP + "/24", "dev", hostIf},
+		{"link", "set", hostIf, "up"},
+		{"netns", "exec", h.ns, "ip", "addr", "add", h.nsIP + "/24", "dev", nsIf},
+		{"netns", "exec", h.ns, "ip", "addr", "add", h.nsIP2 + "/32", "dev", nsIf},
+		{"netns", "exec", h.ns, "ip", "link", "set", nsIf, "up"},
+		{"netns", "exec", h.ns, "ip", "link", "set", "lo", "up"},
+	} {
+		if err := ip(args...); err != nil {
+			t.Skipf("cannot set up a veth pair: %v", err)
+		}
+	}
+	return h
+}
+
+// serverIn starts a child server process inside the namespace, listening
+// on the namespace's address, with default options plus env; it returns
+// the child and its gRPC address.
+func (h *twoHosts) serverIn(t *testing.T, size int, env ...string) (*child, string) {
+	t.Helper()
+	env = append(env, "TENSORRPC_TEST_LISTEN="+h.nsIP+":0")
+	ch := startChildCmd(t, []string{"ip", "netns", "exec", h.ns}, "server", "", size, env...)
+	return ch, ch.line(t)
+}
+
+// TestTwoHostsDefaultOptions: with default options on both sides, a
+// client on one "host" and a server on the other negotiate tcp (the server
+// listens on and advertises the address the session arrived on) and move
+// a 64 MiB tensor bit-exact both ways.
+func TestTwoHostsDefaultOptions(t *testing.T) {
+	const size = 64 << 20
+	h := newTwoHosts(t)
+	t.Cleanup(func() { leakcheck.Check(t) })
+	ch, addr := h.serverIn(t, size)
+	ctx := ctxT(t)
+	c, err := Dial(ctx, addr, testPool(), insecureCreds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeClient(t, c)
+	if c.Transport() != TransportTCP {
+		t.Fatalf("negotiated %s across hosts, want tcp: %v", c.Transport(), c.Rejections())
+	}
+	t.Logf("rejected across hosts, as expected: %v", c.Rejections())
+
+	want := make([]byte, size)
+	fill(want, 7) // the child's published "big"
+	got, err := c.Fetch(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatal("fetched 64 MiB differ")
+	}
+	got.Release()
+
+	up, err := c.NewTensor(ctx, zerocopy.Uint8, []int64{size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(up.Bytes(), 42)
+	if err := c.Send(ctx, "up", up); err != nil {
+		t.Fatal(err)
+	}
+	back, err := c.Fetch(ctx, "up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back.Bytes(), up.Bytes()) {
+		t.Fatal("64 MiB sent and fetched back differ")
+	}
+	back.Release()
+	up.Release()
+	if st := c.Stats(); st.DataPlaneBytes < 3*size {
+		t.Fatalf("only %d bytes moved over the data plane", st.DataPlaneBytes)
+	}
+	ch.kill()
+}
+
+// TestTwoHostsUnreachableDataPlane blackholes the server's data address
+// (the server advertises a second address that this host routes to a
+// blackhole): the Dial falls back to grpc at once, without waiting for a
+// timeout, and the rejection names the cause and the fix.
+func TestTwoHostsUnreachableDataPlane(t *testing.T) {
+	h := newTwoHosts(t)
+	t.Cleanup(func() { leakcheck.Check(t) })
+	out, err := exec.Command("ip", "route", "add", "blackhole", h.nsIP2+"/32").CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot add a blackhole route: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "route", "del", "blackhole", h.nsIP2+"/32").Run() })
+	ch, addr := h.serverIn(t, 1<<20, "TENSORRPC_TEST_DATA_ADDR="+h.nsIP2)
+	ctx := ctxT(t)
+	start := time.Now()
+	c, err := Dial(ctx, addr, testPool(), insecureCreds(), WithConnectTimeout(time.Minute))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeClient(t, c)
+	t.Logf("Dial with the data address blackholed took %v and chose %s: %v", took, c.Transport(), c.Rejections())
+	if c.Transport() != TransportGRPC {
+		t.Fatalf("negotiated %s, want the grpc fallback", c.Transport())
+	}
+	if took > 30*time.Second { // the one-minute connect timeout, not a slow machine
+		t.Fatalf("Dial took %v: it waited for the connect timeout", took)
+	}
+	found := false
+	for _, r := range c.Rejections() {
+		if r.Transport == TransportTCP && strings.Contains(r.Reason, h.nsIP2) && r.Fix != "" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no tcp rejection naming %s and a fix: %v", h.nsIP2, c.Rejections())
+	}
+	got, err := c.Fetch(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Release()
+	ch.kill()
+}
