@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -41,7 +40,6 @@ type Client struct {
 	topo    topology
 
 	releases chan release
-	nextRef  atomic.Uint64
 	wg       sync.WaitGroup // the release loop
 
 	mu         sync.Mutex
@@ -315,8 +313,10 @@ type release struct {
 	id, ref uint64
 }
 
-// newRef names a call's transfers; see FetchRequest.client_ref.
-func (c *Client) newRef() uint64 { return c.nextRef.Add(1) }
+// newRef names a call's transfers; see FetchRequest.client_ref. Refs are
+// random (math/rand/v2's generator is ChaCha8 seeded by the system), so
+// they cannot be guessed.
+func (c *Client) newRef() uint64 { return rand.Uint64() | 1 }
 
 // releaseTransfer tells the server, in the background, that a transfer's
 // buffer is no longer needed.

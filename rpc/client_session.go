@@ -255,7 +255,9 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 			}
 		case err := <-theirsErr:
 			ccancel()
-			<-mine
+			if !haveMine {
+				<-mine
+			}
 			return nil, err
 		}
 	}

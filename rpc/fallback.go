@@ -169,7 +169,8 @@ func expectEnd(r msgReceiver) error {
 
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
-	ss, err := s.session(req.SessionId)
+	ctx := stream.Context()
+	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return err
 	}

@@ -48,6 +48,14 @@ const DefaultPoolLimit = 4 * DefaultMaxTensorBytes
 // timeout matters only when packets vanish (a firewall that drops them).
 const DefaultConnectTimeout = 5 * time.Second
 
+// DefaultGracefulStopTimeout bounds how long GracefulStop waits for calls
+// under way before it stops the server like Stop.
+const DefaultGracefulStopTimeout = 10 * time.Second
+
+// DefaultTrimInterval is how often a Server or Client gives the memory of
+// pool arenas that stayed empty back to the system.
+const DefaultTrimInterval = 30 * time.Second
+
 // options holds the settings of a Server or a Client. Each field's default
 // is set in defaultOptions, nowhere else.
 type options struct {
@@ -66,6 +74,8 @@ type options struct {
 	name           string
 	topology       *gpudirect.Topology
 	backoff        backoff.Config
+	gracefulStop   time.Duration
+	trimInterval   time.Duration
 }
 
 func defaultOptions() options {
@@ -78,6 +88,8 @@ func defaultOptions() options {
 		connectTimeout: DefaultConnectTimeout,
 		logger:         slog.New(slog.DiscardHandler),
 		backoff:        backoff.DefaultConfig,
+		gracefulStop:   DefaultGracefulStopTimeout,
+		trimInterval:   DefaultTrimInterval,
 	}
 }
 
@@ -183,6 +195,23 @@ func WithCreds(c credentials.TransportCredentials) ServerOption {
 // full control.
 func WithDataAddress(addr string) ServerOption {
 	return serverOption(func(o *options) { o.dataAddress = addr })
+}
+
+// WithGracefulStopTimeout bounds how long GracefulStop waits for calls
+// under way (default DefaultGracefulStopTimeout); after it, GracefulStop
+// ends them as Stop does.
+func WithGracefulStopTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.gracefulStop = d })
+}
+
+// WithTrimInterval sets how often the Server or Client returns the memory
+// of pool arenas that were empty at the previous check to the system
+// (default DefaultTrimInterval; 0 never does). A spike of large tensors
+// then costs memory only until the next checks, not for the life of the
+// process. It applies to the pool the Server or Client makes for itself,
+// not to one given with WithPool.
+func WithTrimInterval(d time.Duration) Option {
+	return sharedOption(func(o *options) { o.trimInterval = d })
 }
 
 // WithTransportCredentials sets the credentials of the gRPC connection that

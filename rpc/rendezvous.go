@@ -31,10 +31,13 @@ type rendezvous struct {
 	// that a client's Fetch after its own Send sees what it sent.
 	pending map[string]int
 	closed  bool
+	// stopping is closed when the server stops: waiting fetches give up.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 func newRendezvous() *rendezvous {
-	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), pending: make(map[string]int)}
+	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), pending: make(map[string]int), stopping: make(chan struct{})}
 }
 
 // publish stores e under key, taking over e's buffer reference, and wakes
@@ -92,9 +95,16 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 		case <-ctx.Done():
 			r.dropWaiter(key, w)
 			return entry{}, ctx.Err()
+		case <-r.stopping:
+			r.dropWaiter(key, w)
+			return entry{}, errClosed
 		}
 	}
 }
+
+// stop makes waiting and later waits for a key fail with errClosed;
+// published entries stay fetchable until close.
+func (r *rendezvous) stop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 
 // reserve notes a Send of key whose bytes are on their way.
 func (r *rendezvous) reserve(key string) {

@@ -3,15 +3,19 @@ package rpc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -20,7 +24,17 @@ import (
 )
 
 // ProtocolVersion is the version of the tensorrpc session protocol.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
+
+// MaxChunkBytes is the most data one Chunk of a streaming method may carry,
+// as tensorrpc.proto states; MaxRecvMsgBytes, the receive limit of the
+// grpc.Server that NewServer makes, is that plus room for the Chunk's other
+// fields. (A grpc.Server of the application's, see Register, keeps its own
+// limit: 4 MiB unless it says otherwise.)
+const (
+	MaxChunkBytes   = 16 << 20
+	MaxRecvMsgBytes = MaxChunkBytes + 64<<10
+)
 
 // Handler serves a method. The request's tensors belong to tensorrpc and
 // are released when the handler returns; publish or copy a tensor to keep
@@ -65,7 +79,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, err
 	}
 	s.devices, s.missing = openDevices(&s.opts, s.pool, s.log)
-	gopts := o.grpcServerOpts
+	// The receive limit first, so that WithGRPCServerOptions can change
+	// it: tensorrpc.proto promises Chunks of up to MaxChunkBytes.
+	gopts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgBytes)}, o.grpcServerOpts...)
 	if o.creds != nil {
 		gopts = append([]grpc.ServerOption{grpc.Creds(o.creds)}, gopts...)
 	}
@@ -234,11 +250,23 @@ func (s *Server) Stop() {
 }
 
 // GracefulStop stops accepting sessions, ends the open ones (clients see
-// Unavailable on their next call), waits for calls under way to finish and
-// then releases the Server like Stop.
+// Unavailable on their next call) and those still negotiating, fails calls
+// that wait for a key with Unavailable, and waits for calls under way to
+// finish — at most WithGracefulStopTimeout, after which it ends them as
+// Stop does. It then releases the Server like Stop.
 func (s *Server) GracefulStop() {
 	s.endSessions()
-	s.grpc.GracefulStop()
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	timer := time.NewTimer(s.opts.gracefulStop)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		s.log.Info("tensorrpc: graceful stop timed out; stopping", "timeout", s.opts.gracefulStop)
+		s.grpc.Stop()
+		<-done
+	}
 	s.Close()
 }
 
@@ -249,6 +277,7 @@ func (s *Server) endSessions() {
 		close(s.drain)
 	}
 	s.mu.Unlock()
+	s.rv.stop()
 }
 
 // Close releases what the Server holds: sessions, published tensors,
@@ -293,18 +322,39 @@ func newSessionID() string {
 
 // session returns the live session id names, or an error for an unknown
 // one. An empty id is allowed (nil session): it is how plain gRPC clients
-// that never opened a session call.
-func (s *Server) session(id string) (*serverSession, error) {
+// that never opened a session call. A session belongs to the gRPC
+// connection (and TLS identity) that opened it: a call naming it from any
+// other connection fails with PermissionDenied, so a session id is no
+// bearer token.
+func (s *Server) session(ctx context.Context, id string) (*serverSession, error) {
 	if id == "" {
 		return nil, nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	ss, ok := s.sessions[id]
+	s.mu.Unlock()
 	if !ok {
 		return nil, status.Errorf(codes.Unavailable, "tensorrpc: %s %q (the server restarted or ended it; open a new session)", errSessionGone, id)
 	}
+	if ss.owner != "" && connectionIdentity(ctx) != ss.owner {
+		return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: session %q belongs to another connection", id)
+	}
 	return ss, nil
+}
+
+// connectionIdentity names the gRPC connection of ctx's call: the peer's
+// address (one per connection) and, under TLS, the peer's certificate.
+func connectionIdentity(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	id := p.Addr.Network() + "|" + p.Addr.String()
+	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+		sum := sha256.Sum256(ti.State.PeerCertificates[0].Raw)
+		id += "|" + hex.EncodeToString(sum[:])
+	}
+	return id
 }
 
 func (s *Server) handler(method string) (Handler, error) {

@@ -13,7 +13,7 @@ import (
 
 // Fetch implements the Fetch method.
 func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResponse, error) {
-	ss, err := s.session(req.SessionId)
+	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (s *Server) count(ss *serverSession, f func(*counters)) {
 
 // Send implements the Send method.
 func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendResponse, error) {
-	ss, err := s.session(req.SessionId)
+	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func mergeCounters(dst, src *counters) {
 
 // Release implements the Release method.
 func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.ReleaseResponse, error) {
-	ss, err := s.session(req.SessionId)
+	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 
 // Call implements the Call method.
 func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallResponse, error) {
-	ss, err := s.session(req.SessionId)
+	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}

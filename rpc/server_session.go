@@ -25,6 +25,7 @@ import (
 type serverSession struct {
 	id        string
 	client    string
+	owner     string // connectionIdentity of the Session stream
 	transport string
 	link      *link // nil for the grpc transport
 	stats     counters
@@ -206,6 +207,8 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 			return msg, nil
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-s.drain:
+			return nil, status.Error(codes.Unavailable, "tensorrpc: server stopping")
 		}
 	}
 
@@ -217,11 +220,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	if hs == nil {
 		return status.Error(codes.InvalidArgument, "tensorrpc: a session starts with a handshake")
 	}
-	if hs.ProtocolVersion != ProtocolVersion {
+	// Version 1 differs only in how data planes connect, so a client that
+	// offers none speaks both.
+	if hs.ProtocolVersion != ProtocolVersion && !(hs.ProtocolVersion == 1 && len(hs.Offers) == 0) {
 		return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d", hs.ProtocolVersion, ProtocolVersion)
 	}
 	ss := &serverSession{
-		id: newSessionID(), client: hs.ClientName,
+		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx),
 		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 	}
 
@@ -449,7 +454,9 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 			}
 		case err := <-theirsErr:
 			cancel()
-			<-mine
+			if !haveMine {
+				<-mine
+			}
 			return "", err
 		}
 	}

@@ -1,0 +1,165 @@
+package rpc
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+)
+
+// rawConn is a plain gRPC connection to addr, as an attacker's client
+// would open: the .proto and nothing else.
+func rawConn(t *testing.T, addr string) pb.TensorRPCClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pb.NewTensorRPCClient(cc)
+}
+
+// TestSessionIsBoundToItsConnection: another gRPC connection that knows a
+// session's id (and guesses its client refs) can neither use nor release
+// the session's transfers: PermissionDenied, and the victim's calls go on.
+func TestSessionIsBoundToItsConnection(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportGRPC} {
+		t.Run(tr, func(t *testing.T) {
+			t.Cleanup(func() { leakcheck.Check(t) })
+			s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(tr, TransportGRPC))
+			ctx := ctxT(t)
+			c, err := Dial(ctx, addr, WithTransports(tr, TransportGRPC), testPool(), insecureCreds())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			in := wrapped(t, 1<<20, 9)
+			s.Publish(ctx, "w", in)
+			victim := c.SessionID()
+			thief := rawConn(t, addr)
+			denied := func(what string, err error) {
+				t.Helper()
+				if status.Code(err) != codes.PermissionDenied {
+					t.Errorf("%s with another connection's session: %v, want PermissionDenied", what, err)
+				}
+			}
+			_, err = thief.Fetch(ctx, &pb.FetchRequest{SessionId: victim, Key: "w", ClientRef: 1})
+			denied("Fetch", err)
+			_, err = thief.Send(ctx, &pb.SendRequest{SessionId: victim, Meta: metaOf("x", in.Tensor), InlineData: nil})
+			denied("Send", err)
+			_, err = thief.Call(ctx, &pb.CallRequest{SessionId: victim, Method: "m"})
+			denied("Call", err)
+			refs := make([]uint64, 64)
+			for i := range refs {
+				refs[i] = uint64(i + 1)
+			}
+			_, err = thief.Release(ctx, &pb.ReleaseRequest{SessionId: victim, TransferIds: refs, ClientRefs: refs})
+			denied("Release", err)
+			fs, err := thief.FetchStream(ctx, &pb.FetchRequest{SessionId: victim, Key: "w"})
+			if err == nil {
+				_, err = fs.Recv()
+			}
+			denied("FetchStream", err)
+			// The victim is untouched.
+			got, err := c.Fetch(ctx, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.Release()
+			// Refs are not a counter an attacker could follow.
+			if a, b := c.newRef(), c.newRef(); b == a+1 || a == 0 || b == 0 {
+				t.Errorf("client refs %d, %d look sequential", a, b)
+			}
+		})
+	}
+}
+
+// TestGracefulStopWithStalledPeers: GracefulStop finishes within a bounded
+// time with peers that stall every way the protocol allows: a Fetch
+// waiting for a key nobody publishes, a Session stream that never sends
+// its handshake, a session that never answers the plane choice, and a
+// FetchStream whose reader never reads. Waiting calls fail Unavailable.
+func TestGracefulStopWithStalledPeers(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithGracefulStopTimeout(2*time.Second))
+	ctx := ctxT(t)
+	big, err := s.NewTensor(ctx, 6, []int64{64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Publish(ctx, "big", big)
+	big.Release()
+
+	c, err := Dial(ctx, addr, WithTransports(TransportTCP, TransportGRPC), testPool(), insecureCreds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := c.Fetch(ctx, "never", WaitForKey())
+		waiting <- err
+	}()
+
+	raw := rawConn(t, addr)
+	silent, err := raw.Session(ctx) // never sends its handshake
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = silent
+	mute, err := raw.Session(ctx) // offers tcp, then never answers the choice
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mute.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
+		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: []byte("junk that is never connected")}},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := raw.FetchStream(ctx, &pb.FetchRequest{Key: "big"}) // never read
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stuck
+	time.Sleep(100 * time.Millisecond) // let the server reach each stall
+
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("GracefulStop did not return within 60 s")
+	}
+	t.Logf("GracefulStop with stalled peers took %v", time.Since(start))
+	if err := <-waiting; status.Code(err) != codes.Unavailable {
+		t.Fatalf("Fetch waiting across GracefulStop: %v, want Unavailable", err)
+	}
+	for _, st := range []interface {
+		Recv() (*pb.SessionResponse, error)
+	}{silent, mute} {
+		for {
+			if _, err := st.Recv(); err != nil {
+				break
+			}
+		}
+	}
+	for {
+		if _, err := stuck.Recv(); err != nil {
+			if err != io.EOF && status.Code(err) == codes.OK {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+}
+
+var _ = context.Background
