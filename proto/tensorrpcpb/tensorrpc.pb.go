@@ -3,12 +3,91 @@
 // gRPC carries small, typed control messages: sessions, transport
 // negotiation, descriptors of tensors and their release. Tensor bytes move
 // over a negotiated data plane (RDMA verbs, shared memory or TCP), described
-// here by Location, and never through protobuf, except in the plain-gRPC
-// fallback at the end of the service, which streams them in Chunk messages.
+// here by Location, and never through protobuf, except inline (small
+// tensors, in the unary methods) and in the plain-gRPC fallback at the end
+// of the service, which streams them in Chunk messages.
+//
+// This file is the complete contract of the fallback: a client generated
+// from it alone, in any language, can fetch, send and call (see
+// proto/clients/python for one, and "A client with only this file" below).
+// The data planes also need tensorrpc's own transports.
 //
 // This is a first draft; field numbers are not yet frozen.
 //
 // Regenerate the Go code with `go generate ./proto/...`.
+//
+// # Tensors
+//
+// A tensor is a dtype, a shape and its bytes. The bytes are the elements in
+// row-major (C) order, contiguous, without padding or strides, each element
+// little-endian (see DType for the formats). There are byte_length of them:
+// the size of the dtype × the product of the shape. An empty shape is a
+// scalar (one element); a dimension of 0 makes an empty tensor (no bytes).
+//
+// # Limits
+//
+// The server validates every TensorMeta it receives. It refuses with
+// INVALID_ARGUMENT a dtype that is DTYPE_INVALID or not in DType, more than
+// 32 dimensions, a negative dimension, a byte_length other than the one
+// the dtype and shape give (or one that overflows), a key longer than 4096
+// bytes (of UTF-8), and a location on a tensor whose bytes come inline or
+// in a stream. It refuses with RESOURCE_EXHAUSTED a tensor larger than its
+// limit: 1 GiB (2^30 bytes) unless the server is configured otherwise
+// (rpc.WithMaxTensorBytes). A tensor that fits the limit but not the
+// server's memory right now waits for memory until the call's deadline.
+//
+// Messages: the server accepts request messages of up to 16 MiB + 64 KiB
+// (16842752 bytes) encoded; larger ones fail with RESOURCE_EXHAUSTED. So a
+// Chunk carries at most 16 MiB (16777216 bytes) of data, and a unary
+// request, inline data and metadata included, must fit the same bound. The
+// server sends Chunks of at most 1 MiB of data and inline tensors of at most
+// eager_threshold bytes each, so gRPC's usual 4 MiB receive limit is enough
+// for a client unless a CallResponse holds many inline tensors or the
+// server's eager threshold was raised. (These are the limits of a server
+// made by rpc.NewServer; where an application registers the service on a
+// grpc.Server of its own, that server's receive limit applies, gRPC's
+// default being 4 MiB.)
+//
+// # Sessions
+//
+// A session (see Session) is needed for the data planes, for Release and
+// for SendRequest.hold; nothing else needs one. Every session_id may be
+// empty: the call then runs without a session, over plain gRPC. A
+// non-empty session_id must name an open session, one whose Session stream
+// is still open, else the call fails with UNAVAILABLE (open a new session);
+// and the call must travel on the gRPC connection (with, under TLS, the
+// client certificate) of the Session stream that opened it, else
+// PERMISSION_DENIED: a session id is not a bearer token.
+//
+// # A client with only this file
+//
+// A client without tensorrpc's data planes uses, with or without a session
+// (one that offers no data plane gets the TRANSPORT_GRPC choice at once):
+//
+//   - Fetch for tensors of at most eager_threshold bytes (16 KiB unless the
+//     server is configured otherwise; HandshakeResponse.eager_threshold says
+//     the server's value), FetchStream for a tensor of any size;
+//   - Send with inline_data, or SendStream;
+//   - Call with inline tensors when the reply's tensors are each at most
+//     eager_threshold bytes, or CallStream.
+//
+// Such a client leaves unset, and may ignore in answers: Location (never
+// set in answers to it), TensorMeta.crc32c (neither set nor checked on
+// these paths), every transfer_id and transfer_ids (0 and empty for it),
+// TransportOffer.info and description, HandshakeResponse.rejected (for
+// diagnostics only), ConnectResult (never sent to a client that offers no
+// data plane), FetchRequest.lease, every client_ref and SendRequest.hold
+// (which needs a session). It never needs Release: it holds nothing on the
+// server.
+//
+// # Status codes
+//
+// Besides the codes each method lists, any call can end with gRPC's own:
+// DEADLINE_EXCEEDED or CANCELLED when its deadline passes or it is
+// cancelled, UNAVAILABLE when the server stops or the connection fails,
+// RESOURCE_EXHAUSTED for a message over the size limit above, and INTERNAL
+// for a server fault. A streaming call's outcome is its final status:
+// data received before a status other than OK is incomplete.
 
 // Code generated by protoc-gen-go. DO NOT EDIT.
 // versions:
@@ -33,25 +112,35 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Element types, numbered as zerocopy.DType and the FlatBuffers header.
+// Element types, numbered as zerocopy.DType and the FlatBuffers header,
+// with their sizes in bytes. Every element is little-endian; integers are
+// two's complement; floating-point types are IEEE 754.
 type DType int32
 
 const (
-	DType_DTYPE_INVALID    DType = 0
-	DType_DTYPE_BOOL       DType = 1
-	DType_DTYPE_INT8       DType = 2
-	DType_DTYPE_INT16      DType = 3
-	DType_DTYPE_INT32      DType = 4
-	DType_DTYPE_INT64      DType = 5
-	DType_DTYPE_UINT8      DType = 6
-	DType_DTYPE_UINT16     DType = 7
-	DType_DTYPE_UINT32     DType = 8
-	DType_DTYPE_UINT64     DType = 9
-	DType_DTYPE_FLOAT16    DType = 10
-	DType_DTYPE_BFLOAT16   DType = 11
-	DType_DTYPE_FLOAT32    DType = 12
-	DType_DTYPE_FLOAT64    DType = 13
-	DType_DTYPE_COMPLEX64  DType = 14
+	// Never a valid tensor dtype; like any number not listed here, it fails
+	// with INVALID_ARGUMENT.
+	DType_DTYPE_INVALID DType = 0
+	// 1 byte, 0 (false) or 1 (true); other values are not checked.
+	DType_DTYPE_BOOL   DType = 1
+	DType_DTYPE_INT8   DType = 2 // 1 byte
+	DType_DTYPE_INT16  DType = 3 // 2 bytes
+	DType_DTYPE_INT32  DType = 4 // 4 bytes
+	DType_DTYPE_INT64  DType = 5 // 8 bytes
+	DType_DTYPE_UINT8  DType = 6 // 1 byte
+	DType_DTYPE_UINT16 DType = 7 // 2 bytes
+	DType_DTYPE_UINT32 DType = 8 // 4 bytes
+	DType_DTYPE_UINT64 DType = 9 // 8 bytes
+	// 2 bytes: IEEE 754 binary16 (1 sign, 5 exponent, 10 fraction bits).
+	DType_DTYPE_FLOAT16 DType = 10
+	// 2 bytes: bfloat16 (1 sign, 8 exponent, 7 fraction bits), the upper 16
+	// bits of the binary32 of the same value.
+	DType_DTYPE_BFLOAT16 DType = 11
+	DType_DTYPE_FLOAT32  DType = 12 // 4 bytes: binary32
+	DType_DTYPE_FLOAT64  DType = 13 // 8 bytes: binary64
+	// 8 bytes: the real part, then the imaginary part, each a binary32.
+	DType_DTYPE_COMPLEX64 DType = 14
+	// 16 bytes: the real part, then the imaginary part, each a binary64.
 	DType_DTYPE_COMPLEX128 DType = 15
 )
 
@@ -264,18 +353,26 @@ func (x *Location) GetLength() uint64 {
 	return 0
 }
 
-// TensorMeta describes one tensor. The receiver validates every field.
+// TensorMeta describes one tensor. The receiver validates every field (see
+// Limits at the top).
 type TensorMeta struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Key        string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Dtype      DType                  `protobuf:"varint,2,opt,name=dtype,proto3,enum=tensorrpc.v1.DType" json:"dtype,omitempty"`
-	Shape      []int64                `protobuf:"varint,3,rep,packed,name=shape,proto3" json:"shape,omitempty"`
-	ByteLength uint64                 `protobuf:"varint,4,opt,name=byte_length,json=byteLength,proto3" json:"byte_length,omitempty"`
-	// CRC32C of the bytes, when the sender computed one.
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 4096 bytes. In answers to Fetch and FetchStream, the key asked
+	// for; empty in replies of Call and CallStream.
+	Key   string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Dtype DType  `protobuf:"varint,2,opt,name=dtype,proto3,enum=tensorrpc.v1.DType" json:"dtype,omitempty"`
+	// At most 32 dimensions, none negative; empty for a scalar.
+	Shape []int64 `protobuf:"varint,3,rep,packed,name=shape,proto3" json:"shape,omitempty"`
+	// Must equal the dtype's size × the product of shape.
+	ByteLength uint64 `protobuf:"varint,4,opt,name=byte_length,json=byteLength,proto3" json:"byte_length,omitempty"`
+	// CRC32C (Castagnoli) of the bytes, when the sender computed one. Inline
+	// and streamed tensors neither set nor check it.
 	Crc32C *uint32 `protobuf:"varint,5,opt,name=crc32c,proto3,oneof" json:"crc32c,omitempty"`
 	// Set for rendezvous transfers; unset when bytes are inline.
 	Location *Location `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`
-	// Index into the enclosing message's inline_data, when inline.
+	// In CallRequest and CallResponse: index into the enclosing message's
+	// inline_data, when the tensor is inline. Unused elsewhere (FetchResponse
+	// and SendRequest have one inline_data; streams carry bytes in Chunks).
 	InlineIndex *uint32 `protobuf:"varint,7,opt,name=inline_index,json=inlineIndex,proto3,oneof" json:"inline_index,omitempty"`
 	// In a CallRequest: the transfer (from a Send with hold set) whose
 	// destination holds this tensor's bytes.
@@ -737,10 +834,11 @@ func (x *ConnectResult) GetVerify() bool {
 }
 
 type HandshakeRequest struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	Offers          []*TransportOffer      `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
-	ClientName      string                 `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 2 for this version of the file.
+	ProtocolVersion uint32            `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	Offers          []*TransportOffer `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
+	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -802,7 +900,9 @@ type HandshakeResponse struct {
 	SessionId       string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Offers the server cannot use, and why.
 	Rejected []*TransportRejection `protobuf:"bytes,3,rep,name=rejected,proto3" json:"rejected,omitempty"`
-	// Tensors up to this many bytes travel inline.
+	// Tensors up to this many bytes travel inline: the largest tensor that
+	// Fetch and Call return inline (16384 unless the server is configured
+	// otherwise). Larger ones need a data plane or the streaming methods.
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -867,9 +967,10 @@ func (x *HandshakeResponse) GetEagerThreshold() uint64 {
 }
 
 type FetchRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Key       string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// May be empty: see Sessions at the top.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Key       string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Ask for a shared-memory lease (zero copy on one host) instead of a copy.
 	Lease bool `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// A number the client picks to name the transfers this call creates, so
@@ -877,7 +978,8 @@ type FetchRequest struct {
 	// call fails or is cancelled before the client learns their ids.
 	ClientRef uint64 `protobuf:"varint,4,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	// Wait until the key is published (or the deadline passes) instead of
-	// failing at once with NOT_FOUND.
+	// failing at once with NOT_FOUND. Fetch and FetchStream wait only when
+	// it is set; set a deadline on the call when you set it.
 	Wait          bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -949,9 +1051,11 @@ func (x *FetchRequest) GetWait() bool {
 }
 
 type FetchResponse struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Meta       *TensorMeta            `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
-	InlineData []byte                 `protobuf:"bytes,2,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Meta  *TensorMeta            `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	// The tensor's bytes when it is inline (meta.location unset); empty for
+	// a tensor of 0 bytes.
+	InlineData []byte `protobuf:"bytes,2,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	// Names the producer-side buffer to Release after a rendezvous read.
 	TransferId    uint64 `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1010,10 +1114,12 @@ func (x *FetchResponse) GetTransferId() uint64 {
 }
 
 type SendRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Meta       *TensorMeta            `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
-	InlineData []byte                 `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// May be empty: see Sessions at the top.
+	SessionId string      `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Meta      *TensorMeta `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	// The tensor's bytes, meta.byte_length of them, when it goes inline.
+	InlineData []byte `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	// Hold the tensor for a following Call (named by transfer_id in the
 	// CallRequest) instead of publishing it under meta.key.
 	Hold bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
@@ -1091,7 +1197,8 @@ func (x *SendRequest) GetClientRef() uint64 {
 type SendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For rendezvous sends: where to write, and the immediate value that
-	// completes the transfer.
+	// completes the transfer. Unset for inline and streamed sends, which
+	// get an empty SendResponse (but a transfer_id for hold).
 	Destination   *Location `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
 	Immediate     uint32    `protobuf:"varint,2,opt,name=immediate,proto3" json:"immediate,omitempty"`
 	TransferId    uint64    `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
@@ -1151,12 +1258,14 @@ func (x *SendResponse) GetTransferId() uint64 {
 }
 
 type CallRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	SessionId  string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Method     string                 `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
-	Metadata   []byte                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors    []*TensorMeta          `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	InlineData [][]byte               `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// May be empty: see Sessions at the top.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Method    string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// Opaque to tensorrpc: the method reads it.
+	Metadata   []byte        `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors    []*TensorMeta `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	InlineData [][]byte      `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	// As in FetchRequest: names the reply's transfers.
 	ClientRef     uint64 `protobuf:"varint,6,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1304,9 +1413,10 @@ func (x *CallResponse) GetTransferIds() []uint64 {
 }
 
 type ReleaseRequest struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	TransferIds []uint64               `protobuf:"varint,2,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: Release needs a session.
+	SessionId   string   `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TransferIds []uint64 `protobuf:"varint,2,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
 	// Releases every transfer a call with this client_ref created, now or
 	// later (a release may overtake the call it names).
 	ClientRefs    []uint64 `protobuf:"varint,3,rep,packed,name=client_refs,json=clientRefs,proto3" json:"client_refs,omitempty"`
@@ -1464,7 +1574,8 @@ func (x *ChunkHeader) GetTensors() []*TensorMeta {
 }
 
 // Chunk is one message of a fallback stream: the first has a header, the
-// rest carry tensor bytes (any chunk size; tensors back to back).
+// rest carry tensor bytes (tensors back to back; at most 16 MiB of data in
+// one Chunk). See the streaming methods of the service.
 type Chunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Header        *ChunkHeader           `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`

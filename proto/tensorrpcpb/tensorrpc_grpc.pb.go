@@ -3,12 +3,91 @@
 // gRPC carries small, typed control messages: sessions, transport
 // negotiation, descriptors of tensors and their release. Tensor bytes move
 // over a negotiated data plane (RDMA verbs, shared memory or TCP), described
-// here by Location, and never through protobuf, except in the plain-gRPC
-// fallback at the end of the service, which streams them in Chunk messages.
+// here by Location, and never through protobuf, except inline (small
+// tensors, in the unary methods) and in the plain-gRPC fallback at the end
+// of the service, which streams them in Chunk messages.
+//
+// This file is the complete contract of the fallback: a client generated
+// from it alone, in any language, can fetch, send and call (see
+// proto/clients/python for one, and "A client with only this file" below).
+// The data planes also need tensorrpc's own transports.
 //
 // This is a first draft; field numbers are not yet frozen.
 //
 // Regenerate the Go code with `go generate ./proto/...`.
+//
+// # Tensors
+//
+// A tensor is a dtype, a shape and its bytes. The bytes are the elements in
+// row-major (C) order, contiguous, without padding or strides, each element
+// little-endian (see DType for the formats). There are byte_length of them:
+// the size of the dtype × the product of the shape. An empty shape is a
+// scalar (one element); a dimension of 0 makes an empty tensor (no bytes).
+//
+// # Limits
+//
+// The server validates every TensorMeta it receives. It refuses with
+// INVALID_ARGUMENT a dtype that is DTYPE_INVALID or not in DType, more than
+// 32 dimensions, a negative dimension, a byte_length other than the one
+// the dtype and shape give (or one that overflows), a key longer than 4096
+// bytes (of UTF-8), and a location on a tensor whose bytes come inline or
+// in a stream. It refuses with RESOURCE_EXHAUSTED a tensor larger than its
+// limit: 1 GiB (2^30 bytes) unless the server is configured otherwise
+// (rpc.WithMaxTensorBytes). A tensor that fits the limit but not the
+// server's memory right now waits for memory until the call's deadline.
+//
+// Messages: the server accepts request messages of up to 16 MiB + 64 KiB
+// (16842752 bytes) encoded; larger ones fail with RESOURCE_EXHAUSTED. So a
+// Chunk carries at most 16 MiB (16777216 bytes) of data, and a unary
+// request, inline data and metadata included, must fit the same bound. The
+// server sends Chunks of at most 1 MiB of data and inline tensors of at most
+// eager_threshold bytes each, so gRPC's usual 4 MiB receive limit is enough
+// for a client unless a CallResponse holds many inline tensors or the
+// server's eager threshold was raised. (These are the limits of a server
+// made by rpc.NewServer; where an application registers the service on a
+// grpc.Server of its own, that server's receive limit applies, gRPC's
+// default being 4 MiB.)
+//
+// # Sessions
+//
+// A session (see Session) is needed for the data planes, for Release and
+// for SendRequest.hold; nothing else needs one. Every session_id may be
+// empty: the call then runs without a session, over plain gRPC. A
+// non-empty session_id must name an open session, one whose Session stream
+// is still open, else the call fails with UNAVAILABLE (open a new session);
+// and the call must travel on the gRPC connection (with, under TLS, the
+// client certificate) of the Session stream that opened it, else
+// PERMISSION_DENIED: a session id is not a bearer token.
+//
+// # A client with only this file
+//
+// A client without tensorrpc's data planes uses, with or without a session
+// (one that offers no data plane gets the TRANSPORT_GRPC choice at once):
+//
+//   - Fetch for tensors of at most eager_threshold bytes (16 KiB unless the
+//     server is configured otherwise; HandshakeResponse.eager_threshold says
+//     the server's value), FetchStream for a tensor of any size;
+//   - Send with inline_data, or SendStream;
+//   - Call with inline tensors when the reply's tensors are each at most
+//     eager_threshold bytes, or CallStream.
+//
+// Such a client leaves unset, and may ignore in answers: Location (never
+// set in answers to it), TensorMeta.crc32c (neither set nor checked on
+// these paths), every transfer_id and transfer_ids (0 and empty for it),
+// TransportOffer.info and description, HandshakeResponse.rejected (for
+// diagnostics only), ConnectResult (never sent to a client that offers no
+// data plane), FetchRequest.lease, every client_ref and SendRequest.hold
+// (which needs a session). It never needs Release: it holds nothing on the
+// server.
+//
+// # Status codes
+//
+// Besides the codes each method lists, any call can end with gRPC's own:
+// DEADLINE_EXCEEDED or CANCELLED when its deadline passes or it is
+// cancelled, UNAVAILABLE when the server stops or the connection fails,
+// RESOURCE_EXHAUSTED for a message over the size limit above, and INTERNAL
+// for a server fault. A streaming call's outcome is its final status:
+// data received before a status other than OK is incomplete.
 
 // Code generated by protoc-gen-go-grpc. DO NOT EDIT.
 // versions:
@@ -46,56 +125,144 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type TensorRPCClient interface {
 	// Session opens a session and keeps it alive: the session ends, and the
-	// server releases everything it holds for it, when the stream ends.
+	// server releases everything it holds for it, when the stream ends. The
+	// client must keep its side of the stream open for as long as it uses
+	// the session id: closing it (a half-close) or cancelling the call ends
+	// the session, and later calls naming it fail with UNAVAILABLE. Once the
+	// session is open the server sends nothing more; it ends the stream with
+	// UNAVAILABLE when it stops or the session's data plane fails. Messages
+	// the client sends once the session is open are ignored.
 	//
-	// The client first sends a handshake offering every data plane it can
-	// use, each with its connection info. The server answers with a
-	// handshake (session id, rejected offers and why), then tries the data
-	// planes both can use in priority order (ibv > shm > tcp). For each:
+	// The client first sends a handshake (protocol_version 2) offering every
+	// data plane it can use, each with its connection info; an offer of
+	// TRANSPORT_GRPC is ignored, since the fallback needs none. The server
+	// answers with a handshake (session id, rejected offers and why, eager
+	// threshold), then tries the data planes both can use in priority order
+	// (ibv > shm > tcp). For each:
 	//
 	//  1. The server sends a choice with its own connection info; both sides
-	//     start connecting at once, and each sends a connect_result as soon
-	//     as it knows its outcome. A side that receives a failed
-	//     connect_result cancels its own attempt and reports it, so each
-	//     side sends exactly one connect_result in this step.
+	//     start connecting at once, and each sends a connect_result (verify
+	//     unset) as soon as it knows its outcome. A side that receives a
+	//     failed connect_result cancels its own attempt, if still under way,
+	//     and reports its outcome, so each side sends exactly one
+	//     connect_result in this step. Each side gives up its attempt after
+	//     its connect timeout (5 s by default). If either side failed, the
+	//     server goes on to the next data plane.
 	//  2. If both connected, the plane is verified with a round trip over it:
-	//     the client Sends the session id (as bytes) over the data plane, the
-	//     server checks it and Sends it back. The client then sends a
-	//     connect_result with verify set (ok when the echo arrived); the
-	//     server answers with a connect_result with verify set, ok when it
-	//     also received the client's message, after which the session is
-	//     open on that plane.
+	//     the client Sends the session id (as bytes, a two-sided Send) over the
+	//     data plane; the server checks it and, when it matches, Sends it
+	//     back. The client then sends a connect_result with verify set, ok
+	//     when the echo arrived and matched. The server answers with a
+	//     connect_result with verify set, ok when it received the session id,
+	//     sent its echo and the client's result was ok. When ok, the session
+	//     is open on that plane (the server accepts calls naming it before it
+	//     sends this result); otherwise the server goes on to the next data
+	//     plane.
 	//
-	// When no data plane verifies, the server sends a final choice of
-	// TRANSPORT_GRPC and tensors travel in the streaming methods below. For
-	// tcp, the server listens on (and advertises) the local address of the
-	// gRPC connection the session arrived on, and the client dials it.
+	// When no data plane verifies, or none was offered that the server can
+	// use, the server sends a final choice of TRANSPORT_GRPC, which needs no
+	// connect_result: the session is open, and tensors travel inline and in
+	// the streaming methods below. A server with the fallback disabled ends
+	// the stream with FAILED_PRECONDITION instead. For tcp, the server by
+	// default listens on (and advertises) the local address of the gRPC
+	// connection the session arrived on, and the client dials it.
+	//
+	// Errors: INVALID_ARGUMENT when the first message is not a handshake or a
+	// connect_result is not the one expected (wrong transport or verify);
+	// FAILED_PRECONDITION for a protocol_version other than 2 (1 is still
+	// accepted from a client that offers no data plane: its negotiation did
+	// not change), or no data plane and the fallback disabled; UNAVAILABLE
+	// when the server is stopping.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 	// Fetch asks for a published tensor by key. A key that is not published
 	// fails with NOT_FOUND naming it, unless the request sets wait: then the
-	// call waits until it is published or the deadline passes. Small tensors come back inline;
-	// larger ones as a Location the client reads with one remote Read, after
-	// which it calls Release.
+	// call waits until it is published or the deadline passes. Small tensors
+	// (at most eager_threshold bytes) come back inline, with meta.location
+	// unset; larger ones as a Location the client reads with one remote
+	// Read, after which it calls Release. Without a data plane (no session,
+	// or a TRANSPORT_GRPC one) a larger tensor fails with
+	// FAILED_PRECONDITION: use FetchStream.
+	//
+	// Errors: NOT_FOUND, FAILED_PRECONDITION as above; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id (see Sessions); with wait,
+	// DEADLINE_EXCEEDED or CANCELLED while waiting, and UNAVAILABLE when the
+	// server stops.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
-	// Send announces a tensor for the server's rendezvous. Small tensors go
-	// inline; for larger ones the server allocates the destination and
-	// returns its Location, the client writes the bytes with WriteImm, and
-	// the immediate value completes the transfer.
+	// Send announces a tensor for the server's rendezvous: the server
+	// publishes it under meta.key, replacing what the key held. Small tensors
+	// go inline (inline_data of exactly meta.byte_length bytes; a 0-byte
+	// tensor needs none); for larger ones the server allocates the
+	// destination and returns its Location, the client writes the bytes with
+	// WriteImm, and the immediate value completes the transfer. The server
+	// accepts inline tensors of any size that fits a message, but without a
+	// data plane use SendStream for anything larger than eager_threshold.
+	//
+	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits), a location,
+	// or inline_data whose length is not byte_length; RESOURCE_EXHAUSTED over
+	// the tensor limit; FAILED_PRECONDITION for hold without a session, or
+	// for a tensor with no inline data and no data plane; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
 	Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error)
 	// Call invokes a server method with metadata and tensors; tensors travel
-	// as in Send, and the reply's as in Fetch.
+	// as in Send (inline: TensorMeta.inline_index names their entry of
+	// inline_data), and the reply's as in Fetch (inline ones with
+	// inline_index set).
+	//
+	// Errors: UNIMPLEMENTED for a method the server has no handler for;
+	// INVALID_ARGUMENT for an invalid meta, an inline_index out of range or
+	// whose data is not byte_length long, or a tensor with neither inline
+	// data nor a transfer; RESOURCE_EXHAUSTED over the tensor limit;
+	// FAILED_PRECONDITION for a reply tensor above eager_threshold without a
+	// data plane (use CallStream); the method's own status code when it
+	// returns one, else UNKNOWN for its errors; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
 	Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*CallResponse, error)
 	// Release gives back producer-side buffers of finished transfers.
+	//
+	// Errors: INVALID_ARGUMENT without a session; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id. Unknown ids are ignored.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// The plain-gRPC fallback, used when no data plane negotiates. It needs
-	// nothing but this file: a stream is one Chunk with a header, then Chunks
-	// with data carrying the tensors' bytes back to back, in header order.
+	// nothing but this file and no session. Each direction of a stream is one
+	// Chunk with header set and data empty, then Chunks with data set and no
+	// header carrying the bytes of header.tensors back to back, in header
+	// order, without padding (a tensor of 0 bytes takes none). Chunk
+	// boundaries are free: a Chunk may end inside an element or span
+	// tensors. After the last byte of the last tensor the sender sends
+	// nothing more. A Chunk carries at most 16 MiB of data (see Limits); the
+	// server sends at most 1 MiB per Chunk. Streamed tensors have no location
+	// and no inline_index; their crc32c is ignored.
 	//
-	// FetchStream streams a published tensor.
+	// A stream that breaks these rules fails with INVALID_ARGUMENT: a first
+	// Chunk without a header or with data, a second header, fewer bytes than
+	// the tensors need when the stream ends, bytes past the last tensor (in a
+	// Chunk or in a further Chunk), an invalid TensorMeta (see Limits) or one
+	// with a location. A tensor over the limit fails with RESOURCE_EXHAUSTED.
+	//
+	// FetchStream streams a published tensor: a header with one TensorMeta
+	// (the key, dtype, shape and byte_length), its bytes, then status OK. The
+	// request is as for Fetch (session_id may be empty; lease and client_ref
+	// are ignored). An unpublished key fails with NOT_FOUND at once, unless
+	// wait is set: then the call waits until the key is published, its
+	// deadline passes (DEADLINE_EXCEEDED) or the server stops (UNAVAILABLE).
+	// A session_id is checked as in Fetch.
 	FetchStream(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Chunk], error)
-	// SendStream streams a tensor into the server's rendezvous.
+	// SendStream streams a tensor into the server's rendezvous: the client
+	// sends a header with exactly one TensorMeta (key: where to publish; the
+	// tensor replaces what the key held), its bytes, then closes its side.
+	// The server publishes the tensor once it has seen the end of the
+	// client's stream and answers with an empty SendResponse. A header with
+	// other than one tensor fails with INVALID_ARGUMENT.
 	SendStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[Chunk, SendResponse], error)
-	// CallStream streams a call's request and its reply.
+	// CallStream streams a call's request and its reply. The client sends a
+	// header (method, metadata, and zero or more tensors, whose keys are not
+	// used), the tensors' bytes, then closes its side: the server runs the
+	// method once it has the last byte and reads nothing more. The server
+	// answers with a header (method empty, the reply's metadata and tensors,
+	// whose keys are empty), their bytes, then status OK. Errors come as the
+	// stream's status instead: UNIMPLEMENTED for a method the server has no
+	// handler for, the method's own status code when it returns one, else
+	// UNKNOWN for its errors, and the stream errors above.
 	CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Chunk, Chunk], error)
 }
 
@@ -210,56 +377,144 @@ type TensorRPC_CallStreamClient = grpc.BidiStreamingClient[Chunk, Chunk]
 // for forward compatibility.
 type TensorRPCServer interface {
 	// Session opens a session and keeps it alive: the session ends, and the
-	// server releases everything it holds for it, when the stream ends.
+	// server releases everything it holds for it, when the stream ends. The
+	// client must keep its side of the stream open for as long as it uses
+	// the session id: closing it (a half-close) or cancelling the call ends
+	// the session, and later calls naming it fail with UNAVAILABLE. Once the
+	// session is open the server sends nothing more; it ends the stream with
+	// UNAVAILABLE when it stops or the session's data plane fails. Messages
+	// the client sends once the session is open are ignored.
 	//
-	// The client first sends a handshake offering every data plane it can
-	// use, each with its connection info. The server answers with a
-	// handshake (session id, rejected offers and why), then tries the data
-	// planes both can use in priority order (ibv > shm > tcp). For each:
+	// The client first sends a handshake (protocol_version 2) offering every
+	// data plane it can use, each with its connection info; an offer of
+	// TRANSPORT_GRPC is ignored, since the fallback needs none. The server
+	// answers with a handshake (session id, rejected offers and why, eager
+	// threshold), then tries the data planes both can use in priority order
+	// (ibv > shm > tcp). For each:
 	//
 	//  1. The server sends a choice with its own connection info; both sides
-	//     start connecting at once, and each sends a connect_result as soon
-	//     as it knows its outcome. A side that receives a failed
-	//     connect_result cancels its own attempt and reports it, so each
-	//     side sends exactly one connect_result in this step.
+	//     start connecting at once, and each sends a connect_result (verify
+	//     unset) as soon as it knows its outcome. A side that receives a
+	//     failed connect_result cancels its own attempt, if still under way,
+	//     and reports its outcome, so each side sends exactly one
+	//     connect_result in this step. Each side gives up its attempt after
+	//     its connect timeout (5 s by default). If either side failed, the
+	//     server goes on to the next data plane.
 	//  2. If both connected, the plane is verified with a round trip over it:
-	//     the client Sends the session id (as bytes) over the data plane, the
-	//     server checks it and Sends it back. The client then sends a
-	//     connect_result with verify set (ok when the echo arrived); the
-	//     server answers with a connect_result with verify set, ok when it
-	//     also received the client's message, after which the session is
-	//     open on that plane.
+	//     the client Sends the session id (as bytes, a two-sided Send) over the
+	//     data plane; the server checks it and, when it matches, Sends it
+	//     back. The client then sends a connect_result with verify set, ok
+	//     when the echo arrived and matched. The server answers with a
+	//     connect_result with verify set, ok when it received the session id,
+	//     sent its echo and the client's result was ok. When ok, the session
+	//     is open on that plane (the server accepts calls naming it before it
+	//     sends this result); otherwise the server goes on to the next data
+	//     plane.
 	//
-	// When no data plane verifies, the server sends a final choice of
-	// TRANSPORT_GRPC and tensors travel in the streaming methods below. For
-	// tcp, the server listens on (and advertises) the local address of the
-	// gRPC connection the session arrived on, and the client dials it.
+	// When no data plane verifies, or none was offered that the server can
+	// use, the server sends a final choice of TRANSPORT_GRPC, which needs no
+	// connect_result: the session is open, and tensors travel inline and in
+	// the streaming methods below. A server with the fallback disabled ends
+	// the stream with FAILED_PRECONDITION instead. For tcp, the server by
+	// default listens on (and advertises) the local address of the gRPC
+	// connection the session arrived on, and the client dials it.
+	//
+	// Errors: INVALID_ARGUMENT when the first message is not a handshake or a
+	// connect_result is not the one expected (wrong transport or verify);
+	// FAILED_PRECONDITION for a protocol_version other than 2 (1 is still
+	// accepted from a client that offers no data plane: its negotiation did
+	// not change), or no data plane and the fallback disabled; UNAVAILABLE
+	// when the server is stopping.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	// Fetch asks for a published tensor by key. A key that is not published
 	// fails with NOT_FOUND naming it, unless the request sets wait: then the
-	// call waits until it is published or the deadline passes. Small tensors come back inline;
-	// larger ones as a Location the client reads with one remote Read, after
-	// which it calls Release.
+	// call waits until it is published or the deadline passes. Small tensors
+	// (at most eager_threshold bytes) come back inline, with meta.location
+	// unset; larger ones as a Location the client reads with one remote
+	// Read, after which it calls Release. Without a data plane (no session,
+	// or a TRANSPORT_GRPC one) a larger tensor fails with
+	// FAILED_PRECONDITION: use FetchStream.
+	//
+	// Errors: NOT_FOUND, FAILED_PRECONDITION as above; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id (see Sessions); with wait,
+	// DEADLINE_EXCEEDED or CANCELLED while waiting, and UNAVAILABLE when the
+	// server stops.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
-	// Send announces a tensor for the server's rendezvous. Small tensors go
-	// inline; for larger ones the server allocates the destination and
-	// returns its Location, the client writes the bytes with WriteImm, and
-	// the immediate value completes the transfer.
+	// Send announces a tensor for the server's rendezvous: the server
+	// publishes it under meta.key, replacing what the key held. Small tensors
+	// go inline (inline_data of exactly meta.byte_length bytes; a 0-byte
+	// tensor needs none); for larger ones the server allocates the
+	// destination and returns its Location, the client writes the bytes with
+	// WriteImm, and the immediate value completes the transfer. The server
+	// accepts inline tensors of any size that fits a message, but without a
+	// data plane use SendStream for anything larger than eager_threshold.
+	//
+	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits), a location,
+	// or inline_data whose length is not byte_length; RESOURCE_EXHAUSTED over
+	// the tensor limit; FAILED_PRECONDITION for hold without a session, or
+	// for a tensor with no inline data and no data plane; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
 	Send(context.Context, *SendRequest) (*SendResponse, error)
 	// Call invokes a server method with metadata and tensors; tensors travel
-	// as in Send, and the reply's as in Fetch.
+	// as in Send (inline: TensorMeta.inline_index names their entry of
+	// inline_data), and the reply's as in Fetch (inline ones with
+	// inline_index set).
+	//
+	// Errors: UNIMPLEMENTED for a method the server has no handler for;
+	// INVALID_ARGUMENT for an invalid meta, an inline_index out of range or
+	// whose data is not byte_length long, or a tensor with neither inline
+	// data nor a transfer; RESOURCE_EXHAUSTED over the tensor limit;
+	// FAILED_PRECONDITION for a reply tensor above eager_threshold without a
+	// data plane (use CallStream); the method's own status code when it
+	// returns one, else UNKNOWN for its errors; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
 	Call(context.Context, *CallRequest) (*CallResponse, error)
 	// Release gives back producer-side buffers of finished transfers.
+	//
+	// Errors: INVALID_ARGUMENT without a session; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id. Unknown ids are ignored.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// The plain-gRPC fallback, used when no data plane negotiates. It needs
-	// nothing but this file: a stream is one Chunk with a header, then Chunks
-	// with data carrying the tensors' bytes back to back, in header order.
+	// nothing but this file and no session. Each direction of a stream is one
+	// Chunk with header set and data empty, then Chunks with data set and no
+	// header carrying the bytes of header.tensors back to back, in header
+	// order, without padding (a tensor of 0 bytes takes none). Chunk
+	// boundaries are free: a Chunk may end inside an element or span
+	// tensors. After the last byte of the last tensor the sender sends
+	// nothing more. A Chunk carries at most 16 MiB of data (see Limits); the
+	// server sends at most 1 MiB per Chunk. Streamed tensors have no location
+	// and no inline_index; their crc32c is ignored.
 	//
-	// FetchStream streams a published tensor.
+	// A stream that breaks these rules fails with INVALID_ARGUMENT: a first
+	// Chunk without a header or with data, a second header, fewer bytes than
+	// the tensors need when the stream ends, bytes past the last tensor (in a
+	// Chunk or in a further Chunk), an invalid TensorMeta (see Limits) or one
+	// with a location. A tensor over the limit fails with RESOURCE_EXHAUSTED.
+	//
+	// FetchStream streams a published tensor: a header with one TensorMeta
+	// (the key, dtype, shape and byte_length), its bytes, then status OK. The
+	// request is as for Fetch (session_id may be empty; lease and client_ref
+	// are ignored). An unpublished key fails with NOT_FOUND at once, unless
+	// wait is set: then the call waits until the key is published, its
+	// deadline passes (DEADLINE_EXCEEDED) or the server stops (UNAVAILABLE).
+	// A session_id is checked as in Fetch.
 	FetchStream(*FetchRequest, grpc.ServerStreamingServer[Chunk]) error
-	// SendStream streams a tensor into the server's rendezvous.
+	// SendStream streams a tensor into the server's rendezvous: the client
+	// sends a header with exactly one TensorMeta (key: where to publish; the
+	// tensor replaces what the key held), its bytes, then closes its side.
+	// The server publishes the tensor once it has seen the end of the
+	// client's stream and answers with an empty SendResponse. A header with
+	// other than one tensor fails with INVALID_ARGUMENT.
 	SendStream(grpc.ClientStreamingServer[Chunk, SendResponse]) error
-	// CallStream streams a call's request and its reply.
+	// CallStream streams a call's request and its reply. The client sends a
+	// header (method, metadata, and zero or more tensors, whose keys are not
+	// used), the tensors' bytes, then closes its side: the server runs the
+	// method once it has the last byte and reads nothing more. The server
+	// answers with a header (method empty, the reply's metadata and tensors,
+	// whose keys are empty), their bytes, then status OK. Errors come as the
+	// stream's status instead: UNIMPLEMENTED for a method the server has no
+	// handler for, the method's own status code when it returns one, else
+	// UNKNOWN for its errors, and the stream errors above.
 	CallStream(grpc.BidiStreamingServer[Chunk, Chunk]) error
 	mustEmbedUnimplementedTensorRPCServer()
 }
