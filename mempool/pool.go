@@ -398,6 +398,39 @@ func (p *Pool) Trim() int64 {
 	return bytes
 }
 
+// EmptyArenas returns the IDs of the arenas that hold no live buffer.
+func (p *Pool) EmptyArenas() []uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []uint32
+	for _, a := range p.arenas {
+		if a.used == 0 {
+			ids = append(ids, a.id)
+		}
+	}
+	return ids
+}
+
+// TrimArenas unmaps those of the arenas named by ids that still hold no
+// live buffer, and returns how many bytes it gave back. With EmptyArenas
+// it lets a caller release only arenas that stayed empty for a while.
+func (p *Pool) TrimArenas(ids []uint32) int64 {
+	p.mu.Lock()
+	var retired []*Arena
+	var bytes int64
+	for _, a := range slices.Clone(p.arenas) {
+		if a.used == 0 && slices.Contains(ids, a.id) {
+			p.detachLocked(a)
+			retired = append(retired, a)
+			bytes += int64(len(a.mem))
+		}
+	}
+	p.checkLocked()
+	p.mu.Unlock()
+	_ = p.retire(retired)
+	return bytes
+}
+
 // Close stops the pool: waiting and later Allocs fail with ErrClosed. When
 // no buffer is live it runs the ArenaRemoved hooks and unmaps every arena.
 // Otherwise it returns an error wrapping ErrOutstanding that says how many

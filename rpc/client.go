@@ -39,6 +39,8 @@ type Client struct {
 	stats   counters
 	topo    topology
 
+	stopTrim func() // ends the pool's trimmer
+
 	releases chan release
 	wg       sync.WaitGroup // the release loop
 
@@ -99,6 +101,10 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 			return nil, fmt.Errorf("tensorrpc: making the pool: %w", err)
 		}
 		c.pool, c.ownPool = p, true
+	}
+	c.stopTrim = func() {}
+	if c.ownPool {
+		c.stopTrim = trimmer(c.pool, o.trimInterval, c.log)
 	}
 	var missing map[string]string
 	c.devices, missing = openDevices(&c.opts, c.pool, c.log)
@@ -440,6 +446,7 @@ func (c *Client) teardown() error {
 	if c.ownConn {
 		c.cc.Close()
 	}
+	c.stopTrim()
 	if c.ownPool {
 		err = c.pool.Close()
 	}

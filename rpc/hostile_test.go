@@ -163,3 +163,26 @@ func TestGracefulStopWithStalledPeers(t *testing.T) {
 }
 
 var _ = context.Background
+
+// TestArenasShrinkAfterSpike: one 64 MiB request grows the server's pool;
+// once the tensor is gone, the trimmer gives the memory back.
+func TestArenasShrinkAfterSpike(t *testing.T) {
+	s, c := pair(t, TransportTCP, []ServerOption{WithTrimInterval(20 * time.Millisecond)}, nil)
+	ctx := ctxT(t)
+	before := s.Pool().Stats().Reserved
+	spike := wrapped(t, 64<<20, 5)
+	if err := c.Send(ctx, "spike", spike); err != nil {
+		t.Fatal(err)
+	}
+	grown := s.Pool().Stats().Reserved
+	if grown < before+64<<20 {
+		t.Fatalf("reserved %d → %d: the spike did not grow the pool", before, grown)
+	}
+	got, err := s.Take(ctx, "spike")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Release()
+	waitFor(t, "the pool to shrink", func() bool { return s.Pool().Stats().Reserved < grown-32<<20 })
+	t.Logf("server pool reserved: %d before, %d at the spike, %d after", before, grown, s.Pool().Stats().Reserved)
+}

@@ -2,6 +2,9 @@ package rpc
 
 import (
 	"context"
+	"log/slog"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -68,4 +71,34 @@ func newTensor(ctx context.Context, pool *mempool.Pool, dtype zerocopy.DType, sh
 		return nil, err
 	}
 	return newPoolTensor(dtype, shape, buf)
+}
+
+// trimmer gives back, every interval, the memory of pool arenas that were
+// already empty at the previous tick, so a spike of large tensors costs
+// memory only for a while. stop ends it and waits.
+func trimmer(pool *mempool.Pool, interval time.Duration, log *slog.Logger) (stop func()) {
+	if interval <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		var prev []uint32
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if n := pool.TrimArenas(prev); n > 0 {
+				log.Debug("tensorrpc: released empty pool arenas", "bytes", n)
+			}
+			prev = pool.EmptyArenas()
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-stopped }) }
 }

@@ -62,6 +62,8 @@ type Server struct {
 	drain    chan struct{}  // closed when sessions must end
 	active   sync.WaitGroup // running Session handlers
 	total    Stats          // of ended sessions
+
+	stopTrim func() // ends the pool's trimmer
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
@@ -77,6 +79,10 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	if err := s.openPool(); err != nil {
 		return nil, err
+	}
+	s.stopTrim = func() {}
+	if s.ownPool {
+		s.stopTrim = trimmer(s.pool, o.trimInterval, s.log)
 	}
 	s.devices, s.missing = openDevices(&s.opts, s.pool, s.log)
 	// The receive limit first, so that WithGRPCServerOptions can change
@@ -303,6 +309,7 @@ func (s *Server) Close() error {
 	for _, d := range devices {
 		d.close()
 	}
+	s.stopTrim()
 	if s.ownPool {
 		s.ownPool = false
 		return s.pool.Close()
