@@ -73,6 +73,9 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 		if len(inline) != n {
 			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", meta.Key, len(inline), n)
 		}
+		if err := verifySum(meta, inline); err != nil {
+			return nil, err
+		}
 		buf, err := copyToPool(ctx, c.pool, inline, &c.stats)
 		if err != nil {
 			return nil, err
@@ -113,6 +116,10 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 		return nil, err
 	}
 	c.releaseTransfer(s, transferID)
+	if err := verifySum(meta, buf.Bytes()); err != nil {
+		buf.Release()
+		return nil, err
+	}
 	return newPoolTensor(dtype, shape, buf)
 }
 
@@ -167,7 +174,7 @@ func (c *Client) send(ctx context.Context, s *clientSession, key string, t *Tens
 	if t.released.Load() {
 		return 0, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
 	}
-	meta := metaOf(key, t.Tensor)
+	meta := metaOf(key, t.Tensor, c.opts.checksums)
 	n := len(t.Bytes())
 	if n <= s.eager {
 		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: meta, InlineData: t.Bytes(), Hold: hold})
@@ -248,7 +255,7 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 			c.releaseHeld(s, held)
 			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
 		}
-		meta := metaOf("", t.Tensor)
+		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if len(t.Bytes()) <= s.eager {
 			idx := uint32(len(creq.InlineData))
 			meta.InlineIndex = &idx

@@ -125,6 +125,9 @@ func recvTensors(ctx context.Context, r msgReceiver, pool *mempool.Pool, metas [
 			}
 			dst = dst[copyFrom(dst, &pending):]
 		}
+		if err := verifySum(m, buf.Bytes()); err != nil {
+			return nil, err
+		}
 		if m.ByteLength > 0 {
 			c.copied(int(m.ByteLength)) // out of gRPC's receive buffers, chunk by chunk
 		}
@@ -182,7 +185,7 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
-	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor)}}, []*mempool.Buffer{e.buf}, &c)
+	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c)
 }
 
 // SendStream implements the SendStream method.
@@ -245,7 +248,7 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		out = &Message{}
 	}
 	defer out.Release()
-	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c)
+	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c, s.opts.checksums)
 	if err != nil {
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
@@ -254,7 +257,7 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 }
 
 // poolBuffers returns pool buffer references and descriptions for ts.
-func poolBuffers(ctx context.Context, pool *mempool.Pool, ts []*Tensor, c *counters) ([]*mempool.Buffer, []*pb.TensorMeta, error) {
+func poolBuffers(ctx context.Context, pool *mempool.Pool, ts []*Tensor, c *counters, sum bool) ([]*mempool.Buffer, []*pb.TensorMeta, error) {
 	var bufs []*mempool.Buffer
 	var metas []*pb.TensorMeta
 	for i, t := range ts {
@@ -265,7 +268,7 @@ func poolBuffers(ctx context.Context, pool *mempool.Pool, ts []*Tensor, c *count
 			return nil, nil, status.Errorf(st.Code(), "tensor %d: %s", i, st.Message())
 		}
 		bufs = append(bufs, buf)
-		metas = append(metas, metaOf("", t.Tensor))
+		metas = append(metas, metaOf("", t.Tensor, sum))
 	}
 	return bufs, metas, nil
 }
@@ -305,7 +308,7 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 
 // sendStream is Send over the fallback.
 func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
-	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats)
+	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats, c.opts.checksums)
 	if err != nil {
 		return err
 	}
@@ -316,7 +319,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor)}}, bufs, &c.stats); err != nil {
+	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -333,7 +336,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 
 // callStream is Call over the fallback.
 func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
-	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats)
+	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats, c.opts.checksums)
 	if err != nil {
 		return nil, err
 	}

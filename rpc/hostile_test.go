@@ -53,7 +53,7 @@ func TestSessionIsBoundToItsConnection(t *testing.T) {
 			}
 			_, err = thief.Fetch(ctx, &pb.FetchRequest{SessionId: victim, Key: "w", ClientRef: 1})
 			denied("Fetch", err)
-			_, err = thief.Send(ctx, &pb.SendRequest{SessionId: victim, Meta: metaOf("x", in.Tensor), InlineData: nil})
+			_, err = thief.Send(ctx, &pb.SendRequest{SessionId: victim, Meta: metaOf("x", in.Tensor, false), InlineData: nil})
 			denied("Send", err)
 			_, err = thief.Call(ctx, &pb.CallRequest{SessionId: victim, Method: "m"})
 			denied("Call", err)

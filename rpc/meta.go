@@ -9,14 +9,32 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// metaOf describes t under key.
-func metaOf(key string, t zerocopy.Tensor) *pb.TensorMeta {
-	return &pb.TensorMeta{
+// metaOf describes t under key, with its CRC32C when sum is set.
+func metaOf(key string, t zerocopy.Tensor, sum bool) *pb.TensorMeta {
+	m := &pb.TensorMeta{
 		Key:        key,
 		Dtype:      pb.DType(t.DType()),
 		Shape:      append([]int64(nil), t.Shape()...),
 		ByteLength: uint64(len(t.Bytes())),
 	}
+	if sum {
+		crc := zerocopy.Checksum(t.Bytes())
+		m.Crc32C = &crc
+	}
+	return m
+}
+
+// verifySum checks b against m's CRC32C, when m has one: every receiver
+// verifies a checksum the sender set (WithChecksums, or a foreign client),
+// on every path. A mismatch is DataLoss.
+func verifySum(m *pb.TensorMeta, b []byte) error {
+	if m.Crc32C == nil {
+		return nil
+	}
+	if got := zerocopy.Checksum(b); got != *m.Crc32C {
+		return status.Errorf(codes.DataLoss, "tensorrpc: tensor %q: CRC32C %#08x, the sender's is %#08x", m.Key, got, *m.Crc32C)
+	}
+	return nil
 }
 
 // checkMeta validates a tensor description from a peer, with the same

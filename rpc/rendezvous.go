@@ -64,8 +64,9 @@ func (r *rendezvous) publish(key string, e entry) error {
 }
 
 // fetch returns the entry under key with an extra buffer reference for the
-// caller. A key that is not published fails with errNotPublished, unless
-// wait: then fetch waits until it is published or ctx ends. With take, the
+// caller, once no Send of the key is under way. A key that is not
+// published fails with errNotPublished, unless wait: then fetch waits until
+// it is published or ctx ends. With take, the
 // entry is removed and the rendezvous's own reference passes to the caller.
 func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (entry, error) {
 	for {
@@ -74,7 +75,10 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 			r.mu.Unlock()
 			return entry{}, errClosed
 		}
-		if e, ok := r.entries[key]; ok {
+		// A Send of the key under way (its destination reserved, its bytes
+		// perhaps landed but not yet published) is waited for, so that a
+		// Fetch after a Send returned sees that Send, not an older entry.
+		if e, ok := r.entries[key]; ok && r.pending[key] == 0 {
 			if take {
 				delete(r.entries, key)
 			} else {

@@ -33,7 +33,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 // session has no data plane), else as a transfer the client reads. It takes
 // over buf's reference.
 func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
-	meta := metaOf(key, t)
+	meta := metaOf(key, t, s.opts.checksums)
 	n := len(t.Bytes())
 	if n <= s.opts.eagerThreshold || ss == nil || ss.link == nil {
 		if n > s.opts.eagerThreshold {
@@ -133,6 +133,9 @@ func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.S
 	n := int(req.Meta.ByteLength)
 	if len(req.InlineData) != n {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
+	}
+	if err := verifySum(req.Meta, req.InlineData); err != nil {
+		return nil, err
 	}
 	var c counters
 	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
@@ -273,6 +276,9 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 		if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
 			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
 		}
+		if err := verifySum(m, inline[i]); err != nil {
+			return nil, err
+		}
 		var c counters
 		buf, err := copyToPool(ctx, s.pool, inline[i], &c)
 		if err != nil {
@@ -309,6 +315,10 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	if t.meta.ByteLength != m.ByteLength || t.meta.Dtype != m.Dtype {
 		t.buf.Release()
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q does not match its transfer", m.Key)
+	}
+	if err := verifySum(m, t.buf.Bytes()); err != nil {
+		t.buf.Release()
+		return nil, err
 	}
 	return newPoolTensor(dtype, shape, t.buf)
 }

@@ -529,6 +529,14 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 		close(t.done)
 		return
 	}
+	if err := verifySum(t.meta, t.buf.Bytes()); err != nil {
+		// The sender's WriteImm has completed; it is not told. The key is
+		// not published (a Fetch of it finds nothing) and the data dropped.
+		s.log.Warn("tensorrpc: a sent tensor failed its checksum; not published", "session", ss.id, "err", err)
+		t.buf.Release()
+		t.unreserve()
+		return
+	}
 	dtype, shape := shapeOf(t.meta)
 	zt, _ := zerocopy.New(dtype, shape, t.buf.Bytes())
 	s.rv.publish(t.meta.Key, entry{tensor: zt, buf: t.buf})
