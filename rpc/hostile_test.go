@@ -3,6 +3,8 @@ package rpc
 import (
 	"context"
 	"io"
+
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 	"testing"
 	"time"
 
@@ -185,4 +187,57 @@ func TestArenasShrinkAfterSpike(t *testing.T) {
 	got.Release()
 	waitFor(t, "the pool to shrink", func() bool { return s.Pool().Stats().Reserved < grown-32<<20 })
 	t.Logf("server pool reserved: %d before, %d at the spike, %d after", before, grown, s.Pool().Stats().Reserved)
+}
+
+// TestDeadDataPlaneEndsSession: a request the server's data plane refuses
+// (a forged key) kills the queue pairs; both sides notice, the server ends
+// the session instead of handing out locations on a dead plane, and the
+// Client's next call opens a new session.
+func TestDeadDataPlaneEndsSession(t *testing.T) {
+	for _, tr := range []string{TransportTCP} { // shm: after verbs v2, whose shm sends both queue pairs to ERR
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			ctx := ctxT(t)
+			first := c.SessionID()
+			api := pb.NewTensorRPCClient(c.cc)
+			resp, err := api.Send(ctx, &pb.SendRequest{SessionId: first, Meta: metaOf("w", wrapped(t, 1<<20, 1).Tensor, false)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
+			defer src.Release()
+			l := currentLink(c)
+			local, _ := l.dev.reg.Local(src.buf)
+			dst := resp.Destination
+			if err := l.post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("forged write: %v, want PermissionDenied", err)
+			}
+			waitFor(t, "the server to end the session", func() bool {
+				for _, si := range s.Sessions() {
+					if si.ID == first {
+						return false
+					}
+				}
+				return true
+			})
+			if _, err := api.Fetch(ctx, &pb.FetchRequest{SessionId: first, Key: "w"}); status.Code(err) != codes.Unavailable {
+				t.Fatalf("a call on the dead session: %v, want Unavailable", err)
+			}
+			waitFor(t, "the client to notice", func() bool { return sessionGone(c) })
+			in := wrapped(t, 1<<20, 4)
+			var sendErr error
+			for range 100 { // the first attempt may race the old session's end
+				if sendErr = c.Send(ctx, "again", in); sendErr == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if sendErr != nil {
+				t.Fatal(sendErr)
+			}
+			if c.SessionID() == first || c.Transport() != tr {
+				t.Fatalf("after the dead plane: session %s (was %s) on %s", c.SessionID(), first, c.Transport())
+			}
+		})
+	}
 }

@@ -191,7 +191,12 @@ func (l *link) poll() {
 }
 
 func (l *link) complete(c verbs.Completion) {
-	if c.Status != verbs.StatusSuccess && c.Status != verbs.StatusFlushed {
+	// Any failure, a flushed Recv included, means the queue pair is in the
+	// error state: the peer refused one of our requests, or we refused one
+	// of its (the target's side sees only its Recvs flushed). Either way
+	// the plane is dead, and the session with it. (close marks the link
+	// failed before it flushes, so its own flushes change nothing.)
+	if c.Status != verbs.StatusSuccess {
 		l.fail(verbs.CompletionError(c))
 	}
 	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
