@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -39,7 +41,11 @@ type msgReceiver interface{ RecvMsg(m any) error }
 // sendChunks sends header, then the bytes of bufs back to back. The chunks
 // hold their own references to bufs until gRPC has written them; the
 // caller keeps its references.
-func sendChunks(s msgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters) error {
+//
+// With refs (the server's streams), the references are also counted in
+// refs, so that the handler can take them back when gRPC never frees them:
+// see chunkRefs.settle.
+func sendChunks(s msgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters, refs *chunkRefs) error {
 	if err := s.SendMsg(&chunkcodec.OutChunk{Header: header}); err != nil {
 		return err
 	}
@@ -48,7 +54,11 @@ func sendChunks(s msgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *
 		for off := 0; off < len(b); off += streamChunkSize {
 			piece := b[off:min(off+streamChunkSize, len(b))]
 			buf.Retain()
-			out := &chunkcodec.OutChunk{Data: mem.BufferSlice{chunkcodec.Wrap(piece, func() { buf.Release() })}}
+			release := func() { buf.Release() }
+			if refs != nil {
+				release = refs.add(buf)
+			}
+			out := &chunkcodec.OutChunk{Data: mem.BufferSlice{chunkcodec.Wrap(piece, release)}}
 			err := s.SendMsg(out)
 			out.Free()
 			if err != nil {
@@ -185,7 +195,9 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
-	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c)
+	refs := newChunkRefs()
+	defer refs.settle(ctx)
+	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c, refs)
 }
 
 // SendStream implements the SendStream method.
@@ -253,7 +265,9 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
-	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c)
+	refs := newChunkRefs()
+	defer refs.settle(stream.Context())
+	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
 }
 
 // poolBuffers returns pool buffer references and descriptions for ts.
@@ -319,7 +333,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats); err != nil {
+	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats, nil); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -348,7 +362,7 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (*
 		return nil, err
 	}
 	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
-	if err := sendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats); err != nil && !errors.Is(err, io.EOF) {
+	if err := sendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats, nil); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := stream.CloseSend(); err != nil {
@@ -368,4 +382,85 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (*
 		return nil, err
 	}
 	return reply, nil
+}
+
+// chunkRefs counts the buffer references a server stream handed to gRPC
+// inside zero-copy chunks. gRPC frees a chunk once it has written it; but
+// when a client's connection is torn down with frames still queued, grpc-go
+// frees only some of them, and the rest would pin pool memory for good.
+// The stream's handler therefore owns the references: settle waits for
+// gRPC to free them and takes back those it never will.
+type chunkRefs struct {
+	mu    sync.Mutex
+	live  map[*chunkRef]struct{}
+	empty chan struct{} // closed when live becomes empty, replaced on add
+}
+
+type chunkRef struct {
+	once sync.Once
+	buf  *mempool.Buffer
+}
+
+// settleGrace is how long settle waits, once the stream is dead, for gRPC
+// to finish a frame it may be writing before it takes the references back.
+const settleGrace = 200 * time.Millisecond
+
+func newChunkRefs() *chunkRefs {
+	e := make(chan struct{})
+	close(e)
+	return &chunkRefs{live: map[*chunkRef]struct{}{}, empty: e}
+}
+
+// add counts one reference to buf and returns the function that drops it,
+// once, whoever calls it first: gRPC or settle.
+func (r *chunkRefs) add(buf *mempool.Buffer) func() {
+	ref := &chunkRef{buf: buf}
+	r.mu.Lock()
+	if len(r.live) == 0 {
+		r.empty = make(chan struct{})
+	}
+	r.live[ref] = struct{}{}
+	r.mu.Unlock()
+	return func() { r.drop(ref) }
+}
+
+func (r *chunkRefs) drop(ref *chunkRef) {
+	ref.once.Do(func() {
+		r.mu.Lock()
+		delete(r.live, ref)
+		if len(r.live) == 0 {
+			close(r.empty)
+		}
+		r.mu.Unlock()
+		ref.buf.Release()
+	})
+}
+
+// settle returns once gRPC has freed every chunk (it has written them), or
+// the stream is dead (ctx done) and a grace period has passed; then it
+// drops the references gRPC still holds, since a dead stream's queued
+// frames are never written.
+func (r *chunkRefs) settle(ctx context.Context) {
+	r.mu.Lock()
+	empty := r.empty
+	r.mu.Unlock()
+	select {
+	case <-empty:
+		return
+	case <-ctx.Done():
+	}
+	select {
+	case <-empty:
+		return
+	case <-time.After(settleGrace):
+	}
+	r.mu.Lock()
+	left := make([]*chunkRef, 0, len(r.live))
+	for ref := range r.live {
+		left = append(left, ref)
+	}
+	r.mu.Unlock()
+	for _, ref := range left {
+		r.drop(ref)
+	}
 }

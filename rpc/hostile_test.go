@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
@@ -240,4 +241,36 @@ func TestDeadDataPlaneEndsSession(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCrashedFallbackClientLeaksNothing: 20 FetchStreams of a 16 MiB
+// tensor that the client never reads, then the client's connection drops
+// without cancelling them: the server frees every chunk it had queued.
+func TestCrashedFallbackClientLeaksNothing(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, stop := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
+	ctx := ctxT(t)
+	big, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Publish(ctx, "big", big)
+	big.Release()
+	published := s.Pool().Stats().InUse
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := pb.NewTensorRPCClient(cc)
+	for range 20 {
+		if _, err := api.FetchStream(context.Background(), &pb.FetchRequest{Key: "big"}, chunkcodec.CallOptions()...); err != nil { // zero-copy chunks, as our clients get
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the streams fill their flow-control windows
+	cc.Close()                         // the client "crashes": its connection goes, nothing is cancelled
+	s.Unpublish("big")
+	waitFor(t, "the server to free the streams' buffers", func() bool { return s.Pool().Stats().InUse == 0 })
+	t.Logf("published %d bytes; all freed", published)
+	stop()
 }
