@@ -31,6 +31,7 @@ type Client struct {
 	log     *slog.Logger
 	pool    *mempool.Pool
 	ownPool bool
+	ctl     *mempool.Pool // the links' own buffers
 	cc      *grpc.ClientConn
 	ownConn bool
 	api     pb.TensorRPCClient
@@ -106,8 +107,17 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	if c.ownPool {
 		c.stopTrim = trimmer(c.pool, o.trimInterval, c.log)
 	}
+	ctl, err := newControlPool()
+	if err != nil {
+		c.stopTrim()
+		if c.ownPool {
+			c.pool.Close()
+		}
+		return nil, fmt.Errorf("tensorrpc: making the control pool: %w", err)
+	}
+	c.ctl = ctl
 	var missing map[string]string
-	c.devices, missing = openDevices(&c.opts, c.pool, c.log)
+	c.devices, missing = openDevices(&c.opts, c.pool, c.ctl, c.log)
 	for _, name := range o.transports {
 		if reason, ok := missing[name]; ok {
 			c.missing = append(c.missing, newRejection(name, "client", reason))
@@ -442,6 +452,7 @@ func (c *Client) teardown() error {
 	for _, d := range c.devices {
 		d.close()
 	}
+	c.ctl.Close()
 	var err error
 	if c.ownConn {
 		c.cc.Close()

@@ -133,7 +133,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		if name == TransportGRPC || dev == nil {
 			continue
 		}
-		l, err := newLink(ctx, dev, c.pool, netip.Addr{}, verbs.RoleDial)
+		l, err := newLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
 		if err != nil {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue

@@ -107,6 +107,22 @@
 // reflects later writes by the server to that buffer (a published tensor is
 // not written by tensorrpc; do not write a tensor after publishing it).
 //
+// What a peer can make a Server hold is bounded. Destinations for a
+// session's Sends and Calls count against WithSessionQuota
+// (ResourceExhausted past it, for that session only); a destination left
+// unwritten longer than WithReservationTimeout ends its session; a
+// fallback stream that sends nothing for WithStreamIdleTimeout fails with
+// DeadlineExceeded; and the sessions' own data-plane buffers come from a
+// small control pool, so a full tensor pool never stops a new session from
+// opening. When a session ends, everything it held is freed except what
+// its Sends published: a published tensor belongs to the rendezvous, like
+// one the server published itself, until the next Send or Publish of its
+// key, Unpublish or Take. Pool arenas that stay empty are unmapped every
+// WithTrimInterval. A session belongs to the gRPC connection (and TLS
+// identity) that opened it: naming it from elsewhere is PermissionDenied.
+// GracefulStop ends calls waiting for a key with Unavailable and gives
+// calls under way at most WithGracefulStopTimeout.
+//
 // Writes are visible to later reads: once Send (or a Call) returns, any
 // later Fetch of that key, from any client, sees the tensor. A Fetch of a
 // key whose Send is under way waits for that Send instead of failing with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -213,12 +214,18 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	}
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := recvTensors(ctx, cs, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
+		ts, err := recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+		if err != nil {
+			return nil, err
+		}
+		if err := expectEnd(r); err != nil {
+			ts[0].Release()
+			return nil, err
+		}
+		return ts, nil
+	})
 	if err != nil {
-		return err
-	}
-	if err := expectEnd(cs); err != nil {
-		ts[0].Release()
 		return err
 	}
 	t := ts[0]
@@ -242,7 +249,9 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	}
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := recvTensors(ctx, cs, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
+		return recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+	})
 	if err != nil {
 		return err
 	}
@@ -463,4 +472,57 @@ func (r *chunkRefs) settle(ctx context.Context) {
 	for _, ref := range left {
 		r.drop(ref)
 	}
+}
+
+// receiveIdle runs receive, which reads a client's stream through the
+// receiver it is given, and fails the stream with DeadlineExceeded when
+// no message arrives for WithStreamIdleTimeout: a client that declares a
+// tensor and goes silent holds its memory only that long. When it gives
+// up, the handler returns; the stream's end then fails receive's pending
+// read, and receive frees what it allocated (or, if it finished just then,
+// its tensors are released here).
+func (s *Server) receiveIdle(r msgReceiver, receive func(msgReceiver) ([]*Tensor, error)) ([]*Tensor, error) {
+	if s.opts.streamIdle <= 0 {
+		return receive(r)
+	}
+	type result struct {
+		ts  []*Tensor
+		err error
+	}
+	w := &watchedReceiver{r: r}
+	w.last.Store(time.Now().UnixNano())
+	done := make(chan result, 1)
+	go func() {
+		ts, err := receive(w)
+		done <- result{ts, err}
+	}()
+	tick := time.NewTicker(max(s.opts.streamIdle/4, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case res := <-done:
+			return res.ts, res.err
+		case <-tick.C:
+			if time.Since(time.Unix(0, w.last.Load())) > s.opts.streamIdle {
+				go func() {
+					for _, t := range (<-done).ts {
+						t.Release()
+					}
+				}()
+				return nil, status.Errorf(codes.DeadlineExceeded, "tensorrpc: the stream sent nothing for %v (the server's rpc.WithStreamIdleTimeout)", s.opts.streamIdle)
+			}
+		}
+	}
+}
+
+// watchedReceiver records when its last message arrived.
+type watchedReceiver struct {
+	r    msgReceiver
+	last atomic.Int64
+}
+
+func (w *watchedReceiver) RecvMsg(m any) error {
+	err := w.r.RecvMsg(m)
+	w.last.Store(time.Now().UnixNano())
+	return err
 }

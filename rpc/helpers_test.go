@@ -167,6 +167,6 @@ func sessionGone(c *Client) bool {
 	return s == nil || s.err() != nil
 }
 
-// linkPoolBytes is what a session's data plane holds of its pool: the
-// receive buffer and the verifying-send buffer, 256 bytes each.
-const linkPoolBytes = 2 * 256
+// linkPoolBytes is what a session's data plane holds of its tensor pool:
+// nothing (its own buffers come from the control pool).
+const linkPoolBytes = 0

@@ -56,6 +56,19 @@ const DefaultGracefulStopTimeout = 10 * time.Second
 // pool arenas that stayed empty back to the system.
 const DefaultTrimInterval = 30 * time.Second
 
+// DefaultSessionQuota bounds the pool memory one session may hold in
+// destinations reserved for its Sends and Calls at once: 2 GiB, two
+// tensors of DefaultMaxTensorBytes.
+const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
+
+// DefaultReservationTimeout is how long a destination reserved for a
+// session may stay unwritten before the server ends the session.
+const DefaultReservationTimeout = time.Minute
+
+// DefaultStreamIdleTimeout is how long a client's fallback stream may send
+// nothing while the server waits for its tensor bytes.
+const DefaultStreamIdleTimeout = 30 * time.Second
+
 // options holds the settings of a Server or a Client. Each field's default
 // is set in defaultOptions, nowhere else.
 type options struct {
@@ -77,6 +90,9 @@ type options struct {
 	gracefulStop   time.Duration
 	trimInterval   time.Duration
 	checksums      bool
+	sessionQuota   int64
+	reserveTimeout time.Duration
+	streamIdle     time.Duration
 }
 
 func defaultOptions() options {
@@ -91,6 +107,9 @@ func defaultOptions() options {
 		backoff:        backoff.DefaultConfig,
 		gracefulStop:   DefaultGracefulStopTimeout,
 		trimInterval:   DefaultTrimInterval,
+		sessionQuota:   DefaultSessionQuota,
+		reserveTimeout: DefaultReservationTimeout,
+		streamIdle:     DefaultStreamIdleTimeout,
 	}
 }
 
@@ -223,6 +242,31 @@ func WithTrimInterval(d time.Duration) Option {
 // about 25 GB/s here), and TCP and the RDMA link layer already check what
 // they carry.
 func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.checksums = on }) }
+
+// WithSessionQuota bounds the pool memory one session may hold in
+// destinations reserved for its Sends and Calls (default
+// DefaultSessionQuota). A request past it fails with ResourceExhausted for
+// that session only; other sessions are not affected.
+func WithSessionQuota(bytes int64) ServerOption {
+	return serverOption(func(o *options) { o.sessionQuota = bytes })
+}
+
+// WithReservationTimeout sets how long a destination the server reserved
+// for a session's Send or Call may stay unwritten (default
+// DefaultReservationTimeout). A session that leaves one longer is ended and
+// its memory freed, so a client that reserves and goes silent holds memory
+// only that long. 0 disables the check.
+func WithReservationTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.reserveTimeout = d })
+}
+
+// WithStreamIdleTimeout sets how long a client's SendStream or CallStream
+// may send nothing while the server waits for its tensors' bytes (default
+// DefaultStreamIdleTimeout); the stream then fails with DeadlineExceeded
+// and its memory is freed. 0 waits as long as the stream lives.
+func WithStreamIdleTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.streamIdle = d })
+}
 
 // WithTransportCredentials sets the credentials of the gRPC connection that
 // Dial makes: TLS credentials, or insecure.NewCredentials() for plaintext.

@@ -27,9 +27,12 @@ type device struct {
 	name string
 	pd   verbs.ProtectionDomain
 	reg  *verbs.PoolRegistration
+	// ctl is the control pool's registration: the links' own small
+	// buffers, local access only.
+	ctl *verbs.PoolRegistration
 }
 
-func openDevice(p verbs.Provider, pool *mempool.Pool) (*device, error) {
+func openDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*device, error) {
 	if _, err := p.Devices(); err != nil {
 		return nil, err
 	}
@@ -42,12 +45,29 @@ func openDevice(p verbs.Provider, pool *mempool.Pool) (*device, error) {
 		pd.Close()
 		return nil, err
 	}
-	return &device{name: p.Name(), pd: pd, reg: reg}, nil
+	ctlReg, err := verbs.RegisterPool(pd, ctl, verbs.AccessLocalWrite)
+	if err != nil {
+		reg.Close()
+		pd.Close()
+		return nil, err
+	}
+	return &device{name: p.Name(), pd: pd, reg: reg, ctl: ctlReg}, nil
 }
 
 func (d *device) close() {
+	d.ctl.Close()
 	d.reg.Close()
 	d.pd.Close()
+}
+
+// newControlPool makes the pool of the links' own buffers (receive and
+// verifying-send buffers, 512 bytes a session). It is separate from the
+// tensor pool so that a full tensor pool (a peer hoarding memory) never
+// stops new sessions from opening, and it is registered for local access
+// only.
+func newControlPool() (*mempool.Pool, error) {
+	return mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc-control"),
+		mempool.WithArenaSize(1<<20), mempool.WithLimit(64<<20), mempool.WithPinning(false))
 }
 
 // Depths of a link's queues. recvDepth Recvs stay posted for incoming
@@ -98,7 +118,7 @@ const verifyBytes = 64
 // session's gRPC connection (zero when unknown) and role who opens the data
 // connection: the server accepts, the client dials, so a server never
 // connects to an address a client named.
-func newLink(ctx context.Context, dev *device, pool *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*link, error) {
+func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*link, error) {
 	cq, err := dev.pd.NewCompletionQueue(2 * (recvDepth + sendDepth))
 	if err != nil {
 		return nil, err
@@ -108,13 +128,13 @@ func newLink(ctx context.Context, dev *device, pool *mempool.Pool, local netip.A
 		cq.Close()
 		return nil, err
 	}
-	recv, err := pool.Alloc(ctx, verifyBytes)
+	recv, err := ctl.Alloc(ctx, verifyBytes)
 	if err != nil {
 		qp.Close()
 		cq.Close()
 		return nil, err
 	}
-	out, err := pool.Alloc(ctx, verifyBytes)
+	out, err := ctl.Alloc(ctx, verifyBytes)
 	if err != nil {
 		recv.Release()
 		qp.Close()
@@ -131,7 +151,7 @@ func (l *link) sendVerify(ctx context.Context, msg []byte) error {
 		return fmt.Errorf("verifying message of %d bytes", len(msg))
 	}
 	copy(l.out.Bytes(), msg)
-	local, err := l.dev.reg.Local(l.out)
+	local, err := l.dev.ctl.Local(l.out)
 	if err != nil {
 		return err
 	}
@@ -169,7 +189,7 @@ func (l *link) connect(ctx context.Context, remote []byte, onRecv func(verbs.Com
 }
 
 func (l *link) postRecv() error {
-	local, err := l.dev.reg.Local(l.recv)
+	local, err := l.dev.ctl.Local(l.recv)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,7 @@ type Server struct {
 	log     *slog.Logger
 	pool    *mempool.Pool
 	ownPool bool
+	ctl     *mempool.Pool // the links' own buffers
 	grpc    *grpc.Server
 	rv      *rendezvous
 	devices map[string]*device
@@ -84,7 +85,16 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if s.ownPool {
 		s.stopTrim = trimmer(s.pool, o.trimInterval, s.log)
 	}
-	s.devices, s.missing = openDevices(&s.opts, s.pool, s.log)
+	ctl, err := newControlPool()
+	if err != nil {
+		s.stopTrim()
+		if s.ownPool {
+			s.pool.Close()
+		}
+		return nil, fmt.Errorf("tensorrpc: making the control pool: %w", err)
+	}
+	s.ctl = ctl
+	s.devices, s.missing = openDevices(&s.opts, s.pool, s.ctl, s.log)
 	// The receive limit first, so that WithGRPCServerOptions can change
 	// it: tensorrpc.proto promises Chunks of up to MaxChunkBytes.
 	gopts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgBytes)}, o.grpcServerOpts...)
@@ -308,6 +318,9 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	for _, d := range devices {
 		d.close()
+	}
+	if s.ctl != nil {
+		s.ctl.Close()
 	}
 	s.stopTrim()
 	if s.ownPool {

@@ -105,17 +105,23 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 	if ss == nil || ss.link == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes needs inline data or a data plane", req.Meta.Key, n)
 	}
+	if err := ss.charge(int64(n), s.opts.sessionQuota); err != nil {
+		return nil, err
+	}
 	buf, err := allocBuffer(ctx, s.pool, n)
 	if err != nil {
+		ss.refund(int64(n))
 		return nil, err
 	}
 	remote, err := ss.link.dev.reg.Remote(buf)
 	if err != nil {
+		ss.refund(int64(n))
 		buf.Release()
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv}
+	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n)}
 	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
+		ss.refund(int64(n))
 		buf.Release()
 		return nil, err
 	}

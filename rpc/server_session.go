@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -38,6 +39,37 @@ type serverSession struct {
 	order     []uint64            // released refs, oldest first, to bound the set
 	next      uint64
 	closed    bool
+	reserved  int64 // bytes of destinations charged to the session
+}
+
+// charge counts n bytes of a new destination against the session's quota.
+func (ss *serverSession) charge(n, quota int64) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.reserved+n > quota {
+		return status.Errorf(codes.ResourceExhausted, "tensorrpc: session quota: %d bytes reserved, %d more would pass the session's quota of %d (the server's rpc.WithSessionQuota raises it)", ss.reserved, n, quota)
+	}
+	ss.reserved += n
+	return nil
+}
+
+func (ss *serverSession) refund(n int64) {
+	ss.mu.Lock()
+	ss.reserved -= n
+	ss.mu.Unlock()
+}
+
+// staleReservation reports a destination that has stayed unwritten for
+// longer than timeout.
+func (ss *serverSession) staleReservation(timeout time.Duration) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, t := range ss.byImm {
+		if time.Since(t.created) > timeout {
+			return true
+		}
+	}
+	return false
 }
 
 // maxReleasedRefs bounds how many released client_refs a session
@@ -61,6 +93,10 @@ type transfer struct {
 	// reserved in until it lands or goes; landed is set once it landed.
 	rv     *rendezvous
 	landed bool
+	// charged is what the transfer counts against the session's quota;
+	// created is when it was made.
+	charged int64
+	created time.Time
 }
 
 // unreserve ends a rendezvous destination's reservation, if it has one.
@@ -88,6 +124,7 @@ func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error
 	}
 	ss.next++
 	t.id = ss.next
+	t.created = time.Now()
 	t.imm = uint32(t.id)
 	t.ref = ref
 	ss.transfers[t.id] = t
@@ -118,6 +155,8 @@ func (ss *serverSession) removeLocked(id uint64) *transfer {
 		return nil
 	}
 	delete(ss.transfers, id)
+	ss.reserved -= t.charged
+	t.charged = 0
 	if t.dest {
 		delete(ss.byImm, t.imm)
 		if !t.landed {
@@ -257,7 +296,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 				reason = "unknown transport"
 			}
 		default:
-			l, err := newLink(ctx, s.devices[name], s.pool, local, verbs.RoleAccept)
+			l, err := newLink(ctx, s.devices[name], s.ctl, local, verbs.RoleAccept)
 			if err != nil {
 				reason = err.Error()
 				break
@@ -340,15 +379,31 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		dead = ss.link.dead
 	}
 	var result error
+	var stale <-chan time.Time
+	if s.opts.reserveTimeout > 0 {
+		tick := time.NewTicker(max(s.opts.reserveTimeout/4, time.Millisecond))
+		defer tick.Stop()
+		stale = tick.C
+	}
 wait:
 	for {
 		select {
+		case <-stale:
+			if ss.staleReservation(s.opts.reserveTimeout) {
+				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a destination reserved for the session stayed unwritten for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
+				s.log.Info("tensorrpc: ending a session that holds unwritten destinations", "session", ss.id, "timeout", s.opts.reserveTimeout)
+				break wait
+			}
 		case _, ok := <-in:
 			if !ok {
 				break wait
 			}
 			// Nothing is expected from the client once the session is open.
 		case <-dead:
+			// Let the error reach the peer over the data plane first (its
+			// request fails with the precise status, e.g. a remote access
+			// error, rather than with the session's end).
+			time.Sleep(deadPlaneLinger)
 			result = unavailable(ss.link.failure)
 			break wait
 		case <-s.drain:
@@ -366,6 +421,9 @@ wait:
 	s.log.Info("tensorrpc: session closed", "session", ss.id, "reason", result)
 	return result
 }
+
+// deadPlaneLinger is how long a session outlives its dead data plane.
+const deadPlaneLinger = 100 * time.Millisecond
 
 // candidate is a data plane the client offered and the server can use,
 // with the server's queue pair for it.

@@ -79,7 +79,7 @@ func rejectionFix(transport, reason string) string {
 
 // openDevices opens the device of every enabled verbs data plane. It
 // returns the opened devices and, for each that did not open, the reason.
-func openDevices(o *options, pool *mempool.Pool, log *slog.Logger) (map[string]*device, map[string]string) {
+func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*device, map[string]string) {
 	devices := map[string]*device{}
 	missing := map[string]string{}
 	for _, name := range o.transports {
@@ -97,7 +97,7 @@ func openDevices(o *options, pool *mempool.Pool, log *slog.Logger) (map[string]*
 			missing[name] = "unknown transport"
 			continue
 		}
-		d, err := openDevice(p, pool)
+		d, err := openDevice(p, pool, ctl)
 		if err != nil {
 			missing[name] = err.Error()
 			log.Info("tensorrpc: data plane unavailable", "transport", name, "reason", err)
