@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"io"
+	"net"
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -18,6 +19,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
 // rawConn is a plain gRPC connection to addr, as an attacker's client
@@ -356,4 +359,75 @@ func TestSilentStreamIsDropped(t *testing.T) {
 		t.Fatalf("silent stream: %v, want DeadlineExceeded", err)
 	}
 	waitFor(t, "the silent stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
+}
+
+// TestServerNeverDialsClientAddresses: a client's tcp offer names another
+// host:port (and, as a RoleAny queue pair with the larger secret would
+// have, asks to be dialled): the server only accepts, so nothing ever
+// connects to that address, and the server's reasons name no address of
+// its own network view.
+func TestServerNeverDialsClientAddresses(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	victim, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	dialled := make(chan struct{}, 1)
+	go func() {
+		if c, err := victim.Accept(); err == nil {
+			c.Close()
+			dialled <- struct{}{}
+		}
+	}()
+	_, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithConnectTimeout(500*time.Millisecond))
+	// A queue pair that advertises the victim's address.
+	pd, err := tcp.New(tcp.WithAdvertiseAddress(victim.Addr().String())).Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	cq, _ := pd.NewCompletionQueue(64)
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	st, err := rawConn(t, addr).Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
+		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: qp.LocalInfo()}},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil { // handshake
+		t.Fatal(err)
+	}
+	choice, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if choice.GetChoice().GetTransport() != pb.Transport_TRANSPORT_TCP {
+		t.Fatalf("server chose %v", choice.GetChoice())
+	}
+	// We never connect; the server's attempt times out and it reports.
+	res, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.GetConnectResult()
+	if r == nil || r.Ok {
+		t.Fatalf("server's connect result: %v", res)
+	}
+	if strings.Contains(r.Error, victim.Addr().String()) {
+		t.Errorf("the server's reason echoes the address: %q", r.Error)
+	}
+	select {
+	case <-dialled:
+		t.Fatal("the server dialled the address the client named")
+	case <-time.After(200 * time.Millisecond):
+	}
+	st.CloseSend()
 }
