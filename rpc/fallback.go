@@ -41,11 +41,9 @@ type msgReceiver interface{ RecvMsg(m any) error }
 
 // sendChunks sends header, then the bytes of bufs back to back. The chunks
 // hold their own references to bufs until gRPC has written them; the
-// caller keeps its references.
-//
-// With refs (the server's streams), the references are also counted in
-// refs, so that the handler can take them back when gRPC never frees them:
-// see chunkRefs.settle.
+// caller keeps its references. With refs, the references are also counted
+// there, so that the stream's owner can take back those gRPC never frees
+// (see chunkRefs.settle).
 func sendChunks(s msgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters, refs *chunkRefs) error {
 	if err := s.SendMsg(&chunkcodec.OutChunk{Header: header}); err != nil {
 		return err
@@ -183,6 +181,8 @@ func expectEnd(r msgReceiver) error {
 
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
+	s.streams.Add(1)
+	defer s.streams.Done()
 	ctx := stream.Context()
 	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
@@ -203,6 +203,8 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 
 // SendStream implements the SendStream method.
 func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
+	s.streams.Add(1)
+	defer s.streams.Done()
 	ctx := stream.Context()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
@@ -237,6 +239,8 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 
 // CallStream implements the CallStream method.
 func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk]) error {
+	s.streams.Add(1)
+	defer s.streams.Done()
 	ctx := stream.Context()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
@@ -337,12 +341,14 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	}
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)
+	refs := newChunkRefs()
+	defer refs.settle(ctx) // after cancel: takes back what a dead connection never freed
 	defer cancel()
 	stream, err := c.api.SendStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return err
 	}
-	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats, nil); err != nil {
+	if err := sendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats, refs); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -365,13 +371,15 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (*
 	}
 	defer releaseAll(bufs)
 	ctx, cancel := context.WithCancel(ctx)
+	refs := newChunkRefs()
+	defer refs.settle(ctx) // after cancel: takes back what a dead connection never freed
 	defer cancel()
 	stream, err := c.api.CallStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
-	if err := sendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats, nil); err != nil && !errors.Is(err, io.EOF) {
+	if err := sendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats, refs); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := stream.CloseSend(); err != nil {
@@ -393,12 +401,13 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (*
 	return reply, nil
 }
 
-// chunkRefs counts the buffer references a server stream handed to gRPC
-// inside zero-copy chunks. gRPC frees a chunk once it has written it; but
-// when a client's connection is torn down with frames still queued, grpc-go
+// chunkRefs counts the buffer references a stream handed to gRPC inside
+// zero-copy chunks. gRPC frees a chunk once it has written it; but when a
+// connection is torn down with frames queued or half written, grpc-go
 // frees only some of them, and the rest would pin pool memory for good.
-// The stream's handler therefore owns the references: settle waits for
-// gRPC to free them and takes back those it never will.
+// The stream's owner (a server handler, or a client call) therefore owns
+// the references: settle waits for gRPC to free them and takes back those
+// it never will.
 type chunkRefs struct {
 	mu    sync.Mutex
 	live  map[*chunkRef]struct{}

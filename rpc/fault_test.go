@@ -79,14 +79,14 @@ import (
 
 var (
 	faultSeed      = flag.Uint64("fault.seed", 0, "seed of the fault suite's schedule (0: from the clock)")
-	faultKills     = flag.Int("fault.kills", 16, "peer kills per combination")
+	faultKills     = flag.Int("fault.kills", 25, "peer kills per combination")
 	faultTransfers = flag.Int("fault.transfers", 100, "at least this many completed transfers per combination")
 )
 
 const (
 	faultCallTimeout = 10 * time.Second // every call's deadline
 	faultGrace       = 5 * time.Second  // past the deadline, a call counts as hung
-	faultSettle      = 15 * time.Second // bound of the polls for pools and sessions
+	faultSettle      = 5 * time.Second  // bound of the polls for pools and sessions
 	faultWorkers     = 2                // concurrent transfers of a surviving client
 	faultMaxDelay    = 40 * time.Millisecond
 	faultSrcSeed     = 50  // Send and Call move fill(…, faultSrcSeed+i)
@@ -470,6 +470,8 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 		}
 	}
 	allocSources()
+	t.Cleanup(func() { c.Close() }) // when the test stops early; Close is idempotent
+	var leakedBytes int64
 	sizes := rand.New(rand.NewPCG(sched.Uint64(), 2)) // apart from the schedule, which stays reproducible
 	var sizeMu sync.Mutex
 	size := func() int {
@@ -573,12 +575,13 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 		// A call after the kill, before the restart, fails too.
 		r.faultCode(t, op+" after the kill", cmp.Or(faultOp(c, op, size(), srcs[0]), errors.New("succeeded with the server dead")))
 		releaseSources()
-		if leaked := poolSettles(t, fmt.Sprintf("client pool (kill %d, %s)", r.kills, phaseNames[phase]), stats, 0, 0); leaked > 0 {
+		if leaked := poolSettles(t, fmt.Sprintf("client pool (kill %d, %s)", r.kills, phaseNames[phase]), stats, leakedBytes, r.leakedBuffers); leaked > 0 {
+			// Go on, counting: what leaked stays in the pool.
 			r.leakedBuffers += leaked
-			t.FailNow()
+			leakedBytes, _ = stats()
 		}
 		allocSources()
-		if t.Failed() {
+		if t.Failed() && r.leakedBuffers == 0 {
 			t.FailNow()
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -14,6 +15,10 @@ import (
 type entry struct {
 	tensor zerocopy.Tensor
 	buf    *mempool.Buffer
+	// seq orders the Sends and Publishes of a key by when the server took
+	// them in (0: at publish), so that a data-plane Send whose bytes land
+	// after a later inline Send of the same key does not replace it.
+	seq uint64
 }
 
 // errNotPublished is a fetch of a key that is not published, without
@@ -34,7 +39,11 @@ type rendezvous struct {
 	// stopping is closed when the server stops: waiting fetches give up.
 	stopping chan struct{}
 	stopOnce sync.Once
+	lastSeq  atomic.Uint64
 }
+
+// nextSeq numbers a Send or Publish as the server takes it in.
+func (r *rendezvous) nextSeq() uint64 { return r.lastSeq.Add(1) }
 
 func newRendezvous() *rendezvous {
 	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), pending: make(map[string]int), stopping: make(chan struct{})}
@@ -49,7 +58,16 @@ func (r *rendezvous) publish(key string, e entry) error {
 		e.buf.Release()
 		return errClosed
 	}
+	if e.seq == 0 {
+		e.seq = r.nextSeq()
+	}
 	old, had := r.entries[key]
+	if had && old.seq > e.seq {
+		// A later Send or Publish of the key is already in place.
+		r.mu.Unlock()
+		e.buf.Release()
+		return nil
+	}
 	r.entries[key] = e
 	ws := r.waiters[key]
 	delete(r.waiters, key)

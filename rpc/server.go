@@ -62,6 +62,7 @@ type Server struct {
 	stopping bool
 	drain    chan struct{}  // closed when sessions must end
 	active   sync.WaitGroup // running Session handlers
+	streams  sync.WaitGroup // running fallback stream handlers
 	total    Stats          // of ended sessions
 
 	stopTrim func() // ends the pool's trimmer
@@ -303,7 +304,8 @@ func (s *Server) endSessions() {
 // application did not release).
 func (s *Server) Close() error {
 	s.endSessions()
-	s.active.Wait() // handlers release their sessions on the way out
+	s.active.Wait()  // handlers release their sessions on the way out
+	s.streams.Wait() // stream handlers take back their chunks on the way out
 	s.mu.Lock()
 	sessions := s.sessions
 	s.sessions = map[string]*serverSession{}

@@ -119,7 +119,7 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		buf.Release()
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n)}
+	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n), seq: s.rv.nextSeq()}
 	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
 		ss.refund(int64(n))
 		buf.Release()

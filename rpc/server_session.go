@@ -97,6 +97,7 @@ type transfer struct {
 	// created is when it was made.
 	charged int64
 	created time.Time
+	seq     uint64 // the Send's place in its key's order (rendezvous.nextSeq)
 }
 
 // unreserve ends a rendezvous destination's reservation, if it has one.
@@ -597,7 +598,7 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	}
 	dtype, shape := shapeOf(t.meta)
 	zt, _ := zerocopy.New(dtype, shape, t.buf.Bytes())
-	s.rv.publish(t.meta.Key, entry{tensor: zt, buf: t.buf})
+	s.rv.publish(t.meta.Key, entry{tensor: zt, buf: t.buf, seq: t.seq})
 	t.unreserve()
 }
 

@@ -23,6 +23,7 @@ const usageText = `usage: tensorrpc <command> [flags]
 
 commands:
   doctor [-json]   report what this host can use, and why not
+  soak [flags]     move verified tensors over loopback for a while (-h for flags)
 `
 
 // runMain runs the command line args and returns the exit status.
@@ -34,6 +35,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "doctor":
 		return doctorMain(args[1:], stdout, stderr)
+	case "soak":
+		return soakMain(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return 0
