@@ -114,6 +114,17 @@ func (p *Pool) alloc(ctx context.Context, n int, wait bool) (*Buffer, error) {
 			p.mu.Unlock()
 			return b, nil
 		}
+		if p.pending >= int64(size) && wait {
+			// Another allocation is mapping an arena this one fits in:
+			// wait for it instead of mapping one more, so a burst of
+			// concurrent allocations shares one new arena rather than
+			// growing the pool once each.
+			if err := p.waitLocked(ctx); err != nil {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("mempool: alloc %d bytes: %w", n, err)
+			}
+			continue
+		}
 		if arenaSize, retired, ok := p.planGrowthLocked(size); ok {
 			p.mu.Unlock()
 			if err := p.grow(arenaSize, retired); err != nil {
