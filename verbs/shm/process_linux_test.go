@@ -100,7 +100,7 @@ func child(mode string) error {
 	if err != nil {
 		return err
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
 	if err != nil {
 		return err
 	}
@@ -195,7 +195,7 @@ func newParentSide(t *testing.T) *parentSide {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func newEnd(t testing.TB, p verbs.Provider, size int, access verbs.Access) *end 
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 32, MaxRecv: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
