@@ -48,6 +48,7 @@ type queuePair struct {
 	// the queue pair fails.
 	inflightStatus verbs.Status
 	inflightErr    error
+	errReported    bool // a send completion in ERR carried the failure
 
 	sq []*sendWR // sq[0] is executing when the sender set executing
 	// executing is set while a request runs, either sq[0] in the sender
@@ -406,7 +407,17 @@ func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
 	return acks
 }
 
+//
+// The caller holds qp.mu. In ERR, the first send completion that is not a
+// success carries the failure (the transport error when the peer went
+// away); every later one is flushed.
 func (qp *queuePair) completeSend(c verbs.Completion, unsignaled bool) {
+	if qp.state == verbs.QPError && c.Status != verbs.StatusSuccess {
+		if !qp.errReported && c.Status == verbs.StatusFlushed {
+			c.Status = qp.inflightStatus
+		}
+		qp.errReported = true
+	}
 	if e, ok := qp.sendQ.Complete(c, unsignaled); ok {
 		qp.sendCQ.Push(e)
 	}
