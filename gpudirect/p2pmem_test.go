@@ -130,7 +130,8 @@ func (pd *recordingPD) NewCompletionQueue(int) (verbs.CompletionQueue, error) {
 func (pd *recordingPD) NewQueuePair(verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	return nil, verbs.ErrUnsupported
 }
-func (pd *recordingPD) Close() error { return nil }
+func (pd *recordingPD) Close() error                 { return nil }
+func (pd *recordingPD) Attributes() verbs.Attributes { return verbs.Attributes{} }
 
 func (r recordedRegion) Addr() uint64         { return 0 }
 func (r recordedRegion) Len() int             { return len(r.m.Bytes) }

@@ -91,20 +91,21 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 	if lease {
 		if m, ok := s.link.qp.(verbs.RemoteMapper); ok {
-			view, err := m.MapRemote(remote, n)
+			mapping, err := m.MapRemote(remote, n)
 			if err != nil {
 				c.releaseTransfer(s, transferID)
 				return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: leasing tensor %q: %v", meta.Key, err)
 			}
-			zt, err := zerocopy.New(dtype, shape, view)
+			zt, err := zerocopy.New(dtype, shape, mapping.Bytes())
 			if err != nil {
+				mapping.Release()
 				c.releaseTransfer(s, transferID)
 				return nil, status.Error(codes.InvalidArgument, err.Error())
 			}
 			c.stats.transfers.Add(1)
 			c.stats.leases.Add(1)
 			c.stats.dataPlaneBytes.Add(int64(n))
-			return &Tensor{Tensor: zt, lease: true, release: func() { c.releaseTransfer(s, transferID) }}, nil
+			return &Tensor{Tensor: zt, lease: true, mapping: mapping, release: func() { c.releaseTransfer(s, transferID) }}, nil
 		}
 	}
 	buf, err := allocBuffer(ctx, c.pool, n)

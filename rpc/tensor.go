@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -17,7 +18,8 @@ import (
 type Tensor struct {
 	zerocopy.Tensor
 	buf      *mempool.Buffer // pool memory, or nil for a lease
-	release  func()          // runs once, after buf is released
+	mapping  verbs.Mapping   // a lease's mapping of the peer's memory
+	release  func()          // runs once, after buf or mapping is released
 	released atomic.Bool
 	lease    bool
 }
@@ -31,6 +33,9 @@ func (t *Tensor) Release() {
 	if t.buf != nil {
 		t.buf.Release() // cannot fail: t held exactly one reference
 	}
+	if t.mapping != nil {
+		t.mapping.Release() // unmaps it unless another lease shares the pages
+	}
 	if t.release != nil {
 		t.release()
 	}
@@ -38,7 +43,7 @@ func (t *Tensor) Release() {
 
 // Leased reports whether the tensor is a zero-copy shared-memory lease of
 // the peer's memory rather than a copy in the local pool. A leased tensor
-// must be treated as read-only.
+// is read-only: writing its bytes faults.
 func (t *Tensor) Leased() bool { return t.lease }
 
 // newPoolTensor makes a Tensor over buf, which it takes over (buf's

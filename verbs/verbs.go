@@ -1,16 +1,5 @@
-// Package verbs expresses every tensorrpc data plane as one-sided RDMA
-// semantics: protection domains, registered memory regions with remote keys,
-// reliable connected queue pairs, work requests (Send, Recv, Write, WriteImm,
-// Read) and completion queues.
-//
-// The tensor protocols in package rpc are written once against these
-// interfaces and run unchanged on every provider:
-//
-//   - ibv: libibverbs through cgo (build tag rdma), real RDMA NICs;
-//   - shm: the same host, memfd regions shared over a unix socket;
-//   - tcp: any host, a software reliable-connected queue pair over TCP.
-//
-// Each provider lives in its own sub-package and implements Provider.
+// See doc.go for the package documentation and the contract every provider
+// follows.
 package verbs
 
 import (
@@ -112,9 +101,78 @@ type ProtectionDomain interface {
 	NewCompletionQueue(capacity int) (CompletionQueue, error)
 	// NewQueuePair makes an unconnected reliable-connected queue pair.
 	NewQueuePair(cfg QueuePairConfig) (QueuePair, error)
+	// Attributes says what the device supports. Code above the provider
+	// reads limits here instead of assuming them.
+	Attributes() Attributes
 	// Close releases the domain. Regions, queue pairs and completion queues
 	// should be closed first; Close closes any that are left.
 	Close() error
+}
+
+// Attributes are a device's capabilities and limits, as ibv_query_device
+// reports them for a NIC; the software providers report what they really
+// support.
+type Attributes struct {
+	// MaxMessageBytes is the largest total length of one work request (the
+	// sum of its segments).
+	MaxMessageBytes int64
+	// MaxSegments is the most local segments one work request may have
+	// (at least 4 on every provider).
+	MaxSegments int
+	// MaxInline is the largest Send or Write payload a work request may
+	// carry inline (0: no inline data).
+	MaxInline int
+	// MaxOutstandingReads is how many Reads one queue pair may have under
+	// way as initiator; later Reads wait their turn, in order.
+	MaxOutstandingReads int
+	// MaxQueueDepth is the largest MaxSend or MaxRecv of a queue pair.
+	MaxQueueDepth int
+	// Grants says how QueuePair.Grant narrows remote access.
+	Grants GrantKind
+}
+
+// GrantKind is how a provider implements grants.
+type GrantKind uint8
+
+const (
+	// GrantSoftware: the provider checks every remote access against its
+	// grants (tcp, shm).
+	GrantSoftware GrantKind = iota + 1
+	// GrantWindow: a type-2 memory window bound to the queue pair (ibv).
+	GrantWindow
+	// GrantRegistration: a registration per grant, for devices without
+	// memory windows (ibv); it cannot be bound to one queue pair, so the
+	// key is valid for any queue pair of the protection domain.
+	GrantRegistration
+)
+
+func (k GrantKind) String() string {
+	switch k {
+	case GrantSoftware:
+		return "software"
+	case GrantWindow:
+		return "memory-window"
+	case GrantRegistration:
+		return "registration"
+	}
+	return fmt.Sprintf("GrantKind(%d)", uint8(k))
+}
+
+// Grant is a narrow remote key: it opens one range of one region, with one
+// right (AccessRemoteRead or AccessRemoteWrite), to the peer of one queue
+// pair, until it is revoked. Any other use of its key (another queue pair,
+// the other right, a byte outside the range, after Revoke) fails with
+// StatusRemoteAccess and touches no memory. It is safe for concurrent use.
+type Grant interface {
+	// Remote names the first granted byte for the peer's work requests.
+	Remote() Remote
+	// Len is the number of granted bytes.
+	Len() int
+	// Access is the granted right.
+	Access() Access
+	// Revoke ends the grant: remote accesses that start after it returns
+	// fail. It is idempotent.
+	Revoke() error
 }
 
 // MemoryRegion is registered memory. Peers name it by RemoteKey and an
@@ -214,12 +272,19 @@ type QueuePair interface {
 	// honours QueuePairConfig.Role fails with an error wrapping
 	// ErrInvalidInfo when both sides are RoleDial or both RoleAccept.
 	Connect(ctx context.Context, remote []byte) error
-	// PostSend posts Send, Write, WriteImm and Read work requests, in order.
-	// An error means none of the requests from the failing one on were
-	// posted (no completion will come for them).
+	// PostSend posts Send, Write, WriteImm and Read work requests, in order,
+	// all or none: every request is checked first (opcode, segments against
+	// their regions and rights, limits, queue room) and an error means none
+	// was posted and no completion will come for any of them.
 	PostSend(wrs ...SendRequest) error
-	// PostRecv posts receive buffers for incoming Sends and WriteImms.
+	// PostRecv posts receive buffers for incoming Sends and WriteImms,
+	// all or none, as PostSend.
 	PostRecv(wrs ...RecvRequest) error
+	// Grant opens length bytes at offset of region (a region of this
+	// queue pair's domain) to this queue pair's peer, with exactly one
+	// right: AccessRemoteRead or AccessRemoteWrite. It fails with an error
+	// wrapping ErrInvalidMemory for a bad range, right or region.
+	Grant(region MemoryRegion, offset, length int, access Access) (Grant, error)
 	// State is the queue pair's state.
 	State() QPState
 	// Close moves the queue pair to the error state, completes all
@@ -228,15 +293,25 @@ type QueuePair interface {
 }
 
 // RemoteMapper is implemented by queue pairs whose peer's registered
-// memory is mapped into this process (shm). It lets a consumer use a
+// memory can be mapped into this process (shm). It lets a consumer use a
 // peer's tensor in place, with no copy.
 type RemoteMapper interface {
-	// MapRemote returns length bytes of the peer's memory at remote, after
+	// MapRemote maps length bytes of the peer's memory at remote, after
 	// checking the key, the bounds and the remote-read right as a Read
-	// would. The bytes are the peer's memory: they change when the peer
-	// writes them, must not be written, and stay valid until the queue
-	// pair is closed.
-	MapRemote(remote Remote, length int) ([]byte, error)
+	// would. The mapping is read-only (writing it faults) and stays valid
+	// until its Release, whatever the queue pair or the peer does: closing
+	// the queue pair or the peer's death never unmaps it.
+	MapRemote(remote Remote, length int) (Mapping, error)
+}
+
+// Mapping is a read-only view of a peer's memory.
+type Mapping interface {
+	// Bytes is the peer's memory: it shows the peer's later writes (and
+	// keeps the last bytes the peer wrote after the peer is gone).
+	Bytes() []byte
+	// Release unmaps it when no other Mapping shares the pages; Bytes must
+	// not be used after. It is idempotent.
+	Release() error
 }
 
 // QPState is the state of a queue pair, as in the InfiniBand specification.
@@ -314,19 +389,36 @@ type SendRequest struct {
 	ID uint64 // returned in the completion
 	Op Opcode // OpSend, OpWrite, OpWriteImm or OpRead
 	// Local is the source of Send, Write and WriteImm and the destination
-	// of Read. A zero Length is allowed.
+	// of Read, when Segments is empty. A zero Length is allowed.
 	Local Local
+	// Segments, when not empty, replace Local: the request gathers its
+	// source from (or scatters a Read into) these segments, in order, up
+	// to Attributes.MaxSegments of them.
+	Segments []Local
 	// Remote is the target of Write and WriteImm and the source of Read.
 	Remote Remote
 	// Imm is the immediate value of WriteImm (and of Send when HasImm).
 	Imm    uint32
 	HasImm bool
+	// Unsignaled asks for no completion on success: the request's
+	// completion comes only when it fails (flushed included). It keeps its
+	// place in the send queue until a later signaled request of the queue
+	// pair completes, as on a NIC.
+	Unsignaled bool
+	// Fence makes the request wait until every earlier Read of the queue
+	// pair has completed.
+	Fence bool
 }
 
 // RecvRequest is a work request for PostRecv.
 type RecvRequest struct {
-	ID    uint64
-	Local Local // where a received Send lands; a WriteImm uses no bytes of it
+	ID uint64
+	// Local is where a received Send lands, when Segments is empty; a
+	// WriteImm uses no bytes of it.
+	Local Local
+	// Segments, when not empty, replace Local: a received Send is
+	// scattered into them in order.
+	Segments []Local
 }
 
 // Status is the outcome of a work request.
@@ -417,6 +509,7 @@ var (
 	ErrNoDevice      = errors.New("verbs: no device")
 	ErrUnsupported   = errors.New("verbs: not supported by this provider")
 	ErrInvalidMemory = errors.New("verbs: invalid memory")
+	ErrTooLarge      = errors.New("verbs: request exceeds the device's attributes")
 )
 
 // CompletionError turns a failed completion into an error that names the

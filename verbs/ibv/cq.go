@@ -21,6 +21,16 @@ import (
 
 // completionQueue is an ibv_cq with its own completion channel.
 //
+// Capacity: NewQueuePair reserves MaxSend (and MaxRecv) entries of its
+// queues' capacity, so the NIC never overflows the queue; the reservation
+// returns when the queue pair is destroyed (see queuePair.Close).
+//
+// Provider-internal completions (window binds and invalidates, see
+// wrid.go) are consumed in the poll path: Poll never returns them. Grant
+// and Revoke wait for theirs by draining the queue themselves; the caller's
+// completions they take on the way are kept, in order, in stash, and Poll
+// hands those out first.
+//
 // Wait sleeps in the Go poller, not in a blocked thread: the channel's fd is
 // non-blocking and a duplicate of it is an *os.File. Only one Wait at a time
 // arms the queue and sleeps on the channel (it holds the waiter token);
@@ -34,11 +44,15 @@ type completionQueue struct {
 	waiter chan struct{} // capacity 1: held by the Wait sleeping on file
 	done   chan struct{} // closed by Close
 
-	mu      sync.Mutex // guards the fields below and serializes C calls
-	closed  bool
-	cq      *C.struct_ibv_cq // nil once destroyed
-	channel *C.struct_ibv_comp_channel
-	wcs     [C.TRPC_BATCH]C.trpc_wc
+	capacity int
+
+	mu       sync.Mutex // guards the fields below and serializes C calls
+	closed   bool
+	cq       *C.struct_ibv_cq // nil once destroyed
+	channel  *C.struct_ibv_comp_channel
+	wcs      [C.TRPC_BATCH]C.trpc_wc
+	reserved int                // entries reserved by queue pairs
+	stash    []verbs.Completion // the caller's completions taken by drain
 }
 
 func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
@@ -72,13 +86,14 @@ func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error)
 		return nil, fmt.Errorf("ibv: create completion queue of %d: %v", capacity, err)
 	}
 	q := &completionQueue{
-		d:       d,
-		file:    file,
-		raw:     raw,
-		waiter:  make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		cq:      cq,
-		channel: channel,
+		d:        d,
+		capacity: capacity,
+		file:     file,
+		raw:      raw,
+		waiter:   make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		cq:       cq,
+		channel:  channel,
 	}
 	d.cqs[q] = struct{}{}
 	return q, nil
@@ -120,30 +135,83 @@ func (cq *completionQueue) poll(out []verbs.Completion) (int, []*queuePair) {
 	if cq.closed || cq.cq == nil {
 		return 0, nil
 	}
+	total := copy(out, cq.stash)
+	cq.stash = cq.stash[total:]
+	if len(cq.stash) == 0 {
+		cq.stash = nil
+	}
 	var drained []*queuePair
-	total := 0
 	for total < len(out) {
 		want := min(len(out)-total, C.TRPC_BATCH)
-		got := int(C.trpc_poll_cq(cq.cq, &cq.wcs[0], C.int(want)))
-		for i := range max(got, 0) {
-			wc := &cq.wcs[i]
-			v, ok := cq.d.byQPN.Load(uint32(wc.qp_num))
-			if !ok {
-				continue // a queue pair destroyed meanwhile; nobody waits for it
-			}
-			qp := v.(*queuePair)
-			c, last := qp.complete(wc)
+		got := cq.pollLocked(want, func(c verbs.Completion) {
 			out[total] = c
 			total++
-			if last {
-				drained = append(drained, qp)
-			}
-		}
+		}, &drained)
 		if got < want {
 			break
 		}
 	}
 	return total, drained
+}
+
+// pollLocked takes up to want completions from the NIC, hands each one
+// meant for the caller to report, and returns how many it took. The
+// caller holds cq.mu.
+func (cq *completionQueue) pollLocked(want int, report func(verbs.Completion), drained *[]*queuePair) int {
+	got := int(C.trpc_poll_cq(cq.cq, &cq.wcs[0], C.int(want)))
+	for i := range max(got, 0) {
+		wc := &cq.wcs[i]
+		v, ok := cq.d.byQPN.Load(uint32(wc.qp_num))
+		if !ok {
+			continue // a queue pair destroyed meanwhile; nobody waits for it
+		}
+		qp := v.(*queuePair)
+		c, forCaller, last := qp.complete(wc)
+		if forCaller {
+			report(c)
+		}
+		if last {
+			*drained = append(*drained, qp)
+		}
+	}
+	return got
+}
+
+// drain takes every completion the NIC holds: internal ones finish their
+// Grant or Revoke, the caller's are stashed for the next Poll. It reports
+// false once the queue is closed.
+func (cq *completionQueue) drain() bool {
+	cq.mu.Lock()
+	if cq.closed || cq.cq == nil {
+		cq.mu.Unlock()
+		return false
+	}
+	var drained []*queuePair
+	stash := func(c verbs.Completion) { cq.stash = append(cq.stash, c) }
+	for cq.pollLocked(C.TRPC_BATCH, stash, &drained) == C.TRPC_BATCH {
+		// A full batch: the NIC may hold more.
+	}
+	cq.mu.Unlock()
+	for _, qp := range drained {
+		qp.destroy()
+	}
+	return true
+}
+
+// reserveLocked reserves n entries; the caller holds cq.mu.
+func (cq *completionQueue) reserveLocked(n int) error {
+	if n > cq.capacity-cq.reserved {
+		return fmt.Errorf("ibv: completion queue of %d has room for %d more outstanding requests, not %d: %w",
+			cq.capacity, cq.capacity-cq.reserved, n, verbs.ErrQueueFull)
+	}
+	cq.reserved += n
+	return nil
+}
+
+func (cq *completionQueue) unreserve(n int) {
+	cq.mu.Lock()
+	cq.reserved = max(cq.reserved-n, 0)
+	cq.mu.Unlock()
 }
 
 // Wait blocks until it can take at least one completion or ctx ends.

@@ -98,3 +98,11 @@ func TestNoDeviceMessage(t *testing.T) {
 		t.Fatalf("Open without devices: %v, %v; want nil and %v", pd, err, derr)
 	}
 }
+
+// TestNotRemoteMapper: a NIC's peer memory cannot be mapped, so ibv queue
+// pairs must not claim verbs.RemoteMapper.
+func TestNotRemoteMapper(t *testing.T) {
+	if _, ok := any((*queuePair)(nil)).(verbs.RemoteMapper); ok {
+		t.Fatal("ibv queue pairs implement verbs.RemoteMapper")
+	}
+}

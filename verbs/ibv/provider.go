@@ -140,18 +140,25 @@ func (p *provider) newDomain(ctx *C.struct_ibv_context, name string) (*domain, e
 		cqs:  map[*completionQueue]struct{}{},
 		qps:  map[*queuePair]struct{}{},
 	}
-	var attr C.struct_ibv_device_attr
-	if rc := C.ibv_query_device(ctx, &attr); rc != 0 {
-		return nil, fmt.Errorf("ibv: %s: query device: %v", name, syscall.Errno(rc))
+	var dev C.trpc_device
+	if rc := C.trpc_query_device(ctx, &dev); rc != 0 {
+		return nil, fmt.Errorf("ibv: %s: query device: %v", name, errnoError(rc))
 	}
-	if int(p.opts.port) < 1 || int(p.opts.port) > int(attr.phys_port_cnt) {
-		return nil, noDevice("%s has %d ports, no port %d", name, attr.phys_port_cnt, p.opts.port)
+	if int(p.opts.port) < 1 || int(p.opts.port) > int(dev.phys_port_cnt) {
+		return nil, noDevice("%s has %d ports, no port %d", name, dev.phys_port_cnt, p.opts.port)
 	}
-	d.maxQPWR = int(attr.max_qp_wr)
-	d.maxCQE = int(attr.max_cqe)
-	d.maxMRSize = uint64(attr.max_mr_size)
-	d.responders = uint8(min(max(int(attr.max_qp_rd_atom), 0), 16))
-	d.initiators = uint8(min(max(int(attr.max_qp_init_rd_atom), 0), 16))
+	d.maxCQE = int(dev.max_cqe)
+	d.maxMRSize = uint64(dev.max_mr_size)
+	limits := deviceLimits{
+		capFlags:        uint64(dev.cap_flags),
+		maxMW:           int(dev.max_mw),
+		maxQPWR:         int(dev.max_qp_wr),
+		maxSGE:          int(dev.max_sge),
+		maxSGERd:        int(dev.max_sge_rd),
+		maxQPRdAtom:     int(dev.max_qp_rd_atom),
+		maxQPInitRdAtom: int(dev.max_qp_init_rd_atom),
+	}
+	d.responders, d.initiators = limits.readDepths()
 
 	var port C.trpc_port
 	if rc := C.trpc_query_port(ctx, C.uint8_t(p.opts.port), &port); rc != 0 {
@@ -192,13 +199,58 @@ func (p *provider) newDomain(ctx *C.struct_ibv_context, name string) (*domain, e
 		return nil, noDevice("%s port %d has no LID (no subnet manager?)", name, p.opts.port)
 	}
 
+	limits.maxMsgSize = uint32(port.max_msg_sz)
+
 	pd, err := C.ibv_alloc_pd(ctx)
 	if pd == nil {
 		return nil, fmt.Errorf("ibv: %s: allocate protection domain: %v", name, err)
 	}
+	// Learn what a queue pair really gets: devices report max_sge for the
+	// largest work queue entry, and may refuse (or round up) inline data.
+	var caps C.trpc_qp_caps
+	sge := limits.probeSGE()
+	rc := C.trpc_probe_qp(ctx, pd, C.uint32_t(sge), C.uint32_t(p.opts.maxInline), &caps)
+	if rc != 0 && p.opts.maxInline > 0 {
+		caps = C.trpc_qp_caps{}
+		rc = C.trpc_probe_qp(ctx, pd, C.uint32_t(sge), 0, &caps)
+	}
+	if rc != 0 && sge > minSegments {
+		sge = minSegments
+		caps = C.trpc_qp_caps{}
+		rc = C.trpc_probe_qp(ctx, pd, C.uint32_t(sge), 0, &caps)
+	}
+	if rc != 0 {
+		C.ibv_dealloc_pd(pd)
+		return nil, fmt.Errorf("ibv: %s: create a probe RC queue pair with %d scatter/gather elements: %v", name, sge, errnoError(rc))
+	}
+	limits.probeSendSGE = min(int(caps.max_send_sge), sge)
+	limits.probeRecvSGE = min(int(caps.max_recv_sge), sge)
+	limits.probeInline = int(caps.max_inline_data)
+	d.limits = limits
+	d.attrs = attributesFrom(limits, p.opts.maxInline)
+	if d.attrs.MaxSegments < minSegments {
+		C.ibv_dealloc_pd(pd)
+		return nil, fmt.Errorf("ibv: %s: queue pairs get %d scatter/gather elements, fewer than the %d the verbs contract promises", name, d.attrs.MaxSegments, minSegments)
+	}
 	d.pd = pd
 	return d, nil
 }
+
+// The capability bits attrs.go names must be the installed header's.
+var (
+	_ [C.IBV_DEVICE_MEM_WINDOW_TYPE_2A - capMemWindowType2A]struct{}
+	_ [capMemWindowType2A - C.IBV_DEVICE_MEM_WINDOW_TYPE_2A]struct{}
+	_ [C.IBV_DEVICE_MEM_WINDOW_TYPE_2B - capMemWindowType2B]struct{}
+	_ [capMemWindowType2B - C.IBV_DEVICE_MEM_WINDOW_TYPE_2B]struct{}
+	_ [C.IBV_DEVICE_MEM_WINDOW - capMemWindow]struct{}
+	_ [capMemWindow - C.IBV_DEVICE_MEM_WINDOW]struct{}
+)
+
+// Attributes returns what Open learned of the device (see attributesFrom).
+func (d *domain) Attributes() verbs.Attributes { return d.attrs }
+
+// windows reports whether grants are memory windows.
+func (d *domain) windows() bool { return d.attrs.Grants == verbs.GrantWindow }
 
 // domain is a protection domain on one opened device. The device context
 // belongs to the domain: each Open opens the device anew.
@@ -210,11 +262,12 @@ type domain struct {
 	gidIndex   int
 	gid        [16]byte
 	mtu        uint8 // IBV_MTU_* code this side accepts
-	maxQPWR    int
 	maxCQE     int
 	maxMRSize  uint64
 	responders uint8 // RDMA Reads this side serves at once (max_dest_rd_atomic)
 	initiators uint8 // RDMA Reads this side issues at once (max_rd_atomic)
+	limits     deviceLimits
+	attrs      verbs.Attributes
 
 	// byQPN finds a queue pair from the qp_num of a completion.
 	byQPN sync.Map // uint32 → *queuePair
@@ -226,6 +279,8 @@ type domain struct {
 	mrs    map[*memoryRegion]struct{}
 	cqs    map[*completionQueue]struct{}
 	qps    map[*queuePair]struct{}
+	// windowPool holds invalidated type 2 memory windows for later grants.
+	windowPool []window
 }
 
 func (d *domain) Provider() string { return "ibv" }
@@ -251,13 +306,20 @@ func (d *domain) Close() error {
 		errs = append(errs, cq.Close(), cq.release())
 	}
 	for _, mr := range mrs {
-		if err := mr.Deregister(); err != nil && !errors.Is(err, verbs.ErrClosed) {
+		// Deregister revokes the region's grants first.
+		if err := mr.Deregister(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	for _, w := range d.windowPool {
+		if rc := C.trpc_dealloc_mw(w.mw); rc != 0 {
+			errs = append(errs, fmt.Errorf("ibv: %s: deallocate memory window: %v", d.name, errnoError(rc)))
+		}
+	}
+	d.windowPool = nil
 	if rc := C.ibv_dealloc_pd(d.pd); rc != 0 {
 		errs = append(errs, fmt.Errorf("ibv: %s: deallocate protection domain: %v", d.name, syscall.Errno(rc)))
 	}

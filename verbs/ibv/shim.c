@@ -1,62 +1,161 @@
 //go:build linux && cgo && rdma
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include "shim.h"
 
-int trpc_post_send(struct ibv_qp *qp, const trpc_send *wrs, int n, int *failed) {
-	struct ibv_send_wr wr[TRPC_BATCH];
-	struct ibv_sge sge[TRPC_BATCH];
+int trpc_post_send(struct ibv_qp *qp, const trpc_send *wrs, int n, const struct ibv_sge *sges, int *posted) {
+	struct ibv_send_wr stack[TRPC_BATCH];
+	struct ibv_send_wr *wr = stack;
 	struct ibv_send_wr *bad = NULL;
 	int i, rc;
 
-	if (n <= 0 || n > TRPC_BATCH) {
-		*failed = 0;
+	*posted = 0;
+	if (n <= 0)
 		return EINVAL;
+	if (n > TRPC_BATCH) {
+		wr = calloc((size_t)n, sizeof wr[0]);
+		if (wr == NULL)
+			return ENOMEM;
+	} else {
+		memset(wr, 0, sizeof(wr[0]) * n);
 	}
-	memset(wr, 0, sizeof(wr[0]) * n);
 	for (i = 0; i < n; i++) {
 		const trpc_send *w = &wrs[i];
-		sge[i].addr = w->addr;
-		sge[i].length = w->length;
-		sge[i].lkey = w->lkey;
 		wr[i].wr_id = w->wr_id;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
-		wr[i].sg_list = &sge[i];
-		wr[i].num_sge = w->length > 0 ? 1 : 0;
+		// ibv_post_send only reads the list: the cast drops const.
+		wr[i].sg_list = w->num_sge > 0 ? (struct ibv_sge *)&sges[w->sge_off] : NULL;
+		wr[i].num_sge = (int)w->num_sge;
 		wr[i].opcode = (enum ibv_wr_opcode)w->opcode;
-		wr[i].send_flags = IBV_SEND_SIGNALED | w->flags;
-		wr[i].imm_data = htonl(w->imm);
+		wr[i].send_flags = w->flags;
+		if (w->opcode == IBV_WR_SEND_WITH_IMM || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+			wr[i].imm_data = htonl(w->imm);
 		wr[i].wr.rdma.remote_addr = w->remote_addr;
 		wr[i].wr.rdma.rkey = w->rkey;
 	}
 	rc = ibv_post_send(qp, wr, &bad);
-	*failed = rc == 0 ? n : (bad != NULL ? (int)(bad - wr) : 0);
+	if (rc == 0)
+		*posted = n;
+	else if (bad != NULL && bad >= wr && bad < wr + n)
+		*posted = (int)(bad - wr);
+	if (wr != stack)
+		free(wr);
 	return rc;
 }
 
-int trpc_post_recv(struct ibv_qp *qp, const trpc_recv *wrs, int n, int *failed) {
-	struct ibv_recv_wr wr[TRPC_BATCH];
-	struct ibv_sge sge[TRPC_BATCH];
+int trpc_post_recv(struct ibv_qp *qp, const trpc_recv *wrs, int n, const struct ibv_sge *sges, int *posted) {
+	struct ibv_recv_wr stack[TRPC_BATCH];
+	struct ibv_recv_wr *wr = stack;
 	struct ibv_recv_wr *bad = NULL;
 	int i, rc;
 
-	if (n <= 0 || n > TRPC_BATCH) {
-		*failed = 0;
+	*posted = 0;
+	if (n <= 0)
 		return EINVAL;
+	if (n > TRPC_BATCH) {
+		wr = calloc((size_t)n, sizeof wr[0]);
+		if (wr == NULL)
+			return ENOMEM;
 	}
 	for (i = 0; i < n; i++) {
-		sge[i].addr = wrs[i].addr;
-		sge[i].length = wrs[i].length;
-		sge[i].lkey = wrs[i].lkey;
 		wr[i].wr_id = wrs[i].wr_id;
 		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
-		wr[i].sg_list = &sge[i];
-		wr[i].num_sge = wrs[i].length > 0 ? 1 : 0;
+		wr[i].sg_list = wrs[i].num_sge > 0 ? (struct ibv_sge *)&sges[wrs[i].sge_off] : NULL;
+		wr[i].num_sge = (int)wrs[i].num_sge;
 	}
 	rc = ibv_post_recv(qp, wr, &bad);
-	*failed = rc == 0 ? n : (bad != NULL ? (int)(bad - wr) : 0);
+	if (rc == 0)
+		*posted = n;
+	else if (bad != NULL && bad >= wr && bad < wr + n)
+		*posted = (int)(bad - wr);
+	if (wr != stack)
+		free(wr);
+	return rc;
+}
+
+int trpc_post_bind_mw(struct ibv_qp *qp, uint64_t wr_id, struct ibv_mw *mw, uint32_t rkey,
+	struct ibv_mr *mr, uint64_t addr, uint64_t length, int access) {
+	struct ibv_send_wr wr, *bad = NULL;
+
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = addr;
+	wr.bind_mw.bind_info.length = length;
+	wr.bind_mw.bind_info.mw_access_flags = (unsigned int)access;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+int trpc_post_local_inv(struct ibv_qp *qp, uint64_t wr_id, uint32_t rkey) {
+	struct ibv_send_wr wr, *bad = NULL;
+
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_LOCAL_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.invalidate_rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+struct ibv_mw *trpc_alloc_mw(struct ibv_pd *pd) {
+	return ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+}
+
+int trpc_dealloc_mw(struct ibv_mw *mw) {
+	return ibv_dealloc_mw(mw);
+}
+
+int trpc_query_device(struct ibv_context *ctx, trpc_device *out) {
+	struct ibv_device_attr_ex ex;
+	struct ibv_device_attr *a = &ex.orig_attr;
+	int rc;
+
+	memset(&ex, 0, sizeof ex);
+	memset(out, 0, sizeof *out);
+	rc = ibv_query_device_ex(ctx, NULL, &ex);
+	if (rc == 0) {
+		out->extended = 1;
+		out->cap_flags = ex.device_cap_flags_ex | a->device_cap_flags;
+	} else {
+		memset(&ex, 0, sizeof ex);
+		rc = ibv_query_device(ctx, a);
+		if (rc != 0)
+			return rc;
+		out->cap_flags = a->device_cap_flags;
+	}
+	out->max_mr_size = a->max_mr_size;
+	out->max_qp_wr = a->max_qp_wr;
+	out->max_sge = a->max_sge;
+	out->max_sge_rd = a->max_sge_rd;
+	out->max_cqe = a->max_cqe;
+	out->max_mw = a->max_mw;
+	out->max_qp_rd_atom = a->max_qp_rd_atom;
+	out->max_qp_init_rd_atom = a->max_qp_init_rd_atom;
+	out->phys_port_cnt = a->phys_port_cnt;
+	return 0;
+}
+
+int trpc_probe_qp(struct ibv_context *ctx, struct ibv_pd *pd, uint32_t sge, uint32_t max_inline, trpc_qp_caps *caps) {
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	int rc = 0;
+
+	cq = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+	if (cq == NULL)
+		return errno ? errno : ENOMEM;
+	qp = trpc_create_qp(pd, cq, cq, 1, 1, sge, max_inline, caps);
+	if (qp == NULL)
+		rc = errno ? errno : EINVAL;
+	else
+		ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
 	return rc;
 }
 
@@ -106,6 +205,7 @@ int trpc_query_port(struct ibv_context *ctx, uint8_t port, trpc_port *out) {
 	rc = ibv_query_port(ctx, port, &attr);
 	if (rc != 0)
 		return rc;
+	out->max_msg_sz = attr.max_msg_sz;
 	out->state = attr.state;
 	out->active_mtu = attr.active_mtu;
 	out->link_layer = attr.link_layer;
@@ -132,7 +232,7 @@ struct ibv_mr *trpc_reg_mr(struct ibv_pd *pd, uint64_t addr, uint64_t length, in
 }
 
 struct ibv_qp *trpc_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct ibv_cq *recv_cq,
-	uint32_t max_send, uint32_t max_recv, uint32_t max_inline, trpc_qp_caps *caps) {
+	uint32_t max_send, uint32_t max_recv, uint32_t sge, uint32_t max_inline, trpc_qp_caps *caps) {
 	struct ibv_qp_init_attr attr;
 	struct ibv_qp *qp;
 
@@ -140,11 +240,12 @@ struct ibv_qp *trpc_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct 
 	attr.send_cq = send_cq;
 	attr.recv_cq = recv_cq;
 	attr.qp_type = IBV_QPT_RC;
-	attr.sq_sig_all = 1;
+	// Each send request says whether it is signaled (SendRequest.Unsignaled).
+	attr.sq_sig_all = 0;
 	attr.cap.max_send_wr = max_send;
 	attr.cap.max_recv_wr = max_recv;
-	attr.cap.max_send_sge = 1;
-	attr.cap.max_recv_sge = 1;
+	attr.cap.max_send_sge = sge;
+	attr.cap.max_recv_sge = sge;
 	attr.cap.max_inline_data = max_inline;
 	qp = ibv_create_qp(pd, &attr);
 	if (qp == NULL)
@@ -152,6 +253,8 @@ struct ibv_qp *trpc_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct 
 	caps->max_send_wr = attr.cap.max_send_wr;
 	caps->max_recv_wr = attr.cap.max_recv_wr;
 	caps->max_inline_data = attr.cap.max_inline_data;
+	caps->max_send_sge = attr.cap.max_send_sge;
+	caps->max_recv_sge = attr.cap.max_recv_sge;
 	return qp;
 }
 

@@ -4,7 +4,8 @@
 // call, and builds work requests as linked lists of structs with unions,
 // which Go cannot fill without unsafe. These wrappers take flat arrays of
 // plain structs instead. Go passes pointers to Go memory that holds no Go
-// pointers, and no function here keeps a pointer after it returns.
+// pointers (the ibv_sge arrays are such memory, used only during the call),
+// and no function here keeps a pointer after it returns.
 
 #ifndef TRPC_IBV_SHIM_H
 #define TRPC_IBV_SHIM_H
@@ -12,29 +13,30 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-// TRPC_BATCH is the largest number of work requests or completions one call
-// handles; Go splits longer lists.
+// TRPC_BATCH is the largest number of completions one trpc_poll_cq call
+// takes, and the number of work requests trpc_post_send and trpc_post_recv
+// build on the stack (longer lists are built in malloc'd memory).
 enum { TRPC_BATCH = 32 };
 
-// trpc_send is one send work request with one scatter/gather element.
+// trpc_send is one send work request. Its scatter/gather elements are
+// num_sge entries of the caller's ibv_sge array, starting at sge_off.
 typedef struct {
 	uint64_t wr_id;
-	uint64_t addr;        // local virtual address
 	uint64_t remote_addr; // Write, WriteImm, Read
-	uint32_t length;      // 0: no scatter/gather element
-	uint32_t lkey;
+	uint32_t sge_off;
+	uint32_t num_sge;     // 0: no scatter/gather element
 	uint32_t rkey;
 	uint32_t imm;         // host byte order
 	uint32_t opcode;      // enum ibv_wr_opcode
-	uint32_t flags;       // extra enum ibv_send_flags (IBV_SEND_INLINE)
+	uint32_t flags;       // enum ibv_send_flags: SIGNALED, FENCE, INLINE
 } trpc_send;
 
-// trpc_recv is one receive work request with one scatter/gather element.
+// trpc_recv is one receive work request, with its scatter/gather elements
+// given as for trpc_send.
 typedef struct {
 	uint64_t wr_id;
-	uint64_t addr;
-	uint32_t length; // 0: no scatter/gather element
-	uint32_t lkey;
+	uint32_t sge_off;
+	uint32_t num_sge;
 } trpc_recv;
 
 // trpc_wc is one completion.
@@ -57,7 +59,24 @@ typedef struct {
 	uint32_t link_layer; // IBV_LINK_LAYER_*
 	uint32_t lid;
 	uint32_t gid_tbl_len;
+	uint32_t max_msg_sz;
 } trpc_port;
+
+// trpc_device is what the provider needs of struct ibv_device_attr(_ex).
+typedef struct {
+	uint64_t max_mr_size;
+	uint64_t cap_flags;  // device_cap_flags_ex, or device_cap_flags
+	int32_t max_qp_wr;
+	int32_t max_sge;
+	int32_t max_sge_rd;
+	int32_t max_cqe;
+	int32_t max_mw;
+	int32_t max_qp_rd_atom;
+	int32_t max_qp_init_rd_atom;
+	int32_t phys_port_cnt;
+	int32_t extended;    // 1: from ibv_query_device_ex
+	int32_t pad_;
+} trpc_device;
 
 // trpc_rtr holds the attributes of the INIT to RTR transition.
 typedef struct {
@@ -81,10 +100,28 @@ typedef struct {
 	uint32_t max_send_wr;
 	uint32_t max_recv_wr;
 	uint32_t max_inline_data;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
 } trpc_qp_caps;
 
-int trpc_post_send(struct ibv_qp *qp, const trpc_send *wrs, int n, int *failed);
-int trpc_post_recv(struct ibv_qp *qp, const trpc_recv *wrs, int n, int *failed);
+// trpc_post_send and trpc_post_recv post n requests as one chained list
+// with a single ibv_post_send or ibv_post_recv. *posted is how many were
+// accepted: n on success, the index of the refused request (bad_wr) on
+// failure.
+int trpc_post_send(struct ibv_qp *qp, const trpc_send *wrs, int n, const struct ibv_sge *sges, int *posted);
+int trpc_post_recv(struct ibv_qp *qp, const trpc_recv *wrs, int n, const struct ibv_sge *sges, int *posted);
+// trpc_post_bind_mw posts a signaled IBV_WR_BIND_MW that binds the type 2
+// window mw to [addr, addr+length) of mr with access and the new rkey.
+int trpc_post_bind_mw(struct ibv_qp *qp, uint64_t wr_id, struct ibv_mw *mw, uint32_t rkey,
+	struct ibv_mr *mr, uint64_t addr, uint64_t length, int access);
+// trpc_post_local_inv posts a signaled IBV_WR_LOCAL_INV of rkey.
+int trpc_post_local_inv(struct ibv_qp *qp, uint64_t wr_id, uint32_t rkey);
+struct ibv_mw *trpc_alloc_mw(struct ibv_pd *pd);
+int trpc_dealloc_mw(struct ibv_mw *mw);
+int trpc_query_device(struct ibv_context *ctx, trpc_device *out);
+// trpc_probe_qp creates and destroys a throwaway RC queue pair to learn
+// the capacities the device grants for sge elements and inline bytes.
+int trpc_probe_qp(struct ibv_context *ctx, struct ibv_pd *pd, uint32_t sge, uint32_t max_inline, trpc_qp_caps *caps);
 int trpc_poll_cq(struct ibv_cq *cq, trpc_wc *out, int n);
 int trpc_req_notify_cq(struct ibv_cq *cq);
 int trpc_get_cq_event(struct ibv_comp_channel *channel);
@@ -93,7 +130,7 @@ int trpc_query_gid(struct ibv_context *ctx, uint8_t port, int index, uint8_t out
 struct ibv_mr *trpc_reg_mr(struct ibv_pd *pd, uint64_t addr, uint64_t length, int access);
 struct ibv_mr *trpc_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, uint64_t length, uint64_t iova, int fd, int access);
 struct ibv_qp *trpc_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct ibv_cq *recv_cq,
-	uint32_t max_send, uint32_t max_recv, uint32_t max_inline, trpc_qp_caps *caps);
+	uint32_t max_send, uint32_t max_recv, uint32_t sge, uint32_t max_inline, trpc_qp_caps *caps);
 int trpc_qp_to_init(struct ibv_qp *qp, uint8_t port);
 int trpc_qp_to_rtr(struct ibv_qp *qp, const trpc_rtr *a);
 int trpc_qp_to_rts(struct ibv_qp *qp, uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt,

@@ -1,9 +1,7 @@
 package shm
 
 import (
-	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,10 +35,6 @@ func closeFD(fd int) {
 }
 
 var errRefused = errors.New("shm: the peer refused the data connection (wrong secret, queue pair closed or already connected)")
-
-func (qp *queuePair) isOwnSecret(s [16]byte) bool {
-	return subtle.ConstantTimeCompare(s[:], qp.secret[:]) == 1
-}
 
 // offer hands a data connection to the queue pair if it still accepts one.
 func (qp *queuePair) offer(d dialIn) bool {
@@ -81,7 +76,11 @@ func (qp *queuePair) Connect(ctx context.Context, remote []byte) error {
 	if ri.secret == qp.secret {
 		return invalidInfo("connection info is this queue pair's own")
 	}
-	dialer := bytes.Compare(qp.secret[:], ri.secret[:]) < 0
+	// shm has no roles: the side with the smaller secret dials.
+	dialer, err := softrc.ShouldDial(verbs.RoleAny, verbs.RoleAny, qp.secret, ri.secret)
+	if err != nil {
+		return fmt.Errorf("shm: %w", err)
+	}
 
 	qp.mu.Lock()
 	switch {
@@ -259,7 +258,7 @@ func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size in
 		case <-ctx.Done():
 			return fmt.Errorf("shm: waiting for the peer to connect: %w", context.Cause(ctx))
 		}
-		if subtle.ConstantTimeCompare(d.hello.secret[1][:], ri.secret[:]) != 1 {
+		if !ri.secret.Equal(d.hello.secret[1]) {
 			d.close()
 			continue
 		}

@@ -14,7 +14,7 @@
 // F_SEAL_SHRINK (F_SEAL_GROW too, usually). RegisterMemory refuses anything
 // else with verbs.ErrInvalidMemory. A region's Addr is its local virtual
 // address; its local and remote keys are the same 32-bit key, unique in its
-// domain (keys count up from a random start and skip the ones in use).
+// domain (random, skipping the ones in use by regions and grants).
 //
 // A queue pair's LocalInfo carries a version, the host identity, the
 // domain's socket address, the queue pair's id and a 128-bit one-time
@@ -39,10 +39,18 @@
 // with StatusRemoteAccess.
 //
 // Queue pairs implement verbs.RemoteMapper: MapRemote checks a key, bounds
-// and the remote-read right as a Read would, through the same mapping cache
-// (asking the peer on first use), and returns a slice of our mapping of
-// the peer's region, with no copy. A refusal is an error and leaves the
-// queue pair usable.
+// and the remote-read right as a Read would, through the same cache of
+// announced regions (asking the peer on first use), and returns a
+// verbs.Mapping: the peer's memfd mapped PROT_READ (writing it faults),
+// shared by the Mappings of one region and unmapped by the last Release.
+// A refusal is an error and leaves the queue pair usable.
+//
+// Grants (QueuePair.Grant) take keys from the same random 32-bit space as
+// regions. The peer asks for a grant's key like a region's; the domain
+// answers only the queue pair the grant was made on, announcing just the
+// granted range with its one right, and the peer's provider checks range
+// and right before every copy. Revoke, like Deregister, has the peer unmap
+// the key and waits for its confirmation.
 //
 // Every request checks the remote key, bounds and rights against the
 // peer's announced region before memory is touched; a refusal is a
@@ -133,24 +141,23 @@
 //
 // Lifetimes. Memory.Bytes and its memfd belong to the caller and must stay
 // mapped until Deregister returns; the provider keeps its own duplicate of
-// the fd and closes it in Deregister. A peer's mapping of a region lasts
-// until the region is deregistered or the queue pair closes. Slices that
-// MapRemote handed out are never left pointing at unmapped memory: when the
-// peer deregisters a region we made views of, we replace the peer's pages
-// behind them with read-only anonymous zero pages (mmap MAP_FIXED over the
-// same range) before confirming, so the views stay valid Go memory that
-// reads zeros, the peer's memory is out of our reach as its Deregister
-// promises, and Close unmaps the range. Views of a region become invalid
-// only when the queue pair closes. Revocation
-// relies on the peer's cooperation: a peer process that ignores the unmap
-// request keeps its mapping (and can go on writing the memory) for as long
-// as it lives; Deregister then fails the queue pair after
-// WithDeregisterTimeout. Share regions only with processes you trust with
-// that memory.
+// the fd and closes it in Deregister. A peer's copy mapping of a region
+// lasts until the region is deregistered or the queue pair closes. A
+// Mapping from MapRemote is independent of both: it stays readable until
+// its Release even after the peer deregisters the region, the queue pair
+// closes or the peer process dies, and it reads the original bytes (the
+// last the peer wrote), because the mapping keeps the shared memory, whose
+// memfd is sealed against shrinking. Revocation relies on the peer's
+// cooperation: a peer process that ignores the unmap request keeps its
+// mapping (and can go on writing the memory) for as long as it lives;
+// Deregister then fails the queue pair after WithDeregisterTimeout. Share
+// regions only with processes you trust with that memory.
 //
-// Peer death is seen when the socket closes, which a receiver notices when
-// its ring runs dry and it sleeps on the socket: outstanding requests
-// complete with StatusTransport (the one executing) or StatusFlushed,
+// A queue pair that goes to ERR shuts down its side of the socket after
+// the acks it owes, so that its peer goes to ERR too. Peer death is seen
+// when the socket closes, which a receiver notices when its ring runs dry
+// and it sleeps on the socket: the first outstanding request completes
+// with StatusTransport and the others with StatusFlushed,
 // posted Recvs with StatusFlushed. A peer that hangs without dying keeps a Send or
 // WriteImm waiting until the queue pair is closed.
 //

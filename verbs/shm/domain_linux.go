@@ -12,40 +12,58 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
 // domain is a protection domain. It owns a listening unix socket on which
-// its queue pairs accept their data connections, and the table of its
-// registered regions, which its queue pairs serve to their peers.
+// its queue pairs accept their data connections, and the core's table of
+// its registered regions and grants, which its queue pairs serve to their
+// peers.
 type domain struct {
-	opts   options
-	hostID [16]byte
-	ln     *net.UnixListener
-	addr   string
+	opts     options
+	hostID   [16]byte
+	ln       *net.UnixListener
+	addr     string
+	table    *softrc.Table
+	acceptor softrc.Acceptor
 
-	mu         sync.Mutex
-	closed     bool
-	regions    map[uint32]*region // by key
-	nextKey    uint32
-	qps        map[uint64]*queuePair // by id
-	nextQP     uint64
-	cqs        map[*completionQueue]struct{}
-	handshakes map[*net.UnixConn]struct{} // accepted, hello not read yet
+	mu      sync.Mutex
+	closed  bool
+	regions map[uint32]*region    // by key
+	qps     map[uint64]*queuePair // by id
+	nextQP  uint64
+	cqs     map[*completionQueue]struct{}
+}
 
-	wg sync.WaitGroup // the accept loop and handshakes
+// completionQueue is the core's completion queue.
+type completionQueue = softrc.CQ
+
+// attributes are the shm device's limits: requests run one at a time, so
+// one Read is under way at most.
+func (pd *domain) Attributes() verbs.Attributes { return attributes }
+
+var attributes = verbs.Attributes{
+	MaxMessageBytes:     maxInt64,
+	MaxSegments:         softrc.MaxSegments,
+	MaxInline:           0,
+	MaxOutstandingReads: 1,
+	MaxQueueDepth:       softrc.MaxQueueDepth,
+	Grants:              verbs.GrantSoftware,
+}
+
+var limits = softrc.LimitsOf(attributes)
+
+func randomUint32() uint32 {
+	var b [4]byte
+	randomBytes(b[:])
+	return binary.LittleEndian.Uint32(b[:])
 }
 
 func randomBytes(b []byte) {
 	// crypto/rand.Read never fails on Linux (getrandom), and panics rather
 	// than return short output.
 	rand.Read(b)
-}
-
-func randomUint32() uint32 {
-	var b [4]byte
-	randomBytes(b[:])
-	return binary.LittleEndian.Uint32(b[:])
 }
 
 func openDomain(opts options, hostID [16]byte) (*domain, error) {
@@ -74,87 +92,49 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 	var qpStart [8]byte
 	randomBytes(qpStart[:])
 	pd := &domain{
-		opts:       opts,
-		hostID:     hostID,
-		ln:         ln,
-		addr:       name,
-		regions:    make(map[uint32]*region),
-		nextKey:    randomUint32(),
-		qps:        make(map[uint64]*queuePair),
-		nextQP:     binary.LittleEndian.Uint64(qpStart[:]),
-		cqs:        make(map[*completionQueue]struct{}),
-		handshakes: make(map[*net.UnixConn]struct{}),
+		opts:    opts,
+		hostID:  hostID,
+		ln:      ln,
+		addr:    name,
+		regions: make(map[uint32]*region),
+		qps:     make(map[uint64]*queuePair),
+		nextQP:  binary.LittleEndian.Uint64(qpStart[:]),
+		cqs:     make(map[*completionQueue]struct{}),
 	}
-	pd.wg.Add(1)
-	go pd.acceptLoop()
+	pd.table = softrc.NewTable(pd)
+	pd.acceptor.Serve(ln, pd.handshake)
 	return pd, nil
 }
 
 func (pd *domain) Provider() string { return "shm" }
 
-// acceptLoop accepts data connections and hands each to a handshake.
-func (pd *domain) acceptLoop() {
-	defer pd.wg.Done()
-	for {
-		c, err := pd.ln.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of fds or a similar transient failure: back off so as
-			// not to spin, and stop if the domain closed meanwhile.
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		pd.mu.Lock()
-		if pd.closed {
-			pd.mu.Unlock()
-			c.Close()
-			return
-		}
-		pd.handshakes[c] = struct{}{}
-		pd.wg.Add(1)
-		pd.mu.Unlock()
-		go pd.handshake(c)
-	}
-}
-
 // handshake reads a dialer's hello and hands the connection to the queue
-// pair it names if it presents that queue pair's secret; otherwise it
-// closes the connection.
-func (pd *domain) handshake(c *net.UnixConn) {
-	defer pd.wg.Done()
-	handed := false
-	defer func() {
-		pd.mu.Lock()
-		delete(pd.handshakes, c)
-		pd.mu.Unlock()
-		if !handed {
-			c.Close()
-		}
-	}()
+// pair it names if it presents that queue pair's secret; otherwise the
+// connection is closed.
+func (pd *domain) handshake(nc net.Conn) bool {
+	c := nc.(*net.UnixConn)
 	c.SetReadDeadline(time.Now().Add(pd.opts.handshakeTimeout))
 	m, fds, err := readMessageFDs(c, newMsgBuffers())
 	if err != nil {
-		return
+		return false
 	}
 	if m.typ != msgHello || fds[0] < 0 {
 		fds.close()
-		return
+		return false
 	}
 	pd.mu.Lock()
 	qp := pd.qps[m.seq]
 	pd.mu.Unlock()
-	if qp == nil || !qp.isOwnSecret(m.secret[0]) {
+	if qp == nil || !qp.secret.Equal(m.secret[0]) {
 		fds.close()
-		return
+		return false
 	}
 	c.SetReadDeadline(time.Time{})
 	if !qp.offer(dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
 		fds.close()
-		return
+		return false
 	}
-	handed = true
+	return true
 }
 
 // RegisterMemory registers memfd-backed memory. It refuses memory without
@@ -173,7 +153,7 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 		return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
 	}
 	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
-		return nil, fmt.Errorf("shm: unknown access bits in %v: %w", access, verbs.ErrInvalidMemory)
+		return nil, fmt.Errorf("shm: register memory: unknown access bits %v: %w", access, verbs.ErrInvalidMemory)
 	}
 	if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
 		return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
@@ -184,52 +164,50 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 	if err != nil {
 		return nil, fmt.Errorf("shm: dup memfd: %w", err)
 	}
-	r := &region{
-		pd:       pd,
-		mem:      m.Bytes,
-		addr:     addressOf(m.Bytes),
-		access:   access,
-		fd:       fd,
-		fdOffset: uint64(m.FDOffset),
-	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
 		unix.Close(fd)
-		return nil, verbs.ErrClosed
+		return nil, fmt.Errorf("shm: register memory: domain: %w", verbs.ErrClosed)
 	}
-	for {
-		pd.nextKey++
-		if k := pd.nextKey; k != 0 && pd.regions[k] == nil {
-			r.key = k
-			break
-		}
+	core, err := pd.table.Register(m, access, addressOf(m.Bytes))
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: %w", err)
 	}
-	pd.regions[r.key] = r
+	r := &region{Region: core, pd: pd, fd: fd, fdOffset: uint64(m.FDOffset)}
+	pd.regions[r.LocalKey()] = r
 	return r, nil
 }
 
-// lookupRegionFor returns the live region with key and records that qp's
-// peer is about to learn of it, so Deregister will tell that peer.
-func (pd *domain) lookupRegionFor(qp *queuePair, key uint32) *region {
+// announce looks up the remote key a request of qp's peer names (a region
+// with remote rights, or a grant made on qp) and records that the peer is
+// about to map it, so that Deregister or Revoke will tell that peer.
+func (pd *domain) announce(qp *queuePair, key uint32) (softrc.Window, *region, error) {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
-	r := pd.regions[key]
-	if r != nil {
-		qp.announced[key] = struct{}{}
+	w, err := pd.table.Window(key, qp)
+	if err != nil {
+		return w, nil, err
 	}
-	return r
+	r := pd.regions[w.Region.LocalKey()]
+	if r == nil || r.Region != w.Region {
+		return w, nil, fmt.Errorf("region of remote key %#x is deregistered", key)
+	}
+	qp.announced[key] = r
+	return w, r, nil
 }
 
 func (pd *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	if capacity <= 0 {
-		return nil, fmt.Errorf("shm: completion queue capacity %d must be positive", capacity)
+	var cq *completionQueue
+	cq, err := softrc.NewCQ(pd, capacity, func() { pd.forgetCQ(cq) })
+	if err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
 	}
-	cq := newCompletionQueue(pd, capacity)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
-		return nil, verbs.ErrClosed
+		return nil, fmt.Errorf("shm: new completion queue: domain: %w", verbs.ErrClosed)
 	}
 	pd.cqs[cq] = struct{}{}
 	return cq, nil
@@ -241,29 +219,39 @@ func (pd *domain) forgetCQ(cq *completionQueue) {
 	pd.mu.Unlock()
 }
 
+// NewQueuePair makes a queue pair in RESET; its completion queues must
+// have room for its MaxSend and MaxRecv besides the reservations of other
+// queue pairs.
 func (pd *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	pd.mu.Lock()
 	closed := pd.closed
 	pd.mu.Unlock()
 	if closed {
-		return nil, verbs.ErrClosed
+		return nil, fmt.Errorf("shm: new queue pair: domain: %w", verbs.ErrClosed)
 	}
 	sendCQ, ok1 := cfg.SendCQ.(*completionQueue)
 	recvCQ, ok2 := cfg.RecvCQ.(*completionQueue)
-	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil {
-		return nil, errors.New("shm: queue pair needs send and receive completion queues made by the shm provider")
+	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != pd || recvCQ.Owner() != pd {
+		return nil, errors.New("shm: new queue pair: SendCQ and RecvCQ must be completion queues of this domain")
 	}
-	if sendCQ.pd != pd || recvCQ.pd != pd {
-		return nil, errors.New("shm: completion queues belong to another protection domain")
+	maxSend, maxRecv, err := softrc.QueueSizes(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("shm: new queue pair: %w", err)
 	}
-	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 {
-		return nil, fmt.Errorf("shm: negative queue size (MaxSend %d, MaxRecv %d)", cfg.MaxSend, cfg.MaxRecv)
+	if err := sendCQ.Reserve(maxSend); err != nil {
+		return nil, fmt.Errorf("shm: new queue pair: send queue of %d: %w", maxSend, err)
 	}
-	qp := newQueuePair(pd, sendCQ, recvCQ, cfg)
+	if err := recvCQ.Reserve(maxRecv); err != nil {
+		sendCQ.Unreserve(maxSend)
+		return nil, fmt.Errorf("shm: new queue pair: receive queue of %d: %w", maxRecv, err)
+	}
+	qp := newQueuePair(pd, sendCQ, recvCQ, cfg, maxSend, maxRecv)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
-		return nil, verbs.ErrClosed
+		sendCQ.Unreserve(maxSend)
+		recvCQ.Unreserve(maxRecv)
+		return nil, fmt.Errorf("shm: new queue pair: domain: %w", verbs.ErrClosed)
 	}
 	for {
 		pd.nextQP++
@@ -286,7 +274,7 @@ func (pd *domain) forgetQP(qp *queuePair) {
 }
 
 // Close closes the listener, every queue pair, completion queue and region
-// left, and waits for the domain's goroutines.
+// left, and waits for the domain's goroutines. It is idempotent.
 func (pd *domain) Close() error {
 	pd.mu.Lock()
 	if pd.closed {
@@ -298,16 +286,12 @@ func (pd *domain) Close() error {
 	for _, qp := range pd.qps {
 		qps = append(qps, qp)
 	}
-	for c := range pd.handshakes {
-		c.Close()
-	}
 	pd.mu.Unlock()
 
-	pd.ln.Close()
+	pd.acceptor.Close()
 	for _, qp := range qps {
 		qp.Close()
 	}
-	pd.wg.Wait()
 
 	pd.mu.Lock()
 	var regions []*region

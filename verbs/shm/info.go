@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // connInfo is a queue pair's connection information, the bytes of
@@ -20,7 +21,7 @@ import (
 //	[48:]   socket address: "@name" (abstract) or an absolute path
 type connInfo struct {
 	hostID [16]byte
-	secret [16]byte
+	secret softrc.Secret
 	qpID   uint64
 	addr   string
 }

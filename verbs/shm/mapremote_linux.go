@@ -3,55 +3,57 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
+	"golang.org/x/sys/unix"
 )
 
 var _ verbs.RemoteMapper = (*queuePair)(nil)
 
-// MapRemote returns length bytes of the peer's region at remote, straight
-// from our mapping of it: no copy. It checks the key, the bounds and the
-// remote-read right as a Read would, and uses the same mapping cache,
-// asking the peer for the region on first use. A refusal is an error; it
-// does not move the queue pair to the error state. A zero length returns an
-// empty slice and, like a zero-length Read, checks no key.
+// MapRemote maps length bytes of the peer's region at remote, with no
+// copy. It checks the key, the bounds and the remote-read right as a Read
+// would, and uses the same cache of announced regions, asking the peer for
+// the region on first use. A refusal is an error; it does not move the
+// queue pair to the error state. A zero length returns an empty mapping
+// and, like a zero-length Read, checks no key.
 //
-// The bytes are the peer's memory: they change when the peer writes them
-// and must not be written. They stay valid Go memory until the queue pair
-// is closed. If the peer deregisters the region first, the views of it are
-// not unmapped: the peer's pages behind them are replaced by read-only zero
-// pages (see dropRemoteLocked), so they read zeros from then on, and the
-// peer's memory is out of our reach as its Deregister promises.
-func (qp *queuePair) MapRemote(remote verbs.Remote, length int) ([]byte, error) {
+// The mapping is the peer's memfd mapped PROT_READ, shared by every
+// Mapping of the same region and unmapped when the last is released. It
+// does not depend on the queue pair: closing it, the peer deregistering
+// the region or the peer's death leave it readable (the memfd is sealed
+// against shrinking, so its pages stay), showing the last bytes the peer
+// wrote.
+func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, error) {
 	qp.mu.Lock()
 	state, closed := qp.state, qp.closed
 	qp.mu.Unlock()
 	switch {
 	case closed:
-		return nil, verbs.ErrClosed
+		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrClosed)
 	case state == verbs.QPError:
-		return nil, verbs.ErrQPError
+		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrQPError)
 	case state != verbs.QPReadyToSend:
-		return nil, verbs.ErrNotConnected
+		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrNotConnected)
 	case length < 0:
-		return nil, fmt.Errorf("shm: MapRemote of a negative length %d", length)
+		return nil, fmt.Errorf("shm: MapRemote of a negative length %d: %w", length, verbs.ErrInvalidMemory)
 	case length == 0:
-		return []byte{}, nil
+		return &mapping{}, nil
 	}
 	for asked := false; ; asked = true {
 		qp.remoteMu.RLock()
 		if rr := qp.remote[remote.Key]; rr != nil {
-			b, err := rr.span(remote.Addr, length, verbs.AccessRemoteRead)
+			_, err := rr.span(remote.Addr, length, verbs.AccessRemoteRead)
+			var m *mapping
 			if err == nil {
-				// Under the read lock: dropRemoteLocked, which holds the
-				// write lock, sees it.
-				rr.viewed.Store(true)
+				m, err = rr.view(remote.Addr-rr.addr, length)
 			}
 			qp.remoteMu.RUnlock()
 			if err != nil {
 				return nil, fmt.Errorf("shm: MapRemote refused: %w", err)
 			}
-			return b, nil
+			return m, nil
 		}
 		qp.remoteMu.RUnlock()
 		if asked {
@@ -68,12 +70,100 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) ([]byte, error) 
 			closed = qp.closed
 			qp.mu.Unlock()
 			if closed {
-				return nil, verbs.ErrClosed
+				return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrClosed)
 			}
 			if err == nil {
 				err = errors.New("shm: the queue pair failed")
 			}
 			return nil, fmt.Errorf("%w: %w", verbs.ErrQPError, err)
 		}
+	}
+}
+
+// roMapping is a read-only mapping of a peer region's memfd, shared by the
+// Mappings of the region and unmapped by the last Release.
+type roMapping struct {
+	rr      *remoteRegion
+	refs    int // guarded by rr.roMu
+	mapping []byte
+	data    []byte
+}
+
+// view returns a Mapping of n bytes at off in the region. The caller holds
+// qp.remoteMu for reading, so rr.fd is open.
+func (rr *remoteRegion) view(off uint64, n int) (*mapping, error) {
+	rr.roMu.Lock()
+	defer rr.roMu.Unlock()
+	ro := rr.ro
+	if ro == nil {
+		whole, data, err := mapFD(rr.fd, rr.offset, rr.length, false)
+		if err != nil {
+			return nil, fmt.Errorf("peer region %#x: %v", rr.key, err)
+		}
+		ro = &roMapping{rr: rr, mapping: whole, data: data}
+		rr.ro = ro
+	}
+	ro.refs++
+	return &mapping{ro: ro, b: ro.data[off : off+uint64(n) : off+uint64(n)]}, nil
+}
+
+func (ro *roMapping) release() {
+	rr := ro.rr
+	rr.roMu.Lock()
+	defer rr.roMu.Unlock()
+	ro.refs--
+	if ro.refs > 0 {
+		return
+	}
+	if rr.ro == ro {
+		rr.ro = nil
+	}
+	unix.Munmap(ro.mapping)
+}
+
+// mapping implements verbs.Mapping.
+type mapping struct {
+	ro       *roMapping // nil for an empty mapping
+	b        []byte
+	released atomic.Bool
+}
+
+func (m *mapping) Bytes() []byte { return m.b }
+
+// Release unmaps the pages when no other Mapping of the region shares
+// them. It is idempotent.
+func (m *mapping) Release() error {
+	if m.released.Swap(true) || m.ro == nil {
+		return nil
+	}
+	m.ro.release()
+	return nil
+}
+
+// Grant opens length bytes at offset of region to this queue pair's peer
+// with one right: the peer asks for the grant's key like a region's, and
+// only this queue pair's peer is told of it. Revoke has the peer unmap it
+// and waits for its confirmation, as Deregister does.
+func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
+	qp.mu.Lock()
+	closed := qp.closed
+	qp.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("shm: queue pair %d: grant: %w", qp.id, verbs.ErrClosed)
+	}
+	g, err := qp.pd.table.NewGrant(qp, region, offset, length, access, qp.revokeGrant)
+	if err != nil {
+		return nil, fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
+	}
+	return g, nil
+}
+
+func (qp *queuePair) revokeGrant(g *softrc.Grant) {
+	qp.pd.mu.Lock()
+	_, announced := qp.announced[g.Key()]
+	delete(qp.announced, g.Key())
+	qp.pd.mu.Unlock()
+	if announced {
+		qp.revoke(g.Key())
 	}
 }

@@ -37,7 +37,27 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b
 func remoteMappings(qp *queuePair) (cached, retired int) {
 	qp.remoteMu.RLock()
 	defer qp.remoteMu.RUnlock()
-	return len(qp.remote), len(qp.retired)
+	return len(qp.remote), 0
+}
+
+// mappingPerms returns the permissions ("r--s") of the mapping of this
+// process that holds addr, or "" when none does.
+func mappingPerms(t testing.TB, addr uintptr) string {
+	t.Helper()
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		var lo, hi uintptr
+		var perms string
+		if _, err := fmt.Sscanf(s.Text(), "%x-%x %s", &lo, &hi, &perms); err == nil && lo <= addr && addr < hi {
+			return perms
+		}
+	}
+	return ""
 }
 
 // TestMapRemote maps part of the peer's region: the view is the peer's
@@ -49,9 +69,14 @@ func TestMapRemote(t *testing.T) {
 	defer closeAll()
 	pattern(b.mr.Bytes(), 9)
 	remote := verbs.Remote{Addr: b.mr.Addr() + 100, Key: b.mr.RemoteKey()}
-	view, err := a.qp.MapRemote(remote, 300)
+	vm, err := a.qp.MapRemote(remote, 300)
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer vm.Release()
+	view := vm.Bytes()
+	if p := mappingPerms(t, addrOf(view)); len(p) < 2 || p[0] != 'r' || p[1] != '-' {
+		t.Fatalf("the mapping's permissions are %q, want read-only", p)
 	}
 	if len(view) != 300 || cap(view) != 300 {
 		t.Fatalf("view has len %d cap %d, want 300", len(view), cap(view))
@@ -67,11 +92,12 @@ func TestMapRemote(t *testing.T) {
 		t.Fatal("the view is the peer's own mapping, not ours")
 	}
 	// The whole region, and a second view of the same mapping.
-	whole, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr(), Key: b.mr.RemoteKey()}, b.mr.Len())
+	wm, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr(), Key: b.mr.RemoteKey()}, b.mr.Len())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if addrOf(whole)+100 != addrOf(view) {
+	defer wm.Release()
+	if addrOf(wm.Bytes())+100 != addrOf(view) {
 		t.Fatal("two views of one region come from different mappings")
 	}
 	if cached, _ := remoteMappings(a.qp); cached != 1 {
@@ -89,7 +115,7 @@ func TestMapRemote(t *testing.T) {
 	}
 	// Zero length works, like a zero-length Read, whatever the key.
 	for _, r := range []verbs.Remote{remote, {Addr: 1, Key: 12345}} {
-		if v, err := a.qp.MapRemote(r, 0); err != nil || v == nil || len(v) != 0 {
+		if v, err := a.qp.MapRemote(r, 0); err != nil || v == nil || len(v.Bytes()) != 0 || v.Release() != nil {
 			t.Fatalf("MapRemote(%+v, 0) = %v (nil %v), %v", r, v, v == nil, err)
 		}
 	}
@@ -131,7 +157,7 @@ func TestMapRemoteRefusals(t *testing.T) {
 	} {
 		v, err := a.qp.MapRemote(tc.remote, tc.length)
 		if err == nil || v != nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: MapRemote = %d bytes, %v; want a refusal naming %q", tc.name, len(v), err, tc.want)
+			t.Errorf("%s: MapRemote = %v, %v; want a refusal naming %q", tc.name, v, err, tc.want)
 		}
 		if st := a.qp.State(); st != verbs.QPReadyToSend {
 			t.Fatalf("%s: the refusal moved the queue pair to %v", tc.name, st)
@@ -145,13 +171,15 @@ func TestMapRemoteRefusals(t *testing.T) {
 	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
 		t.Fatal(verbs.CompletionError(c))
 	}
-	if v, err := a.qp.MapRemote(verbs.Remote{Addr: base, Key: key}, 10); err != nil || string(v) != "still fine" {
-		t.Fatalf("MapRemote after refusals: %q, %v", v, err)
+	if v, err := a.qp.MapRemote(verbs.Remote{Addr: base, Key: key}, 10); err != nil || string(v.Bytes()) != "still fine" {
+		t.Fatalf("MapRemote after refusals: %v, %v", v, err)
+	} else {
+		v.Release()
 	}
 
 	// Not connected, and closed.
 	cq, _ := a.pd.NewCompletionQueue(4)
-	qp, err := a.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := a.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 2, MaxRecv: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,64 +193,51 @@ func TestMapRemoteRefusals(t *testing.T) {
 	}
 }
 
-// TestMapRemoteViewOutlivesDeregister: when the peer deregisters a region
-// we handed out views of, the views stay readable memory (zeros from then
-// on, no longer the peer's memory) until the queue pair closes, and then
-// the range is unmapped. A region without views is unmapped at once.
-func TestMapRemoteViewOutlivesDeregister(t *testing.T) {
+// TestMapRemoteOutlivesPeer: a Mapping stays readable, with the peer's
+// last bytes, after the peer deregisters the region, after our queue pair
+// closes and after the peer's domain is gone; the last Release unmaps it.
+func TestMapRemoteOutlivesPeer(t *testing.T) {
 	defer leakcheck.Check(t)
 	a, b, closeAll := connected(t, 1<<16)
 	defer closeAll()
-	other, err := b.pd.RegisterMemory(sealedMemory(t, 4096), allRemote)
+	pattern(b.mr.Bytes(), 5)
+	want := string(b.mr.Bytes()[4096:])
+	remote := verbs.Remote{Addr: b.mr.Addr() + 4096, Key: b.mr.RemoteKey()}
+	m1, err := a.qp.MapRemote(remote, len(want))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// other is mapped by a Write, without views.
-	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Length: 8}, Remote: verbs.Remote{Addr: other.Addr(), Key: other.RemoteKey()}}); err != nil {
-		t.Fatal(err)
-	}
-	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess {
-		t.Fatal(verbs.CompletionError(c))
-	}
-	copy(b.mr.Bytes()[4096:], "before deregistration")
-	view, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr() + 4096, Key: b.mr.RemoteKey()}, 21)
+	m2, err := a.qp.MapRemote(remote, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(view) != "before deregistration" {
-		t.Fatalf("view holds %q", view)
-	}
+	view := m1.Bytes()
 	if err := b.mr.Deregister(); err != nil {
 		t.Fatal(err)
 	}
-	if err := other.Deregister(); err != nil {
-		t.Fatal(err)
-	}
-	if cached, retired := remoteMappings(a.qp); cached != 0 || retired != 1 {
-		t.Fatalf("after deregistration: %d cached, %d retired mappings; want 0 and 1", cached, retired)
-	}
-	// Readable, no longer the peer's memory.
-	copy(b.mr.Bytes()[4096:], "after  deregistration")
-	for i, c := range view {
-		if c != 0 {
-			t.Fatalf("view byte %d is %#x after the peer deregistered, want 0", i, c)
-		}
-	}
-	if _, err := a.qp.MapRemote(verbs.Remote{Addr: b.mr.Addr() + 4096, Key: b.mr.RemoteKey()}, 21); err == nil {
+	if _, err := a.qp.MapRemote(remote, 8); err == nil {
 		t.Fatal("MapRemote of a deregistered region succeeded")
 	}
-	if st := a.qp.State(); st != verbs.QPReadyToSend {
-		t.Fatalf("queue pair is %v, want RTS", st)
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
 	}
-	if !isMapped(t, addrOf(view)) {
-		t.Fatal("the view's range was unmapped before Close")
+	if err := b.pd.Close(); err != nil {
+		t.Fatal(err)
 	}
-	a.qp.Close()
-	if cached, retired := remoteMappings(a.qp); cached != 0 || retired != 0 {
-		t.Fatalf("after Close: %d cached, %d retired mappings", cached, retired)
+	if string(view) != want {
+		t.Fatal("the mapping changed after the peer and the queue pair went away")
+	}
+	if err := m2.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if !isMapped(t, addrOf(view)) || string(view) != want {
+		t.Fatal("releasing one Mapping unmapped the pages another still uses")
+	}
+	if err := m1.Release(); err != nil || m1.Release() != nil {
+		t.Fatal("Release is not idempotent")
 	}
 	if isMapped(t, addrOf(view)) {
-		t.Fatal("the view's range is still mapped after Close")
+		t.Fatal("the pages are still mapped after the last Release")
 	}
 }
 
@@ -251,9 +266,13 @@ func TestMapRemoteConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			v, err := a.qp.MapRemote(verbs.Remote{Addr: mrs[i].Addr(), Key: mrs[i].RemoteKey()}, 9)
-			if err == nil && string(v) != fmt.Sprintf("region %2d", i) && string(v) != fmt.Sprintf("Wegion %2d", i) {
-				err = fmt.Errorf("view of region %d holds %q", i, v)
+			m, err := a.qp.MapRemote(verbs.Remote{Addr: mrs[i].Addr(), Key: mrs[i].RemoteKey()}, 9)
+			if err == nil {
+				v := m.Bytes()
+				if string(v) != fmt.Sprintf("region %2d", i) && string(v) != fmt.Sprintf("Wegion %2d", i) {
+					err = fmt.Errorf("view of region %d holds %q", i, v)
+				}
+				m.Release()
 			}
 			errs <- err
 		}()

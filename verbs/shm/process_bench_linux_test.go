@@ -59,7 +59,7 @@ func childEcho(mode string) error {
 	if err != nil {
 		return err
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 32, MaxRecv: 32})
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func benchOtherProcess(b *testing.B, name string, op func(ps *parentSide, addr u
 	}
 	defer pd.Close()
 	cq, _ := pd.NewCompletionQueue(64)
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 32, MaxRecv: 32})
 	if err != nil {
 		b.Fatal(err)
 	}

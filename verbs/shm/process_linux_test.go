@@ -100,7 +100,7 @@ func child(mode string) error {
 	if err != nil {
 		return err
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
 	if err != nil {
 		return err
 	}
@@ -112,6 +112,21 @@ func child(mode string) error {
 	}
 	if mode == "idle" {
 		fmt.Println("connected")
+		in.Scan() // until killed
+		return nil
+	}
+	if mode == "lease" {
+		// A region the parent maps with MapRemote, then kills us.
+		fd, mem, err := newSealedMemfd("child-lease", childHalf)
+		if err != nil {
+			return err
+		}
+		pattern(mem, childSeed)
+		mr, err := pd.RegisterMemory(verbs.Memory{Bytes: mem, HasFD: true, FD: fd}, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%d %d\n", mr.Addr(), mr.RemoteKey())
 		in.Scan() // until killed
 		return nil
 	}
@@ -195,7 +210,7 @@ func newParentSide(t *testing.T) *parentSide {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +314,48 @@ func TestOtherProcessDies(t *testing.T) {
 		t.Fatalf("PostSend after the peer died: %v, want ErrQPError", err)
 	}
 	ps.qp.Close()
+}
+
+// TestOtherProcessDiesLeaseSurvives maps the memory of a peer process with
+// MapRemote, kills the peer and closes our queue pair: the Mapping still
+// reads the peer's bytes, without a fault, until its Release.
+func TestOtherProcessDiesLeaseSurvives(t *testing.T) {
+	defer leakcheck.Check(t)
+	ps := newParentSide(t)
+	defer ps.pd.Close()
+	stdin, out, cmd := startChild(t, "lease")
+	defer stdin.Close()
+	ps.connectChild(t, stdin, out)
+	var addr uint64
+	var key uint32
+	if !out.Scan() {
+		t.Fatalf("no region from the child: %v", out.Err())
+	}
+	if _, err := fmt.Sscanf(out.Text(), "%d %d", &addr, &key); err != nil {
+		t.Fatalf("child region %q: %v", out.Text(), err)
+	}
+	m, err := ps.qp.(verbs.RemoteMapper).MapRemote(verbs.Remote{Addr: addr, Key: key}, childHalf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, childHalf)
+	pattern(want, childSeed)
+	if string(m.Bytes()) != string(want) {
+		t.Fatal("the mapping does not hold the child's bytes")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline := time.Now().Add(childTimeout)
+	for ps.qp.State() != verbs.QPError && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := ps.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Bytes()) != string(want) {
+		t.Fatal("the mapping changed after the child died and the queue pair closed")
+	}
+	if err := m.Release(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,7 +24,7 @@ import (
 type queuePair struct {
 	pd               *domain
 	id               uint64
-	secret           [16]byte
+	secret           softrc.Secret
 	info             []byte
 	sendCQ, recvCQ   *completionQueue
 	maxSend, maxRecv int
@@ -47,8 +48,9 @@ type queuePair struct {
 	// the queue pair fails.
 	inflightStatus verbs.Status
 	inflightErr    error
+	errReported    bool // a send completion in ERR carried the failure
 
-	sq []verbs.SendRequest // sq[0] is executing when the sender set executing
+	sq []*sendWR // sq[0] is executing when the sender set executing
 	// executing is set while a request runs, either sq[0] in the sender
 	// goroutine or one that PostSend runs inline (until its ack arrives,
 	// for a Send or WriteImm): requests run one at a time, in posting
@@ -61,7 +63,7 @@ type queuePair struct {
 	// them before it unmaps the staging buffer.
 	inline sync.WaitGroup
 
-	rq      []verbs.RecvRequest
+	rq      []*recvWR
 	inbound *inbound // a Send or WriteImm being received
 	// heldRecv is a successful receive completion held back until the
 	// ack of its request is on the wire (see releaseRecv).
@@ -79,7 +81,7 @@ type queuePair struct {
 
 	// Requests posted whose completions have not been polled yet; they
 	// count against maxSend and maxRecv.
-	sendOutstanding, recvOutstanding atomic.Int64
+	sendQ, recvQ *softrc.WorkQueue
 
 	// Set by Connect before the goroutines start, released by Close after
 	// they stop.
@@ -101,12 +103,9 @@ type queuePair struct {
 	mapCh chan mapResult // answers to msgMapRequest, for the holder of fetchMu
 
 	// remote caches the peer's regions we mapped, by key. Copies hold the
-	// read lock; unmapping holds the write lock. retired holds mappings
-	// the peer revoked while MapRemote views of them were out; Close
-	// unmaps them (see dropRemoteLocked).
+	// read lock; unmapping holds the write lock.
 	remoteMu sync.RWMutex
 	remote   map[uint32]*remoteRegion
-	retired  []*remoteRegion
 
 	// fetchMu serializes asking the peer for regions (the sender's
 	// requests and MapRemote's); mapSeq, the request ids, is guarded by it.
@@ -117,19 +116,21 @@ type queuePair struct {
 	// matching revocations. announced (guarded by pd.mu) holds the keys
 	// of our regions the peer may have mapped.
 	announceMu sync.Mutex
-	announced  map[uint32]struct{}
+	announced  map[uint32]*region
 }
 
 // errQueuePairClosed is the cause recorded in completions flushed by Close.
 var errQueuePairClosed = errors.New("shm: queue pair closed")
 
-func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePairConfig) *queuePair {
+func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePairConfig, maxSend, maxRecv int) *queuePair {
 	qp := &queuePair{
 		pd:           pd,
 		sendCQ:       sendCQ,
 		recvCQ:       recvCQ,
-		maxSend:      cfg.MaxSend,
-		maxRecv:      cfg.MaxRecv,
+		maxSend:      maxSend,
+		maxRecv:      maxRecv,
+		sendQ:        softrc.NewWorkQueue(maxSend),
+		recvQ:        softrc.NewWorkQueue(maxRecv),
 		incoming:     make(chan dialIn, 4),
 		failed:       make(chan struct{}),
 		unmapWaiters: make(map[uint64]chan struct{}),
@@ -137,20 +138,14 @@ func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePa
 		ackCh:        make(chan message, 1),
 		mapCh:        make(chan mapResult, 1),
 		remote:       make(map[uint32]*remoteRegion),
-		announced:    make(map[uint32]struct{}),
+		announced:    make(map[uint32]*region),
 		accepting:    true,
-	}
-	if qp.maxSend == 0 {
-		qp.maxSend = 1024
-	}
-	if qp.maxRecv == 0 {
-		qp.maxRecv = 1024
 	}
 	qp.inlineLimit = pd.opts.inlineLimit
 	if cfg.MaxInline > 0 {
 		qp.inlineLimit = cfg.MaxInline
 	}
-	randomBytes(qp.secret[:])
+	qp.secret = softrc.NewSecret()
 	qp.ctx, qp.cancel = context.WithCancel(context.Background())
 	return qp
 }
@@ -163,16 +158,50 @@ func (qp *queuePair) State() verbs.QPState {
 	return qp.state
 }
 
+// sendWR is a posted send request whose local memory was checked at post
+// time: vec replaces Local and Segments.
+type sendWR struct {
+	verbs.SendRequest
+	vec softrc.Vec
+	n   int
+	seg [1]softrc.Seg
+}
+
+// recvWR is a posted receive.
+type recvWR struct {
+	ID  uint64
+	vec softrc.Vec
+	n   int
+}
+
+// PostSend checks every request, then posts them all (or none): an idle
+// queue pair runs the first ones inline (see executeInlineLocked).
 func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	ws := make([]sendWR, len(wrs))
+	for i := range wrs {
+		var one [1]softrc.Seg
+		vec, err := softrc.CheckSend(qp.pd, limits, &wrs[i], one[:0])
+		if err != nil {
+			return fmt.Errorf("shm: queue pair %d: PostSend request %d (id %d): %w", qp.id, i, wrs[i].ID, err)
+		}
+		w := &ws[i]
+		w.SendRequest, w.vec, w.n = wrs[i], vec, vec.Len()
+		w.Local, w.Segments = verbs.Local{}, nil
+		if len(vec) == 1 {
+			w.seg[0] = vec[0]
+			w.vec = w.seg[:]
+		}
+	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	switch {
-	case qp.closed:
-		return verbs.ErrClosed
-	case qp.state == verbs.QPError:
-		return verbs.ErrQPError
-	case qp.state != verbs.QPReadyToSend:
-		return verbs.ErrNotConnected
+	if err := softrc.PostError(qp.closed, qp.state, qp.inflightErr, true); err != nil {
+		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
+	}
+	if err := qp.sendQ.Take(len(ws)); err != nil {
+		return fmt.Errorf("shm: queue pair %d: PostSend of %w", qp.id, err)
 	}
 	posted := 0
 	defer func() {
@@ -183,22 +212,13 @@ func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 			}
 		}
 	}()
-	for _, wr := range wrs {
-		switch {
-		case qp.closed:
-			return verbs.ErrClosed
-		case qp.state == verbs.QPError:
-			// An inline request of this call failed.
-			return verbs.ErrQPError
-		case wr.Op != verbs.OpSend && wr.Op != verbs.OpWrite && wr.Op != verbs.OpWriteImm && wr.Op != verbs.OpRead:
-			return fmt.Errorf("shm: work request %d: opcode %v does not belong on the send queue: %w", wr.ID, wr.Op, verbs.ErrUnsupported)
-		case qp.sendOutstanding.Load() >= int64(qp.maxSend):
-			return verbs.ErrQueueFull
-		}
-		qp.sendOutstanding.Add(1)
-		if !qp.executing && len(qp.sq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
+	for i := range ws {
+		wr := &ws[i]
+		if qp.state != verbs.QPError && !qp.executing && len(qp.sq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
 			continue
 		}
+		// Behind a running request, or the queue pair failed under an
+		// inline request of this call: the sender runs or flushes it.
 		qp.sq = append(qp.sq, wr)
 		posted++
 	}
@@ -208,19 +228,20 @@ func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 // awaitingAck is an inline Send or WriteImm waiting for the peer's ack: c is
 // its completion should the ack say success.
 type awaitingAck struct {
-	c   verbs.Completion
-	seq uint64
+	c          verbs.Completion
+	seq        uint64
+	unsignaled bool
 }
 
-func (qp *queuePair) inlineable(wr verbs.SendRequest) bool {
-	if wr.Local.Length > qp.inlineLimit {
+func (qp *queuePair) inlineable(wr *sendWR) bool {
+	if wr.n > qp.inlineLimit {
 		return false
 	}
 	switch wr.Op {
 	case verbs.OpWrite, verbs.OpRead, verbs.OpWriteImm:
 		return true
 	case verbs.OpSend:
-		return wr.Local.Length <= len(qp.staging)
+		return wr.n <= len(qp.staging)
 	}
 	return false
 }
@@ -230,7 +251,7 @@ func (qp *queuePair) inlineable(wr verbs.SendRequest) bool {
 // of a Send or WriteImm, whose completion the receiver queues when the ack
 // comes. It reports false, having done nothing, when the peer's region is
 // not mapped yet: asking the peer for it is the sender goroutine's job.
-func (qp *queuePair) executeInlineLocked(wr verbs.SendRequest) bool {
+func (qp *queuePair) executeInlineLocked(wr *sendWR) bool {
 	qp.executing = true
 	qp.inline.Add(1)
 	qp.mu.Unlock()
@@ -249,7 +270,7 @@ func (qp *queuePair) executeInlineLocked(wr verbs.SendRequest) bool {
 	if doorbell != nil && c.Status == verbs.StatusSuccess {
 		qp.nextSeq++
 		doorbell.seq = qp.nextSeq
-		qp.awaiting = &awaitingAck{c: c, seq: doorbell.seq}
+		qp.awaiting = &awaitingAck{c: c, seq: doorbell.seq, unsignaled: wr.Unsignaled}
 		qp.mu.Unlock()
 		err := qp.send(doorbell, -1)
 		qp.mu.Lock()
@@ -262,7 +283,7 @@ func (qp *queuePair) executeInlineLocked(wr verbs.SendRequest) bool {
 		return true
 	}
 	qp.executing = false
-	qp.finishSendLocked(c)
+	qp.finishSendLocked(c, wr.Unsignaled)
 	return true
 }
 
@@ -270,8 +291,8 @@ func (qp *queuePair) executeInlineLocked(wr verbs.SendRequest) bool {
 // executing, fails the queue pair if it failed and otherwise wakes the
 // sender for the requests queued behind it. It may release qp.mu for a
 // while.
-func (qp *queuePair) finishSendLocked(c verbs.Completion) {
-	qp.completeSend(c)
+func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
+	qp.completeSend(c, unsignaled)
 	if c.Status != verbs.StatusSuccess {
 		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(c))
 		qp.mu.Unlock()
@@ -303,38 +324,44 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	if st, err := ackStatus(m.status); st != verbs.StatusSuccess {
 		c = verbs.Completion{ID: c.ID, Op: c.Op, Status: st, Err: err}
 	}
-	qp.finishSendLocked(c)
+	qp.finishSendLocked(c, aw.unsignaled)
 	return true, nil
 }
 
 // PostRecv posts receive buffers. It may be called before Connect, so that
 // buffers are ready when the first Send arrives.
 func (qp *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
-	qp.mu.Lock()
-	var acks []message
-	err := func() error {
-		switch {
-		case qp.closed:
-			return verbs.ErrClosed
-		case qp.state == verbs.QPError:
-			return verbs.ErrQPError
-		}
-		for _, wr := range wrs {
-			if qp.recvOutstanding.Load() >= int64(qp.maxRecv) {
-				return verbs.ErrQueueFull
-			}
-			qp.recvOutstanding.Add(1)
-			qp.rq = append(qp.rq, wr)
-		}
+	if len(wrs) == 0 {
 		return nil
-	}()
+	}
+	rs := make([]recvWR, len(wrs))
+	for i := range wrs {
+		vec, err := softrc.CheckRecv(qp.pd, limits, &wrs[i], nil)
+		if err != nil {
+			return fmt.Errorf("shm: queue pair %d: PostRecv request %d (id %d): %w", qp.id, i, wrs[i].ID, err)
+		}
+		rs[i] = recvWR{ID: wrs[i].ID, vec: vec, n: vec.Len()}
+	}
+	qp.mu.Lock()
+	if err := softrc.PostError(qp.closed, qp.state, qp.inflightErr, false); err != nil {
+		qp.mu.Unlock()
+		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
+	}
+	if err := qp.recvQ.Take(len(rs)); err != nil {
+		qp.mu.Unlock()
+		return fmt.Errorf("shm: queue pair %d: PostRecv of %w", qp.id, err)
+	}
+	for i := range rs {
+		qp.rq = append(qp.rq, &rs[i])
+	}
+	var acks []message
 	if in := qp.inbound; in != nil && in.recv == nil && len(qp.rq) > 0 {
 		acks = qp.deliverLocked(in)
 	}
 	qp.mu.Unlock()
 	qp.sendAll(acks)
 	qp.releaseRecv()
-	return err
+	return nil
 }
 
 // fail moves the queue pair to the error state; see failLocked.
@@ -366,7 +393,7 @@ func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
 	qp.rq = nil
 	if aw := qp.awaiting; aw != nil {
 		qp.awaiting = nil
-		qp.completeSend(verbs.Completion{ID: aw.c.ID, Op: aw.c.Op, Status: inflight, Err: cause})
+		qp.completeSend(verbs.Completion{ID: aw.c.ID, Op: aw.c.Op, Status: inflight, Err: cause}, aw.unsignaled)
 	}
 	var acks []message
 	if in := qp.inbound; in != nil {
@@ -380,8 +407,25 @@ func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
 	return acks
 }
 
-func (qp *queuePair) completeSend(c verbs.Completion) { qp.sendCQ.push(c, &qp.sendOutstanding) }
-func (qp *queuePair) completeRecv(c verbs.Completion) { qp.recvCQ.push(c, &qp.recvOutstanding) }
+// The caller holds qp.mu. In ERR, the first send completion that is not a
+// success carries the failure (the transport error when the peer went
+// away); every later one is flushed.
+func (qp *queuePair) completeSend(c verbs.Completion, unsignaled bool) {
+	if qp.state == verbs.QPError && c.Status != verbs.StatusSuccess {
+		if !qp.errReported && c.Status == verbs.StatusFlushed {
+			c.Status = qp.inflightStatus
+		}
+		qp.errReported = true
+	}
+	if e, ok := qp.sendQ.Complete(c, unsignaled); ok {
+		qp.sendCQ.Push(e)
+	}
+}
+
+func (qp *queuePair) completeRecv(c verbs.Completion) {
+	e, _ := qp.recvQ.Complete(c, false)
+	qp.recvCQ.Push(e)
+}
 
 // holdRecvLocked keeps a successful receive completion until releaseRecv.
 // The ack goes out first so that, when our application answers the Send at
@@ -409,9 +453,20 @@ func (qp *queuePair) releaseRecvLocked() {
 
 // sendAll sends control messages that carry no fd, ignoring errors: a
 // broken connection is noticed and reported by the receiver.
+//
+// Once the queue pair is in ERR, the acks it still owes are its last
+// words: it then shuts down its side of the connection, so that the peer's
+// queue pair goes to ERR too, as on RC.
 func (qp *queuePair) sendAll(msgs []message) {
 	for i := range msgs {
 		qp.send(&msgs[i], -1)
+	}
+	qp.mu.Lock()
+	conn := qp.conn
+	down := qp.state == verbs.QPError && conn != nil && !qp.closed
+	qp.mu.Unlock()
+	if down {
+		conn.CloseWrite()
 	}
 }
 
@@ -473,12 +528,8 @@ func (qp *queuePair) Close() error {
 	qp.remoteMu.Lock()
 	for key, rr := range qp.remote {
 		delete(qp.remote, key)
-		rr.unmap()
+		rr.unmap() // Mappings of it keep their own read-only mappings
 	}
-	for _, rr := range qp.retired {
-		rr.unmap()
-	}
-	qp.retired = nil
 	qp.remoteMu.Unlock()
 	if qp.stagingMapping != nil {
 		unix.Munmap(qp.stagingMapping)
@@ -492,6 +543,9 @@ func (qp *queuePair) Close() error {
 	// PostRecv) may still try the peer's ring: release takes its lock.
 	qp.tx.release()
 	qp.rx.release()
+	qp.pd.table.RevokeAll(qp)
+	qp.sendCQ.Unreserve(qp.maxSend)
+	qp.recvCQ.Unreserve(qp.maxRecv)
 	qp.pd.forgetQP(qp)
 	return nil
 }
@@ -544,30 +598,11 @@ func (qp *queuePair) unmapConfirmed(token uint64) {
 	qp.mu.Unlock()
 }
 
-// localBuffer resolves a local buffer of a work request, checking its
-// region, rights and bounds.
-func (qp *queuePair) localBuffer(l verbs.Local, need verbs.Access) ([]byte, verbs.Status, error) {
-	if l.Offset < 0 || l.Length < 0 {
-		return nil, verbs.StatusLocalLength, fmt.Errorf("shm: negative local offset %d or length %d", l.Offset, l.Length)
+// holdLocal references the regions of a request's local segments for a
+// copy; a deregistered one fails the request with StatusLocalProtection.
+func holdLocal(v softrc.Vec) (verbs.Status, error) {
+	if bad, ok := v.Acquire(); !ok {
+		return verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x is deregistered", bad.LocalKey())
 	}
-	if l.Region == nil {
-		if l.Length == 0 {
-			return nil, verbs.StatusSuccess, nil
-		}
-		return nil, verbs.StatusLocalProtection, errors.New("shm: local buffer has no region")
-	}
-	r, ok := l.Region.(*region)
-	if !ok || r.pd != qp.pd {
-		return nil, verbs.StatusLocalProtection, errors.New("shm: local region belongs to another protection domain")
-	}
-	if r.deregistered.Load() {
-		return nil, verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x is deregistered", r.key)
-	}
-	if r.access&need != need {
-		return nil, verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x grants %v, the request needs %v", r.key, r.access, need)
-	}
-	if l.Offset > len(r.mem) || l.Length > len(r.mem)-l.Offset {
-		return nil, verbs.StatusLocalLength, fmt.Errorf("shm: local buffer [%d, +%d) lies outside region %#x of %d bytes", l.Offset, l.Length, r.key, len(r.mem))
-	}
-	return r.mem[l.Offset : l.Offset+l.Length : l.Offset+l.Length], verbs.StatusSuccess, nil
+	return verbs.StatusSuccess, nil
 }

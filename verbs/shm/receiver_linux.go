@@ -16,8 +16,7 @@ type inbound struct {
 	seq   uint64  // of the latest chunk, which the peer waits to have acked
 	total uint64
 	next  uint64 // offset of the next chunk of a Send
-	recv  *verbs.RecvRequest
-	buf   []byte // the Recv's buffer, for a Send
+	recv  *recvWR
 	timer *time.Timer
 }
 
@@ -135,13 +134,19 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 	m := in.chunk
 	if in.recv == nil {
 		r := qp.rq[0]
+		qp.rq[0] = nil
 		qp.rq = qp.rq[1:]
-		in.recv = &r
+		in.recv = r
 		in.stopTimer()
 		if in.send {
-			buf, st, err := qp.localBuffer(r.Local, verbs.AccessLocalWrite)
-			if st == verbs.StatusSuccess && in.total > uint64(len(buf)) {
-				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, len(buf))
+			var st verbs.Status
+			var err error
+			if in.total > uint64(r.n) {
+				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, r.n)
+			} else if bad, ok := r.vec.Acquire(); !ok {
+				st, err = verbs.StatusLocalProtection, fmt.Errorf("shm: the Recv's region %#x is deregistered", bad.LocalKey())
+			} else {
+				r.vec.Release()
 			}
 			if st != verbs.StatusSuccess {
 				// As on RC: the receiver's Recv fails and its queue pair
@@ -156,12 +161,14 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 				acks := []message{{typ: msgAck, seq: m.seq, status: peer}}
 				return append(acks, qp.failLocked(verbs.StatusFlushed, err)...)
 			}
-			in.buf = buf
 		}
 	}
 	ack := []message{{typ: msgAck, seq: m.seq}}
 	if in.send {
-		copy(in.buf[m.offset:], qp.peerStaging[:m.length])
+		if _, ok := in.recv.vec.Acquire(); ok {
+			in.recv.vec.Scatter(int(m.offset), qp.peerStaging[:m.length])
+			in.recv.vec.Release()
+		}
 		in.next = m.offset + m.length
 		if m.flags&flagLast == 0 {
 			return ack

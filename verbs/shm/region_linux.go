@@ -1,25 +1,19 @@
 package shm
 
 import (
-	"sync/atomic"
 	"unsafe"
 
-	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
-// region is a registered memfd-backed memory region. Its key serves as both
-// local and remote key.
+// region is a registered memfd-backed memory region: the core's region
+// and the memfd its peers map. Its key serves as both local and remote key.
 type region struct {
+	*softrc.Region
 	pd       *domain
-	mem      []byte
-	addr     uint64
-	key      uint32
-	access   verbs.Access
 	fd       int // our dup of the memfd, closed by Deregister
 	fdOffset uint64
-
-	deregistered atomic.Bool
 }
 
 // addressOf is the virtual address of b's first byte. It is only a name
@@ -29,36 +23,37 @@ func addressOf(b []byte) uint64 {
 	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 }
 
-func (r *region) Addr() uint64         { return r.addr }
-func (r *region) Len() int             { return len(r.mem) }
-func (r *region) Bytes() []byte        { return r.mem }
-func (r *region) LocalKey() uint32     { return r.key }
-func (r *region) RemoteKey() uint32    { return r.key }
-func (r *region) Access() verbs.Access { return r.access }
-
-// Deregister removes the region from the domain and waits until every
-// connected peer that mapped it confirms that it unmapped it (or until its
+// Deregister removes the region and its grants from the domain, waits for
+// local copies in progress on it, and then until every connected peer that
+// mapped it (or a grant of it) confirms that it unmapped it (or until its
 // connection is gone or WithDeregisterTimeout passes). After it returns,
-// remote accesses with the key fail with StatusRemoteAccess.
+// remote accesses with its keys fail with StatusRemoteAccess. It is
+// idempotent.
 func (r *region) Deregister() error {
 	pd := r.pd
 	pd.mu.Lock()
-	if r.deregistered.Load() {
+	if pd.regions[r.LocalKey()] != r {
 		pd.mu.Unlock()
-		return verbs.ErrClosed
+		return nil
 	}
-	r.deregistered.Store(true)
-	delete(pd.regions, r.key)
-	var peers []*queuePair
+	delete(pd.regions, r.LocalKey())
+	type revocation struct {
+		qp  *queuePair
+		key uint32
+	}
+	var revs []revocation
 	for _, qp := range pd.qps {
-		if _, ok := qp.announced[r.key]; ok {
-			delete(qp.announced, r.key)
-			peers = append(peers, qp)
+		for key, ar := range qp.announced {
+			if ar == r {
+				delete(qp.announced, key)
+				revs = append(revs, revocation{qp, key})
+			}
 		}
 	}
 	pd.mu.Unlock()
-	for _, qp := range peers {
-		qp.revoke(r.key)
+	pd.table.Deregister(r.Region)
+	for _, rv := range revs {
+		rv.qp.revoke(rv.key)
 	}
 	unix.Close(r.fd)
 	return nil

@@ -2,37 +2,39 @@ package shm
 
 import (
 	"fmt"
-	"sync/atomic"
-
-	"unsafe"
+	"sync"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
 
-// remoteRegion is a peer's region mapped into our address space: PROT_READ,
-// plus PROT_WRITE when it grants remote write.
+// remoteRegion is a peer's region (or grant) mapped into our address
+// space for copies: PROT_READ, plus PROT_WRITE when it grants remote
+// write. It keeps the peer's memfd, from which MapRemote makes read-only
+// mappings that outlive it.
 type remoteRegion struct {
 	key     uint32
 	addr    uint64 // the peer's name for data[0]
 	length  uint64
 	access  verbs.Access
+	fd      int    // the peer's memfd, closed by unmap
+	offset  uint64 // of data[0] in fd
 	mapping []byte // the whole mmap, page-aligned
 	data    []byte // the region inside it
 
-	// viewed is set once MapRemote has handed out a slice of data: the
-	// address range must then stay mapped until the queue pair closes
-	// (see retire).
-	viewed atomic.Bool
+	roMu sync.Mutex
+	ro   *roMapping // shared by the live Mappings of this region
 }
 
 func (rr *remoteRegion) unmap() {
 	unix.Munmap(rr.mapping)
-	rr.mapping, rr.data = nil, nil
+	closeFD(rr.fd)
+	rr.mapping, rr.data, rr.fd = nil, nil, -1
 }
 
 // span returns the n bytes at the peer's address addr if they lie inside
-// the region and the region grants need.
+// the region and the region grants need: the initiator's check, before
+// any copy, of what the peer announced for the key.
 func (rr *remoteRegion) span(addr uint64, n int, need verbs.Access) ([]byte, error) {
 	if rr.access&need != need {
 		return nil, fmt.Errorf("shm: remote key %#x grants %v, the request needs %v", rr.key, rr.access, need)
@@ -78,7 +80,7 @@ func mapAnnounced(m message, fd int) (*remoteRegion, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: peer region %#x: %v", m.key, err)
 	}
-	return &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, mapping: mapping, data: data}, nil
+	return &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, fd: fd, offset: m.offset, mapping: mapping, data: data}, nil
 }
 
 // withRemote runs f on the peer's region key, mapped, with the mapping
@@ -175,8 +177,9 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 	} else {
 		var rr *remoteRegion
 		rr, err = mapAnnounced(m, fd)
-		unix.Close(fd)
-		if err == nil {
+		if err != nil {
+			unix.Close(fd)
+		} else {
 			qp.remoteMu.Lock()
 			if old := qp.remote[m.key]; old != nil {
 				qp.dropRemoteLocked(old)
@@ -192,18 +195,20 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 	return nil
 }
 
-// onMapRequest announces our region to the peer, with its fd.
+// onMapRequest announces our region, or the grant made on this queue pair,
+// that the peer asks for, with its fd. Another queue pair's grant, a
+// region without remote rights or an unknown key is not found.
 func (qp *queuePair) onMapRequest(m message) {
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
 	reply := message{typ: msgMapReply, key: m.key, seq: m.seq}
 	fd := -1
-	if r := qp.pd.lookupRegionFor(qp, m.key); r != nil && r.access&(verbs.AccessRemoteRead|verbs.AccessRemoteWrite) != 0 {
+	if w, r, err := qp.pd.announce(qp, m.key); err == nil {
 		reply.flags = flagFound
-		reply.addr = r.addr
-		reply.length = uint64(len(r.mem))
-		reply.access = r.access
-		reply.offset = r.fdOffset
+		reply.addr = w.Addr
+		reply.length = w.Len
+		reply.access = w.Access
+		reply.offset = r.fdOffset + w.Off
 		fd = r.fd
 	}
 	qp.send(&reply, fd)
@@ -222,21 +227,8 @@ func (qp *queuePair) onUnmap(m message) {
 }
 
 // dropRemoteLocked releases a mapping that has left the cache; the caller
-// holds remoteMu for writing, so no copy is using it. A mapping MapRemote
-// never handed out is unmapped. One it did is retired instead: the peer's
-// memory is replaced by anonymous read-only zero pages at the same
-// addresses, so the views stay valid Go memory (reading zeros from now on)
-// while the peer's memory is no longer reachable, and Close unmaps the
-// range. Should the replacement fail, the mapping is made read-only and
-// kept until Close as it is.
+// holds remoteMu for writing, so no copy is using it. Mappings handed out
+// by MapRemote have their own read-only mappings and stay valid.
 func (qp *queuePair) dropRemoteLocked(rr *remoteRegion) {
-	if !rr.viewed.Load() {
-		rr.unmap()
-		return
-	}
-	p := unsafe.Pointer(unsafe.SliceData(rr.mapping))
-	if _, err := unix.MmapPtr(-1, 0, p, uintptr(len(rr.mapping)), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED); err != nil {
-		unix.Mprotect(rr.mapping, unix.PROT_READ)
-	}
-	qp.retired = append(qp.retired, rr)
+	rr.unmap()
 }

@@ -22,8 +22,9 @@ func (qp *queuePair) runSender() {
 		c, _ := qp.execute(wr, true)
 		qp.mu.Lock()
 		qp.executing = false
+		qp.sq[0] = nil
 		qp.sq = qp.sq[1:]
-		qp.finishSendLocked(c)
+		qp.finishSendLocked(c, wr.Unsignaled)
 		qp.mu.Unlock()
 	}
 }
@@ -32,7 +33,7 @@ func (qp *queuePair) runSender() {
 // of a Write or Read; the copy of a WriteImm or of a Send that fits the
 // staging buffer, returning the doorbell to ring. It reports false when
 // the remote region is not mapped yet.
-func (qp *queuePair) startInline(wr verbs.SendRequest) (c verbs.Completion, ran bool, doorbell *message) {
+func (qp *queuePair) startInline(wr *sendWR) (c verbs.Completion, ran bool, doorbell *message) {
 	if qp.peerDown() {
 		return verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusTransport, Err: errPeerDown}, true, nil
 	}
@@ -50,16 +51,16 @@ func (qp *queuePair) startInline(wr verbs.SendRequest) (c verbs.Completion, ran 
 			c.Status, c.Err = st, err
 			return c, true, nil
 		}
-		c.Len, c.Imm, c.HasImm = wr.Local.Length, wr.Imm, true
-		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.Local.Length)}
+		c.Len, c.Imm, c.HasImm = wr.n, wr.Imm, true
+		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.n)}
 	case verbs.OpSend:
 		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
-		src, st, err := qp.localBuffer(wr.Local, 0)
-		if st != verbs.StatusSuccess {
+		if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
 			c.Status, c.Err = st, err
 			return c, true, nil
 		}
-		n := copy(qp.staging, src)
+		n := wr.vec.Gather(qp.staging, 0)
+		wr.vec.Release()
 		m := &message{typ: msgSend, flags: flagLast, length: uint64(n), total: uint64(n)}
 		c.Len = n
 		if wr.HasImm {
@@ -74,16 +75,16 @@ func (qp *queuePair) startInline(wr verbs.SendRequest) (c verbs.Completion, ran 
 
 // nextSend waits for the next request. Once the queue pair is in the
 // error state it flushes the send queue and reports false.
-func (qp *queuePair) nextSend() (verbs.SendRequest, bool) {
+func (qp *queuePair) nextSend() (*sendWR, bool) {
 	for {
 		qp.mu.Lock()
 		if qp.state == verbs.QPError {
 			for _, wr := range qp.sq {
-				qp.completeSend(verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusFlushed, Err: qp.inflightErr})
+				qp.completeSend(verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusFlushed, Err: qp.inflightErr}, wr.Unsignaled)
 			}
 			qp.sq = nil
 			qp.mu.Unlock()
-			return verbs.SendRequest{}, false
+			return nil, false
 		}
 		if len(qp.sq) > 0 && !qp.executing {
 			qp.executing = true
@@ -102,7 +103,7 @@ func (qp *queuePair) nextSend() (verbs.SendRequest, bool) {
 // execute runs one request and returns its completion. With fetch false
 // (inline execution in PostSend) it only runs Writes and Reads whose remote
 // region is mapped already, and reports false for anything else.
-func (qp *queuePair) execute(wr verbs.SendRequest, fetch bool) (verbs.Completion, bool) {
+func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
 	c := verbs.Completion{ID: wr.ID, Op: wr.Op}
 	if qp.peerDown() {
 		c.Status, c.Err = verbs.StatusTransport, errPeerDown
@@ -115,7 +116,7 @@ func (qp *queuePair) execute(wr verbs.SendRequest, fetch bool) (verbs.Completion
 	case verbs.OpWrite, verbs.OpWriteImm:
 		st, err, done = qp.write(wr, fetch)
 		if done && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
-			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.Local.Length)})
+			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.n)})
 		}
 	case verbs.OpRead:
 		st, err, done = qp.read(wr, fetch)
@@ -127,7 +128,7 @@ func (qp *queuePair) execute(wr verbs.SendRequest, fetch bool) (verbs.Completion
 	}
 	c.Status, c.Err = st, err
 	if st == verbs.StatusSuccess {
-		c.Len = wr.Local.Length
+		c.Len = wr.n
 		if wr.Op == verbs.OpWriteImm || (wr.Op == verbs.OpSend && wr.HasImm) {
 			c.Imm, c.HasImm = wr.Imm, true
 		}
@@ -137,30 +138,36 @@ func (qp *queuePair) execute(wr verbs.SendRequest, fetch bool) (verbs.Completion
 
 // write copies the local buffer straight into the peer's mapped region:
 // the one copy of a Write.
-func (qp *queuePair) write(wr verbs.SendRequest, fetch bool) (verbs.Status, error, bool) {
-	src, st, err := qp.localBuffer(wr.Local, 0)
-	if st != verbs.StatusSuccess || len(src) == 0 {
-		return st, err, true // a zero-length Write touches no memory and checks no key
+func (qp *queuePair) write(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
+	if wr.n == 0 {
+		return verbs.StatusSuccess, nil, true // a zero-length Write touches no memory and checks no key
 	}
+	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
+		return st, err, true
+	}
+	defer wr.vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
-		dst, err := rr.span(wr.Remote.Addr, len(src), verbs.AccessRemoteWrite)
+		dst, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteWrite)
 		if err == nil {
-			copy(dst, src)
+			wr.vec.Gather(dst, 0)
 		}
 		return err
 	})
 }
 
 // read copies from the peer's mapped region into the local buffer.
-func (qp *queuePair) read(wr verbs.SendRequest, fetch bool) (verbs.Status, error, bool) {
-	dst, st, err := qp.localBuffer(wr.Local, verbs.AccessLocalWrite)
-	if st != verbs.StatusSuccess || len(dst) == 0 {
+func (qp *queuePair) read(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
+	if wr.n == 0 {
+		return verbs.StatusSuccess, nil, true
+	}
+	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
 		return st, err, true
 	}
+	defer wr.vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
-		src, err := rr.span(wr.Remote.Addr, len(dst), verbs.AccessRemoteRead)
+		src, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteRead)
 		if err == nil {
-			copy(dst, src)
+			wr.vec.Scatter(0, src)
 		}
 		return err
 	})
@@ -169,14 +176,14 @@ func (qp *queuePair) read(wr verbs.SendRequest, fetch bool) (verbs.Status, error
 // sendMessage moves a Send through our staging buffer, in chunks of its
 // size: we copy each chunk in, the peer copies it out into its Recv buffer
 // and acks.
-func (qp *queuePair) sendMessage(wr verbs.SendRequest) (verbs.Status, error) {
-	src, st, err := qp.localBuffer(wr.Local, 0)
-	if st != verbs.StatusSuccess {
+func (qp *queuePair) sendMessage(wr *sendWR) (verbs.Status, error) {
+	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
 		return st, err
 	}
-	total := len(src)
+	defer wr.vec.Release()
+	total := wr.n
 	for off := 0; ; {
-		n := copy(qp.staging, src[off:])
+		n := wr.vec.Gather(qp.staging[:min(len(qp.staging), total-off)], off)
 		m := message{typ: msgSend, offset: uint64(off), length: uint64(n), total: uint64(total)}
 		if wr.HasImm {
 			m.flags |= flagHasImm

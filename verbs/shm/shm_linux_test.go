@@ -32,11 +32,11 @@ func newEnd(t testing.TB, p verbs.Provider, size int, access verbs.Access) *end 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cq, err := pd.NewCompletionQueue(64)
+	cq, err := pd.NewCompletionQueue(256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq})
+	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 128, MaxRecv: 128})
 	if err != nil {
 		t.Fatal(err)
 	}

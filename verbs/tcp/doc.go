@@ -65,6 +65,13 @@
 // each kernel and almost never in user space. Read responses travel the
 // same way in the other direction.
 //
+// Regions, grants, completion queues, post-time checks and the
+// outstanding-request accounting are the soft-RC core shared with shm. A
+// grant's key is checked like a region's, and the target also checks that
+// the request arrived on the queue pair the grant was made on. Scattered
+// local segments go out with the same writev and are read into in order.
+// A Fence request is not written until every earlier Read has completed.
+//
 // Completions: Writes, WriteImms and Sends complete at the requester when
 // the target acknowledges them (acknowledgements are cumulative), Reads
 // when their data has arrived. Sends and receives complete in order. The
@@ -101,8 +108,8 @@
 //
 // When a queue pair goes to ERR, its connection lingers (WithLingerTimeout,
 // 2 seconds by default) to deliver the error to the peer, then closes. A
-// queue pair that loses its connection completes the requests already sent
-// with StatusTransport and the others with StatusFlushed. Close completes
+// queue pair that loses its connection completes the oldest outstanding
+// request with StatusTransport and the others with StatusFlushed. Close completes
 // every outstanding request with StatusFlushed exactly once, closes the
 // connection and stops both goroutines before it returns.
 //

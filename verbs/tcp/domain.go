@@ -1,8 +1,6 @@
 package tcp
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -13,42 +11,63 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // domain implements verbs.ProtectionDomain. It owns the listeners that
 // accept the data connections of its queue pairs, one per local address;
 // an accepted connection is handed to the queue pair whose one-time secret
-// it presents.
+// it presents. Regions, grants, completion queues and the access checks
+// are the soft-RC core's (package softrc).
 type domain struct {
-	opts options
+	opts     options
+	table    *softrc.Table
+	acceptor softrc.Acceptor
 
-	mu         sync.Mutex
-	closed     bool
-	listeners  map[string]*listener // by listen address
-	nextQP     uint64
-	qps        map[*queuePair]struct{}
-	cqs        map[*completionQueue]struct{}
-	waiting    map[secret]*queuePair // queue pairs whose secret is still unused
-	handshakes map[net.Conn]struct{} // accepted connections not yet handed over
-	wg         sync.WaitGroup        // the accept loop and handshakes
-
-	regMu   sync.RWMutex
-	regions map[uint32]*memoryRegion
+	mu        sync.Mutex
+	closed    bool
+	listeners map[string]*listener // by listen address
+	nextQP    uint64
+	qps       map[*queuePair]struct{}
+	cqs       map[*completionQueue]struct{}
+	waiting   map[secret]*queuePair // queue pairs whose secret is still unused
 }
 
+// completionQueue is the core's completion queue.
+type completionQueue = softrc.CQ
+
 func newDomain(opts options) *domain {
-	return &domain{
-		opts:       opts,
-		listeners:  make(map[string]*listener),
-		qps:        make(map[*queuePair]struct{}),
-		cqs:        make(map[*completionQueue]struct{}),
-		waiting:    make(map[secret]*queuePair),
-		handshakes: make(map[net.Conn]struct{}),
-		regions:    make(map[uint32]*memoryRegion),
+	d := &domain{
+		opts:      opts,
+		listeners: make(map[string]*listener),
+		qps:       make(map[*queuePair]struct{}),
+		cqs:       make(map[*completionQueue]struct{}),
+		waiting:   make(map[secret]*queuePair),
 	}
+	d.table = softrc.NewTable(d)
+	d.acceptor.OnError = func(ln net.Listener, err error) {
+		d.opts.logger.Warn("tcp: accepting a data connection", "listener", ln.Addr().String(), "err", err)
+	}
+	return d
 }
 
 func (d *domain) Provider() string { return Name }
+
+// attributes are the tcp device's limits: a work request's length is
+// bounded by the frame's length field; Reads, like every request, are
+// bounded only by the send queue.
+var attributes = verbs.Attributes{
+	MaxMessageBytes:     maxFrameLength,
+	MaxSegments:         softrc.MaxSegments,
+	MaxInline:           maxInline,
+	MaxOutstandingReads: softrc.MaxQueueDepth,
+	MaxQueueDepth:       softrc.MaxQueueDepth,
+	Grants:              verbs.GrantSoftware,
+}
+
+var limits = softrc.LimitsOf(attributes)
+
+func (d *domain) Attributes() verbs.Attributes { return attributes }
 
 func (d *domain) isClosed() bool {
 	d.mu.Lock()
@@ -60,80 +79,28 @@ func (d *domain) isClosed() bool {
 // by the domain, not the memory's virtual address, and its key a random
 // 32-bit number unique in the domain.
 func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
-	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
-		return nil, fmt.Errorf("tcp: register memory: unknown access bits %v: %w", access, verbs.ErrInvalidMemory)
-	}
-	if m.DMABuf {
-		return nil, fmt.Errorf("tcp: register memory: %w: DMA-BUF device memory cannot be read by the CPU; stage it through host memory", verbs.ErrInvalidMemory)
-	}
 	if d.isClosed() {
 		return nil, fmt.Errorf("tcp: register memory: domain: %w", verbs.ErrClosed)
 	}
-	r := &memoryRegion{pd: d, bytes: m.Bytes[:len(m.Bytes):len(m.Bytes)], access: access}
-	r.cond.L = &r.mu
-	var b [12]byte
-	d.regMu.Lock()
-	defer d.regMu.Unlock()
-	for {
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("tcp: register memory: choosing a key: %w", err)
-		}
-		r.key = binary.LittleEndian.Uint32(b[:4])
-		if _, used := d.regions[r.key]; r.key != 0 && !used {
-			break
-		}
+	r, err := d.table.Register(m, access, 0)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: %w", err)
 	}
-	// A page-aligned base below 2^62 leaves room for any length without
-	// overflowing the address space.
-	r.addr = (binary.LittleEndian.Uint64(b[4:]) >> 2) &^ 0xfff
-	d.regions[r.key] = r
-	return r, nil
-}
-
-func (d *domain) removeRegion(r *memoryRegion) {
-	d.regMu.Lock()
-	if d.regions[r.key] == r {
-		delete(d.regions, r.key)
-	}
-	d.regMu.Unlock()
-}
-
-// remoteAccess finds the span a peer names and takes a reference on its
-// region. It checks key, rights and bounds before anything touches memory.
-func (d *domain) remoteAccess(key uint32, addr, length uint64, right verbs.Access) (*memoryRegion, []byte, error) {
-	d.regMu.RLock()
-	r := d.regions[key]
-	d.regMu.RUnlock()
-	if r == nil {
-		return nil, nil, fmt.Errorf("no region has remote key %#x", key)
-	}
-	if r.access&right == 0 {
-		return nil, nil, fmt.Errorf("region %#x grants %v, not %v", key, r.access, right)
-	}
-	if addr < r.addr {
-		return nil, nil, fmt.Errorf("address %#x is before region %#x at %#x", addr, key, r.addr)
-	}
-	buf, ok := r.span(addr-r.addr, length)
-	if !ok {
-		return nil, nil, fmt.Errorf("%d bytes at %#x exceed region %#x of %d bytes at %#x", length, addr, key, len(r.bytes), r.addr)
-	}
-	if !r.acquire() {
-		return nil, nil, fmt.Errorf("region %#x is deregistered", key)
-	}
-	return r, buf, nil
+	return &memoryRegion{Region: r, pd: d}, nil
 }
 
 // NewCompletionQueue makes a completion queue of the given capacity.
 func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	if capacity <= 0 {
-		return nil, fmt.Errorf("tcp: completion queue capacity %d must be positive", capacity)
+	var q *completionQueue
+	q, err := softrc.NewCQ(d, capacity, func() { d.removeCQ(q) })
+	if err != nil {
+		return nil, fmt.Errorf("tcp: %w", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, fmt.Errorf("tcp: new completion queue: domain: %w", verbs.ErrClosed)
 	}
-	q := newCompletionQueue(d, capacity)
 	d.cqs[q] = struct{}{}
 	return q, nil
 }
@@ -155,16 +122,19 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 	}
 	sendCQ, ok1 := cfg.SendCQ.(*completionQueue)
 	recvCQ, ok2 := cfg.RecvCQ.(*completionQueue)
-	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.pd != d || recvCQ.pd != d {
+	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != d || recvCQ.Owner() != d {
 		return nil, errors.New("tcp: new queue pair: SendCQ and RecvCQ must be completion queues of this domain")
 	}
-	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 || cfg.MaxInline < 0 {
-		return nil, fmt.Errorf("tcp: new queue pair: negative limits in %+v", cfg)
+	maxSend, maxRecv, err := softrc.QueueSizes(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: new queue pair: %w", err)
+	}
+	if cfg.MaxInline > maxInline {
+		return nil, fmt.Errorf("tcp: new queue pair: MaxInline %d exceeds the device's %d: %w", cfg.MaxInline, maxInline, verbs.ErrTooLarge)
 	}
 	if cfg.Role > verbs.RoleAccept {
 		return nil, fmt.Errorf("tcp: new queue pair: unknown role %v", cfg.Role)
 	}
-	maxSend, maxRecv := cmpOr(cfg.MaxSend, 1024), cmpOr(cfg.MaxRecv, 1024)
 	var advertise string
 	if cfg.Role != verbs.RoleDial {
 		l, err := d.listenerFor(cfg.LocalAddress.Unmap())
@@ -173,25 +143,21 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		}
 		advertise = l.advertise
 	}
-	if err := sendCQ.reserve(maxSend); err != nil {
+	if err := sendCQ.Reserve(maxSend); err != nil {
 		return nil, fmt.Errorf("tcp: new queue pair: send queue of %d: %w", maxSend, err)
 	}
-	if err := recvCQ.reserve(maxRecv); err != nil {
-		sendCQ.unreserve(maxSend)
+	if err := recvCQ.Reserve(maxRecv); err != nil {
+		sendCQ.Unreserve(maxSend)
 		return nil, fmt.Errorf("tcp: new queue pair: receive queue of %d: %w", maxRecv, err)
 	}
 	q := newQueuePair(d, sendCQ, recvCQ, maxSend, maxRecv, cmpOr(cfg.MaxInline, defaultMaxInline))
 	q.role, q.advertise = cfg.Role, advertise
-	if _, err := rand.Read(q.secret[:]); err != nil {
-		sendCQ.unreserve(maxSend)
-		recvCQ.unreserve(maxRecv)
-		return nil, fmt.Errorf("tcp: new queue pair: choosing a secret: %w", err)
-	}
+	q.secret = softrc.NewSecret()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		sendCQ.unreserve(maxSend)
-		recvCQ.unreserve(maxRecv)
+		sendCQ.Unreserve(maxSend)
+		recvCQ.Unreserve(maxRecv)
 		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
 	}
 	d.nextQP++
@@ -326,10 +292,11 @@ func (d *domain) listenerFor(local netip.Addr) (*listener, error) {
 		ln.Close()
 		return nil, err
 	}
+	if err := d.acceptor.Serve(ln, d.handshake); err != nil {
+		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", err)
+	}
 	l := &listener{ln: ln, advertise: adv}
 	d.listeners[addr] = l
-	d.wg.Add(1)
-	go d.acceptLoop(ln)
 	return l, nil
 }
 
@@ -348,49 +315,14 @@ func advertised(la *net.TCPAddr, adv string) (string, error) {
 	return adv, nil
 }
 
-func (d *domain) acceptLoop(ln net.Listener) {
-	defer d.wg.Done()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if d.isClosed() || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			d.opts.logger.Warn("tcp: accepting a data connection", "listener", ln.Addr().String(), "err", err)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
-			c.Close()
-			return
-		}
-		d.handshakes[c] = struct{}{}
-		d.wg.Add(1)
-		d.mu.Unlock()
-		go d.handshake(c)
-	}
-}
-
 // handshake reads the dialer's hello and hands the connection to the queue
 // pair that issued the secret it presents, or refuses it.
-func (d *domain) handshake(c net.Conn) {
-	defer d.wg.Done()
-	handed := false
-	defer func() {
-		d.mu.Lock()
-		delete(d.handshakes, c)
-		d.mu.Unlock()
-		if !handed {
-			c.Close()
-		}
-	}()
+func (d *domain) handshake(c net.Conn) bool {
 	c.SetDeadline(time.Now().Add(d.opts.handshakeTimeout))
 	h, err := readHello(c)
 	if err != nil {
 		d.opts.logger.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
-		return
+		return false
 	}
 	d.mu.Lock()
 	q := d.waiting[h.acceptor]
@@ -398,26 +330,21 @@ func (d *domain) handshake(c net.Conn) {
 	if q == nil || q.id != h.qpID || !q.offer(c, h) {
 		d.opts.logger.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
 		c.Write(replyBytes(handshakeRefused))
-		return
+		return false
 	}
-	handed = true
+	return true
 }
 
 // Close closes the listeners, the queue pairs, the completion queues and the
-// regions left in the domain, and waits for its goroutines to stop.
+// regions left in the domain, and waits for its goroutines to stop. It is
+// idempotent.
 func (d *domain) Close() error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return fmt.Errorf("tcp: domain: %w", verbs.ErrClosed)
+		return nil
 	}
 	d.closed = true
-	for _, l := range d.listeners {
-		l.ln.Close()
-	}
-	for c := range d.handshakes {
-		c.Close()
-	}
 	qps := make([]*queuePair, 0, len(d.qps))
 	for q := range d.qps {
 		qps = append(qps, q)
@@ -427,21 +354,15 @@ func (d *domain) Close() error {
 		cqs = append(cqs, q)
 	}
 	d.mu.Unlock()
-	d.wg.Wait()
+	d.acceptor.Close()
 	for _, q := range qps {
 		q.Close()
 	}
 	for _, q := range cqs {
 		q.Close()
 	}
-	d.regMu.RLock()
-	regions := make([]*memoryRegion, 0, len(d.regions))
-	for _, r := range d.regions {
-		regions = append(regions, r)
-	}
-	d.regMu.RUnlock()
-	for _, r := range regions {
-		r.Deregister()
+	for _, r := range d.table.Regions() {
+		d.table.Deregister(r)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // This file is the data path: the writer goroutine, the receiver goroutine
@@ -91,11 +92,7 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	q.ctrlBytes, q.delayedAcks = 0, 0
 	var reqs []*sendWR
 	if !failed {
-		reqs = q.sendq
-		q.sendq, q.spareReqs = q.spareReqs[:0], reqs
-		q.inflight = append(q.inflight, reqs...)
-		q.unackedBytes += q.sendqBytes
-		q.sendqBytes = 0
+		reqs = q.takeLocked()
 	}
 	q.mu.Unlock()
 	if len(ctrl) == 0 && len(reqs) == 0 {
@@ -106,35 +103,68 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	// error), after the requests before it are sent.
 	send := reqs
 	var bad *sendWR
+	var badRegion *softrc.Region
 	for i, w := range reqs {
-		if w.region == nil || payloadBytes(w) == 0 {
+		if payloadBytes(w) == 0 {
 			continue
 		}
-		if !w.region.acquire() {
-			send, bad = reqs[:i], w
+		if r, ok := w.vec.Acquire(); !ok {
+			send, bad, badRegion = reqs[:i], w, r
 			break
 		}
 	}
 	err = q.batch.write(conn, ctrl, send, q.maxInline)
 	for _, w := range send {
-		if w.region != nil && payloadBytes(w) > 0 {
-			w.region.release()
+		if payloadBytes(w) > 0 {
+			w.vec.Release()
 		}
 	}
 	for i := range ctrl {
 		if ctrl[i].region != nil {
-			ctrl[i].region.release()
+			ctrl[i].region.Release()
 		}
 	}
 	if bad != nil {
 		q.mu.Lock()
 		bad.localErr = true
 		q.mu.Unlock()
-		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %v %d: local region %#x was deregistered", q.id, bad.op, bad.id, bad.region.key))
+		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %v %d: local region %#x was deregistered", q.id, bad.op, bad.id, badRegion.LocalKey()))
 	}
 	clear(ctrl)
 	clear(reqs)
 	return true, failed, err
+}
+
+// takeLocked takes the posted requests the writer may send now: all of
+// them, or those before the first Fence request that must wait for an
+// earlier Read to complete. The caller holds q.mu.
+func (q *queuePair) takeLocked() []*sendWR {
+	reqs := q.sendq
+	k := len(reqs)
+	reads, bytes := q.readsInflight, 0
+	for i, w := range reqs {
+		if w.fence && reads > 0 {
+			k = i
+			break
+		}
+		if w.op == verbs.OpRead {
+			reads++
+		}
+		bytes += payloadBytes(w)
+	}
+	q.readsInflight = reads
+	if k == len(reqs) {
+		q.sendq, q.spareReqs = q.spareReqs[:0], reqs
+	} else {
+		q.sendq = append(q.spareReqs[:0], reqs[k:]...)
+		clear(reqs[k:])
+		reqs = reqs[:k]
+		q.spareReqs = reqs
+	}
+	q.inflight = append(q.inflight, reqs...)
+	q.unackedBytes += bytes
+	q.sendqBytes -= bytes
+	return reqs
 }
 
 // frameBatch gathers frames into one writev: headers and small payloads are
@@ -167,6 +197,28 @@ func (b *frameBatch) add(h *header, payload []byte, inline int) {
 	}
 }
 
+// addVec adds a frame whose payload is the n bytes of v.
+func (b *frameBatch) addVec(h *header, v softrc.Vec, n, inline int) {
+	if len(v) <= 1 {
+		var p []byte
+		if len(v) == 1 {
+			p = v[0].B
+		}
+		b.add(h, p, inline)
+		return
+	}
+	b.add(h, nil, inline)
+	if n <= inline {
+		for _, s := range v {
+			b.arena = append(b.arena, s.B...)
+		}
+		return
+	}
+	for _, s := range v {
+		b.cuts = append(b.cuts, cut{end: len(b.arena), ext: s.B})
+	}
+}
+
 func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inline int) error {
 	b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
 	if raceEnabled {
@@ -183,11 +235,10 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inli
 		b.add(&f.hdr, f.payload, inline)
 	}
 	for _, w := range reqs {
-		h := header{key: w.remote.Key, imm: w.imm, seq: w.seq, addr: w.remote.Addr, length: uint64(len(w.buf))}
+		h := header{key: w.remote.Key, imm: w.imm, seq: w.seq, addr: w.remote.Addr, length: uint64(w.n)}
 		if w.hasImm {
 			h.flags = flagImm
 		}
-		payload := w.buf
 		switch w.op {
 		case verbs.OpSend:
 			h.op = frameSend
@@ -196,9 +247,11 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inli
 		case verbs.OpWriteImm:
 			h.op = frameWriteImm
 		case verbs.OpRead:
-			h.op, payload = frameReadReq, nil
+			h.op = frameReadReq
+			b.add(&h, nil, inline)
+			continue
 		}
-		b.add(&h, payload, inline)
+		b.addVec(&h, w.vec, w.n, inline)
 	}
 	start := 0
 	for _, c := range b.cuts {
@@ -328,11 +381,27 @@ func readPayload(br *bufio.Reader, dst []byte) error {
 	return err
 }
 
+// readVec reads n payload bytes from the connection straight into the
+// segments of v, in order.
+func readVec(br *bufio.Reader, v softrc.Vec, n int) error {
+	for _, s := range v {
+		if n == 0 {
+			break
+		}
+		k := min(n, len(s.B))
+		if err := readPayload(br, s.B[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
 // applyWrite lands a Write or WriteImm. Key, rights and bounds are checked,
 // and for WriteImm a receive is taken, before a byte of the region is
 // written; the payload is read from the socket straight into the region.
 func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
-	region, buf, aerr := q.pd.remoteAccess(h.key, h.addr, h.length, verbs.AccessRemoteWrite)
+	region, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteWrite)
 	if aerr != nil {
 		if _, err := br.Discard(int(h.length)); err != nil {
 			return false, err
@@ -343,7 +412,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	if h.op == frameWriteImm {
 		var err error
 		if r, err = q.takeRecv(); err != nil {
-			region.release()
+			region.Release()
 			if !errors.Is(err, errRNR) {
 				return false, err
 			}
@@ -354,10 +423,10 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		}
 	}
 	err := readPayload(br, buf)
-	region.release()
+	region.Release()
 	if err != nil {
 		if r != nil {
-			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		}
 		return false, err
 	}
@@ -367,7 +436,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
-		q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true}))
+		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true}))
 	}
 	return false, nil
 }
@@ -384,44 +453,44 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 		}
 		return q.refuse(h, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout)), nil
 	}
-	if h.length > uint64(len(r.buf)) {
-		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, len(r.buf))
+	if h.length > uint64(r.n) {
+		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, r.n)
 		_, err := br.Discard(int(h.length))
 		q.refuse(h, nakInvalidRequest, cause)
-		q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
+		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
 		return true, err
 	}
-	buf := r.buf[:h.length]
-	if len(buf) > 0 {
-		if !r.region.acquire() {
-			cause := fmt.Errorf("the receive's region %#x was deregistered", r.region.key)
+	n := int(h.length)
+	if n > 0 {
+		if bad, ok := r.vec.Acquire(); !ok {
+			cause := fmt.Errorf("the receive's region %#x was deregistered", bad.LocalKey())
 			_, err := br.Discard(int(h.length))
 			q.refuse(h, nakOperation, cause)
-			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
+			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
 			return true, err
 		}
-		err := readPayload(br, buf)
-		r.region.release()
+		err := readVec(br, r.vec, n)
+		r.vec.Release()
 		if err != nil {
-			q.recvCQ.push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 			return false, err
 		}
 	}
-	c := verbs.Completion{Op: verbs.OpRecv, Len: len(buf)}
+	c := verbs.Completion{Op: verbs.OpRecv, Len: n}
 	if h.flags&flagImm != 0 {
 		c.Imm, c.HasImm = h.imm, true
 	}
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
 	q.queueAck(h.seq, true)
-	q.recvCQ.push(q.recvCompletion(r, c))
+	q.recvCQ.Push(q.recvCompletion(r, c))
 	return false, nil
 }
 
 // applyReadRequest queues the response to a Read; the writer sends the
 // region's bytes straight from memory.
 func (q *queuePair) applyReadRequest(h *header) bool {
-	region, buf, aerr := q.pd.remoteAccess(h.key, h.addr, h.length, verbs.AccessRemoteRead)
+	region, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteRead)
 	if aerr != nil {
 		return q.refuse(h, nakRemoteAccess, aerr)
 	}
@@ -439,15 +508,15 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	}
 	w := q.inflight[0]
 	q.mu.Unlock()
-	if w.seq != h.seq || w.op != verbs.OpRead || uint64(len(w.buf)) != h.length {
-		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.seq, w.op, len(w.buf))
+	if w.seq != h.seq || w.op != verbs.OpRead || uint64(w.n) != h.length {
+		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.seq, w.op, w.n)
 	}
 	status, fatal := verbs.StatusSuccess, false
 	var cause error
-	if len(w.buf) > 0 {
-		if w.region.acquire() {
-			err := readPayload(br, w.buf)
-			w.region.release()
+	if w.n > 0 {
+		if bad, ok := w.vec.Acquire(); ok {
+			err := readVec(br, w.vec, w.n)
+			w.vec.Release()
 			if err != nil {
 				return false, err
 			}
@@ -456,15 +525,20 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 				return false, err
 			}
 			status, fatal = verbs.StatusLocalProtection, true
-			cause = fmt.Errorf("tcp: queue pair %d: READ %d: local region %#x was deregistered", q.id, w.id, w.region.key)
+			cause = fmt.Errorf("tcp: queue pair %d: READ %d: local region %#x was deregistered", q.id, w.id, bad.LocalKey())
 			q.enterError(verbs.StatusFlushed, cause)
 		}
 	}
 	q.mu.Lock()
 	q.inflight[0] = nil
 	q.inflight = q.inflight[1:]
+	q.readsInflight--
+	fenced := q.readsInflight == 0 && len(q.sendq) > 0
 	q.mu.Unlock()
-	q.sendCQ.push(q.sendCompletion(w, status, cause))
+	if fenced {
+		signal(q.wakeWriter) // a Fence request may go now
+	}
+	q.sendCQ.Push(q.appendSend(nil, w, status, cause)...)
 	return fatal, nil
 }
 
@@ -500,9 +574,9 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 		cause = fmt.Errorf("the peer refused %v %d: %v", failed.op, failed.id, st)
 		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %w", q.id, cause))
 	}
-	es := make([]entry, 0, len(done)+1)
+	es := make([]softrc.Entry, 0, len(done)+1)
 	for _, w := range done {
-		es = append(es, q.sendCompletion(w, verbs.StatusSuccess, nil))
+		es = q.appendSend(es, w, verbs.StatusSuccess, nil)
 	}
 	q.mu.Lock()
 	for _, w := range done {
@@ -510,9 +584,9 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 	}
 	q.mu.Unlock()
 	if failed != nil {
-		es = append(es, q.sendCompletion(failed, nakStatus(h.status), cause))
+		es = q.appendSend(es, failed, nakStatus(h.status), cause)
 	}
-	q.sendCQ.push(es...)
+	q.sendCQ.Push(es...)
 	return nak, nil
 }
 
@@ -598,25 +672,30 @@ func payloadBytes(w *sendWR) int {
 	if w.op == verbs.OpRead {
 		return 0
 	}
-	return len(w.buf)
+	return w.n
 }
 
-// sendCompletion completes a send request.
-func (q *queuePair) sendCompletion(w *sendWR, st verbs.Status, err error) entry {
+// appendSend appends the completion of a send request to es, unless it is
+// an unsignaled success.
+func (q *queuePair) appendSend(es []softrc.Entry, w *sendWR, st verbs.Status, err error) []softrc.Entry {
 	c := verbs.Completion{ID: w.id, Op: w.op, Status: st, Err: err}
 	if st == verbs.StatusSuccess {
-		c.Len = len(w.buf)
+		c.Len = w.n
 	}
-	return entry{c: c, outstanding: &q.sendOutstanding}
+	if e, ok := q.sendQ.Complete(c, w.unsignaled); ok {
+		es = append(es, e)
+	}
+	return es
 }
 
 // recvCompletion completes a receive with c's outcome.
-func (q *queuePair) recvCompletion(r *recvWR, c verbs.Completion) entry {
+func (q *queuePair) recvCompletion(r *recvWR, c verbs.Completion) softrc.Entry {
 	c.ID = r.id
 	if c.Op == 0 {
 		c.Op = verbs.OpRecv
 	}
-	return entry{c: c, outstanding: &q.recvOutstanding}
+	e, _ := q.recvQ.Complete(c, false)
+	return e
 }
 
 // enterError moves the queue pair to ERR once. Requests already sent are
@@ -668,36 +747,41 @@ func (q *queuePair) flush() {
 	q.mu.Lock()
 	inflight, sendq, recvq, ctrl := q.inflight, q.sendq, q.recvq, q.ctrl
 	q.inflight, q.sendq, q.recvq, q.ctrl = nil, nil, nil, nil
-	q.sendqBytes, q.unackedBytes, q.ctrlBytes = 0, 0, 0
+	q.sendqBytes, q.unackedBytes, q.ctrlBytes, q.readsInflight = 0, 0, 0, 0
 	status, cause := q.flushStatus, q.cause
 	q.mu.Unlock()
 	if status == verbs.StatusSuccess {
 		status = verbs.StatusFlushed
 	}
 	if len(inflight)+len(sendq) > 0 {
-		es := make([]entry, 0, len(inflight)+len(sendq))
-		for _, w := range inflight {
+		es := make([]softrc.Entry, 0, len(inflight)+len(sendq))
+		// The oldest request outstanding fails with the error; every later
+		// one is flushed.
+		for i, w := range inflight {
 			st := status
+			if i > 0 {
+				st = verbs.StatusFlushed
+			}
 			if w.localErr {
 				st = verbs.StatusLocalProtection
 			}
-			es = append(es, q.sendCompletion(w, st, cause))
+			es = q.appendSend(es, w, st, cause)
 		}
 		for _, w := range sendq {
-			es = append(es, q.sendCompletion(w, verbs.StatusFlushed, cause))
+			es = q.appendSend(es, w, verbs.StatusFlushed, cause)
 		}
-		q.sendCQ.push(es...)
+		q.sendCQ.Push(es...)
 	}
 	if len(recvq) > 0 {
-		es := make([]entry, 0, len(recvq))
+		es := make([]softrc.Entry, 0, len(recvq))
 		for _, r := range recvq {
 			es = append(es, q.recvCompletion(r, verbs.Completion{Status: verbs.StatusFlushed, Err: cause}))
 		}
-		q.recvCQ.push(es...)
+		q.recvCQ.Push(es...)
 	}
 	for i := range ctrl {
 		if ctrl[i].region != nil {
-			ctrl[i].region.release()
+			ctrl[i].region.Release()
 		}
 	}
 }

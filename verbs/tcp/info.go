@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"bytes"
-	"crypto/subtle"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -10,15 +9,16 @@ import (
 	"strconv"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // infoVersion is the first byte of LocalInfo. Version 2 added the role.
 const infoVersion = 2
 
 // secretSize is the size of a queue pair's one-time secret.
-const secretSize = 16
+const secretSize = softrc.SecretSize
 
-type secret [secretSize]byte
+type secret = softrc.Secret
 
 // info is a queue pair's connection information. Its encoding is
 //
@@ -149,8 +149,4 @@ func readReply(r io.Reader) (byte, error) {
 		return 0, fmt.Errorf("tcp: handshake reply has a bad magic %x", b[:8])
 	}
 	return b[8], nil
-}
-
-func (s *secret) equal(o secret) bool {
-	return subtle.ConstantTimeCompare(s[:], o[:]) == 1
 }

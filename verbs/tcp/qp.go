@@ -7,15 +7,18 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // defaultMaxInline is the largest payload the sender copies next to its
 // frame header instead of handing the kernel a separate slice.
 const defaultMaxInline = 1024
+
+// maxInline is the largest MaxInline a queue pair may ask for.
+const maxInline = 64 << 10
 
 // readBufferSize is the connection's read-ahead buffer. Headers and small
 // payloads are read through it; at most this much of a large payload passes
@@ -35,8 +38,7 @@ type queuePair struct {
 	sendCQ, recvCQ   *completionQueue
 	maxSend, maxRecv int
 	maxInline        int
-	sendOutstanding  atomic.Int64 // posted sends not yet polled
-	recvOutstanding  atomic.Int64 // posted receives not yet polled
+	sendQ, recvQ     *softrc.WorkQueue // outstanding requests, until polled
 
 	incoming   chan offered   // connections accepted for this queue pair
 	errored    chan struct{}  // closed on entering ERR
@@ -67,6 +69,7 @@ type queuePair struct {
 	sendqBytes   int         // payload bytes in sendq
 	ctrlBytes    int         // payload bytes in ctrl
 	unackedBytes int         // payload bytes in inflight
+	readsInflight int        // Reads in inflight, for Fence
 	delayedAcks  int         // acknowledgements queued without waking the writer
 	ackTimer     *time.Timer // wakes the writer for delayed acknowledgements
 	active       int         // goroutines that may still touch memory
@@ -75,14 +78,17 @@ type queuePair struct {
 
 // sendWR is a posted send queue request.
 type sendWR struct {
-	id     uint64
-	op     verbs.Opcode
-	imm    uint32
-	hasImm bool
-	remote verbs.Remote
-	region *memoryRegion // nil for an empty buffer
-	buf    []byte
-	seq    uint64
+	id         uint64
+	op         verbs.Opcode
+	imm        uint32
+	hasImm     bool
+	unsignaled bool
+	fence      bool
+	remote     verbs.Remote
+	vec        softrc.Vec // the local segments
+	n          int        // their length
+	seg        [1]softrc.Seg
+	seq        uint64
 	// localErr says the region was deregistered before the request was
 	// sent; the flush completes it with StatusLocalProtection.
 	localErr bool
@@ -90,9 +96,10 @@ type sendWR struct {
 
 // recvWR is a posted receive.
 type recvWR struct {
-	id     uint64
-	region *memoryRegion
-	buf    []byte
+	id  uint64
+	vec softrc.Vec
+	n   int
+	seg [1]softrc.Seg
 }
 
 // ctrlFrame is a response the receiver queues for the writer: an
@@ -100,7 +107,7 @@ type recvWR struct {
 type ctrlFrame struct {
 	hdr     header
 	payload []byte
-	region  *memoryRegion
+	region  *softrc.Region
 }
 
 // offered is an accepted connection and the hello it presented.
@@ -117,6 +124,8 @@ func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, maxSend, maxRecv,
 		maxSend:    maxSend,
 		maxRecv:    maxRecv,
 		maxInline:  maxInline,
+		sendQ:      softrc.NewWorkQueue(maxSend),
+		recvQ:      softrc.NewWorkQueue(maxRecv),
 		incoming:   make(chan offered, 4),
 		errored:    make(chan struct{}),
 		wakeWriter: make(chan struct{}, 1),
@@ -231,26 +240,14 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	return nil
 }
 
-// shouldDial says whether this queue pair dials the peer: a RoleDial side
-// dials and a RoleAccept side accepts; a RoleAny side does the opposite of
-// a peer with a role, and of two RoleAny sides the one with the smaller
-// secret dials. Two RoleDial or two RoleAccept sides cannot connect.
+// shouldDial says whether this queue pair dials the peer (see
+// softrc.ShouldDial).
 func (q *queuePair) shouldDial(peer info) (bool, error) {
-	if q.role != verbs.RoleAny && q.role == peer.role {
-		return false, fmt.Errorf("tcp: queue pair %d: both sides have role %s, so neither would %s: %w",
-			q.id, q.role, map[verbs.ConnectRole]string{verbs.RoleDial: "accept", verbs.RoleAccept: "dial"}[q.role], verbs.ErrInvalidInfo)
+	dial, err := softrc.ShouldDial(q.role, peer.role, q.secret, peer.secret)
+	if err != nil {
+		return false, fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
 	}
-	switch {
-	case q.role == verbs.RoleDial:
-		return true, nil
-	case q.role == verbs.RoleAccept:
-		return false, nil
-	case peer.role == verbs.RoleAccept:
-		return true, nil
-	case peer.role == verbs.RoleDial:
-		return false, nil
-	}
-	return bytes.Compare(q.secret[:], peer.secret[:]) < 0, nil
+	return dial, nil
 }
 
 // dial connects to the peer's listener and presents both secrets.
@@ -301,7 +298,7 @@ func (q *queuePair) accept(ctx context.Context, peer info) (net.Conn, error) {
 	for {
 		select {
 		case in := <-q.incoming:
-			if !in.hello.dialer.equal(peer.secret) {
+			if !in.hello.dialer.Equal(peer.secret) {
 				in.conn.Write(replyBytes(handshakeRefused))
 				in.conn.Close()
 				continue
@@ -329,32 +326,37 @@ func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	ws := make([]*sendWR, len(wrs))
+	ws := make([]sendWR, len(wrs))
 	for i := range wrs {
-		w, err := q.prepareSend(&wrs[i])
+		wr, w := &wrs[i], &ws[i]
+		var one [1]softrc.Seg
+		vec, err := softrc.CheckSend(q.pd, limits, wr, one[:0])
 		if err != nil {
-			return fmt.Errorf("tcp: queue pair %d: PostSend request %d (id %d): %w", q.id, i, wrs[i].ID, err)
+			return fmt.Errorf("tcp: queue pair %d: PostSend request %d (id %d): %w", q.id, i, wr.ID, err)
 		}
-		ws[i] = w
+		*w = sendWR{id: wr.ID, op: wr.Op, imm: wr.Imm, hasImm: wr.HasImm || wr.Op == verbs.OpWriteImm,
+			unsignaled: wr.Unsignaled, fence: wr.Fence, remote: wr.Remote, vec: vec, n: vec.Len()}
+		if len(vec) == 1 {
+			w.seg[0] = vec[0]
+			w.vec = w.seg[:]
+		}
 	}
 	q.mu.Lock()
 	if err := q.postableLocked(true); err != nil {
 		q.mu.Unlock()
 		return err
 	}
-	if n := q.sendOutstanding.Load(); n+int64(len(ws)) > int64(q.maxSend) {
+	if err := q.sendQ.Take(len(ws)); err != nil {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: queue pair %d: PostSend of %d requests with %d of %d outstanding: %w", q.id, len(ws), n, q.maxSend, verbs.ErrQueueFull)
+		return fmt.Errorf("tcp: queue pair %d: PostSend of %w", q.id, err)
 	}
-	q.sendOutstanding.Add(int64(len(ws)))
-	for _, w := range ws {
+	for i := range ws {
+		w := &ws[i]
 		q.nextSeq++
 		w.seq = q.nextSeq
-	}
-	for _, w := range ws {
 		q.sendqBytes += payloadBytes(w)
+		q.sendq = append(q.sendq, w)
 	}
-	q.sendq = append(q.sendq, ws...)
 	conn := q.conn
 	q.mu.Unlock()
 	if q.writeMu.TryLock() {
@@ -376,68 +378,10 @@ func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 
 // postableLocked says why nothing can be posted now, or nil.
 func (q *queuePair) postableLocked(send bool) error {
-	switch {
-	case q.closed:
-		return fmt.Errorf("tcp: queue pair %d: %w", q.id, verbs.ErrClosed)
-	case q.state == verbs.QPError:
-		return fmt.Errorf("tcp: queue pair %d: %w: %v", q.id, verbs.ErrQPError, q.cause)
-	case send && q.state != verbs.QPReadyToSend:
-		return fmt.Errorf("tcp: queue pair %d in %v: %w", q.id, q.state, verbs.ErrNotConnected)
+	if err := softrc.PostError(q.closed, q.state, q.cause, send); err != nil {
+		return fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
 	}
 	return nil
-}
-
-// prepareSend checks a request's local side.
-func (q *queuePair) prepareSend(wr *verbs.SendRequest) (*sendWR, error) {
-	w := &sendWR{id: wr.ID, op: wr.Op, imm: wr.Imm, remote: wr.Remote}
-	switch wr.Op {
-	case verbs.OpSend:
-		w.hasImm = wr.HasImm
-	case verbs.OpWriteImm:
-		w.hasImm = true
-	case verbs.OpWrite, verbs.OpRead:
-	default:
-		return nil, fmt.Errorf("opcode %v cannot be posted to a send queue: %w", wr.Op, verbs.ErrUnsupported)
-	}
-	need := verbs.Access(0)
-	if wr.Op == verbs.OpRead {
-		need = verbs.AccessLocalWrite
-	}
-	r, buf, err := q.localSpan(wr.Local, need)
-	if err != nil {
-		return nil, err
-	}
-	w.region, w.buf = r, buf
-	return w, nil
-}
-
-// localSpan checks a local buffer; an empty buffer needs no region. The
-// region is checked again, and referenced, while the data moves.
-func (q *queuePair) localSpan(l verbs.Local, need verbs.Access) (*memoryRegion, []byte, error) {
-	if l.Offset < 0 || l.Length < 0 {
-		return nil, nil, fmt.Errorf("local buffer at offset %d of length %d: %w", l.Offset, l.Length, verbs.ErrInvalidMemory)
-	}
-	if l.Region == nil {
-		if l.Length == 0 {
-			return nil, nil, nil
-		}
-		return nil, nil, fmt.Errorf("local buffer of %d bytes has no region: %w", l.Length, verbs.ErrInvalidMemory)
-	}
-	r, ok := l.Region.(*memoryRegion)
-	if !ok || r.pd != q.pd {
-		return nil, nil, fmt.Errorf("local region does not belong to the queue pair's domain: %w", verbs.ErrInvalidMemory)
-	}
-	if r.access&need != need {
-		return nil, nil, fmt.Errorf("local region %#x grants %v, the request needs %v: %w", r.key, r.access, need, verbs.ErrInvalidMemory)
-	}
-	buf, ok := r.span(uint64(l.Offset), uint64(l.Length))
-	if !ok {
-		return nil, nil, fmt.Errorf("local buffer [%d, +%d) lies outside region %#x of %d bytes: %w", l.Offset, l.Length, r.key, len(r.bytes), verbs.ErrInvalidMemory)
-	}
-	if r.isDead() {
-		return nil, nil, fmt.Errorf("local region %#x is deregistered: %w", r.key, verbs.ErrInvalidMemory)
-	}
-	return r, buf, nil
 }
 
 // PostRecv posts receives. Receives may be posted before Connect. Like
@@ -446,28 +390,46 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	rs := make([]*recvWR, len(wrs))
+	rs := make([]recvWR, len(wrs))
 	for i := range wrs {
-		region, buf, err := q.localSpan(wrs[i].Local, verbs.AccessLocalWrite)
+		wr, r := &wrs[i], &rs[i]
+		vec, err := softrc.CheckRecv(q.pd, limits, wr, r.seg[:0])
 		if err != nil {
-			return fmt.Errorf("tcp: queue pair %d: PostRecv request %d (id %d): %w", q.id, i, wrs[i].ID, err)
+			return fmt.Errorf("tcp: queue pair %d: PostRecv request %d (id %d): %w", q.id, i, wr.ID, err)
 		}
-		rs[i] = &recvWR{id: wrs[i].ID, region: region, buf: buf}
+		r.id, r.vec, r.n = wr.ID, vec, vec.Len()
 	}
 	q.mu.Lock()
 	if err := q.postableLocked(false); err != nil {
 		q.mu.Unlock()
 		return err
 	}
-	if n := q.recvOutstanding.Load(); n+int64(len(rs)) > int64(q.maxRecv) {
+	if err := q.recvQ.Take(len(rs)); err != nil {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: queue pair %d: PostRecv of %d requests with %d of %d outstanding: %w", q.id, len(rs), n, q.maxRecv, verbs.ErrQueueFull)
+		return fmt.Errorf("tcp: queue pair %d: PostRecv of %w", q.id, err)
 	}
-	q.recvOutstanding.Add(int64(len(rs)))
-	q.recvq = append(q.recvq, rs...)
+	for i := range rs {
+		q.recvq = append(q.recvq, &rs[i])
+	}
 	q.mu.Unlock()
 	signal(q.recvPosted)
 	return nil
+}
+
+// Grant opens length bytes at offset of region to this queue pair's peer
+// with one right; see verbs.QueuePair.
+func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
+	q.mu.Lock()
+	closed := q.closed
+	q.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("tcp: queue pair %d: grant: %w", q.id, verbs.ErrClosed)
+	}
+	g, err := q.pd.table.NewGrant(q, region, offset, length, access, nil)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
+	}
+	return g, nil
 }
 
 // Close moves the queue pair to ERR, closes its connection, waits for its
@@ -476,7 +438,7 @@ func (q *queuePair) Close() error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
-		return fmt.Errorf("tcp: queue pair %d: %w", q.id, verbs.ErrClosed)
+		return nil
 	}
 	q.closed = true
 	q.mu.Unlock()
@@ -503,8 +465,9 @@ func (q *queuePair) Close() error {
 		break
 	}
 	q.flush()
-	q.sendCQ.unreserve(q.maxSend)
-	q.recvCQ.unreserve(q.maxRecv)
+	q.pd.table.RevokeAll(q)
+	q.sendCQ.Unreserve(q.maxSend)
+	q.recvCQ.Unreserve(q.maxRecv)
 	q.pd.removeQP(q)
 	return nil
 }

@@ -200,7 +200,9 @@ func testRecvBeforeConnect(t *testing.T, env Env) {
 	dst := p.region(p.b, 64, local)
 	fill(src.Bytes(), 8)
 	p.postRecv(p.b, recv(1, dst, 0, 64))
-	p.connect()
+	// No round trip: its Send would land in the receive posted above. The
+	// Send below is the proof that the connection works.
+	p.connectOnly()
 	p.postSend(p.a, send(2, src, 0, 64))
 	p.expectOK(p.wait(p.b.rcq, 1, "receive completion"), verbs.OpRecv, "receive posted before Connect")
 	checkBytes(t, "message", dst.Bytes(), src.Bytes())
@@ -259,12 +261,13 @@ func testZeroLength(t *testing.T, env Env) {
 	checkBytes(t, "target after zero-length requests", dst.Bytes(), before)
 }
 
-// testConcurrentPosts posts thousands of small writes from several
-// goroutines at once on one queue pair and counts the completions exactly.
+// testConcurrentPosts posts a full send queue (suiteMaxDepth) of small
+// writes from several goroutines at once on one queue pair and counts the
+// completions exactly.
 func testConcurrentPosts(t *testing.T, env Env) {
 	const (
 		workers = 4
-		each    = 2000
+		each    = suiteMaxDepth / workers
 		total   = workers * each
 	)
 	p := newPair(t, env, options{cqCapacity: 2 * total, qp: verbs.QueuePairConfig{MaxSend: total}})
@@ -420,6 +423,8 @@ func testTwoQueuePairs(t *testing.T, env Env) {
 	if err2 := <-done; err1 != nil || err2 != nil {
 		t.Fatalf("%s: connecting two queue pairs at once: %v", env.Name, errors.Join(err1, err2))
 	}
+	p.verify(p.a, p.b)
+	p.verify(a2, b2)
 	src := p.region(p.a, 128, local)
 	dst := p.region(p.b, 128, local)
 	fill(src.Bytes(), 11)

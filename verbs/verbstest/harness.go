@@ -2,8 +2,10 @@ package verbstest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -46,10 +48,16 @@ type side struct {
 
 // pair is two connected ends, a and b.
 type pair struct {
-	t    *testing.T
-	env  Env
-	a, b *side
+	t     *testing.T
+	env   Env
+	a, b  *side
+	extra []*side // more queue pairs on a's and b's domains (addPair)
 }
+
+// suiteMaxDepth is the deepest send or receive queue the suite asks for,
+// and the default depth (MaxSend or MaxRecv zero means 1024). Attributes
+// must allow it.
+const suiteMaxDepth = 1024
 
 // options configures newPair.
 type options struct {
@@ -103,8 +111,18 @@ func newPair(t *testing.T, env Env, o options) *pair {
 	return p
 }
 
-// connect connects a's and b's queue pairs.
+// connect connects a's and b's queue pairs and proves the connection with
+// RoundTrip, as the contract asks of every user of Connect.
 func (p *pair) connect() {
+	p.t.Helper()
+	p.connectOnly()
+	p.verify(p.a, p.b)
+}
+
+// connectOnly connects a's and b's queue pairs without the round trip, for
+// cases that have receives posted before Connect (the round trip's Send
+// would land in them).
+func (p *pair) connectOnly() {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
@@ -113,11 +131,145 @@ func (p *pair) connect() {
 	}
 }
 
+// verify runs RoundTrip between two connected sides; it leaves no
+// completion behind and gives back all the queue room it used.
+func (p *pair) verify(a, b *side) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	err := RoundTrip(ctx,
+		End{QP: a.qp, SendCQ: a.scq, RecvCQ: a.rcq, Buf: p.region(a, RoundTripBytes, verbs.AccessLocalWrite)},
+		End{QP: b.qp, SendCQ: b.scq, RecvCQ: b.rcq, Buf: p.region(b, RoundTripBytes, verbs.AccessLocalWrite)})
+	if err != nil {
+		p.t.Fatalf("%s: sides %s and %s connected, but the round trip over the connection failed: %v", p.env.Name, a.name, b.name, err)
+	}
+}
+
+// End is one side of a connection, for RoundTrip.
+type End struct {
+	QP             verbs.QueuePair
+	SendCQ, RecvCQ verbs.CompletionQueue // the queue pair's completion queues
+	// Buf is a region of the queue pair's domain with AccessLocalWrite and
+	// at least RoundTripBytes bytes; RoundTrip overwrites its first
+	// RoundTripBytes bytes.
+	Buf verbs.MemoryRegion
+}
+
+// RoundTripBytes is the size of the buffer RoundTrip needs on each side.
+const RoundTripBytes = 16
+
+// Work request IDs RoundTrip uses for its Send and Recv on both sides.
+const (
+	RoundTripSendID uint64 = math.MaxUint64 - 1
+	RoundTripRecvID uint64 = math.MaxUint64 - 2
+)
+
+// RoundTrip proves that two queue pairs that Connect reported connected
+// can really reach each other: a sends a random 8-byte nonce, b receives it
+// and answers with a Send of its complement, and a receives the answer.
+// Connect does not prove reachability (on ibv it only changes queue pair
+// state), so a user of the contract verifies a new connection this way
+// before relying on it; the suite does it after every Connect.
+//
+// Neither queue pair may have receives posted or completions pending when
+// RoundTrip starts (they would take its Send or its completions). On
+// success it has consumed exactly its own completions: 1 Send and 1 Recv
+// on each side, with IDs RoundTripSendID and RoundTripRecvID. It returns
+// the first error: a refused post, a failed or unexpected completion, a
+// wrong payload, or ctx's end.
+func RoundTrip(ctx context.Context, a, b End) error {
+	for _, e := range []End{a, b} {
+		if e.QP == nil || e.SendCQ == nil || e.RecvCQ == nil || e.Buf == nil {
+			return errors.New("verbstest: RoundTrip: End needs QP, SendCQ, RecvCQ and Buf")
+		}
+		if e.Buf.Len() < RoundTripBytes {
+			return fmt.Errorf("verbstest: RoundTrip: Buf has %d bytes, want at least %d", e.Buf.Len(), RoundTripBytes)
+		}
+	}
+	nonce := rand.Uint64() | 1
+	answer := ^nonce
+	le := binary.LittleEndian
+	clear(a.Buf.Bytes()[:RoundTripBytes])
+	clear(b.Buf.Bytes()[:RoundTripBytes])
+	le.PutUint64(a.Buf.Bytes(), nonce)
+	if err := b.QP.PostRecv(recv(RoundTripRecvID, b.Buf, 8, 8)); err != nil {
+		return fmt.Errorf("round trip: PostRecv at b: %w", err)
+	}
+	if err := a.QP.PostRecv(recv(RoundTripRecvID, a.Buf, 8, 8)); err != nil {
+		return fmt.Errorf("round trip: PostRecv at a: %w", err)
+	}
+	if err := a.QP.PostSend(send(RoundTripSendID, a.Buf, 0, 8)); err != nil {
+		return fmt.Errorf("round trip: PostSend at a: %w", err)
+	}
+	if err := awaitIDs(ctx, b, false, true); err != nil {
+		return fmt.Errorf("round trip: b receiving the nonce: %w", err)
+	}
+	if got := le.Uint64(b.Buf.Bytes()[8:]); got != nonce {
+		return fmt.Errorf("round trip: b received %#x, want the nonce %#x", got, nonce)
+	}
+	le.PutUint64(b.Buf.Bytes(), answer)
+	if err := b.QP.PostSend(send(RoundTripSendID, b.Buf, 0, 8)); err != nil {
+		return fmt.Errorf("round trip: PostSend at b: %w", err)
+	}
+	if err := awaitIDs(ctx, a, true, true); err != nil {
+		return fmt.Errorf("round trip: a sending the nonce and receiving the answer: %w", err)
+	}
+	if err := awaitIDs(ctx, b, true, false); err != nil {
+		return fmt.Errorf("round trip: b sending the answer: %w", err)
+	}
+	if got := le.Uint64(a.Buf.Bytes()[8:]); got != answer {
+		return fmt.Errorf("round trip: a received %#x, want the answer %#x", got, answer)
+	}
+	return nil
+}
+
+// awaitIDs waits for the round trip's successful Send completion on
+// e.SendCQ (when sendC) and Recv completion on e.RecvCQ (when recvC), and
+// fails on any other completion.
+func awaitIDs(ctx context.Context, e End, sendC, recvC bool) error {
+	type want struct {
+		cq verbs.CompletionQueue
+		id uint64
+		op verbs.Opcode
+	}
+	var wants []want
+	if sendC {
+		wants = append(wants, want{e.SendCQ, RoundTripSendID, verbs.OpSend})
+	}
+	if recvC {
+		wants = append(wants, want{e.RecvCQ, RoundTripRecvID, verbs.OpRecv})
+	}
+	for len(wants) > 0 {
+		cq := wants[0].cq
+		var buf [1]verbs.Completion
+		n, err := cq.Wait(ctx, buf[:])
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			continue
+		}
+		c := buf[0]
+		found := -1
+		for i, w := range wants {
+			if w.cq == cq && w.id == c.ID && w.op == c.Op {
+				found = i
+			}
+		}
+		if found < 0 || c.Status != verbs.StatusSuccess || c.Len != 8 {
+			return fmt.Errorf("unexpected completion %s", describe([]verbs.Completion{c}))
+		}
+		wants = append(wants[:found], wants[found+1:]...)
+	}
+	return nil
+}
+
 // close closes both ends: queue pairs, then completion queues, then domains.
-// Closing something a case already closed is allowed to return ErrClosed.
+// Close is idempotent, so closing something a case already closed (or that
+// its domain closed) must return nil.
 func (p *pair) close() {
 	p.t.Helper()
-	for _, s := range []*side{p.a, p.b} {
+	for _, s := range append(p.extra, p.a, p.b) {
 		if s == nil {
 			continue
 		}
@@ -130,7 +282,7 @@ func (p *pair) close() {
 		if s.rcq != nil && s.rcq != s.scq {
 			p.checkClose("receive completion queue", s.name, s.rcq.Close())
 		}
-		if s.pd != nil {
+		if s.pd != nil && (s == p.a || s == p.b) {
 			p.checkClose("protection domain", s.name, s.pd.Close())
 		}
 	}
@@ -138,9 +290,72 @@ func (p *pair) close() {
 
 func (p *pair) checkClose(what, name string, err error) {
 	p.t.Helper()
-	if err != nil && !errors.Is(err, verbs.ErrClosed) {
-		p.t.Errorf("%s: side %s: closing the %s: %v", p.env.Name, name, what, err)
+	if err != nil {
+		p.t.Errorf("%s: side %s: closing the %s: %v (Close is idempotent: want nil)", p.env.Name, name, what, err)
 	}
+}
+
+// addPair makes a second connected (and verified) pair of queue pairs on
+// the domains of a and b, each with its own completion queue for sends and
+// receives. p.close closes them.
+func (p *pair) addPair(cfg verbs.QueuePairConfig) (a2, b2 *side) {
+	p.t.Helper()
+	var made []*side
+	for _, s := range []*side{p.a, p.b} {
+		cq, err := s.pd.NewCompletionQueue(4096)
+		if err != nil {
+			p.t.Fatalf("%s: side %s: NewCompletionQueue: %v", p.env.Name, s.name, err)
+		}
+		n := &side{name: s.name + "2", pd: s.pd, scq: cq, rcq: cq}
+		p.extra = append(p.extra, n)
+		c := cfg
+		c.SendCQ, c.RecvCQ = cq, cq
+		if n.qp, err = s.pd.NewQueuePair(c); err != nil {
+			p.t.Fatalf("%s: side %s: NewQueuePair: %v", p.env.Name, n.name, err)
+		}
+		made = append(made, n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := Connect(ctx, made[0].qp, made[1].qp); err != nil {
+		p.t.Fatalf("%s: second pair: %v", p.env.Name, err)
+	}
+	p.verify(made[0], made[1])
+	return made[0], made[1]
+}
+
+// attrs returns s's domain's Attributes.
+func (p *pair) attrs(s *side) verbs.Attributes { return s.pd.Attributes() }
+
+// expectErr fails the test unless err wraps want.
+func (p *pair) expectErr(err, want error, what string) {
+	p.t.Helper()
+	if !errors.Is(err, want) {
+		p.t.Fatalf("%s: %s: got %v, want an error wrapping %v", p.env.Name, what, err, want)
+	}
+}
+
+// seg is a local segment.
+func seg(mr verbs.MemoryRegion, off, n int) verbs.Local {
+	return verbs.Local{Region: mr, Offset: off, Length: n}
+}
+
+// gather returns the bytes segs name, concatenated.
+func gather(segs []verbs.Local) []byte {
+	var b []byte
+	for _, s := range segs {
+		b = append(b, s.Region.Bytes()[s.Offset:s.Offset+s.Length]...)
+	}
+	return b
+}
+
+// segLen is the total length of segs.
+func segLen(segs []verbs.Local) int {
+	n := 0
+	for _, s := range segs {
+		n += s.Length
+	}
+	return n
 }
 
 // region registers size bytes of fresh memory on s.
@@ -198,6 +413,36 @@ func (g *guarded) checkUntouched(t *testing.T, what string) {
 				where = "the guard after the region"
 			}
 			t.Fatalf("%s: byte %d of the buffer (%s) changed from %#x to %#x", what, i, where, g.snapshot[i], g.all[i])
+		}
+	}
+}
+
+// refill fills the whole buffer with another pattern and takes a new
+// snapshot.
+func (g *guarded) refill(seed uint64) {
+	fill(g.all, seed)
+	g.snapshot = append(g.snapshot[:0], g.all...)
+}
+
+// checkOnly fails the test unless the region's bytes at [off, off+len(want))
+// equal want and every other byte of the buffer, guards included, is as it
+// was filled.
+func (g *guarded) checkOnly(t *testing.T, what string, off int, want []byte) {
+	t.Helper()
+	page := os.Getpagesize()
+	exp := append([]byte(nil), g.snapshot...)
+	copy(exp[page+off:], want)
+	for i := range g.all {
+		if g.all[i] != exp[i] {
+			where := fmt.Sprintf("byte %d of the region", i-page)
+			if i < page {
+				where = "the guard before the region"
+			} else if i >= page+g.mr.Len() {
+				where = "the guard after the region"
+			} else if i < page+off || i >= page+off+len(want) {
+				where += fmt.Sprintf(", outside the %d written bytes at %d", len(want), off)
+			}
+			t.Fatalf("%s: byte %d of the buffer (%s) is %#x, want %#x", what, i, where, g.all[i], exp[i])
 		}
 	}
 }

@@ -44,23 +44,20 @@ func testQPStates(t *testing.T, env Env) {
 		t.Fatalf("%s: after a fatal completion the queue pair is in %v, want %v", env.Name, st, verbs.QPError)
 	}
 
-	// In the error state a post either fails with ErrQPError or completes
-	// with StatusFlushed.
-	if err := p.a.qp.PostSend(write(4, src, 0, 8, dst, 0)); err != nil {
-		if !errors.Is(err, verbs.ErrQPError) {
-			t.Fatalf("%s: PostSend in ERR: got %v, want ErrQPError or a flushed completion", env.Name, err)
-		}
-	} else if c := p.wait(p.a.scq, 1, "write posted in ERR")[0]; c.ID != 4 || c.Status != verbs.StatusFlushed {
-		t.Fatalf("%s: write posted in ERR completed as %v, want id 4 flushed", env.Name, describe([]verbs.Completion{c}))
-	}
-	if err := p.a.qp.PostRecv(recv(5, src, 0, 8)); err != nil {
-		if !errors.Is(err, verbs.ErrQPError) {
-			t.Fatalf("%s: PostRecv in ERR: got %v, want ErrQPError or a flushed completion", env.Name, err)
-		}
-	} else if c := p.wait(p.a.rcq, 1, "receive posted in ERR")[0]; c.ID != 5 || c.Status != verbs.StatusFlushed {
-		t.Fatalf("%s: receive posted in ERR completed as %v, want id 5 flushed", env.Name, describe([]verbs.Completion{c}))
-	}
+	// The peer went to ERR as well.
+	p.waitState(p.b, verbs.QPError)
+
+	// In the error state posts fail with ErrQPError and post nothing.
+	p.expectErr(p.a.qp.PostSend(write(4, src, 0, 8, dst, 0)), verbs.ErrQPError, "PostSend in ERR")
+	p.expectErr(p.a.qp.PostRecv(recv(5, src, 0, 8)), verbs.ErrQPError, "PostRecv in ERR")
+	p.expectErr(p.b.qp.PostSend(send(6, dst, 0, 8)), verbs.ErrQPError, "the peer's PostSend in ERR")
+	p.expectErr(p.b.qp.PostRecv(recv(7, dst, 0, 8)), verbs.ErrQPError, "the peer's PostRecv in ERR")
 	p.expectQuiet(p.a.scq, 20*time.Millisecond, "after the error state")
+	p.expectQuiet(p.a.rcq, 20*time.Millisecond, "after the error state")
+	p.expectQuiet(p.b.rcq, 20*time.Millisecond, "after the error state")
+	if st := p.a.qp.State(); st != verbs.QPError {
+		t.Fatalf("%s: queue pair in %v after refused posts in ERR, want %v", env.Name, st, verbs.QPError)
+	}
 }
 
 // testInvalidInfo passes malformed connection information to Connect, which
@@ -109,10 +106,9 @@ func testCloseFlushes(t *testing.T, env Env) {
 			t.Fatalf("%s: Close: %v", env.Name, err)
 		}
 		cs := p.wait(p.b.rcq, n, "flushed receives")
-		got := p.byID(cs, "flushed receives")
-		for i := range n {
-			if c, ok := got[uint64(i)]; !ok || c.Status != verbs.StatusFlushed {
-				t.Fatalf("%s: receive %d: %v, want flushed", env.Name, i, describe(cs))
+		for i, c := range cs {
+			if c.ID != uint64(i) || c.Status != verbs.StatusFlushed {
+				t.Fatalf("%s: receive completions %v, want ids 0..%d flushed, in order", env.Name, describe(cs), n-1)
 			}
 		}
 		p.expectQuiet(p.b.rcq, 100*time.Millisecond, "after the flush")
@@ -132,10 +128,9 @@ func testCloseFlushes(t *testing.T, env Env) {
 			t.Fatalf("%s: Close: %v", env.Name, err)
 		}
 		cs := p.wait(p.a.scq, n, "flushed sends")
-		got := p.byID(cs, "flushed sends")
-		for i := range n {
-			if c, ok := got[uint64(i)]; !ok || c.Status != verbs.StatusFlushed {
-				t.Fatalf("%s: send %d: %v, want flushed", env.Name, i, describe(cs))
+		for i, c := range cs {
+			if c.ID != uint64(i) || c.Status != verbs.StatusFlushed {
+				t.Fatalf("%s: send completions %v, want ids 0..%d flushed, in order", env.Name, describe(cs), n-1)
 			}
 		}
 		p.expectQuiet(p.a.scq, 100*time.Millisecond, "after the flush")
@@ -155,11 +150,18 @@ func testCloseFlushes(t *testing.T, env Env) {
 			t.Fatalf("%s: Close: %v", env.Name, err)
 		}
 		cs := p.wait(p.a.scq, n, "writes outstanding at Close")
-		got := p.byID(cs, "writes outstanding at Close")
-		for i := range n {
-			c, ok := got[uint64(i)]
-			if !ok || (c.Status != verbs.StatusSuccess && c.Status != verbs.StatusFlushed) {
-				t.Fatalf("%s: write %d: %v, want success or flushed", env.Name, i, describe(cs))
+		// Writes that completed before Close succeeded; every later one is
+		// flushed. Where the boundary falls is a race; that there is one
+		// boundary is not.
+		flushed := false
+		for i, c := range cs {
+			flushed = flushed || c.Status != verbs.StatusSuccess
+			want := verbs.StatusSuccess
+			if flushed {
+				want = verbs.StatusFlushed
+			}
+			if c.ID != uint64(i) || c.Status != want {
+				t.Fatalf("%s: completions %v, want ids 0..%d in order: successes, then only flushed", env.Name, describe(cs), n-1)
 			}
 		}
 		p.expectQuiet(p.a.scq, 100*time.Millisecond, "after the flush")
@@ -167,8 +169,10 @@ func testCloseFlushes(t *testing.T, env Env) {
 }
 
 // testPeerClose closes the target's queue pair, or its whole domain, while
-// large writes to it are in flight. The survivor gets a completion for
-// every write, and a write posted afterwards fails.
+// large writes to it are in flight. The survivor gets one completion per
+// write, in order: successes (writes done before the close), then the first
+// failure with StatusTransport (the peer is gone), then only flushed ones.
+// Then its queue pair is in ERR and posts fail with ErrQPError.
 func testPeerClose(t *testing.T, env Env) {
 	for _, what := range []string{"QueuePair", "Domain"} {
 		t.Run(what, func(t *testing.T) {
@@ -191,25 +195,41 @@ func testPeerClose(t *testing.T, env Env) {
 				t.Fatalf("%s: closing the peer's %s: %v", env.Name, what, err)
 			}
 			cs := p.wait(p.a.scq, n, "writes in flight when the peer closed")
-			got := p.byID(cs, "writes in flight when the peer closed")
-			for i := range n {
-				c, ok := got[uint64(i)]
-				if !ok || (c.Status != verbs.StatusSuccess && c.Status != verbs.StatusTransport && c.Status != verbs.StatusFlushed) {
-					t.Fatalf("%s: write %d: %v, want success, transport error or flushed", env.Name, i, describe(cs))
+			failed := -1
+			for i, c := range cs {
+				want := verbs.StatusSuccess
+				switch {
+				case failed < 0 && c.Status != verbs.StatusSuccess:
+					failed = i
+					want = verbs.StatusTransport
+				case failed >= 0:
+					want = verbs.StatusFlushed
+				}
+				if c.ID != uint64(i) || c.Status != want {
+					t.Fatalf("%s: completions %v, want ids 0..%d in order: successes, then one transport error, then only flushed", env.Name, describe(cs), n-1)
 				}
 			}
-			err = p.a.qp.PostSend(write(n, src, 0, 64, dst, 0))
-			if err != nil {
-				if !errors.Is(err, verbs.ErrQPError) && !errors.Is(err, verbs.ErrClosed) {
-					t.Fatalf("%s: PostSend after the peer closed: got %v, want ErrQPError or an error completion", env.Name, err)
+			if failed < 0 {
+				// Every write finished before the close took effect; the
+				// next request is the one that finds the peer gone. Until
+				// the local queue pair has noticed, a post is accepted and
+				// fails with StatusTransport; once it has, posts fail with
+				// ErrQPError. Which one applies is a race the suite cannot
+				// control, so both are accepted here (and only here).
+				t.Logf("%s: all %d writes completed before the peer's close", env.Name, n)
+				err := p.a.qp.PostSend(write(n, src, 0, 64, dst, 0))
+				if err == nil {
+					c := p.wait(p.a.scq, 1, "write posted after the peer closed")[0]
+					if c.ID != n || c.Status != verbs.StatusTransport {
+						t.Fatalf("%s: write posted after the peer closed: %v, want a transport error", env.Name, describe([]verbs.Completion{c}))
+					}
+				} else if !errors.Is(err, verbs.ErrQPError) {
+					t.Fatalf("%s: PostSend after the peer closed: got %v, want ErrQPError or a transport error completion", env.Name, err)
 				}
-				return
-			}
-			c := p.wait(p.a.scq, 1, "write posted after the peer closed")[0]
-			if c.ID != n || (c.Status != verbs.StatusTransport && c.Status != verbs.StatusFlushed) {
-				t.Fatalf("%s: write posted after the peer closed: %v, want a transport error or flushed", env.Name, describe([]verbs.Completion{c}))
 			}
 			p.waitState(p.a, verbs.QPError)
+			p.expectErr(p.a.qp.PostSend(write(n+1, src, 0, 64, dst, 0)), verbs.ErrQPError, "PostSend after the peer closed")
+			p.expectQuiet(p.a.scq, 20*time.Millisecond, "after the peer closed")
 		})
 	}
 }
@@ -306,61 +326,10 @@ func testCQWait(t *testing.T, env Env) {
 	if _, err := cq.Wait(ctx, out); !errors.Is(err, verbs.ErrClosed) {
 		t.Fatalf("%s: Wait on a closed queue: %v, want ErrClosed", env.Name, err)
 	}
-	if err := cq.Close(); err != nil && !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: second Close of a completion queue: %v", env.Name, err)
+	if err := cq.Close(); err != nil {
+		t.Fatalf("%s: second Close of a completion queue: %v, want nil", env.Name, err)
 	}
-}
-
-// testErrClosed checks that every call on a closed object fails with
-// ErrClosed and that closing twice is harmless.
-func testErrClosed(t *testing.T, env Env) {
-	p := newPair(t, env, options{})
-	defer p.close()
-	src := p.region(p.a, 64, local)
-	dst := p.region(p.b, 64, remote)
-	if err := p.a.qp.Close(); err != nil {
-		t.Fatalf("%s: Close: %v", env.Name, err)
-	}
-	if err := p.a.qp.Close(); err != nil && !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: second Close of a queue pair: %v", env.Name, err)
-	}
-	if err := p.a.qp.PostSend(write(1, src, 0, 8, dst, 0)); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: PostSend after Close: %v, want ErrClosed", env.Name, err)
-	}
-	if err := p.a.qp.PostRecv(recv(2, src, 0, 8)); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: PostRecv after Close: %v, want ErrClosed", env.Name, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	if err := p.a.qp.Connect(ctx, p.b.qp.LocalInfo()); err == nil {
-		t.Fatalf("%s: Connect after Close succeeded", env.Name)
-	}
-	p.expectQuiet(p.a.scq, 20*time.Millisecond, "refused posts must not complete")
-
-	if err := src.Deregister(); err != nil {
-		t.Fatalf("%s: Deregister: %v", env.Name, err)
-	}
-	if err := src.Deregister(); err != nil && !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: second Deregister: %v", env.Name, err)
-	}
-
-	if err := p.a.pd.Close(); err != nil {
-		t.Fatalf("%s: closing a domain: %v", env.Name, err)
-	}
-	if err := p.a.pd.Close(); err != nil && !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: second Close of a domain: %v", env.Name, err)
-	}
-	if _, err := p.a.pd.RegisterMemory(p.env.NewMemory(t, 64), local); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: RegisterMemory on a closed domain: %v, want ErrClosed", env.Name, err)
-	}
-	if _, err := p.a.pd.NewCompletionQueue(16); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: NewCompletionQueue on a closed domain: %v, want ErrClosed", env.Name, err)
-	}
-	if _, err := p.a.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: p.b.scq, RecvCQ: p.b.rcq}); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: NewQueuePair on a closed domain: %v, want ErrClosed", env.Name, err)
-	}
-	// The domain closed its completion queues.
-	if _, err := p.a.scq.Wait(ctx, make([]verbs.Completion, 1)); !errors.Is(err, verbs.ErrClosed) {
-		t.Fatalf("%s: Wait on a completion queue of a closed domain: %v, want ErrClosed", env.Name, err)
+	if n := cq.Poll(out); n != 0 {
+		t.Fatalf("%s: Poll on a closed, empty completion queue moved %d completions", env.Name, n)
 	}
 }

@@ -1,0 +1,197 @@
+package softrc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// CQ implements verbs.CompletionQueue as a ring of completions guarded by
+// a mutex, with a one-slot channel to wake waiters.
+//
+// The capacity is enforced when queue pairs are made, not when completions
+// arrive: each queue pair reserves its MaxSend (or MaxRecv) entries, and a
+// work request holds its slot in its WorkQueue until its completion is
+// polled, so the queue never holds more than its capacity and never drops
+// a completion. (Completions of a closed queue pair stay until polled while
+// its reservation is already free for new queue pairs; the ring then grows
+// rather than drops.)
+type CQ struct {
+	owner    any
+	capacity int
+	onClose  func()
+	wake     chan struct{} // one slot: a waiter should look again
+	done     chan struct{} // closed by Close
+
+	mu       sync.Mutex
+	ring     []Entry
+	head, n  int
+	reserved int
+	closed   bool
+}
+
+// Entry is a completion and the work queue slots its poll frees.
+type Entry struct {
+	C     verbs.Completion
+	Queue *WorkQueue
+	Slots int
+}
+
+// NewCQ makes a completion queue of owner (a protection domain) with the
+// given capacity. onClose, if not nil, runs once when it is closed.
+func NewCQ(owner any, capacity int, onClose func()) (*CQ, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("completion queue capacity %d must be positive", capacity)
+	}
+	return &CQ{
+		owner:    owner,
+		capacity: capacity,
+		onClose:  onClose,
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		ring:     make([]Entry, min(max(capacity, 16), 4096)),
+	}, nil
+}
+
+// Owner is the domain the queue belongs to.
+func (q *CQ) Owner() any { return q.owner }
+
+// Reserve sets aside n entries for a queue pair's work queue.
+func (q *CQ) Reserve(n int) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return fmt.Errorf("completion queue: %w", verbs.ErrClosed)
+	}
+	if q.reserved+n > q.capacity {
+		return fmt.Errorf("completion queue of capacity %d has %d entries reserved and cannot take %d more: %w",
+			q.capacity, q.reserved, n, verbs.ErrQueueFull)
+	}
+	q.reserved += n
+	return nil
+}
+
+// Unreserve returns a reservation.
+func (q *CQ) Unreserve(n int) {
+	q.mu.Lock()
+	q.reserved -= n
+	q.mu.Unlock()
+}
+
+// Push appends completions. Into a closed queue they are dropped, and
+// their slots are freed at once.
+func (q *CQ) Push(es ...Entry) {
+	if len(es) == 0 {
+		return
+	}
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		for _, e := range es {
+			e.free()
+		}
+		return
+	}
+	for _, e := range es {
+		if q.n == len(q.ring) {
+			q.grow()
+		}
+		q.ring[(q.head+q.n)%len(q.ring)] = e
+		q.n++
+	}
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (e *Entry) free() {
+	if e.Queue != nil {
+		e.Queue.used.Add(-int64(e.Slots))
+	}
+}
+
+func (q *CQ) grow() {
+	ring := make([]Entry, 2*len(q.ring))
+	for i := range q.n {
+		ring[i] = q.ring[(q.head+i)%len(q.ring)]
+	}
+	q.ring, q.head = ring, 0
+}
+
+func (q *CQ) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Poll moves up to len(out) completions into out without blocking.
+func (q *CQ) Poll(out []verbs.Completion) int {
+	if len(out) == 0 {
+		return 0
+	}
+	q.mu.Lock()
+	k := min(len(out), q.n)
+	for i := range k {
+		e := &q.ring[q.head]
+		out[i] = e.C
+		e.free()
+		*e = Entry{}
+		q.head = (q.head + 1) % len(q.ring)
+	}
+	q.n -= k
+	more := q.n > 0
+	q.mu.Unlock()
+	if more && k > 0 {
+		q.signal() // another waiter may take the rest
+	}
+	return k
+}
+
+// Wait blocks until a completion is available, ctx ends or the queue is
+// closed and empty.
+func (q *CQ) Wait(ctx context.Context, out []verbs.Completion) (int, error) {
+	if len(out) == 0 {
+		return 0, nil
+	}
+	for {
+		if n := q.Poll(out); n > 0 {
+			return n, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		select {
+		case <-q.done:
+			if n := q.Poll(out); n > 0 {
+				return n, nil
+			}
+			return 0, fmt.Errorf("completion queue: %w", verbs.ErrClosed)
+		default:
+		}
+		select {
+		case <-q.wake:
+		case <-q.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Close releases the queue and wakes blocked waiters. Completions already
+// queued can still be polled; later ones are dropped. It is idempotent.
+func (q *CQ) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	q.mu.Unlock()
+	close(q.done)
+	if q.onClose != nil {
+		q.onClose()
+	}
+	return nil
+}

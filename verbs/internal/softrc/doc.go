@@ -1,0 +1,56 @@
+// Package softrc is the software reliable-connection core that the tcp and
+// shm providers share: everything about a queue pair that does not depend
+// on how bytes and doorbells move between the peers.
+//
+//   - CQ: a completion queue with a capacity that queue pairs reserve
+//     (NewQueuePair fails with ErrQueueFull instead of a queue growing).
+//   - WorkQueue: the outstanding-request accounting of a send or receive
+//     queue, including unsignaled requests, which keep their slot until a
+//     later signaled completion of the same queue is polled.
+//   - Table, Region, Grant: the key table of a protection domain, with
+//     regions and per-transfer grants sharing one random 32-bit key space,
+//     and the access checks a target makes before it touches memory.
+//   - CheckSend, CheckRecv, Vec: post-time validation of work requests
+//     (opcode, segments, rights, bounds, limits), and the gather/scatter
+//     copies of their local segments.
+//   - PostError: the error every post returns for a queue pair that is
+//     closed, in ERR or not connected.
+//   - Secret, ShouldDial, Acceptor: the connection handshake shared by
+//     both providers (one-time secrets, who dials, accept loops).
+//
+// The contract the providers implement is in package verbs (doc.go); this
+// package holds one answer for each of its behaviours.
+package softrc
+
+import "github.com/tensorrpc/tensorrpc/verbs"
+
+// Limits shared by the software providers.
+const (
+	// MaxSegments is the most local segments of one work request.
+	MaxSegments = 16
+	// MaxQueueDepth is the largest MaxSend or MaxRecv of a queue pair.
+	MaxQueueDepth = 1 << 16
+	// DefaultQueueDepth is MaxSend and MaxRecv when the config leaves
+	// them zero.
+	DefaultQueueDepth = 1024
+)
+
+// QueueSizes checks a queue pair config's MaxSend and MaxRecv and applies
+// the defaults. Sizes beyond MaxQueueDepth wrap verbs.ErrTooLarge.
+func QueueSizes(cfg verbs.QueuePairConfig) (maxSend, maxRecv int, err error) {
+	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 || cfg.MaxInline < 0 {
+		return 0, 0, errorf("negative queue sizes (MaxSend %d, MaxRecv %d, MaxInline %d)", cfg.MaxSend, cfg.MaxRecv, cfg.MaxInline)
+	}
+	maxSend, maxRecv = cmpOr(cfg.MaxSend, DefaultQueueDepth), cmpOr(cfg.MaxRecv, DefaultQueueDepth)
+	if maxSend > MaxQueueDepth || maxRecv > MaxQueueDepth {
+		return 0, 0, errorf("MaxSend %d or MaxRecv %d exceeds the device's MaxQueueDepth %d: %w", maxSend, maxRecv, MaxQueueDepth, verbs.ErrTooLarge)
+	}
+	return maxSend, maxRecv, nil
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
