@@ -102,6 +102,11 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 				c.releaseTransfer(s, transferID)
 				return nil, status.Error(codes.InvalidArgument, err.Error())
 			}
+			if err := verifySum(meta, mapping.Bytes()); err != nil {
+				mapping.Release()
+				c.releaseTransfer(s, transferID)
+				return nil, err
+			}
 			c.stats.transfers.Add(1)
 			c.stats.leases.Add(1)
 			c.stats.dataPlaneBytes.Add(int64(n))

@@ -200,7 +200,7 @@ func TestArenasShrinkAfterSpike(t *testing.T) {
 // the session instead of handing out locations on a dead plane, and the
 // Client's next call opens a new session.
 func TestDeadDataPlaneEndsSession(t *testing.T) {
-	for _, tr := range []string{TransportTCP} { // shm: after verbs v2, whose shm sends both queue pairs to ERR
+	for _, tr := range []string{TransportTCP, TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			ctx := ctxT(t)

@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"testing"
 )
 
@@ -48,4 +49,31 @@ func TestLease(t *testing.T) {
 			waitFor(t, "the server's buffer", func() bool { return s.Pool().Stats().InUse <= linkPoolBytes })
 		})
 	}
+}
+
+// TestLeaseOutlivesClientAndServer: a leased tensor (the server's memory,
+// mapped read-only) stays readable after the Client is closed and the
+// server process is killed; it keeps the bytes it had.
+func TestLeaseOutlivesClientAndServer(t *testing.T) {
+	const size = 8<<20 + 3
+	ch := startChild(t, "server", TransportSHM, size)
+	c := dialChild(t, ch, TransportSHM)
+	got, err := c.Fetch(ctxT(t), "big", Lease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Leased() {
+		t.Fatal("not leased")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("client Close with a lease out: %v", err)
+	}
+	ch.kill()
+	want := make([]byte, size)
+	fill(want, 7) // what the child published
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatal("the leased bytes changed after the client closed and the server died")
+	}
+	got.Release()
+	leakcheck.Check(t)
 }

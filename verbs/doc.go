@@ -37,6 +37,12 @@
 //     wrapping ErrTooLarge; no room with ErrQueueFull; a queue pair that is
 //     not connected with ErrNotConnected; one in ERR with ErrQPError. An
 //     error means nothing of that call was posted.
+//   - PostRecv is allowed from creation on (Recvs posted before Connect
+//     catch the first Sends); PostSend needs a connected queue pair. A
+//     closed, unconnected or ERR queue pair refuses a post (ErrClosed,
+//     ErrNotConnected, ErrQPError) before its requests are checked.
+//   - An invalid opcode is refused at post time with ErrUnsupported;
+//     MaxSend or MaxRecv over Attributes.MaxQueueDepth with ErrTooLarge.
 //   - A posted request completes exactly once, unless it is Unsignaled
 //     and succeeds. Completions of one queue pair's send queue arrive in
 //     posting order, as do those of its receive queue.
@@ -50,6 +56,13 @@
 //     receiver; a Send or WriteImm with no Recv posted waits up to the
 //     provider's RNR timeout, then fails with StatusReceiverNotReady. Both
 //     are fatal to the connection.
+//   - When the connection to the peer is lost, the oldest outstanding
+//     request completes with StatusTransport and the others with
+//     StatusFlushed; the queue pair is in ERR. An Unsignaled request that
+//     already executed never completes.
+//   - Closing a queue pair gives its completion-queue room back once its
+//     flushed completions have been polled (at once when none is
+//     outstanding).
 //   - Errors are fatal to a queue pair: after its first failed request it
 //     is in ERR; requests still outstanding complete with StatusFlushed
 //     (unsignaled ones too), later posts fail with ErrQPError, and the

@@ -90,6 +90,9 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	ctrl := q.ctrl
 	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
 	q.ctrlBytes, q.delayedAcks = 0, 0
+	if len(ctrl) > 0 {
+		signal(q.ctrlTaken)
+	}
 	var reqs []*sendWR
 	if !failed {
 		reqs = q.takeLocked()
@@ -303,7 +306,7 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 		}
 		if draining {
 			if h.hasPayload() {
-				if _, err = br.Discard(int(h.length)); err != nil {
+				if err = skipPayload(br, h.length); err != nil {
 					break
 				}
 			}
@@ -403,10 +406,7 @@ func readVec(br *bufio.Reader, v softrc.Vec, n int) error {
 func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	region, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteWrite)
 	if aerr != nil {
-		if _, err := br.Discard(int(h.length)); err != nil {
-			return false, err
-		}
-		return q.refuse(h, nakRemoteAccess, aerr), nil
+		return q.refuseAndSkip(h, br, nakRemoteAccess, aerr)
 	}
 	var r *recvWR
 	if h.op == frameWriteImm {
@@ -416,10 +416,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 			if !errors.Is(err, errRNR) {
 				return false, err
 			}
-			if _, err := br.Discard(int(h.length)); err != nil {
-				return false, err
-			}
-			return q.refuse(h, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout)), nil
+			return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout))
 		}
 	}
 	err := readPayload(br, buf)
@@ -448,26 +445,21 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 		if !errors.Is(err, errRNR) {
 			return false, err
 		}
-		if _, err := br.Discard(int(h.length)); err != nil {
-			return false, err
-		}
-		return q.refuse(h, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout)), nil
+		return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout))
 	}
 	if h.length > uint64(r.n) {
 		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, r.n)
-		_, err := br.Discard(int(h.length))
 		q.refuse(h, nakInvalidRequest, cause)
 		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
-		return true, err
+		return true, skipPayload(br, h.length)
 	}
 	n := int(h.length)
 	if n > 0 {
 		if bad, ok := r.vec.Acquire(); !ok {
 			cause := fmt.Errorf("the receive's region %#x was deregistered", bad.LocalKey())
-			_, err := br.Discard(int(h.length))
 			q.refuse(h, nakOperation, cause)
 			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
-			return true, err
+			return true, skipPayload(br, h.length)
 		}
 		err := readVec(br, r.vec, n)
 		r.vec.Release()
@@ -494,8 +486,57 @@ func (q *queuePair) applyReadRequest(h *header) bool {
 	if aerr != nil {
 		return q.refuse(h, nakRemoteAccess, aerr)
 	}
+	q.awaitCtrlRoom()
 	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, region: region})
 	return false
+}
+
+// maxQueuedCtrl bounds the control frames (read responses, acks) waiting
+// for the writer. A peer that sends requests but does not read the answers
+// makes the writer block on the socket; the receiver then waits here
+// instead of queueing without bound, and TCP's flow control pushes back on
+// the peer.
+const maxQueuedCtrl = 4096
+
+// awaitCtrlRoom waits, on the receiver, until the writer has taken the
+// queued control frames when there are maxQueuedCtrl of them, or the queue
+// pair fails.
+func (q *queuePair) awaitCtrlRoom() {
+	for {
+		q.mu.Lock()
+		full := len(q.ctrl) >= maxQueuedCtrl && q.state != verbs.QPError
+		q.mu.Unlock()
+		if !full {
+			return
+		}
+		select {
+		case <-q.ctrlTaken:
+		case <-q.errored:
+			return
+		}
+	}
+}
+
+// maxDrain is the largest payload of a refused request that the receiver
+// reads and throws away to stay in step with the stream. A refused request
+// declaring more is not read at all: its NAK is already on its way, and the
+// connection, useless in ERR anyway, goes.
+const maxDrain = 64 << 20
+
+// refuseAndSkip refuses h, so that its NAK goes out at once, before
+// anything else is read, and then skips its payload (see maxDrain).
+func (q *queuePair) refuseAndSkip(h *header, br *bufio.Reader, status uint8, cause error) (bool, error) {
+	q.refuse(h, status, cause)
+	return true, skipPayload(br, h.length)
+}
+
+// skipPayload reads and drops n payload bytes, unless n exceeds maxDrain.
+func skipPayload(br *bufio.Reader, n uint64) error {
+	if n > maxDrain {
+		return fmt.Errorf("not reading a %d-byte payload of a refused request", n)
+	}
+	_, err := br.Discard(int(n))
+	return err
 }
 
 // applyReadResponse reads the data of the oldest outstanding Read straight
@@ -642,6 +683,7 @@ const (
 // wakes the writer only after ackDelay, unless a post writes it sooner or
 // too many wait.
 func (q *queuePair) queueAck(seq uint64, delay bool) {
+	q.awaitCtrlRoom()
 	q.mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++

@@ -43,6 +43,7 @@ type queuePair struct {
 	incoming   chan offered   // connections accepted for this queue pair
 	errored    chan struct{}  // closed on entering ERR
 	wakeWriter chan struct{}  // one slot
+	ctrlTaken  chan struct{}  // one slot: the writer took the queued control frames
 	recvPosted chan struct{}  // one slot
 	wg         sync.WaitGroup // writer and receiver
 
@@ -52,28 +53,28 @@ type queuePair struct {
 	writeMu sync.Mutex
 	batch   frameBatch
 
-	mu           sync.Mutex
-	state        verbs.QPState
-	connecting   bool
-	closed       bool
-	conn         net.Conn
-	cause        error        // why the queue pair is in ERR
-	flushStatus  verbs.Status // status of sent requests flushed in ERR
-	nextSeq      uint64
-	sendq        []*sendWR // posted, not yet taken by the writer
-	inflight     []*sendWR // taken by the writer, waiting for the response
-	ctrl         []ctrlFrame
-	recvq        []*recvWR
-	spareReqs    []*sendWR   // recycled by writeQueued
-	spareCtrls   []ctrlFrame // recycled by writeQueued
-	sendqBytes   int         // payload bytes in sendq
-	ctrlBytes    int         // payload bytes in ctrl
-	unackedBytes int         // payload bytes in inflight
-	readsInflight int        // Reads in inflight, for Fence
-	delayedAcks  int         // acknowledgements queued without waking the writer
-	ackTimer     *time.Timer // wakes the writer for delayed acknowledgements
-	active       int         // goroutines that may still touch memory
-	running      int         // goroutines still using the connection
+	mu            sync.Mutex
+	state         verbs.QPState
+	connecting    bool
+	closed        bool
+	conn          net.Conn
+	cause         error        // why the queue pair is in ERR
+	flushStatus   verbs.Status // status of sent requests flushed in ERR
+	nextSeq       uint64
+	sendq         []*sendWR // posted, not yet taken by the writer
+	inflight      []*sendWR // taken by the writer, waiting for the response
+	ctrl          []ctrlFrame
+	recvq         []*recvWR
+	spareReqs     []*sendWR   // recycled by writeQueued
+	spareCtrls    []ctrlFrame // recycled by writeQueued
+	sendqBytes    int         // payload bytes in sendq
+	ctrlBytes     int         // payload bytes in ctrl
+	unackedBytes  int         // payload bytes in inflight
+	readsInflight int         // Reads in inflight, for Fence
+	delayedAcks   int         // acknowledgements queued without waking the writer
+	ackTimer      *time.Timer // wakes the writer for delayed acknowledgements
+	active        int         // goroutines that may still touch memory
+	running       int         // goroutines still using the connection
 }
 
 // sendWR is a posted send queue request.
@@ -129,6 +130,7 @@ func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, maxSend, maxRecv,
 		incoming:   make(chan offered, 4),
 		errored:    make(chan struct{}),
 		wakeWriter: make(chan struct{}, 1),
+		ctrlTaken:  make(chan struct{}, 1),
 		recvPosted: make(chan struct{}, 1),
 		state:      verbs.QPReset,
 	}
