@@ -32,8 +32,8 @@
 //     region (same protection domain, in bounds, local-write right for a
 //     Read or Recv destination), the number of segments and the total
 //     length against Attributes, and the room left in the queue. A bad
-//     local segment is refused at post time with an error wrapping
-//     ErrInvalidMemory; a request over the device's limits with one
+//     local segment (a deregistered region included) is refused at post
+//     time with an error wrapping ErrInvalidMemory; a request over the device's limits with one
 //     wrapping ErrTooLarge; no room with ErrQueueFull; a queue pair that is
 //     not connected with ErrNotConnected; one in ERR with ErrQPError. An
 //     error means nothing of that call was posted.
