@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -199,24 +198,7 @@ func (pd *domain) announce(qp *queuePair, key uint32) (softrc.Window, *region, e
 }
 
 func (pd *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	var cq *completionQueue
-	cq, err := softrc.NewCQ(pd, capacity, func() { pd.forgetCQ(cq) })
-	if err != nil {
-		return nil, fmt.Errorf("shm: %w", err)
-	}
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	if pd.closed {
-		return nil, fmt.Errorf("shm: new completion queue: domain: %w", verbs.ErrClosed)
-	}
-	pd.cqs[cq] = struct{}{}
-	return cq, nil
-}
-
-func (pd *domain) forgetCQ(cq *completionQueue) {
-	pd.mu.Lock()
-	delete(pd.cqs, cq)
-	pd.mu.Unlock()
+	return softrc.NewDomainCQ("shm", pd, capacity, &pd.mu, &pd.closed, pd.cqs)
 }
 
 // NewQueuePair makes a queue pair in RESET; its completion queues must
@@ -226,31 +208,15 @@ func (pd *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, erro
 	pd.mu.Lock()
 	closed := pd.closed
 	pd.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("shm: new queue pair: domain: %w", verbs.ErrClosed)
-	}
-	sendCQ, ok1 := cfg.SendCQ.(*completionQueue)
-	recvCQ, ok2 := cfg.RecvCQ.(*completionQueue)
-	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != pd || recvCQ.Owner() != pd {
-		return nil, errors.New("shm: new queue pair: SendCQ and RecvCQ must be completion queues of this domain")
-	}
-	maxSend, maxRecv, err := softrc.QueueSizes(cfg)
+	res, err := softrc.Reserve("shm", pd, closed, cfg, nil)
 	if err != nil {
-		return nil, fmt.Errorf("shm: new queue pair: %w", err)
+		return nil, err
 	}
-	if err := sendCQ.Reserve(maxSend); err != nil {
-		return nil, fmt.Errorf("shm: new queue pair: send queue of %d: %w", maxSend, err)
-	}
-	if err := recvCQ.Reserve(maxRecv); err != nil {
-		sendCQ.Unreserve(maxSend)
-		return nil, fmt.Errorf("shm: new queue pair: receive queue of %d: %w", maxRecv, err)
-	}
-	qp := newQueuePair(pd, sendCQ, recvCQ, cfg, maxSend, maxRecv)
+	qp := newQueuePair(pd, res.SendCQ, res.RecvCQ, cfg, res.MaxSend, res.MaxRecv)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
-		sendCQ.Unreserve(maxSend)
-		recvCQ.Unreserve(maxRecv)
+		res.Release()
 		return nil, fmt.Errorf("shm: new queue pair: domain: %w", verbs.ErrClosed)
 	}
 	for {
@@ -276,12 +242,9 @@ func (pd *domain) forgetQP(qp *queuePair) {
 // Close closes the listener, every queue pair, completion queue and region
 // left, and waits for the domain's goroutines. It is idempotent.
 func (pd *domain) Close() error {
-	pd.mu.Lock()
-	if pd.closed {
-		pd.mu.Unlock()
+	if !softrc.BeginClose(&pd.mu, &pd.closed) {
 		return nil
 	}
-	pd.closed = true
 	var qps []*queuePair
 	for _, qp := range pd.qps {
 		qps = append(qps, qp)

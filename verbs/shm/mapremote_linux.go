@@ -145,17 +145,7 @@ func (m *mapping) Release() error {
 // only this queue pair's peer is told of it. Revoke has the peer unmap it
 // and waits for its confirmation, as Deregister does.
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	qp.mu.Lock()
-	closed := qp.closed
-	qp.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("shm: queue pair %d: grant: %w", qp.id, verbs.ErrClosed)
-	}
-	g, err := qp.pd.table.NewGrant(qp, region, offset, length, access, qp.revokeGrant)
-	if err != nil {
-		return nil, fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
-	}
-	return g, nil
+	return qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
 }
 
 func (qp *queuePair) revokeGrant(g *softrc.Grant) {

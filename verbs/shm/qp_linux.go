@@ -180,20 +180,12 @@ func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	ws := make([]sendWR, len(wrs))
-	for i := range wrs {
-		var one [1]softrc.Seg
-		vec, err := softrc.CheckSend(qp.pd, limits, &wrs[i], one[:0])
-		if err != nil {
-			return fmt.Errorf("shm: queue pair %d: PostSend request %d (id %d): %w", qp.id, i, wrs[i].ID, err)
-		}
-		w := &ws[i]
-		w.SendRequest, w.vec, w.n = wrs[i], vec, vec.Len()
+	ws, err := softrc.CheckSends(qp.pd, limits, wrs, func(w *sendWR) softrc.Vec { return w.seg[:0] }, func(w *sendWR, wr *verbs.SendRequest, vec softrc.Vec) {
+		w.SendRequest, w.vec, w.n = *wr, vec, vec.Len()
 		w.Local, w.Segments = verbs.Local{}, nil
-		if len(vec) == 1 {
-			w.seg[0] = vec[0]
-			w.vec = w.seg[:]
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
@@ -334,13 +326,11 @@ func (qp *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	rs := make([]recvWR, len(wrs))
-	for i := range wrs {
-		vec, err := softrc.CheckRecv(qp.pd, limits, &wrs[i], nil)
-		if err != nil {
-			return fmt.Errorf("shm: queue pair %d: PostRecv request %d (id %d): %w", qp.id, i, wrs[i].ID, err)
-		}
-		rs[i] = recvWR{ID: wrs[i].ID, vec: vec, n: vec.Len()}
+	rs, err := softrc.CheckRecvs(qp.pd, limits, wrs, nil, func(r *recvWR, wr *verbs.RecvRequest, vec softrc.Vec) {
+		*r = recvWR{ID: wr.ID, vec: vec, n: vec.Len()}
+	})
+	if err != nil {
+		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
 	}
 	qp.mu.Lock()
 	if err := softrc.PostError(qp.closed, qp.state, qp.inflightErr, false); err != nil {
@@ -504,12 +494,9 @@ func writeMessage(c *net.UnixConn, m *message, fds ...int) error {
 // (the peer sees it as gone), stops its goroutines and unmaps everything it
 // mapped.
 func (qp *queuePair) Close() error {
-	qp.mu.Lock()
-	if qp.closed {
-		qp.mu.Unlock()
+	if !softrc.BeginClose(&qp.mu, &qp.closed) {
 		return nil
 	}
-	qp.closed = true
 	qp.accepting = false
 	qp.failLocked(verbs.StatusFlushed, errQueuePairClosed) // the peer learns from the closed socket
 	conn, workerDone, readerDone := qp.conn, qp.workerDone, qp.readerDone

@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -91,24 +90,7 @@ func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Memo
 
 // NewCompletionQueue makes a completion queue of the given capacity.
 func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	var q *completionQueue
-	q, err := softrc.NewCQ(d, capacity, func() { d.removeCQ(q) })
-	if err != nil {
-		return nil, fmt.Errorf("tcp: %w", err)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("tcp: new completion queue: domain: %w", verbs.ErrClosed)
-	}
-	d.cqs[q] = struct{}{}
-	return q, nil
-}
-
-func (d *domain) removeCQ(q *completionQueue) {
-	d.mu.Lock()
-	delete(d.cqs, q)
-	d.mu.Unlock()
+	return softrc.NewDomainCQ("tcp", d, capacity, &d.mu, &d.closed, d.cqs)
 }
 
 // NewQueuePair makes a queue pair in RESET. Its completion queues must
@@ -117,47 +99,33 @@ func (d *domain) removeCQ(q *completionQueue) {
 // role is RoleDial, it uses the domain's listener for its local address
 // (see listenFor), which it starts when it is the first to use it.
 func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
-	if d.isClosed() {
-		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
-	}
-	sendCQ, ok1 := cfg.SendCQ.(*completionQueue)
-	recvCQ, ok2 := cfg.RecvCQ.(*completionQueue)
-	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != d || recvCQ.Owner() != d {
-		return nil, errors.New("tcp: new queue pair: SendCQ and RecvCQ must be completion queues of this domain")
-	}
-	maxSend, maxRecv, err := softrc.QueueSizes(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("tcp: new queue pair: %w", err)
-	}
-	if cfg.MaxInline > maxInline {
-		return nil, fmt.Errorf("tcp: new queue pair: MaxInline %d exceeds the device's %d: %w", cfg.MaxInline, maxInline, verbs.ErrTooLarge)
-	}
-	if cfg.Role > verbs.RoleAccept {
-		return nil, fmt.Errorf("tcp: new queue pair: unknown role %v", cfg.Role)
-	}
 	var advertise string
-	if cfg.Role != verbs.RoleDial {
-		l, err := d.listenerFor(cfg.LocalAddress.Unmap())
-		if err != nil {
-			return nil, err
+	res, err := softrc.Reserve("tcp", d, d.isClosed(), cfg, func() error {
+		if cfg.MaxInline > maxInline {
+			return fmt.Errorf("tcp: new queue pair: MaxInline %d exceeds the device's %d: %w", cfg.MaxInline, maxInline, verbs.ErrTooLarge)
 		}
-		advertise = l.advertise
+		if cfg.Role > verbs.RoleAccept {
+			return fmt.Errorf("tcp: new queue pair: unknown role %v", cfg.Role)
+		}
+		if cfg.Role != verbs.RoleDial {
+			l, err := d.listenerFor(cfg.LocalAddress.Unmap())
+			if err != nil {
+				return err
+			}
+			advertise = l.advertise
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if err := sendCQ.Reserve(maxSend); err != nil {
-		return nil, fmt.Errorf("tcp: new queue pair: send queue of %d: %w", maxSend, err)
-	}
-	if err := recvCQ.Reserve(maxRecv); err != nil {
-		sendCQ.Unreserve(maxSend)
-		return nil, fmt.Errorf("tcp: new queue pair: receive queue of %d: %w", maxRecv, err)
-	}
-	q := newQueuePair(d, sendCQ, recvCQ, maxSend, maxRecv, cmpOr(cfg.MaxInline, defaultMaxInline))
+	q := newQueuePair(d, res.SendCQ, res.RecvCQ, res.MaxSend, res.MaxRecv, cmpOr(cfg.MaxInline, defaultMaxInline))
 	q.role, q.advertise = cfg.Role, advertise
 	q.secret = softrc.NewSecret()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		sendCQ.Unreserve(maxSend)
-		recvCQ.Unreserve(maxRecv)
+		res.Release()
 		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
 	}
 	d.nextQP++
@@ -339,12 +307,9 @@ func (d *domain) handshake(c net.Conn) bool {
 // regions left in the domain, and waits for its goroutines to stop. It is
 // idempotent.
 func (d *domain) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !softrc.BeginClose(&d.mu, &d.closed) {
 		return nil
 	}
-	d.closed = true
 	qps := make([]*queuePair, 0, len(d.qps))
 	for q := range d.qps {
 		qps = append(qps, q)

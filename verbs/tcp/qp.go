@@ -328,20 +328,12 @@ func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	ws := make([]sendWR, len(wrs))
-	for i := range wrs {
-		wr, w := &wrs[i], &ws[i]
-		var one [1]softrc.Seg
-		vec, err := softrc.CheckSend(q.pd, limits, wr, one[:0])
-		if err != nil {
-			return fmt.Errorf("tcp: queue pair %d: PostSend request %d (id %d): %w", q.id, i, wr.ID, err)
-		}
-		*w = sendWR{id: wr.ID, op: wr.Op, imm: wr.Imm, hasImm: wr.HasImm || wr.Op == verbs.OpWriteImm,
-			unsignaled: wr.Unsignaled, fence: wr.Fence, remote: wr.Remote, vec: vec, n: vec.Len()}
-		if len(vec) == 1 {
-			w.seg[0] = vec[0]
-			w.vec = w.seg[:]
-		}
+	ws, err := softrc.CheckSends(q.pd, limits, wrs, func(w *sendWR) softrc.Vec { return w.seg[:0] }, func(w *sendWR, wr *verbs.SendRequest, vec softrc.Vec) {
+		w.id, w.op, w.imm, w.hasImm = wr.ID, wr.Op, wr.Imm, wr.HasImm || wr.Op == verbs.OpWriteImm
+		w.unsignaled, w.fence, w.remote, w.vec, w.n = wr.Unsignaled, wr.Fence, wr.Remote, vec, vec.Len()
+	})
+	if err != nil {
+		return fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
 	}
 	q.mu.Lock()
 	if err := q.postableLocked(true); err != nil {
@@ -392,14 +384,11 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 	if len(wrs) == 0 {
 		return nil
 	}
-	rs := make([]recvWR, len(wrs))
-	for i := range wrs {
-		wr, r := &wrs[i], &rs[i]
-		vec, err := softrc.CheckRecv(q.pd, limits, wr, r.seg[:0])
-		if err != nil {
-			return fmt.Errorf("tcp: queue pair %d: PostRecv request %d (id %d): %w", q.id, i, wr.ID, err)
-		}
+	rs, err := softrc.CheckRecvs(q.pd, limits, wrs, func(r *recvWR) softrc.Vec { return r.seg[:0] }, func(r *recvWR, wr *verbs.RecvRequest, vec softrc.Vec) {
 		r.id, r.vec, r.n = wr.ID, vec, vec.Len()
+	})
+	if err != nil {
+		return fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
 	}
 	q.mu.Lock()
 	if err := q.postableLocked(false); err != nil {
@@ -421,28 +410,15 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 // Grant opens length bytes at offset of region to this queue pair's peer
 // with one right; see verbs.QueuePair.
 func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	q.mu.Lock()
-	closed := q.closed
-	q.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("tcp: queue pair %d: grant: %w", q.id, verbs.ErrClosed)
-	}
-	g, err := q.pd.table.NewGrant(q, region, offset, length, access, nil)
-	if err != nil {
-		return nil, fmt.Errorf("tcp: queue pair %d: %w", q.id, err)
-	}
-	return g, nil
+	return q.pd.table.GrantFor("tcp", q.id, q, &q.mu, &q.closed, region, offset, length, access, nil)
 }
 
 // Close moves the queue pair to ERR, closes its connection, waits for its
 // goroutines and completes every outstanding request with StatusFlushed.
 func (q *queuePair) Close() error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	if !softrc.BeginClose(&q.mu, &q.closed) {
 		return nil
 	}
-	q.closed = true
 	q.mu.Unlock()
 	q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d closed", q.id))
 	q.mu.Lock()

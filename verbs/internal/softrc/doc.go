@@ -12,7 +12,13 @@
 //     and the access checks a target makes before it touches memory.
 //   - CheckSend, CheckRecv, Vec: post-time validation of work requests
 //     (opcode, segments, rights, bounds, limits), and the gather/scatter
-//     copies of their local segments.
+//     copies of their local segments; CheckSends and CheckRecvs check all
+//     the requests of one post.
+//   - Reserve, Reservation: the checks of NewQueuePair and the room its
+//     queue pair reserves in its completion queues.
+//   - NewDomainCQ: NewCompletionQueue of a domain; Table.GrantFor:
+//     QueuePair.Grant.
+//   - BeginClose: the start of an idempotent Close.
 //   - PostError: the error every post returns for a queue pair that is
 //     closed, in ERR or not connected.
 //   - Secret, ShouldDial, Acceptor: the connection handshake shared by

@@ -1,0 +1,144 @@
+package softrc
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// NewDomainCQ is NewCompletionQueue of a domain, owner, whose mu guards
+// closed and cqs: the new CQ is in cqs until it is closed. provider
+// ("tcp") begins every error.
+func NewDomainCQ(provider string, owner any, capacity int, mu *sync.Mutex, closed *bool, cqs map[*CQ]struct{}) (verbs.CompletionQueue, error) {
+	var cq *CQ
+	cq, err := NewCQ(owner, capacity, func() {
+		mu.Lock()
+		delete(cqs, cq)
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", provider, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if *closed {
+		return nil, fmt.Errorf("%s: new completion queue: domain: %w", provider, verbs.ErrClosed)
+	}
+	cqs[cq] = struct{}{}
+	return cq, nil
+}
+
+// Reservation is the completion queue room a new queue pair holds: MaxSend
+// entries of SendCQ and MaxRecv of RecvCQ.
+type Reservation struct {
+	SendCQ, RecvCQ   *CQ
+	MaxSend, MaxRecv int
+}
+
+// Release gives the room back.
+func (r Reservation) Release() {
+	r.SendCQ.Unreserve(r.MaxSend)
+	r.RecvCQ.Unreserve(r.MaxRecv)
+}
+
+// Reserve makes the checks of NewQueuePair in the contract's order and
+// reserves the queue pair's room in its completion queues. provider
+// ("tcp") begins every error. closed says whether the domain owner is
+// closed (ErrClosed); the completion queues must be owner's; the sizes are
+// those of QueueSizes. check, if not nil, runs after those checks and
+// before anything is reserved; its error is returned as it is.
+func Reserve(provider string, owner any, closed bool, cfg verbs.QueuePairConfig, check func() error) (Reservation, error) {
+	if closed {
+		return Reservation{}, fmt.Errorf("%s: new queue pair: domain: %w", provider, verbs.ErrClosed)
+	}
+	sendCQ, ok1 := cfg.SendCQ.(*CQ)
+	recvCQ, ok2 := cfg.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != owner || recvCQ.Owner() != owner {
+		return Reservation{}, fmt.Errorf("%s: new queue pair: SendCQ and RecvCQ must be completion queues of this domain", provider)
+	}
+	maxSend, maxRecv, err := QueueSizes(cfg)
+	if err != nil {
+		return Reservation{}, fmt.Errorf("%s: new queue pair: %w", provider, err)
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return Reservation{}, err
+		}
+	}
+	if err := sendCQ.Reserve(maxSend); err != nil {
+		return Reservation{}, fmt.Errorf("%s: new queue pair: send queue of %d: %w", provider, maxSend, err)
+	}
+	if err := recvCQ.Reserve(maxRecv); err != nil {
+		sendCQ.Unreserve(maxSend)
+		return Reservation{}, fmt.Errorf("%s: new queue pair: receive queue of %d: %w", provider, maxRecv, err)
+	}
+	return Reservation{SendCQ: sendCQ, RecvCQ: recvCQ, MaxSend: maxSend, MaxRecv: maxRecv}, nil
+}
+
+// GrantFor is QueuePair.Grant of qp, a queue pair of the table's domain
+// that provider ("tcp") numbers id: ErrClosed once *closed (read under mu)
+// says so, else NewGrant with onRevoke.
+func (t *Table) GrantFor(provider string, id uint64, qp any, mu *sync.Mutex, closed *bool, region verbs.MemoryRegion, offset, length int, access verbs.Access, onRevoke func(*Grant)) (verbs.Grant, error) {
+	mu.Lock()
+	c := *closed
+	mu.Unlock()
+	if c {
+		return nil, fmt.Errorf("%s: queue pair %d: grant: %w", provider, id, verbs.ErrClosed)
+	}
+	g, err := t.NewGrant(qp, region, offset, length, access, onRevoke)
+	if err != nil {
+		return nil, fmt.Errorf("%s: queue pair %d: %w", provider, id, err)
+	}
+	return g, nil
+}
+
+// CheckSends checks every request of one PostSend (see CheckSend) before
+// any of them is posted and returns them as ws, a W each, filled by keep.
+// into(w), if not nil, gives the storage that the vector of w's request
+// appends to. The first failure is returned as "PostSend request i (id n):
+// ...", and nothing after it is checked.
+func CheckSends[W any](owner any, lim Limits, wrs []verbs.SendRequest, into func(w *W) Vec, keep func(w *W, wr *verbs.SendRequest, vec Vec)) (ws []W, err error) {
+	return checkEach("PostSend", wrs, into, keep, func(wr *verbs.SendRequest, to Vec) (uint64, Vec, error) {
+		vec, err := CheckSend(owner, lim, wr, to)
+		return wr.ID, vec, err
+	})
+}
+
+// CheckRecvs is CheckSends for one PostRecv (see CheckRecv).
+func CheckRecvs[W any](owner any, lim Limits, wrs []verbs.RecvRequest, into func(w *W) Vec, keep func(w *W, wr *verbs.RecvRequest, vec Vec)) (ws []W, err error) {
+	return checkEach("PostRecv", wrs, into, keep, func(wr *verbs.RecvRequest, to Vec) (uint64, Vec, error) {
+		vec, err := CheckRecv(owner, lim, wr, to)
+		return wr.ID, vec, err
+	})
+}
+
+func checkEach[W, R any](post string, wrs []R, into func(*W) Vec, keep func(*W, *R, Vec), check func(*R, Vec) (uint64, Vec, error)) ([]W, error) {
+	ws := make([]W, len(wrs))
+	for i := range wrs {
+		var to Vec
+		if into != nil {
+			to = into(&ws[i])
+		}
+		id, vec, err := check(&wrs[i], to)
+		if err != nil {
+			return nil, fmt.Errorf("%s request %d (id %d): %w", post, i, id, err)
+		}
+		keep(&ws[i], &wrs[i], vec)
+	}
+	return ws, nil
+}
+
+// BeginClose starts a Close that is idempotent: it locks mu and, unless
+// *closed already says so, sets it and returns true with mu still locked
+// for the rest of the Close to unlock. A second Close gets false, with mu
+// unlocked.
+func BeginClose(mu *sync.Mutex, closed *bool) bool {
+	mu.Lock()
+	if *closed {
+		mu.Unlock()
+		return false
+	}
+	*closed = true
+	return true
+}
