@@ -497,3 +497,20 @@ func TestDeregisterWithPostedReceive(t *testing.T) {
 		t.Fatal("a deregistered receive buffer was written")
 	}
 }
+
+// FuzzReadHello decodes the first bytes a dialer sends an accepting queue
+// pair, before any secret is checked.
+func FuzzReadHello(f *testing.F) {
+	f.Add((&hello{acceptor: secret{1}, dialer: secret{2}, qpID: 3}).encode())
+	f.Add([]byte{})
+	f.Add(make([]byte, helloSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := readHello(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		if enc := h.encode(); !bytes.Equal(enc, b[:len(enc)]) {
+			t.Fatalf("readHello(%x) = %+v, which encodes as %x", b, h, enc)
+		}
+	})
+}
