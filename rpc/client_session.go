@@ -222,45 +222,12 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 
 	// Step 1: connect, report at once, and give up as soon as the server
 	// reports failure.
-	cctx, ccancel := context.WithTimeout(ctx, c.opts.connectTimeout)
-	defer ccancel()
-	mine := make(chan error, 1)
-	go func() { mine <- l.connect(cctx, choice.Info, nil) }()
-	theirs := make(chan *pb.ConnectResult, 1)
-	theirsErr := make(chan error, 1)
-	go func() {
-		r, err := theirResult()
-		if err != nil {
-			theirsErr <- err
-			return
-		}
-		theirs <- r
-	}()
-	var myErr error
-	var their *pb.ConnectResult
-	haveMine, abandoned := false, false
-	for !haveMine || their == nil {
-		select {
-		case myErr = <-mine:
-			haveMine = true
-			if their != nil && !their.Ok && myErr != nil {
-				myErr, abandoned = errors.New("abandoned: the server failed to connect"), true
-			}
-			if err := report(myErr == nil, false, myErr); err != nil {
-				return nil, negotiationError(ctx, err)
-			}
-		case their = <-theirs:
-			if !their.Ok {
-				ccancel() // the server failed: stop waiting for our side
-			}
-		case err := <-theirsErr:
-			ccancel()
-			if !haveMine {
-				<-mine
-			}
-			return nil, err
-		}
+	o, err := connectBoth(ctx, c.opts.connectTimeout, l, choice.Info, nil,
+		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
+	if err != nil {
+		return nil, negotiationError(ctx, err)
 	}
+	myErr, their, abandoned := o.mine, o.theirs, o.abandoned
 	switch {
 	case myErr != nil && !abandoned:
 		return rejectionPtr(name, "client", "connect: "+myErr.Error()), nil
@@ -285,7 +252,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	if err := report(verr == nil, true, verr); err != nil {
 		return nil, negotiationError(ctx, err)
 	}
-	their, err := theirResult()
+	their, err = theirResult()
 	if err != nil {
 		return nil, err
 	}

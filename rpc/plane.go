@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -397,4 +398,62 @@ func transportName(t pb.Transport) string {
 		return TransportGRPC
 	}
 	return t.String()
+}
+
+// connectOutcome is how step 1 of a data plane's negotiation ended on one
+// side: its own error (nil when it connected; abandoned when it gave up
+// because the peer had failed) and the peer's report.
+type connectOutcome struct {
+	mine      error
+	abandoned bool
+	theirs    *pb.ConnectResult
+}
+
+// connectBoth runs step 1 of a data plane's negotiation, the same on both
+// sides: connect l (within timeout), report the outcome at once with
+// report, and read the peer's report with theirResult; when the peer has
+// failed, stop waiting for our own attempt. peer names the other side in
+// the reason of an abandoned attempt. It returns an error only when the
+// session itself failed.
+func connectBoth(ctx context.Context, timeout time.Duration, l *link, remote []byte, onRecv func(verbs.Completion),
+	report func(ok bool, err error) error, theirResult func() (*pb.ConnectResult, error), peer string) (connectOutcome, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	mine := make(chan error, 1)
+	go func() { mine <- l.connect(cctx, remote, onRecv) }()
+	theirs := make(chan *pb.ConnectResult, 1)
+	theirsErr := make(chan error, 1)
+	go func() {
+		r, err := theirResult()
+		if err != nil {
+			theirsErr <- err
+			return
+		}
+		theirs <- r
+	}()
+	var out connectOutcome
+	haveMine := false
+	for !haveMine || out.theirs == nil {
+		select {
+		case out.mine = <-mine:
+			haveMine = true
+			if out.theirs != nil && !out.theirs.Ok && out.mine != nil {
+				out.mine, out.abandoned = fmt.Errorf("abandoned: the %s failed to connect", peer), true
+			}
+			if err := report(out.mine == nil, out.mine); err != nil {
+				return out, err
+			}
+		case out.theirs = <-theirs:
+			if !out.theirs.Ok {
+				cancel() // the peer failed: stop waiting for our side
+			}
+		case err := <-theirsErr:
+			cancel()
+			if !haveMine {
+				<-mine
+			}
+			return out, err
+		}
+	}
+	return out, nil
 }

@@ -480,45 +480,12 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	}
 
 	// Step 1: connect, report at once, give up as soon as the client fails.
-	cctx, cancel := context.WithTimeout(ctx, s.opts.connectTimeout)
-	defer cancel()
-	mine := make(chan error, 1)
-	go func() { mine <- l.connect(cctx, offer.Info, func(c verbs.Completion) { s.completeDestination(ss, c) }) }()
-	theirs := make(chan *pb.ConnectResult, 1)
-	theirsErr := make(chan error, 1)
-	go func() {
-		r, err := theirResult(false)
-		if err != nil {
-			theirsErr <- err
-			return
-		}
-		theirs <- r
-	}()
-	var myErr error
-	var their *pb.ConnectResult
-	haveMine, abandoned := false, false
-	for !haveMine || their == nil {
-		select {
-		case myErr = <-mine:
-			haveMine = true
-			if their != nil && !their.Ok && myErr != nil {
-				myErr, abandoned = errors.New("abandoned: the client failed to connect"), true
-			}
-			if err := report(myErr == nil, false, myErr); err != nil {
-				return "", err
-			}
-		case their = <-theirs:
-			if !their.Ok {
-				cancel()
-			}
-		case err := <-theirsErr:
-			cancel()
-			if !haveMine {
-				<-mine
-			}
-			return "", err
-		}
+	o, err := connectBoth(ctx, s.opts.connectTimeout, l, offer.Info, func(c verbs.Completion) { s.completeDestination(ss, c) },
+		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
+	if err != nil {
+		return "", err
 	}
+	myErr, their, abandoned := o.mine, o.theirs, o.abandoned
 	switch {
 	case myErr != nil && !abandoned:
 		return "connect: " + myErr.Error(), nil
@@ -537,7 +504,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		l.verified.Store(true)
 		verr = l.sendVerify(vctx, msg)
 	}
-	their, err := theirResult(true)
+	their, err = theirResult(true)
 	if err != nil {
 		return "", err
 	}
