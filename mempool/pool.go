@@ -220,6 +220,12 @@ func (p *Pool) wakeLocked() {
 	}
 }
 
+// maxGrowthArena caps the doubling of arena sizes: past it the pool grows
+// by arenas of this size (or of the request, if larger). Unbounded doubling
+// made a pool whose empty arenas were trimmed grow back by ever larger
+// arenas, up to its limit, for a few MiB of live buffers.
+const maxGrowthArena = 256 << 20
+
 // planGrowthLocked decides whether a new arena can make room for size bytes
 // and how large it is. When the limit leaves too little room it detaches
 // empty arenas (largest first) until there is enough; the caller retires
@@ -253,7 +259,7 @@ func (p *Pool) planGrowthLocked(size int) (arenaSize int, retired []*Arena, ok b
 	if int64(arenaSize) > room {
 		arenaSize = int(room) / p.unit * p.unit // still ≥ need
 	}
-	if int64(p.nextArena) <= p.opts.limit/2 {
+	if int64(p.nextArena) <= p.opts.limit/2 && p.nextArena < maxGrowthArena {
 		p.nextArena *= 2
 	}
 	p.pending += int64(arenaSize)
@@ -435,6 +441,9 @@ func (p *Pool) TrimArenas(ids []uint32) int64 {
 			retired = append(retired, a)
 			bytes += int64(len(a.mem))
 		}
+	}
+	if len(retired) > 0 {
+		p.nextArena = roundUp(p.opts.arenaSize, p.unit) // grow back gradually
 	}
 	p.checkLocked()
 	p.mu.Unlock()

@@ -190,6 +190,10 @@ func (r *Ring) Read() ([]byte, bool) {
 	}
 	for r.read != tail {
 		pos := r.read % r.cap
+		if pos%8 != 0 { // records are 8-aligned; a peer wrote a bad head
+			r.err = fmt.Errorf("%w: read position %d is not 8-byte aligned", ErrRingCorrupt, r.read)
+			return nil, false
+		}
 		length, kind := recordHeaderAt(r.data[pos:])
 		switch kind {
 		case kindPadding:
