@@ -387,6 +387,9 @@ func (c *Client) releaseLoop() {
 	}
 }
 
+// releaseTimeout bounds one Release call.
+const releaseTimeout = 20 * time.Second
+
 // sendReleases sends one Release per session in batch; releases of ended
 // sessions are dropped (the server freed everything when they ended).
 func (c *Client) sendReleases(batch []release) {
@@ -407,12 +410,22 @@ func (c *Client) sendReleases(batch []release) {
 			req.ClientRefs = append(req.ClientRefs, r.ref)
 		}
 	}
-	for _, req := range reqs {
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.connectTimeout)
-		if _, err := c.api.Release(ctx, req); err != nil {
-			c.log.Debug("tensorrpc: release failed; the session's end frees the buffers", "err", err)
+	for s, req := range reqs {
+		// A lost Release leaves a destination reserved on the server until
+		// the session ends (or its reservation times out and ends it), so
+		// a Release that fails while the session lives is tried again.
+		for attempt := 0; attempt < 3 && s.err() == nil; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			_, err := c.api.Release(ctx, req)
+			cancel()
+			if err == nil {
+				break
+			}
+			c.log.Debug("tensorrpc: release failed", "attempt", attempt+1, "err", err)
+			if code := status.Code(err); code != codes.DeadlineExceeded && code != codes.Unavailable {
+				break
+			}
 		}
-		cancel()
 	}
 }
 
