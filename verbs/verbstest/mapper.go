@@ -28,7 +28,7 @@ func testRemoteMapper(t *testing.T, env Env) {
 		defer p.close()
 		m, ok := p.a.qp.(verbs.RemoteMapper)
 		if !ok {
-			t.Skipf("%s: queue pairs do not implement verbs.RemoteMapper", env.Name)
+			t.Skipf("%s: queue pairs do not implement verbs.RemoteMapper (only the shm provider maps a peer's memory into this process)", env.Name)
 		}
 		page := os.Getpagesize()
 		src := p.region(p.b, 3*page, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
@@ -86,7 +86,7 @@ func testRemoteMapper(t *testing.T, env Env) {
 		defer p.close()
 		m, ok := p.a.qp.(verbs.RemoteMapper)
 		if !ok {
-			t.Skipf("%s: queue pairs do not implement verbs.RemoteMapper", env.Name)
+			t.Skipf("%s: queue pairs do not implement verbs.RemoteMapper (only the shm provider maps a peer's memory into this process)", env.Name)
 		}
 		readable := p.region(p.b, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
 		writeOnly := p.region(p.b, 4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
