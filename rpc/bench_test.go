@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -24,16 +26,7 @@ import (
 
 var benchSizes = []int{4 << 10, 1 << 20, 64 << 20, 1 << 30}
 
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n >= 1<<20:
-		return fmt.Sprintf("%dMiB", n>>20)
-	default:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-}
+func sizeName(n int) string { return strings.ReplaceAll(bytesize.Format(int64(n)), " ", "") }
 
 func benchPair(b *testing.B, transport string, opts ...ServerOption) (*Server, *Client, func()) {
 	skipWithoutDevice(b, transport)

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 // Status is the outcome of a check.
@@ -106,19 +108,6 @@ func (r *Report) writeText(w io.Writer) error {
 	return bw.Flush()
 }
 
-// formatBytes writes n with a binary unit.
-func formatBytes(n uint64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 // meminfo parses /proc/meminfo into values; sizes in kB are converted to
 // bytes, counts are left as they are.
 func (h host) meminfo() (map[string]uint64, error) {
@@ -149,3 +138,6 @@ func (h host) meminfo() (map[string]uint64, error) {
 	}
 	return out, sc.Err()
 }
+
+// formatBytes writes n with a binary unit (internal/bytesize).
+func formatBytes(n uint64) string { return bytesize.Format(int64(n)) }

@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -98,11 +99,11 @@ func soakMain(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return usage("unexpected arguments %q", fs.Args())
 	}
-	n, err := parseBytes(*size)
+	n, err := bytesize.Parse(*size)
 	if err != nil || n < 1 || n > rpc.DefaultMaxTensorBytes {
 		return usage("bad -size %q: want 1 B to 1 GiB", *size)
 	}
-	cfg.size = n
+	cfg.size = int(n)
 	if cfg.duration <= 0 || cfg.report <= 0 || cfg.streams < 1 {
 		return usage("-duration, -report and -streams must be positive")
 	}
@@ -124,30 +125,6 @@ func soakMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// parseBytes reads "4194304", "4MiB", "512KiB", "1GiB" (K, M, G and KB, MB,
-// GB mean the same binary units).
-func parseBytes(s string) (int, error) {
-	s = strings.TrimSpace(s)
-	mult := 1
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, err
-	}
-	if v > math.MaxInt/mult {
-		return 0, errors.New("too large")
-	}
-	return v * mult, nil
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tensorrpc/tensorrpc/examples/internal/units"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"io"
 	"math"
 	"slices"
@@ -34,7 +35,7 @@ type summary struct {
 func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error) {
 	bytes := int64(cfg.Elements) * 4
 	fmt.Fprintf(out, "allreduce: %d processes, n = %d float32 (%s), 1 warm-up + %d timed all-reduces\n",
-		cfg.Ranks, cfg.Elements, units.Bytes(bytes), cfg.Iters)
+		cfg.Ranks, cfg.Elements, bytesize.Format(bytes), cfg.Iters)
 
 	ranks := make(proc.Group, 0, cfg.Ranks)
 	defer func() {

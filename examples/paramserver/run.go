@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tensorrpc/tensorrpc/examples/internal/units"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"io"
 	"net"
 	"strconv"
@@ -62,7 +63,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 		mode = "goroutines in one process"
 	}
 	fmt.Fprintf(out, "paramserver: %d shards, %d workers (%s); n = %d float32 parameters (%s), %d samples with %d features each\n",
-		cfg.Shards, cfg.Workers, mode, cfg.Params, units.Bytes(int64(4*cfg.Params)), cfg.samples(), cfg.NonZeros)
+		cfg.Shards, cfg.Workers, mode, cfg.Params, bytesize.Format(int64(4*cfg.Params)), cfg.samples(), cfg.NonZeros)
 
 	addrs, stopShards, err := startShards(ctx, cfg)
 	if err != nil {
@@ -82,7 +83,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	if sum.Beta, err = measureBeta(ctx, c, cfg.BetaBytes); err != nil {
 		return nil, fmt.Errorf("measuring β: %w", err)
 	}
-	fmt.Fprintf(out, "data plane %s; β = %.2f GB/s (Send of a %s tensor to shard 0)\n", sum.Plane, sum.Beta/1e9, units.Bytes(int64(cfg.BetaBytes)))
+	fmt.Fprintf(out, "data plane %s; β = %.2f GB/s (Send of a %s tensor to shard 0)\n", sum.Plane, sum.Beta/1e9, bytesize.Format(int64(cfg.BetaBytes)))
 	fmt.Fprintf(out, "learning rate %.4g; noise variance %.4g\n", cfg.learningRate(), cfg.Noise*cfg.Noise)
 
 	workersDone := startWorkers(ctx, cfg, addrs, cancel)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,14 +69,13 @@ func TestQuickstart(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"4096": 4096, "4KiB": 4096, "64MiB": 64 << 20, "1GiB": 1 << 30, "7B": 7} {
-		if got, err := parseSize(in); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
+	got, err := parseSizes("4096,4KiB,64MiB,1GiB,7B")
+	if err != nil || !slices.Equal(got, []int{4096, 4096, 64 << 20, 1 << 30, 7}) {
+		t.Errorf("parseSizes = %v, %v", got, err)
 	}
-	for _, in := range []string{"", "0", "-1KiB", "4kb", "1.5MiB", "MiB"} {
-		if _, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q) succeeded", in)
+	for _, in := range []string{"", "0", "-1KiB", "4KiB,0", "1.5MiB", "MiB"} {
+		if _, err := parseSizes(in); err == nil {
+			t.Errorf("parseSizes(%q) succeeded", in)
 		}
 	}
 }

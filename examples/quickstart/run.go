@@ -5,15 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/tensorrpc/tensorrpc/examples/internal/units"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/examples/internal/units"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -138,7 +138,7 @@ func measurePlane(ctx context.Context, addr, plane string, cfg config) ([]result
 		r, err := measureSize(ctx, c, plane, size, cfg.iters)
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%s, %s: %w", plane, formatSize(size), err)
+			return nil, fmt.Errorf("%s, %s: %w", plane, bytesize.Format(int64(size)), err)
 		}
 		rows = append(rows, r...)
 	}
@@ -258,17 +258,17 @@ func printTable(out io.Writer, rep *report) {
 	fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6s  %6s\n", "data plane", "size", "op", "time/op", "GB/s", "copies")
 	for _, r := range rep.Results {
 		gbps := float64(r.Size) / r.PerOp.Seconds() / 1e9
-		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, formatSize(r.Size), r.Op, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
+		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, bytesize.Format(int64(r.Size)), r.Op, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
 	}
 	for _, r := range rep.Results {
 		if r.Op == "lease" && r.Leases < int64(r.Iters) && r.Size <= rpc.DefaultEagerThreshold {
 			fmt.Fprintf(out, "%s %s lease: at or below the eager threshold (%s), the tensor travels inline in the control message, so there is nothing to lease\n",
-				r.Plane, formatSize(r.Size), formatSize(rpc.DefaultEagerThreshold))
+				r.Plane, bytesize.Format(int64(r.Size)), bytesize.Format(int64(rpc.DefaultEagerThreshold)))
 			continue
 		}
 		if r.Op == "lease" && r.Leases < int64(r.Iters) {
 			fmt.Fprintf(out, "%s %s lease: %d of %d fetches with rpc.Lease() were leases; the others were copied into the client's pool\n",
-				r.Plane, formatSize(r.Size), r.Leases, r.Iters)
+				r.Plane, bytesize.Format(int64(r.Size)), r.Leases, r.Iters)
 		}
 	}
 	for _, s := range rep.Skipped {
@@ -284,50 +284,17 @@ func formatCopies(c float64) string {
 	return fmt.Sprintf("%.2f", c)
 }
 
-// formatSize writes n bytes with the largest binary unit that divides it.
-func formatSize(n int) string {
-	for _, u := range []struct {
-		name  string
-		shift uint
-	}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
-// parseSizes parses a comma-separated list such as "4KiB,1MiB,64MiB".
+// parseSizes parses a comma-separated list such as "4KiB,1MiB,64MiB"
+// (binary units; see internal/bytesize); every size must be positive.
 func parseSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range splitList(s) {
-		n, err := parseSize(f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, n)
+	out, err := bytesize.ParseInts(s)
+	if err != nil {
+		return nil, err
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no sizes")
+	for _, n := range out {
+		if n <= 0 {
+			return nil, fmt.Errorf("bad size %d: sizes must be positive", n)
+		}
 	}
 	return out, nil
-}
-
-func parseSize(s string) (int, error) {
-	mult := 1
-	num := s
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
-		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
-			num, mult = strings.TrimSpace(rest), u.mult
-			break
-		}
-	}
-	var n int
-	if _, err := fmt.Sscanf(num, "%d", &n); err != nil || n <= 0 || fmt.Sprint(n) != num {
-		return 0, fmt.Errorf("bad size %q (want e.g. 4096, 4KiB, 64MiB)", s)
-	}
-	return n * mult, nil
 }

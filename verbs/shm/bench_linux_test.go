@@ -4,24 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
 
 var benchSizes = []int{64, 4 << 10, 1 << 20, 16 << 20}
 
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
-}
+func sizeName(n int) string { return strings.ReplaceAll(bytesize.Format(int64(n)), " ", "") }
 
 // BenchmarkWrite posts one Write at a time into the peer's region and waits
 // for its completion: the one copy plus the posting and completion path.

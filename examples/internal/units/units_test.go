@@ -11,9 +11,4 @@ func TestFormats(t *testing.T) {
 			t.Errorf("Duration(%v) = %q, want %q", d, got, want)
 		}
 	}
-	for n, want := range map[int64]string{12: "12 B", 1536: "1.5 KiB", 3 << 20: "3 MiB"} {
-		if got := Bytes(n); got != want {
-			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
-		}
-	}
 }
