@@ -63,6 +63,9 @@ type Client struct {
 // WithTransportCredentials(insecure.NewCredentials()) for plaintext.
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
 	o := buildDialOptions(opts)
+	if o.envErr != nil {
+		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
+	}
 	dialOpts := o.grpcDialOpts
 	if o.creds != nil {
 		dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, dialOpts...)
@@ -90,6 +93,9 @@ func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...DialOption) (*C
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {
+	if o.envErr != nil {
+		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
+	}
 	c := &Client{
 		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),
 		releases: make(chan release, 1024), state: connectivity.Idle, stateCh: make(chan struct{}),

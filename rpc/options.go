@@ -93,6 +93,7 @@ type options struct {
 	sessionQuota   int64
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
+	envErr         error // an environment variable that could not be read (applyEnv)
 }
 
 func defaultOptions() options {
@@ -298,6 +299,7 @@ func WithBackoff(c backoff.Config) DialOption { return dialOption(func(o *option
 
 func buildServerOptions(opts []ServerOption) options {
 	o := defaultOptions()
+	o.applyEnv()
 	for _, opt := range opts {
 		opt.applyServer(&o)
 	}
@@ -306,6 +308,7 @@ func buildServerOptions(opts []ServerOption) options {
 
 func buildDialOptions(opts []DialOption) options {
 	o := defaultOptions()
+	o.applyEnv()
 	for _, opt := range opts {
 		opt.applyDial(&o)
 	}

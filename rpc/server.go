@@ -73,6 +73,9 @@ type Server struct {
 // open is left out and reported to clients during negotiation.
 func NewServer(opts ...ServerOption) (*Server, error) {
 	o := buildServerOptions(opts)
+	if o.envErr != nil {
+		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
+	}
 	s := &Server{
 		opts: o, log: o.logger, rv: newRendezvous(),
 		devices: map[string]*device{}, missing: map[string]string{},

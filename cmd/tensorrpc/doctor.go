@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 // Status is the outcome of a check.
@@ -40,11 +41,13 @@ type Check struct {
 
 // Report is what doctor prints.
 type Report struct {
-	GOOS      string  `json:"goos"`
-	GOARCH    string  `json:"goarch"`
-	GoVersion string  `json:"go_version"`
-	RDMATag   bool    `json:"rdma_build_tag"`
-	Checks    []Check `json:"checks"`
+	Version   Version    `json:"version"`
+	Env       []rpc.Knob `json:"environment"`
+	GOOS      string     `json:"goos"`
+	GOARCH    string     `json:"goarch"`
+	GoVersion string     `json:"go_version"`
+	RDMATag   bool       `json:"rdma_build_tag"`
+	Checks    []Check    `json:"checks"`
 }
 
 // host is where the checks look: root is "/" except in tests, which point
@@ -71,7 +74,7 @@ func (h host) readTrim(p string) (string, error) {
 
 // diagnose runs every check.
 func diagnose(h host) *Report {
-	rep := &Report{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GoVersion: runtime.Version(), RDMATag: builtWithRDMA}
+	rep := &Report{Version: buildVersion(), Env: rpc.EnvKnobs(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GoVersion: runtime.Version(), RDMATag: builtWithRDMA}
 	add := func(cs ...Check) { rep.Checks = append(rep.Checks, cs...) }
 	add(checkRDMABuild(), checkRDMADevices(h))
 	add(checkMemlock(h), checkPinning())
@@ -95,7 +98,17 @@ func (r *Report) writeText(w io.Writer) error {
 	if r.RDMATag {
 		tag = "with"
 	}
-	fmt.Fprintf(bw, "tensorrpc doctor: %s/%s, %s, built %s -tags rdma\n\n", r.GOOS, r.GOARCH, r.GoVersion, tag)
+	fmt.Fprintf(bw, "tensorrpc doctor: %s/%s, %s, built %s -tags rdma\n", r.GOOS, r.GOARCH, r.GoVersion, tag)
+	fmt.Fprintf(bw, "%s\n", r.Version)
+	fmt.Fprintf(bw, "environment (read by NewServer and Dial; an explicit option wins):\n")
+	for _, k := range r.Env {
+		v := k.Value
+		if v == "" {
+			v = "unset (default: " + k.Default + ")"
+		}
+		fmt.Fprintf(bw, "  %-24s %s\n  %-24s   %s\n", k.Name, v, "", k.Meaning)
+	}
+	fmt.Fprintln(bw)
 	counts := map[Status]int{}
 	for _, c := range r.Checks {
 		counts[c.Status]++

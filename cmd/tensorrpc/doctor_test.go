@@ -5,16 +5,19 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 // TestDoctorJSON runs every check on this host and validates the report.
 func TestDoctorJSON(t *testing.T) {
 	defer leakcheck.Check(t)
+	t.Setenv(rpc.EnvTransports, "tcp,grpc") // the report lists it; the data-plane checks name their transports, which wins
 	var stdout, stderr bytes.Buffer
 	if code := runMain([]string{"doctor", "-json"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
@@ -27,6 +30,16 @@ func TestDoctorJSON(t *testing.T) {
 	}
 	if rep.GOOS == "" || rep.GoVersion == "" || rep.RDMATag != builtWithRDMA {
 		t.Errorf("bad header: %+v", rep)
+	}
+	if rep.Version.Module == "" || rep.Version.GoVersion != runtime.Version() || rep.Version.Protocol == 0 {
+		t.Errorf("bad version: %+v", rep.Version)
+	}
+	knobs := map[string]rpc.Knob{}
+	for _, k := range rep.Env {
+		knobs[k.Name] = k
+	}
+	if k, ok := knobs[rpc.EnvTransports]; !ok || k.Value != "tcp,grpc" || k.Default == "" || k.Meaning == "" {
+		t.Errorf("environment: %s = %+v, want the value set by the test", rpc.EnvTransports, k)
 	}
 	seen := map[string]bool{}
 	for _, c := range rep.Checks {
@@ -66,9 +79,22 @@ func TestDoctorText(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"tensorrpc doctor: ", "memlock: ", "data-plane grpc: ", " ok, "} {
+	for _, want := range []string{"tensorrpc doctor: ", "tensorrpc (devel)", "build tags: ", rpc.EnvLog, rpc.EnvSocketIfname, "memlock: ", "data-plane grpc: ", " ok, "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := runMain([]string{"version"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"tensorrpc ", runtime.Version(), "build tags: ", "cgo: ", "session protocol "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output lacks %q:\n%s", want, out)
 		}
 	}
 }
@@ -84,6 +110,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"doctor", "extra"}, 2},
 		{[]string{"doctor", "-h"}, 0},
 		{[]string{"help"}, 0},
+		{[]string{"version"}, 0},
+		{[]string{"version", "extra"}, 2},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := runMain(tc.args, &stdout, &stderr); code != tc.code {

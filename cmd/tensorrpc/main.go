@@ -1,12 +1,19 @@
 // Command tensorrpc is tensorrpc's command-line tool.
 //
 //	tensorrpc doctor [-json]
+//	tensorrpc version
+//	tensorrpc soak [flags]
 //
 // doctor reports what this host offers tensorrpc: RDMA devices, the
 // memlock limit and whether memory can be pinned, huge pages, shared
 // memory, which data planes connect on loopback, GPUDirect and p2pmem.
 // For each thing that is unavailable it says why and what to do. It is a
-// report: it exits 0 whatever it finds, and 2 only on usage errors.
+// report: it exits 0 whatever it finds, and 2 only on usage errors. It also
+// prints this binary's version and the environment variables tensorrpc
+// reads, with their values.
+//
+// version prints the module version, commit, build tags, cgo and the Go
+// version of this binary.
 package main
 
 import (
@@ -24,6 +31,7 @@ const usageText = `usage: tensorrpc <command> [flags]
 commands:
   doctor [-json]   report what this host can use, and why not
   soak [flags]     move verified tensors over loopback for a while (-h for flags)
+  version          print the module version, commit, build tags and Go version
 `
 
 // runMain runs the command line args and returns the exit status.
@@ -37,6 +45,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return doctorMain(args[1:], stdout, stderr)
 	case "soak":
 		return soakMain(args[1:], stdout, stderr)
+	case "version", "-version", "--version":
+		return versionMain(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return 0

@@ -1,0 +1,146 @@
+package rpc
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+)
+
+// Environment variables. NewServer, Dial and NewClient read them once each,
+// when they build their options; an explicit option wins over the
+// environment. A value that cannot be understood makes NewServer or Dial
+// fail with an error that names the variable, rather than being ignored.
+//
+// EnvKnobs lists them with their current values (tensorrpc doctor prints
+// that table).
+const (
+	// EnvLog turns logging on without code changes, like NCCL_DEBUG or
+	// GRPC_GO_LOG_SEVERITY_LEVEL: "debug", "info", "warn" or "error"
+	// (NCCL's TRACE, INFO and WARN are accepted too; "off" or unset: no
+	// logs). Logs go to stderr. Used when WithLogger is not given.
+	EnvLog = "TENSORRPC_LOG"
+	// EnvLogFormat is the format of those logs: "text" (default, slog's
+	// key=value lines) or "json" (one JSON object a line).
+	EnvLogFormat = "TENSORRPC_LOG_FORMAT"
+	// EnvTransports restricts the data planes, like UCX_TLS: a
+	// comma-separated list in priority order ("shm,tcp,grpc"), or "^" and
+	// a list to exclude ("^ibv,shm"). Used when WithTransports is not
+	// given. A list without grpc has no fallback: sessions fail when no
+	// listed data plane connects.
+	EnvTransports = "TENSORRPC_TRANSPORTS"
+	// EnvSocketIfname and EnvTCPAddr choose the tcp data plane's address:
+	// see package verbs/tcp (TENSORRPC_SOCKET_IFNAME in NCCL's syntax,
+	// TENSORRPC_TCP_ADDR as host[:port]). WithDataAddress wins over both.
+	EnvSocketIfname = tcp.EnvSocketIfname
+	EnvTCPAddr      = tcp.EnvAddr
+)
+
+// Knob is one environment variable tensorrpc reads, as EnvKnobs reports it.
+type Knob struct {
+	Name    string `json:"name"`
+	Value   string `json:"value"` // "" when unset
+	Default string `json:"default"`
+	Meaning string `json:"meaning"`
+}
+
+// EnvKnobs returns every environment variable tensorrpc reads, with its
+// value in this process's environment now.
+func EnvKnobs() []Knob {
+	k := []Knob{
+		{Name: EnvLog, Default: "off", Meaning: "log level to stderr: debug, info, warn, error or off (NCCL's TRACE, INFO, WARN too)"},
+		{Name: EnvLogFormat, Default: "text", Meaning: "log format: text or json"},
+		{Name: EnvTransports, Default: strings.Join(allTransports, ","), Meaning: "data planes in priority order, or ^list to exclude"},
+		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
+		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
+	}
+	for i := range k {
+		k[i].Value = os.Getenv(k[i].Name)
+	}
+	return k
+}
+
+// applyEnv sets the defaults the environment asks for; options applied
+// after it override them. The first value it cannot read is kept in
+// o.envErr.
+func (o *options) applyEnv() {
+	if v := strings.TrimSpace(os.Getenv(EnvLog)); v != "" {
+		l, err := envLogger(v, os.Getenv(EnvLogFormat))
+		if err != nil {
+			o.envErr = err
+		} else if l != nil {
+			o.logger = l
+		}
+	}
+	if v := strings.TrimSpace(os.Getenv(EnvTransports)); v != "" {
+		ts, err := parseTransports(v)
+		if err != nil && o.envErr == nil {
+			o.envErr = err
+		} else if err == nil {
+			o.transports = ts
+		}
+	}
+}
+
+func envLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "off", "none", "0":
+		return nil, nil
+	case "debug", "trace":
+		lv = slog.LevelDebug
+	case "info":
+		lv = slog.LevelInfo
+	case "warn", "warning":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		return nil, fmt.Errorf("tensorrpc: %s=%q: want debug, info, warn, error or off", EnvLog, level)
+	}
+	ho := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(strings.TrimSpace(format)) {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, ho)), nil
+	}
+	return nil, fmt.Errorf("tensorrpc: %s=%q: want text or json", EnvLogFormat, format)
+}
+
+// parseTransports reads an EnvTransports value.
+func parseTransports(v string) ([]string, error) {
+	exclude := strings.HasPrefix(v, "^")
+	var names []string
+	for _, n := range strings.Split(strings.TrimPrefix(v, "^"), ",") {
+		n = strings.ToLower(strings.TrimSpace(n))
+		if n == "" {
+			continue
+		}
+		if !slices.Contains(allTransports, n) {
+			return nil, fmt.Errorf("tensorrpc: %s=%q: unknown transport %q (known: %s)", EnvTransports, v, n, strings.Join(allTransports, ", "))
+		}
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("tensorrpc: %s=%q names no transport", EnvTransports, v)
+	}
+	if !exclude {
+		return names, nil
+	}
+	var keep []string
+	for _, n := range allTransports {
+		if !slices.Contains(names, n) {
+			keep = append(keep, n)
+		}
+	}
+	if len(keep) == 0 {
+		return nil, fmt.Errorf("tensorrpc: %s=%q excludes every transport", EnvTransports, v)
+	}
+	return keep, nil
+}
