@@ -27,9 +27,10 @@ const (
 	// key=value lines) or "json" (one JSON object a line).
 	EnvLogFormat = "TENSORRPC_LOG_FORMAT"
 	// EnvTransports restricts the data planes, like UCX_TLS: a
-	// comma-separated list in priority order ("shm,tcp,grpc"), or "^" and
-	// a list to exclude ("^ibv,shm"). Used when WithTransports is not
-	// given. A list without grpc has no fallback: sessions fail when no
+	// comma-separated list of the planes to enable ("shm,tcp,grpc"), or
+	// "^" and a list to exclude ("^ibv,shm"). Negotiation still prefers
+	// ibv > shm > tcp > grpc among the enabled ones. Used when
+	// WithTransports is not given. A list without grpc has no fallback: sessions fail when no
 	// listed data plane connects.
 	EnvTransports = "TENSORRPC_TRANSPORTS"
 	// EnvSocketIfname and EnvTCPAddr choose the tcp data plane's address:
@@ -53,7 +54,7 @@ func EnvKnobs() []Knob {
 	k := []Knob{
 		{Name: EnvLog, Default: "off", Meaning: "log level to stderr: debug, info, warn, error or off (NCCL's TRACE, INFO, WARN too)"},
 		{Name: EnvLogFormat, Default: "text", Meaning: "log format: text or json"},
-		{Name: EnvTransports, Default: strings.Join(allTransports, ","), Meaning: "data planes in priority order, or ^list to exclude"},
+		{Name: EnvTransports, Default: strings.Join(allTransports, ","), Meaning: "data planes to enable (negotiation prefers ibv > shm > tcp > grpc), or ^list to exclude"},
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
 	}

@@ -72,8 +72,8 @@
 //     eager_threshold bytes, or CallStream.
 //
 // Such a client leaves unset, and may ignore in answers: Location (never
-// set in answers to it), TensorMeta.crc32c (neither set nor checked on
-// these paths), every transfer_id and transfer_ids (0 and empty for it),
+// set in answers to it), TensorMeta.crc32c (optional: verified when set,
+// see TensorMeta), every transfer_id and transfer_ids (0 and empty for it),
 // TransportOffer.info and description, HandshakeResponse.rejected (for
 // diagnostics only), ConnectResult (never sent to a client that offers no
 // data plane), FetchRequest.lease, every client_ref and SendRequest.hold
@@ -365,8 +365,10 @@ type TensorMeta struct {
 	Shape []int64 `protobuf:"varint,3,rep,packed,name=shape,proto3" json:"shape,omitempty"`
 	// Must equal the dtype's size × the product of shape.
 	ByteLength uint64 `protobuf:"varint,4,opt,name=byte_length,json=byteLength,proto3" json:"byte_length,omitempty"`
-	// CRC32C (Castagnoli) of the bytes, when the sender computed one. Inline
-	// and streamed tensors neither set nor check it.
+	// CRC32C (Castagnoli) of the bytes, when the sender computed one (a side
+	// configured with checksums sets it on every path: inline, streamed and
+	// one-sided). A receiver that finds it set verifies it and fails the
+	// transfer with DATA_LOSS on a mismatch; unset means unchecked.
 	Crc32C *uint32 `protobuf:"varint,5,opt,name=crc32c,proto3,oneof" json:"crc32c,omitempty"`
 	// Set for rendezvous transfers; unset when bytes are inline.
 	Location *Location `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`

@@ -72,8 +72,8 @@
 //     eager_threshold bytes, or CallStream.
 //
 // Such a client leaves unset, and may ignore in answers: Location (never
-// set in answers to it), TensorMeta.crc32c (neither set nor checked on
-// these paths), every transfer_id and transfer_ids (0 and empty for it),
+// set in answers to it), TensorMeta.crc32c (optional: verified when set,
+// see TensorMeta), every transfer_id and transfer_ids (0 and empty for it),
 // TransportOffer.info and description, HandshakeResponse.rejected (for
 // diagnostics only), ConnectResult (never sent to a client that offers no
 // data plane), FetchRequest.lease, every client_ref and SendRequest.hold
@@ -231,7 +231,7 @@ type TensorRPCClient interface {
 	// tensors. After the last byte of the last tensor the sender sends
 	// nothing more. A Chunk carries at most 16 MiB of data (see Limits); the
 	// server sends at most 1 MiB per Chunk. Streamed tensors have no location
-	// and no inline_index; their crc32c is ignored.
+	// and no inline_index; a crc32c, when set, is verified as on every path.
 	//
 	// A stream that breaks these rules fails with INVALID_ARGUMENT: a first
 	// Chunk without a header or with data, a second header, fewer bytes than
@@ -483,7 +483,7 @@ type TensorRPCServer interface {
 	// tensors. After the last byte of the last tensor the sender sends
 	// nothing more. A Chunk carries at most 16 MiB of data (see Limits); the
 	// server sends at most 1 MiB per Chunk. Streamed tensors have no location
-	// and no inline_index; their crc32c is ignored.
+	// and no inline_index; a crc32c, when set, is verified as on every path.
 	//
 	// A stream that breaks these rules fails with INVALID_ARGUMENT: a first
 	// Chunk without a header or with data, a second header, fewer bytes than
