@@ -62,11 +62,7 @@ func runChild(mode string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		go s.Serve(lis)
-		fmt.Println(lis.Addr().String())
-		childproc.WaitForStop()
-		s.Stop()
-		return 0
+		return serveUntilStopped(s, lis)
 	case "client":
 		ctx := context.Background()
 		c, err := Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
@@ -88,6 +84,17 @@ func runChild(mode string) int {
 		}
 	}
 	return 2
+}
+
+// serveUntilStopped is the end of a server child: it serves s on lis,
+// prints the address for the parent, and serves until the parent closes
+// stdin. It returns the child's exit status.
+func serveUntilStopped(s *Server, lis net.Listener) int {
+	go s.Serve(lis)
+	fmt.Println(lis.Addr().String())
+	childproc.WaitForStop()
+	s.Stop()
+	return 0
 }
 
 // fill writes a pattern quickly, also under the race detector: a small

@@ -250,11 +250,7 @@ func runFaultChild(mode string) int {
 			fmt.Fprintln(os.Stderr, "fault-server:", err)
 			return 1
 		}
-		go s.Serve(lis)
-		fmt.Println(lis.Addr().String())
-		childproc.WaitForStop()
-		s.Stop()
-		return 0
+		return serveUntilStopped(s, lis)
 	case "fault-client":
 		op := os.Getenv("TENSORRPC_FAULT_OP")
 		n, _ := strconv.Atoi(os.Getenv("TENSORRPC_FAULT_N"))
