@@ -1,25 +1,23 @@
 package rpc
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// The tests re-execute the test binary as a peer process: TestMain sees
-// childEnv and runs runChild instead of the tests.
-const childEnv = "TENSORRPC_TEST_CHILD"
+// The tests re-execute the test binary as a peer process (see package
+// childproc): TestMain sees the role and runs runChild instead of the
+// tests.
 
 // runChild is the peer process. Mode "server" serves on loopback, publishes
 // "big" (TENSORRPC_TEST_BYTES bytes of pattern 7), handles "reverse" and
@@ -64,11 +62,7 @@ func runChild(mode string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		go s.Serve(lis)
-		fmt.Println(lis.Addr().String())
-		io.Copy(io.Discard, os.Stdin)
-		s.Stop()
-		return 0
+		return serveUntilStopped(s, lis)
 	case "client":
 		ctx := context.Background()
 		c, err := Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
@@ -92,6 +86,17 @@ func runChild(mode string) int {
 	return 2
 }
 
+// serveUntilStopped is the end of a server child: it serves s on lis,
+// prints the address for the parent, and serves until the parent closes
+// stdin. It returns the child's exit status.
+func serveUntilStopped(s *Server, lis net.Listener) int {
+	go s.Serve(lis)
+	fmt.Println(lis.Addr().String())
+	childproc.WaitForStop()
+	s.Stop()
+	return 0
+}
+
 // fill writes a pattern quickly, also under the race detector: a small
 // pattern block, then doubling copies.
 func fill(b []byte, seed byte) {
@@ -102,15 +107,7 @@ func fill(b []byte, seed byte) {
 	}
 }
 
-// child is a running peer process.
-type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  *bufio.Scanner
-	waited chan error
-}
-
-func startChild(t *testing.T, mode, transport string, size int, env ...string) *child {
+func startChild(t *testing.T, mode, transport string, size int, env ...string) *childproc.Process {
 	t.Helper()
 	skipWithoutDevice(t, transport)
 	ts := transport
@@ -120,60 +117,11 @@ func startChild(t *testing.T, mode, transport string, size int, env ...string) *
 	return startChildCmd(t, nil, mode, ts, size, env...)
 }
 
-// startChildCmd starts a child peer; prefix (e.g. "ip netns exec NS") runs
-// it inside something, and transports "" leaves the defaults.
-func startChildCmd(t *testing.T, prefix []string, mode, transports string, size int, env ...string) *child {
+// startChildCmd starts a child peer, which the test kills when it ends;
+// prefix (e.g. "ip netns exec NS") runs it inside something, and
+// transports "" leaves the defaults.
+func startChildCmd(t *testing.T, prefix []string, mode, transports string, size int, env ...string) *childproc.Process {
 	t.Helper()
-	args := append(append([]string(nil), prefix...), os.Args[0], "-test.run=^$")
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), childEnv+"="+mode, "TENSORRPC_TEST_TRANSPORTS="+transports, fmt.Sprintf("TENSORRPC_TEST_BYTES=%d", size))
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ch := &child{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout), waited: make(chan error, 1)}
-	t.Cleanup(func() { ch.kill() })
-	return ch
-}
-
-// line waits for the child's next line of output.
-func (ch *child) line(t *testing.T) string {
-	t.Helper()
-	got := make(chan string, 1)
-	go func() {
-		if ch.lines.Scan() {
-			got <- ch.lines.Text()
-		} else {
-			got <- ""
-		}
-	}()
-	select {
-	case l := <-got:
-		if l == "" {
-			t.Fatal("child process ended without output")
-		}
-		return l
-	case <-time.After(30 * time.Second):
-		t.Fatal("child process printed nothing for 30 s")
-	}
-	return ""
-}
-
-// kill kills the child and waits for it, once.
-func (ch *child) kill() {
-	if ch.cmd.ProcessState != nil {
-		return
-	}
-	ch.cmd.Process.Kill()
-	ch.stdin.Close()
-	ch.cmd.Wait()
+	env = append([]string{"TENSORRPC_TEST_TRANSPORTS=" + transports, fmt.Sprintf("TENSORRPC_TEST_BYTES=%d", size)}, env...)
+	return childtest.Start(t, mode, childproc.Options{Prefix: prefix, Env: env})
 }

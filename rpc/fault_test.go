@@ -55,7 +55,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -64,7 +63,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +71,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -212,7 +212,7 @@ func faultServe(ctx context.Context, s *Server) error {
 // The child processes of the fault suite. TestMain hands other modes to
 // runChild; these are caught first, in init.
 func init() {
-	if mode := os.Getenv(childEnv); strings.HasPrefix(mode, "fault-") {
+	if mode := childproc.Role(); strings.HasPrefix(mode, "fault-") {
 		os.Exit(runFaultChild(mode))
 	}
 }
@@ -250,11 +250,7 @@ func runFaultChild(mode string) int {
 			fmt.Fprintln(os.Stderr, "fault-server:", err)
 			return 1
 		}
-		go s.Serve(lis)
-		fmt.Println(lis.Addr().String())
-		io.Copy(io.Discard, os.Stdin)
-		s.Stop()
-		return 0
+		return serveUntilStopped(s, lis)
 	case "fault-client":
 		op := os.Getenv("TENSORRPC_FAULT_OP")
 		n, _ := strconv.Atoi(os.Getenv("TENSORRPC_FAULT_N"))
@@ -284,7 +280,7 @@ func runFaultChild(mode string) int {
 			fmt.Println("t")
 		}
 		fmt.Println("idle")
-		io.Copy(io.Discard, os.Stdin)
+		childproc.WaitForStop()
 		return 0
 	}
 	return 2
@@ -440,11 +436,11 @@ func poolSettles(t *testing.T, what string, stats func() (inUse, allocs int64), 
 // faultServerDies: the server is a child process, killed and restarted on
 // the same address; one Client in this process survives every kill.
 func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultResult) {
-	start := func(addr string) *child {
+	start := func(addr string) *childproc.Process {
 		return startChildCmd(t, nil, "fault-server", plane, 0, "TENSORRPC_TEST_LISTEN="+addr)
 	}
 	ch := start("127.0.0.1:0")
-	addr := ch.line(t)
+	addr := childtest.Line(t, ch)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	c, err := Dial(ctx, addr, faultDialOpts(plane)...)
 	cancel()
@@ -486,7 +482,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 			// The server comes back on the same address; the same Client's
 			// next calls open a new session by themselves.
 			ch = start(addr)
-			if got := ch.line(t); got != addr {
+			if got := childtest.Line(t, ch); got != addr {
 				t.Fatalf("restarted server listens on %s, want %s", got, addr)
 			}
 			began := time.Now()
@@ -551,7 +547,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 		if inflight.Load() > 0 {
 			r.inFlight++
 		}
-		ch.kill()
+		ch.Kill()
 		r.kills++
 		if phase == 2 {
 			finished := make(chan struct{})
@@ -587,7 +583,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 	}
 	releaseSources()
 	closeClient(t, c)
-	ch.kill()
+	ch.Kill()
 }
 
 // faultClientDies: the client is a child process, killed and started again;
@@ -633,15 +629,19 @@ func faultClientDies(t *testing.T, sched *rand.Rand, seed uint64, plane, op stri
 		}
 		ch := startChildCmd(t, nil, "fault-client", plane, 0, "TENSORRPC_TEST_ADDR="+addr, "TENSORRPC_FAULT_OP="+op,
 			fmt.Sprintf("TENSORRPC_FAULT_N=%d", n), fmt.Sprintf("TENSORRPC_FAULT_SEED=%d", seed+uint64(round)))
-		if l := ch.line(t); l != "ready" {
+		if l := childtest.Line(t, ch); l != "ready" {
 			t.Fatalf("client child said %q", l)
 		}
 		var count atomic.Int64
 		idle, ended := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(ended)
-			for ch.lines.Scan() {
-				switch ch.lines.Text() {
+			for {
+				l, err := ch.ReadLine(context.Background()) // ErrExited once the child is gone
+				if err != nil {
+					return
+				}
+				switch l {
 				case "t":
 					count.Add(1)
 				case "idle":
@@ -653,8 +653,8 @@ func faultClientDies(t *testing.T, sched *rand.Rand, seed uint64, plane, op stri
 			select {
 			case <-idle:
 			case <-ended:
-				ch.kill()
-				t.Fatalf("client child ended before its %d transfers: %v", n, ch.cmd.ProcessState)
+				ch.Kill()
+				t.Fatalf("client child ended before its %d transfers: %v", n, ch.ProcessState())
 			case <-time.After(60 * time.Second):
 				t.Fatalf("client child did not finish %d transfers in 60 s", n)
 			}
@@ -666,16 +666,15 @@ func faultClientDies(t *testing.T, sched *rand.Rand, seed uint64, plane, op stri
 		if len(live) != 1 {
 			t.Fatalf("%d sessions before the kill, want 1", len(live))
 		}
-		ch.cmd.Process.Kill()
+		ch.Kill()
 		r.kills++
-		select { // every line the child wrote is read before Wait closes the pipe
+		select { // the reader has every line the child wrote once it ends
 		case <-ended:
 		case <-time.After(faultSettle):
 			t.Fatal("the killed client child's output did not end")
 		}
-		ch.kill()
-		if ws, ok := ch.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
-			t.Fatalf("client child ended by itself, not by the kill: %v (see its stderr above)", ch.cmd.ProcessState)
+		if !ch.Signaled() {
+			t.Fatalf("client child ended by itself, not by the kill: %v (see its stderr above)", ch.ProcessState())
 		}
 		r.transfers += int(count.Load())
 

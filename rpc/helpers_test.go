@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -17,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childEnv); mode != "" {
+	if mode := childproc.Role(); mode != "" {
 		os.Exit(runChild(mode))
 	}
 	leakcheck.Main(m)

@@ -68,7 +68,7 @@ func TestLeaseOutlivesClientAndServer(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("client Close with a lease out: %v", err)
 	}
-	ch.kill()
+	ch.Kill()
 	want := make([]byte, size)
 	fill(want, 7) // what the child published
 	if !bytes.Equal(got.Bytes(), want) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -72,11 +74,11 @@ func newTwoHosts(t *testing.T) *twoHosts {
 // serverIn starts a child server process inside the namespace, listening
 // on the namespace's address, with default options plus env; it returns
 // the child and its gRPC address.
-func (h *twoHosts) serverIn(t *testing.T, size int, env ...string) (*child, string) {
+func (h *twoHosts) serverIn(t *testing.T, size int, env ...string) (*childproc.Process, string) {
 	t.Helper()
 	env = append(env, "TENSORRPC_TEST_LISTEN="+h.nsIP+":0")
 	ch := startChildCmd(t, []string{"ip", "netns", "exec", h.ns}, "server", "", size, env...)
-	return ch, ch.line(t)
+	return ch, childtest.Line(t, ch)
 }
 
 // TestTwoHostsDefaultOptions: with default options on both sides, a
@@ -130,7 +132,7 @@ func TestTwoHostsDefaultOptions(t *testing.T) {
 	if st := c.Stats(); st.DataPlaneBytes < 3*size {
 		t.Fatalf("only %d bytes moved over the data plane", st.DataPlaneBytes)
 	}
-	ch.kill()
+	ch.Kill()
 }
 
 // TestTwoHostsUnreachableDataPlane blackholes the server's data address
@@ -175,5 +177,5 @@ func TestTwoHostsUnreachableDataPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	got.Release()
-	ch.kill()
+	ch.Kill()
 }

@@ -11,14 +11,16 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
 // dialChild dials a child server and checks the client ends clean.
-func dialChild(t *testing.T, ch *child, transport string, opts ...DialOption) *Client {
+func dialChild(t *testing.T, ch *childproc.Process, transport string, opts ...DialOption) *Client {
 	t.Helper()
-	addr := ch.line(t)
+	addr := childtest.Line(t, ch)
 	ts := []string{transport}
 	if transport != TransportGRPC {
 		ts = append(ts, TransportGRPC)
@@ -72,7 +74,7 @@ func TestPeerInAnotherProcess(t *testing.T) {
 			}
 			got.Release()
 			closeClient(t, c)
-			ch.kill()
+			ch.Kill()
 			leakcheck.Check(t)
 		})
 	}
@@ -92,10 +94,10 @@ func TestServerKilledMidCall(t *testing.T) {
 				_, err := c.Call(ctx, "block", &Message{Tensors: []*Tensor{wrapped(t, 200000, 3)}})
 				errc <- err
 			}()
-			if l := ch.line(t); l != "blocked" {
+			if l := childtest.Line(t, ch); l != "blocked" {
 				t.Fatalf("child said %q", l)
 			}
-			ch.kill()
+			ch.Kill()
 			if err := <-errc; status.Code(err) != codes.Unavailable {
 				t.Fatalf("call to a killed server: %v, want Unavailable", err)
 			}
@@ -118,7 +120,7 @@ func TestServerKilledMidRead(t *testing.T) {
 	interceptor := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if _, ok := reply.(*pb.FetchResponse); ok && err == nil {
-			ch.kill()
+			ch.Kill()
 		}
 		return err
 	}
@@ -144,11 +146,11 @@ func TestClientKilledMidSend(t *testing.T) {
 			served := make(chan error, 1)
 			go func() { served <- s.Serve(lis) }()
 			ch := startChild(t, "client", tr, 16<<20, "TENSORRPC_TEST_ADDR="+lis.Addr().String())
-			if l := ch.line(t); l != "sending" {
+			if l := childtest.Line(t, ch); l != "sending" {
 				t.Fatalf("child said %q", l)
 			}
 			waitFor(t, "the client's tensors", func() bool { return s.Stats().Transfers >= 3 })
-			ch.kill()
+			ch.Kill()
 			waitFor(t, "the session to end", func() bool { return len(s.Sessions()) == 0 })
 			// Keys the client managed to send stay published; drop them.
 			for i := range 1000 {

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 )
 
 // TestMain lets the test binary play a rank when allreduce re-executes it.
 func TestMain(m *testing.M) {
-	if proc.Role() == rankRole {
+	if childproc.Role() == rankRole {
 		os.Exit(rankMain(os.Args[1:]))
 	}
 	os.Exit(m.Run())

@@ -36,7 +36,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 )
 
 // rankRole is the role of a re-executed rank process.
@@ -68,7 +68,7 @@ func (c *config) check() error {
 }
 
 func main() {
-	if proc.Role() == rankRole {
+	if childproc.Role() == rankRole {
 		os.Exit(rankMain(os.Args[1:]))
 	}
 	cfg := config{Ranks: 4, Elements: 1 << 24, Iters: 5}

@@ -14,7 +14,7 @@ import (
 
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -106,7 +106,7 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 	go r.srv.Serve(lis) // returns when the server stops
 	fmt.Fprintln(out, lis.Addr().String())
 
-	right, err := proc.ReadParent()
+	right, err := childproc.ReadParent()
 	if err != nil {
 		return fmt.Errorf("waiting for the right neighbour's address: %w", err)
 	}
@@ -132,7 +132,7 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 	sent0, recv0 := r.client.Stats(), r.srv.Stats()
 	fmt.Fprintln(out, "ready", r.client.Transport())
 	for iter := 0; ; iter++ {
-		if _, err := proc.ReadParent(); err != nil {
+		if _, err := childproc.ReadParent(); err != nil {
 			return nil // told to stop
 		}
 		start := time.Now()

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 )
 
 // summary is what a run measured over the timed all-reduces.
@@ -37,7 +37,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	fmt.Fprintf(out, "allreduce: %d processes, n = %d float32 (%s), 1 warm-up + %d timed all-reduces\n",
 		cfg.Ranks, cfg.Elements, bytesize.Format(bytes), cfg.Iters)
 
-	ranks := make(proc.Group, 0, cfg.Ranks)
+	ranks := make(childproc.Group, 0, cfg.Ranks)
 	defer func() {
 		if stopErr := ranks.Stop(20 * time.Second); stopErr != nil {
 			err = errors.Join(err, fmt.Errorf("stopping the ranks: %w", stopErr))
@@ -54,7 +54,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	}
 	addrs := make([]string, cfg.Ranks)
 	for r := range cfg.Ranks {
-		p, err := proc.Start(rankRole, "-rank", strconv.Itoa(r), "-p", strconv.Itoa(cfg.Ranks),
+		p, err := childproc.Start(rankRole, "-rank", strconv.Itoa(r), "-p", strconv.Itoa(cfg.Ranks),
 			"-n", strconv.Itoa(cfg.Elements), "-transports", strings.Join(cfg.Transports, ","))
 		if err != nil {
 			return nil, err

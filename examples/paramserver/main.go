@@ -22,7 +22,7 @@
 // the model beside the measured step time.
 //
 // By default the shards and workers are processes (this program
-// re-executed, see examples/internal/proc); -inprocess runs them as
+// re-executed, see internal/childproc); -inprocess runs them as
 // goroutines, each shard with its own server on loopback.
 package main
 
@@ -37,7 +37,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 )
 
 // Roles of re-executed processes.
@@ -101,9 +101,9 @@ func defaultConfig() config {
 }
 
 func main() {
-	switch proc.Role() {
+	switch childproc.Role() {
 	case shardRole, workerRole:
-		os.Exit(child(proc.Role(), os.Args[1:]))
+		os.Exit(child(childproc.Role(), os.Args[1:]))
 	}
 	cfg := defaultConfig()
 	var transports string
@@ -168,7 +168,7 @@ func child(role string, args []string) int {
 		// The worker ends with its last step, or early when told to stop.
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
-			proc.WaitForStop()
+			childproc.WaitForStop()
 			cancel()
 		}()
 		err = runWorker(ctx, &cfg, *index, strings.Split(*addrs, ","))
@@ -189,6 +189,6 @@ func serveShard(cfg *config, k int) error {
 		return err
 	}
 	fmt.Println(addr)
-	proc.WaitForStop()
+	childproc.WaitForStop()
 	return s.close()
 }

@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 )
 
 // TestMain lets the test binary play a shard or a worker when paramserver
 // re-executes it.
 func TestMain(m *testing.M) {
-	switch proc.Role() {
+	switch childproc.Role() {
 	case shardRole, workerRole:
-		os.Exit(child(proc.Role(), os.Args[1:]))
+		os.Exit(child(childproc.Role(), os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }

@@ -16,7 +16,7 @@ import (
 
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -156,10 +156,10 @@ func startShards(ctx context.Context, cfg *config) ([]string, func() error, erro
 		return addrs, stop, nil
 	}
 	cfgJSON, _ := json.Marshal(cfg)
-	var group proc.Group
+	var group childproc.Group
 	stop := func() error { return group.Stop(10 * time.Second) }
 	for k := range cfg.Shards {
-		p, err := proc.Start(shardRole, "-config", string(cfgJSON), "-index", strconv.Itoa(k))
+		p, err := childproc.Start(shardRole, "-config", string(cfgJSON), "-index", strconv.Itoa(k))
 		if err != nil {
 			return nil, nil, errors.Join(err, stop())
 		}
@@ -190,7 +190,7 @@ func startWorkers(ctx context.Context, cfg *config, addrs []string, fail context
 	} else {
 		cfgJSON, _ := json.Marshal(cfg)
 		for i := range cfg.Workers {
-			p, err := proc.Start(workerRole, "-config", string(cfgJSON), "-index", strconv.Itoa(i), "-shards", strings.Join(addrs, ","))
+			p, err := childproc.Start(workerRole, "-config", string(cfgJSON), "-index", strconv.Itoa(i), "-shards", strings.Join(addrs, ","))
 			if err != nil {
 				fail(err)
 				break

@@ -17,7 +17,7 @@
 //	go run ./examples/quickstart -serve -listen :7000 -data-addr 10.1.0.5
 //
 // Without -addr the program re-executes itself as the server (see
-// examples/internal/proc), reads the address the server prints, and stops
+// internal/childproc), reads the address the server prints, and stops
 // it at the end. For each data plane it opens a session restricted to that
 // plane (rpc.WithTransports), so the table compares planes on the same
 // host; a plane that does not connect is listed with the reason.
@@ -34,7 +34,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
@@ -42,7 +42,7 @@ import (
 const serverRole = "quickstart-server"
 
 func main() {
-	if proc.Role() == serverRole {
+	if childproc.Role() == serverRole {
 		os.Exit(serveChild())
 	}
 	var cfg config
@@ -115,7 +115,7 @@ func splitList(s string) []string {
 func serveChild() int {
 	stopped := make(chan struct{})
 	go func() {
-		proc.WaitForStop()
+		childproc.WaitForStop()
 		close(stopped)
 	}()
 	if err := serve("127.0.0.1:0", "", os.Stdout, stopped); err != nil {

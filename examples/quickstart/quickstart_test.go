@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/rpc"
 )
@@ -17,7 +17,7 @@ import (
 // TestMain lets the test binary play the server when quickstart
 // re-executes it.
 func TestMain(m *testing.M) {
-	if proc.Role() == serverRole {
+	if childproc.Role() == serverRole {
 		os.Exit(serveChild())
 	}
 	os.Exit(m.Run())

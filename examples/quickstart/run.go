@@ -11,9 +11,9 @@ import (
 
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tensorrpc/tensorrpc/examples/internal/proc"
 	"github.com/tensorrpc/tensorrpc/examples/internal/units"
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -55,7 +55,7 @@ type report struct {
 func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	addr := cfg.addr
 	if addr == "" {
-		server, err := proc.Start(serverRole)
+		server, err := childproc.Start(serverRole)
 		if err != nil {
 			return nil, err
 		}

@@ -4,13 +4,14 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	if childproc.Role() != "" {
 		os.Exit(childMain())
 	}
 	leakcheck.Main(m)

@@ -5,10 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
@@ -71,8 +72,8 @@ func childEcho(mode string) error {
 			return err
 		}
 	}
-	var line string
-	if _, err := fmt.Fscanln(os.Stdin, &line); err != nil {
+	line, err := childproc.ReadParent()
+	if err != nil {
 		return err
 	}
 	parentInfo, err := hex.DecodeString(line)
@@ -129,17 +130,15 @@ func benchOtherProcess(b *testing.B, name string, op func(ps *parentSide, addr u
 		b.Fatal(err)
 	}
 	ps := &parentSide{pd: pd, cq: cq, qp: qp, mr: mr}
-	stdin, out, cmd := startChild(b, "echo/"+name)
-	defer cmd.Wait()
-	defer stdin.Close()
-	fmt.Fprintf(stdin, "%x\n", qp.LocalInfo())
-	if !out.Scan() {
-		b.Fatalf("no info from the child: %v", out.Err())
+	p := childtest.Start(b, "echo/"+name, childproc.Options{})
+	defer p.Stop(childTimeout) // it ends by itself once our queue pair closed
+	if err := p.WriteLine(fmt.Sprintf("%x", qp.LocalInfo())); err != nil {
+		b.Fatal(err)
 	}
 	var infoHex string
 	var addr uint64
 	var key uint32
-	if _, err := fmt.Sscanf(out.Text(), "%s %d %d", &infoHex, &addr, &key); err != nil {
+	if _, err := fmt.Sscanf(childtest.Line(b, p), "%s %d %d", &infoHex, &addr, &key); err != nil {
 		b.Fatal(err)
 	}
 	childInfo, err := hex.DecodeString(infoHex)

@@ -1,27 +1,25 @@
 package shm
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
 
 // The tests in this file run a peer in another process: the test binary
-// re-executed with childEnv set, talking to the parent over stdin/stdout.
-
-const childEnv = "TENSORRPC_SHM_TEST_CHILD"
+// re-executed in a role (see package childproc), talking to the parent
+// over stdin/stdout.
 
 const (
 	childHalf    = 32 << 10
@@ -37,34 +35,13 @@ func pattern(b []byte, seed byte) {
 	}
 }
 
-// startChild starts the test binary as a peer in mode and returns its
-// stdin, its stdout lines and the command.
-func startChild(t testing.TB, mode string) (io.WriteCloser, *bufio.Scanner, *exec.Cmd) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+mode)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the child: %v", err)
-	}
-	return stdin, bufio.NewScanner(stdout), cmd
-}
-
 // childMain is the child's side: it reads "info addr key" from stdin,
 // prints its own info, connects, and in mode "rw" writes the first half of
 // the parent's region, reads back the second half, checks it, rings the
 // parent with a WriteImm and waits for "bye"; in mode "idle" it connects
 // and waits to be killed.
 func childMain() int {
-	mode := os.Getenv(childEnv)
+	mode := childproc.Role()
 	run := child
 	if strings.HasPrefix(mode, "echo/") {
 		run = childEcho
@@ -77,15 +54,15 @@ func childMain() int {
 }
 
 func child(mode string) error {
-	in := bufio.NewScanner(os.Stdin)
-	if !in.Scan() {
-		return errors.New("no parent info")
+	line, err := childproc.ReadParent()
+	if err != nil {
+		return fmt.Errorf("no parent info: %v", err)
 	}
 	var infoHex string
 	var addr uint64
 	var key uint32
-	if _, err := fmt.Sscanf(in.Text(), "%s %d %d", &infoHex, &addr, &key); err != nil {
-		return fmt.Errorf("parsing %q: %v", in.Text(), err)
+	if _, err := fmt.Sscanf(line, "%s %d %d", &infoHex, &addr, &key); err != nil {
+		return fmt.Errorf("parsing %q: %v", line, err)
 	}
 	parentInfo, err := hex.DecodeString(infoHex)
 	if err != nil {
@@ -112,7 +89,7 @@ func child(mode string) error {
 	}
 	if mode == "idle" {
 		fmt.Println("connected")
-		in.Scan() // until killed
+		childproc.WaitForStop() // until killed
 		return nil
 	}
 	if mode == "lease" {
@@ -127,7 +104,7 @@ func child(mode string) error {
 			return err
 		}
 		fmt.Printf("%d %d\n", mr.Addr(), mr.RemoteKey())
-		in.Scan() // until killed
+		childproc.WaitForStop() // until killed
 		return nil
 	}
 
@@ -184,7 +161,7 @@ func child(mode string) error {
 	if err := verbs.CompletionError(cs[0]); err != nil {
 		return err
 	}
-	if !in.Scan() || in.Text() != "bye" {
+	if l, err := childproc.ReadParent(); err != nil || l != "bye" {
 		return errors.New("no bye from the parent")
 	}
 	qp.Close()
@@ -226,15 +203,15 @@ func newParentSide(t *testing.T) *parentSide {
 }
 
 // connectChild hands the child our info and region, and connects to it.
-func (ps *parentSide) connectChild(t *testing.T, stdin io.Writer, out *bufio.Scanner) {
+func (ps *parentSide) connectChild(t *testing.T, p *childproc.Process) {
 	t.Helper()
-	fmt.Fprintf(stdin, "%x %d %d\n", ps.qp.LocalInfo(), ps.mr.Addr(), ps.mr.RemoteKey())
-	if !out.Scan() {
-		t.Fatalf("no info from the child: %v", out.Err())
+	if err := p.WriteLine(fmt.Sprintf("%x %d %d", ps.qp.LocalInfo(), ps.mr.Addr(), ps.mr.RemoteKey())); err != nil {
+		t.Fatalf("telling the child our info: %v", err)
 	}
-	childInfo, err := hex.DecodeString(strings.TrimSpace(out.Text()))
+	l := childtest.Line(t, p)
+	childInfo, err := hex.DecodeString(strings.TrimSpace(l))
 	if err != nil {
-		t.Fatalf("child info %q: %v", out.Text(), err)
+		t.Fatalf("child info %q: %v", l, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()
@@ -253,10 +230,9 @@ func TestOtherProcess(t *testing.T) {
 	if err := ps.qp.PostRecv(verbs.RecvRequest{ID: 7, Local: verbs.Local{Region: ps.rmr, Length: 64}}); err != nil {
 		t.Fatal(err)
 	}
-	stdin, out, cmd := startChild(t, "rw")
-	defer cmd.Wait()
-	defer stdin.Close()
-	ps.connectChild(t, stdin, out)
+	p := childtest.Start(t, "rw", childproc.Options{})
+	defer p.Kill() // on early returns
+	ps.connectChild(t, p)
 
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()
@@ -272,8 +248,8 @@ func TestOtherProcess(t *testing.T) {
 	if string(ps.mr.Bytes()[:childHalf]) != string(want) {
 		t.Fatal("the child's Write did not land in our region")
 	}
-	fmt.Fprintln(stdin, "bye")
-	if err := cmd.Wait(); err != nil {
+	p.WriteLine("bye")
+	if err := p.Wait(); err != nil {
 		t.Fatalf("child: %v", err)
 	}
 	ps.qp.Close()
@@ -288,14 +264,13 @@ func TestOtherProcessDies(t *testing.T) {
 	if err := ps.qp.PostRecv(verbs.RecvRequest{ID: 7, Local: verbs.Local{Region: ps.rmr, Length: 64}}); err != nil {
 		t.Fatal(err)
 	}
-	stdin, out, cmd := startChild(t, "idle")
-	defer stdin.Close()
-	ps.connectChild(t, stdin, out)
-	if !out.Scan() || out.Text() != "connected" {
-		t.Fatalf("child did not connect: %q %v", out.Text(), out.Err())
+	p := childtest.Start(t, "idle", childproc.Options{})
+	defer p.Kill() // on early returns
+	ps.connectChild(t, p)
+	if l := childtest.Line(t, p); l != "connected" {
+		t.Fatalf("child did not connect: %q", l)
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	p.Kill()
 
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()
@@ -323,16 +298,14 @@ func TestOtherProcessDiesLeaseSurvives(t *testing.T) {
 	defer leakcheck.Check(t)
 	ps := newParentSide(t)
 	defer ps.pd.Close()
-	stdin, out, cmd := startChild(t, "lease")
-	defer stdin.Close()
-	ps.connectChild(t, stdin, out)
+	p := childtest.Start(t, "lease", childproc.Options{})
+	defer p.Kill() // on early returns
+	ps.connectChild(t, p)
 	var addr uint64
 	var key uint32
-	if !out.Scan() {
-		t.Fatalf("no region from the child: %v", out.Err())
-	}
-	if _, err := fmt.Sscanf(out.Text(), "%d %d", &addr, &key); err != nil {
-		t.Fatalf("child region %q: %v", out.Text(), err)
+	l := childtest.Line(t, p) // the child's region
+	if _, err := fmt.Sscanf(l, "%d %d", &addr, &key); err != nil {
+		t.Fatalf("child region %q: %v", l, err)
 	}
 	m, err := ps.qp.(verbs.RemoteMapper).MapRemote(verbs.Remote{Addr: addr, Key: key}, childHalf)
 	if err != nil {
@@ -343,8 +316,7 @@ func TestOtherProcessDiesLeaseSurvives(t *testing.T) {
 	if string(m.Bytes()) != string(want) {
 		t.Fatal("the mapping does not hold the child's bytes")
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	p.Kill()
 	deadline := time.Now().Add(childTimeout)
 	for ps.qp.State() != verbs.QPError && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)

@@ -1,4 +1,4 @@
-package proc
+package childproc
 
 import (
 	"bufio"
@@ -8,7 +8,9 @@ import (
 )
 
 // The child's side: lines from the parent arrive on stdin, and its end is
-// the order to stop.
+// the order to stop. A child reads stdin through ReadParent or WaitForStop
+// only, not also through a reader of its own, which could buffer lines
+// away from them.
 
 var (
 	stdinOnce sync.Once
