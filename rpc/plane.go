@@ -18,9 +18,11 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// poolAccess is what every pool arena grants on a data plane: peers read
-// published tensors and write into destinations we allocated for them.
-const poolAccess = verbs.AccessLocalWrite | verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+// poolAccess is how pool arenas are registered on a data plane: for local
+// access only. No key opens an arena; a peer reaches only what a transfer
+// grants it (link.grant): one buffer, one right, its session's queue pair,
+// until the transfer ends.
+const poolAccess = verbs.AccessLocalWrite
 
 // device is one opened provider, shared by every session of a Server or
 // Client: its protection domain and the registration of the pool.
@@ -53,6 +55,17 @@ func openDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*device, error) {
 		return nil, err
 	}
 	return &device{name: p.Name(), pd: pd, reg: reg, ctl: ctlReg}, nil
+}
+
+// grant opens the first n bytes of buf to the link's peer with one right
+// (verbs.AccessRemoteRead for a tensor it fetches, AccessRemoteWrite for a
+// destination it fills), on this link's queue pair only.
+func (l *link) grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Grant, error) {
+	mr, ok := l.dev.reg.Region(buf.Arena())
+	if !ok {
+		return nil, fmt.Errorf("tensorrpc: buffer's arena %d is not registered with %s", buf.Arena().ID(), l.dev.name)
+	}
+	return l.qp.Grant(mr, buf.Offset(), n, access)
 }
 
 func (d *device) close() {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -52,14 +53,15 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key s
 		})
 		return meta, inline, 0, nil
 	}
-	remote, err := ss.link.dev.reg.Remote(buf)
+	g, err := ss.link.grant(buf, n, verbs.AccessRemoteRead)
 	if err != nil {
 		buf.Release()
-		return nil, nil, 0, status.Error(codes.Internal, err.Error())
+		return nil, nil, 0, unavailable(err)
 	}
-	tr := &transfer{buf: buf}
+	remote := g.Remote()
+	tr := &transfer{buf: buf, grant: g}
 	if err := ss.add(ctx, tr, ref); err != nil {
-		buf.Release()
+		tr.finish()
 		return nil, nil, 0, err
 	}
 	meta.Location = &pb.Location{
@@ -113,16 +115,17 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		ss.refund(int64(n))
 		return nil, err
 	}
-	remote, err := ss.link.dev.reg.Remote(buf)
+	g, err := ss.link.grant(buf, n, verbs.AccessRemoteWrite)
 	if err != nil {
 		ss.refund(int64(n))
 		buf.Release()
-		return nil, status.Error(codes.Internal, err.Error())
+		return nil, unavailable(err)
 	}
-	tr := &transfer{buf: buf, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n), seq: s.rv.nextSeq()}
+	remote := g.Remote()
+	tr := &transfer{buf: buf, grant: g, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n), seq: s.rv.nextSeq()}
 	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
 		ss.refund(int64(n))
-		buf.Release()
+		tr.finish()
 		return nil, err
 	}
 	return &pb.SendResponse{
@@ -192,12 +195,12 @@ func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 	}
 	for _, id := range req.TransferIds {
 		if t := ss.remove(id); t != nil {
-			t.buf.Release()
+			t.finish()
 		}
 	}
 	for _, ref := range req.ClientRefs {
 		for _, t := range ss.releaseRef(ref) {
-			t.buf.Release()
+			t.finish()
 		}
 	}
 	return &pb.ReleaseResponse{}, nil
@@ -265,7 +268,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 	for _, id := range ids {
 		if t := ss.remove(id); t != nil {
-			t.buf.Release()
+			t.finish()
 		}
 	}
 }
@@ -317,6 +320,11 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	}
 	if t = ss.remove(m.TransferId); t == nil {
 		return nil, status.Error(codes.Unavailable, "tensorrpc: session ended")
+	}
+	t.revoke() // done already when the WriteImm landed; a no-op then
+	if t.short {
+		t.buf.Release()
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: the write into its destination carried fewer bytes than the tensor has", m.Key)
 	}
 	if t.meta.ByteLength != m.ByteLength || t.meta.Dtype != m.Dtype {
 		t.buf.Release()

@@ -98,6 +98,27 @@ type transfer struct {
 	charged int64
 	created time.Time
 	seq     uint64 // the Send's place in its key's order (rendezvous.nextSeq)
+	// grant is the peer's only access to buf: read for a tensor it
+	// fetches, write for a destination; revoked when the transfer ends.
+	grant verbs.Grant
+	// short is set when a destination's WriteImm carried fewer bytes than
+	// the tensor has: nothing of it is used.
+	short bool
+}
+
+// revoke ends the peer's access to the transfer's buffer. Call it, outside
+// the session's lock (on shm it waits for the peer to unmap), before the
+// buffer goes back to the pool or is published.
+func (t *transfer) revoke() {
+	if t.grant != nil {
+		t.grant.Revoke()
+	}
+}
+
+// finish revokes the peer's access and releases the buffer.
+func (t *transfer) finish() {
+	t.revoke()
+	t.buf.Release()
 }
 
 // unreserve ends a rendezvous destination's reservation, if it has one.
@@ -530,7 +551,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 }
 
 // completeDestination handles a received WriteImm: the immediate value
-// names the destination that is now complete.
+// names the destination that is now complete. The write grant is revoked
+// first, so the sender cannot change the bytes once they are used; a
+// WriteImm that carried fewer bytes than the destination holds publishes
+// nothing and fails the call that held it.
 func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	if c.Op != verbs.OpRecvImm || !c.HasImm {
 		return
@@ -549,8 +573,22 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 		s.log.Warn("tensorrpc: write with an unknown immediate value", "session", ss.id, "imm", c.Imm)
 		return
 	}
+	t.revoke()
+	n := int(t.meta.ByteLength)
+	if c.Len != n {
+		s.log.Warn("tensorrpc: a WriteImm carried fewer bytes than its destination; nothing of it is used",
+			"session", ss.id, "key", t.meta.Key, "bytes", c.Len, "want", n)
+		if t.hold {
+			t.short = true
+			close(t.done)
+			return
+		}
+		t.buf.Release()
+		t.unreserve()
+		return
+	}
 	ss.stats.transfers.Add(1)
-	ss.stats.dataPlaneBytes.Add(int64(t.buf.Len()))
+	ss.stats.dataPlaneBytes.Add(int64(n))
 	if t.hold {
 		close(t.done)
 		return
@@ -582,6 +620,6 @@ func (s *Server) closeSession(ss *serverSession) {
 	ss.mu.Unlock()
 	for _, t := range transfers {
 		t.unreserve()
-		t.buf.Release()
+		t.finish()
 	}
 }
