@@ -6,16 +6,15 @@ import subprocess
 import sys
 import unittest
 
+import _need
+
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "ddp_train.py")
 
 
 class ExampleTest(unittest.TestCase):
 
     def test_ddp_train(self):
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            self.skipTest("torch is not installed")
+        _need.module(self, "torch", "python3-torch")
         for transport in ("shm", "tcp"):
             with self.subTest(transport=transport):
                 p = subprocess.run([sys.executable, EXAMPLE, "--steps", "10", "--transport", transport],
