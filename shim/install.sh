@@ -1,38 +1,48 @@
 #!/usr/bin/env bash
-# Builds libtensorrpc.so and installs the tensorrpc Python package for one
-# interpreter, without pip and without network access:
+# Installs the tensorrpc Python package (and the libtensorrpc.so it builds)
+# for one interpreter, offline, with pip:
 #
-#   bash shim/install.sh [PYTHON]        # PYTHON defaults to /usr/bin/python3
+#   bash shim/install.sh [PYTHON [PIP OPTIONS...]]
 #
-# 1. go build -buildmode=c-shared writes shim/python/tensorrpc/libtensorrpc.so
-#    and libtensorrpc.h (tensorrpc.h, the types, is copied next to them);
-# 2. a tensorrpc-shim.pth file in the interpreter's site-packages (its
-#    purelib directory as root, the user site otherwise) puts shim/python on
-#    its path, like `pip install -e` would;
-# 3. `import tensorrpc` is checked.
+# PYTHON defaults to the `python3` on PATH. This is
+# `PYTHON -m pip install ./shim/python` (the package's build backend runs
+# `go build -buildmode=c-shared`; it needs Go and gcc, nothing from an
+# index) followed by a check that `import tensorrpc` works; when the check
+# fails the package is uninstalled again. Examples:
 #
-# TENSORRPC_NO_PTH=1 skips step 2; then set PYTHONPATH=<repo>/shim/python.
+#   bash shim/install.sh .venv/bin/python                    # a virtualenv
+#   bash shim/install.sh /usr/bin/python3 --user --break-system-packages
+#                                                            # Debian's Python (PEP 668)
 set -euo pipefail
 shim="$(cd "$(dirname "$0")" && pwd)"
-python="${1:-/usr/bin/python3}"
+python="${1:-python3}"
+shift || true
 export PATH="$PATH:/usr/local/go/bin"
-export CGO_ENABLED=1
 
-pkg="$shim/python/tensorrpc"
-(cd "$shim/.." && go build -buildmode=c-shared -o "$pkg/libtensorrpc.so" ./shim/capi)
-cp "$shim/capi/tensorrpc.h" "$pkg/tensorrpc.h"
-echo "built $pkg/libtensorrpc.so"
-
-if [ "${TENSORRPC_NO_PTH:-}" != 1 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    site="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  else
-    site="$("$python" -m site --user-site)"
-  fi
-  mkdir -p "$site"
-  echo "$shim/python" > "$site/tensorrpc-shim.pth"
-  echo "installed $site/tensorrpc-shim.pth -> $shim/python"
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "install.sh: $python not found; pass the interpreter: bash shim/install.sh /path/to/python3" >&2
+  exit 1
+fi
+if ! "$python" -m pip --version >/dev/null 2>&1; then
+  echo "install.sh: $python has no pip. Install it: apt-get install python3-pip (Debian's python3)," >&2
+  echo "  or $python -m ensurepip --upgrade; in a virtualenv made with --without-pip, recreate it" >&2
+  echo "  (python3 -m venv DIR; Debian needs apt-get install python3-venv)." >&2
+  exit 1
 fi
 
-PYTHONPATH="$shim/python${PYTHONPATH:+:$PYTHONPATH}" "$python" -c \
-  'import tensorrpc, sys; print("tensorrpc imports in", sys.executable, "from", tensorrpc.__file__)'
+# The earlier install.sh put a tensorrpc-shim.pth (shim/python on sys.path)
+# into site-packages; it would shadow the installed package.
+for site in $("$python" -c 'import site, sysconfig; print(sysconfig.get_paths()["purelib"], site.getusersitepackages())'); do
+  if [ -f "$site/tensorrpc-shim.pth" ]; then
+    rm -f "$site/tensorrpc-shim.pth" && echo "install.sh: removed the old $site/tensorrpc-shim.pth"
+  fi
+done
+
+"$python" -m pip install --no-cache-dir "$@" "$shim/python"
+
+# Check from another directory, so that shim/python itself is not on the path.
+if ! (cd / && "$python" -c 'import tensorrpc, sys; print("tensorrpc", tensorrpc.__version__, "imports in", sys.executable, "from", tensorrpc.__file__)'); then
+  echo "install.sh: import tensorrpc failed after the install; uninstalling it again" >&2
+  "$python" -m pip uninstall -y tensorrpc >&2 || true
+  exit 1
+fi

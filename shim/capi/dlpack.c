@@ -54,28 +54,127 @@ static capsule_is_valid_fn capsule_is_valid;
 static capsule_get_pointer_fn capsule_get_pointer;
 
 static const char dltensor_name[] = "dltensor";
+static const char dltensor_versioned_name[] = "dltensor_versioned";
 
 const char *trpc_dltensor_name(void) { return dltensor_name; }
+const char *trpc_dltensor_versioned_name(void) {
+  return dltensor_versioned_name;
+}
 
 void trpc_set_capsule_api(void *is_valid, void *get_pointer) {
   capsule_is_valid = (capsule_is_valid_fn)is_valid;
   capsule_get_pointer = (capsule_get_pointer_fn)get_pointer;
 }
 
-// trpc_dlpack_capsule_destructor is the destructor of the "dltensor"
-// capsules the Python package makes. The DLPack protocol says a consumer
-// renames the capsule to "used_dltensor" and takes over the tensor; a
-// capsule that still has its name was never consumed, so its tensor is
-// released here. It runs with the GIL held.
+// trpc_dlpack_capsule_destructor is the destructor of the "dltensor" and
+// "dltensor_versioned" capsules the Python package makes. The DLPack
+// protocol says a consumer renames the capsule to "used_dltensor" (or
+// "used_dltensor_versioned") and takes over the tensor; a capsule that
+// still has its name was never consumed, so its tensor is released here.
+// It runs with the GIL held. (PyCapsule_IsValid sets no exception.)
 void trpc_dlpack_capsule_destructor(void *capsule) {
   if (capsule_is_valid == NULL || capsule_get_pointer == NULL) {
     return;
   }
-  if (!capsule_is_valid(capsule, dltensor_name)) {
+  if (capsule_is_valid(capsule, dltensor_name)) {
+    DLManagedTensor *m = capsule_get_pointer(capsule, dltensor_name);
+    if (m != NULL && m->deleter != NULL) {
+      m->deleter(m);
+    }
+  } else if (capsule_is_valid(capsule, dltensor_versioned_name)) {
+    DLManagedTensorVersioned *m =
+        capsule_get_pointer(capsule, dltensor_versioned_name);
+    if (m != NULL && m->deleter != NULL) {
+      m->deleter(m);
+    }
+  }
+}
+
+// A versioned tensor made by trpc_versioned_wrap owns the legacy
+// DLManagedTensor in manager_ctx (whose block also holds the shape).
+static void versioned_wrap_deleter(DLManagedTensorVersioned *self) {
+  if (self == NULL) {
     return;
   }
-  DLManagedTensor *m = capsule_get_pointer(capsule, dltensor_name);
-  if (m != NULL && m->deleter != NULL) {
-    m->deleter(m);
+  DLManagedTensor *inner = self->manager_ctx;
+  if (inner != NULL && inner->deleter != NULL) {
+    inner->deleter(inner);
   }
+  free(self);
+}
+
+// trpc_versioned_wrap wraps inner (a DLManagedTensor of this library) in a
+// DLManagedTensorVersioned that takes it over: its deleter deletes inner.
+// On failure (NULL) inner is deleted.
+DLManagedTensorVersioned *trpc_versioned_wrap(DLManagedTensor *inner,
+                                              uint64_t flags) {
+  DLManagedTensorVersioned *m = malloc(sizeof(DLManagedTensorVersioned));
+  if (m == NULL) {
+    if (inner->deleter != NULL) {
+      inner->deleter(inner);
+    }
+    return NULL;
+  }
+  m->version.major = 1;
+  m->version.minor = 0;
+  m->manager_ctx = inner;
+  m->deleter = versioned_wrap_deleter;
+  m->flags = flags;
+  m->dl_tensor = inner->dl_tensor;
+  return m;
+}
+
+static void versioned_free_deleter(DLManagedTensorVersioned *self) {
+  free(self);
+}
+
+// trpc_versioned_copy copies src (nbytes of compact data) into one malloc'd
+// block holding the DLManagedTensorVersioned, its shape and the data.
+DLManagedTensorVersioned *trpc_versioned_copy(const DLTensor *src,
+                                              size_t nbytes) {
+  size_t ndim = src->ndim > 0 ? (size_t)src->ndim : 0;
+  // Data after the shape, aligned to 64 bytes for any dtype.
+  size_t head = sizeof(DLManagedTensorVersioned) + ndim * sizeof(int64_t);
+  head = (head + 63) & ~(size_t)63;
+  DLManagedTensorVersioned *m = NULL;
+  if (posix_memalign((void **)&m, 64, head + nbytes) != 0) {
+    return NULL;
+  }
+  memset(m, 0, sizeof(DLManagedTensorVersioned));
+  m->version.major = 1;
+  m->version.minor = 0;
+  m->deleter = versioned_free_deleter;
+  m->flags = DLPACK_FLAG_BITMASK_IS_COPIED;
+  m->dl_tensor = *src;
+  m->dl_tensor.shape = (int64_t *)(m + 1);
+  m->dl_tensor.strides = NULL;
+  m->dl_tensor.byte_offset = 0;
+  if (ndim > 0) {
+    memcpy(m->dl_tensor.shape, src->shape, ndim * sizeof(int64_t));
+  }
+  m->dl_tensor.data = (char *)m + head;
+  if (nbytes > 0) {
+    memcpy(m->dl_tensor.data, (const char *)src->data + src->byte_offset,
+           nbytes);
+  }
+  return m;
+}
+
+// The details of the last failure of a call on this thread (see
+// trpc_error_details in tensorrpc.h). Go sets them through
+// trpc_set_error_details from an exported function, which runs on the
+// calling C thread.
+static __thread char *error_details;
+
+// trpc_set_error_details replaces this thread's details with details (a
+// malloc'd string or NULL), which it takes over.
+void trpc_set_error_details(char *details) {
+  free(error_details);
+  error_details = details;
+}
+
+char *trpc_error_details(void) {
+  char *d = error_details;
+  error_details = NULL;
+  return d;
 }

@@ -2,6 +2,7 @@ package main
 
 /*
 #include <stdlib.h>
+#include "tensorrpc.h"
 */
 import "C"
 
@@ -9,7 +10,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -38,7 +41,10 @@ func codeOf(err error) codes.Code {
 }
 
 // report returns err's status code and, when errOut is not NULL and err is
-// not nil, stores a malloc'd copy of its message there.
+// not nil, stores a malloc'd copy of its message there. A failure also
+// replaces the calling thread's error details (trpc_error_details) with
+// err's, or none. It must run on the thread of the C caller (in the
+// exported function's goroutine), as every exported function calls it.
 func report(errOut **C.char, err error) C.int {
 	code := codeOf(err)
 	if code == codes.OK {
@@ -47,7 +53,46 @@ func report(errOut **C.char, err error) C.int {
 	if errOut != nil {
 		*errOut = C.CString(statusMessage(err))
 	}
+	var details *C.char
+	if d := errorDetails(err); d != "" {
+		details = C.CString(d)
+	}
+	C.trpc_set_error_details(details)
 	return C.int(code)
+}
+
+// withDetails is a status error of code and msg that carries details (a
+// handler's traceback, say) as a google.rpc.DebugInfo, which gRPC sends in
+// the status's details while the message stays short.
+func withDetails(code codes.Code, msg, details string) error {
+	st := status.New(code, msg)
+	if details == "" {
+		return st.Err()
+	}
+	ds, err := st.WithDetails(&errdetails.DebugInfo{Detail: details})
+	if err != nil {
+		return st.Err()
+	}
+	return ds.Err()
+}
+
+// errorDetails is the text of the DebugInfo details of err's status, or "".
+func errorDetails(err error) string {
+	s, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	var parts []string
+	for _, d := range s.Details() {
+		if di, ok := d.(*errdetails.DebugInfo); ok {
+			if di.Detail != "" {
+				parts = append(parts, di.Detail)
+			} else if len(di.StackEntries) > 0 {
+				parts = append(parts, strings.Join(di.StackEntries, "\n"))
+			}
+		}
+	}
+	return strings.Join(parts, "\n")
 }
 
 // statusMessage is err's message without the status code's prefix.

@@ -12,7 +12,6 @@ import (
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
 )
@@ -27,6 +26,7 @@ type replyEntry struct {
 	meta    []byte
 	tensors []*rpc.Tensor
 	errMsg  string
+	details string
 }
 
 func getReply(h C.trpc_reply) (*replyEntry, error) {
@@ -88,7 +88,7 @@ func (s *serverEntry) handler(method string, fn C.trpc_handler_fn, userData unsa
 			if msg == "" {
 				msg = "handler for " + method + " failed"
 			}
-			return nil, status.Error(c, msg)
+			return nil, withDetails(c, msg, r.details)
 		}
 		return &rpc.Message{Metadata: r.meta, Tensors: r.tensors}, nil
 	}
@@ -168,5 +168,21 @@ func trpc_reply_set_error(h C.trpc_reply, msg *C.char) C.int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.errMsg = C.GoString(msg)
+	return 0
+}
+
+// trpc_reply_set_error_details attaches details (a traceback, say) to the
+// error the handler returns: the client's trpc_error_details returns them.
+// Added in ABI version 3.
+//
+//export trpc_reply_set_error_details
+func trpc_reply_set_error_details(h C.trpc_reply, details *C.char) C.int {
+	r, err := getReply(h)
+	if err != nil || details == nil {
+		return C.int(codeOf(err))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.details = C.GoString(details)
 	return 0
 }

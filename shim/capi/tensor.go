@@ -19,7 +19,9 @@ import (
 // tensorrpc.h); the Python package refuses a library with another one.
 // Version 2 appended data_address to trpc_options (a caller built against
 // version 1 passes a shorter struct) and made a fetch of a key that is not
-// published fail at once unless TRPC_FETCH_WAIT is given.
+// published fail at once unless TRPC_FETCH_WAIT is given. Version 3 added
+// DLPack 1.0 (trpc_dlpack_share_versioned, trpc_dlpack_flags) and error
+// details (trpc_reply_set_error_details, trpc_error_details).
 const ABIVersion = C.TRPC_ABI_VERSION
 
 const dlCPU = 1 // DLPack's kDLCPU
@@ -202,6 +204,58 @@ func trpc_dlpack_share(m *C.DLManagedTensor) *C.DLManagedTensor {
 		return nil
 	}
 	return out
+}
+
+// trpc_dlpack_flags is the DLPack 1.0 flags of m's memory:
+// DLPACK_FLAG_BITMASK_READ_ONLY for a shared-memory lease, else 0 (also for
+// NULL or a deleted m).
+//
+//export trpc_dlpack_flags
+func trpc_dlpack_flags(m *C.DLManagedTensor) C.uint64_t {
+	if m == nil {
+		return 0
+	}
+	h := uint64(uintptr(m.manager_ctx))
+	o, ok := ref(h)
+	if !ok {
+		return 0
+	}
+	defer unref(h)
+	return dlpackFlags(o.t)
+}
+
+func dlpackFlags(t *rpc.Tensor) C.uint64_t {
+	if t.Leased() {
+		return C.DLPACK_FLAG_BITMASK_READ_ONLY
+	}
+	return 0
+}
+
+// trpc_dlpack_share_versioned returns a DLPack 1.0 DLManagedTensorVersioned
+// over m's memory with its own reference (copy == 0), read-only for a
+// lease, or a malloc'd copy of m's data (copy != 0). It returns NULL when m
+// is NULL or already deleted, or malloc fails.
+//
+//export trpc_dlpack_share_versioned
+func trpc_dlpack_share_versioned(m *C.DLManagedTensor, copyData C.int) *C.DLManagedTensorVersioned {
+	if m == nil {
+		return nil
+	}
+	h := uint64(uintptr(m.manager_ctx))
+	o, ok := ref(h)
+	if !ok {
+		return nil
+	}
+	if copyData != 0 {
+		defer unref(h)
+		return C.trpc_versioned_copy(&m.dl_tensor, C.size_t(len(o.t.Bytes())))
+	}
+	inner, err := managed(h, o.t.Tensor)
+	if err != nil {
+		unref(h)
+		return nil
+	}
+	return C.trpc_versioned_wrap(inner, dlpackFlags(o.t))
 }
 
 // trpc_live_tensors is the number of tensors the shim has handed out whose

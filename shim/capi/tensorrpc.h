@@ -20,15 +20,21 @@ extern "C" {
 #endif
 
 /* TRPC_ABI_VERSION is the C ABI these declarations describe; a program can
- * compare it with trpc_abi_version(), the library's. Version 2 appended
- * trpc_options.data_address and made fetches of a key that is not
- * published fail at once unless TRPC_FETCH_WAIT is given. */
-#define TRPC_ABI_VERSION 2
+ * compare it with trpc_abi_version(), the library's. Versions only ever add:
+ * a function, a flag, or a field appended to a struct the caller
+ * zero-initialises; a program built against version N works with a library
+ * of version N or later. Version 2 appended trpc_options.data_address and
+ * made fetches of a key that is not published fail at once unless
+ * TRPC_FETCH_WAIT is given. Version 3 added DLPack 1.0
+ * (DLManagedTensorVersioned: trpc_dlpack_share_versioned,
+ * trpc_dlpack_flags) and error details (trpc_reply_set_error_details,
+ * trpc_error_details). */
+#define TRPC_ABI_VERSION 3
 
-/* The DLPack types (dlpack.h, v0.x layout). A program that includes
- * dlpack.h before this file uses dlpack.h's definitions, which have the
- * same layout. */
-#ifndef DLPACK_VERSION
+/* The DLPack types (dlpack.h; DLTensor has the same layout in v0.x and
+ * v1.x). A program that includes dlpack.h before this file uses dlpack.h's
+ * definitions. */
+#if !defined(DLPACK_VERSION) && !defined(DLPACK_MAJOR_VERSION)
 typedef struct {
   int32_t device_type; /* 1 = kDLCPU, the only device tensorrpc accepts */
   int32_t device_id;
@@ -56,6 +62,45 @@ typedef struct DLManagedTensor {
   void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
 #endif
+
+/* DLPack 1.0: DLManagedTensorVersioned, in capsules named
+ * "dltensor_versioned" (consumed: "used_dltensor_versioned"). Defined here
+ * unless dlpack.h >= 1.0 was included first. */
+#ifndef DLPACK_MAJOR_VERSION
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
+
+#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
+#define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
+
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version; /* {1, 0} from this library */
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned *self);
+  uint64_t flags; /* DLPACK_FLAG_BITMASK_* */
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#endif
+
+/* trpc_dlpack_share_versioned(m, copy) returns a DLManagedTensorVersioned
+ * (version 1.0) over the memory of m holding its own reference, like
+ * trpc_dlpack_share, with DLPACK_FLAG_BITMASK_READ_ONLY set when m is
+ * read-only (a shared-memory lease: TRPC_FETCH_LEASE). With copy != 0 it
+ * is instead a malloc'd copy of the data (DLPACK_FLAG_BITMASK_IS_COPIED,
+ * writable). NULL when m is NULL or deleted, or malloc fails. Its deleter
+ * may run on any thread, once. trpc_dlpack_flags(m) is the flags such a
+ * tensor would have (0 for NULL). Both added in ABI version 3. */
+
+/* Error details (ABI version 3). A handler may attach details to its error
+ * (trpc_reply_set_error_details, e.g. a traceback); they travel to the
+ * client in the gRPC status's details (a google.rpc.DebugInfo), while the
+ * status message stays the short text of trpc_reply_set_error. After a
+ * function of this library fails, trpc_error_details() on the same thread
+ * returns the details of that failure as a malloc'd string (free it with
+ * trpc_free), or NULL when it had none; each failing call replaces them and
+ * the getter hands them over, so a second call returns NULL. */
 
 /* Handles name servers, clients and handler replies. 0 is never a valid
  * handle. */
@@ -131,6 +176,11 @@ int trpc_invoke_handler(trpc_handler_fn fn, void *user_data, trpc_reply reply,
 void trpc_set_capsule_api(void *is_valid, void *get_pointer);
 void trpc_dlpack_capsule_destructor(void *capsule);
 const char *trpc_dltensor_name(void);
+const char *trpc_dltensor_versioned_name(void);
+DLManagedTensorVersioned *trpc_versioned_wrap(DLManagedTensor *inner, uint64_t flags);
+DLManagedTensorVersioned *trpc_versioned_copy(const DLTensor *src, size_t nbytes);
+void trpc_set_error_details(char *details);
+char *trpc_error_details(void);
 
 #ifdef __cplusplus
 }

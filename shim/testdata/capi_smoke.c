@@ -51,6 +51,19 @@ static int double_it(void *user, trpc_reply reply, const char *method, const uin
   return 0;
 }
 
+// fails fails with a short message and a traceback in its details.
+static int fails(void *user, trpc_reply reply, const char *method, const uint8_t *meta, int64_t meta_len,
+                 DLManagedTensor **tensors, int64_t n) {
+  (void)user;
+  (void)method;
+  (void)meta;
+  (void)meta_len;
+  for (int64_t i = 0; i < n; i++) tensors[i]->deleter(tensors[i]);
+  trpc_reply_set_error(reply, "ZeroDivisionError: division by zero");
+  trpc_reply_set_error_details(reply, "Traceback (most recent call last):\n  File \"h.py\", line 1\n");
+  return 2;
+}
+
 int main(void) {
   char *err = NULL;
   trpc_server srv;
@@ -114,6 +127,47 @@ int main(void) {
     }
     x->deleter(x);
   }
+
+  // A handler's error details reach the caller; the message stays short.
+  ok(trpc_server_handle(srv, "fails", fails, NULL, &err), err, "handle fails");
+  {
+    uint8_t *rmeta = NULL;
+    int64_t rmeta_len = 0, nr = 0;
+    DLManagedTensor **rts = NULL;
+    CHECK(trpc_client_call(cli, "fails", NULL, 0, NULL, 0, 10000, &rmeta, &rmeta_len, &rts, &nr, &err) == 2,
+          "fails: not UNKNOWN");
+    CHECK(err != NULL && strcmp(err, "ZeroDivisionError: division by zero") == 0, "fails: message %s", err);
+    trpc_free(err);
+    err = NULL;
+    char *details = trpc_error_details();
+    CHECK(details != NULL && strstr(details, "line 1") != NULL, "fails: details %s", details ? details : "NULL");
+    trpc_free(details);
+    CHECK(trpc_error_details() == NULL, "details handed over twice");
+  }
+
+  // DLPack 1.0: a versioned share, a lease (read-only), a copy.
+  DLManagedTensor *y = NULL;
+  if (ok(trpc_client_fetch(cli, "x", TRPC_FETCH_LEASE, 10000, &y, &err), err, "lease")) {
+    CHECK(trpc_dlpack_flags(y) == DLPACK_FLAG_BITMASK_READ_ONLY, "lease flags %llu",
+          (unsigned long long)trpc_dlpack_flags(y));
+    DLManagedTensorVersioned *v = trpc_dlpack_share_versioned(y, 0);
+    DLManagedTensorVersioned *c = trpc_dlpack_share_versioned(y, 1);
+    y->deleter(y);  // v holds its own reference
+    CHECK(v != NULL && v->version.major == 1 && v->version.minor == 0, "versioned share");
+    if (v != NULL) {
+      CHECK(v->flags == DLPACK_FLAG_BITMASK_READ_ONLY, "versioned flags %llu", (unsigned long long)v->flags);
+      CHECK(v->dl_tensor.shape[0] == N && ((float *)v->dl_tensor.data)[N - 1] == (float)(N - 1), "versioned data");
+      v->deleter(v);
+    }
+    CHECK(c != NULL && c->flags == DLPACK_FLAG_BITMASK_IS_COPIED, "versioned copy");
+    if (c != NULL) {
+      float *f = c->dl_tensor.data;
+      CHECK(c->dl_tensor.shape[0] == N && f[N - 1] == (float)(N - 1), "copied data");
+      f[0] = 1;  // the copy is writable
+      c->deleter(c);
+    }
+  }
+  CHECK(trpc_dlpack_share_versioned(NULL, 0) == NULL && trpc_dlpack_flags(NULL) == 0, "NULL tensor");
 
   // A key that is not published: NOT_FOUND at once, or, with
   // TRPC_FETCH_WAIT, DEADLINE_EXCEEDED when the timeout passes.

@@ -1,5 +1,5 @@
-"""tensorrpc for Python: move NumPy arrays and PyTorch tensors between
-processes through tensorrpc, without copying them in Python.
+"""tensorrpc for Python: move NumPy arrays, PyTorch tensors and buffers
+between processes through tensorrpc, without copying them in Python.
 
     import tensorrpc
     with tensorrpc.Server() as srv:               # listens on 127.0.0.1:<free port>
@@ -10,17 +10,20 @@ processes through tensorrpc, without copying them in Python.
             meta, outs = c.call("scale", b"2", [x])
 
 The package is a ctypes binding of libtensorrpc.so (shim/capi); see
-shim/README.md.
+shim/README.md. NumPy and PyTorch are optional (extras "numpy", "torch"):
+without them, bytes and buffers go in and tensorrpc.Tensor objects come out
+(output="tensor").
 """
 
-from ._core import Client, Server, live_tensors
+from ._version import __version__
+from ._core import Client, HandlerFn, HandlerResult, Server, live_tensors
 from ._lib import library_path
 from ._tensors import DTYPES, Tensor
 from .errors import (CODES, DeadlineExceededError, Error, FailedPreconditionError, InvalidArgumentError,
                      NotFoundError, ResourceExhaustedError, UnavailableError, UnimplementedError)
 
 __all__ = [
-    "Server", "Client", "Tensor", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
+    "__version__", "HandlerFn", "HandlerResult", "Server", "Client", "Tensor", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError", "UnavailableError",
     "CODES", "DTYPES", "live_tensors", "library_path",
 ]

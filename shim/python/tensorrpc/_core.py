@@ -2,19 +2,32 @@
 
 import atexit
 import ctypes
+import logging
 import threading
+import traceback
 import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import lib
-from ._tensors import adopt, check_output, describe, dtype_name, _dlpack_dtype
+from ._tensors import _dlpack_dtype, adopt, check_output, describe, dtype_name, need_output
 from .errors import Error, FailedPreconditionError, InvalidArgumentError, error
 
-_open = weakref.WeakSet()  # servers and clients to close at exit
+_open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # servers and clients to close at exit
+
+# The logger of handler exceptions ("tensorrpc", at ERROR, with the
+# traceback). Without logging configured, Python's last-resort handler
+# prints them to stderr.
+log = logging.getLogger("tensorrpc")
+
+# What a handler returns: (metadata, tensors) or None.
+HandlerResult = Optional[Tuple[Union[bytes, bytearray, memoryview, str], Sequence[Any]]]
+HandlerFn = Callable[[bytes, List[Any]], HandlerResult]
+Transports = Union[str, Iterable[str], None]
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     # Clients first: their sessions may be with servers of this process.
     objs = list(_open)
     for o in [o for o in objs if isinstance(o, Client)] + [o for o in objs if isinstance(o, Server)]:
@@ -24,14 +37,15 @@ def _close_all():
             pass
 
 
-def _check(code, err):
+def _check(code: int, err: ctypes.c_void_p) -> None:
     """Raises the Error for a non-zero status code, with the message the
-    library stored in err."""
+    library stored in err and the details of the failure (on this thread)."""
     if code != 0:
-        raise error(code, _lib.take_string(err.value) or "tensorrpc: error code %d" % code)
+        details = _lib.error_details()
+        raise error(code, _lib.take_string(err.value) or "tensorrpc: error code %d" % code, details)
 
 
-def _timeout_ms(timeout):
+def _timeout_ms(timeout: Optional[float]) -> int:
     if timeout is None:
         return -1
     if timeout < 0:
@@ -39,7 +53,7 @@ def _timeout_ms(timeout):
     return int(timeout * 1000)
 
 
-def _key(key, what="key"):
+def _key(key: Union[str, bytes], what: str = "key") -> bytes:
     if isinstance(key, str):
         key = key.encode("utf-8")
     if not isinstance(key, bytes):
@@ -47,7 +61,9 @@ def _key(key, what="key"):
     return key
 
 
-def _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout, data_address=None):
+def _options(transports: Transports, eager_threshold: Optional[int], pool_limit: Optional[int],
+             max_tensor_bytes: Optional[int], connect_timeout: Optional[float],
+             data_address: Optional[str] = None) -> _lib.Options:
     o = _lib.Options()
     if transports is not None:
         if isinstance(transports, str):
@@ -62,7 +78,7 @@ def _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_
     return o
 
 
-def _empty(fn, h, shape, dtype, output):
+def _empty(fn: Any, h: int, shape: Union[int, Sequence[int]], dtype: Any, output: str) -> Any:
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(d) for d in shape)
@@ -72,22 +88,22 @@ def _empty(fn, h, shape, dtype, output):
     return adopt(out.value, output)
 
 
-def _pool_stats(fn, h):
+def _pool_stats(fn: Any, h: int) -> Dict[str, int]:
     s, err = _lib.PoolStats(), ctypes.c_void_p()
     _check(fn(h, ctypes.byref(s), ctypes.byref(err)), err)
     return {name: getattr(s, name) for name, _ in s._fields_}
 
 
-def _stats(fn, h):
+def _stats(fn: Any, h: int) -> Dict[str, int]:
     s, err = _lib.Stats(), ctypes.c_void_p()
     _check(fn(h, ctypes.byref(s), ctypes.byref(err)), err)
     return {name: getattr(s, name) for name, _ in s._fields_}
 
 
-def live_tensors():
+def live_tensors() -> int:
     """How many tensors the library has handed out (in this process) that
     are still alive."""
-    return lib.trpc_live_tensors()
+    return int(lib.trpc_live_tensors())
 
 
 class Server:
@@ -107,11 +123,15 @@ class Server:
     also choose it.
     """
 
-    def __init__(self, address="127.0.0.1:0", *, transports=None, eager_threshold=None,
-                 pool_limit=None, max_tensor_bytes=None, connect_timeout=None, data_address=None,
-                 output="numpy"):
+    address: str
+
+    def __init__(self, address: str = "127.0.0.1:0", *, transports: Transports = None,
+                 eager_threshold: Optional[int] = None, pool_limit: Optional[int] = None,
+                 max_tensor_bytes: Optional[int] = None, connect_timeout: Optional[float] = None,
+                 data_address: Optional[str] = None, output: str = "numpy") -> None:
+        self._h = 0
         self._output = check_output(output)
-        self._handlers = []  # every callback ever registered: in-flight calls may use a replaced one
+        self._handlers: List[Any] = []  # every callback ever registered: in-flight calls may use a replaced one
         self._lock = threading.Lock()
         opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout, data_address)
         h, err = ctypes.c_uint64(), ctypes.c_void_p()
@@ -122,13 +142,13 @@ class Server:
         self.address = _lib.take_string(out.value)
         _open.add(self)
 
-    def _handle(self):
+    def _handle(self) -> int:
         h = self._h
         if not h:
             raise FailedPreconditionError("tensorrpc: the server is closed")
         return h
 
-    def publish(self, key, tensor):
+    def publish(self, key: str, tensor: Any) -> None:
         """Publishes a copy of tensor (NumPy array or torch tensor, CPU,
         C-contiguous) under key, replacing what key held. A tensor this
         server handed out (take, empty, a handler's request) is published
@@ -137,11 +157,12 @@ class Server:
         err = ctypes.c_void_p()
         _check(lib.trpc_server_publish(self._handle(), _key(key), ctypes.byref(d.dl), ctypes.byref(err)), err)
 
-    def unpublish(self, key):
+    def unpublish(self, key: str) -> bool:
         """Removes key; returns whether it was published."""
         return bool(lib.trpc_server_unpublish(self._handle(), _key(key)))
 
-    def fetch(self, key, *, wait=False, timeout=None, output=None):
+    def fetch(self, key: str, *, wait: bool = False, timeout: Optional[float] = None,
+              output: Optional[str] = None) -> Any:
         """The tensor published under key (by publish or a client's send).
         It stays published and shares memory with the published tensor.
         A key that is not published raises NotFoundError at once, unless
@@ -149,48 +170,52 @@ class Server:
         forever; DeadlineExceededError after)."""
         return self._fetch(key, False, wait, timeout, output)
 
-    def take(self, key, *, wait=False, timeout=None, output=None):
+    def take(self, key: str, *, wait: bool = False, timeout: Optional[float] = None,
+             output: Optional[str] = None) -> Any:
         """fetch that also unpublishes key."""
         return self._fetch(key, True, wait, timeout, output)
 
-    def _fetch(self, key, take, wait, timeout, output):
-        output = check_output(output or self._output)
+    def _fetch(self, key: str, take: bool, wait: bool, timeout: Optional[float], output: Optional[str]) -> Any:
+        output = need_output(output or self._output)
         flags = (_lib.FETCH_TAKE if take else 0) | (_lib.FETCH_WAIT if wait else 0)
         out, err = ctypes.c_void_p(), ctypes.c_void_p()
         _check(lib.trpc_server_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
                                      ctypes.byref(out), ctypes.byref(err)), err)
         return adopt(out.value, output)
 
-    def empty(self, shape, dtype, *, output=None):
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any, *, output: Optional[str] = None) -> Any:
         """An uninitialised tensor in the server's pool: publishing it or
         returning it from a handler costs no copy."""
-        return _empty(lib.trpc_server_empty, self._handle(), shape, dtype, check_output(output or self._output))
+        return _empty(lib.trpc_server_empty, self._handle(), shape, dtype, need_output(output or self._output))
 
-    def handle(self, method, fn, *, output=None):
+    def handle(self, method: str, fn: HandlerFn, *, output: Optional[str] = None) -> None:
         """Serves method with fn(metadata: bytes, tensors: list) ->
         (metadata, tensors) or None. fn runs on a library thread (several
         may run at once). Its request tensors are zero-copy views that stay
         valid as long as fn's caller keeps them; the reply's tensors are
         copied into the pool before fn's result is returned (no copy for
         tensors this server handed out). An exception in fn fails the call
-        with its status code (tensorrpc.Error) or UNKNOWN."""
-        output = check_output(output or self._output)
+        with its status code (tensorrpc.Error) or UNKNOWN and the message
+        "ExceptionType: text"; its traceback is logged (logger "tensorrpc",
+        ERROR) and travels to the client in the error's details
+        (tensorrpc.Error.details)."""
+        output = need_output(output or self._output)
         name = _key(method, "method")
-        cb = _lib.HANDLER(_make_handler(fn, output))
+        cb = _lib.HANDLER(_make_handler(name.decode("utf-8", "replace"), fn, output))
         err = ctypes.c_void_p()
         with self._lock:
             _check(lib.trpc_server_handle(self._handle(), name, cb, None, ctypes.byref(err)), err)
             self._handlers.append(cb)  # the library may call it until close() returns
 
-    def pool_stats(self):
+    def pool_stats(self) -> Dict[str, int]:
         """The server pool's statistics (in_use, allocs, ...)."""
         return _pool_stats(lib.trpc_server_pool_stats, self._handle())
 
-    def stats(self):
+    def stats(self) -> Dict[str, int]:
         """Transfer statistics over every session (transfers, copies, ...)."""
         return _stats(lib.trpc_server_stats, self._handle())
 
-    def close(self):
+    def close(self) -> int:
         """Stops the server; no handler runs after it returns. Tensors it
         handed out stay valid until released or collected. Returns the
         number of pool buffers still live."""
@@ -204,22 +229,23 @@ class Server:
         _open.discard(self)
         return n.value
 
-    def __enter__(self):
+    def __enter__(self) -> "Server":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_h", 0) and lib is not None:
             self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "tensorrpc.Server(%r%s)" % (getattr(self, "address", "?"), "" if self._h else ", closed")
 
 
-def _make_handler(fn, output):
-    def handler(_user, reply, method, meta, meta_len, tensors, n):
+def _make_handler(method_name: str, fn: HandlerFn, output: str) -> Callable[..., int]:
+    def handler(_user: Any, reply: int, method: bytes, meta: Optional[int], meta_len: int, tensors: Any,
+                n: int) -> int:
         try:
             # Own every request tensor first, so that none leaks on failure.
             owned = [adopt(tensors[i], "tensor") for i in range(n)]
@@ -227,7 +253,7 @@ def _make_handler(fn, output):
             if output != "tensor":
                 for t in owned:
                     t.release()
-            metadata = ctypes.string_at(meta, meta_len) if meta_len else b""
+            metadata = ctypes.string_at(meta, meta_len) if meta and meta_len else b""
             result = fn(metadata, args)
             del args, owned
             out_meta, out_tensors = (b"", []) if result is None else result
@@ -243,6 +269,12 @@ def _make_handler(fn, output):
         except BaseException as e:  # never let an exception cross into Go
             code = e.code if isinstance(e, Error) else 2
             msg = e.message if isinstance(e, Error) else "%s: %s" % (type(e).__name__, e)
+            try:
+                tb = traceback.format_exc()
+                log.error("tensorrpc: handler for %r failed:\n%s", method_name, tb.rstrip("\n"))
+                lib.trpc_reply_set_error_details(reply, tb.encode("utf-8", "replace"))
+            except BaseException:  # a broken logging handler must not cross into Go either
+                pass
             lib.trpc_reply_set_error(reply, msg.encode("utf-8", "replace"))
             return code or 2
     return handler
@@ -256,8 +288,13 @@ class Client:
     call and empty return: "numpy", "torch" or "tensor" (tensorrpc.Tensor).
     """
 
-    def __init__(self, address, *, transports=None, timeout=30.0, eager_threshold=None,
-                 pool_limit=None, max_tensor_bytes=None, connect_timeout=None, output="numpy"):
+    transport: str
+
+    def __init__(self, address: str, *, transports: Transports = None, timeout: Optional[float] = 30.0,
+                 eager_threshold: Optional[int] = None, pool_limit: Optional[int] = None,
+                 max_tensor_bytes: Optional[int] = None, connect_timeout: Optional[float] = None,
+                 output: str = "numpy") -> None:
+        self._h = 0
         self._output = check_output(output)
         self._lock = threading.Lock()
         opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout)
@@ -271,28 +308,30 @@ class Client:
         self.transport = _lib.take_string(out.value)
         _open.add(self)
 
-    def _handle(self):
+    def _handle(self) -> int:
         h = self._h
         if not h:
             raise FailedPreconditionError("tensorrpc: the client is closed")
         return h
 
-    def fetch(self, key, *, lease=False, wait=False, timeout=None, output=None):
+    def fetch(self, key: str, *, lease: bool = False, wait: bool = False, timeout: Optional[float] = None,
+              output: Optional[str] = None) -> Any:
         """The tensor the server published under key (or a client sent
         there), taking up to timeout seconds (None: no limit). It is a
         zero-copy view of the client's pool memory, valid until collected.
-        With lease (shm only) it is the server's memory itself, mapped
-        read-only in spirit: do not write it. A key that is not published
-        raises NotFoundError at once, unless wait: then fetch waits for it
-        until timeout (DeadlineExceededError)."""
-        output = check_output(output or self._output)
+        With lease (shm only) it is the server's memory itself, read-only:
+        NumPy arrays of it are not writable, a tensorrpc.Tensor says
+        readonly, and its DLPack 1.0 capsules carry the read-only flag. A
+        key that is not published raises NotFoundError at once, unless wait:
+        then fetch waits for it until timeout (DeadlineExceededError)."""
+        output = need_output(output or self._output)
         flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
         out, err = ctypes.c_void_p(), ctypes.c_void_p()
         _check(lib.trpc_client_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
                                      ctypes.byref(out), ctypes.byref(err)), err)
         return adopt(out.value, output)
 
-    def send(self, key, tensor, *, timeout=None):
+    def send(self, key: str, tensor: Any, *, timeout: Optional[float] = None) -> None:
         """Puts tensor (NumPy array or torch tensor, CPU, C-contiguous) into
         the server's rendezvous under key. Its memory is read during the
         call only (copied into the pool first, unless it came from empty()
@@ -302,10 +341,13 @@ class Client:
         _check(lib.trpc_client_send(self._handle(), _key(key), ctypes.byref(d.dl), _timeout_ms(timeout),
                                     ctypes.byref(err)), err)
 
-    def call(self, method, metadata=b"", tensors=(), *, timeout=None, output=None):
+    def call(self, method: str, metadata: Union[bytes, bytearray, memoryview, str] = b"",
+             tensors: Sequence[Any] = (), *, timeout: Optional[float] = None,
+             output: Optional[str] = None) -> Tuple[bytes, List[Any]]:
         """Calls method with metadata (bytes) and tensors; returns the
-        reply's (metadata, [tensors])."""
-        output = check_output(output or self._output)
+        reply's (metadata, [tensors]). A handler's failure raises the Error
+        of its status code; its details carry the handler's traceback."""
+        output = need_output(output or self._output)
         if isinstance(metadata, str):
             metadata = metadata.encode("utf-8")
         metadata = bytes(metadata)
@@ -319,7 +361,7 @@ class Client:
                                     ctypes.byref(rtensors), ctypes.byref(n), ctypes.byref(err)), err)
         del ds
         try:
-            reply_meta = ctypes.string_at(rmeta.value, rmeta_len.value) if rmeta_len.value else b""
+            reply_meta = ctypes.string_at(rmeta.value, rmeta_len.value) if rmeta.value and rmeta_len.value else b""
             ptrs = ctypes.cast(rtensors, ctypes.POINTER(ctypes.c_void_p))
             owned = [adopt(ptrs[i], "tensor") for i in range(n.value)]
         finally:
@@ -333,20 +375,20 @@ class Client:
                 out.append(t.numpy() if output == "numpy" else t.torch())
         return reply_meta, out
 
-    def empty(self, shape, dtype, *, output=None):
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any, *, output: Optional[str] = None) -> Any:
         """An uninitialised tensor in the client's pool: sending it costs no
         copy from caller memory."""
-        return _empty(lib.trpc_client_empty, self._handle(), shape, dtype, check_output(output or self._output))
+        return _empty(lib.trpc_client_empty, self._handle(), shape, dtype, need_output(output or self._output))
 
-    def pool_stats(self):
+    def pool_stats(self) -> Dict[str, int]:
         """The client pool's statistics (in_use, allocs, ...)."""
         return _pool_stats(lib.trpc_client_pool_stats, self._handle())
 
-    def stats(self):
+    def stats(self) -> Dict[str, int]:
         """The session's transfer statistics (transfers, copies, leases, ...)."""
         return _stats(lib.trpc_client_stats, self._handle())
 
-    def close(self):
+    def close(self) -> int:
         """Ends the session. Tensors received stay valid until released or
         collected. Returns the number of pool buffers still live."""
         with self._lock:
@@ -358,16 +400,16 @@ class Client:
         _check(lib.trpc_client_close(h, ctypes.byref(n), ctypes.byref(err)), err)
         return n.value
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_h", 0) and lib is not None:
             self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "tensorrpc.Client(%r, transport=%r%s)" % (
             self.address, getattr(self, "transport", "?"), "" if self._h else ", closed")

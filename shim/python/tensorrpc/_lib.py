@@ -7,8 +7,9 @@ Python (method handlers) while a Python thread waits in the library.
 
 import ctypes
 import os
+from typing import Any, Optional
 
-ABI_VERSION = 2  # TRPC_ABI_VERSION of tensorrpc.h
+ABI_VERSION = 3  # TRPC_ABI_VERSION of tensorrpc.h
 
 # Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
 FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
@@ -45,6 +46,28 @@ DLManagedTensor._fields_ = [
     ("manager_ctx", ctypes.c_void_p),
     ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))),
 ]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+DLManagedTensorVersioned._fields_ = [
+    ("version", DLPackVersion),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))),
+    ("flags", ctypes.c_uint64),
+    ("dl_tensor", DLTensor),
+]
+
+# DLPack 1.0 flags (DLManagedTensorVersioned.flags).
+FLAG_READ_ONLY = 1
+FLAG_IS_COPIED = 2
+DLPACK_VERSION = (1, 0)  # what this package produces and understands
 
 
 class Options(ctypes.Structure):
@@ -88,6 +111,11 @@ _PROTOTYPES = {
     "trpc_managed_deleter": (None, [_c.c_void_p]),
     "trpc_set_capsule_api": (None, [_c.c_void_p, _c.c_void_p]),
     "trpc_dltensor_name": (_c.c_void_p, []),
+    "trpc_dltensor_versioned_name": (_c.c_void_p, []),
+    "trpc_dlpack_share_versioned": (_c.c_void_p, [_c.c_void_p, _c.c_int]),
+    "trpc_dlpack_flags": (_c.c_uint64, [_c.c_void_p]),
+    "trpc_error_details": (_c.c_void_p, []),
+    "trpc_reply_set_error_details": (_c.c_int, [_u64, _c.c_char_p]),
     "trpc_server_new": (_c.c_int, [_c.c_char_p, _c.POINTER(Options), _c.POINTER(_u64), _err]),
     "trpc_server_address": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
     "trpc_server_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
@@ -115,7 +143,7 @@ _PROTOTYPES = {
 }
 
 
-def library_path():
+def library_path() -> str:
     """The path of libtensorrpc.so this package loads."""
     env = os.environ.get("TENSORRPC_LIB")
     if env:
@@ -123,12 +151,12 @@ def library_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libtensorrpc.so")
 
 
-def _load():
+def _load() -> ctypes.CDLL:
     path = library_path()
     if not os.path.exists(path):
         raise ImportError(
-            "tensorrpc: %s not found; build it with `bash shim/install.sh` "
-            "or point TENSORRPC_LIB at a libtensorrpc.so" % path)
+            "tensorrpc: %s not found; install the package with `pip install ./shim/python` "
+            "(which builds it), or point TENSORRPC_LIB at a libtensorrpc.so" % path)
     lib = ctypes.CDLL(path)
     for name, (restype, argtypes) in _PROTOTYPES.items():
         f = getattr(lib, name)
@@ -148,23 +176,45 @@ def _load():
 lib = _load()
 
 # PyCapsule_New(pointer, name, destructor); the name must outlive the
-# capsule, so it is the library's static "dltensor" string.
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+# capsule, so it is the library's static "dltensor" (or
+# "dltensor_versioned") string.
+
+
+def _pyapi(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A function of the Python C API with its own prototype (setting
+    argtypes on ctypes.pythonapi's shared function objects would change
+    them for every other user)."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_capsule_new = _pyapi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 _capsule_name = lib.trpc_dltensor_name()
+_capsule_versioned_name = lib.trpc_dltensor_versioned_name()
 _capsule_destructor = ctypes.cast(lib.trpc_dlpack_capsule_destructor, ctypes.c_void_p)
 
-
-def capsule(managed):
-    """Wraps the DLManagedTensor at address managed in a "dltensor"
-    PyCapsule. The capsule owns it until a consumer (np.from_dlpack,
-    torch.utils.dlpack.from_dlpack) takes it over; an unconsumed capsule
-    deletes it when collected."""
-    return _capsule_new(managed, _capsule_name, _capsule_destructor)
+# For consuming capsules other producers make.
+capsule_get_name = _pyapi("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
+capsule_get_pointer = _pyapi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+capsule_set_name = _pyapi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 
 
-def take_string(p):
+def capsule(managed: int, versioned: bool = False) -> Any:
+    """Wraps the DLManagedTensor (versioned: DLManagedTensorVersioned) at
+    address managed in a "dltensor" ("dltensor_versioned") PyCapsule. The
+    capsule owns it until a consumer (np.from_dlpack, torch.from_dlpack)
+    takes it over; an unconsumed capsule deletes it when collected."""
+    name = _capsule_versioned_name if versioned else _capsule_name
+    return _capsule_new(managed, name, _capsule_destructor)
+
+
+def error_details() -> Optional[str]:
+    """The details (a remote traceback, say) of the last failure of a call
+    into the library on this thread, or None."""
+    p = lib.trpc_error_details()
+    return take_string(p) if p else None
+
+
+def take_string(p: Optional[int]) -> str:
     """Returns the library-malloc'd C string at p as str and frees it."""
     if not p:
         return ""

@@ -1,12 +1,19 @@
-"""Moving tensors across the C ABI: describing NumPy arrays and torch
-tensors as DLTensors (no copy), and turning the DLManagedTensors the library
-hands out into NumPy arrays, torch tensors or Tensor objects (no copy)."""
+"""Moving tensors across the C ABI: describing NumPy arrays, torch tensors,
+DLPack producers and buffers as DLTensors (no copy), and turning the
+DLManagedTensors the library hands out into NumPy arrays, torch tensors or
+Tensor objects (no copy).
+
+NumPy and torch are imported only when they are needed: for arrays the
+caller passes (then they are imported already) or asks for (output="numpy"
+or "torch", Tensor.numpy(), Tensor.torch()). Without them, bytes, buffers
+and DLPack producers go in, and Tensor objects (bytes(t), t.memoryview())
+come out.
+"""
 
 import ctypes
 import sys
 import threading
-
-import numpy as np
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import _lib
 from ._lib import lib
@@ -14,7 +21,7 @@ from .errors import InvalidArgumentError
 
 # dtype name -> DLPack (type code, bits). The names are NumPy's and
 # PyTorch's spellings.
-DTYPES = {
+DTYPES: Dict[str, Tuple[int, int]] = {
     "bool": (6, 8),
     "int8": (0, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
     "uint8": (1, 8), "uint16": (1, 16), "uint32": (1, 32), "uint64": (1, 64),
@@ -23,20 +30,45 @@ DTYPES = {
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 _TORCH_MISSING = {"uint16", "uint32", "uint64"}  # no torch dtype in torch 1.13
-_OUTPUTS = ("numpy", "torch", "tensor")
+OUTPUTS = ("numpy", "torch", "tensor")
 _release_lock = threading.RLock()  # two threads never both delete one tensor; reentrant for GC
 
 
-def _torch():
-    import torch
+def _numpy() -> Any:
+    """NumPy, or a clear ImportError naming what to install."""
+    try:
+        import numpy
+    except ImportError as e:
+        raise ImportError(
+            "tensorrpc: NumPy is not installed; it is needed for NumPy arrays (output='numpy', the default, "
+            "and Tensor.numpy()). Install it (pip install 'tensorrpc[numpy]', or apt-get install python3-numpy), "
+            "or pass output='tensor' to get tensorrpc.Tensor objects (bytes(t), t.memoryview())") from e
+    return numpy
+
+
+def _torch() -> Any:
+    """torch, or a clear ImportError naming what to install."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "tensorrpc: PyTorch is not installed; it is needed for output='torch' and Tensor.torch(). "
+            "Install it (pip install 'tensorrpc[torch]', or apt-get install python3-torch), or pass "
+            "output='tensor' or 'numpy'") from e
     return torch
 
 
-def _is_torch(x):
-    return type(x).__module__.startswith("torch") and isinstance(x, _torch().Tensor)
+def _is_numpy(x: Any) -> bool:
+    np = sys.modules.get("numpy")  # an ndarray means NumPy is imported
+    return np is not None and isinstance(x, np.ndarray)
 
 
-def dtype_name(dtype):
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def dtype_name(dtype: Any) -> str:
     """The canonical name of a dtype given as a string, a NumPy dtype or
     type, or a torch dtype."""
     if isinstance(dtype, str):
@@ -47,16 +79,19 @@ def dtype_name(dtype):
         name = str(dtype)[6:]
         if name in DTYPES:
             return name
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
+    np = sys.modules.get("numpy")
+    dt = None
+    if np is not None and not isinstance(dtype, str):
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
     if dt is not None and dt.name in DTYPES and dt.byteorder != ">":
-        return dt.name
+        return str(dt.name)
     raise InvalidArgumentError("unsupported dtype %r; tensorrpc supports %s" % (dtype, ", ".join(DTYPES)))
 
 
-def _dlpack_dtype(name):
+def _dlpack_dtype(name: str) -> _lib.DLDataType:
     code, bits = DTYPES[name]
     return _lib.DLDataType(code, bits, 1)
 
@@ -67,7 +102,7 @@ class _Described:
 
     __slots__ = ("dl", "keep")
 
-    def __init__(self, data, shape, name, keep):
+    def __init__(self, data: Optional[int], shape: Sequence[int], name: str, keep: Any) -> None:
         ndim = len(shape)
         shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
         dl = _lib.DLTensor()
@@ -82,25 +117,29 @@ class _Described:
         self.keep = (keep, shape_arr)
 
 
-def describe(x, what="tensor"):
-    """Describes x (a NumPy array, a torch tensor, a Tensor, or anything
-    NumPy can view without a copy: a __dlpack__ or __array_interface__
-    producer, a buffer) as a DLTensor over its own memory."""
-    if isinstance(x, np.ndarray):
-        return _describe_numpy(x, what)
+def describe(x: Any, what: str = "tensor") -> _Described:
+    """Describes x (a NumPy array, a torch tensor, a Tensor, a DLPack
+    producer, an object with __array_interface__ when NumPy is installed,
+    or a buffer: bytes, bytearray, memoryview, array.array, ...) as a
+    DLTensor over its own memory."""
     if isinstance(x, Tensor):
         x._check()
         return _Described(x.data_ptr, x.shape, x.dtype, x)
+    if _is_numpy(x):
+        return _describe_numpy(x, what)
     if _is_torch(x):
         return _describe_torch(x, what)
     if hasattr(x, "__dlpack__"):
-        return _describe_numpy(np.from_dlpack(x), what)
-    if hasattr(x, "__array_interface__") or isinstance(x, (memoryview, bytes, bytearray)):
-        return _describe_numpy(np.asarray(x), what)
-    raise InvalidArgumentError("%s must be a NumPy array or a torch tensor, not %s" % (what, type(x).__name__))
+        return _describe_dlpack(x, what)
+    if isinstance(x, (bytes, bytearray, memoryview)) or _has_buffer(x):
+        return _describe_buffer(x, what)
+    if hasattr(x, "__array_interface__"):
+        return _describe_numpy(_numpy().asarray(x), what)
+    raise InvalidArgumentError("%s must be a NumPy array, a torch tensor, a DLPack producer or a buffer, not %s"
+                               % (what, type(x).__name__))
 
 
-def _describe_numpy(a, what):
+def _describe_numpy(a: Any, what: str) -> _Described:
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         raise InvalidArgumentError("%s has big-endian dtype %s; tensors are little-endian" % (what, a.dtype))
     if a.dtype.fields is not None or a.dtype.name not in DTYPES:
@@ -112,7 +151,7 @@ def _describe_numpy(a, what):
     return _Described(a.__array_interface__["data"][0], a.shape, a.dtype.name, a)
 
 
-def _describe_torch(t, what):
+def _describe_torch(t: Any, what: str) -> _Described:
     torch = _torch()
     if t.device.type != "cpu":
         raise InvalidArgumentError("%s is on device %s; only CPU tensors can be sent (use .cpu())" % (what, t.device))
@@ -129,9 +168,164 @@ def _describe_torch(t, what):
     return _Described(t.data_ptr(), tuple(t.shape), name, t)
 
 
-def check_output(output):
-    if output not in _OUTPUTS:
-        raise InvalidArgumentError("output must be one of %s, not %r" % (", ".join(_OUTPUTS), output))
+# --- DLPack import: both protocols ---------------------------------------
+
+_USED_NAMES = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}
+_VOID_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Consumed:
+    """A DLManagedTensor(Versioned) this package consumed from a producer's
+    capsule: it calls the producer's deleter when collected (after the
+    library has read the memory)."""
+
+    __slots__ = ("addr", "deleter")
+
+    def __init__(self, addr: int, deleter: Optional[int]) -> None:
+        self.addr = addr
+        self.deleter = deleter
+
+    def __del__(self) -> None:
+        d, self.deleter = self.deleter, None
+        if d:
+            _VOID_DELETER(d)(self.addr)
+
+
+def _dlpack_capsule(x: Any) -> Any:
+    """x.__dlpack__(), asking for DLPack 1.0 first: a producer that does
+    not know max_version (DLPack < 1.0, e.g. NumPy 1.24, torch 1.13) raises
+    TypeError, and is asked again without."""
+    try:
+        return x.__dlpack__(max_version=_lib.DLPACK_VERSION)
+    except TypeError:
+        return x.__dlpack__()
+
+
+def _describe_dlpack(x: Any, what: str) -> _Described:
+    cap = _dlpack_capsule(x)
+    if type(cap).__name__ != "PyCapsule":
+        raise InvalidArgumentError("%s: __dlpack__() returned %s, not a PyCapsule" % (what, type(cap).__name__))
+    name = _lib.capsule_get_name(cap)
+    if name not in _USED_NAMES:
+        raise InvalidArgumentError("%s: __dlpack__() returned a capsule named %r, not a DLPack tensor" % (what, name))
+    addr = _lib.capsule_get_pointer(cap, name)
+    if name == b"dltensor_versioned":
+        mv = _lib.DLManagedTensorVersioned.from_address(addr)
+        if mv.version.major != _lib.DLPACK_VERSION[0]:
+            # The layout of another major version is unknown: leave the
+            # capsule unconsumed, its destructor deletes the tensor.
+            raise InvalidArgumentError("%s: DLPack version %d.%d is not supported (1.x is)"
+                                       % (what, mv.version.major, mv.version.minor))
+        dl, deleter = mv.dl_tensor, ctypes.cast(mv.deleter, ctypes.c_void_p).value
+    else:
+        m = _lib.DLManagedTensor.from_address(addr)
+        dl, deleter = m.dl_tensor, ctypes.cast(m.deleter, ctypes.c_void_p).value
+    # Consume it: from now on the deleter is ours to call.
+    if _lib.capsule_set_name(cap, _USED_NAMES[name]) != 0:
+        raise InvalidArgumentError("%s: could not consume the DLPack capsule" % what)
+    owner = _Consumed(addr, deleter)
+    d = _Described.__new__(_Described)
+    # The producer's DLTensor as it is (strides, byte_offset, device): the
+    # library checks it and reports what it cannot take.
+    d.dl = _lib.DLTensor.from_buffer_copy(dl)
+    d.keep = (owner, x)
+    return d
+
+
+# --- buffers, without NumPy ----------------------------------------------
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [
+        ("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p), ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("strides", ctypes.POINTER(ctypes.c_ssize_t)), ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = _lib._pyapi("PyObject_GetBuffer", ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_release_buffer = _lib._pyapi("PyBuffer_Release", None, ctypes.POINTER(_PyBuffer))
+_PyBUF_C_CONTIGUOUS_FORMAT = 0x0038 | 0x0004  # PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
+
+
+def _has_buffer(x: Any) -> bool:
+    try:
+        memoryview(x).release()
+    except TypeError:
+        return False
+    return True
+
+
+class _Buffer:
+    """A Py_buffer held until collected."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, x: Any, what: str) -> None:
+        view = _PyBuffer()
+        try:
+            _get_buffer(x, ctypes.byref(view), _PyBUF_C_CONTIGUOUS_FORMAT)
+        except BufferError as e:
+            raise InvalidArgumentError("%s is not a C-contiguous buffer: %s" % (what, e)) from None
+        self.view: Optional[_PyBuffer] = view
+
+    def __del__(self) -> None:
+        v, self.view = self.view, None
+        if v is not None:
+            _release_buffer(ctypes.byref(v))
+
+
+_INT_FORMATS = "bhilqn"
+_UINT_FORMATS = "BHILQNc"
+
+
+def _buffer_dtype(fmt: str, itemsize: int) -> Optional[str]:
+    if fmt[:1] in ("@", "=", "<"):
+        fmt = fmt[1:]
+    bits = itemsize * 8
+    if fmt == "?":
+        return "bool"
+    if len(fmt) == 1 and fmt in _INT_FORMATS:
+        return "int%d" % bits
+    if len(fmt) == 1 and fmt in _UINT_FORMATS:
+        return "uint%d" % bits
+    if fmt in ("e", "f", "d"):
+        return "float%d" % bits
+    if fmt in ("Zf", "Zd"):
+        return "complex%d" % bits
+    return None
+
+
+def _describe_buffer(x: Any, what: str) -> _Described:
+    b = _Buffer(x, what)
+    v = b.view
+    assert v is not None
+    fmt = (v.format or b"B").decode("ascii", "replace")
+    if fmt[:1] in (">", "!") and v.itemsize > 1:
+        raise InvalidArgumentError("%s has big-endian format %r; tensors are little-endian" % (what, fmt))
+    name = _buffer_dtype(fmt if fmt[:1] not in (">", "!") else fmt[1:], v.itemsize)
+    if name is None or name not in DTYPES:
+        raise InvalidArgumentError("%s has buffer format %r (itemsize %d), which tensorrpc does not support"
+                                   % (what, fmt, v.itemsize))
+    shape = tuple(v.shape[i] for i in range(v.ndim)) if v.shape else ((v.len // v.itemsize,) if v.ndim else ())
+    return _Described(v.buf, shape, name, b)
+
+
+def check_output(output: str) -> str:
+    if output not in OUTPUTS:
+        raise InvalidArgumentError("output must be one of %s, not %r" % (", ".join(OUTPUTS), output))
+    return output
+
+
+def need_output(output: str) -> str:
+    """check_output that also imports what output needs, so that a
+    missing NumPy or torch fails before anything is received."""
+    check_output(output)
+    if output == "numpy":
+        _numpy()
+    elif output == "torch":
+        _torch()
     return output
 
 
@@ -142,10 +336,10 @@ class _ArrayOwner:
 
     __slots__ = ("tensor", "__array_interface__")
 
-    def __init__(self, tensor, shape, typestr):
+    def __init__(self, tensor: "Tensor", shape: Tuple[int, ...], typestr: str, readonly: bool) -> None:
         self.tensor = tensor
         self.__array_interface__ = {
-            "version": 3, "shape": shape, "typestr": typestr, "data": (tensor.data_ptr, False),
+            "version": 3, "shape": shape, "typestr": typestr, "data": (tensor.data_ptr, readonly),
         }
 
 
@@ -153,54 +347,63 @@ class Tensor:
     """A tensor in tensorrpc's pool memory (or leased from a server's),
     received or allocated by the library.
 
-    It is a DLPack producer: np.from_dlpack(t), torch.utils.dlpack
-    .from_dlpack(t) and t.numpy() / t.torch() view its memory without a copy,
-    and each view keeps the memory alive on its own. The memory is given
-    back when the Tensor is released (release(), the end of a with block, or
-    garbage collection) and every view of it has been collected.
+    It is a DLPack producer (DLPack 1.0 and the legacy protocol):
+    np.from_dlpack(t), torch.from_dlpack(t) and t.numpy() / t.torch() view
+    its memory without a copy, and each view keeps the memory alive on its
+    own; without NumPy, bytes(t) copies it and t.memoryview() views it. The
+    memory is given back when the Tensor is released (release(), the end of
+    a with block, or garbage collection) and every view of it has been
+    collected. A lease (Client.fetch(lease=True)) is read-only: readonly is
+    True, numpy() arrays are not writable and DLPack 1.0 capsules carry the
+    read-only flag.
     """
 
     __slots__ = ("_m", "__weakref__")
 
-    def __init__(self, managed):
-        self._m = managed  # address of a DLManagedTensor this object owns
+    def __init__(self, managed: int) -> None:
+        self._m: Optional[int] = managed  # address of a DLManagedTensor this object owns
 
-    def _check(self):
+    def _check(self) -> int:
         if not self._m:
             raise InvalidArgumentError("tensor used after release()")
+        return self._m
 
-    def _dl(self):
-        self._check()
-        return _lib.DLManagedTensor.from_address(self._m).dl_tensor
+    def _dl(self) -> _lib.DLTensor:
+        return _lib.DLManagedTensor.from_address(self._check()).dl_tensor
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         """The dtype's name: "float32", "bfloat16", ..."""
         dt = self._dl().dtype
         return _NAMES[(dt.code, dt.bits)]
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
         dl = self._dl()
         return tuple(dl.shape[i] for i in range(dl.ndim))
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         n = DTYPES[self.dtype][1] // 8
         for d in self.shape:
             n *= d
         return n
 
     @property
-    def data_ptr(self):
+    def data_ptr(self) -> int:
         return self._dl().data or 0
 
-    def _share(self, fix_bool):
-        """A new capsule over the memory, holding its own reference. With
-        fix_bool, a bool tensor is described as uint8, which NumPy 1.24 and
-        torch 1.13 import (neither imports DLPack's bool)."""
-        self._check()
-        p = lib.trpc_dlpack_share(self._m)
+    @property
+    def readonly(self) -> bool:
+        """Whether the memory must not be written: a shared-memory lease of
+        the server's memory."""
+        return bool(lib.trpc_dlpack_flags(self._check()) & _lib.FLAG_READ_ONLY)
+
+    def _share(self, fix_bool: bool) -> Tuple[Any, bool]:
+        """A new legacy capsule over the memory, holding its own reference.
+        With fix_bool, a bool tensor is described as uint8, which NumPy 1.24
+        and torch 1.13 import (neither imports DLPack's bool)."""
+        p = lib.trpc_dlpack_share(self._check())
         if not p:
             raise InvalidArgumentError("tensor was already released")
         dl = _lib.DLManagedTensor.from_address(p).dl_tensor
@@ -209,29 +412,48 @@ class Tensor:
             dl.dtype.code = DTYPES["uint8"][0]
         return _lib.capsule(p), is_bool and fix_bool
 
-    def __dlpack__(self, stream=None):
-        return self._share(False)[0]
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any:
+        """A DLPack capsule over the memory, holding its own reference: a
+        DLPack 1.0 "dltensor_versioned" capsule when the consumer passes
+        max_version >= (1, 0) (read-only flag set for a lease), else a
+        legacy "dltensor" capsule. stream is ignored (CPU memory needs no
+        synchronisation); dl_device must be None or the CPU, (1, 0); copy=True
+        makes the capsule's tensor a copy (DLPack 1.0 only), copy=False or
+        None shares the memory."""
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError("tensorrpc tensors are in CPU memory; cannot export to device %r" % (dl_device,))
+        if max_version is None or tuple(max_version)[0] < 1:
+            if copy:
+                raise BufferError("copy=True needs a DLPack >= 1.0 consumer (max_version=(1, 0))")
+            return self._share(False)[0]
+        p = lib.trpc_dlpack_share_versioned(self._check(), 1 if copy else 0)
+        if not p:
+            raise BufferError("tensor was already released, or memory ran out")
+        return _lib.capsule(p, versioned=True)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         return (1, 0)
 
-    def numpy(self):
-        """A writable NumPy array viewing the tensor's memory. (NumPy 1.24's
-        from_dlpack makes read-only arrays, so this goes through
-        __array_interface__ instead; np.from_dlpack(t) works too.)"""
+    def numpy(self) -> Any:
+        """A NumPy array viewing the tensor's memory, writable unless the
+        tensor is read-only (a lease). (NumPy 1.24's from_dlpack makes
+        read-only arrays, so this goes through __array_interface__ instead;
+        np.from_dlpack(t) works too.)"""
+        np = _numpy()
         name = self.dtype
         if name == "bfloat16":
             raise InvalidArgumentError("bfloat16 has no NumPy dtype; use output='torch' or Tensor.torch()")
         shape = self.shape
         if 0 in shape:
             return np.empty(shape, dtype=name)
-        self._check()
-        p = lib.trpc_dlpack_share(self._m)
+        readonly = self.readonly
+        p = lib.trpc_dlpack_share(self._check())
         if not p:
             raise InvalidArgumentError("tensor was already released")
-        return np.asarray(_ArrayOwner(Tensor(p), shape, np.dtype(name).str))
+        return np.asarray(_ArrayOwner(Tensor(p), shape, np.dtype(name).str, readonly))
 
-    def torch(self):
+    def torch(self) -> Any:
         """A torch tensor viewing the tensor's memory."""
         if self.dtype in _TORCH_MISSING:
             raise InvalidArgumentError("%s has no torch dtype in this PyTorch; use output='numpy'" % self.dtype)
@@ -245,7 +467,31 @@ class Tensor:
         t = torch.utils.dlpack.from_dlpack(cap)
         return t.view(torch.bool) if is_bool else t
 
-    def release(self):
+    def memoryview(self) -> memoryview:
+        """A flat unsigned-byte memoryview ("B", nbytes long) of the
+        tensor's memory, without NumPy; read-only for a lease. It keeps the
+        memory alive on its own."""
+        n = self.nbytes
+        if n == 0:
+            return memoryview(b"")
+        readonly = self.readonly
+        p = lib.trpc_dlpack_share(self._check())
+        if not p:
+            raise InvalidArgumentError("tensor was already released")
+        owner = Tensor(p)
+        arr = (ctypes.c_ubyte * n).from_address(owner.data_ptr)
+        arr._tensorrpc_owner = owner  # type: ignore[attr-defined]  # the view keeps the memory
+        mv = memoryview(arr).cast("B")
+        return mv.toreadonly() if readonly else mv
+
+    def tobytes(self) -> bytes:
+        """A copy of the tensor's bytes."""
+        return ctypes.string_at(self.data_ptr, self.nbytes) if self.nbytes else b""
+
+    def __bytes__(self) -> bytes:
+        return self.tobytes()
+
+    def release(self) -> None:
         """Gives this object's reference back; views made from it stay
         valid. Safe to call more than once."""
         with _release_lock:
@@ -253,26 +499,28 @@ class Tensor:
         if m:
             lib.trpc_managed_deleter(m)
 
-    def __del__(self):
+    def __del__(self) -> None:
         # At interpreter shutdown the module globals may be gone already.
         if self._m and lib is not None:
             self.release()
 
-    def __enter__(self):
+    def __enter__(self) -> "Tensor":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.release()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if not self._m:
             return "tensorrpc.Tensor(released)"
-        return "tensorrpc.Tensor(dtype=%s, shape=%s)" % (self.dtype, self.shape)
+        return "tensorrpc.Tensor(dtype=%s, shape=%s%s)" % (self.dtype, self.shape, ", readonly" if self.readonly else "")
 
 
-def adopt(managed, output):
+def adopt(managed: Optional[int], output: str) -> Any:
     """Takes over the DLManagedTensor at address managed and returns it in
     the output form."""
+    if not managed:
+        raise InvalidArgumentError("tensorrpc: the library returned a NULL tensor")
     t = Tensor(managed)
     if output == "tensor":
         return t

@@ -11,6 +11,8 @@ import numpy as np
 import tensorrpc
 from tensorrpc import _lib
 
+import _need
+
 
 class ErrorTest(unittest.TestCase):
 
@@ -65,10 +67,7 @@ class ErrorTest(unittest.TestCase):
         self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.call, "echo", b"", [a[:, ::2]])
 
     def test_torch_arguments(self):
-        try:
-            import torch
-        except ImportError:
-            self.skipTest("torch is not installed")
+        torch = _need.module(self, "torch", "python3-torch")
         t = torch.arange(100, dtype=torch.float32).reshape(10, 10)
         e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.send, "k", t.t())
         self.assertIn("contiguous", str(e))
@@ -228,11 +227,13 @@ class ErrorTest(unittest.TestCase):
         self.srv.handle("fails", fails)
         self.srv.handle("bad_code", bad_code)
         self.srv.handle("bad_reply", bad_reply)
-        e = self.assert_code(tensorrpc.Error, 2, self.c.call, "fails", b"", [np.zeros(100000)])
-        self.assertIn("KeyError", str(e))
-        self.assert_code(tensorrpc.ResourceExhaustedError, 8, self.c.call, "bad_code")
-        e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.call, "bad_reply")
-        self.assertIn("contiguous", str(e))
+        with self.assertLogs("tensorrpc", "ERROR") as logs:  # each with its traceback
+            e = self.assert_code(tensorrpc.Error, 2, self.c.call, "fails", b"", [np.zeros(100000)])
+            self.assertIn("KeyError", str(e))
+            self.assert_code(tensorrpc.ResourceExhaustedError, 8, self.c.call, "bad_code")
+            e = self.assert_code(tensorrpc.InvalidArgumentError, 3, self.c.call, "bad_reply")
+            self.assertIn("contiguous", str(e))
+        self.assertEqual(len(logs.records), 3)
 
     def test_too_large(self):
         with tensorrpc.Server(max_tensor_bytes=1 << 20) as srv, tensorrpc.Client(srv.address) as c:

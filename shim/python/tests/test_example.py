@@ -7,26 +7,18 @@ import subprocess
 import sys
 import unittest
 
+import _need
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples")
 EXAMPLE = os.path.join(EXAMPLES, "ddp_train.py")
 TWO_HOSTS = os.path.join(EXAMPLES, "ddp_two_hosts.sh")
 
 
-def missing(what):
-    """Skips, or fails under CI, where the test cannot run."""
-    if os.environ.get("CI"):
-        raise AssertionError("CI must run this test, but %s" % what)
-    raise unittest.SkipTest(what)
-
-
 class ExampleTest(unittest.TestCase):
 
     def setUp(self):
-        try:
-            import torch.distributed.run  # noqa: F401
-        except ImportError:
-            missing("torch (with torch.distributed) is not installed: apt-get install python3-torch")
+        _need.module(self, "torch.distributed.run", "python3-torch")
 
     def check(self, p):
         out = p.stdout + p.stderr
@@ -47,7 +39,7 @@ class ExampleTest(unittest.TestCase):
 
     def test_torchrun_two_hosts(self):
         if os.geteuid() != 0 or shutil.which("ip") is None:
-            missing("two hosts need root and iproute2 (ip netns)")
+            _need.missing(self, "root or iproute2 (ip netns), which two hosts need", "run as root; apt-get install iproute2")
         env = dict(os.environ, PYTHON=sys.executable)
         p = subprocess.run(["bash", TWO_HOSTS, "--transport", "tcp", "--steps", "10"],
                            capture_output=True, text=True, timeout=180, env=env)

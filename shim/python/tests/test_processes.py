@@ -7,6 +7,7 @@ import gc
 import unittest
 
 import tensorrpc
+import _need
 from _common import Peer, client_checks, gopeer, python_peer, serve_check, serve_setup
 
 TRANSPORTS = ["shm", "tcp"]
@@ -63,14 +64,16 @@ class ProcessTest(unittest.TestCase):
 
     def test_go_server_python_client(self):
         if not gopeer():
-            self.skipTest("TENSORRPC_GOPEER (the gopeer binary, shim/internal/gopeer) is not set")
+            _need.missing(self, "TENSORRPC_GOPEER (the gopeer binary)",
+                          "go build -o gopeer ./shim/internal/gopeer and set TENSORRPC_GOPEER")
         for transport in TRANSPORTS:
             with self.subTest(transport=transport):
                 self.against_server([gopeer(), "serve", "-transports", transport], transport)
 
     def test_python_server_go_client(self):
         if not gopeer():
-            self.skipTest("TENSORRPC_GOPEER (the gopeer binary, shim/internal/gopeer) is not set")
+            _need.missing(self, "TENSORRPC_GOPEER (the gopeer binary)",
+                          "go build -o gopeer ./shim/internal/gopeer and set TENSORRPC_GOPEER")
         for transport in TRANSPORTS:
             with self.subTest(transport=transport):
                 self.against_client(lambda addr: [gopeer(), "client", "-addr", addr, "-transports", transport],

@@ -8,6 +8,7 @@ import unittest
 import numpy as np
 
 import tensorrpc
+import _need
 from _common import NAMES, check_tensor, filled, numpy_pattern, pattern, tensor_bytes
 
 TRANSPORTS = ["shm", "tcp", "grpc"]
@@ -61,10 +62,7 @@ class RoundTripTest(unittest.TestCase):
             self.roundtrip(transport, [n for n in NAMES if n != "bfloat16"], numpy_pattern, "numpy")
 
     def test_torch(self):
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            self.skipTest("torch is not installed")
+        _need.module(self, "torch", "python3-torch")
         for transport in TRANSPORTS:
             self.roundtrip(transport, TORCH_NAMES, torch_pattern, "torch")
 
