@@ -6,7 +6,7 @@
 //   - python/tensorrpc: the Python package, a ctypes binding of the C ABI
 //     that takes and returns NumPy arrays and PyTorch tensors without
 //     copies (DLPack, __array_interface__).
-//   - examples/ddp_train.py: two PyTorch processes training data-parallel
+//   - examples/ddp_train.py: PyTorch processes, launched by torchrun, training data-parallel
 //     with gradients exchanged through tensorrpc.
 //   - internal/gopeer: the Go peer of the cross-language tests and of the
 //     Go-to-Go benchmark.

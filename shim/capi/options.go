@@ -7,8 +7,6 @@ import "C"
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -24,23 +22,6 @@ import (
 
 var transportNames = []string{rpc.TransportIBV, rpc.TransportSHM, rpc.TransportTCP, rpc.TransportGRPC}
 
-// logOption sends tensorrpc's logs to stderr when $TENSORRPC_LOG is
-// "debug", "info" or "warn" (default: no logs).
-func logOption() []rpc.Option {
-	var level slog.Level
-	switch os.Getenv("TENSORRPC_LOG") {
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	case "warn":
-		level = slog.LevelWarn
-	default:
-		return nil
-	}
-	return []rpc.Option{rpc.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))}
-}
-
 // options is a trpc_options read into Go: the options of both sides, and
 // the settings only a server uses.
 type options struct {
@@ -51,7 +32,7 @@ type options struct {
 
 // readOptions reads o (which may be NULL).
 func readOptions(o *C.trpc_options) (options, error) {
-	out := options{shared: logOption()}
+	out := options{} // TENSORRPC_LOG and the other environment knobs are read by package rpc
 	if o == nil {
 		return out, nil
 	}

@@ -134,6 +134,10 @@ def rank0(store, world, steps, transport):
             same = same and torch.equal(theirs, flat(net))
             del theirs
         srv.unpublish("avg/%d" % (steps - 1))
+        # Close only once every rank has closed its client: a server that
+        # goes away while a rank's last send is being acknowledged fails
+        # that send with Unavailable, though its bytes arrived.
+        store.wait(["tensorrpc/done/%d" % r for r in range(1, world)])
         left = srv.close()
 
     ref = model()
@@ -163,6 +167,7 @@ def rank_r(store, rank, world, steps, transport):
             apply(net, avg)
             del g, avg
         c.send("params/%d" % rank, flat(net), timeout=60)
+    store.set("tensorrpc/done/%d" % rank, "1")
     return 0
 
 
