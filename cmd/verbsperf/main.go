@@ -23,10 +23,11 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 type config struct {
@@ -232,51 +233,26 @@ func defaultIters(latency bool, size int) int {
 	return int(min(100000, max(100, (4<<30)/int64(max(size, 1)))))
 }
 
-// parseSizes parses a comma-separated list of sizes: 64, 64B, 4K, 4KiB,
-// 1M, 1MiB, 1G, 1GiB (all powers of 1024).
+// maxSize bounds a message: one registered buffer of each end holds it.
+const maxSize = 1 << 40
+
+// parseSizes parses a comma-separated list of sizes with internal/bytesize
+// (64, 64B, 4K, 4KiB, 1M, 1MiB, 1G, 1GiB: powers of 1024); each must be
+// positive and at most 1 TiB.
 func parseSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := parseSize(strings.TrimSpace(f))
-		if err != nil {
-			return nil, err
+	out, err := bytesize.ParseInts(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range out {
+		if n < 1 || n > maxSize {
+			return nil, fmt.Errorf("bad size %s: want a positive size of at most 1 TiB", bytesize.Format(int64(n)))
 		}
-		out = append(out, n)
 	}
 	return out, nil
 }
 
-func parseSize(s string) (int, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
-	mult := int64(1)
-	num := s
-	for _, u := range units {
-		if strings.HasSuffix(strings.ToUpper(s), strings.ToUpper(u.suffix)) {
-			num, mult = s[:len(s)-len(u.suffix)], u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n < 1 || n > (1<<40)/mult {
-		return 0, fmt.Errorf("bad size %q: want a positive number with an optional B, KiB, MiB or GiB suffix", s)
-	}
-	return int(n * mult), nil
-}
-
-func formatSize(n int) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
+func formatSize(n int) string { return bytesize.Format(int64(n)) }
 
 // formatGBps keeps three significant digits for small bandwidths.
 func formatGBps(v float64) string {

@@ -7,16 +7,19 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 )
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"64": 64, "64B": 64, "4K": 4096, "4KiB": 4096, "1MiB": 1 << 20, "1m": 1 << 20, "2GiB": 2 << 30} {
-		if got, err := parseSize(in); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+func TestParseSizes(t *testing.T) {
+	for in, want := range map[string]int{"64": 64, "64B": 64, "4K": 4096, "4KiB": 4096, "1MiB": 1 << 20, "1m": 1 << 20, "2GiB": 2 << 30, "1TiB": 1 << 40} {
+		if got, err := parseSizes(in); err != nil || len(got) != 1 || got[0] != want {
+			t.Errorf("parseSizes(%q) = %v, %v; want [%d]", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "0", "-1", "1.5MiB", "MiB", "1TiB", "2000GiB"} {
-		if _, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q) succeeded", in)
+	for _, in := range []string{"", "0", "-1", "1.5MiB", "MiB", "2TiB", "2000GiB", "64,", "64,0"} {
+		if _, err := parseSizes(in); err == nil {
+			t.Errorf("parseSizes(%q) succeeded", in)
 		}
+	}
+	if got, err := parseSizes("64, 4KiB,1MiB"); err != nil || len(got) != 3 || got[2] != 1<<20 {
+		t.Errorf("parseSizes(list) = %v, %v", got, err)
 	}
 }
 

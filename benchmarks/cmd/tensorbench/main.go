@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/suite"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 func main() {
@@ -245,32 +246,30 @@ func parseInts(s string) ([]int, error) {
 	return out, nil
 }
 
+// parseSizes reads a comma-separated list of sizes (internal/bytesize:
+// binary units); every size must be positive.
 func parseSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := parseSize(f)
-		if err != nil {
-			return nil, err
+	out, err := bytesize.ParseInts(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range out {
+		if n <= 0 {
+			return nil, fmt.Errorf("bad size %d: must be positive", n)
 		}
-		out = append(out, n)
 	}
 	return out, nil
 }
 
-// parseSize reads "4096", "4KiB", "64MiB", "1GiB" (also K, M, G, KB...:
-// binary units throughout).
+// parseSize reads one positive size: "4096", "4KiB", "64 MiB", "1G"
+// (internal/bytesize: binary units throughout).
 func parseSize(s string) (int, error) {
-	s = strings.TrimSpace(s)
-	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
-	n, err := strconv.Atoi(num)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad size %q", s)
+	l, err := parseSizes(s)
+	if err != nil {
+		return 0, err
 	}
-	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20, "g": 30, "gb": 30, "gib": 30}
-	sh, ok := shift[unit]
-	if !ok {
-		return 0, fmt.Errorf("bad size unit in %q", s)
+	if len(l) != 1 {
+		return 0, fmt.Errorf("bad size %q: want one size", s)
 	}
-	return n << sh, nil
+	return l[0], nil
 }

@@ -120,14 +120,22 @@ func TestText(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30, "2k": 2048, "3 MB": 3 << 20} {
+	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30, "2k": 2048, "3 MB": 3 << 20, "2TiB": 2 << 40} {
 		if got, err := parseSize(in); err != nil || got != want {
 			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "KiB", "4TiB", "-1"} {
+	for _, bad := range []string{"", "KiB", "4PiB", "-1", "0", "0KiB", "1.5MiB", "4KiB,8KiB"} {
 		if _, err := parseSize(bad); err == nil {
 			t.Errorf("parseSize(%q) succeeded", bad)
+		}
+	}
+	if got, err := parseSizes("4KiB, 1MiB,64"); err != nil || len(got) != 3 || got[0] != 4<<10 || got[1] != 1<<20 || got[2] != 64 {
+		t.Errorf("parseSizes = %v, %v", got, err)
+	}
+	for _, bad := range []string{"4KiB,", "4KiB,0", ","} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("parseSizes(%q) succeeded", bad)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package suite
 
 import (
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -121,18 +120,6 @@ func (m *Measurement) spread() float64 {
 	return 100 * (m.GBpsMax - m.GBpsMin) / 2 / m.GBps
 }
 
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 func fmtNs(ns float64) string {
 	switch {
 	case ns >= 1e9:
@@ -160,16 +147,4 @@ func fmtRate(gbps float64) string {
 		return fmt.Sprintf("%.3f", gbps)
 	}
 	return fmt.Sprintf("%.2g", gbps)
-}
-
-func fmtBytes(n float64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", n/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", n/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", n/(1<<10))
-	}
-	return fmt.Sprintf("%.0f B", math.Round(n))
 }

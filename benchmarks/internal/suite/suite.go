@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/encoding"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/compressors"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 // Config says what a run measures.
@@ -261,7 +262,7 @@ func (r *runner) skip(s Skip) {
 	r.emit(s)
 	where := s.Case
 	if s.Bytes > 0 {
-		where = fmt.Sprintf("%s %s %s c=%d", s.Case, sizeName(int(s.Bytes)), s.Payload, s.Concurrency)
+		where = fmt.Sprintf("%s %s %s c=%d", s.Case, bytesize.Format(s.Bytes), s.Payload, s.Concurrency)
 	}
 	r.logf("skip %s: %s", where, s.Reason)
 }
@@ -296,19 +297,19 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				conc := slices.DeleteFunc(slices.Clone(cfg.Concurrency), func(n int) bool {
 					if int64(n)*int64(size) > cfg.MaxInflight {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("%d streams × %s is over -max-inflight %s", n, sizeName(size), sizeName(int(cfg.MaxInflight)))})
+							Reason: fmt.Sprintf("%d streams × %s is over -max-inflight %s", n, bytesize.Format(int64(size)), bytesize.Format(cfg.MaxInflight))})
 						done++
 						return true
 					}
 					if c.Compressor != "" && c.Compressor != fastestCodec && size > cfg.SlowCodecMaxSize {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("above -slow-codec-max-size %s only %s, the fastest codec, compresses", sizeName(cfg.SlowCodecMaxSize), fastestCodec)})
+							Reason: fmt.Sprintf("above -slow-codec-max-size %s only %s, the fastest codec, compresses", bytesize.Format(int64(cfg.SlowCodecMaxSize)), fastestCodec)})
 						done++
 						return true
 					}
 					if c.Compressor != "" && n > 1 && size > cfg.CompressConcMaxSize {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("compressed cases run with more than one stream only up to -compress-conc-max-size %s", sizeName(cfg.CompressConcMaxSize))})
+							Reason: fmt.Sprintf("compressed cases run with more than one stream only up to -compress-conc-max-size %s", bytesize.Format(int64(cfg.CompressConcMaxSize)))})
 						done++
 						return true
 					}
@@ -325,13 +326,13 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				env := &caseEnv{payload: p, data: data, maxConc: min(maxConc, max(1, int(cfg.MaxInflight/int64(size))))}
 				sess, err := c.open(ctx, env)
 				if err != nil {
-					return fmt.Errorf("%s at %s: open: %w", c.Name, sizeName(size), err)
+					return fmt.Errorf("%s at %s: open: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				var ceiling session
 				if c.Ceiling != "" {
 					if ceiling, err = caseByName(c.Ceiling).open(ctx, env); err != nil {
 						sess.close()
-						return fmt.Errorf("%s at %s: open its ceiling %s: %w", c.Name, sizeName(size), c.Ceiling, err)
+						return fmt.Errorf("%s at %s: open its ceiling %s: %w", c.Name, bytesize.Format(int64(size)), c.Ceiling, err)
 					}
 				}
 				for _, n := range conc {
@@ -343,7 +344,7 @@ func (r *runner) runTransfers(ctx context.Context) error {
 						if ceiling != nil {
 							ceiling.close()
 						}
-						return fmt.Errorf("%s at %s, %d streams: %w", c.Name, sizeName(size), n, err)
+						return fmt.Errorf("%s at %s, %d streams: %w", c.Name, bytesize.Format(int64(size)), n, err)
 					}
 					m := newMeasurement(c, sess.transport(), p, size, n, t)
 					if n, ok := sess.(interface{ note() string }); ok && n.note() != "" {
@@ -356,16 +357,16 @@ func (r *runner) runTransfers(ctx context.Context) error {
 						ofCeil = fmt.Sprintf(" = %.2f× %s (%s GB/s alongside)", m.OfCeiling, m.Ceiling, fmtRate(m.CeilingGBps))
 					}
 					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps)",
-						done, total, c.Name, sizeName(size), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps)
+						done, total, c.Name, bytesize.Format(int64(size)), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps)
 				}
 				if ceiling != nil {
 					if err := ceiling.close(); err != nil {
 						sess.close()
-						return fmt.Errorf("%s at %s: close its ceiling: %w", c.Name, sizeName(size), err)
+						return fmt.Errorf("%s at %s: close its ceiling: %w", c.Name, bytesize.Format(int64(size)), err)
 					}
 				}
 				if err := sess.close(); err != nil {
-					return fmt.Errorf("%s at %s: close: %w", c.Name, sizeName(size), err)
+					return fmt.Errorf("%s at %s: close: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				if size >= 64<<20 {
 					// Hand the last case's buffers back before the next
@@ -420,7 +421,7 @@ func (r *runner) tooSlowToCompress(c Case, p Payload, size, conc int) string {
 	}
 	if prev != nil {
 		round = bytesPerRound / (prev.GBps * 1e9)
-		basis = fmt.Sprintf("%s GB/s measured at %s", fmtRate(prev.GBps), sizeName(int(prev.Bytes)))
+		basis = fmt.Sprintf("%s GB/s measured at %s", fmtRate(prev.GBps), bytesize.Format(prev.Bytes))
 	} else {
 		for _, cr := range r.report.Codecs {
 			if cr.Codec != c.Compressor || cr.Payload != p.Name {

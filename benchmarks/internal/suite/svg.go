@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 // Hand-written SVG plots: throughput against size, log-log, one line per
@@ -158,7 +160,7 @@ func (pl plot) svg() string {
 	for _, v := range sizes {
 		x := px(v)
 		w(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%.0f" stroke="#cccccc"/>`+"\n", x, marginT, x, marginT+ih)
-		w(`<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x, marginT+ih+18, sizeName(int(v)))
+		w(`<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x, marginT+ih+18, bytesize.Format(int64(v)))
 	}
 	w(`<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#444444"/>`+"\n", marginL, marginT, iw, ih)
 	w(`<text x="%.0f" y="%d" text-anchor="middle">%s</text>`+"\n", marginL+iw/2, plotH-12, html.EscapeString(pl.xLabel))
@@ -177,7 +179,7 @@ func (pl plot) svg() string {
 		w(`<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", color, dash, strings.Join(pts, " "))
 		for _, p := range s.points {
 			w(`<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"><title>%s %s: %s GB/s</title></circle>`+"\n",
-				px(p.x), py(p.y), color, html.EscapeString(s.name), sizeName(int(p.x)), fmtRate(p.y))
+				px(p.x), py(p.y), color, html.EscapeString(s.name), bytesize.Format(int64(p.x)), fmtRate(p.y))
 		}
 		ly := float64(marginT + 8 + 18*i)
 		lx := float64(plotW - marginR + 12)
