@@ -10,6 +10,7 @@
 //	go run ./benchmarks/cmd/tensorbench -quick            # < 60 s smoke run
 //	go run ./benchmarks/cmd/tensorbench -plots DIR        # full run, 4 KiB to 1 GiB
 //	go run ./benchmarks/cmd/tensorbench -format json      # one JSON object per line
+//	go run ./benchmarks/cmd/tensorbench -render run.jsonl -plots DIR  # tables and plots of a recorded run
 //
 // Tables (Markdown) or JSON lines go to stdout, progress to stderr.
 package main
@@ -50,7 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		quick        = fs.Bool("quick", false, "smoke run: small sizes, few reps, a subset of the cases (at least one of each kind); under 60 s")
 		format       = fs.String("format", "text", "stdout format: text (Markdown tables) or json (one object per line)")
 		jsonFile     = fs.String("jsonl", "", "also write the JSON lines to this file")
-		plotDir      = fs.String("plots", "", "write SVG plots (throughput against size, log-log) into this directory")
+		plotDir      = fs.String("plots", "", "write the plots (throughput against size, log-log), PNG and SVG, into this directory")
+		render       = fs.String("render", "", "measure nothing: print the tables of the JSON lines in `FILE` (from -jsonl or -format json), and draw its plots with -plots")
 		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
 		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
 		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4)")
@@ -80,6 +82,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	if *render != "" {
+		return renderFile(*render, *format, *plotDir, stdout, stderr, fs)
 	}
 
 	cfg := suite.DefaultConfig()
@@ -219,6 +225,40 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "tensorbench: finished in %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// renderFile prints the tables of a recorded run and draws its plots. Flags
+// that say what to measure make no sense with it and are refused.
+func renderFile(file, format, plotDir string, stdout, stderr io.Writer, fs *flag.FlagSet) error {
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "render" && f.Name != "plots" && f.Name != "format" {
+			bad = append(bad, "-"+f.Name)
+		}
+	})
+	if len(bad) > 0 {
+		return fmt.Errorf("-render measures nothing: %s cannot go with it (only -plots and -format text)", strings.Join(bad, ", "))
+	}
+	if format != "text" {
+		return fmt.Errorf("-render prints tables: -format %q is not text", format)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep, err := suite.ReadReport(f)
+	if err != nil {
+		return fmt.Errorf("-render %s: %w", file, err)
+	}
+	files, err := suite.Render(rep, stdout, plotDir)
+	if err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	if len(files) > 0 {
+		fmt.Fprintf(stderr, "tensorbench: plots in %s: %s\n", plotDir, strings.Join(files, ", "))
+	}
 	return nil
 }
 

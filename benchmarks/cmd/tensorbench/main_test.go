@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,6 +37,7 @@ func TestQuickJSON(t *testing.T) {
 
 	kinds := map[string]int{}
 	caseKinds := map[string]bool{}
+	lines := bytes.Clone(out.Bytes())
 	sc := bufio.NewScanner(&out)
 	sc.Buffer(nil, 1<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -88,15 +90,26 @@ func TestQuickJSON(t *testing.T) {
 			t.Errorf("no transfer of case kind %q", k)
 		}
 	}
-	svgs, _ := filepath.Glob(filepath.Join(plots, "*.svg"))
-	if len(svgs) == 0 {
-		t.Error("no SVG plot written")
+	checkPlots(t, plots)
+
+	// -render draws the same tables and plots from the JSON lines alone.
+	jsonl := filepath.Join(t.TempDir(), "run.jsonl")
+	if err := os.WriteFile(jsonl, lines, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	for _, f := range svgs {
-		b, err := os.ReadFile(f)
-		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) || !bytes.Contains(b, []byte("</svg>")) {
-			t.Errorf("%s is not an SVG document (err %v)", f, err)
+	rendered := t.TempDir()
+	var text, rprogress bytes.Buffer
+	if err := run(ctx, []string{"-render", jsonl, "-plots", rendered}, &text, &rprogress); err != nil {
+		t.Fatalf("-render: %v\n%s", err, rprogress.String())
+	}
+	for _, want := range []string{"Command: `tensorbench -quick", "### Throughput, GB/s, 2 streams", "| trpc-shm |", "## Ser/des", "## Compression"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("-render output lacks %q:\n%s", want, text.String())
 		}
+	}
+	checkPlots(t, rendered)
+	if err := run(ctx, []string{"-render", jsonl, "-quick"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-quick") {
+		t.Errorf("-render with -quick: err = %v, want a refusal naming -quick", err)
 	}
 	if t.Failed() {
 		t.Logf("progress:\n%s", progress.String())
@@ -136,6 +149,21 @@ func TestParseSize(t *testing.T) {
 	for _, bad := range []string{"4KiB,", "4KiB,0", ","} {
 		if _, err := parseSizes(bad); err == nil {
 			t.Errorf("parseSizes(%q) succeeded", bad)
+		}
+	}
+}
+
+// checkPlots checks that dir holds the throughput plots as PNG and SVG.
+func checkPlots(t *testing.T, dir string) {
+	t.Helper()
+	for _, name := range []string{"throughput-c1", "throughput-c2"} {
+		png, err := os.ReadFile(filepath.Join(dir, name+".png"))
+		if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
+			t.Errorf("%s.png is not a PNG image (err %v)", name, err)
+		}
+		svg, err := os.ReadFile(filepath.Join(dir, name+".svg"))
+		if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("</svg>")) {
+			t.Errorf("%s.svg is not an SVG document (err %v)", name, err)
 		}
 	}
 }

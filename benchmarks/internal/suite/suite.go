@@ -67,7 +67,7 @@ type Config struct {
 
 	// JSON prints JSON lines on Out instead of tables.
 	JSON bool
-	// PlotDir, when set, receives the SVG plots.
+	// PlotDir, when set, receives the plots, as PNG and SVG.
 	PlotDir string
 	// Command is the command line, printed with the results.
 	Command string
@@ -148,6 +148,7 @@ type runner struct {
 func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Report, error) {
 	r := &runner{cfg: cfg, out: out, jsonl: jsonl, progress: progress, start: time.Now()}
 	r.report = &Report{Machine: describeMachine(), Command: cfg.Command, Config: cfg, Cases: cfg.Cases}
+	r.report.Machine.Command = cfg.Command
 	m := r.report.Machine
 	r.logf("machine: %s, %d cores (GOMAXPROCS %d), %.1f GiB, %s, %s, load %.2f %.2f %.2f",
 		m.CPUModel, m.Cores, m.GOMAXPROCS, m.MemoryGiB, m.Kernel, m.GoVersion, m.LoadBefore[0], m.LoadBefore[1], m.LoadBefore[2])
@@ -198,7 +199,7 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	if !cfg.JSON {
 		writeText(out, r.report)
 	}
-	if cfg.PlotDir != "" {
+	if cfg.PlotDir != "" && len(r.report.Transfers) > 0 {
 		files, err := writePlots(cfg.PlotDir, r.report)
 		if err != nil {
 			return nil, fmt.Errorf("plots: %w", err)
