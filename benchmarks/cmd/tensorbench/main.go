@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		slowCodec    = fs.String("slow-codec-max-size", "256MiB", "largest size at which compressed cases other than s2 (the fastest codec) run")
 		codecSize    = fs.String("codec-size", "", "bytes per payload in the compression table (default 32MiB; quick 1MiB)")
 		serdesSizes  = fs.String("serdes-sizes", "", "tensor sizes of the ser/des micro-suite (default 4KiB,1MiB,64MiB; quick 4KiB,1MiB)")
+		verify       = fs.String("verify", "", "which transfers have their bytes checked (CRC32C against the source's, outside the timed region): all, last (each stream's last transfer of every round: every transfer of large sizes) or off (default last; quick all)")
 		sections     = fs.String("sections", "transfers,serdes,codecs", "what to run")
 		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		memLimit     = fs.String("mem-limit", "8GiB", "Go soft memory limit (runtime/debug.SetMemoryLimit); the run is sized to stay under ~12 GiB")
@@ -166,6 +167,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if cfg.SerdesSizes, err = parseSizes(*serdesSizes); err != nil {
 			return fmt.Errorf("-serdes-sizes: %w", err)
 		}
+	}
+	switch *verify {
+	case "":
+	case suite.VerifyAll, suite.VerifyLast, suite.VerifyOff:
+		cfg.Verify = *verify
+	default:
+		return fmt.Errorf("-verify %q: want all, last or off", *verify)
 	}
 	cfg.Transfers, cfg.Serdes, cfg.Codecs = false, false, false
 	for _, s := range strings.Split(*sections, ",") {

@@ -52,7 +52,11 @@ func TestQuickJSON(t *testing.T) {
 			requireFields(t, line, obj, "cores", "memory_gib", "kernel", "go_version", "load_before")
 		case "transfer":
 			requireFields(t, line, obj, "case", "case_kind", "transport", "payload", "bytes", "concurrency",
-				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "p50_us", "p99_us")
+				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "p50_us", "p99_us", "verified")
+			// -quick checks the bytes of every transfer (-verify all).
+			if v, ops := obj["verified"].(float64), obj["ops"].(float64); v < ops {
+				t.Errorf("line %d: %v transfers checked, fewer than the %v timed", line, v, ops)
+			}
 			for _, f := range []string{"bytes", "concurrency", "seconds", "gb_per_s", "p50_us", "ops"} {
 				if v, _ := obj[f].(float64); v <= 0 {
 					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])

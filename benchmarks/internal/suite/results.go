@@ -35,6 +35,10 @@ type Measurement struct {
 	Ceiling     string  `json:"ceiling,omitempty"`
 	CeilingGBps float64 `json:"ceiling_gb_per_s,omitempty"`
 	OfCeiling   float64 `json:"of_ceiling,omitempty"`
+	// Verified counts the transfers of this measurement (and of its
+	// ceiling alongside) whose bytes were checked against the source's,
+	// outside the timed region; absent when nothing was checked.
+	Verified int64 `json:"verified,omitempty"`
 }
 
 // Skip records a measurement that was not made, and why.
@@ -82,7 +86,7 @@ func newMeasurement(c Case, transport string, p Payload, size, conc int, t timin
 	m := Measurement{
 		Kind: "transfer", Case: c.Name, CaseKind: c.Kind, Transport: transport, Payload: p.Name,
 		Bytes: int64(size), Concurrency: conc, Reps: t.reps, Ops: t.ops, Seconds: t.seconds,
-		Ceiling: c.Ceiling,
+		Ceiling: c.Ceiling, Verified: t.verified,
 	}
 	rates := append([]float64(nil), t.repRates...)
 	m.GBps = median(rates) / 1e9

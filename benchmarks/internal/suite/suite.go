@@ -59,6 +59,10 @@ type Config struct {
 	SlowCodecMaxSize int
 	// OpTimeout bounds one round of transfers, against hangs.
 	OpTimeout time.Duration
+	// Verify says which transfers have their bytes checked against the
+	// source, outside the timed region: VerifyLast, VerifyAll or
+	// VerifyOff. A mismatch ends the run with an error.
+	Verify string
 
 	Transfers, Serdes, Codecs bool
 	CodecSize, CodecReps      int
@@ -91,6 +95,7 @@ func DefaultConfig() Config {
 		CompressConcMaxSize: 4 << 20,
 		SlowCodecMaxSize:    256 << 20,
 		OpTimeout:           10 * time.Minute,
+		Verify:              VerifyLast,
 		Transfers:           true,
 		Serdes:              true,
 		Codecs:              true,
@@ -116,6 +121,7 @@ func QuickConfig() Config {
 	c.CodecReps = 3
 	c.SerdesSizes = []int{4 << 10, 1 << 20}
 	c.SerdesTime = 10 * time.Millisecond
+	c.Verify = VerifyAll
 	return c
 }
 
@@ -338,14 +344,15 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				}
 				for _, n := range conc {
 					done++
-					plan := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget, opTimeout: cfg.OpTimeout}
-					t, err := measure(ctx, sess, ceiling, size, n, plan)
+					plan := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget,
+						opTimeout: cfg.OpTimeout, verify: cfg.Verify}
+					t, err := measure(ctx, sess, ceiling, data, n, plan)
 					if err != nil {
 						sess.close()
 						if ceiling != nil {
 							ceiling.close()
 						}
-						return fmt.Errorf("%s at %s, %d streams: %w", c.Name, bytesize.Format(int64(size)), n, err)
+						return fmt.Errorf("%s at %s, %s, %d streams: %w", c.Name, bytesize.Format(int64(size)), p.Name, n, err)
 					}
 					m := newMeasurement(c, sess.transport(), p, size, n, t)
 					if n, ok := sess.(interface{ note() string }); ok && n.note() != "" {
@@ -357,8 +364,8 @@ func (r *runner) runTransfers(ctx context.Context) error {
 					if m.OfCeiling > 0 {
 						ofCeil = fmt.Sprintf(" = %.2f× %s (%s GB/s alongside)", m.OfCeiling, m.Ceiling, fmtRate(m.CeilingGBps))
 					}
-					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps)",
-						done, total, c.Name, bytesize.Format(int64(size)), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps)
+					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps, %d transfers checked)",
+						done, total, c.Name, bytesize.Format(int64(size)), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps, m.Verified)
 				}
 				if ceiling != nil {
 					if err := ceiling.close(); err != nil {
