@@ -117,10 +117,14 @@ func serve(port int, timeout time.Duration) error {
 }
 
 func serveSession(c net.Conn, h hello, timeout time.Duration) error {
-	spec, ok := providers[h.Provider]
-	if _, known := tests[h.Params.Test]; !ok || !known {
-		writeMessage(c, reply{Error: fmt.Sprintf("unknown provider %q or test %q", h.Provider, h.Params.Test)})
-		return fmt.Errorf("client asked for provider %q, test %q", h.Provider, h.Params.Test)
+	spec, err := lookupProvider(h.Provider)
+	if err != nil {
+		writeMessage(c, reply{Error: "server: " + err.Error()})
+		return fmt.Errorf("client asked for provider %q: %w", h.Provider, err)
+	}
+	if _, known := tests[h.Params.Test]; !known {
+		writeMessage(c, reply{Error: fmt.Sprintf("unknown test %q", h.Params.Test)})
+		return fmt.Errorf("client asked for test %q", h.Params.Test)
 	}
 	e, err := newEndpoint(spec, localHost(c), h.Params.Size, h.Params.Depth)
 	if err != nil {
@@ -254,7 +258,7 @@ func (cl *client) session(p params, noCeiling bool, timeout time.Duration) (res,
 		}
 	}
 	if !noCeiling && cl.spec.ceiling == memcpyCeiling && !latency {
-		ceil, err = memcpyBandwidth(p.Size, res.iters, p.Duration)
+		ceil, err = memcpyBandwidth(cl.spec.newMemory, p.Size, res.iters, 1, p.Duration)
 	}
 	return res, ceil, err
 }

@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"sync"
 	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // socketBandwidth writes iters messages of size bytes to w, stopping early
@@ -151,21 +155,52 @@ func localSocketCeiling(latency bool, size, iters int, d time.Duration) (result,
 	return res, err
 }
 
-// memcpyBandwidth copies size bytes iters times, or until d passes, with one
-// goroutine.
-func memcpyBandwidth(size, iters int, d time.Duration) (result, error) {
+// memcpyBandwidth copies size bytes iters times, or until d passes,
+// between a source and a destination from newMemory (the provider's kind
+// of memory), reused every iteration as the provider's registered buffers
+// are: in cache while 2 × size fits. With threads > 1, each of as many
+// goroutines copies its own slice of the message, every iteration: the same
+// working set, copied by several cores at once, as a provider whose copies
+// overlap would.
+func memcpyBandwidth(newMemory func(int) (verbs.Memory, func(), error), size, iters, threads int, d time.Duration) (result, error) {
 	if size == 0 {
 		return result{}, errors.New("memcpy: zero size")
 	}
-	src, dst := make([]byte, size), make([]byte, size)
+	threads = min(max(threads, 1), size)
+	var bufs [2][]byte
+	for i := range bufs {
+		m, free, err := newMemory(size)
+		if err != nil {
+			return result{}, fmt.Errorf("memcpy: %w", err)
+		}
+		defer free()
+		bufs[i] = m.Bytes[:size]
+	}
+	src, dst := bufs[0], bufs[1]
 	for i := range src {
 		src[i] = byte(i)
 	}
+	copy(dst, src) // fault the pages in before timing
+	var wg sync.WaitGroup
+	moved := make([]int64, threads)
+	counts := make([]int, threads)
 	start := time.Now()
 	deadline := start.Add(d)
-	n := 0
-	for ; n < iters && time.Now().Before(deadline); n++ {
-		copy(dst, src)
+	for k := range threads {
+		lo, hi := k*size/threads, (k+1)*size/threads
+		wg.Go(func() {
+			n := 0
+			for ; n < iters && time.Now().Before(deadline); n++ {
+				copy(dst[lo:hi], src[lo:hi])
+			}
+			counts[k], moved[k] = n, int64(n)*int64(hi-lo)
+		})
 	}
-	return result{iters: n, bytes: int64(n) * int64(size), elapsed: time.Since(start)}, nil
+	wg.Wait()
+	elapsed := time.Since(start)
+	var bytes int64
+	for _, m := range moved {
+		bytes += m
+	}
+	return result{iters: slices.Min(counts), bytes: bytes, elapsed: elapsed}, nil
 }

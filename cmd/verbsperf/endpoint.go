@@ -26,8 +26,8 @@ type regionDesc struct {
 	Len  int
 }
 
-func newEndpoint(spec providerSpec, host string, size, depth int) (e *endpoint, err error) {
-	e = &endpoint{}
+func newEndpoint(spec providerSpec, host string, size, depth int) (_ *endpoint, err error) {
+	e := &endpoint{}
 	defer func() {
 		if err != nil {
 			e.close()
@@ -108,6 +108,14 @@ type result struct {
 	bytes   int64
 	elapsed time.Duration
 	lat     []time.Duration // half round trips, for latency tests
+	// marks are the completions counted so far at times since the start,
+	// after each poll of a bandwidth test: what its peak is taken from.
+	marks []mark
+}
+
+type mark struct {
+	at   time.Duration
+	done int
 }
 
 var tests = map[string]struct {
@@ -139,6 +147,7 @@ func bandwidth(ctx context.Context, e *endpoint, remote regionDesc, p params, op
 	start := time.Now()
 	deadline := start.Add(p.Duration)
 	posted, done := 0, 0
+	marks := make([]mark, 1, 1024)
 	for {
 		for posted < p.Iters && posted-done < p.Depth && time.Now().Before(deadline) {
 			wr.ID = uint64(posted)
@@ -160,9 +169,10 @@ func bandwidth(ctx context.Context, e *endpoint, remote regionDesc, p params, op
 			}
 		}
 		done += n
+		marks = append(marks, mark{time.Since(start), done})
 	}
 	elapsed := time.Since(start)
-	return result{iters: done, bytes: int64(done) * int64(p.Size), elapsed: elapsed}, nil
+	return result{iters: done, bytes: int64(done) * int64(p.Size), elapsed: elapsed, marks: marks}, nil
 }
 
 // latency sends one message (Send or WriteImm) at a time and waits for the

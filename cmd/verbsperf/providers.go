@@ -1,6 +1,10 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+	"strings"
+
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/shm"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
@@ -15,11 +19,17 @@ const (
 	socketCeiling ceiling = iota
 	// memcpyCeiling is one single-threaded copy of the payload.
 	memcpyCeiling
+	// noCeiling: nothing measurable in this process bounds the provider
+	// (an RDMA NIC's bound is its line rate).
+	noCeiling
 )
 
 func (c ceiling) String() string {
-	if c == memcpyCeiling {
+	switch c {
+	case memcpyCeiling:
 		return "memcpy"
+	case noCeiling:
+		return "none"
 	}
 	return "raw TCP socket"
 }
@@ -52,6 +62,21 @@ var providers = map[string]providerSpec{
 		sameHost:  true,
 	},
 }
+
+// lookupProvider returns the provider named name, or an error that says
+// how to get it: ibv needs a binary built with -tags rdma.
+func lookupProvider(name string) (providerSpec, error) {
+	if spec, ok := providers[name]; ok {
+		return spec, nil
+	}
+	if name == "ibv" {
+		return providerSpec{}, errors.New(ibvHint)
+	}
+	return providerSpec{}, fmt.Errorf("unknown provider %q; known: %s", name, strings.Join(providerNames(), ", "))
+}
+
+// ibvHint is the answer to -provider ibv in a binary without it.
+const ibvHint = `provider "ibv" is not in this binary: build with -tags rdma (needs libibverbs-dev)`
 
 // heapMemory is plain Go memory, for providers that need no file.
 func heapMemory(size int) (verbs.Memory, func(), error) {

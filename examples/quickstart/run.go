@@ -151,7 +151,7 @@ func measurePlane(ctx context.Context, addr, plane string, cfg config) ([]result
 // and finally has the server verify what it received.
 func measureSize(ctx context.Context, c *rpc.Client, plane string, size, iters int) ([]result, error) {
 	if iters <= 0 {
-		iters = min(max((256<<20)/size, 5), 200)
+		iters = defaultIters(size)
 	}
 	// A tensor in the client's pool: sending it costs no copy.
 	t, err := c.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
@@ -193,6 +193,10 @@ func measureSize(ctx context.Context, c *rpc.Client, plane string, size, iters i
 	reply.Release()
 	return rows, nil
 }
+
+// defaultIters is the number of timed operations per row without -iters:
+// about 256 MiB worth, at least 5 and at most 200.
+func defaultIters(size int) int { return min(max((256<<20)/size, 5), 200) }
 
 // operation is one timed operation; do returns the tensor it received, if
 // any, for checking.
@@ -254,11 +258,32 @@ func fill(b []byte, seed byte) {
 	}
 }
 
+// printHeader says what the table's columns measure.
+func printHeader(out io.Writer) {
+	fmt.Fprintf(out, "%s", `
+What the table measures, per data plane and tensor size:
+  send     Send of a tensor from the client's pool into the server's rendezvous
+           under a key: from the call to its return, when the server holds the bytes.
+  fetch    Fetch of that key back into the client's pool: from the request to the
+           bytes in hand.
+  lease    (shm only) Fetch with rpc.Lease(): the client maps the server's memory
+           instead of copying it.
+  iters    timed operations per row (-iters; by default about 256 MiB worth, 5 to 200),
+           after `+fmt.Sprint(warmups)+` untimed warm-ups.
+  time/op  the mean of the timed operations; checking and releasing each received
+           tensor are not timed.
+  GB/s     tensor bytes per time/op, with GB = 1e9 bytes (sizes are binary: 1 MiB = 1048576 bytes).
+  copies   CPU copies of the tensor bytes on the client per operation (rpc.Stats.Copies).
+`)
+	fmt.Fprintln(out)
+}
+
 func printTable(out io.Writer, rep *report) {
-	fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6s  %6s\n", "data plane", "size", "op", "time/op", "GB/s", "copies")
+	printHeader(out)
+	fmt.Fprintf(out, "%-10s  %7s  %-5s  %5s  %9s  %6s  %6s\n", "data plane", "size", "op", "iters", "time/op", "GB/s", "copies")
 	for _, r := range rep.Results {
 		gbps := float64(r.Size) / r.PerOp.Seconds() / 1e9
-		fmt.Fprintf(out, "%-10s  %7s  %-5s  %9s  %6.2f  %6s\n", r.Plane, bytesize.Format(int64(r.Size)), r.Op, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
+		fmt.Fprintf(out, "%-10s  %7s  %-5s  %5d  %9s  %6.2f  %6s\n", r.Plane, bytesize.Format(int64(r.Size)), r.Op, r.Iters, units.Duration(r.PerOp), gbps, formatCopies(r.Copies))
 	}
 	for _, r := range rep.Results {
 		if r.Op == "lease" && r.Leases < int64(r.Iters) && r.Size <= rpc.DefaultEagerThreshold {
@@ -274,7 +299,6 @@ func printTable(out io.Writer, rep *report) {
 	for _, s := range rep.Skipped {
 		fmt.Fprintf(out, "%s: not measured: %s\n", s.Plane, s.Reason)
 	}
-	fmt.Fprintln(out, "copies: CPU copies of the tensor bytes on the client per operation (rpc.Stats.Copies)")
 }
 
 func formatCopies(c float64) string {

@@ -10,6 +10,7 @@
 //	go run ./benchmarks/cmd/tensorbench -quick            # < 60 s smoke run
 //	go run ./benchmarks/cmd/tensorbench -plots DIR        # full run, 4 KiB to 1 GiB
 //	go run ./benchmarks/cmd/tensorbench -format json      # one JSON object per line
+//	go run ./benchmarks/cmd/tensorbench -render run.jsonl -plots DIR  # tables and plots of a recorded run
 //
 // Tables (Markdown) or JSON lines go to stdout, progress to stderr.
 package main
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/suite"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 func main() {
@@ -49,7 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		quick        = fs.Bool("quick", false, "smoke run: small sizes, few reps, a subset of the cases (at least one of each kind); under 60 s")
 		format       = fs.String("format", "text", "stdout format: text (Markdown tables) or json (one object per line)")
 		jsonFile     = fs.String("jsonl", "", "also write the JSON lines to this file")
-		plotDir      = fs.String("plots", "", "write SVG plots (throughput against size, log-log) into this directory")
+		plotDir      = fs.String("plots", "", "write the plots (throughput against size, log-log), PNG and SVG, into this directory")
+		render       = fs.String("render", "", "measure nothing: print the tables of the JSON lines in `FILE` (from -jsonl or -format json), and draw its plots with -plots")
 		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
 		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
 		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4)")
@@ -66,6 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		slowCodec    = fs.String("slow-codec-max-size", "256MiB", "largest size at which compressed cases other than s2 (the fastest codec) run")
 		codecSize    = fs.String("codec-size", "", "bytes per payload in the compression table (default 32MiB; quick 1MiB)")
 		serdesSizes  = fs.String("serdes-sizes", "", "tensor sizes of the ser/des micro-suite (default 4KiB,1MiB,64MiB; quick 4KiB,1MiB)")
+		verify       = fs.String("verify", "", "which transfers have their bytes checked (CRC32C against the source's, outside the timed region): all, last (each stream's last transfer of every round: every transfer of large sizes) or off (default last; quick all)")
 		sections     = fs.String("sections", "transfers,serdes,codecs", "what to run")
 		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		memLimit     = fs.String("mem-limit", "8GiB", "Go soft memory limit (runtime/debug.SetMemoryLimit); the run is sized to stay under ~12 GiB")
@@ -79,6 +83,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	if *render != "" {
+		return renderFile(*render, *format, *plotDir, stdout, stderr, fs)
 	}
 
 	cfg := suite.DefaultConfig()
@@ -160,6 +168,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("-serdes-sizes: %w", err)
 		}
 	}
+	switch *verify {
+	case "":
+	case suite.VerifyAll, suite.VerifyLast, suite.VerifyOff:
+		cfg.Verify = *verify
+	default:
+		return fmt.Errorf("-verify %q: want all, last or off", *verify)
+	}
 	cfg.Transfers, cfg.Serdes, cfg.Codecs = false, false, false
 	for _, s := range strings.Split(*sections, ",") {
 		switch strings.TrimSpace(s) {
@@ -221,6 +236,40 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// renderFile prints the tables of a recorded run and draws its plots. Flags
+// that say what to measure make no sense with it and are refused.
+func renderFile(file, format, plotDir string, stdout, stderr io.Writer, fs *flag.FlagSet) error {
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "render" && f.Name != "plots" && f.Name != "format" {
+			bad = append(bad, "-"+f.Name)
+		}
+	})
+	if len(bad) > 0 {
+		return fmt.Errorf("-render measures nothing: %s cannot go with it (only -plots and -format text)", strings.Join(bad, ", "))
+	}
+	if format != "text" {
+		return fmt.Errorf("-render prints tables: -format %q is not text", format)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep, err := suite.ReadReport(f)
+	if err != nil {
+		return fmt.Errorf("-render %s: %w", file, err)
+	}
+	files, err := suite.Render(rep, stdout, plotDir)
+	if err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	if len(files) > 0 {
+		fmt.Fprintf(stderr, "tensorbench: plots in %s: %s\n", plotDir, strings.Join(files, ", "))
+	}
+	return nil
+}
+
 func setInt(dst *int, v int) {
 	if v > 0 {
 		*dst = v
@@ -245,32 +294,30 @@ func parseInts(s string) ([]int, error) {
 	return out, nil
 }
 
+// parseSizes reads a comma-separated list of sizes (internal/bytesize:
+// binary units); every size must be positive.
 func parseSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := parseSize(f)
-		if err != nil {
-			return nil, err
+	out, err := bytesize.ParseInts(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range out {
+		if n <= 0 {
+			return nil, fmt.Errorf("bad size %d: must be positive", n)
 		}
-		out = append(out, n)
 	}
 	return out, nil
 }
 
-// parseSize reads "4096", "4KiB", "64MiB", "1GiB" (also K, M, G, KB...:
-// binary units throughout).
+// parseSize reads one positive size: "4096", "4KiB", "64 MiB", "1G"
+// (internal/bytesize: binary units throughout).
 func parseSize(s string) (int, error) {
-	s = strings.TrimSpace(s)
-	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
-	n, err := strconv.Atoi(num)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad size %q", s)
+	l, err := parseSizes(s)
+	if err != nil {
+		return 0, err
 	}
-	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20, "g": 30, "gb": 30, "gib": 30}
-	sh, ok := shift[unit]
-	if !ok {
-		return 0, fmt.Errorf("bad size unit in %q", s)
+	if len(l) != 1 {
+		return 0, fmt.Errorf("bad size %q: want one size", s)
 	}
-	return n << sh, nil
+	return l[0], nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,6 +37,7 @@ func TestQuickJSON(t *testing.T) {
 
 	kinds := map[string]int{}
 	caseKinds := map[string]bool{}
+	lines := bytes.Clone(out.Bytes())
 	sc := bufio.NewScanner(&out)
 	sc.Buffer(nil, 1<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -50,7 +52,11 @@ func TestQuickJSON(t *testing.T) {
 			requireFields(t, line, obj, "cores", "memory_gib", "kernel", "go_version", "load_before")
 		case "transfer":
 			requireFields(t, line, obj, "case", "case_kind", "transport", "payload", "bytes", "concurrency",
-				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "p50_us", "p99_us")
+				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "p50_us", "p99_us", "verified")
+			// -quick checks the bytes of every transfer (-verify all).
+			if v, ops := obj["verified"].(float64), obj["ops"].(float64); v < ops {
+				t.Errorf("line %d: %v transfers checked, fewer than the %v timed", line, v, ops)
+			}
 			for _, f := range []string{"bytes", "concurrency", "seconds", "gb_per_s", "p50_us", "ops"} {
 				if v, _ := obj[f].(float64); v <= 0 {
 					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])
@@ -88,15 +94,26 @@ func TestQuickJSON(t *testing.T) {
 			t.Errorf("no transfer of case kind %q", k)
 		}
 	}
-	svgs, _ := filepath.Glob(filepath.Join(plots, "*.svg"))
-	if len(svgs) == 0 {
-		t.Error("no SVG plot written")
+	checkPlots(t, plots)
+
+	// -render draws the same tables and plots from the JSON lines alone.
+	jsonl := filepath.Join(t.TempDir(), "run.jsonl")
+	if err := os.WriteFile(jsonl, lines, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	for _, f := range svgs {
-		b, err := os.ReadFile(f)
-		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) || !bytes.Contains(b, []byte("</svg>")) {
-			t.Errorf("%s is not an SVG document (err %v)", f, err)
+	rendered := t.TempDir()
+	var text, rprogress bytes.Buffer
+	if err := run(ctx, []string{"-render", jsonl, "-plots", rendered}, &text, &rprogress); err != nil {
+		t.Fatalf("-render: %v\n%s", err, rprogress.String())
+	}
+	for _, want := range []string{"Command: `tensorbench -quick", "### Throughput, GB/s, 2 streams", "| trpc-shm |", "## Ser/des", "## Compression"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("-render output lacks %q:\n%s", want, text.String())
 		}
+	}
+	checkPlots(t, rendered)
+	if err := run(ctx, []string{"-render", jsonl, "-quick"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-quick") {
+		t.Errorf("-render with -quick: err = %v, want a refusal naming -quick", err)
 	}
 	if t.Failed() {
 		t.Logf("progress:\n%s", progress.String())
@@ -120,14 +137,37 @@ func TestText(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30, "2k": 2048, "3 MB": 3 << 20} {
+	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30, "2k": 2048, "3 MB": 3 << 20, "2TiB": 2 << 40} {
 		if got, err := parseSize(in); err != nil || got != want {
 			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "KiB", "4TiB", "-1"} {
+	for _, bad := range []string{"", "KiB", "4PiB", "-1", "0", "0KiB", "1.5MiB", "4KiB,8KiB"} {
 		if _, err := parseSize(bad); err == nil {
 			t.Errorf("parseSize(%q) succeeded", bad)
+		}
+	}
+	if got, err := parseSizes("4KiB, 1MiB,64"); err != nil || len(got) != 3 || got[0] != 4<<10 || got[1] != 1<<20 || got[2] != 64 {
+		t.Errorf("parseSizes = %v, %v", got, err)
+	}
+	for _, bad := range []string{"4KiB,", "4KiB,0", ","} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("parseSizes(%q) succeeded", bad)
+		}
+	}
+}
+
+// checkPlots checks that dir holds the throughput plots as PNG and SVG.
+func checkPlots(t *testing.T, dir string) {
+	t.Helper()
+	for _, name := range []string{"throughput-c1", "throughput-c2"} {
+		png, err := os.ReadFile(filepath.Join(dir, name+".png"))
+		if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
+			t.Errorf("%s.png is not a PNG image (err %v)", name, err)
+		}
+		svg, err := os.ReadFile(filepath.Join(dir, name+".svg"))
+		if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("</svg>")) {
+			t.Errorf("%s.svg is not an SVG document (err %v)", name, err)
 		}
 	}
 }

@@ -30,11 +30,18 @@ func (s *memcpySession) close() error      { return nil }
 func (s *memcpySession) newStream() (stream, error) {
 	dst := make([]byte, len(s.src))
 	copy(dst, s.src) // fault the pages in before timing
-	return streamFunc(func(context.Context) error {
-		copy(dst, s.src)
-		return nil
-	}), nil
+	return &memcpyStream{src: s.src, dst: dst}, nil
 }
+
+type memcpyStream struct{ src, dst []byte }
+
+func (s *memcpyStream) do(context.Context) error {
+	copy(s.dst, s.src)
+	return nil
+}
+
+func (s *memcpyStream) received() []byte { return s.dst }
+func (s *memcpyStream) close() error     { return nil }
 
 // socketSession is a server that answers each 8-byte request (a length)
 // with that many bytes of the payload, on one connection per stream: the
@@ -152,4 +159,5 @@ func (s *socketStream) do(ctx context.Context) error {
 	return nil
 }
 
-func (s *socketStream) close() error { return s.conn.Close() }
+func (s *socketStream) received() []byte { return s.dst }
+func (s *socketStream) close() error     { return s.conn.Close() }

@@ -204,34 +204,72 @@ func (s *grpcSession) close() error {
 // HTTP/2 connection, as concurrent calls on one ClientConn do.
 func (s *grpcSession) newStream() (stream, error) {
 	if s.settings.flatbuf {
-		req := flatbuffers.NewBuilder(64)
-		return streamFunc(func(ctx context.Context) error {
-			req.Reset()
-			key := req.CreateString(tensorKey)
-			tensorfb.FetchRequestStart(req)
-			tensorfb.FetchRequestAddKey(req, key)
-			tensorfb.FetchRequestAddSize(req, uint64(s.size))
-			req.Finish(tensorfb.FetchRequestEnd(req))
-			var f fbcodec.Frame
-			if err := s.conn.Invoke(ctx, fbMethod, req, &f); err != nil {
-				return err
-			}
-			defer f.Free()
-			t := tensorfb.GetRootAsTensor(f.Bytes(), 0)
-			if got := len(t.DataBytes()); got != s.size {
-				return fmt.Errorf("flatbuffers reply carries %d bytes, want %d", got, s.size)
-			}
-			return nil
-		}), nil
+		return &fbStream{s: s, req: flatbuffers.NewBuilder(64)}, nil
 	}
-	return streamFunc(func(ctx context.Context) error {
-		var resp wrapperspb.BytesValue
-		if err := s.conn.Invoke(ctx, protoMethod, wrapperspb.UInt64(uint64(s.size)), &resp); err != nil {
-			return err
-		}
-		if len(resp.Value) != s.size {
-			return fmt.Errorf("protobuf reply carries %d bytes, want %d", len(resp.Value), s.size)
-		}
-		return nil
-	}), nil
+	return &protoStream{s: s}, nil
+}
+
+// protoStream receives the tensor in a protobuf bytes field.
+type protoStream struct {
+	s    *grpcSession
+	last []byte
+}
+
+func (p *protoStream) do(ctx context.Context) error {
+	p.last = nil
+	var resp wrapperspb.BytesValue
+	if err := p.s.conn.Invoke(ctx, protoMethod, wrapperspb.UInt64(uint64(p.s.size)), &resp); err != nil {
+		return err
+	}
+	if len(resp.Value) != p.s.size {
+		return fmt.Errorf("protobuf reply carries %d bytes, want %d", len(resp.Value), p.s.size)
+	}
+	p.last = resp.Value
+	return nil
+}
+
+func (p *protoStream) received() []byte { return p.last }
+func (p *protoStream) close() error     { return nil }
+
+// fbStream receives the tensor in a FlatBuffers vector, read in place in
+// the received frame; the stream keeps the last frame until its next
+// transfer, for the check.
+type fbStream struct {
+	s     *grpcSession
+	req   *flatbuffers.Builder
+	frame fbcodec.Frame
+	data  []byte
+}
+
+func (f *fbStream) free() {
+	f.frame.Free()
+	f.data = nil
+}
+
+func (f *fbStream) do(ctx context.Context) error {
+	f.free()
+	req := f.req
+	req.Reset()
+	key := req.CreateString(tensorKey)
+	tensorfb.FetchRequestStart(req)
+	tensorfb.FetchRequestAddKey(req, key)
+	tensorfb.FetchRequestAddSize(req, uint64(f.s.size))
+	req.Finish(tensorfb.FetchRequestEnd(req))
+	if err := f.s.conn.Invoke(ctx, fbMethod, req, &f.frame); err != nil {
+		return err
+	}
+	data := tensorfb.GetRootAsTensor(f.frame.Bytes(), 0).DataBytes()
+	if got := len(data); got != f.s.size {
+		f.free()
+		return fmt.Errorf("flatbuffers reply carries %d bytes, want %d", got, f.s.size)
+	}
+	f.data = data
+	return nil
+}
+
+func (f *fbStream) received() []byte { return f.data }
+
+func (f *fbStream) close() error {
+	f.free()
+	return nil
 }

@@ -3,9 +3,11 @@ package suite
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,14 +25,61 @@ type session interface {
 // A stream repeats one transfer of the session's payload.
 type stream interface {
 	do(ctx context.Context) error
+	// received is what the last do delivered to the stream, valid until
+	// the next do or close: the bytes a check compares with the source.
+	received() []byte
 	close() error
 }
 
-// streamFunc adapts a function to a stream with nothing to close.
-type streamFunc func(ctx context.Context) error
+// Verify modes: which transfers have their bytes checked against the
+// source's (CRC32C), always outside the timed region.
+const (
+	// VerifyLast checks the last transfer of every stream in every round
+	// (warm-up, calibration and each rep) after the round's clock has
+	// stopped: every transfer of the sizes that make one transfer per
+	// stream per rep, a sample of the small ones.
+	VerifyLast = "last"
+	// VerifyAll checks every transfer, in the stream right after the
+	// transfer's clock stops; the rep's time leaves out each stream's
+	// checks (see round).
+	VerifyAll = "all"
+	// VerifyOff checks nothing.
+	VerifyOff = "off"
+)
 
-func (f streamFunc) do(ctx context.Context) error { return f(ctx) }
-func (f streamFunc) close() error                 { return nil }
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksum is the CRC32C of b.
+func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// verifier checks what streams received against the source.
+type verifier struct {
+	mode string
+	size int
+	want uint32 // CRC32C of the source
+	// checked counts the transfers checked; it is updated by the stream
+	// goroutines of a round.
+	checked atomic.Int64
+}
+
+func newVerifier(mode string, src []byte) *verifier {
+	return &verifier{mode: mode, size: len(src), want: checksum(src)}
+}
+
+// check compares what stream i received in its transfer n (counted from 1
+// in the round named what) with the source.
+func (v *verifier) check(s stream, i, n int, what string) error {
+	got := s.received()
+	v.checked.Add(1)
+	if len(got) != v.size {
+		return fmt.Errorf("stream %d, %s, transfer %d: received %d bytes, want %d", i, what, n, len(got), v.size)
+	}
+	if c := checksum(got); c != v.want {
+		return fmt.Errorf("stream %d, %s, transfer %d: the %d bytes received differ from the source's (CRC32C %08x, want %08x)",
+			i, what, n, len(got), c, v.want)
+	}
+	return nil
+}
 
 // timing is what one measurement observed.
 type timing struct {
@@ -44,6 +93,8 @@ type timing struct {
 	// next to each of ours, and our rate over its, rep by rep.
 	ceilingRates []float64
 	ratios       []float64
+
+	verified int64 // transfers checked, of this case and its ceiling
 }
 
 // plan says how many transfers a measurement makes.
@@ -54,6 +105,7 @@ type plan struct {
 	minReps   int           // reps even over budget
 	budget    time.Duration // time the reps should take
 	opTimeout time.Duration // bound on one round, against hangs
+	verify    string        // VerifyLast, VerifyAll or VerifyOff
 }
 
 // streams are the open streams of one session, with the number of
@@ -62,10 +114,11 @@ type streams struct {
 	list   []stream
 	perRep int
 	repEst time.Duration // expected duration of one rep
+	v      *verifier     // nil: no checks
 }
 
-func openStreams(sess session, conc int) (*streams, error) {
-	ss := &streams{perRep: 1}
+func openStreams(sess session, conc int, v *verifier) (*streams, error) {
+	ss := &streams{perRep: 1, v: v}
 	for range conc {
 		s, err := sess.newStream()
 		if err != nil {
@@ -86,15 +139,15 @@ func (ss *streams) close() {
 // calibrate warms the streams up and sets how many transfers a rep makes
 // so that it lasts about p.repTime.
 func (ss *streams) calibrate(ctx context.Context, p plan) error {
-	wall, _, err := round(ctx, ss.list, 1, p.opTimeout)
+	wall, _, err := round(ctx, ss.list, 1, p.opTimeout, ss.v, "warm-up")
 	if err != nil {
-		return fmt.Errorf("warm-up: %w", err)
+		return err
 	}
 	perOp := wall
 	if wall < p.repTime/10 {
 		k := int(min(1e6, math.Ceil(float64(p.repTime/4)/float64(max(wall, time.Microsecond)))))
-		if wall, _, err = round(ctx, ss.list, k, p.opTimeout); err != nil {
-			return fmt.Errorf("warm-up: %w", err)
+		if wall, _, err = round(ctx, ss.list, k, p.opTimeout, ss.v, "calibration"); err != nil {
+			return err
 		}
 		perOp = wall / time.Duration(k)
 	}
@@ -104,8 +157,8 @@ func (ss *streams) calibrate(ctx context.Context, p plan) error {
 }
 
 // rep runs one rep and returns its rate in bytes per second.
-func (ss *streams) rep(ctx context.Context, size int, timeout time.Duration) (float64, time.Duration, [][]time.Duration, error) {
-	wall, lat, err := round(ctx, ss.list, ss.perRep, timeout)
+func (ss *streams) rep(ctx context.Context, i, size int, timeout time.Duration) (float64, time.Duration, [][]time.Duration, error) {
+	wall, lat, err := round(ctx, ss.list, ss.perRep, timeout, ss.v, fmt.Sprintf("rep %d", i+1))
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -120,15 +173,24 @@ func (ss *streams) rep(ctx context.Context, size int, timeout time.Duration) (fl
 // a ceiling rep seconds away: on a shared machine whose load changes by
 // the minute, the ratio of neighbouring reps is steadier than the ratio of
 // two medians taken at different times.
-func measure(ctx context.Context, sess, ceiling session, size, conc int, p plan) (timing, error) {
-	ours, err := openStreams(sess, conc)
+//
+// Unless p.verify is VerifyOff, transfers are checked against src (see
+// VerifyLast and VerifyAll), and a mismatch ends the measurement with an
+// error that names the stream, the round and the transfer.
+func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p plan) (timing, error) {
+	size := len(src)
+	var v *verifier
+	if p.verify != VerifyOff {
+		v = newVerifier(p.verify, src)
+	}
+	ours, err := openStreams(sess, conc, v)
 	if err != nil {
 		return timing{}, err
 	}
 	defer ours.close()
 	var theirs *streams
 	if ceiling != nil {
-		if theirs, err = openStreams(ceiling, conc); err != nil {
+		if theirs, err = openStreams(ceiling, conc, v); err != nil {
 			return timing{}, fmt.Errorf("ceiling: %w", err)
 		}
 		defer theirs.close()
@@ -158,16 +220,16 @@ func measure(ctx context.Context, sess, ceiling session, size, conc int, p plan)
 		// The ceiling goes first in even reps and last in odd ones, so
 		// that neither side always follows the other's garbage.
 		if theirs != nil && i%2 == 0 {
-			if ceilRate, _, _, err = theirs.rep(ctx, size, p.opTimeout); err != nil {
+			if ceilRate, _, _, err = theirs.rep(ctx, i, size, p.opTimeout); err != nil {
 				return timing{}, fmt.Errorf("ceiling: %w", err)
 			}
 		}
-		rate, wall, lat, err := ours.rep(ctx, size, p.opTimeout)
+		rate, wall, lat, err := ours.rep(ctx, i, size, p.opTimeout)
 		if err != nil {
 			return timing{}, err
 		}
 		if theirs != nil && i%2 == 1 {
-			if ceilRate, _, _, err = theirs.rep(ctx, size, p.opTimeout); err != nil {
+			if ceilRate, _, _, err = theirs.rep(ctx, i, size, p.opTimeout); err != nil {
 				return timing{}, fmt.Errorf("ceiling: %w", err)
 			}
 		}
@@ -182,39 +244,74 @@ func measure(ctx context.Context, sess, ceiling session, size, conc int, p plan)
 			t.ratios = append(t.ratios, rate/ceilRate)
 		}
 	}
+	if v != nil {
+		t.verified = v.checked.Load()
+	}
 	return t, nil
 }
 
 // round has every stream make k transfers at once and returns the wall time
 // from the start signal to the last stream's end, and each transfer's time.
-func round(ctx context.Context, streams []stream, k int, timeout time.Duration) (time.Duration, [][]time.Duration, error) {
+// Its errors name the stream, the round (what) and the transfer.
+//
+// With a verifier, what the streams received is checked outside the
+// transfers' clocks: in VerifyLast mode each stream's last transfer once
+// every stream has finished; in VerifyAll mode every transfer, by its
+// stream, after its latency is taken, and the round's time is then the
+// longest of the streams' times less their own checks (exact for one
+// stream; with more, a stream checking frees the CPU for the others, so
+// the sum is slightly shorter than it would be without checks).
+func round(ctx context.Context, streams []stream, k int, timeout time.Duration, v *verifier, what string) (time.Duration, [][]time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	all := v != nil && v.mode == VerifyAll
 	lat := make([][]time.Duration, len(streams))
 	errs := make([]error, len(streams))
+	busy := make([]time.Duration, len(streams)) // from the start to the stream's end, less its checks
 	start := make(chan struct{})
 	var wg sync.WaitGroup
+	var t0 time.Time
 	for i, s := range streams {
 		lat[i] = make([]time.Duration, 0, k)
 		wg.Go(func() {
 			<-start
-			for range k {
-				t0 := time.Now()
+			var checks time.Duration
+			for n := range k {
+				t := time.Now()
 				if err := s.do(ctx); err != nil {
-					errs[i] = err
+					errs[i] = fmt.Errorf("stream %d, %s, transfer %d: %w", i+1, what, n+1, err)
 					return
 				}
-				lat[i] = append(lat[i], time.Since(t0))
+				end := time.Now()
+				lat[i] = append(lat[i], end.Sub(t))
+				if all {
+					if err := v.check(s, i+1, n+1, what); err != nil {
+						errs[i] = err
+						return
+					}
+					checks += time.Since(end)
+				}
 			}
+			busy[i] = time.Since(t0) - checks
 		})
 	}
-	t0 := time.Now()
+	t0 = time.Now()
 	close(start)
 	wg.Wait()
 	wall := time.Since(t0)
 	for _, err := range errs {
 		if err != nil {
 			return 0, nil, err
+		}
+	}
+	if all {
+		wall = slices.Max(busy)
+	}
+	if v != nil && !all {
+		for i, s := range streams {
+			if err := v.check(s, i+1, k, what); err != nil {
+				return 0, nil, err
+			}
 		}
 	}
 	return wall, lat, nil

@@ -28,6 +28,8 @@ type Machine struct {
 	// the run; LoadAfter at its end (zero until then).
 	LoadBefore [3]float64 `json:"load_before"`
 	LoadAfter  [3]float64 `json:"load_after"`
+	// Command is tensorbench's command line (absent from older runs).
+	Command string `json:"command,omitempty"`
 }
 
 func describeMachine() Machine {

@@ -2,7 +2,6 @@ package suite
 
 import (
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -36,6 +35,10 @@ type Measurement struct {
 	Ceiling     string  `json:"ceiling,omitempty"`
 	CeilingGBps float64 `json:"ceiling_gb_per_s,omitempty"`
 	OfCeiling   float64 `json:"of_ceiling,omitempty"`
+	// Verified counts the transfers of this measurement (and of its
+	// ceiling alongside) whose bytes were checked against the source's,
+	// outside the timed region; absent when nothing was checked.
+	Verified int64 `json:"verified,omitempty"`
 }
 
 // Skip records a measurement that was not made, and why.
@@ -83,7 +86,7 @@ func newMeasurement(c Case, transport string, p Payload, size, conc int, t timin
 	m := Measurement{
 		Kind: "transfer", Case: c.Name, CaseKind: c.Kind, Transport: transport, Payload: p.Name,
 		Bytes: int64(size), Concurrency: conc, Reps: t.reps, Ops: t.ops, Seconds: t.seconds,
-		Ceiling: c.Ceiling,
+		Ceiling: c.Ceiling, Verified: t.verified,
 	}
 	rates := append([]float64(nil), t.repRates...)
 	m.GBps = median(rates) / 1e9
@@ -121,18 +124,6 @@ func (m *Measurement) spread() float64 {
 	return 100 * (m.GBpsMax - m.GBpsMin) / 2 / m.GBps
 }
 
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 func fmtNs(ns float64) string {
 	switch {
 	case ns >= 1e9:
@@ -160,16 +151,4 @@ func fmtRate(gbps float64) string {
 		return fmt.Sprintf("%.3f", gbps)
 	}
 	return fmt.Sprintf("%.2g", gbps)
-}
-
-func fmtBytes(n float64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", n/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", n/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", n/(1<<10))
-	}
-	return fmt.Sprintf("%.0f B", math.Round(n))
 }

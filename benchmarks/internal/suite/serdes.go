@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/tensorfb"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	"github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -220,7 +221,7 @@ func runSerdes(src *payloadSource, p Payload, sizes []int, target time.Duration,
 			encode, decode := f.prepare(tensorKey, p.DType, shapeOf(n, p.DType), data)
 			wireBytes := encode()
 			if err := decode(); err != nil {
-				return nil, fmt.Errorf("%s at %s: %w", f.name, sizeName(n), err)
+				return nil, fmt.Errorf("%s at %s: %w", f.name, bytesize.Format(int64(n)), err)
 			}
 			enc := measureOp(func() { encode() }, target, reps)
 			dec := measureOp(func() {
@@ -234,7 +235,7 @@ func runSerdes(src *payloadSource, p Payload, sizes []int, target time.Duration,
 				EncodeAllocs: enc.allocs, EncodeAllocBytes: enc.allocBytes,
 				DecodeAllocs: dec.allocs, DecodeAllocBytes: dec.allocBytes,
 			}
-			progress(fmt.Sprintf("serdes %-18s %8s: encode %s, decode %s", f.name, sizeName(n), fmtNs(r.EncodeNs), fmtNs(r.DecodeNs)))
+			progress(fmt.Sprintf("serdes %-18s %8s: encode %s, decode %s", f.name, bytesize.Format(int64(n)), fmtNs(r.EncodeNs), fmtNs(r.DecodeNs)))
 			out = append(out, r)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/encoding"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/compressors"
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 // Config says what a run measures.
@@ -58,6 +59,10 @@ type Config struct {
 	SlowCodecMaxSize int
 	// OpTimeout bounds one round of transfers, against hangs.
 	OpTimeout time.Duration
+	// Verify says which transfers have their bytes checked against the
+	// source, outside the timed region: VerifyLast, VerifyAll or
+	// VerifyOff. A mismatch ends the run with an error.
+	Verify string
 
 	Transfers, Serdes, Codecs bool
 	CodecSize, CodecReps      int
@@ -66,7 +71,7 @@ type Config struct {
 
 	// JSON prints JSON lines on Out instead of tables.
 	JSON bool
-	// PlotDir, when set, receives the SVG plots.
+	// PlotDir, when set, receives the plots, as PNG and SVG.
 	PlotDir string
 	// Command is the command line, printed with the results.
 	Command string
@@ -90,6 +95,7 @@ func DefaultConfig() Config {
 		CompressConcMaxSize: 4 << 20,
 		SlowCodecMaxSize:    256 << 20,
 		OpTimeout:           10 * time.Minute,
+		Verify:              VerifyLast,
 		Transfers:           true,
 		Serdes:              true,
 		Codecs:              true,
@@ -115,6 +121,7 @@ func QuickConfig() Config {
 	c.CodecReps = 3
 	c.SerdesSizes = []int{4 << 10, 1 << 20}
 	c.SerdesTime = 10 * time.Millisecond
+	c.Verify = VerifyAll
 	return c
 }
 
@@ -147,6 +154,7 @@ type runner struct {
 func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Report, error) {
 	r := &runner{cfg: cfg, out: out, jsonl: jsonl, progress: progress, start: time.Now()}
 	r.report = &Report{Machine: describeMachine(), Command: cfg.Command, Config: cfg, Cases: cfg.Cases}
+	r.report.Machine.Command = cfg.Command
 	m := r.report.Machine
 	r.logf("machine: %s, %d cores (GOMAXPROCS %d), %.1f GiB, %s, %s, load %.2f %.2f %.2f",
 		m.CPUModel, m.Cores, m.GOMAXPROCS, m.MemoryGiB, m.Kernel, m.GoVersion, m.LoadBefore[0], m.LoadBefore[1], m.LoadBefore[2])
@@ -197,7 +205,7 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	if !cfg.JSON {
 		writeText(out, r.report)
 	}
-	if cfg.PlotDir != "" {
+	if cfg.PlotDir != "" && len(r.report.Transfers) > 0 {
 		files, err := writePlots(cfg.PlotDir, r.report)
 		if err != nil {
 			return nil, fmt.Errorf("plots: %w", err)
@@ -261,7 +269,7 @@ func (r *runner) skip(s Skip) {
 	r.emit(s)
 	where := s.Case
 	if s.Bytes > 0 {
-		where = fmt.Sprintf("%s %s %s c=%d", s.Case, sizeName(int(s.Bytes)), s.Payload, s.Concurrency)
+		where = fmt.Sprintf("%s %s %s c=%d", s.Case, bytesize.Format(s.Bytes), s.Payload, s.Concurrency)
 	}
 	r.logf("skip %s: %s", where, s.Reason)
 }
@@ -296,19 +304,19 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				conc := slices.DeleteFunc(slices.Clone(cfg.Concurrency), func(n int) bool {
 					if int64(n)*int64(size) > cfg.MaxInflight {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("%d streams × %s is over -max-inflight %s", n, sizeName(size), sizeName(int(cfg.MaxInflight)))})
+							Reason: fmt.Sprintf("%d streams × %s is over -max-inflight %s", n, bytesize.Format(int64(size)), bytesize.Format(cfg.MaxInflight))})
 						done++
 						return true
 					}
 					if c.Compressor != "" && c.Compressor != fastestCodec && size > cfg.SlowCodecMaxSize {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("above -slow-codec-max-size %s only %s, the fastest codec, compresses", sizeName(cfg.SlowCodecMaxSize), fastestCodec)})
+							Reason: fmt.Sprintf("above -slow-codec-max-size %s only %s, the fastest codec, compresses", bytesize.Format(int64(cfg.SlowCodecMaxSize)), fastestCodec)})
 						done++
 						return true
 					}
 					if c.Compressor != "" && n > 1 && size > cfg.CompressConcMaxSize {
 						r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(size), Concurrency: n,
-							Reason: fmt.Sprintf("compressed cases run with more than one stream only up to -compress-conc-max-size %s", sizeName(cfg.CompressConcMaxSize))})
+							Reason: fmt.Sprintf("compressed cases run with more than one stream only up to -compress-conc-max-size %s", bytesize.Format(int64(cfg.CompressConcMaxSize)))})
 						done++
 						return true
 					}
@@ -325,25 +333,26 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				env := &caseEnv{payload: p, data: data, maxConc: min(maxConc, max(1, int(cfg.MaxInflight/int64(size))))}
 				sess, err := c.open(ctx, env)
 				if err != nil {
-					return fmt.Errorf("%s at %s: open: %w", c.Name, sizeName(size), err)
+					return fmt.Errorf("%s at %s: open: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				var ceiling session
 				if c.Ceiling != "" {
 					if ceiling, err = caseByName(c.Ceiling).open(ctx, env); err != nil {
 						sess.close()
-						return fmt.Errorf("%s at %s: open its ceiling %s: %w", c.Name, sizeName(size), c.Ceiling, err)
+						return fmt.Errorf("%s at %s: open its ceiling %s: %w", c.Name, bytesize.Format(int64(size)), c.Ceiling, err)
 					}
 				}
 				for _, n := range conc {
 					done++
-					plan := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget, opTimeout: cfg.OpTimeout}
-					t, err := measure(ctx, sess, ceiling, size, n, plan)
+					plan := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget,
+						opTimeout: cfg.OpTimeout, verify: cfg.Verify}
+					t, err := measure(ctx, sess, ceiling, data, n, plan)
 					if err != nil {
 						sess.close()
 						if ceiling != nil {
 							ceiling.close()
 						}
-						return fmt.Errorf("%s at %s, %d streams: %w", c.Name, sizeName(size), n, err)
+						return fmt.Errorf("%s at %s, %s, %d streams: %w", c.Name, bytesize.Format(int64(size)), p.Name, n, err)
 					}
 					m := newMeasurement(c, sess.transport(), p, size, n, t)
 					if n, ok := sess.(interface{ note() string }); ok && n.note() != "" {
@@ -355,17 +364,17 @@ func (r *runner) runTransfers(ctx context.Context) error {
 					if m.OfCeiling > 0 {
 						ofCeil = fmt.Sprintf(" = %.2f× %s (%s GB/s alongside)", m.OfCeiling, m.Ceiling, fmtRate(m.CeilingGBps))
 					}
-					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps)",
-						done, total, c.Name, sizeName(size), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps)
+					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps, %d transfers checked)",
+						done, total, c.Name, bytesize.Format(int64(size)), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps, m.Verified)
 				}
 				if ceiling != nil {
 					if err := ceiling.close(); err != nil {
 						sess.close()
-						return fmt.Errorf("%s at %s: close its ceiling: %w", c.Name, sizeName(size), err)
+						return fmt.Errorf("%s at %s: close its ceiling: %w", c.Name, bytesize.Format(int64(size)), err)
 					}
 				}
 				if err := sess.close(); err != nil {
-					return fmt.Errorf("%s at %s: close: %w", c.Name, sizeName(size), err)
+					return fmt.Errorf("%s at %s: close: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				if size >= 64<<20 {
 					// Hand the last case's buffers back before the next
@@ -420,7 +429,7 @@ func (r *runner) tooSlowToCompress(c Case, p Payload, size, conc int) string {
 	}
 	if prev != nil {
 		round = bytesPerRound / (prev.GBps * 1e9)
-		basis = fmt.Sprintf("%s GB/s measured at %s", fmtRate(prev.GBps), sizeName(int(prev.Bytes)))
+		basis = fmt.Sprintf("%s GB/s measured at %s", fmtRate(prev.GBps), bytesize.Format(prev.Bytes))
 	} else {
 		for _, cr := range r.report.Codecs {
 			if cr.Codec != c.Compressor || cr.Payload != p.Name {

@@ -5,6 +5,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
 // writeText prints the report as Markdown tables, readable in a terminal
@@ -104,7 +106,15 @@ func writeTransfers(w io.Writer, r *Report) {
 	p("## Transfers\n\n")
 	p("A server holds the tensor; each stream asks for it and receives all of it, again and again. ")
 	p("GB/s is 1e9 bytes per second over all streams (the median of the reps, ± half their range); ")
-	p("streams of gRPC and tensorrpc cases share one connection or session, socket streams each have a connection.\n\n")
+	p("streams of gRPC and tensorrpc cases share one connection or session, socket streams each have a connection.")
+	var checked int64
+	for _, m := range r.Transfers {
+		checked += m.Verified
+	}
+	if checked > 0 {
+		p(" %d transfers (warm-up, calibration and timed ones, of the cases and of their ceilings alongside) had the bytes that arrived compared with the source's (CRC32C), outside the timed region: none differed.", checked)
+	}
+	p("\n\n")
 	p("Payloads:\n\n")
 	for _, pl := range r.Config.Payloads {
 		p("- `%s`: %s\n", pl.Name, pl.About)
@@ -127,7 +137,7 @@ func writeTransfers(w io.Writer, r *Report) {
 			p(" %s |", e)
 		}
 		for _, s := range sizes {
-			p(" %s |", sizeName(int(s)))
+			p(" %s |", bytesize.Format(s))
 		}
 		p("\n|%s", strings.Repeat(" --- |", 1+len(extra)))
 		p("%s\n", strings.Repeat(" ---: |", len(sizes)))
@@ -183,9 +193,9 @@ func writeTransfers(w io.Writer, r *Report) {
 	p("### Latency of one transfer, %d stream%s: p50 / p99\n\n", conc, plural(conc))
 	p("| case |")
 	for _, s := range small {
-		p(" %s |", sizeName(int(s)))
+		p(" %s |", bytesize.Format(s))
 	}
-	p(" p50 at %s vs grpc-proto |\n|---|%s ---: |\n", sizeName(int(small[0])), strings.Repeat(" ---: |", len(small)))
+	p(" p50 at %s vs grpc-proto |\n|---|%s ---: |\n", bytesize.Format(small[0]), strings.Repeat(" ---: |", len(small)))
 	base := r.exact("grpc-proto", r.Config.Payloads[0].Name, small[0], conc)
 	for _, rw := range rows {
 		p("| %s |", rw.label)
@@ -224,8 +234,8 @@ func writeSerdes(w io.Writer, r *Report) {
 	p("\n| format | tensor | wire size | encode | decode+traverse | encode allocs | decode allocs |\n")
 	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, s := range r.Serdes {
-		p("| %s | %s | %s | %s | %s | %.1f (%s) | %.1f (%s) |\n", s.Format, sizeName(int(s.Bytes)), fmtBytes(float64(s.WireBytes)),
-			fmtNs(s.EncodeNs), fmtNs(s.DecodeNs), s.EncodeAllocs, fmtBytes(s.EncodeAllocBytes), s.DecodeAllocs, fmtBytes(s.DecodeAllocBytes))
+		p("| %s | %s | %s | %s | %s | %.1f (%s) | %.1f (%s) |\n", s.Format, bytesize.Format(s.Bytes), bytesize.FormatApprox(float64(s.WireBytes)),
+			fmtNs(s.EncodeNs), fmtNs(s.DecodeNs), s.EncodeAllocs, bytesize.FormatApprox(s.EncodeAllocBytes), s.DecodeAllocs, bytesize.FormatApprox(s.DecodeAllocBytes))
 	}
 	p("\n")
 }
@@ -233,7 +243,7 @@ func writeSerdes(w io.Writer, r *Report) {
 func writeCodecs(w io.Writer, r *Report) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	size := r.Codecs[0].Bytes
-	p("## Compression, %s per payload, one core\n\n", sizeName(int(size)))
+	p("## Compression, %s per payload, one core\n\n", bytesize.Format(size))
 	p("Through the same encoding.Compressor the gRPC cases use. MB/s are uncompressed MB (1e6 bytes) per second. ")
 	p("Break-even is the link speed above which compressing makes the transfer slower: with ratio r, compression Cc and decompression Cd, ")
 	p("compress-send-decompress beats sending raw bytes over a link of B only if n/B > n/Cc + n/(r·B) + n/Cd, that is B < (1 − 1/r) / (1/Cc + 1/Cd) (serial). ")
@@ -265,7 +275,7 @@ func writeSkips(w io.Writer, skips []Skip) {
 		}
 		what := s.Case
 		if s.Bytes > 0 {
-			what = fmt.Sprintf("%s %s %s c=%d", s.Case, sizeName(int(s.Bytes)), s.Payload, s.Concurrency)
+			what = fmt.Sprintf("%s %s %s c=%d", s.Case, bytesize.Format(s.Bytes), s.Payload, s.Concurrency)
 		}
 		byReason[s.Reason] = append(byReason[s.Reason], what)
 	}

@@ -144,30 +144,63 @@ func (s *trpcSession) close() error {
 }
 
 func (s *trpcSession) newStream() (stream, error) {
-	var opts []rpc.FetchOption
+	t := &trpcStream{s: s}
 	if s.lease {
-		opts = append(opts, rpc.Lease())
+		t.opts = append(t.opts, rpc.Lease())
 	}
-	return streamFunc(func(ctx context.Context) error {
-		t, err := s.client.Fetch(ctx, tensorKey, opts...)
-		if err != nil {
-			return err
+	return t, nil
+}
+
+// trpcStream Fetches the tensor. It keeps the last tensor until its next
+// Fetch, for the check, so that it holds at most one at a time, as a
+// stream that released each tensor after reading it would.
+type trpcStream struct {
+	s    *trpcSession
+	opts []rpc.FetchOption
+	last *rpc.Tensor
+}
+
+func (t *trpcStream) release() {
+	if t.last != nil {
+		t.last.Release()
+		t.last = nil
+	}
+}
+
+func (t *trpcStream) do(ctx context.Context) error {
+	t.release()
+	s := t.s
+	tensor, err := s.client.Fetch(ctx, tensorKey, t.opts...)
+	if err != nil {
+		return err
+	}
+	if got := len(tensor.Bytes()); got != s.size {
+		tensor.Release()
+		return fmt.Errorf("fetched %d bytes, want %d", got, s.size)
+	}
+	// Below the eager threshold the bytes ride in the control message
+	// and there is nothing to lease.
+	if s.lease && s.size > rpc.DefaultEagerThreshold {
+		if tensor.Leased() {
+			s.leased.Add(1)
+		} else {
+			s.copied.Add(1)
 		}
-		defer t.Release()
-		if got := len(t.Bytes()); got != s.size {
-			return fmt.Errorf("fetched %d bytes, want %d", got, s.size)
-		}
-		// Below the eager threshold the bytes ride in the control message
-		// and there is nothing to lease.
-		if s.lease && s.size > rpc.DefaultEagerThreshold {
-			if t.Leased() {
-				s.leased.Add(1)
-			} else {
-				s.copied.Add(1)
-			}
-		}
+	}
+	t.last = tensor
+	return nil
+}
+
+func (t *trpcStream) received() []byte {
+	if t.last == nil {
 		return nil
-	}), nil
+	}
+	return t.last.Bytes()
+}
+
+func (t *trpcStream) close() error {
+	t.release()
+	return nil
 }
 
 // probeIBV reports whether the ibv data plane negotiates on this machine,
