@@ -52,7 +52,7 @@ func main() {
 	flag.StringVar(&cfg.addr, "addr", "", "use the server at `HOST:PORT` instead of starting one")
 	flag.StringVar(&sizes, "sizes", "4KiB,1MiB,64MiB", "tensor sizes, comma-separated (B, KiB, MiB, GiB suffixes)")
 	flag.StringVar(&transports, "transports", strings.Join(allPlanes, ","), "data planes to measure, comma-separated")
-	flag.IntVar(&cfg.iters, "iters", 0, "timed operations per size and op (default: about 128 MiB worth, 3 to 200)")
+	flag.IntVar(&cfg.iters, "iters", 0, "timed operations per size and op (default: about 256 MiB worth, 5 to 200)")
 	flag.BoolVar(&serveOnly, "serve", false, "only serve, until interrupted, for clients on other hosts")
 	flag.StringVar(&listen, "listen", "127.0.0.1:0", "address the server listens on")
 	flag.StringVar(&dataAddr, "data-addr", "", "with -serve: the `HOST[:PORT]` the tcp data plane listens on and advertises to clients "+
