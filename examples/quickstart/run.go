@@ -310,15 +310,4 @@ func formatCopies(c float64) string {
 
 // parseSizes parses a comma-separated list such as "4KiB,1MiB,64MiB"
 // (binary units; see internal/bytesize); every size must be positive.
-func parseSizes(s string) ([]int, error) {
-	out, err := bytesize.ParseInts(s)
-	if err != nil {
-		return nil, err
-	}
-	for _, n := range out {
-		if n <= 0 {
-			return nil, fmt.Errorf("bad size %d: sizes must be positive", n)
-		}
-	}
-	return out, nil
-}
+func parseSizes(s string) ([]int, error) { return bytesize.ParsePositiveInts(s) }

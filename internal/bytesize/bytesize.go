@@ -76,6 +76,21 @@ func ParseInts(s string) ([]int, error) {
 	return out, nil
 }
 
+// ParsePositiveInts is ParseInts for lists of transfer sizes: every size
+// must also be above zero.
+func ParsePositiveInts(s string) ([]int, error) {
+	out, err := ParseInts(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range out {
+		if n <= 0 {
+			return nil, fmt.Errorf("bad size %d in %q: sizes must be positive", n, s)
+		}
+	}
+	return out, nil
+}
+
 var units = []struct {
 	shift uint
 	name  string

@@ -35,6 +35,15 @@ func TestParseList(t *testing.T) {
 	}
 }
 
+func TestParsePositiveInts(t *testing.T) {
+	if got, err := ParsePositiveInts("1,4KiB"); err != nil || len(got) != 2 || got[1] != 4096 {
+		t.Errorf("ParsePositiveInts = %v, %v", got, err)
+	}
+	if _, err := ParsePositiveInts("4KiB,0"); err == nil {
+		t.Error("ParsePositiveInts accepted a zero size")
+	}
+}
+
 func TestFormat(t *testing.T) {
 	cases := map[int64]string{
 		0: "0 B", 1000: "1000 B", 1024: "1 KiB", 64 << 20: "64 MiB", 3 << 30: "3 GiB", 5 << 40: "5 TiB",

@@ -184,17 +184,25 @@ func exportAll(ts []*rpc.Tensor, srv *serverEntry) (**C.DLManagedTensor, error) 
 //export trpcgo_tensor_unref
 func trpcgo_tensor_unref(h C.uint64_t) { unref(uint64(h)) }
 
+// refManaged takes a reference to the tensor behind m, a DLManagedTensor
+// this library made; false for NULL or an already deleted m. unref(h)
+// drops it.
+func refManaged(m *C.DLManagedTensor) (uint64, *ownedTensor, bool) {
+	if m == nil {
+		return 0, nil, false
+	}
+	h := uint64(uintptr(m.manager_ctx))
+	o, ok := ref(h)
+	return h, o, ok
+}
+
 // trpc_dlpack_share returns a new DLManagedTensor over the same memory as
 // m, holding its own reference: the memory stays valid until both have
 // been deleted. It returns NULL when m is NULL or already deleted.
 //
 //export trpc_dlpack_share
 func trpc_dlpack_share(m *C.DLManagedTensor) *C.DLManagedTensor {
-	if m == nil {
-		return nil
-	}
-	h := uint64(uintptr(m.manager_ctx))
-	o, ok := ref(h)
+	h, o, ok := refManaged(m)
 	if !ok {
 		return nil
 	}
@@ -212,11 +220,7 @@ func trpc_dlpack_share(m *C.DLManagedTensor) *C.DLManagedTensor {
 //
 //export trpc_dlpack_flags
 func trpc_dlpack_flags(m *C.DLManagedTensor) C.uint64_t {
-	if m == nil {
-		return 0
-	}
-	h := uint64(uintptr(m.manager_ctx))
-	o, ok := ref(h)
+	h, o, ok := refManaged(m)
 	if !ok {
 		return 0
 	}
@@ -238,11 +242,7 @@ func dlpackFlags(t *rpc.Tensor) C.uint64_t {
 //
 //export trpc_dlpack_share_versioned
 func trpc_dlpack_share_versioned(m *C.DLManagedTensor, copyData C.int) *C.DLManagedTensorVersioned {
-	if m == nil {
-		return nil
-	}
-	h := uint64(uintptr(m.manager_ctx))
-	o, ok := ref(h)
+	h, o, ok := refManaged(m)
 	if !ok {
 		return nil
 	}

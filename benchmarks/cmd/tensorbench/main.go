@@ -296,18 +296,7 @@ func parseInts(s string) ([]int, error) {
 
 // parseSizes reads a comma-separated list of sizes (internal/bytesize:
 // binary units); every size must be positive.
-func parseSizes(s string) ([]int, error) {
-	out, err := bytesize.ParseInts(s)
-	if err != nil {
-		return nil, err
-	}
-	for _, n := range out {
-		if n <= 0 {
-			return nil, fmt.Errorf("bad size %d: must be positive", n)
-		}
-	}
-	return out, nil
-}
+func parseSizes(s string) ([]int, error) { return bytesize.ParsePositiveInts(s) }
 
 // parseSize reads one positive size: "4096", "4KiB", "64 MiB", "1G"
 // (internal/bytesize: binary units throughout).
