@@ -123,6 +123,14 @@
 // GracefulStop ends calls waiting for a key with Unavailable and gives
 // calls under way at most WithGracefulStopTimeout.
 //
+// A data-plane peer reaches only what a transfer grants it: pool arenas are
+// registered for local access only, and each Location names a grant that
+// opens one tensor's bytes with one right (read for a fetched tensor, write
+// for a destination) to that session's queue pair, revoked when the
+// transfer ends (Release, completion, session end). Any other access is
+// refused before a byte moves (PermissionDenied). A destination written
+// with fewer bytes than its tensor is dropped, never published.
+//
 // Writes are visible to later reads: once Send (or a Call) returns, any
 // later Fetch of that key, from any client, sees the tensor. A Fetch of a
 // key whose Send is under way waits for that Send instead of failing with
