@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -54,6 +55,18 @@ func (q *queuePair) writer(conn net.Conn) {
 		select {
 		case <-q.wakeWriter:
 		case <-q.errored:
+		}
+		q.mu.Lock()
+		yield := q.ackYield
+		q.ackYield = false
+		q.mu.Unlock()
+		if yield {
+			// Only delayable acknowledgements woke us: give the goroutine
+			// that consumes the completion a chance to post its reply, so
+			// that both leave in one batch.
+			for range ackYields {
+				runtime.Gosched()
+			}
 		}
 	}
 	// Posters check the state under writeMu before writing and the queue
@@ -670,35 +683,34 @@ func (q *queuePair) takeRecv() (*recvWR, error) {
 	}
 }
 
-// ackDelay is how long the acknowledgement of a message that completed a
-// receive may wait for a reply to carry it, and maxDelayedAcks how many
-// such acknowledgements may wait. A request-response exchange then costs
-// one frame batch per direction instead of two.
+// ackYields is how many times the writer yields before it writes
+// acknowledgements of messages that completed a receive, so that a reply
+// posted in reaction to the completion carries them: a request-response
+// exchange then costs one frame batch per direction instead of two.
+// maxDelayedAcks bounds how many acknowledgements may wait that way. (A
+// timer would be the classic way to delay acknowledgements, but Go's
+// timers below a millisecond round up to about one when the process is
+// idle, which cost every WriteImm a millisecond.)
 const (
-	ackDelay       = 50 * time.Microsecond
+	ackYields      = 2
 	maxDelayedAcks = 16
 )
 
-// queueAck queues the acknowledgement of request seq. With delay set it
-// wakes the writer only after ackDelay, unless a post writes it sooner or
-// too many wait.
+// queueAck queues the acknowledgement of request seq. With delay set the
+// writer yields briefly before writing it (see ackYields), unless too many
+// wait.
 func (q *queuePair) queueAck(seq uint64, delay bool) {
 	q.awaitCtrlRoom()
 	q.mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
-	now := !delay || q.delayedAcks >= maxDelayedAcks
-	if now {
+	if !delay || q.delayedAcks >= maxDelayedAcks {
 		q.delayedAcks = 0
-	} else if q.ackTimer == nil {
-		q.ackTimer = time.AfterFunc(ackDelay, func() { signal(q.wakeWriter) })
 	} else {
-		q.ackTimer.Reset(ackDelay)
+		q.ackYield = true
 	}
 	q.mu.Unlock()
-	if now {
-		signal(q.wakeWriter)
-	}
+	signal(q.wakeWriter)
 }
 
 func (q *queuePair) queueCtrl(f ctrlFrame) {

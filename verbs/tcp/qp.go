@@ -72,7 +72,7 @@ type queuePair struct {
 	unackedBytes  int         // payload bytes in inflight
 	readsInflight int         // Reads in inflight, for Fence
 	delayedAcks   int         // acknowledgements queued without waking the writer
-	ackTimer      *time.Timer // wakes the writer for delayed acknowledgements
+	ackYield      bool        // delayable acknowledgements are queued (queueAck)
 	active        int         // goroutines that may still touch memory
 	running       int         // goroutines still using the connection
 }
@@ -428,11 +428,6 @@ func (q *queuePair) Close() error {
 		conn.Close()
 	}
 	q.wg.Wait()
-	q.mu.Lock()
-	if q.ackTimer != nil {
-		q.ackTimer.Stop()
-	}
-	q.mu.Unlock()
 	for {
 		select {
 		case in := <-q.incoming:
