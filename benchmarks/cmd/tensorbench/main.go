@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		render       = fs.String("render", "", "measure nothing: print the tables of the JSON lines in `FILE` (from -jsonl or -format json), and draw its plots with -plots")
 		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
 		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
-		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4)")
+		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4,16,64 on 8 cores or more, else 1,4; quick 1,4)")
 		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset). Calls: trpc-tcp-call, trpc-shm-call, trpc-grpc-call, grpc-proto-call; the message rate: call-rate")
 		rateCallers  = fs.String("rate-callers", "1,16", "concurrent callers of the message-rate case (call-rate), whatever -concurrency says")
 		payloads     = fs.String("payloads", "", "comma-separated payloads (gauss-f32, lowent-f16, sparse-f32, random); default all")

@@ -142,6 +142,17 @@ func TestQuickHasCallAndRate(t *testing.T) {
 	}
 }
 
+func TestDefaultConcurrency(t *testing.T) {
+	for cpus, want := range map[int][]int{1: {1, 4}, 2: {1, 4}, 7: {1, 4}, 8: {1, 4, 16, 64}, 64: {1, 4, 16, 64}} {
+		if got := DefaultConcurrency(cpus); !slices.Equal(got, want) {
+			t.Errorf("DefaultConcurrency(%d) = %v, want %v", cpus, got, want)
+		}
+	}
+	if got := QuickConfig().Concurrency; !slices.Equal(got, []int{1, 4}) {
+		t.Errorf("quick concurrency %v, want 1,4 on any machine", got)
+	}
+}
+
 // TestCallVerifiesReply replaces the echo handler of a call case with one
 // that replies with a copy whose middle byte differs: the check of the
 // reply fails, on each data plane.

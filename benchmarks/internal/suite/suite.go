@@ -82,12 +82,13 @@ type Config struct {
 	Command string
 }
 
-// DefaultConfig is a full run: 4 KiB to 1 GiB, 1 and 4 streams.
+// DefaultConfig is a full run: 4 KiB to 1 GiB, with DefaultConcurrency
+// streams.
 func DefaultConfig() Config {
 	cases, _ := SelectCases("", false)
 	return Config{
 		Sizes:               sizesBetween(4<<10, 1<<30),
-		Concurrency:         []int{1, 4},
+		Concurrency:         DefaultConcurrency(runtime.NumCPU()),
 		Cases:               cases,
 		Payloads:            Payloads,
 		Reps:                5,
@@ -130,6 +131,16 @@ func QuickConfig() Config {
 	c.SerdesTime = 10 * time.Millisecond
 	c.Verify = VerifyAll
 	return c
+}
+
+// DefaultConcurrency is the default numbers of concurrent streams on a
+// machine of cpus cores: 1, 4, 16 and 64 from 8 cores on; below that 1
+// and 4, since more streams than cores only queue for them.
+func DefaultConcurrency(cpus int) []int {
+	if cpus >= 8 {
+		return []int{1, 4, 16, 64}
+	}
+	return []int{1, 4}
 }
 
 // sizesBetween returns lo, 4·lo, 16·lo, ... up to hi, and hi.
