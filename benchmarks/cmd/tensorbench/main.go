@@ -2,8 +2,10 @@
 // instead — gRPC with protobuf bytes (default and tuned), gRPC with
 // FlatBuffers, gRPC with zstd, s2, snappy or gzip compression — and against
 // the ceilings of the machine (memcpy, a raw TCP socket, a unix socket), all
-// in one run on the same payloads; then a ser/des micro-suite and a
-// compression table with the link speed above which compressing loses.
+// in one run on the same payloads; tensorrpc Calls (a tensor in, a tensor
+// of the same size out) against plain gRPC unary calls, and the rate of
+// 4 KiB calls; then a ser/des micro-suite and a compression table with the
+// link speed above which compressing loses.
 //
 // Usage:
 //
@@ -55,8 +57,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		render       = fs.String("render", "", "measure nothing: print the tables of the JSON lines in `FILE` (from -jsonl or -format json), and draw its plots with -plots")
 		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
 		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
-		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4)")
-		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset)")
+		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4,16,64 on 8 cores or more, else 1,4; quick 1,4)")
+		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset). Calls: trpc-tcp-call, trpc-shm-call, trpc-grpc-call, grpc-proto-call; the message rate: call-rate")
+		rateCallers  = fs.String("rate-callers", "1,16", "concurrent callers of the message-rate case (call-rate), whatever -concurrency says")
 		payloads     = fs.String("payloads", "", "comma-separated payloads (gauss-f32, lowent-f16, sparse-f32, random); default all")
 		allPayloads  = fs.Bool("all-payloads", false, "run content-blind cases on every payload too (their speed does not depend on it)")
 		reps         = fs.Int("reps", 0, "reps per measurement when within -budget (default 5; quick 3)")
@@ -124,6 +127,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if cfg.Concurrency, err = parseInts(*conc); err != nil {
 			return fmt.Errorf("-concurrency: %w", err)
 		}
+	}
+	if cfg.RateCallers, err = parseInts(*rateCallers); err != nil {
+		return fmt.Errorf("-rate-callers: %w", err)
 	}
 	if *cases != "" {
 		if cfg.Cases, err = suite.SelectCases(*cases, *quick); err != nil {
@@ -198,6 +204,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, n := range cfg.Concurrency {
 		if n < 1 {
 			return fmt.Errorf("-concurrency: %d streams", n)
+		}
+	}
+	for _, n := range cfg.RateCallers {
+		if n < 1 {
+			return fmt.Errorf("-rate-callers: %d callers", n)
 		}
 	}
 	for _, n := range cfg.Sizes {

@@ -29,7 +29,7 @@ func TestQuickJSON(t *testing.T) {
 		"-quick", "-format", "json", "-plots", plots,
 		"-sizes", "4KiB,128KiB", "-concurrency", "1,2",
 		"-reps", "2", "-min-reps", "1", "-rep-time", "2ms", "-budget", "20ms",
-		"-codec-size", "64KiB", "-serdes-sizes", "4KiB",
+		"-codec-size", "64KiB", "-serdes-sizes", "4KiB", "-rate-callers", "1,2",
 	}
 	if err := run(ctx, args, &out, &progress); err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
@@ -37,6 +37,7 @@ func TestQuickJSON(t *testing.T) {
 
 	kinds := map[string]int{}
 	caseKinds := map[string]bool{}
+	calls := 0 // transfers of call cases
 	lines := bytes.Clone(out.Bytes())
 	sc := bufio.NewScanner(&out)
 	sc.Buffer(nil, 1<<20)
@@ -66,11 +67,24 @@ func TestQuickJSON(t *testing.T) {
 				t.Errorf("line %d: min %v, median %v, max %v out of order", line, lo, med, hi)
 			}
 			caseKinds[obj["case_kind"].(string)] = true
+			if both, _ := obj["both_ways"].(bool); both {
+				calls++
+				requireFields(t, line, obj, "ceiling", "of_ceiling", "baseline", "of_baseline", "baseline_gb_per_s", "baseline_p50_us")
+			}
 		case "serdes":
 			requireFields(t, line, obj, "format", "bytes", "wire_bytes", "encode_ns", "decode_ns", "encode_allocs", "decode_allocs")
 		case "codec":
 			requireFields(t, line, obj, "codec", "payload", "bytes", "compressed_bytes", "ratio",
 				"compress_mb_per_s", "decompress_mb_per_s", "break_even_gbps", "pipelined_break_even_gbps")
+		case "rate":
+			requireFields(t, line, obj, "case", "transport", "payload", "bytes", "callers", "reps", "ops", "calls_per_s",
+				"calls_per_s_min", "calls_per_s_max", "p50_us", "p99_us", "baseline", "baseline_transport", "baseline_calls_per_s",
+				"baseline_p50_us", "ratio", "verified")
+			for _, f := range []string{"calls_per_s", "baseline_calls_per_s", "ratio", "p50_us"} {
+				if v, _ := obj[f].(float64); v <= 0 {
+					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])
+				}
+			}
 		case "skip":
 			requireFields(t, line, obj, "case", "reason")
 		case "note":
@@ -84,10 +98,13 @@ func TestQuickJSON(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"machine", "transfer", "serdes", "codec", "summary"} {
+	for _, k := range []string{"machine", "transfer", "rate", "serdes", "codec", "summary"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line", k)
 		}
+	}
+	if calls == 0 {
+		t.Error("-quick measured no call case")
 	}
 	for _, k := range []string{"ceiling", "grpc", "grpc-compressed", "tensorrpc"} {
 		if !caseKinds[k] {
@@ -106,7 +123,9 @@ func TestQuickJSON(t *testing.T) {
 	if err := run(ctx, []string{"-render", jsonl, "-plots", rendered}, &text, &rprogress); err != nil {
 		t.Fatalf("-render: %v\n%s", err, rprogress.String())
 	}
-	for _, want := range []string{"Command: `tensorbench -quick", "### Throughput, GB/s, 2 streams", "| trpc-shm |", "## Ser/des", "## Compression"} {
+	for _, want := range []string{"Command: `tensorbench -quick", "### Throughput, GB/s, 2 streams", "| trpc-shm |",
+		"### Calls, GB/s both ways, 2 streams", "| trpc-tcp-call | grpc-proto-call |", "## Small-message rate: 4 KiB calls per second",
+		"| call-rate | tcp | 2 |", "## Ser/des", "## Compression"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("-render output lacks %q:\n%s", want, text.String())
 		}

@@ -18,14 +18,27 @@ const (
 	KindTensorRPC  = "tensorrpc"
 )
 
-// A Case is one way of moving a tensor from a server to a client.
+// A Case is one way of moving a tensor from a server to a client, or, for
+// a call case, from a client to a server and back.
 type Case struct {
 	Name string
 	Kind string
 	// Ceiling names the case that bounds this one: the medium its bytes
 	// cross, with nothing on top.
 	Ceiling string
-	About   string
+	// Baseline names the case that does the same work the way one would
+	// without tensorrpc (plain gRPC); like the ceiling, it runs alongside.
+	Baseline string
+	About    string
+	// Call is true for a call case: each transfer sends a tensor of the
+	// size and receives one of the same size back, and its GB/s count the
+	// bytes moved both ways (2× the size per transfer).
+	Call bool
+	// Rate is true for the small-message rate case: a call case measured
+	// at Config.RateSize with Config.RateCallers concurrent callers, in
+	// calls per second against its baseline, apart from the sizes and
+	// concurrencies of the transfers.
+	Rate bool
 	// Content is true when the case's speed depends on the bytes
 	// (compression); other cases never read them and run on the first
 	// payload only, unless -all-payloads.
@@ -51,6 +64,8 @@ func Cases() []Case {
 		{Name: "memcpy", Kind: KindCeiling, About: "copy() into a buffer of the stream's own", Quick: true, open: openMemcpy},
 		{Name: "tcp-socket", Kind: KindCeiling, About: "raw loopback TCP: 8-byte request, n-byte reply, one connection per stream", Quick: true, open: openSocket("tcp")},
 		{Name: "unix-socket", Kind: KindCeiling, About: "the same over a unix socket", Quick: true, open: openSocket("unix")},
+		{Name: "memcpy-echo", Kind: KindCeiling, Call: true, About: "copy() of the request into a buffer and from it into the stream's reply buffer: the two copies of a call over shared memory", open: openMemcpyEcho},
+		{Name: "tcp-socket-echo", Kind: KindCeiling, Call: true, About: "raw loopback TCP: an 8-byte header and n bytes of request, the n bytes back as the reply, one connection per stream", open: openSocketEcho("tcp")},
 
 		{Name: "grpc-proto", Kind: KindGRPC, Ceiling: "tcp-socket", About: "unary call, reply in a protobuf bytes field; default settings (receive limit raised)", Quick: true, open: openGRPC(grpcSettings{})},
 		{Name: "grpc-proto-tuned", Kind: KindGRPC, Ceiling: "tcp-socket", About: "the same with 64 MiB stream / 256 MiB connection windows and 1 MiB read/write buffers", Quick: true, open: openGRPC(grpcSettings{tuned: true})},
@@ -73,9 +88,21 @@ func Cases() []Case {
 		Case{Name: "trpc-shm", Kind: KindTensorRPC, Ceiling: "memcpy", About: "tensorrpc Fetch, shm data plane (one copy into the client's pool)", Quick: true, open: openTensorRPC(rpc.TransportSHM, false)},
 		Case{Name: "trpc-shm-lease", Kind: KindTensorRPC, Ceiling: "memcpy", About: "tensorrpc Fetch with Lease, shm data plane (no copy)", Quick: true, open: openTensorRPC(rpc.TransportSHM, true)},
 		Case{Name: "trpc-ibv", Kind: KindTensorRPC, Ceiling: "tcp-socket", About: "tensorrpc Fetch, ibv data plane (RDMA NIC)", Quick: true, open: openTensorRPC(rpc.TransportIBV, false)},
+
+		Case{Name: "grpc-proto-call", Kind: KindGRPC, Ceiling: "tcp-socket-echo", Call: true, About: "unary call, request and reply each a protobuf bytes field of n bytes; the handler replies with the request's bytes; default settings (message limits raised)", open: openGRPC(grpcSettings{echo: true})},
+		Case{Name: "trpc-grpc-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, plain-gRPC fallback plane" + callAbout, open: openTensorRPCCall(rpc.TransportGRPC)},
+		Case{Name: "trpc-tcp-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, Quick: true, About: "tensorrpc Call, tcp data plane" + callAbout, open: openTensorRPCCall(rpc.TransportTCP)},
+		Case{Name: "trpc-shm-call", Kind: KindTensorRPC, Ceiling: "memcpy-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, shm data plane" + callAbout, open: openTensorRPCCall(rpc.TransportSHM)},
+		Case{Name: "call-rate", Kind: KindTensorRPC, Baseline: "grpc-proto-call", Call: true, Rate: true, Quick: true,
+			About: "4 KiB tensorrpc Calls per second, tcp data plane (4 KiB is under the 16 KiB eager threshold, so request and reply ride in the control messages whatever the plane), the callers sharing one Client; against grpc-proto-call with as many callers sharing one ClientConn",
+			open:  openTensorRPCCall(rpc.TransportTCP)},
 	)
 	return cs
 }
+
+// callAbout says what every tensorrpc call case does.
+const callAbout = ": the stream sends one pool tensor of n bytes (filled once) and the handler returns the request tensor itself as the reply " +
+	"(the same bytes, no copy in the handler), so one call moves 2n bytes; the reply's bytes are the ones checked"
 
 // caseByName returns the case named name; it panics for an unknown name,
 // which only a mistake in Cases can produce.

@@ -43,11 +43,44 @@ func (s *memcpyStream) do(context.Context) error {
 func (s *memcpyStream) received() []byte { return s.dst }
 func (s *memcpyStream) close() error     { return nil }
 
+// memcpyEchoSession copies the request into a buffer of the stream's own
+// and from it into the stream's reply buffer: the two copies a call over
+// shared memory makes, 2n bytes moved.
+type memcpyEchoSession struct{ src []byte }
+
+func openMemcpyEcho(_ context.Context, env *caseEnv) (session, error) {
+	return &memcpyEchoSession{src: env.data}, nil
+}
+
+func (s *memcpyEchoSession) transport() string { return "memory" }
+func (s *memcpyEchoSession) close() error      { return nil }
+
+func (s *memcpyEchoSession) newStream() (stream, error) {
+	mid, dst := make([]byte, len(s.src)), make([]byte, len(s.src))
+	copy(mid, s.src) // fault the pages in before timing
+	copy(dst, mid)
+	return &memcpyEchoStream{src: s.src, mid: mid, dst: dst}, nil
+}
+
+type memcpyEchoStream struct{ src, mid, dst []byte }
+
+func (s *memcpyEchoStream) do(context.Context) error {
+	copy(s.mid, s.src)
+	copy(s.dst, s.mid)
+	return nil
+}
+
+func (s *memcpyEchoStream) received() []byte { return s.dst }
+func (s *memcpyEchoStream) close() error     { return nil }
+
 // socketSession is a server that answers each 8-byte request (a length)
 // with that many bytes of the payload, on one connection per stream: the
-// least any request/response protocol over a socket can do.
+// least any request/response protocol over a socket can do. With echo, the
+// request is the 8-byte length and that many bytes, and the reply those
+// bytes back: the least a call moving n bytes each way can do.
 type socketSession struct {
 	network string
+	echo    bool
 	data    []byte
 	lis     net.Listener
 	dir     string
@@ -57,8 +90,16 @@ type socketSession struct {
 }
 
 func openSocket(network string) func(context.Context, *caseEnv) (session, error) {
+	return openSocketSession(network, false)
+}
+
+func openSocketEcho(network string) func(context.Context, *caseEnv) (session, error) {
+	return openSocketSession(network, true)
+}
+
+func openSocketSession(network string, echo bool) func(context.Context, *caseEnv) (session, error) {
 	return func(_ context.Context, env *caseEnv) (session, error) {
-		s := &socketSession{network: network, data: env.data}
+		s := &socketSession{network: network, echo: echo, data: env.data}
 		addr := "127.0.0.1:0"
 		if network == "unix" {
 			dir, err := os.MkdirTemp("", "tensorbench-")
@@ -78,7 +119,12 @@ func openSocket(network string) func(context.Context, *caseEnv) (session, error)
 	}
 }
 
-func (s *socketSession) transport() string { return s.network }
+func (s *socketSession) transport() string {
+	if s.echo {
+		return s.network + "+echo"
+	}
+	return s.network
+}
 
 func (s *socketSession) accept() {
 	for {
@@ -100,6 +146,10 @@ func (s *socketSession) track(c net.Conn) {
 func (s *socketSession) serve(conn net.Conn) {
 	defer conn.Close()
 	var req [8]byte
+	var buf []byte
+	if s.echo {
+		buf = make([]byte, len(s.data))
+	}
 	for {
 		if _, err := io.ReadFull(conn, req[:]); err != nil {
 			return
@@ -108,7 +158,14 @@ func (s *socketSession) serve(conn net.Conn) {
 		if n > uint64(len(s.data)) {
 			return
 		}
-		if _, err := conn.Write(s.data[:n]); err != nil {
+		reply := s.data[:n]
+		if s.echo {
+			if _, err := io.ReadFull(conn, buf[:n]); err != nil {
+				return
+			}
+			reply = buf[:n]
+		}
+		if _, err := conn.Write(reply); err != nil {
 			return
 		}
 	}
@@ -120,7 +177,11 @@ func (s *socketSession) newStream() (stream, error) {
 		return nil, err
 	}
 	s.track(conn)
-	return &socketStream{conn: conn, dst: make([]byte, len(s.data))}, nil
+	st := &socketStream{conn: conn, dst: make([]byte, len(s.data))}
+	if s.echo {
+		st.req = s.data
+	}
+	return st, nil
 }
 
 func (s *socketSession) close() error {
@@ -139,6 +200,7 @@ func (s *socketSession) close() error {
 
 type socketStream struct {
 	conn     net.Conn
+	req      []byte // with echo, the bytes sent after the header
 	dst      []byte
 	deadline time.Time
 }
@@ -150,8 +212,15 @@ func (s *socketStream) do(ctx context.Context) error {
 	}
 	var req [8]byte
 	binary.LittleEndian.PutUint64(req[:], uint64(len(s.dst)))
-	if _, err := s.conn.Write(req[:]); err != nil {
-		return err
+	if s.req == nil {
+		if _, err := s.conn.Write(req[:]); err != nil {
+			return err
+		}
+	} else {
+		bufs := net.Buffers{req[:], s.req}
+		if _, err := bufs.WriteTo(s.conn); err != nil {
+			return err
+		}
 	}
 	if _, err := io.ReadFull(s.conn, s.dst); err != nil {
 		return fmt.Errorf("read %d bytes: %w", len(s.dst), err)

@@ -27,6 +27,9 @@ type grpcSettings struct {
 	tuned      bool
 	flatbuf    bool
 	compressor string // grpc encoding name, "" for none
+	// echo: the request carries the n bytes too, and the reply is the
+	// request's bytes (a call moving n bytes each way).
+	echo bool
 }
 
 // Tuned settings: stream and connection windows well above one transfer's
@@ -45,6 +48,11 @@ const (
 // MaxInt32.
 func (g grpcSettings) serverOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{grpc.MaxSendMsgSize(maxMessage)}
+	if g.echo && !g.tuned {
+		// The request is as large as the reply: raise the server's
+		// receive limit (4 MiB by default) too.
+		opts = append(opts, grpc.MaxRecvMsgSize(maxMessage))
+	}
 	if g.tuned {
 		opts = append(opts,
 			grpc.InitialWindowSize(tunedStreamWindow),
@@ -82,11 +90,13 @@ func (g grpcSettings) dialOptions() []grpc.DialOption {
 
 const (
 	protoMethod = "/tensorbench.Bytes/Get"
+	echoMethod  = "/tensorbench.Bytes/Echo"
 	fbMethod    = "/tensorbench.FlatBuffers/Get"
 )
 
 // bytesService returns payload[:n] for a request of n, in a protobuf
-// BytesValue (a message whose only field is `bytes value = 1`).
+// BytesValue (a message whose only field is `bytes value = 1`); its Echo
+// method returns the BytesValue of the request, the same bytes.
 func bytesService(payload []byte) *grpc.ServiceDesc {
 	return &grpc.ServiceDesc{
 		ServiceName: "tensorbench.Bytes",
@@ -102,6 +112,15 @@ func bytesService(payload []byte) *grpc.ServiceDesc {
 					return nil, status.Errorf(codes.OutOfRange, "asked for %d bytes of %d", req.Value, len(payload))
 				}
 				return &wrapperspb.BytesValue{Value: payload[:req.Value]}, nil
+			},
+		}, {
+			MethodName: "Echo",
+			Handler: func(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				var req wrapperspb.BytesValue
+				if err := dec(&req); err != nil {
+					return nil, err
+				}
+				return &wrapperspb.BytesValue{Value: req.Value}, nil
 			},
 		}},
 	}
@@ -157,13 +176,14 @@ func encodeTensorFB(b *flatbuffers.Builder, key string, dtype uint8, shape []int
 type grpcSession struct {
 	settings grpcSettings
 	size     int
+	data     []byte // the payload: what an echo stream sends
 	server   *grpc.Server
 	conn     *grpc.ClientConn
 }
 
 func openGRPC(g grpcSettings) func(context.Context, *caseEnv) (session, error) {
 	return func(_ context.Context, env *caseEnv) (session, error) {
-		s := &grpcSession{settings: g, size: len(env.data)}
+		s := &grpcSession{settings: g, size: len(env.data), data: env.data}
 		s.server = grpc.NewServer(g.serverOptions()...)
 		if g.flatbuf {
 			s.server.RegisterService(flatBuffersService(env.data, env.payload.DType, &fbcodec.BuilderPool{}), struct{}{})
@@ -190,6 +210,8 @@ func (s *grpcSession) transport() string {
 		return "grpc+flatbuffers"
 	case s.settings.compressor != "":
 		return "grpc+proto+" + s.settings.compressor
+	case s.settings.echo:
+		return "grpc+proto+echo"
 	}
 	return "grpc+proto"
 }
@@ -206,8 +228,35 @@ func (s *grpcSession) newStream() (stream, error) {
 	if s.settings.flatbuf {
 		return &fbStream{s: s, req: flatbuffers.NewBuilder(64)}, nil
 	}
+	if s.settings.echo {
+		return &echoStream{s: s, req: &wrapperspb.BytesValue{Value: s.data}}, nil
+	}
 	return &protoStream{s: s}, nil
 }
+
+// echoStream sends the payload in a protobuf bytes field and receives it
+// back in another.
+type echoStream struct {
+	s    *grpcSession
+	req  *wrapperspb.BytesValue
+	last []byte
+}
+
+func (e *echoStream) do(ctx context.Context) error {
+	e.last = nil
+	var resp wrapperspb.BytesValue
+	if err := e.s.conn.Invoke(ctx, echoMethod, e.req, &resp); err != nil {
+		return err
+	}
+	if len(resp.Value) != e.s.size {
+		return fmt.Errorf("protobuf reply carries %d bytes, want %d", len(resp.Value), e.s.size)
+	}
+	e.last = resp.Value
+	return nil
+}
+
+func (e *echoStream) received() []byte { return e.last }
+func (e *echoStream) close() error     { return nil }
 
 // protoStream receives the tensor in a protobuf bytes field.
 type protoStream struct {

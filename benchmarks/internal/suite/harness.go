@@ -89,12 +89,20 @@ type timing struct {
 	repRates  []float64       // bytes per second of each rep
 	latencies []time.Duration // every timed transfer
 
-	// With a ceiling measured alongside: its bytes per second in the rep
-	// next to each of ours, and our rate over its, rep by rep.
-	ceilingRates []float64
-	ratios       []float64
+	// With partners measured alongside (a ceiling, a baseline), one
+	// pairing each, in the order of measure's partners.
+	pairs []pairing
 
-	verified int64 // transfers checked, of this case and its ceiling
+	verified int64 // transfers checked, of this case and its partners
+}
+
+// pairing is what a partner measured alongside a case observed: its bytes
+// per second in the rep next to each of the case's, the case's rate over
+// its, rep by rep, and every timed transfer of the partner.
+type pairing struct {
+	rates     []float64
+	ratios    []float64
+	latencies []time.Duration
 }
 
 // plan says how many transfers a measurement makes.
@@ -106,6 +114,10 @@ type plan struct {
 	budget    time.Duration // time the reps should take
 	opTimeout time.Duration // bound on one round, against hangs
 	verify    string        // VerifyLast, VerifyAll or VerifyOff
+	// moved is the bytes one transfer moves, counted in the rates: the
+	// size, or twice it for a call that sends the size and receives it
+	// back; 0 means the size.
+	moved int
 }
 
 // streams are the open streams of one session, with the number of
@@ -156,29 +168,33 @@ func (ss *streams) calibrate(ctx context.Context, p plan) error {
 	return nil
 }
 
-// rep runs one rep and returns its rate in bytes per second.
-func (ss *streams) rep(ctx context.Context, i, size int, timeout time.Duration) (float64, time.Duration, [][]time.Duration, error) {
+// rep runs one rep and returns its rate in bytes per second, moved bytes
+// per transfer.
+func (ss *streams) rep(ctx context.Context, i, moved int, timeout time.Duration) (float64, time.Duration, [][]time.Duration, error) {
 	wall, lat, err := round(ctx, ss.list, ss.perRep, timeout, ss.v, fmt.Sprintf("rep %d", i+1))
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	return float64(ss.perRep*len(ss.list)*size) / wall.Seconds(), wall, lat, nil
+	return float64(ss.perRep*len(ss.list)) * float64(moved) / wall.Seconds(), wall, lat, nil
 }
 
-// measure runs conc streams of sess, each repeating a transfer of size
-// bytes: warm-up, calibration of the transfers per rep, then the reps.
+// measure runs conc streams of sess, each repeating a transfer of src:
+// warm-up, calibration of the transfers per rep, then the reps.
 //
-// With a ceiling session, the ceiling runs the same transfers with as many
-// streams, rep for rep alternating with sess, so that each of our reps has
-// a ceiling rep seconds away: on a shared machine whose load changes by
-// the minute, the ratio of neighbouring reps is steadier than the ratio of
-// two medians taken at different times.
+// Each partner session (a ceiling, a baseline) runs the same transfers with
+// as many streams, rep for rep alternating with sess, so that each of our
+// reps has a partner rep seconds away: on a shared machine whose load
+// changes by the minute, the ratio of neighbouring reps is steadier than
+// the ratio of two medians taken at different times.
 //
 // Unless p.verify is VerifyOff, transfers are checked against src (see
 // VerifyLast and VerifyAll), and a mismatch ends the measurement with an
 // error that names the stream, the round and the transfer.
-func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p plan) (timing, error) {
-	size := len(src)
+func measure(ctx context.Context, sess session, partners []partner, src []byte, conc int, p plan) (timing, error) {
+	moved := p.moved
+	if moved == 0 {
+		moved = len(src)
+	}
 	var v *verifier
 	if p.verify != VerifyOff {
 		v = newVerifier(p.verify, src)
@@ -188,12 +204,12 @@ func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p
 		return timing{}, err
 	}
 	defer ours.close()
-	var theirs *streams
-	if ceiling != nil {
-		if theirs, err = openStreams(ceiling, conc, v); err != nil {
-			return timing{}, fmt.Errorf("ceiling: %w", err)
+	theirs := make([]*streams, len(partners))
+	for i, ps := range partners {
+		if theirs[i], err = openStreams(ps.sess, conc, v); err != nil {
+			return timing{}, fmt.Errorf("%s: %w", ps.name, err)
 		}
-		defer theirs.close()
+		defer theirs[i].close()
 	}
 
 	reps := p.minReps
@@ -202,11 +218,11 @@ func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p
 			return timing{}, err
 		}
 		repEst := ours.repEst
-		if theirs != nil {
-			if err := theirs.calibrate(ctx, p); err != nil {
-				return timing{}, fmt.Errorf("ceiling: %w", err)
+		for i, ts := range theirs {
+			if err := ts.calibrate(ctx, p); err != nil {
+				return timing{}, fmt.Errorf("%s: %w", partners[i].name, err)
 			}
-			repEst += theirs.repEst
+			repEst += ts.repEst
 		}
 		reps = p.reps
 		if time.Duration(reps)*repEst > p.budget {
@@ -214,23 +230,36 @@ func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p
 		}
 	}
 
-	t := timing{reps: reps}
-	for i := range reps {
-		var ceilRate float64
-		// The ceiling goes first in even reps and last in odd ones, so
-		// that neither side always follows the other's garbage.
-		if theirs != nil && i%2 == 0 {
-			if ceilRate, _, _, err = theirs.rep(ctx, i, size, p.opTimeout); err != nil {
-				return timing{}, fmt.Errorf("ceiling: %w", err)
+	t := timing{reps: reps, pairs: make([]pairing, len(partners))}
+	partnerReps := func(i int, rates []float64) error {
+		for j, ts := range theirs {
+			rate, _, lat, err := ts.rep(ctx, i, moved, p.opTimeout)
+			if err != nil {
+				return fmt.Errorf("%s: %w", partners[j].name, err)
+			}
+			rates[j] = rate
+			for _, l := range lat {
+				t.pairs[j].latencies = append(t.pairs[j].latencies, l...)
 			}
 		}
-		rate, wall, lat, err := ours.rep(ctx, i, size, p.opTimeout)
+		return nil
+	}
+	rates := make([]float64, len(partners))
+	for i := range reps {
+		// The partners go first in even reps and last in odd ones, so
+		// that neither side always follows the other's garbage.
+		if i%2 == 0 {
+			if err := partnerReps(i, rates); err != nil {
+				return timing{}, err
+			}
+		}
+		rate, wall, lat, err := ours.rep(ctx, i, moved, p.opTimeout)
 		if err != nil {
 			return timing{}, err
 		}
-		if theirs != nil && i%2 == 1 {
-			if ceilRate, _, _, err = theirs.rep(ctx, i, size, p.opTimeout); err != nil {
-				return timing{}, fmt.Errorf("ceiling: %w", err)
+		if i%2 == 1 {
+			if err := partnerReps(i, rates); err != nil {
+				return timing{}, err
 			}
 		}
 		t.ops += int64(ours.perRep * conc)
@@ -239,15 +268,22 @@ func measure(ctx context.Context, sess, ceiling session, src []byte, conc int, p
 		for _, l := range lat {
 			t.latencies = append(t.latencies, l...)
 		}
-		if theirs != nil {
-			t.ceilingRates = append(t.ceilingRates, ceilRate)
-			t.ratios = append(t.ratios, rate/ceilRate)
+		for j, r := range rates {
+			t.pairs[j].rates = append(t.pairs[j].rates, r)
+			t.pairs[j].ratios = append(t.pairs[j].ratios, rate/r)
 		}
 	}
 	if v != nil {
 		t.verified = v.checked.Load()
 	}
 	return t, nil
+}
+
+// A partner is a session measured alongside a case: its ceiling or its
+// baseline. Its name ("ceiling tcp-socket") prefixes its errors.
+type partner struct {
+	name string
+	sess session
 }
 
 // round has every stream make k transfers at once and returns the wall time

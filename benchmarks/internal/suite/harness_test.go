@@ -95,7 +95,7 @@ func TestVerifyCounts(t *testing.T) {
 	src := testSource(4 << 10)
 	sess := &corruptingSession{src: src}
 	ceil := &corruptingSession{src: src}
-	tm, err := measure(context.Background(), sess, ceil, src, 2, testPlan(VerifyAll))
+	tm, err := measure(context.Background(), sess, []partner{{"ceiling", ceil}}, src, 2, testPlan(VerifyAll))
 	if err != nil {
 		t.Fatal(err)
 	}

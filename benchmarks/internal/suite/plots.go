@@ -75,7 +75,9 @@ func writePlots(dir string, r *Report) ([]string, error) {
 			xLabel: "bytes per transfer", yLabel: "GB/s (1e9 bytes per second, all streams)",
 		}
 		for _, c := range r.Cases {
-			if c.Kind == KindCompressed {
+			// Calls count their bytes both ways: they have tables of
+			// their own, not a line among one-way transfers.
+			if c.Kind == KindCompressed || c.Call {
 				continue
 			}
 			if s := r.series(c, primary, conc); len(s.points) > 0 {
@@ -118,7 +120,7 @@ func writePlots(dir string, r *Report) ([]string, error) {
 // case, on whatever payload it ran) at conc streams.
 func (r *Report) series(c Case, payload string, conc int) series {
 	s := series{name: c.Name, dashed: c.Kind == KindCeiling}
-	for _, size := range r.sizes() {
+	for _, size := range r.sizes(c.Call) {
 		m := r.exact(c.Name, payload, size, conc)
 		if m == nil && !c.Content {
 			m = r.find(c.Name, payload, size, conc)

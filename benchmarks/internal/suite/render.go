@@ -21,6 +21,7 @@ func ReadReport(r io.Reader) (*Report, error) {
 	var concs []int
 	var cases []string
 	caseKind := map[string]Measurement{}
+	rateCases := map[string]Rate{}
 	seen := func(c, payload string, conc int) {
 		if payload != "" && !slices.Contains(payloads, payload) {
 			payloads = append(payloads, payload)
@@ -54,6 +55,13 @@ func ReadReport(r io.Reader) (*Report, error) {
 				rep.Transfers = append(rep.Transfers, m)
 				seen(m.Case, m.Payload, m.Concurrency)
 				caseKind[m.Case] = m
+			}
+		case "rate":
+			var rt Rate
+			if err = json.Unmarshal(b, &rt); err == nil {
+				rep.Rates = append(rep.Rates, rt)
+				seen(rt.Case, rt.Payload, 0)
+				rateCases[rt.Case] = rt
 			}
 		case "skip":
 			var s Skip
@@ -113,9 +121,14 @@ func ReadReport(r io.Reader) (*Report, error) {
 	}
 	for _, name := range cases {
 		if !slices.ContainsFunc(rep.Cases, func(c Case) bool { return c.Name == name }) {
+			if rt, ok := rateCases[name]; ok {
+				rep.Cases = append(rep.Cases, Case{Name: name, Kind: KindTensorRPC, Baseline: rt.Baseline, Call: true, Rate: true,
+					About: "(not a case of this build)"})
+				continue
+			}
 			m := caseKind[name]
-			rep.Cases = append(rep.Cases, Case{Name: name, Kind: m.CaseKind, Ceiling: m.Ceiling,
-				Content: m.CaseKind == KindCompressed, About: "(not a case of this build)"})
+			rep.Cases = append(rep.Cases, Case{Name: name, Kind: m.CaseKind, Ceiling: m.Ceiling, Baseline: m.Baseline,
+				Call: m.BothWays, Content: m.CaseKind == KindCompressed, About: "(not a case of this build)"})
 		}
 	}
 	slices.Sort(concs)

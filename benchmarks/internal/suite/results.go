@@ -8,15 +8,18 @@ import (
 // Measurement is one case moving one payload size at one concurrency: a
 // line of -format json.
 type Measurement struct {
-	Kind        string `json:"kind"` // "transfer"
-	Case        string `json:"case"`
-	CaseKind    string `json:"case_kind"`
-	Transport   string `json:"transport"`
-	Payload     string `json:"payload"`
-	Bytes       int64  `json:"bytes"` // per transfer
-	Concurrency int    `json:"concurrency"`
-	Reps        int    `json:"reps"`
-	Ops         int64  `json:"ops"` // transfers timed, over every rep and stream
+	Kind      string `json:"kind"` // "transfer"
+	Case      string `json:"case"`
+	CaseKind  string `json:"case_kind"`
+	Transport string `json:"transport"`
+	Payload   string `json:"payload"`
+	Bytes     int64  `json:"bytes"` // per transfer (each way, for a call)
+	// BothWays is true for a call case: a transfer sends Bytes and
+	// receives Bytes back, and GB/s count both (2 × Bytes per transfer).
+	BothWays    bool  `json:"both_ways,omitempty"`
+	Concurrency int   `json:"concurrency"`
+	Reps        int   `json:"reps"`
+	Ops         int64 `json:"ops"` // transfers timed, over every rep and stream
 	// Seconds is the wall time of the timed reps.
 	Seconds float64 `json:"seconds"`
 	// GBps is the median over reps of bytes moved by all streams per
@@ -35,10 +38,50 @@ type Measurement struct {
 	Ceiling     string  `json:"ceiling,omitempty"`
 	CeilingGBps float64 `json:"ceiling_gb_per_s,omitempty"`
 	OfCeiling   float64 `json:"of_ceiling,omitempty"`
+	// Baseline is the case that does the same work without tensorrpc
+	// (plain gRPC). It too ran alongside, in alternating reps:
+	// BaselineGBps is its median, BaselineP50us its latency, and
+	// OfBaseline the median over reps of this case's GB/s over the
+	// baseline's in the neighbouring rep.
+	Baseline      string  `json:"baseline,omitempty"`
+	BaselineGBps  float64 `json:"baseline_gb_per_s,omitempty"`
+	BaselineP50us float64 `json:"baseline_p50_us,omitempty"`
+	OfBaseline    float64 `json:"of_baseline,omitempty"`
 	// Verified counts the transfers of this measurement (and of its
-	// ceiling alongside) whose bytes were checked against the source's,
+	// partners alongside) whose bytes were checked against the source's,
 	// outside the timed region; absent when nothing was checked.
 	Verified int64 `json:"verified,omitempty"`
+}
+
+// Rate is the small-message rate of a call case at one number of callers
+// sharing one client, against its baseline with as many callers sharing
+// one connection, measured in alternating reps: a line of -format json.
+type Rate struct {
+	Kind      string `json:"kind"` // "rate"
+	Case      string `json:"case"`
+	Transport string `json:"transport"`
+	Payload   string `json:"payload"`
+	Bytes     int64  `json:"bytes"` // of the request, and of the reply
+	Callers   int    `json:"callers"`
+	Reps      int    `json:"reps"`
+	Ops       int64  `json:"ops"` // calls timed, over every rep and caller
+	// CallsPerS is the median over reps of calls per second, all callers;
+	// Min and Max are the extreme reps.
+	CallsPerS    float64 `json:"calls_per_s"`
+	CallsPerSMin float64 `json:"calls_per_s_min"`
+	CallsPerSMax float64 `json:"calls_per_s_max"`
+	P50us        float64 `json:"p50_us"`
+	P99us        float64 `json:"p99_us"`
+	// Baseline is the case measured alongside (plain gRPC unary), with
+	// its median calls per second and p50; Ratio is the median over reps
+	// of this case's calls per second over the baseline's in the
+	// neighbouring rep.
+	Baseline          string  `json:"baseline"`
+	BaselineTransport string  `json:"baseline_transport"`
+	BaselineCallsPerS float64 `json:"baseline_calls_per_s"`
+	BaselineP50us     float64 `json:"baseline_p50_us"`
+	Ratio             float64 `json:"ratio"`
+	Verified          int64   `json:"verified,omitempty"`
 }
 
 // Skip records a measurement that was not made, and why.
@@ -75,6 +118,7 @@ type Report struct {
 	Config    Config
 	Cases     []Case
 	Transfers []Measurement
+	Rates     []Rate
 	Skips     []Skip
 	Serdes    []SerdesResult
 	Codecs    []CodecResult
@@ -82,23 +126,57 @@ type Report struct {
 	Summary   Summary
 }
 
+// newMeasurement summarizes t, measured with c's partners in the order
+// partnersOf gives them.
 func newMeasurement(c Case, transport string, p Payload, size, conc int, t timing) Measurement {
 	m := Measurement{
 		Kind: "transfer", Case: c.Name, CaseKind: c.Kind, Transport: transport, Payload: p.Name,
-		Bytes: int64(size), Concurrency: conc, Reps: t.reps, Ops: t.ops, Seconds: t.seconds,
-		Ceiling: c.Ceiling, Verified: t.verified,
+		Bytes: int64(size), BothWays: c.Call, Concurrency: conc, Reps: t.reps, Ops: t.ops, Seconds: t.seconds,
+		Ceiling: c.Ceiling, Baseline: c.Baseline, Verified: t.verified,
 	}
 	rates := append([]float64(nil), t.repRates...)
 	m.GBps = median(rates) / 1e9
 	m.GBpsMin, m.GBpsMax = rates[0]/1e9, rates[len(rates)-1]/1e9 // median sorted them
-	m.P50us = float64(percentile(t.latencies, 0.50)) / float64(time.Microsecond)
-	m.P99us = float64(percentile(t.latencies, 0.99)) / float64(time.Microsecond)
-	if len(t.ratios) > 0 {
-		m.CeilingGBps = median(append([]float64(nil), t.ceilingRates...)) / 1e9
-		m.OfCeiling = median(append([]float64(nil), t.ratios...))
+	m.P50us = usOf(percentile(t.latencies, 0.50))
+	m.P99us = usOf(percentile(t.latencies, 0.99))
+	pairs := t.pairs
+	if c.Ceiling != "" && len(pairs) > 0 && len(pairs[0].ratios) > 0 {
+		m.CeilingGBps = median(append([]float64(nil), pairs[0].rates...)) / 1e9
+		m.OfCeiling = median(append([]float64(nil), pairs[0].ratios...))
+	}
+	if c.Ceiling != "" && len(pairs) > 0 {
+		pairs = pairs[1:]
+	}
+	if c.Baseline != "" && len(pairs) > 0 && len(pairs[0].ratios) > 0 {
+		m.BaselineGBps = median(append([]float64(nil), pairs[0].rates...)) / 1e9
+		m.BaselineP50us = usOf(percentile(pairs[0].latencies, 0.50))
+		m.OfBaseline = median(append([]float64(nil), pairs[0].ratios...))
 	}
 	return m
 }
+
+// newRate summarizes t, a call case measured with its baseline alone, as
+// calls per second.
+func newRate(c Case, transport, baselineTransport string, p Payload, size, callers int, t timing) Rate {
+	perCall := 2 * float64(size) // what a rep's bytes per second count
+	rates := append([]float64(nil), t.repRates...)
+	r := Rate{
+		Kind: "rate", Case: c.Name, Transport: transport, Payload: p.Name, Bytes: int64(size), Callers: callers,
+		Reps: t.reps, Ops: t.ops, Baseline: c.Baseline, BaselineTransport: baselineTransport, Verified: t.verified,
+	}
+	r.CallsPerS = median(rates) / perCall
+	r.CallsPerSMin, r.CallsPerSMax = rates[0]/perCall, rates[len(rates)-1]/perCall
+	r.P50us = usOf(percentile(t.latencies, 0.50))
+	r.P99us = usOf(percentile(t.latencies, 0.99))
+	if len(t.pairs) > 0 && len(t.pairs[0].ratios) > 0 {
+		r.BaselineCallsPerS = median(append([]float64(nil), t.pairs[0].rates...)) / perCall
+		r.BaselineP50us = usOf(percentile(t.pairs[0].latencies, 0.50))
+		r.Ratio = median(append([]float64(nil), t.pairs[0].ratios...))
+	}
+	return r
+}
+
+func usOf(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // find returns the measurement of case name at size and conc, preferring
 // payload, or nil.
@@ -122,6 +200,14 @@ func (m *Measurement) spread() float64 {
 		return 0
 	}
 	return 100 * (m.GBpsMax - m.GBpsMin) / 2 / m.GBps
+}
+
+// spread is half the range of the reps over the median, in percent.
+func (r *Rate) spread() float64 {
+	if r.CallsPerS == 0 {
+		return 0
+	}
+	return 100 * (r.CallsPerSMax - r.CallsPerSMin) / 2 / r.CallsPerS
 }
 
 func fmtNs(ns float64) string {

@@ -57,6 +57,11 @@ type Config struct {
 	// the fastest codec's (s2): above it a transfer takes 10–30 s per
 	// codec and payload, and their rates are flat from 64 MiB on.
 	SlowCodecMaxSize int
+	// RateSize is the size of the request and of the reply of the rate
+	// case, and RateCallers the numbers of concurrent callers it runs
+	// with, whatever Sizes and Concurrency say.
+	RateSize    int
+	RateCallers []int
 	// OpTimeout bounds one round of transfers, against hangs.
 	OpTimeout time.Duration
 	// Verify says which transfers have their bytes checked against the
@@ -77,12 +82,13 @@ type Config struct {
 	Command string
 }
 
-// DefaultConfig is a full run: 4 KiB to 1 GiB, 1 and 4 streams.
+// DefaultConfig is a full run: 4 KiB to 1 GiB, with DefaultConcurrency
+// streams.
 func DefaultConfig() Config {
 	cases, _ := SelectCases("", false)
 	return Config{
 		Sizes:               sizesBetween(4<<10, 1<<30),
-		Concurrency:         []int{1, 4},
+		Concurrency:         DefaultConcurrency(runtime.NumCPU()),
 		Cases:               cases,
 		Payloads:            Payloads,
 		Reps:                5,
@@ -94,6 +100,8 @@ func DefaultConfig() Config {
 		MaxCompressTime:     15 * time.Second,
 		CompressConcMaxSize: 4 << 20,
 		SlowCodecMaxSize:    256 << 20,
+		RateSize:            4 << 10,
+		RateCallers:         []int{1, 16},
 		OpTimeout:           10 * time.Minute,
 		Verify:              VerifyLast,
 		Transfers:           true,
@@ -123,6 +131,16 @@ func QuickConfig() Config {
 	c.SerdesTime = 10 * time.Millisecond
 	c.Verify = VerifyAll
 	return c
+}
+
+// DefaultConcurrency is the default numbers of concurrent streams on a
+// machine of cpus cores: 1, 4, 16 and 64 from 8 cores on; below that 1
+// and 4, since more streams than cores only queue for them.
+func DefaultConcurrency(cpus int) []int {
+	if cpus >= 8 {
+		return []int{1, 4, 16, 64}
+	}
+	return []int{1, 4}
 }
 
 // sizesBetween returns lo, 4·lo, 16·lo, ... up to hi, and hi.
@@ -161,7 +179,7 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	r.emit(m)
 	compressors.Register()
 
-	largest := slices.Max(append(append(slices.Clone(cfg.Sizes), cfg.SerdesSizes...), cfg.CodecSize))
+	largest := slices.Max(append(append(slices.Clone(cfg.Sizes), cfg.SerdesSizes...), cfg.CodecSize, cfg.RateSize))
 	r.src = newPayloadSource(cfg.Payloads, largest)
 
 	if cfg.Codecs {
@@ -195,7 +213,7 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	r.report.Machine.LoadAfter = loadAverage()
 	r.report.Summary = Summary{
 		Kind: "summary", Seconds: time.Since(r.start).Seconds(),
-		Measurements: len(r.report.Transfers), Skipped: len(r.report.Skips),
+		Measurements: len(r.report.Transfers) + len(r.report.Rates), Skipped: len(r.report.Skips),
 		LoadAfter: r.report.Machine.LoadAfter, PeakRSSMiB: float64(ru.Maxrss) / 1024,
 	}
 	r.emit(r.report.Summary)
@@ -286,9 +304,30 @@ func (r *runner) runTransfers(ctx context.Context) error {
 			cases = slices.Delete(cases, i, i+1)
 		}
 	}
-	if len(cases) == 0 {
-		return nil
+	var rates []Case
+	cases = slices.DeleteFunc(cases, func(c Case) bool {
+		if c.Rate {
+			rates = append(rates, c)
+		}
+		return c.Rate
+	})
+	if len(cases) > 0 {
+		if err := r.runSizes(ctx, cases); err != nil {
+			return err
+		}
 	}
+	for _, c := range rates {
+		if err := r.runRate(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runSizes measures the transfer cases at every size, payload and
+// concurrency.
+func (r *runner) runSizes(ctx context.Context, cases []Case) error {
+	cfg := r.cfg
 	maxConc := slices.Max(cfg.Concurrency)
 	buf := make([]byte, slices.Max(cfg.Sizes))
 	total := r.countTransfers(cases)
@@ -335,23 +374,17 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("%s at %s: open: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
-				var ceiling session
-				if c.Ceiling != "" {
-					if ceiling, err = caseByName(c.Ceiling).open(ctx, env); err != nil {
-						sess.close()
-						return fmt.Errorf("%s at %s: open its ceiling %s: %w", c.Name, bytesize.Format(int64(size)), c.Ceiling, err)
-					}
+				partners, err := openPartners(ctx, c, env)
+				if err != nil {
+					sess.close()
+					return fmt.Errorf("%s at %s: %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				for _, n := range conc {
 					done++
-					plan := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget,
-						opTimeout: cfg.OpTimeout, verify: cfg.Verify}
-					t, err := measure(ctx, sess, ceiling, data, n, plan)
+					t, err := measure(ctx, sess, partners, data, n, r.plan(c, size))
 					if err != nil {
 						sess.close()
-						if ceiling != nil {
-							ceiling.close()
-						}
+						closePartners(partners)
 						return fmt.Errorf("%s at %s, %s, %d streams: %w", c.Name, bytesize.Format(int64(size)), p.Name, n, err)
 					}
 					m := newMeasurement(c, sess.transport(), p, size, n, t)
@@ -364,14 +397,15 @@ func (r *runner) runTransfers(ctx context.Context) error {
 					if m.OfCeiling > 0 {
 						ofCeil = fmt.Sprintf(" = %.2f× %s (%s GB/s alongside)", m.OfCeiling, m.Ceiling, fmtRate(m.CeilingGBps))
 					}
+					if m.OfBaseline > 0 {
+						ofCeil += fmt.Sprintf(", %.2f× %s (%s GB/s)", m.OfBaseline, m.Baseline, fmtRate(m.BaselineGBps))
+					}
 					r.logf("[%d/%d] %-18s %8s %-10s c=%d: %s GB/s ±%.0f%%%s, p50 %s (%d reps, %d transfers checked)",
 						done, total, c.Name, bytesize.Format(int64(size)), p.Name, n, fmtRate(m.GBps), m.spread(), ofCeil, fmtUs(m.P50us), m.Reps, m.Verified)
 				}
-				if ceiling != nil {
-					if err := ceiling.close(); err != nil {
-						sess.close()
-						return fmt.Errorf("%s at %s: close its ceiling: %w", c.Name, bytesize.Format(int64(size)), err)
-					}
+				if err := closePartners(partners); err != nil {
+					sess.close()
+					return fmt.Errorf("%s at %s: close %w", c.Name, bytesize.Format(int64(size)), err)
 				}
 				if err := sess.close(); err != nil {
 					return fmt.Errorf("%s at %s: close: %w", c.Name, bytesize.Format(int64(size)), err)
@@ -384,6 +418,97 @@ func (r *runner) runTransfers(ctx context.Context) error {
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// plan is how case c measures at size.
+func (r *runner) plan(c Case, size int) plan {
+	cfg := r.cfg
+	p := plan{warm: size <= cfg.WarmMaxSize, repTime: cfg.RepTime, reps: cfg.Reps, minReps: cfg.MinReps, budget: cfg.Budget,
+		opTimeout: cfg.OpTimeout, verify: cfg.Verify}
+	if c.Call {
+		p.moved = 2 * size
+	}
+	return p
+}
+
+// openPartners opens the sessions measured alongside c: its ceiling, then
+// its baseline (the order newMeasurement expects).
+func openPartners(ctx context.Context, c Case, env *caseEnv) ([]partner, error) {
+	var ps []partner
+	for _, x := range []struct{ role, name string }{{"ceiling", c.Ceiling}, {"baseline", c.Baseline}} {
+		if x.name == "" {
+			continue
+		}
+		sess, err := caseByName(x.name).open(ctx, env)
+		if err != nil {
+			closePartners(ps)
+			return nil, fmt.Errorf("open its %s %s: %w", x.role, x.name, err)
+		}
+		ps = append(ps, partner{name: x.role + " " + x.name, sess: sess})
+	}
+	return ps, nil
+}
+
+// closePartners closes every partner and returns the first error, naming
+// its partner.
+func closePartners(ps []partner) error {
+	var first error
+	for _, p := range ps {
+		if err := p.sess.close(); err != nil && first == nil {
+			first = fmt.Errorf("its %s: %w", p.name, err)
+		}
+	}
+	return first
+}
+
+// runRate measures the rate case c: Calls of RateSize at each of
+// RateCallers concurrent callers sharing one client, against its baseline
+// in alternating reps, on the first payload.
+func (r *runner) runRate(ctx context.Context, c Case) error {
+	cfg := r.cfg
+	if len(cfg.Payloads) == 0 || len(cfg.RateCallers) == 0 {
+		return nil
+	}
+	p, size := cfg.Payloads[0], cfg.RateSize
+	data := make([]byte, size)
+	r.src.fill(p, data)
+	env := &caseEnv{payload: p, data: data, maxConc: slices.Max(cfg.RateCallers)}
+	where := fmt.Sprintf("%s at %s", c.Name, bytesize.Format(int64(size)))
+	sess, err := c.open(ctx, env)
+	if err != nil {
+		return fmt.Errorf("%s: open: %w", where, err)
+	}
+	partners, err := openPartners(ctx, Case{Baseline: c.Baseline}, env)
+	if err != nil {
+		sess.close()
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	baseTransport := ""
+	if len(partners) > 0 {
+		baseTransport = partners[0].sess.transport()
+	}
+	for _, n := range cfg.RateCallers {
+		t, err := measure(ctx, sess, partners, data, n, r.plan(c, size))
+		if err != nil {
+			sess.close()
+			closePartners(partners)
+			return fmt.Errorf("%s, %d callers: %w", where, n, err)
+		}
+		rt := newRate(c, sess.transport(), baseTransport, p, size, n, t)
+		r.report.Rates = append(r.report.Rates, rt)
+		r.emit(rt)
+		r.logf("[rate] %-18s %8s callers=%d: %.0f calls/s ±%.0f%%, %s %.0f calls/s alongside, ratio %.2f; p50 %s vs %s (%d reps, %d calls checked)",
+			c.Name, bytesize.Format(int64(size)), n, rt.CallsPerS, rt.spread(), rt.Baseline, rt.BaselineCallsPerS, rt.Ratio,
+			fmtUs(rt.P50us), fmtUs(rt.BaselineP50us), rt.Reps, rt.Verified)
+	}
+	if err := closePartners(partners); err != nil {
+		sess.close()
+		return fmt.Errorf("%s: close %w", where, err)
+	}
+	if err := sess.close(); err != nil {
+		return fmt.Errorf("%s: close: %w", where, err)
 	}
 	return nil
 }

@@ -32,8 +32,14 @@ func writeText(w io.Writer, r *Report) {
 		p("\n")
 	}
 
-	if len(r.Transfers) > 0 {
+	if slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return !m.BothWays }) {
 		writeTransfers(w, r)
+	}
+	if slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.BothWays }) {
+		writeCalls(w, r)
+	}
+	if len(r.Rates) > 0 {
+		writeRates(w, r)
 	}
 	if len(r.Serdes) > 0 {
 		writeSerdes(w, r)
@@ -60,9 +66,14 @@ type row struct {
 	label   string
 }
 
-func transferRows(r *Report) []row {
+// transferRows are the rows of the one-way cases (calls: true, of the call
+// cases).
+func transferRows(r *Report, calls bool) []row {
 	var rows []row
 	for _, c := range r.Cases {
+		if c.Call != calls || c.Rate {
+			continue
+		}
 		var payloads []string
 		for _, p := range r.Config.Payloads {
 			if slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Case == c.Name && m.Payload == p.Name }) {
@@ -80,10 +91,11 @@ func transferRows(r *Report) []row {
 	return rows
 }
 
-func (r *Report) sizes() []int64 {
+// sizes are the sizes of the one-way transfers (calls: true, of the calls).
+func (r *Report) sizes(calls bool) []int64 {
 	var s []int64
 	for _, m := range r.Transfers {
-		if !slices.Contains(s, m.Bytes) {
+		if m.BothWays == calls && !slices.Contains(s, m.Bytes) {
 			s = append(s, m.Bytes)
 		}
 	}
@@ -121,6 +133,9 @@ func writeTransfers(w io.Writer, r *Report) {
 	}
 	p("\nCases (content-blind cases run on `%s` only; compressed ones on every payload):\n\n", r.Config.Payloads[0].Name)
 	for _, c := range r.Cases {
+		if c.Call {
+			continue
+		}
 		ceil := ""
 		if c.Ceiling != "" {
 			ceil = "; ceiling: " + c.Ceiling
@@ -129,8 +144,8 @@ func writeTransfers(w io.Writer, r *Report) {
 	}
 	p("\n")
 
-	sizes := r.sizes()
-	rows := transferRows(r)
+	sizes := r.sizes(false)
+	rows := transferRows(r, false)
 	header := func(first string, extra ...string) {
 		p("| %s |", first)
 		for _, e := range extra {
@@ -143,7 +158,7 @@ func writeTransfers(w io.Writer, r *Report) {
 		p("%s\n", strings.Repeat(" ---: |", len(sizes)))
 	}
 	for _, conc := range r.Config.Concurrency {
-		if !slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Concurrency == conc }) {
+		if !slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Concurrency == conc && !m.BothWays }) {
 			continue
 		}
 		p("### Throughput, GB/s, %d stream%s\n\n", conc, plural(conc))
@@ -211,6 +226,127 @@ func writeTransfers(w io.Writer, r *Report) {
 		} else {
 			p(" - |\n")
 		}
+	}
+	p("\n")
+}
+
+// writeCalls prints the call cases' tables: GB/s both ways, against the
+// ceiling and the baseline, and latency.
+func writeCalls(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## Calls: tensor in, tensor out\n\n")
+	p("Each stream calls a method with one tensor of the size and receives a tensor of the same size back; ")
+	p("GB/s count the bytes moved both ways (2 × the size per call) over all streams, the median of the reps ± half their range. ")
+	p("The ceiling and the baseline ran the same calls with as many streams, in reps alternating with the case's; ")
+	p("the ratios are medians over reps of the case's GB/s over theirs in the neighbouring rep. ")
+	p("The bytes checked are the reply's, which must equal the request's.\n\n")
+	for _, c := range r.Cases {
+		if !c.Call || c.Rate {
+			continue
+		}
+		var extra []string
+		if c.Ceiling != "" {
+			extra = append(extra, "ceiling: "+c.Ceiling)
+		}
+		if c.Baseline != "" {
+			extra = append(extra, "baseline: "+c.Baseline)
+		}
+		more := ""
+		if len(extra) > 0 {
+			more = "; " + strings.Join(extra, ", ")
+		}
+		p("- `%s` (%s): %s%s\n", c.Name, c.Kind, c.About, more)
+	}
+	p("\n")
+	sizes := r.sizes(true)
+	rows := transferRows(r, true)
+	for _, conc := range r.Config.Concurrency {
+		if !slices.ContainsFunc(r.Transfers, func(m Measurement) bool { return m.Concurrency == conc && m.BothWays }) {
+			continue
+		}
+		at := func(rw row, s int64) *Measurement { return r.exact(rw.c.Name, rw.payload, s, conc) }
+		header := func(title, extraHead string) {
+			p("%s\n\n| case |", title)
+			if extraHead != "" {
+				p(" %s |", extraHead)
+			}
+			for _, s := range sizes {
+				p(" %s |", bytesize.Format(s))
+			}
+			p("\n| --- |")
+			if extraHead != "" {
+				p(" --- |")
+			}
+			p("%s\n", strings.Repeat(" ---: |", len(sizes)))
+		}
+		cells := func(rw row, cell func(*Measurement) string) {
+			for _, s := range sizes {
+				if m := at(rw, s); m != nil {
+					p(" %s |", cell(m))
+				} else {
+					p(" - |")
+				}
+			}
+			p("\n")
+		}
+		header(fmt.Sprintf("### Calls, GB/s both ways, %d stream%s", conc, plural(conc)), "")
+		for _, rw := range rows {
+			p("| %s |", rw.label)
+			cells(rw, func(m *Measurement) string { return fmt.Sprintf("%s ±%.0f%%", fmtRate(m.GBps), m.spread()) })
+		}
+		p("\n")
+		header(fmt.Sprintf("### Calls against their ceiling and against plain gRPC, %d stream%s", conc, plural(conc)), "against")
+		for _, rw := range rows {
+			if rw.c.Ceiling != "" {
+				p("| %s | %s |", rw.label, rw.c.Ceiling)
+				cells(rw, func(m *Measurement) string { return ratioCell(m.OfCeiling) })
+			}
+			if rw.c.Baseline != "" {
+				p("| %s | %s |", rw.label, rw.c.Baseline)
+				cells(rw, func(m *Measurement) string { return ratioCell(m.OfBaseline) })
+			}
+		}
+		p("\n")
+		header(fmt.Sprintf("### Latency of one call, %d stream%s: p50 / p99", conc, plural(conc)), "")
+		for _, rw := range rows {
+			p("| %s |", rw.label)
+			cells(rw, func(m *Measurement) string { return fmtUs(m.P50us) + " / " + fmtUs(m.P99us) })
+		}
+		p("\n")
+	}
+}
+
+// ratioCell prints a ratio with two decimals, or two significant digits
+// below 0.1 (a call against memcpy), and "-" for none.
+func ratioCell(x float64) string {
+	switch {
+	case x <= 0:
+		return "-"
+	case x < 0.1:
+		return fmt.Sprintf("%.2g", x)
+	}
+	return fmt.Sprintf("%.2f", x)
+}
+
+// writeRates prints the small-message rate table.
+func writeRates(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	size := r.Rates[0].Bytes
+	p("## Small-message rate: %s calls per second\n\n", bytesize.Format(size))
+	p("Callers share one client (tensorrpc: one rpc.Client; gRPC: one ClientConn) and each makes calls back to back, ")
+	p("a %s tensor in and %s back; calls/s is over all callers, the median of the reps ± half their range. ", bytesize.Format(size), bytesize.Format(size))
+	p("The baseline ran with as many callers in reps alternating with the case's, on the same machine in the same run; ")
+	p("the ratio is the median over reps of the case's calls/s over the baseline's in the neighbouring rep.\n\n")
+	for _, c := range r.Cases {
+		if c.Rate {
+			p("- `%s`: %s\n", c.Name, c.About)
+		}
+	}
+	p("\n| case | transport | callers | calls/s | baseline | baseline calls/s | ratio | p50 | baseline p50 |\n")
+	p("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n")
+	for _, rt := range r.Rates {
+		p("| %s | %s | %d | %.0f ±%.0f%% | %s | %.0f | %s | %s | %s |\n", rt.Case, rt.Transport, rt.Callers, rt.CallsPerS, rt.spread(),
+			rt.Baseline, rt.BaselineCallsPerS, ratioCell(rt.Ratio), fmtUs(rt.P50us), fmtUs(rt.BaselineP50us))
 	}
 	p("\n")
 }

@@ -203,6 +203,120 @@ func (t *trpcStream) close() error {
 	return nil
 }
 
+// tensorrpc Calls over one data plane: each stream sends a tensor of the
+// size, and the handler returns the request tensor itself as the reply,
+// as a handler that works in place would; one call moves the size twice.
+
+// callMethod is the method of the call cases.
+const callMethod = "echo"
+
+type trpcCallSession struct {
+	plane  string
+	size   int
+	dtype  zerocopy.DType
+	data   []byte
+	server *rpc.Server
+	client *rpc.Client
+}
+
+// echo returns the request's tensor: the reply's tensors pass to tensorrpc,
+// which sends the request's pool buffer back without a copy and releases
+// the tensor once (Release is idempotent; the request's release when the
+// handler returns finds it released).
+func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
+	if len(req.Tensors) != 1 {
+		return nil, fmt.Errorf("echo: %d tensors, want 1", len(req.Tensors))
+	}
+	return &rpc.Message{Tensors: req.Tensors}, nil
+}
+
+func openTensorRPCCall(plane string) func(context.Context, *caseEnv) (session, error) {
+	return func(ctx context.Context, env *caseEnv) (session, error) {
+		size := int64(len(env.data))
+		// Each stream has one request on the server and one reply
+		// tensor and its request tensor on the client at a time.
+		inflight := size * int64(env.maxConc)
+		s := &trpcCallSession{plane: plane, size: len(env.data), dtype: env.payload.DType, data: env.data}
+		var err error
+		if s.server, err = rpc.NewServer(serverOptions(trpcOptions([]string{plane}, size, inflight))...); err != nil {
+			return nil, err
+		}
+		s.server.Handle(callMethod, echo)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			s.server.Close()
+			return nil, err
+		}
+		go s.server.Serve(lis)
+		if s.client, err = rpc.Dial(ctx, lis.Addr().String(), dialOptions(trpcOptions([]string{plane}, size, 2*inflight))...); err != nil {
+			s.server.Stop()
+			return nil, err
+		}
+		if got := s.client.Transport(); got != plane {
+			err := fmt.Errorf("negotiated %s, not %s: %s", got, plane, rejections(s.client))
+			s.client.Close()
+			s.server.Stop()
+			return nil, err
+		}
+		return s, nil
+	}
+}
+
+func (s *trpcCallSession) transport() string { return s.client.Transport() }
+
+func (s *trpcCallSession) close() error {
+	err := s.client.Close()
+	s.server.Stop()
+	return err
+}
+
+// newStream allocates the stream's request tensor in the client's pool and
+// fills it once, as a caller that computes into pool memory would.
+func (s *trpcCallSession) newStream() (stream, error) {
+	t, err := s.client.NewTensor(context.Background(), s.dtype, shapeOf(s.size, s.dtype))
+	if err != nil {
+		return nil, err
+	}
+	copy(t.Bytes(), s.data)
+	return &trpcCallStream{s: s, req: &rpc.Message{Tensors: []*rpc.Tensor{t}}}, nil
+}
+
+// trpcCallStream keeps the last reply until its next call, for the check.
+type trpcCallStream struct {
+	s    *trpcCallSession
+	req  *rpc.Message
+	last *rpc.Message
+}
+
+func (t *trpcCallStream) do(ctx context.Context) error {
+	t.last.Release()
+	t.last = nil
+	reply, err := t.s.client.Call(ctx, callMethod, t.req)
+	if err != nil {
+		return err
+	}
+	if len(reply.Tensors) != 1 || len(reply.Tensors[0].Bytes()) != t.s.size {
+		reply.Release()
+		return fmt.Errorf("reply of %d tensors, want one of %d bytes", len(reply.Tensors), t.s.size)
+	}
+	t.last = reply
+	return nil
+}
+
+func (t *trpcCallStream) received() []byte {
+	if t.last == nil {
+		return nil
+	}
+	return t.last.Tensors[0].Bytes()
+}
+
+func (t *trpcCallStream) close() error {
+	t.last.Release()
+	t.last = nil
+	t.req.Release()
+	return nil
+}
+
 // probeIBV reports whether the ibv data plane negotiates on this machine,
 // and if not, why.
 func probeIBV(ctx context.Context) (ok bool, reason string) {
