@@ -28,8 +28,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -71,32 +73,74 @@ func main() {
 	if childproc.Role() == rankRole {
 		os.Exit(rankMain(os.Args[1:]))
 	}
+	os.Exit(command(os.Args[1:], os.Getenv, os.Stdout))
+}
+
+// command is the program the user runs, with its arguments and
+// environment; it returns the exit status.
+func command(args []string, getenv func(string) string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("allreduce", flag.ContinueOnError)
 	cfg := config{Ranks: 4, Elements: 1 << 24, Iters: 5}
-	transports := flag.String("transports", "ibv,shm,tcp,grpc", "data planes the sessions may use, comma-separated")
-	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
-	flag.IntVar(&cfg.Ranks, "p", cfg.Ranks, "processes in the ring")
-	flag.IntVar(&cfg.Elements, "n", cfg.Elements, "float32 elements to all-reduce")
-	flag.IntVar(&cfg.Iters, "iters", cfg.Iters, "timed all-reduces (after one warm-up)")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		usage("unexpected arguments: %s", strings.Join(flag.Args(), " "))
+	transports := fs.String("transports", "ibv,shm,tcp,grpc", "data planes the sessions may use, comma-separated")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	fs.IntVar(&cfg.Ranks, "p", cfg.Ranks, "processes in the ring, started by this one (not with -rank)")
+	fs.IntVar(&cfg.Elements, "n", cfg.Elements, "float32 elements to all-reduce")
+	fs.IntVar(&cfg.Iters, "iters", cfg.Iters, "timed all-reduces (after one warm-up)")
+	fs.Int("rank", 0, "run as this launched rank (default $RANK); -world and -master say where the others are")
+	fs.Int("world", 0, "launched ranks in the ring (default $WORLD_SIZE)")
+	fs.String("master", "", "HOST:PORT where rank 0 listens, an address every rank reaches (default $MASTER_ADDR:$MASTER_PORT)")
+	fs.String("listen", "", "HOST:PORT this launched rank listens on (default: rank 0 the master address, others their address toward it, port 0)")
+	usage := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "allreduce: "+format+"\n", args...)
+		fs.Usage()
+		return 2
+	}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0
+	} else if err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	set := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+	l, err := resolveLaunch(set, getenv)
+	if err != nil {
+		return usage("%v", err)
+	}
+	if l == nil {
+		for _, name := range []string{"world", "master", "listen"} {
+			if _, ok := set[name]; ok {
+				return usage("-%s is for launched ranks: give -rank too (or set RANK)", name)
+			}
+		}
+	} else {
+		if _, ok := set["p"]; ok && cfg.Ranks != l.world {
+			return usage("-p %d and the world size %d differ: a launched rank takes -world (or WORLD_SIZE)", cfg.Ranks, l.world)
+		}
+		cfg.Ranks = l.world
 	}
 	cfg.Transports = strings.Split(*transports, ",")
 	if err := cfg.check(); err != nil {
-		usage("%v", err)
+		return usage("%v", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if _, err := run(ctx, &cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "allreduce:", err)
-		os.Exit(1)
+	if l != nil {
+		err = runLaunched(ctx, &cfg, l, stdout)
+	} else {
+		_, err = run(ctx, &cfg, stdout)
 	}
-}
-
-func usage(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "allreduce: "+format+"\n", args...)
-	flag.Usage()
-	os.Exit(2)
+	if err != nil {
+		name := "allreduce"
+		if l != nil {
+			name = fmt.Sprintf("allreduce rank %d", l.rank)
+		}
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
 }
