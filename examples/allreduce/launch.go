@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/credentials/insecure"
@@ -86,6 +87,11 @@ func resolveLaunch(set map[string]string, getenv func(string) string) (*launch, 
 			return nil, errors.New("a launched rank needs -master HOST:PORT, or MASTER_ADDR and MASTER_PORT")
 		}
 		l.master = net.JoinHostPort(host, port)
+		if v := getenv("TORCHELASTIC_USE_AGENT_STORE"); strings.EqualFold(v, "true") || v == "1" {
+			// torchrun's agent serves torch.distributed's store there.
+			return nil, fmt.Errorf("torchrun's own store listens on MASTER_PORT %s (TORCHELASTIC_USE_AGENT_STORE=%s): give every rank -master %s with a port of its own",
+				port, v, net.JoinHostPort(host, "PORT"))
+		}
 	}
 	if _, _, err := net.SplitHostPort(l.master); err != nil {
 		return nil, fmt.Errorf("master address %q: %v", l.master, err)

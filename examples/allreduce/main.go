@@ -24,6 +24,57 @@
 // sum is exact, so the result is compared for equality. The program prints
 // the algorithm bandwidth (n·4 bytes / time) and the bus bandwidth
 // (algbw · 2(P−1)/P), as NCCL's tests do.
+//
+// # Launched ranks: one process each, as torchrun starts them
+//
+// By default the command starts the P ranks itself, as processes on this
+// host, and tells them each other's addresses. Ranks can instead be
+// started one by one, by hand or by a launcher (torchrun --no-python,
+// mpirun, a job scheduler, ssh), on one host or several. Each is told its
+// rank, the number of ranks and rank 0's address, by flags or by the
+// environment torchrun sets; a flag wins over its variable:
+//
+//	-rank R             RANK
+//	-world P            WORLD_SIZE
+//	-master HOST:PORT   MASTER_ADDR and MASTER_PORT
+//
+// Every rank must be given the same -n and -iters (rank 0 checks) and
+// started within -timeout of the others, in any order. One host, three
+// ranks, from the environment:
+//
+//	go build -o allreduce ./examples/allreduce
+//	export WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500
+//	RANK=1 ./allreduce -n 1000000 & RANK=2 ./allreduce -n 1000000 &
+//	RANK=0 ./allreduce -n 1000000
+//
+// Two hosts, 10.0.0.1 with ranks 0 and 1 and 10.0.0.2 with ranks 2 and 3,
+// with flags:
+//
+//	10.0.0.1$ ./allreduce -rank 0 -world 4 -master 10.0.0.1:29500 & ./allreduce -rank 1 -world 4 -master 10.0.0.1:29500
+//	10.0.0.2$ ./allreduce -rank 2 -world 4 -master 10.0.0.1:29500 & ./allreduce -rank 3 -world 4 -master 10.0.0.1:29500
+//
+// MASTER_ADDR must be an address of rank 0's host that every rank reaches:
+// 127.0.0.1 on one host, the host's address on the network between them
+// otherwise. Rank 0's ring server listens on MASTER_ADDR:MASTER_PORT
+// (-listen overrides where it listens; the others still dial the master
+// address). Every other rank listens on a free port of the address its
+// host reaches MASTER_ADDR from (the local address of a TCP connection to
+// it, the rule tensorrpc's tcp data plane uses; -listen HOST:PORT
+// overrides). So MASTER_PORT and those ports, and the data planes' (see
+// package rpc), must be open between the hosts.
+//
+// Under torchrun, MASTER_PORT may be torchrun's own store (it says so
+// with TORCHELASTIC_USE_AGENT_STORE=True, and then the command refuses
+// it): give every rank rank 0's address and a port of its own, as in
+// `torchrun --no-python --nproc_per_node 4 ./allreduce -master 127.0.0.1:29501`.
+//
+// Rank 0's server doubles as the job's store (a tensorrpc rendezvous, see
+// launch.go): the ranks publish their addresses there, meet at a barrier
+// before each all-reduce and send it their results; rank 0 prints the
+// summary the default mode prints and exits 1 when a result is wrong or a
+// rank's traffic is off, and the other ranks exit 0 once it has. A rank
+// that fails tells rank 0, which then fails at once; a rank that dies
+// without a word leaves the others waiting until -timeout.
 package main
 
 import (

@@ -24,6 +24,38 @@
 // By default the shards and workers are processes (this program
 // re-executed, see internal/childproc); -inprocess runs them as
 // goroutines, each shard with its own server on loopback.
+//
+// # Launched shards and workers
+//
+// The shards and workers can also be started one by one, by hand or by a
+// launcher (mpirun, a job scheduler, ssh), on one host or several. Each is
+// given the job's flags (the same for all: the workers check that the
+// shards run their job), its role and index, and the shards' addresses:
+//
+//	-role shard  -index K -shards HOST:PORT,...   shard K listens on the K-th address
+//	-role worker -index I -shards HOST:PORT,...
+//
+// -workers says how many workers there are; -shards, given addresses,
+// says how many shards. The addresses are all a process needs, so there is
+// no environment to read and no store: workers dial the shards, which
+// dial nobody. Each shard address must be one its host listens on and
+// every worker reaches (127.0.0.1 on one host; a shard may listen
+// elsewhere with -listen, as on 0.0.0.0:PORT). Processes may start in any
+// order: workers wait for the shards until -timeout. Worker 0 measures β,
+// prints the losses and the summary, and then stops the shards; every
+// process exits 0 when the job succeeded. Two hosts, shards on 10.0.0.1,
+// workers on both:
+//
+//	go build -o paramserver ./examples/paramserver
+//	job="-shards 10.0.0.1:29600,10.0.0.1:29601 -workers 2"
+//	10.0.0.1$ ./paramserver -role shard -index 0 $job & ./paramserver -role shard -index 1 $job &
+//	10.0.0.1$ ./paramserver -role worker -index 0 $job
+//	10.0.0.2$ ./paramserver -role worker -index 1 $job
+//
+// A worker other than 0 that fails leaves the others waiting until
+// -timeout (a launcher that ends the job when one process fails ends it
+// sooner); when worker 0 fails, it still stops the shards, which ends the
+// other workers.
 package main
 
 import (
