@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"strings"
@@ -20,7 +19,10 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// A rank talks with the parent in lines:
+// A rank runs the same ring however it was started; a coordinator tells
+// it its right neighbour's address and when to run each all-reduce, and
+// takes its results. Started by this program's parent (the default mode),
+// a rank talks with the parent in lines (parentCoordinator):
 //
 //	rank → parent: "<address>"             its server is listening
 //	parent → rank: "<address>"             its right neighbour's server
@@ -28,15 +30,32 @@ import (
 //	parent → rank: "go"                    run one all-reduce
 //	rank → parent: {result as JSON}        after each all-reduce
 //
-// and ends when the parent closes its stdin.
+// and ends when the parent closes its stdin. Started by the user or a
+// launcher (launch.go), the ranks coordinate through rank 0's server
+// instead (storeCoordinator).
+type coordinator interface {
+	// connect is called once the rank's server srv listens on addr; it
+	// returns the right neighbour's address.
+	connect(ctx context.Context, srv *rpc.Server, addr string) (right string, err error)
+	// begin waits until all-reduce iter may start: every rank is ready
+	// for it. plane is this rank's data plane to its right neighbour. It
+	// returns false when there are no more all-reduces.
+	begin(ctx context.Context, iter int, plane string) (bool, error)
+	// report hands on the rank's result of one all-reduce.
+	report(ctx context.Context, res iterResult) error
+	// end is called after the last all-reduce, before the rank closes its
+	// server and session.
+	end(ctx context.Context) error
+}
 
 // iterResult is what a rank reports after one all-reduce.
 type iterResult struct {
 	Rank, Iter int
 	Time       time.Duration // from "go" to the last chunk in place
 	// Sent and Received are the tensor bytes this rank's client sent and
-	// its server received during the all-reduce (rpc.Stats), and Copies
-	// the CPU copies of tensor bytes its client made.
+	// its server received from the left neighbour during the all-reduce
+	// (rpc.Stats), and Copies the CPU copies of tensor bytes its client
+	// made.
 	Sent, Received, Copies int64
 	Exact                  bool
 	Mismatch               string `json:",omitempty"`
@@ -53,12 +72,43 @@ func rankMain(args []string) int {
 		return 2
 	}
 	cfg.Transports = strings.Split(*transports, ",")
-	if err := runRank(&cfg, *rank, os.Stdout); err != nil {
+	if err := runRank(context.Background(), &cfg, *rank, "127.0.0.1:0", parentCoordinator{}); err != nil {
 		fmt.Fprintf(os.Stderr, "allreduce rank %d: %v\n", *rank, err)
 		return 1
 	}
 	return 0
 }
+
+// parentCoordinator is a rank's side of the line protocol with the parent.
+type parentCoordinator struct{}
+
+func (parentCoordinator) connect(_ context.Context, _ *rpc.Server, addr string) (string, error) {
+	fmt.Println(addr)
+	right, err := childproc.ReadParent()
+	if err != nil {
+		return "", fmt.Errorf("waiting for the right neighbour's address: %w", err)
+	}
+	return right, nil
+}
+
+func (parentCoordinator) begin(_ context.Context, iter int, plane string) (bool, error) {
+	if iter == 0 {
+		fmt.Println("ready", plane)
+	}
+	_, err := childproc.ReadParent()
+	return err == nil, nil // the end of stdin: told to stop
+}
+
+func (parentCoordinator) report(_ context.Context, res iterResult) error {
+	line, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Println(string(line))
+	return err
+}
+
+func (parentCoordinator) end(context.Context) error { return nil }
 
 // ring is one rank's side of the ring: its server, which its left
 // neighbour sends to, and its client of its right neighbour's server.
@@ -71,8 +121,13 @@ type ring struct {
 	chunks []*rpc.Tensor // the vector, chunk by chunk, in pool memory
 }
 
-func runRank(cfg *config, rank int, out io.Writer) (err error) {
-	ctx := context.Background()
+// clientName is how rank r names its ring client in its right
+// neighbour's server.
+func clientName(r int) string { return fmt.Sprintf("rank-%d", r) }
+
+// runRank is rank's process: its server listens on listen, co connects it
+// to its right neighbour and starts each all-reduce.
+func runRank(ctx context.Context, cfg *config, rank int, listen string, co coordinator) (err error) {
 	bytes := int64(cfg.Elements) * 4
 	pool, err := mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("allreduce"),
 		mempool.WithLimit(max(1<<30, 4*bytes)))
@@ -88,9 +143,9 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 		rpc.WithMaxTensorBytes(max(rpc.DefaultMaxTensorBytes, bytes))}
 	var sopts []rpc.ServerOption
 	dopts := []rpc.DialOption{
-		// The ranks talk over loopback, in plaintext.
+		// The ranks talk in plaintext: a trusted network.
 		rpc.WithTransportCredentials(insecure.NewCredentials()),
-		rpc.WithName(fmt.Sprintf("rank-%d", rank)),
+		rpc.WithName(clientName(rank)),
 	}
 	for _, o := range shared {
 		sopts = append(sopts, o)
@@ -99,16 +154,15 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 	if r.srv, err = rpc.NewServer(sopts...); err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	go r.srv.Serve(lis) // returns when the server stops
-	fmt.Fprintln(out, lis.Addr().String())
 
-	right, err := childproc.ReadParent()
+	right, err := co.connect(ctx, r.srv, lis.Addr().String())
 	if err != nil {
-		return fmt.Errorf("waiting for the right neighbour's address: %w", err)
+		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	r.client, err = rpc.Dial(dctx, right, dopts...)
@@ -126,21 +180,23 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 	}
 	r.fill(0)
 	// The counters are read between all-reduces, when no rank is sending:
-	// before this rank says it is ready (the parent starts the first
-	// all-reduce once every rank is), and after each all-reduce, before it
-	// reports (the parent starts the next once every rank has reported).
-	sent0, recv0 := r.client.Stats(), r.srv.Stats()
-	fmt.Fprintln(out, "ready", r.client.Transport())
+	// before this rank says it is ready (the first all-reduce starts once
+	// every rank is), and after each all-reduce, before it reports (the
+	// next starts once every rank has reported).
+	sent0, recv0 := r.client.Stats(), r.received()
 	for iter := 0; ; iter++ {
-		if _, err := childproc.ReadParent(); err != nil {
-			return nil // told to stop
+		if more, err := co.begin(ctx, iter, r.client.Transport()); err != nil || !more {
+			if err != nil {
+				return fmt.Errorf("waiting to start all-reduce %d: %w", iter, err)
+			}
+			break
 		}
 		start := time.Now()
 		if err := r.allReduce(ctx, iter); err != nil {
 			return fmt.Errorf("all-reduce %d: %w", iter, err)
 		}
 		res := iterResult{Rank: rank, Iter: iter, Time: time.Since(start)}
-		sent1, recv1 := r.client.Stats(), r.srv.Stats()
+		sent1, recv1 := r.client.Stats(), r.received()
 		res.Sent = tensorBytes(sent1) - tensorBytes(sent0)
 		res.Received = tensorBytes(recv1) - tensorBytes(recv0)
 		res.Copies = sent1.Copies - sent0.Copies
@@ -148,9 +204,27 @@ func runRank(cfg *config, rank int, out io.Writer) (err error) {
 		res.Mismatch = r.verify(iter)
 		res.Exact = res.Mismatch == ""
 		r.fill(iter + 1)
-		line, _ := json.Marshal(res)
-		fmt.Fprintln(out, string(line))
+		if err := co.report(ctx, res); err != nil {
+			return fmt.Errorf("reporting all-reduce %d: %w", iter, err)
+		}
 	}
+	return co.end(ctx)
+}
+
+// received is what this rank's server received from its left neighbour's
+// client: the session named after it. Other sessions (other ranks' store
+// sessions with rank 0, see launch.go) do not count.
+func (r *ring) received() rpc.Stats {
+	left := clientName((r.rank + r.cfg.Ranks - 1) % r.cfg.Ranks)
+	var total rpc.Stats
+	for _, s := range r.srv.Sessions() {
+		if s.Client == left {
+			total.DataPlaneBytes += s.Stats.DataPlaneBytes
+			total.InlineBytes += s.Stats.InlineBytes
+			total.StreamBytes += s.Stats.StreamBytes
+		}
+	}
+	return total
 }
 
 func tensorBytes(s rpc.Stats) int64 { return s.DataPlaneBytes + s.InlineBytes + s.StreamBytes }

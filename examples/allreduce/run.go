@@ -30,12 +30,16 @@ type summary struct {
 	Exact    bool
 }
 
+// header prints what the job is.
+func header(out io.Writer, cfg *config) {
+	fmt.Fprintf(out, "allreduce: %d processes, n = %d float32 (%s), 1 warm-up + %d timed all-reduces\n",
+		cfg.Ranks, cfg.Elements, bytesize.Format(int64(cfg.Elements)*4), cfg.Iters)
+}
+
 // run starts the ranks, connects the ring, runs one warm-up and cfg.Iters
 // timed all-reduces, checks every result and prints the summary.
 func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error) {
-	bytes := int64(cfg.Elements) * 4
-	fmt.Fprintf(out, "allreduce: %d processes, n = %d float32 (%s), 1 warm-up + %d timed all-reduces\n",
-		cfg.Ranks, cfg.Elements, bytesize.Format(bytes), cfg.Iters)
+	header(out, cfg)
 
 	ranks := make(childproc.Group, 0, cfg.Ranks)
 	defer func() {
@@ -64,65 +68,108 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 			return nil, err
 		}
 	}
-	sum := &summary{Exact: true}
-	var planes []string
 	for r := range cfg.Ranks {
 		if err := ranks[r].WriteLine(addrs[(r+1)%cfg.Ranks]); err != nil {
 			return nil, err
 		}
 	}
+	planes := make([]string, cfg.Ranks)
 	for r := range cfg.Ranks {
 		l, err := line(r)
 		if err != nil {
 			return nil, err
 		}
-		plane, ok := strings.CutPrefix(l, "ready ")
-		if !ok {
+		var ok bool
+		if planes[r], ok = strings.CutPrefix(l, "ready "); !ok {
 			return nil, fmt.Errorf("rank %d said %q, want ready", r, l)
 		}
-		if !slices.Contains(planes, plane) {
-			planes = append(planes, plane)
-		}
 	}
-	sum.Plane = strings.Join(planes, ",") // one plane, unless ranks differ
-	fmt.Fprintf(out, "data plane %s\n", sum.Plane)
+	t := newTally(cfg, out, planes)
 
 	// Iteration 0 warms up: pools grow and peers map new regions.
-	var total time.Duration
-	sum.Sent, sum.Received, sum.Copies = make([]int64, cfg.Ranks), make([]int64, cfg.Ranks), make([]int64, cfg.Ranks)
 	for iter := 0; iter <= cfg.Iters; iter++ {
 		for r := range cfg.Ranks {
 			if err := ranks[r].WriteLine("go"); err != nil {
 				return nil, err
 			}
 		}
-		var slowest time.Duration
+		results := make([]iterResult, cfg.Ranks)
 		for r := range cfg.Ranks {
 			l, err := line(r)
 			if err != nil {
 				return nil, err
 			}
-			var res iterResult
-			if err := json.Unmarshal([]byte(l), &res); err != nil || res.Rank != r || res.Iter != iter {
+			if err := json.Unmarshal([]byte(l), &results[r]); err != nil {
 				return nil, fmt.Errorf("rank %d: unexpected result %q", r, l)
 			}
-			if !res.Exact {
-				sum.Exact = false
-				fmt.Fprintf(out, "rank %d, all-reduce %d: WRONG: %s\n", r, iter, res.Mismatch)
-			}
-			if iter > 0 && (res.Sent != sum.Sent[r] || res.Received != sum.Received[r]) {
-				return nil, fmt.Errorf("rank %d moved %d/%d bytes in all-reduce %d, %d/%d before", r, res.Sent, res.Received, iter, sum.Sent[r], sum.Received[r])
-			}
-			sum.Sent[r], sum.Received[r], sum.Copies[r] = res.Sent, res.Received, res.Copies
-			slowest = max(slowest, res.Time)
 		}
-		if iter > 0 {
-			total += slowest
+		if err := t.add(iter, results); err != nil {
+			return nil, err
 		}
 	}
+	return t.finish()
+}
 
+// tally turns the ranks' results into the summary, the same whichever
+// process collects them: the parent, or rank 0 when the ranks were
+// launched (launch.go).
+type tally struct {
+	cfg   *config
+	out   io.Writer
+	sum   summary
+	total time.Duration // the slowest rank's time, summed over the timed all-reduces
+}
+
+// newTally starts the summary of a ring whose ranks use planes (one per
+// rank) to their right neighbours, and prints them.
+func newTally(cfg *config, out io.Writer, planes []string) *tally {
+	var distinct []string
+	for _, p := range planes {
+		if !slices.Contains(distinct, p) {
+			distinct = append(distinct, p)
+		}
+	}
+	t := &tally{cfg: cfg, out: out, sum: summary{
+		Plane: strings.Join(distinct, ","), // one plane, unless ranks differ
+		Exact: true,
+		Sent:  make([]int64, cfg.Ranks), Received: make([]int64, cfg.Ranks), Copies: make([]int64, cfg.Ranks),
+	}}
+	fmt.Fprintf(out, "data plane %s\n", t.sum.Plane)
+	return t
+}
+
+// add takes the results of all-reduce iter, one per rank in rank order.
+func (t *tally) add(iter int, results []iterResult) error {
+	sum := &t.sum
+	var slowest time.Duration
+	for r, res := range results {
+		if res.Rank != r || res.Iter != iter {
+			return fmt.Errorf("rank %d: result of rank %d, all-reduce %d, want all-reduce %d", r, res.Rank, res.Iter, iter)
+		}
+		if !res.Exact {
+			sum.Exact = false
+			fmt.Fprintf(t.out, "rank %d, all-reduce %d: WRONG: %s\n", r, iter, res.Mismatch)
+		}
+		if iter > 0 && (res.Sent != sum.Sent[r] || res.Received != sum.Received[r]) {
+			return fmt.Errorf("rank %d moved %d/%d bytes in all-reduce %d, %d/%d before", r, res.Sent, res.Received, iter, sum.Sent[r], sum.Received[r])
+		}
+		sum.Sent[r], sum.Received[r], sum.Copies[r] = res.Sent, res.Received, res.Copies
+		slowest = max(slowest, res.Time)
+	}
+	if iter > 0 {
+		t.total += slowest
+	}
+	return nil
+}
+
+// finish prints the summary after the last all-reduce, and fails when a
+// result was wrong or a rank's traffic differs from what the algorithm
+// needs.
+func (t *tally) finish() (*summary, error) {
+	cfg, out, sum := t.cfg, t.out, &t.sum
+	bytes := int64(cfg.Elements) * 4
 	p := float64(cfg.Ranks)
-	sum.Time = total / time.Duration(cfg.Iters)
+	sum.Time = t.total / time.Duration(cfg.Iters)
 	sum.AlgBW = float64(bytes) / sum.Time.Seconds()
 	sum.BusBW = sum.AlgBW * 2 * (p - 1) / p
 	sum.Expected = 2 * (p - 1) / p * float64(bytes)

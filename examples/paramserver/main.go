@@ -24,15 +24,51 @@
 // By default the shards and workers are processes (this program
 // re-executed, see internal/childproc); -inprocess runs them as
 // goroutines, each shard with its own server on loopback.
+//
+// # Launched shards and workers
+//
+// The shards and workers can also be started one by one, by hand or by a
+// launcher (mpirun, a job scheduler, ssh), on one host or several. Each is
+// given the job's flags (the same for all: the workers check that the
+// shards run their job), its role and index, and the shards' addresses:
+//
+//	-role shard  -index K -shards HOST:PORT,...   shard K listens on the K-th address
+//	-role worker -index I -shards HOST:PORT,...
+//
+// -workers says how many workers there are; -shards, given addresses,
+// says how many shards. The addresses are all a process needs, so there is
+// no environment to read and no store: workers dial the shards, which
+// dial nobody. Each shard address must be one its host listens on and
+// every worker reaches (127.0.0.1 on one host; a shard may listen
+// elsewhere with -listen, as on 0.0.0.0:PORT). Processes may start in any
+// order: workers wait for the shards until -timeout. Worker 0 measures β,
+// prints the losses and the summary, and then stops the shards; every
+// process exits 0 when the job succeeded. Two hosts, shards on 10.0.0.1,
+// workers on both:
+//
+//	go build -o paramserver ./examples/paramserver
+//	job="-shards 10.0.0.1:29600,10.0.0.1:29601 -workers 2"
+//	10.0.0.1$ ./paramserver -role shard -index 0 $job & ./paramserver -role shard -index 1 $job &
+//	10.0.0.1$ ./paramserver -role worker -index 0 $job
+//	10.0.0.2$ ./paramserver -role worker -index 1 $job
+//
+// A worker other than 0 that fails leaves the others waiting until
+// -timeout (a launcher that ends the job when one process fails ends it
+// sooner); when worker 0 fails, it still stops the shards, which ends the
+// other workers.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -105,44 +141,115 @@ func main() {
 	case shardRole, workerRole:
 		os.Exit(child(childproc.Role(), os.Args[1:]))
 	}
+	os.Exit(command(os.Args[1:], os.Stdout))
+}
+
+// shardsFlag is -shards: a number of shards, which this program starts, or
+// the addresses of shards started with -role shard.
+type shardsFlag struct {
+	count *int
+	addrs []string
+}
+
+func (f *shardsFlag) String() string {
+	if f.count == nil {
+		return ""
+	}
+	if f.addrs != nil {
+		return strings.Join(f.addrs, ",")
+	}
+	return strconv.Itoa(*f.count)
+}
+
+func (f *shardsFlag) Set(v string) error {
+	if n, err := strconv.Atoi(v); err == nil {
+		*f.count, f.addrs = n, nil
+		return nil
+	}
+	f.addrs = strings.Split(v, ",")
+	for _, a := range f.addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("neither a number of shards nor HOST:PORT,...: %v", err)
+		}
+	}
+	*f.count = len(f.addrs)
+	return nil
+}
+
+// command is the program the user runs, with its arguments; it returns
+// the exit status.
+func command(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("paramserver", flag.ContinueOnError)
 	cfg := defaultConfig()
 	var transports string
-	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
-	flag.IntVar(&cfg.Shards, "shards", cfg.Shards, "parameter-server shards (K)")
-	flag.IntVar(&cfg.Workers, "workers", cfg.Workers, "workers (P)")
-	flag.IntVar(&cfg.Params, "params", cfg.Params, "float32 parameters of the model (n)")
-	flag.IntVar(&cfg.SamplesPerParam, "samples-per-param", cfg.SamplesPerParam, "samples per parameter (N/n)")
-	flag.IntVar(&cfg.NonZeros, "nonzeros", cfg.NonZeros, "features per sample")
-	flag.IntVar(&cfg.Steps, "steps", cfg.Steps, "synchronous SGD steps")
-	flag.Float64Var(&cfg.LearningRate, "lr", 0, "learning rate (default: 1/λmax estimated from the data's shape)")
-	flag.Float64Var(&cfg.Noise, "noise", cfg.Noise, "standard deviation of the label noise")
-	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed of the data")
-	flag.StringVar(&transports, "transports", strings.Join(cfg.Transports, ","), "data planes the sessions may use, comma-separated")
-	flag.IntVar(&cfg.BetaBytes, "beta-bytes", cfg.BetaBytes, "bytes of the tensor the bandwidth β is measured with")
-	flag.IntVar(&cfg.LogEvery, "log-every", cfg.LogEvery, "print the loss every this many steps")
-	flag.BoolVar(&cfg.InProcess, "inprocess", false, "run shards and workers as goroutines instead of processes")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		usage("unexpected arguments: %s", strings.Join(flag.Args(), " "))
+	shards := &shardsFlag{count: &cfg.Shards}
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	fs.Var(shards, "shards", "parameter-server shards (K) to start, or the HOST:PORT,... list of shards started with -role (default 2)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "workers (P)")
+	fs.IntVar(&cfg.Params, "params", cfg.Params, "float32 parameters of the model (n)")
+	fs.IntVar(&cfg.SamplesPerParam, "samples-per-param", cfg.SamplesPerParam, "samples per parameter (N/n)")
+	fs.IntVar(&cfg.NonZeros, "nonzeros", cfg.NonZeros, "features per sample")
+	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "synchronous SGD steps")
+	fs.Float64Var(&cfg.LearningRate, "lr", 0, "learning rate (default: 1/λmax estimated from the data's shape)")
+	fs.Float64Var(&cfg.Noise, "noise", cfg.Noise, "standard deviation of the label noise")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed of the data")
+	fs.StringVar(&transports, "transports", strings.Join(cfg.Transports, ","), "data planes the sessions may use, comma-separated")
+	fs.IntVar(&cfg.BetaBytes, "beta-bytes", cfg.BetaBytes, "bytes of the tensor the bandwidth β is measured with")
+	fs.IntVar(&cfg.LogEvery, "log-every", cfg.LogEvery, "print the loss every this many steps")
+	fs.BoolVar(&cfg.InProcess, "inprocess", false, "run shards and workers as goroutines instead of processes")
+	role := fs.String("role", "", "run one launched process: shard or worker (with -index and -shards HOST:PORT,...)")
+	index := fs.Int("index", 0, "the launched shard's or worker's index")
+	listen := fs.String("listen", "", "HOST:PORT a launched shard listens on (default: its address in -shards)")
+	usage := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "paramserver: "+format+"\n", args...)
+		fs.Usage()
+		return 2
+	}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0
+	} else if err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	cfg.Transports = strings.Split(transports, ",")
 	if err := cfg.check(); err != nil {
-		usage("%v", err)
+		return usage("%v", err)
+	}
+	var l *launch
+	switch *role {
+	case "":
+		if shards.addrs != nil {
+			return usage("-shards HOST:PORT,... is for launched processes: give -role shard or -role worker")
+		}
+	case "shard", "worker":
+		l = &launch{role: *role, index: *index, shards: shards.addrs, listen: *listen}
+		if err := l.check(&cfg); err != nil {
+			return usage("%v", err)
+		}
+	default:
+		return usage("-role is shard or worker, not %q", *role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if _, err := run(ctx, &cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "paramserver:", err)
-		os.Exit(1)
+	var err error
+	if l != nil {
+		err = runLaunched(ctx, &cfg, l, stdout)
+	} else {
+		_, err = run(ctx, &cfg, stdout)
 	}
-}
-
-func usage(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "paramserver: "+format+"\n", args...)
-	flag.Usage()
-	os.Exit(2)
+	if err != nil {
+		name := "paramserver"
+		if l != nil {
+			name = fmt.Sprintf("paramserver %s %d", l.role, l.index)
+		}
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
 }
 
 // child runs a shard or worker process. Its arguments are the job's JSON

@@ -3,20 +3,36 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"net"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
+	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 )
 
+// commandRole is the test binary run as the paramserver command, as a
+// user or a launcher starts it.
+const commandRole = "paramserver-command"
+
 // TestMain lets the test binary play a shard or a worker when paramserver
-// re-executes it.
+// re-executes it, and the command when a test starts it as a launched
+// shard or worker.
 func TestMain(m *testing.M) {
 	switch childproc.Role() {
 	case shardRole, workerRole:
 		os.Exit(child(childproc.Role(), os.Args[1:]))
+	case commandRole:
+		args := os.Args[1:]
+		if len(args) > 0 && strings.HasPrefix(args[0], "-test.") { // childtest.Start's
+			args = args[1:]
+		}
+		os.Exit(command(args, os.Stdout))
 	}
 	os.Exit(m.Run())
 }
@@ -100,5 +116,71 @@ func TestConfigCheck(t *testing.T) {
 		if cfg.check() == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
+	}
+}
+
+// TestLaunched starts two shards and three workers as separate processes,
+// as a launcher would, each given only its role, its index and the
+// shards' addresses, workers before shards; worker 0 prints the summary
+// and every process exits by itself.
+func TestLaunched(t *testing.T) {
+	var addrs []string
+	for range 2 {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(lis.Addr().(*net.TCPAddr).Port))
+		lis.Close()
+	}
+	job := []string{"-shards", strings.Join(addrs, ","), "-workers", "3", "-params", "4096", "-steps", "6",
+		"-beta-bytes", "4194304", "-timeout", "40s"}
+	var procs []*childproc.Process
+	for _, p := range [][]string{{"worker", "0"}, {"worker", "1"}, {"shard", "1"}, {"worker", "2"}, {"shard", "0"}} {
+		args := append([]string{"-role", p[0], "-index", p[1]}, job...)
+		procs = append(procs, childtest.Start(t, commandRole, childproc.Options{Args: args}))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out strings.Builder
+	for {
+		l, err := procs[0].ReadLine(ctx)
+		if errors.Is(err, childproc.ErrExited) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("worker 0: %v; printed so far:\n%s", err, out.String())
+		}
+		out.WriteString(l + "\n")
+	}
+	t.Log("worker 0 printed:\n" + out.String())
+	for i, p := range procs {
+		select {
+		case <-p.Exited():
+		case <-ctx.Done():
+			t.Fatalf("process %d did not exit", i)
+		}
+		if err := p.Wait(); err != nil {
+			t.Errorf("process %d: %v", i, err)
+		}
+	}
+	for _, want := range []string{"(launched processes)", "β = ", "final loss", "cost model"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("worker 0 did not print %q", want)
+		}
+	}
+}
+
+func TestShardsFlag(t *testing.T) {
+	var n int
+	f := &shardsFlag{count: &n}
+	if err := f.Set("3"); err != nil || n != 3 || f.addrs != nil {
+		t.Fatalf("-shards 3: %v, %d, %v", err, n, f.addrs)
+	}
+	if err := f.Set("h1:1,[fd00::1]:2"); err != nil || n != 2 || len(f.addrs) != 2 {
+		t.Fatalf("-shards h1:1,[fd00::1]:2: %v, %d, %v", err, n, f.addrs)
+	}
+	if err := f.Set("h1"); err == nil {
+		t.Fatal("-shards h1 accepted")
 	}
 }

@@ -56,20 +56,36 @@ func startShard(cfg *config, k int) (*shard, string, error) {
 // workers, prints the loss as the steps complete and the timing at the
 // end.
 func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	mode := "processes"
 	if cfg.InProcess {
 		mode = "goroutines in one process"
 	}
-	fmt.Fprintf(out, "paramserver: %d shards, %d workers (%s); n = %d float32 parameters (%s), %d samples with %d features each\n",
-		cfg.Shards, cfg.Workers, mode, cfg.Params, bytesize.Format(int64(4*cfg.Params)), cfg.samples(), cfg.NonZeros)
-
+	header(out, cfg, mode)
 	addrs, stopShards, err := startShards(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, stopShards()) }()
+	return coordinate(ctx, cfg, addrs, out, func(ctx context.Context, fail context.CancelCauseFunc) <-chan struct{} {
+		return startWorkers(ctx, cfg, addrs, fail)
+	})
+}
+
+// header prints what the job is.
+func header(out io.Writer, cfg *config, mode string) {
+	fmt.Fprintf(out, "paramserver: %d shards, %d workers (%s); n = %d float32 parameters (%s), %d samples with %d features each\n",
+		cfg.Shards, cfg.Workers, mode, cfg.Params, bytesize.Format(int64(4*cfg.Params)), cfg.samples(), cfg.NonZeros)
+}
+
+// coordinate measures β against the shard at addrs[0], starts the workers
+// (startWorkers returns a channel closed when they have ended; a worker
+// that fails calls fail), prints the loss as the steps complete and the
+// timing at the end: the part of a run that is the same whoever started
+// the shards and workers.
+func coordinate(ctx context.Context, cfg *config, addrs []string, out io.Writer,
+	startWorkers func(context.Context, context.CancelCauseFunc) <-chan struct{}) (_ *summary, err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 
 	// The coordinator's own session with shard 0: β, then the records.
 	dctx, dcancel := context.WithTimeout(ctx, connectTimeout)
@@ -86,7 +102,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) (_ *summary, err error
 	fmt.Fprintf(out, "data plane %s; β = %.2f GB/s (Send of a %s tensor to shard 0)\n", sum.Plane, sum.Beta/1e9, bytesize.Format(int64(cfg.BetaBytes)))
 	fmt.Fprintf(out, "learning rate %.4g; noise variance %.4g\n", cfg.learningRate(), cfg.Noise*cfg.Noise)
 
-	workersDone := startWorkers(ctx, cfg, addrs, cancel)
+	workersDone := startWorkers(ctx, cancel)
 
 	fmt.Fprintf(out, "%6s  %12s\n", "step", "loss")
 	var records []stepRecord
