@@ -26,14 +26,15 @@ type twoHosts struct {
 
 // newTwoHosts makes the namespace and removes it when the test ends. It
 // skips, saying why, where namespaces cannot be made (not root, no
-// iproute2, no permission in a container).
+// iproute2, no permission in a container); under CI=true it fails instead,
+// so that a CI image without them cannot pass by skipping.
 func newTwoHosts(t *testing.T) *twoHosts {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("two-host tests need root to create network namespaces")
+		needNetns(t, "two-host tests need root to create network namespaces")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("two-host tests need the ip command (iproute2)")
+		needNetns(t, "two-host tests need the ip command (iproute2)")
 	}
 	id := (os.Getpid()*7 + int(time.Now().UnixNano()%1000)) % 250
 	h := &twoHosts{
@@ -51,7 +52,7 @@ func newTwoHosts(t *testing.T) *twoHosts {
 		return nil
 	}
 	if err := ip("netns", "add", h.ns); err != nil {
-		t.Skipf("cannot create a network namespace here: %v", err)
+		needNetns(t, "cannot create a network namespace here: %v", err)
 	}
 	t.Cleanup(func() { ip("link", "del", hostIf); ip("netns", "del", h.ns) })
 	for _, args := range [][]string{
@@ -65,10 +66,20 @@ func newTwoHosts(t *testing.T) *twoHosts {
 		{"netns", "exec", h.ns, "ip", "link", "set", "lo", "up"},
 	} {
 		if err := ip(args...); err != nil {
-			t.Skipf("cannot set up a veth pair: %v", err)
+			needNetns(t, "cannot set up a veth pair: %v", err)
 		}
 	}
 	return h
+}
+
+// needNetns skips t, or fails it when CI=true.
+func needNetns(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true, so not skipping: %s", msg)
+	}
+	t.Skipf("skipping: %s (with CI=true this fails)", msg)
 }
 
 // serverIn starts a child server process inside the namespace, listening
