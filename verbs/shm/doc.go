@@ -62,6 +62,10 @@
 // exposure id; each grant is then an entry in the key cache, a window
 // (key, the peer's address range, one right) on that mapping, and the
 // answers for later grants of the region carry no fd and cost no mmap.
+// Better still, a grant made while its region is already exposed is
+// announced to the peer at once (msgGrant, the same fields, never an fd),
+// so its first use needs no question at all; the peer ignores such
+// announcements past a bound on its key cache, and asks when it uses one.
 // The peer's provider checks the grant's range and right before every
 // copy, and refuses an answer whose exposure id contradicts what it
 // holds. Revoke, like Deregister, has the peer drop the key and waits for

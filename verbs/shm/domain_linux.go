@@ -220,6 +220,28 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 	return a, nil
 }
 
+// announceExposed is announce for a grant of qp whose region is already
+// exposed to qp's peer; it reports false, recording nothing, for any
+// other key.
+func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	w, err := pd.table.Window(key, qp)
+	if err != nil || !w.Grant {
+		return announcement{}, false
+	}
+	r := pd.regions[w.Region.LocalKey()]
+	if r == nil || r.Region != w.Region {
+		return announcement{}, false
+	}
+	id, ok := qp.exposures[r]
+	if !ok {
+		return announcement{}, false
+	}
+	qp.announced[key] = r
+	return announcement{w: w, r: r, exposure: id}, true
+}
+
 func (pd *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
 	return softrc.NewDomainCQ("shm", pd, capacity, &pd.mu, &pd.closed, pd.cqs)
 }

@@ -3,6 +3,7 @@ package shm
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -24,6 +25,21 @@ func grantState(qp *queuePair) (regions, maps int, requests uint64) {
 	return len(qp.peerRegions), qp.regionMaps, requests
 }
 
+// waitCached waits until the peer's announcement of grant key reached
+// qp's cache.
+func waitCached(t *testing.T, qp *queuePair, key uint32) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		qp.remoteMu.RLock()
+		_, ok := qp.remote[key]
+		qp.remoteMu.RUnlock()
+		if ok {
+			return
+		}
+	}
+	t.Fatalf("grant %#x was not announced", key)
+}
+
 // exposedRegion returns a's mapping of the one region the peer exposed.
 func exposedRegion(t *testing.T, qp *queuePair) *peerMemory {
 	t.Helper()
@@ -39,8 +55,9 @@ func exposedRegion(t *testing.T, qp *queuePair) *peerMemory {
 }
 
 // TestGrantsShareRegionMapping: the initiator maps a granted region once,
-// on its first grant; later grants on it are windows of that mapping (one
-// fd-less answer each, no mmap), a write grant upgrades it once, Revoke
+// on its first grant; later grants on it are windows of that mapping,
+// announced by the target as they are made (no map request, no fd, no
+// mmap), a write grant upgrades it once, Revoke
 // drops the key but keeps the mapping, MapRemote shares one read-only
 // mapping, and Deregister makes the initiator drop the region's mapping
 // (a Mapping from MapRemote stays until its Release).
@@ -86,13 +103,15 @@ func TestGrantsShareRegionMapping(t *testing.T) {
 		t.Fatalf("region mapped for a read grant is %q, want read-only", p)
 	}
 
+	// The region is exposed: the next grant is announced as it is made.
 	g2 := grant(8192, 4096, verbs.AccessRemoteRead)
+	waitCached(t, a.qp, g2.Remote().Key)
 	do(verbs.OpRead, g2.Remote(), 4096)
 	if string(a.mr.Bytes()[:4096]) != string(mem.Bytes[8192:12288]) {
 		t.Fatal("read through the second grant returned other bytes")
 	}
-	if regions, maps, reqs := grantState(a.qp); regions != 1 || maps != 1 || reqs != 2 {
-		t.Fatalf("after a second grant: %d regions, %d mappings, %d requests; want 1, 1, 2", regions, maps, reqs)
+	if regions, maps, reqs := grantState(a.qp); regions != 1 || maps != 1 || reqs != 1 {
+		t.Fatalf("after a second grant: %d regions, %d mappings, %d requests; want 1, 1, 1", regions, maps, reqs)
 	}
 	if exposedRegion(t, a.qp) != pm || addrOf(pm.data) != base {
 		t.Fatal("the second grant remapped the region")
@@ -101,14 +120,16 @@ func TestGrantsShareRegionMapping(t *testing.T) {
 	// A write grant upgrades the mapping once; the next one reuses it.
 	copy(a.mr.Bytes(), "written through a grant")
 	g3 := grant(16384, 4096, verbs.AccessRemoteWrite)
+	waitCached(t, a.qp, g3.Remote().Key)
 	do(verbs.OpWrite, g3.Remote(), 23)
 	g4 := grant(20480, 4096, verbs.AccessRemoteWrite)
+	waitCached(t, a.qp, g4.Remote().Key)
 	do(verbs.OpWrite, g4.Remote(), 23)
 	if string(mem.Bytes[16384:16384+23]) != "written through a grant" || string(mem.Bytes[20480:20480+23]) != "written through a grant" {
 		t.Fatal("the writes did not land")
 	}
-	if regions, maps, _ := grantState(a.qp); regions != 1 || maps != 2 {
-		t.Fatalf("after two write grants: %d regions, %d mappings; want 1, 2", regions, maps)
+	if regions, maps, reqs := grantState(a.qp); regions != 1 || maps != 2 || reqs != 1 {
+		t.Fatalf("after two write grants: %d regions, %d mappings, %d requests; want 1, 2, 1", regions, maps, reqs)
 	}
 	base = addrOf(pm.data)
 	if p := mappingPerms(t, base); len(p) < 2 || p[1] != 'w' {
@@ -245,9 +266,28 @@ func TestGrantAnnouncementsChecked(t *testing.T) {
 	if _, broken := qp.mapGrant(ann(13, rd, 1<<20, 0, 100, 4, 4096, 1<<15), -1); broken == nil {
 		t.Error("a grant naming region 4 with another range was accepted")
 	}
+	// Unasked announcements: only fd-less windows on an exposed region.
+	push := func(msg message) message { msg.typ = msgGrant; return msg }
+	if err := qp.onGrant(push(ann(14, rd, 1<<20, 0, 100, 5, 0, 1<<16))); err != nil {
+		t.Errorf("an announcement on a region never exposed: %v, want it ignored", err)
+	}
+	bad := push(ann(15, rd, 1<<20, 0, 100, 4, 0, 1<<16))
+	bad.flags = flagFound
+	if err := qp.onGrant(bad); err == nil {
+		t.Error("an announcement without flagRegion was accepted")
+	}
+	if err := qp.onGrant(push(ann(16, rd, 1<<20, 0, 100, 4, 0, 1<<16))); err != nil {
+		t.Errorf("a good announcement: %v", err)
+	}
 	qp.remoteMu.RLock()
 	rr := qp.remote[11]
+	_, cached14 := qp.remote[14]
+	_, cached15 := qp.remote[15]
+	_, cached16 := qp.remote[16]
 	qp.remoteMu.RUnlock()
+	if cached14 || cached15 || !cached16 {
+		t.Errorf("announcements cached: 14 %v, 15 %v, 16 %v; want only 16", cached14, cached15, cached16)
+	}
 	if got, err := rr.span(1<<20, 13, rd); err != nil || string(got) != "granted bytes" {
 		t.Fatalf("span = %q, %v", got, err)
 	}

@@ -149,11 +149,17 @@ func (m *mapping) Release() error {
 // Grant opens length bytes at offset of region to this queue pair's peer
 // with one right: the peer asks for the grant's key like a region's, and
 // only this queue pair's peer is told of it (with the region's memfd the
-// first time the region is exposed to it; see the package doc). Revoke
+// first time the region is exposed to it; see the package doc). When the
+// region is already exposed to the peer, the grant is announced to it at
+// once, so that its first use needs no question. Revoke
 // has the peer drop the key and waits for its confirmation, as Deregister
 // does; the peer keeps the region mapped until it is deregistered.
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	return qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
+	g, err := qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
+	if err == nil {
+		qp.pushGrant(g.Remote().Key)
+	}
+	return g, err
 }
 
 func (qp *queuePair) revokeGrant(g *softrc.Grant) {

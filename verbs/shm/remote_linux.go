@@ -342,6 +342,50 @@ func (qp *queuePair) mapGrant(m message, fd int) (err, broken error) {
 	return nil, nil
 }
 
+// maxPushedKeys bounds the key cache for grants the peer announces
+// unasked: past it, they are ignored (and asked for when used), so a
+// peer that grants without revoking cannot grow the cache without end.
+const maxPushedKeys = 1 << 14
+
+// onGrant caches a grant the peer announced as it made it (msgGrant). A
+// grant we cannot use is ignored: the request that names it will ask.
+func (qp *queuePair) onGrant(m message) error {
+	if m.flags != flagFound|flagRegion {
+		return fmt.Errorf("grant announcement %#x has flags %#x", m.key, m.flags)
+	}
+	qp.remoteMu.RLock()
+	full := len(qp.remote) >= maxPushedKeys
+	qp.remoteMu.RUnlock()
+	if full {
+		return nil
+	}
+	_, broken := qp.mapGrant(m, -1)
+	return broken
+}
+
+// pushGrant announces grant key to the peer as it is made, when its
+// region is already exposed to the peer (so no fd goes along): the peer
+// need not ask for it before its first use. The announcement is recorded
+// like an answer, so that Revoke and Deregister tell the peer.
+func (qp *queuePair) pushGrant(key uint32) {
+	qp.mu.Lock()
+	ready := qp.state == verbs.QPReadyToSend && qp.readerDone != nil
+	qp.mu.Unlock()
+	if !ready {
+		return
+	}
+	qp.announceMu.Lock()
+	defer qp.announceMu.Unlock()
+	a, ok := qp.pd.announceExposed(qp, key)
+	if !ok {
+		return
+	}
+	m := message{typ: msgGrant, flags: flagFound | flagRegion, key: key,
+		addr: a.w.Addr, length: a.w.Len, access: a.w.Access, offset: a.w.Off, total: a.exposure}
+	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
+	qp.send(&m, -1)
+}
+
 // onMapRequest announces our region, or the grant made on this queue pair,
 // that the peer asks for, with its fd. Another queue pair's grant, a
 // region without remote rights or an unknown key is not found. A grant's

@@ -49,6 +49,12 @@ const (
 	// msgFD, on the socket of such a queue pair, carries the fd of the
 	// ring record with the same seq, which is marked flagFD.
 	msgFD
+	// msgGrant announces a grant unasked, as soon as it is made, when its
+	// region is already exposed to the peer: the fields of a msgMapReply
+	// marked flagFound and flagRegion, never an fd, no seq. The peer
+	// caches it as if it had asked, so the grant's first use needs no
+	// msgMapRequest.
+	msgGrant
 )
 
 const (
@@ -118,7 +124,7 @@ func decodeMessage(b []byte) (message, error) {
 		return m, fmt.Errorf("shm: control message is %d bytes, want %d", len(b), messageSize)
 	}
 	m.typ = msgType(b[0])
-	if m.typ < msgHello || m.typ > msgFD {
+	if m.typ < msgHello || m.typ > msgGrant {
 		return m, fmt.Errorf("shm: unknown control message type %d", b[0])
 	}
 	if b[3] != 0 {
