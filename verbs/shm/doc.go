@@ -168,11 +168,11 @@
 // the fd and closes it in Deregister. A peer's copy mapping of a region,
 // whether announced by its own key or exposed by a grant, lasts until the
 // region is deregistered or the queue pair closes (not merely until its
-// grants are revoked). A Mapping from MapRemote is independent of both: it stays readable until
-// its Release even after the peer deregisters the region, the queue pair
-// closes or the peer process dies, and it reads the original bytes (the
-// last the peer wrote), because the mapping keeps the shared memory, whose
-// memfd is sealed against shrinking. Revocation relies on the peer's
+// grants are revoked). A Mapping from MapRemote is independent of both:
+// it stays readable until its Release even after the peer deregisters the
+// region, the queue pair closes or the peer process dies, and it reads
+// the original bytes (the last the peer wrote), because the mapping keeps
+// the shared memory, whose memfd is sealed against shrinking. Revocation relies on the peer's
 // cooperation: a peer process that ignores the unmap request keeps its
 // mapping (and can go on writing the memory) for as long as it lives;
 // Deregister then fails the queue pair after WithDeregisterTimeout. Share
