@@ -88,11 +88,15 @@
 // later signaled request of the same queue pair completes; a queue pair
 // that posts only unsignaled requests fills up (ErrQueueFull).
 //
-// On shm the peer maps the shared regions' memory. Grants are enforced by
-// the provider on both sides, which protects against a peer that speaks
-// the protocol with forged keys, offsets or lengths, but a hostile process
-// on the same host holds the region's file descriptor. Use tcp between
-// processes that do not trust each other.
+// On shm the peer maps the shared regions' memory: a grant hands the
+// peer the file descriptor of the grant's whole region, which the peer's
+// provider maps once and keeps mapped for the region's later grants until
+// the region is deregistered. Grants are enforced by the provider on both
+// sides, which protects against a peer that speaks the protocol with
+// forged keys, offsets or lengths, not against a hostile process on the
+// same host: that process holds the region's file descriptor and can map
+// and write all of the region, and keep it. Use tcp between processes
+// that do not trust each other.
 //
 // A Mapping from MapRemote stays readable until its Release even if the
 // peer dies or the queue pair closes (the mapping holds the shared memory,

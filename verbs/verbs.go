@@ -309,8 +309,11 @@ type Mapping interface {
 	// Bytes is the peer's memory: it shows the peer's later writes (and
 	// keeps the last bytes the peer wrote after the peer is gone).
 	Bytes() []byte
-	// Release unmaps it when no other Mapping shares the pages; Bytes must
-	// not be used after. It is idempotent.
+	// Release lets go of it: the pages are unmapped once nothing shares
+	// them (another Mapping, or on shm the queue pair's cached read-only
+	// mapping of the peer's region, dropped when the region is
+	// deregistered or the queue pair closes). Bytes must not be used
+	// after. It is idempotent.
 	Release() error
 }
 

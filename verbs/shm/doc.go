@@ -40,17 +40,41 @@
 //
 // Queue pairs implement verbs.RemoteMapper: MapRemote checks a key, bounds
 // and the remote-read right as a Read would, through the same cache of
-// announced regions (asking the peer on first use), and returns a
-// verbs.Mapping: the peer's memfd mapped PROT_READ (writing it faults),
-// shared by the Mappings of one region and unmapped by the last Release.
-// A refusal is an error and leaves the queue pair usable.
+// announced regions and grants (asking the peer on first use), and
+// returns a verbs.Mapping: the peer's memfd mapped PROT_READ (writing it
+// faults), one mapping per peer region (for a grant, its whole region),
+// made on first use and shared by the Mappings of the region and by the
+// cache while the region stays cached, so that a Mapping costs no mmap
+// once there is one. The last of them to let go (Release, or the region
+// leaving the cache) unmaps it. A refusal is an error and leaves the
+// queue pair usable.
 //
 // Grants (QueuePair.Grant) take keys from the same random 32-bit space as
 // regions. The peer asks for a grant's key like a region's; the domain
-// answers only the queue pair the grant was made on, announcing just the
-// granted range with its one right, and the peer's provider checks range
-// and right before every copy. Revoke, like Deregister, has the peer unmap
-// the key and waits for its confirmation.
+// answers only the queue pair the grant was made on, with the granted
+// range and its one right, the grant's offset in its region, the
+// region's range of its memfd and an exposure id, a number the queue pair
+// gives each region the first time it exposes it to the peer through a
+// grant (never reused on the queue pair). The memfd rides along only that
+// first time: the peer checks its seals and size for the whole region,
+// maps the whole region once (PROT_READ, plus PROT_WRITE from the first
+// write grant on, which remaps it once) and caches the mapping by
+// exposure id; each grant is then an entry in the key cache, a window
+// (key, the peer's address range, one right) on that mapping, and the
+// answers for later grants of the region carry no fd and cost no mmap.
+// Better still, a grant made while its region is already exposed is
+// announced to the peer at once (msgGrant, the same fields, never an fd),
+// so its first use needs no question at all; the peer ignores such
+// announcements past a bound on its key cache, and asks when it uses one.
+// The peer's provider checks the grant's range and right before every
+// copy, and refuses an answer whose exposure id contradicts what it
+// holds. Revoke, like Deregister, has the peer drop the key and waits for
+// its confirmation, so no copy with the grant starts after Revoke
+// returns; the region's mapping stays cached for the region's next
+// grants. Deregister of the region (and so an arena trimmed or a pool
+// closed) tells every queue pair the region was exposed on to drop the
+// exposure, the region's mapping and every grant on it, and waits for
+// each to confirm, as it does for regions announced by their own keys.
 //
 // Every request checks the remote key, bounds and rights against the
 // peer's announced region before memory is touched; a refusal is a
@@ -141,17 +165,28 @@
 //
 // Lifetimes. Memory.Bytes and its memfd belong to the caller and must stay
 // mapped until Deregister returns; the provider keeps its own duplicate of
-// the fd and closes it in Deregister. A peer's copy mapping of a region
-// lasts until the region is deregistered or the queue pair closes. A
-// Mapping from MapRemote is independent of both: it stays readable until
-// its Release even after the peer deregisters the region, the queue pair
-// closes or the peer process dies, and it reads the original bytes (the
-// last the peer wrote), because the mapping keeps the shared memory, whose
-// memfd is sealed against shrinking. Revocation relies on the peer's
+// the fd and closes it in Deregister. A peer's copy mapping of a region,
+// whether announced by its own key or exposed by a grant, lasts until the
+// region is deregistered or the queue pair closes (not merely until its
+// grants are revoked). A Mapping from MapRemote is independent of both:
+// it stays readable until its Release even after the peer deregisters the
+// region, the queue pair closes or the peer process dies, and it reads
+// the original bytes (the last the peer wrote), because the mapping keeps
+// the shared memory, whose memfd is sealed against shrinking. Revocation relies on the peer's
 // cooperation: a peer process that ignores the unmap request keeps its
 // mapping (and can go on writing the memory) for as long as it lives;
 // Deregister then fails the queue pair after WithDeregisterTimeout. Share
 // regions only with processes you trust with that memory.
+//
+// Grants narrow what the provider lets the peer's requests touch, not what
+// the peer process can touch: the peer receives the region's memfd (the
+// whole region, not just the granted range) and a process that does not
+// follow the protocol can map all of it, read and write it, and keep it
+// after Revoke and Deregister. Grants protect against a peer that speaks
+// the protocol with forged keys, offsets or lengths (its provider checks
+// every request, ours answers only for the grants of its queue pair), not
+// against a hostile process on the same host. Use tcp between processes
+// that do not trust each other.
 //
 // A queue pair that goes to ERR shuts down its side of the socket after
 // the acks it owes, so that its peer goes to ERR too. Peer death is seen

@@ -179,22 +179,67 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 	return r, nil
 }
 
+// announcement is what onMapRequest tells the peer about a key: its
+// window and region and, for a grant, the region's exposure id and
+// whether this is the region's first exposure to the peer (its fd must go
+// along).
+type announcement struct {
+	w        softrc.Window
+	r        *region
+	exposure uint64
+	fresh    bool
+}
+
 // announce looks up the remote key a request of qp's peer names (a region
 // with remote rights, or a grant made on qp) and records that the peer is
-// about to map it, so that Deregister or Revoke will tell that peer.
-func (pd *domain) announce(qp *queuePair, key uint32) (softrc.Window, *region, error) {
+// about to map it (for a grant: its region, whole), so that Deregister or
+// Revoke will tell that peer.
+func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	w, err := pd.table.Window(key, qp)
 	if err != nil {
-		return w, nil, err
+		return announcement{}, err
 	}
 	r := pd.regions[w.Region.LocalKey()]
 	if r == nil || r.Region != w.Region {
-		return w, nil, fmt.Errorf("region of remote key %#x is deregistered", key)
+		return announcement{}, fmt.Errorf("region of remote key %#x is deregistered", key)
 	}
 	qp.announced[key] = r
-	return w, r, nil
+	a := announcement{w: w, r: r}
+	if w.Grant {
+		id, ok := qp.exposures[r]
+		if !ok {
+			qp.nextExposure++
+			id = qp.nextExposure
+			qp.exposures[r] = id
+			a.fresh = true
+		}
+		a.exposure = id
+	}
+	return a, nil
+}
+
+// announceExposed is announce for a grant of qp whose region is already
+// exposed to qp's peer; it reports false, recording nothing, for any
+// other key.
+func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	w, err := pd.table.Window(key, qp)
+	if err != nil || !w.Grant {
+		return announcement{}, false
+	}
+	r := pd.regions[w.Region.LocalKey()]
+	if r == nil || r.Region != w.Region {
+		return announcement{}, false
+	}
+	id, ok := qp.exposures[r]
+	if !ok {
+		return announcement{}, false
+	}
+	qp.announced[key] = r
+	return announcement{w: w, r: r, exposure: id}, true
 }
 
 func (pd *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {

@@ -19,9 +19,11 @@ var _ verbs.RemoteMapper = (*queuePair)(nil)
 // queue pair to the error state. A zero length returns an empty mapping
 // and, like a zero-length Read, checks no key.
 //
-// The mapping is the peer's memfd mapped PROT_READ, shared by every
-// Mapping of the same region and unmapped when the last is released. It
-// does not depend on the queue pair: closing it, the peer deregistering
+// The mapping is the peer's memfd mapped PROT_READ (for a grant, its whole
+// region), shared by every Mapping of the same region and, while the
+// region is cached, by the cache, so that later Mappings cost no mmap; it
+// is unmapped when the last of them lets go. It does not depend on the
+// queue pair: closing it, the peer deregistering
 // the region or the peer's death leave it readable (the memfd is sealed
 // against shrinking, so its pages stay), showing the last bytes the peer
 // wrote.
@@ -47,7 +49,9 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, 
 			_, err := rr.span(remote.Addr, length, verbs.AccessRemoteRead)
 			var m *mapping
 			if err == nil {
-				m, err = rr.view(remote.Addr-rr.addr, length)
+				if m, err = rr.mem.view(rr.off+(remote.Addr-rr.addr), length); err != nil {
+					err = fmt.Errorf("peer region %#x: %v", rr.key, err)
+				}
 			}
 			qp.remoteMu.RUnlock()
 			if err != nil {
@@ -80,45 +84,46 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, 
 	}
 }
 
-// roMapping is a read-only mapping of a peer region's memfd, shared by the
-// Mappings of the region and unmapped by the last Release.
+// roMapping is a read-only mapping of a peer's memory, shared by its
+// Mappings and, while the memory is cached, by the cache; the last
+// reference unmaps it.
 type roMapping struct {
-	rr      *remoteRegion
-	refs    int // guarded by rr.roMu
+	pm      *peerMemory
+	refs    int // guarded by pm.roMu
 	mapping []byte
 	data    []byte
 }
 
-// view returns a Mapping of n bytes at off in the region. The caller holds
-// qp.remoteMu for reading, so rr.fd is open.
-func (rr *remoteRegion) view(off uint64, n int) (*mapping, error) {
-	rr.roMu.Lock()
-	defer rr.roMu.Unlock()
-	ro := rr.ro
+// view returns a Mapping of n bytes at off in the memory. The caller holds
+// qp.remoteMu for reading, so pm is cached and pm.fd open.
+func (pm *peerMemory) view(off uint64, n int) (*mapping, error) {
+	pm.roMu.Lock()
+	defer pm.roMu.Unlock()
+	ro := pm.ro
 	if ro == nil {
-		whole, data, err := mapFD(rr.fd, rr.offset, rr.length, false)
+		whole, data, err := mapFD(pm.fd, pm.offset, pm.length, false)
 		if err != nil {
-			return nil, fmt.Errorf("peer region %#x: %v", rr.key, err)
+			return nil, err
 		}
-		ro = &roMapping{rr: rr, mapping: whole, data: data}
-		rr.ro = ro
+		ro = &roMapping{pm: pm, refs: 1, mapping: whole, data: data} // the cache's reference
+		pm.ro = ro
 	}
 	ro.refs++
 	return &mapping{ro: ro, b: ro.data[off : off+uint64(n) : off+uint64(n)]}, nil
 }
 
 func (ro *roMapping) release() {
-	rr := ro.rr
-	rr.roMu.Lock()
-	defer rr.roMu.Unlock()
+	pm := ro.pm
+	pm.roMu.Lock()
 	ro.refs--
-	if ro.refs > 0 {
-		return
+	last := ro.refs == 0
+	if last && pm.ro == ro {
+		pm.ro = nil
 	}
-	if rr.ro == ro {
-		rr.ro = nil
+	pm.roMu.Unlock()
+	if last {
+		unix.Munmap(ro.mapping)
 	}
-	unix.Munmap(ro.mapping)
 }
 
 // mapping implements verbs.Mapping.
@@ -130,8 +135,9 @@ type mapping struct {
 
 func (m *mapping) Bytes() []byte { return m.b }
 
-// Release unmaps the pages when no other Mapping of the region shares
-// them. It is idempotent.
+// Release unmaps the pages when nothing else (another Mapping of the
+// region, or the cache while the region is cached) shares them. It is
+// idempotent.
 func (m *mapping) Release() error {
 	if m.released.Swap(true) || m.ro == nil {
 		return nil
@@ -142,10 +148,18 @@ func (m *mapping) Release() error {
 
 // Grant opens length bytes at offset of region to this queue pair's peer
 // with one right: the peer asks for the grant's key like a region's, and
-// only this queue pair's peer is told of it. Revoke has the peer unmap it
-// and waits for its confirmation, as Deregister does.
+// only this queue pair's peer is told of it (with the region's memfd the
+// first time the region is exposed to it; see the package doc). When the
+// region is already exposed to the peer, the grant is announced to it at
+// once, so that its first use needs no question. Revoke
+// has the peer drop the key and waits for its confirmation, as Deregister
+// does; the peer keeps the region mapped until it is deregistered.
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	return qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
+	g, err := qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
+	if err == nil {
+		qp.pushGrant(g.Remote().Key)
+	}
+	return g, err
 }
 
 func (qp *queuePair) revokeGrant(g *softrc.Grant) {

@@ -102,10 +102,16 @@ type queuePair struct {
 
 	mapCh chan mapResult // answers to msgMapRequest, for the holder of fetchMu
 
-	// remote caches the peer's regions we mapped, by key. Copies hold the
-	// read lock; unmapping holds the write lock.
-	remoteMu sync.RWMutex
-	remote   map[uint32]*remoteRegion
+	// remote caches what the peer announced, by key: its regions we
+	// mapped and its grants. peerRegions holds the peer's regions exposed
+	// to us by grants, each mapped whole once, by exposure id; a grant is
+	// a window on one of them. regionMaps counts the mappings made for
+	// exposed regions (for tests). Copies hold the read lock; the receiver
+	// changes the caches with the write lock.
+	remoteMu    sync.RWMutex
+	remote      map[uint32]*remoteRegion
+	peerRegions map[uint64]*peerMemory
+	regionMaps  int
 
 	// fetchMu serializes asking the peer for regions (the sender's
 	// requests and MapRemote's); mapSeq, the request ids, is guarded by it.
@@ -114,9 +120,13 @@ type queuePair struct {
 
 	// announceMu orders our region announcements to the peer before the
 	// matching revocations. announced (guarded by pd.mu) holds the keys
-	// of our regions the peer may have mapped.
-	announceMu sync.Mutex
-	announced  map[uint32]*region
+	// of our regions and grants the peer may have mapped; exposures
+	// (guarded by pd.mu too) the regions the peer mapped whole for our
+	// grants, with their exposure ids, taken from nextExposure.
+	announceMu   sync.Mutex
+	announced    map[uint32]*region
+	exposures    map[*region]uint64
+	nextExposure uint64
 }
 
 // errQueuePairClosed is the cause recorded in completions flushed by Close.
@@ -138,7 +148,9 @@ func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePa
 		ackCh:        make(chan message, 1),
 		mapCh:        make(chan mapResult, 1),
 		remote:       make(map[uint32]*remoteRegion),
+		peerRegions:  make(map[uint64]*peerMemory),
 		announced:    make(map[uint32]*region),
+		exposures:    make(map[*region]uint64),
 		accepting:    true,
 	}
 	qp.inlineLimit = pd.opts.inlineLimit
@@ -515,7 +527,11 @@ func (qp *queuePair) Close() error {
 	qp.remoteMu.Lock()
 	for key, rr := range qp.remote {
 		delete(qp.remote, key)
-		rr.unmap() // Mappings of it keep their own read-only mappings
+		rr.drop() // Mappings of it keep their own read-only mappings
+	}
+	for id, pm := range qp.peerRegions {
+		delete(qp.peerRegions, id)
+		pm.unmap()
 	}
 	qp.remoteMu.Unlock()
 	if qp.stagingMapping != nil {
@@ -537,11 +553,22 @@ func (qp *queuePair) Close() error {
 	return nil
 }
 
-// revoke tells the peer to unmap our region key and waits for its
-// confirmation, for the connection to end, or for the deregister timeout
-// (after which the queue pair fails: a peer that keeps a revoked region
-// mapped is not one to keep talking to).
+// revoke tells the peer to unmap our region or grant key; see unmapAtPeer.
 func (qp *queuePair) revoke(key uint32) {
+	qp.unmapAtPeer(message{typ: msgUnmap, key: key})
+}
+
+// unexpose tells the peer to drop its mapping of our region r, exposed
+// to it by grants as exposure id, with every grant on it; see unmapAtPeer.
+func (qp *queuePair) unexpose(r *region, id uint64) {
+	qp.unmapAtPeer(message{typ: msgUnmap, flags: flagRegion, key: r.LocalKey(), total: id})
+}
+
+// unmapAtPeer sends m, a msgUnmap, and waits for the peer's confirmation,
+// for the connection to end, or for the deregister timeout (after which
+// the queue pair fails: a peer that keeps a revoked region mapped is not
+// one to keep talking to).
+func (qp *queuePair) unmapAtPeer(m message) {
 	qp.mu.Lock()
 	readerDone := qp.readerDone
 	if readerDone == nil {
@@ -559,8 +586,9 @@ func (qp *queuePair) revoke(key uint32) {
 		qp.mu.Unlock()
 	}()
 
+	m.seq = token
 	qp.announceMu.Lock()
-	err := qp.send(&message{typ: msgUnmap, key: key, seq: token}, -1)
+	err := qp.send(&m, -1)
 	qp.announceMu.Unlock()
 	if err != nil {
 		return
@@ -571,7 +599,11 @@ func (qp *queuePair) revoke(key uint32) {
 	case <-done:
 	case <-readerDone:
 	case <-t.C:
-		qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer did not confirm unmapping region %#x within %v", key, qp.pd.opts.deregisterTimeout))
+		what := fmt.Sprintf("region %#x", m.key)
+		if m.flags&flagRegion != 0 {
+			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
+		}
+		qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
 		qp.conn.Close()
 	}
 }

@@ -72,6 +72,8 @@ func (qp *queuePair) handle(m message, fd int) error {
 		qp.onUnmap(m)
 	case msgUnmapAck:
 		qp.unmapConfirmed(m.seq)
+	case msgGrant:
+		return qp.onGrant(m)
 	default:
 		return fmt.Errorf("unexpected message type %d on a connected queue pair", m.typ)
 	}

@@ -25,7 +25,8 @@ func addressOf(b []byte) uint64 {
 
 // Deregister removes the region and its grants from the domain, waits for
 // local copies in progress on it, and then until every connected peer that
-// mapped it (or a grant of it) confirms that it unmapped it (or until its
+// mapped it (or a grant of it, or the whole region for its grants)
+// confirms that it unmapped it (or until its
 // connection is gone or WithDeregisterTimeout passes). After it returns,
 // remote accesses with its keys fail with StatusRemoteAccess. It is
 // idempotent.
@@ -38,22 +39,31 @@ func (r *region) Deregister() error {
 	}
 	delete(pd.regions, r.LocalKey())
 	type revocation struct {
-		qp  *queuePair
-		key uint32
+		qp       *queuePair
+		key      uint32
+		exposure uint64 // nonzero: drop the exposure, not the key
 	}
 	var revs []revocation
 	for _, qp := range pd.qps {
 		for key, ar := range qp.announced {
 			if ar == r {
 				delete(qp.announced, key)
-				revs = append(revs, revocation{qp, key})
+				revs = append(revs, revocation{qp: qp, key: key})
 			}
+		}
+		if id, ok := qp.exposures[r]; ok {
+			delete(qp.exposures, r)
+			revs = append(revs, revocation{qp: qp, exposure: id})
 		}
 	}
 	pd.mu.Unlock()
 	pd.table.Deregister(r.Region)
 	for _, rv := range revs {
-		rv.qp.revoke(rv.key)
+		if rv.exposure != 0 {
+			rv.qp.unexpose(r, rv.exposure)
+		} else {
+			rv.qp.revoke(rv.key)
+		}
 	}
 	unix.Close(r.fd)
 	return nil

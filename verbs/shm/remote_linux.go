@@ -8,28 +8,101 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// remoteRegion is a peer's region (or grant) mapped into our address
-// space for copies: PROT_READ, plus PROT_WRITE when it grants remote
-// write. It keeps the peer's memfd, from which MapRemote makes read-only
-// mappings that outlive it.
-type remoteRegion struct {
-	key     uint32
-	addr    uint64 // the peer's name for data[0]
-	length  uint64
-	access  verbs.Access
-	fd      int    // the peer's memfd, closed by unmap
-	offset  uint64 // of data[0] in fd
-	mapping []byte // the whole mmap, page-aligned
-	data    []byte // the region inside it
+// peerMemory is a range of a peer's memfd mapped into our address space
+// for copies: PROT_READ, plus PROT_WRITE once a key on it grants remote
+// write. It keeps the memfd, from which MapRemote makes the read-only
+// mapping its Mappings share.
+type peerMemory struct {
+	fd       int    // the peer's memfd, closed by unmap
+	offset   uint64 // of data[0] in fd
+	length   uint64
+	writable bool
+	mapping  []byte // the whole mmap, page-aligned
+	data     []byte // the range inside it
 
 	roMu sync.Mutex
-	ro   *roMapping // shared by the live Mappings of this region
+	// ro is the read-only mapping for MapRemote, made on first use. While
+	// the memory is cached, the cache holds a reference to it, so that a
+	// Mapping costs no mmap once there is one; unmap drops that reference
+	// and the last Release unmaps it.
+	ro *roMapping
 }
 
-func (rr *remoteRegion) unmap() {
-	unix.Munmap(rr.mapping)
-	closeFD(rr.fd)
-	rr.mapping, rr.data, rr.fd = nil, nil, -1
+// mapPeerMemory maps length bytes of the peer's memfd at offset, after
+// checking that the memfd is sealed against shrinking and long enough: a
+// later truncation could otherwise SIGBUS us. On success the memory owns
+// fd.
+func mapPeerMemory(fd int, offset, length uint64, writable bool) (*peerMemory, error) {
+	end := offset + length
+	if length == 0 || length > uint64(maxInt) || end < offset || end > maxInt64 {
+		return nil, fmt.Errorf("bad file range [%d, +%d)", offset, length)
+	}
+	if err := checkSealedFD(fd, end); err != nil {
+		return nil, err
+	}
+	mapping, data, err := mapFD(fd, offset, length, writable)
+	if err != nil {
+		return nil, err
+	}
+	return &peerMemory{fd: fd, offset: offset, length: length, writable: writable, mapping: mapping, data: data}, nil
+}
+
+// remapWritable replaces the read-only copy mapping by a read-write one.
+// The caller holds qp.remoteMu for writing, so no copy uses the old one,
+// and then points the keys on pm at the new data.
+func (pm *peerMemory) remapWritable() error {
+	mapping, data, err := mapFD(pm.fd, pm.offset, pm.length, true)
+	if err != nil {
+		return err
+	}
+	unix.Munmap(pm.mapping)
+	pm.mapping, pm.data, pm.writable = mapping, data, true
+	return nil
+}
+
+// unmap drops the copy mapping, the memfd and the cache's reference to
+// the read-only mapping; Mappings from MapRemote keep theirs. The caller
+// holds qp.remoteMu for writing (or owns the queue pair, in Close).
+func (pm *peerMemory) unmap() {
+	unix.Munmap(pm.mapping)
+	closeFD(pm.fd)
+	pm.mapping, pm.data, pm.fd = nil, nil, -1
+	pm.roMu.Lock()
+	ro := pm.ro
+	pm.ro = nil
+	pm.roMu.Unlock()
+	if ro != nil {
+		ro.release()
+	}
+}
+
+// remoteRegion is what a peer announced for one key: a region of its own
+// with remote rights, whose memory it owns, or a grant, a window with one
+// right on the memory of an exposed region (see peerRegions) that other
+// grants share.
+type remoteRegion struct {
+	key    uint32
+	addr   uint64 // the peer's name for data[0]
+	length uint64
+	access verbs.Access
+	mem    *peerMemory
+	off    uint64 // of data[0] in mem.data
+	data   []byte // mem.data[off : off+length]
+	grant  bool   // mem belongs to an exposed region, not to this key
+}
+
+// setData points rr at its bytes in rr.mem's current mapping.
+func (rr *remoteRegion) setData() {
+	rr.data = rr.mem.data[rr.off : rr.off+rr.length : rr.off+rr.length]
+}
+
+// drop releases what the key alone holds: the memory of a region the
+// peer announced by its own key. A grant's memory stays with its region.
+// The caller holds qp.remoteMu for writing.
+func (rr *remoteRegion) drop() {
+	if !rr.grant {
+		rr.mem.unmap()
+	}
 }
 
 // span returns the n bytes at the peer's address addr if they lie inside
@@ -58,29 +131,24 @@ type mapResult struct {
 	err error // why the key cannot be used; nil when it is now mapped
 }
 
-// mapAnnounced maps a region the peer announced. The peer is not trusted:
-// its memfd must be sealed against shrinking and long enough, or a later
-// truncation could SIGBUS us.
+const knownAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+
+// mapAnnounced maps a region the peer announced by its own key. The peer
+// is not trusted: see mapPeerMemory.
 func mapAnnounced(m message, fd int) (*remoteRegion, error) {
-	const known = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
-	if m.access&^known != 0 {
+	if m.access&^knownAccess != 0 {
 		return nil, fmt.Errorf("shm: peer region %#x has unknown access bits %v", m.key, m.access)
 	}
 	if m.length == 0 || m.length > uint64(maxInt) || m.addr+m.length < m.addr {
 		return nil, fmt.Errorf("shm: peer region %#x has bad bounds [%#x, +%d)", m.key, m.addr, m.length)
 	}
-	end := m.offset + m.length
-	if end < m.offset || end > maxInt64 {
-		return nil, fmt.Errorf("shm: peer region %#x has bad file range [%d, +%d)", m.key, m.offset, m.length)
-	}
-	if err := checkSealedFD(fd, end); err != nil {
+	pm, err := mapPeerMemory(fd, m.offset, m.length, m.access&verbs.AccessRemoteWrite != 0)
+	if err != nil {
 		return nil, fmt.Errorf("shm: refusing peer region %#x: %v", m.key, err)
 	}
-	mapping, data, err := mapFD(fd, m.offset, m.length, m.access&verbs.AccessRemoteWrite != 0)
-	if err != nil {
-		return nil, fmt.Errorf("shm: peer region %#x: %v", m.key, err)
-	}
-	return &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, fd: fd, offset: m.offset, mapping: mapping, data: data}, nil
+	rr := &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, mem: pm}
+	rr.setData()
+	return rr, nil
 }
 
 // withRemote runs f on the peer's region key, mapped, with the mapping
@@ -169,22 +237,25 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 		return fmt.Errorf("unrequested announcement of region %#x (request %d)", m.key, m.seq)
 	}
 	var err error
-	if m.flags&flagFound == 0 {
+	switch {
+	case m.flags&flagFound == 0:
 		closeFD(fd)
 		err = fmt.Errorf("shm: remote key %#x is not registered for remote access at the peer", m.key)
-	} else if fd < 0 {
+	case m.flags&flagRegion != 0:
+		var broken error
+		if err, broken = qp.mapGrant(m, fd); broken != nil {
+			return broken
+		}
+	case fd < 0:
 		err = fmt.Errorf("shm: peer announced region %#x without its fd", m.key)
-	} else {
+	default:
 		var rr *remoteRegion
 		rr, err = mapAnnounced(m, fd)
 		if err != nil {
 			unix.Close(fd)
 		} else {
 			qp.remoteMu.Lock()
-			if old := qp.remote[m.key]; old != nil {
-				qp.dropRemoteLocked(old)
-			}
-			qp.remote[m.key] = rr
+			qp.putRemoteLocked(rr)
 			qp.remoteMu.Unlock()
 		}
 	}
@@ -195,40 +266,177 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 	return nil
 }
 
+// putRemoteLocked caches rr under its key, dropping what was there. The
+// caller holds remoteMu for writing.
+func (qp *queuePair) putRemoteLocked(rr *remoteRegion) {
+	if old := qp.remote[rr.key]; old != nil {
+		old.drop()
+	}
+	qp.remote[rr.key] = rr
+}
+
+// mapGrant caches a grant the peer announced (a msgMapReply marked
+// flagRegion): a window with one right on a region of the peer, which we
+// map whole the first time it is exposed to us (when its fd comes along)
+// and keep mapped for its later grants, until the peer drops the exposure
+// (msgUnmap with flagRegion) or the queue pair closes. err refuses the
+// key; broken is a protocol violation that fails the queue pair.
+func (qp *queuePair) mapGrant(m message, fd int) (err, broken error) {
+	regOff, regLen := m.regionRange()
+	switch {
+	case m.access != verbs.AccessRemoteRead && m.access != verbs.AccessRemoteWrite:
+		err = fmt.Errorf("shm: peer grant %#x has access %v, want one remote right", m.key, m.access)
+	case regLen == 0 || regLen > uint64(maxInt) || regOff+regLen < regOff || regOff+regLen > maxInt64:
+		err = fmt.Errorf("shm: peer grant %#x lies in a region with bad file range [%d, +%d)", m.key, regOff, regLen)
+	case m.length == 0 || m.offset > regLen || m.length > regLen-m.offset || m.addr+m.length < m.addr:
+		err = fmt.Errorf("shm: peer grant %#x has bad bounds [%#x, +%d) at %d of a %d-byte region", m.key, m.addr, m.length, m.offset, regLen)
+	}
+	if err != nil {
+		closeFD(fd)
+		return err, nil
+	}
+	writable := m.access == verbs.AccessRemoteWrite
+	qp.remoteMu.RLock()
+	pm := qp.peerRegions[m.total] // only this goroutine changes peerRegions while we run
+	qp.remoteMu.RUnlock()
+	fresh, remap := false, false
+	switch {
+	case fd >= 0 && pm != nil:
+		closeFD(fd)
+		return nil, fmt.Errorf("peer exposed region %d again", m.total)
+	case fd >= 0:
+		pm, err = mapPeerMemory(fd, regOff, regLen, writable)
+		if err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("shm: refusing the region of peer grant %#x: %v", m.key, err), nil
+		}
+		fresh = true
+	case pm == nil:
+		// We could not map it when it was exposed.
+		return fmt.Errorf("shm: the region of peer grant %#x is not mapped here", m.key), nil
+	case pm.offset != regOff || pm.length != regLen:
+		return nil, fmt.Errorf("peer grant %#x names region %d as [%d, +%d), exposed as [%d, +%d)", m.key, m.total, regOff, regLen, pm.offset, pm.length)
+	case writable && !pm.writable:
+		remap = true
+	}
+	rr := &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, mem: pm, off: m.offset, grant: true}
+	qp.remoteMu.Lock()
+	defer qp.remoteMu.Unlock()
+	if fresh {
+		qp.peerRegions[m.total] = pm
+		qp.regionMaps++
+	}
+	if remap {
+		if err := pm.remapWritable(); err != nil {
+			return fmt.Errorf("shm: peer grant %#x: %v", m.key, err), nil
+		}
+		qp.regionMaps++
+		for _, other := range qp.remote {
+			if other.mem == pm {
+				other.setData()
+			}
+		}
+	}
+	rr.setData()
+	qp.putRemoteLocked(rr)
+	return nil, nil
+}
+
+// maxPushedKeys bounds the key cache for grants the peer announces
+// unasked: past it, they are ignored (and asked for when used), so a
+// peer that grants without revoking cannot grow the cache without end.
+const maxPushedKeys = 1 << 14
+
+// onGrant caches a grant the peer announced as it made it (msgGrant). A
+// grant we cannot use is ignored: the request that names it will ask.
+func (qp *queuePair) onGrant(m message) error {
+	if m.flags != flagFound|flagRegion {
+		return fmt.Errorf("grant announcement %#x has flags %#x", m.key, m.flags)
+	}
+	qp.remoteMu.RLock()
+	full := len(qp.remote) >= maxPushedKeys
+	qp.remoteMu.RUnlock()
+	if full {
+		return nil
+	}
+	_, broken := qp.mapGrant(m, -1)
+	return broken
+}
+
+// pushGrant announces grant key to the peer as it is made, when its
+// region is already exposed to the peer (so no fd goes along): the peer
+// need not ask for it before its first use. The announcement is recorded
+// like an answer, so that Revoke and Deregister tell the peer.
+func (qp *queuePair) pushGrant(key uint32) {
+	qp.mu.Lock()
+	ready := qp.state == verbs.QPReadyToSend && qp.readerDone != nil
+	qp.mu.Unlock()
+	if !ready {
+		return
+	}
+	qp.announceMu.Lock()
+	defer qp.announceMu.Unlock()
+	a, ok := qp.pd.announceExposed(qp, key)
+	if !ok {
+		return
+	}
+	m := message{typ: msgGrant, flags: flagFound | flagRegion, key: key,
+		addr: a.w.Addr, length: a.w.Len, access: a.w.Access, offset: a.w.Off, total: a.exposure}
+	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
+	qp.send(&m, -1)
+}
+
 // onMapRequest announces our region, or the grant made on this queue pair,
 // that the peer asks for, with its fd. Another queue pair's grant, a
-// region without remote rights or an unknown key is not found.
+// region without remote rights or an unknown key is not found. A grant's
+// answer names its region's exposure and carries the region's fd only
+// the first time the region is exposed to the peer.
 func (qp *queuePair) onMapRequest(m message) {
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
 	reply := message{typ: msgMapReply, key: m.key, seq: m.seq}
 	fd := -1
-	if w, r, err := qp.pd.announce(qp, m.key); err == nil {
+	if a, err := qp.pd.announce(qp, m.key); err == nil {
+		w, r := a.w, a.r
 		reply.flags = flagFound
 		reply.addr = w.Addr
 		reply.length = w.Len
 		reply.access = w.Access
-		reply.offset = r.fdOffset + w.Off
-		fd = r.fd
+		if w.Grant {
+			reply.flags |= flagRegion
+			reply.offset = w.Off
+			reply.total = a.exposure
+			reply.setRegionRange(r.fdOffset, uint64(r.Len()))
+			if a.fresh {
+				fd = r.fd
+			}
+		} else {
+			reply.offset = r.fdOffset + w.Off
+			fd = r.fd
+		}
 	}
 	qp.send(&reply, fd)
 }
 
-// onUnmap drops our mapping of a peer region (waiting for any copy in
-// progress) and confirms.
+// onUnmap drops our mapping of a peer region, or a grant, (waiting for any
+// copy in progress) and confirms. With flagRegion it drops an exposed
+// region: its mapping and every grant on it.
 func (qp *queuePair) onUnmap(m message) {
 	qp.remoteMu.Lock()
-	if rr := qp.remote[m.key]; rr != nil {
+	if m.flags&flagRegion != 0 {
+		if pm := qp.peerRegions[m.total]; pm != nil {
+			delete(qp.peerRegions, m.total)
+			for key, rr := range qp.remote {
+				if rr.mem == pm {
+					delete(qp.remote, key)
+				}
+			}
+			pm.unmap()
+		}
+	} else if rr := qp.remote[m.key]; rr != nil {
 		delete(qp.remote, m.key)
-		qp.dropRemoteLocked(rr)
+		rr.drop()
 	}
 	qp.remoteMu.Unlock()
 	qp.send(&message{typ: msgUnmapAck, seq: m.seq}, -1)
-}
-
-// dropRemoteLocked releases a mapping that has left the cache; the caller
-// holds remoteMu for writing, so no copy is using it. Mappings handed out
-// by MapRemote have their own read-only mappings and stay valid.
-func (qp *queuePair) dropRemoteLocked(rr *remoteRegion) {
-	rr.unmap()
 }

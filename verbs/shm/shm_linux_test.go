@@ -341,7 +341,7 @@ func TestRefusesUnsealedPeerRegion(t *testing.T) {
 		{key: 6, access: allRemote, addr: 4096, length: 16, offset: ^uint64(0) - 8}, // offset wraps
 	} {
 		if rr, err := mapAnnounced(ann, m.FD); err == nil {
-			rr.unmap()
+			rr.drop()
 			t.Errorf("announcement %+v was mapped", ann)
 		}
 	}
@@ -349,7 +349,7 @@ func TestRefusesUnsealedPeerRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rr.unmap()
+	defer rr.drop()
 	copy(m.Bytes[5000:], "at offset 5000")
 	if got, err := rr.span(4096, 14, verbs.AccessRemoteRead); err != nil || string(got) != "at offset 5000" {
 		t.Fatalf("span = %q, %v", got, err)

@@ -28,9 +28,17 @@ const (
 	// msgMapRequest asks the peer for region key; seq is a request id.
 	msgMapRequest
 	// msgMapReply answers it: flagFound, addr, length, access, offset (the
-	// offset in the fd); the region's fd rides along when found.
+	// offset in the fd); the region's fd rides along when found. The
+	// answer for a grant is marked flagRegion: offset is then the grant's
+	// offset in its region, total the region's exposure id (chosen by the
+	// target, never reused on the queue pair), and the region's range of
+	// its fd is in secret[0] (see regionRange); the fd rides along only
+	// the first time the region is exposed, later grants of the region
+	// name the exposure id alone.
 	msgMapReply
 	// msgUnmap tells the peer to drop its mapping of key; seq is a token.
+	// With flagRegion it drops the exposed region total instead, and every
+	// grant of it.
 	msgUnmap
 	// msgUnmapAck confirms msgUnmap with the same token.
 	msgUnmapAck
@@ -41,6 +49,12 @@ const (
 	// msgFD, on the socket of such a queue pair, carries the fd of the
 	// ring record with the same seq, which is marked flagFD.
 	msgFD
+	// msgGrant announces a grant unasked, as soon as it is made, when its
+	// region is already exposed to the peer: the fields of a msgMapReply
+	// marked flagFound and flagRegion, never an fd, no seq. The peer
+	// caches it as if it had asked, so the grant's first use needs no
+	// msgMapRequest.
+	msgGrant
 )
 
 const (
@@ -49,6 +63,7 @@ const (
 	flagFound  = 1 << 2 // msgMapReply: the region exists
 	flagFD     = 1 << 3 // a ring record: its fd follows on the socket in a msgFD
 	flagRing   = 1 << 4 // msgHello, msgWelcome: control messages go through shared rings; the ring's memfd is the second fd
+	flagRegion = 1 << 5 // msgMapReply, msgUnmap: a grant within an exposed region; the region
 )
 
 // message is every control message; each type uses the fields its comment
@@ -70,6 +85,18 @@ type message struct {
 }
 
 const messageSize = 88
+
+// setRegionRange puts a granted region's range of its fd, offset and
+// length, in secret[0] of a msgMapReply marked flagRegion.
+func (m *message) setRegionRange(offset, length uint64) {
+	binary.LittleEndian.PutUint64(m.secret[0][0:], offset)
+	binary.LittleEndian.PutUint64(m.secret[0][8:], length)
+}
+
+// regionRange reads what setRegionRange put; the receiver checks it.
+func (m *message) regionRange() (offset, length uint64) {
+	return binary.LittleEndian.Uint64(m.secret[0][0:]), binary.LittleEndian.Uint64(m.secret[0][8:])
+}
 
 func (m *message) encode(b *[messageSize]byte) {
 	*b = [messageSize]byte{}
@@ -97,7 +124,7 @@ func decodeMessage(b []byte) (message, error) {
 		return m, fmt.Errorf("shm: control message is %d bytes, want %d", len(b), messageSize)
 	}
 	m.typ = msgType(b[0])
-	if m.typ < msgHello || m.typ > msgFD {
+	if m.typ < msgHello || m.typ > msgGrant {
 		return m, fmt.Errorf("shm: unknown control message type %d", b[0])
 	}
 	if b[3] != 0 {
