@@ -300,3 +300,47 @@ func benchWriteImm(b *testing.B, opts ...Option) {
 		post()
 	}
 }
+
+// BenchmarkCopyWorkers is BenchmarkWrite and a Read of the same sizes with
+// one copy goroutine and with WithCopyWorkers' default (GOMAXPROCS): how
+// much a second core buys one large transfer, to choose the threshold.
+func BenchmarkCopyWorkers(b *testing.B) {
+	for _, op := range []verbs.Opcode{verbs.OpWrite, verbs.OpRead} {
+		for _, size := range []int{4 << 20, 8 << 20, 16 << 20, 64 << 20} {
+			for _, workers := range []int{1, 0} {
+				name := fmt.Sprintf("%v/%s/workers=%d", op, sizeName(size), workers)
+				if workers == 0 {
+					name = fmt.Sprintf("%v/%s/workers=default", op, sizeName(size))
+				}
+				b.Run(name, func(b *testing.B) {
+					var opts []Option
+					if workers > 0 {
+						opts = append(opts, WithCopyWorkers(workers))
+					}
+					a, t, closeAll := connected(b, size, opts...)
+					defer closeAll()
+					wr := verbs.SendRequest{Op: op, Local: verbs.Local{Region: a.mr, Length: size}, Remote: verbs.Remote{Addr: t.mr.Addr(), Key: t.mr.RemoteKey()}}
+					ctx := context.Background()
+					cs := make([]verbs.Completion, 1)
+					post := func() {
+						if err := a.qp.PostSend(wr); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := a.cq.Wait(ctx, cs); err != nil {
+							b.Fatal(err)
+						}
+						if cs[0].Status != verbs.StatusSuccess {
+							b.Fatal(verbs.CompletionError(cs[0]))
+						}
+					}
+					post() // map the region and fault its pages in
+					b.SetBytes(int64(size))
+					b.ResetTimer()
+					for range b.N {
+						post()
+					}
+				})
+			}
+		}
+	}
+}

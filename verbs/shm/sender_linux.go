@@ -149,7 +149,7 @@ func (qp *queuePair) write(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
 		dst, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteWrite)
 		if err == nil {
-			wr.vec.Gather(dst, 0)
+			wr.vec.GatherParallel(dst, qp.pd.opts.copyWorkers)
 		}
 		return err
 	})
@@ -167,7 +167,7 @@ func (qp *queuePair) read(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
 		src, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteRead)
 		if err == nil {
-			wr.vec.Scatter(0, src)
+			wr.vec.ScatterParallel(src, qp.pd.opts.copyWorkers)
 		}
 		return err
 	})

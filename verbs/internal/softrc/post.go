@@ -2,6 +2,8 @@ package softrc
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -79,6 +81,45 @@ func (v Vec) Scatter(off int, src []byte) int {
 		}
 	}
 	return n
+}
+
+// ParallelMinBytes is the smallest copy GatherParallel and ScatterParallel
+// split, and the least each of their goroutines copies: below it, starting
+// goroutines costs more than a second core saves.
+const ParallelMinBytes = 8 << 20
+
+// GatherParallel is Gather(dst, 0) on up to workers goroutines, each
+// copying a contiguous part of dst of at least ParallelMinBytes.
+func (v Vec) GatherParallel(dst []byte, workers int) int {
+	return parallel(len(dst), workers, func(lo, hi int) int { return v.Gather(dst[lo:hi], lo) })
+}
+
+// ScatterParallel is Scatter(0, src) on up to workers goroutines.
+func (v Vec) ScatterParallel(src []byte, workers int) int {
+	return parallel(len(src), workers, func(lo, hi int) int { return v.Scatter(lo, src[lo:hi]) })
+}
+
+// parallel runs f over [0, n) cut into up to workers parts of at least
+// ParallelMinBytes, on as many goroutines (the caller's among them), and
+// returns the sum of what f returned, once all are done.
+func parallel(n, workers int, f func(lo, hi int) int) int {
+	parts := min(workers, n/ParallelMinBytes)
+	if parts <= 1 {
+		return f(0, n)
+	}
+	step := (n/parts + 4095) &^ 4095 // page-aligned parts
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	for lo := step; lo < n; lo += step {
+		wg.Add(1)
+		go func(lo int) {
+			defer wg.Done()
+			done.Add(int64(f(lo, min(lo+step, n))))
+		}(lo)
+	}
+	k := f(0, min(step, n))
+	wg.Wait()
+	return k + int(done.Load())
 }
 
 // Limits are the device attributes post-time checks use.
