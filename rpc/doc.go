@@ -128,8 +128,13 @@
 // opens one tensor's bytes with one right (read for a fetched tensor, write
 // for a destination) to that session's queue pair, revoked when the
 // transfer ends (Release, completion, session end). Any other access is
-// refused before a byte moves (PermissionDenied). A destination written
-// with fewer bytes than its tensor is dropped, never published.
+// refused before a byte moves (PermissionDenied), and revoking waits for
+// accesses already under way. A destination that the write its immediate
+// value names did not fill (fewer bytes, or another grant) is dropped,
+// never published. On shm the peer process receives the pool arenas'
+// memfds: grants stop a peer that forges keys, offsets or lengths, not a
+// hostile process on the same host; between processes that do not trust
+// each other, use tcp (WithTransports).
 //
 // Writes are visible to later reads: once Send (or a Call) returns, any
 // later Fetch of that key, from any client, sees the tensor. A Fetch of a

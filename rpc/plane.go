@@ -101,6 +101,9 @@ type link struct {
 	recv   *mempool.Buffer // a small buffer Recvs point at; WriteImms use none of it
 	out    *mempool.Buffer // a small buffer the verifying Send goes from
 	onRecv func(verbs.Completion)
+	// recvImmKey: the provider reports the key a WriteImm wrote through
+	// (verbs.Attributes.RecvImmKey).
+	recvImmKey bool
 
 	// Until verified is set, received Sends are the negotiation's verifying
 	// round trip: their bytes go to verifyCh instead of onRecv.
@@ -155,7 +158,8 @@ func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{})}, nil
+	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}),
+		recvImmKey: dev.pd.Attributes().RecvImmKey}, nil
 }
 
 // sendVerify Sends msg (at most verifyBytes) over the link and waits for

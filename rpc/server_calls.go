@@ -115,6 +115,12 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		ss.refund(int64(n))
 		return nil, err
 	}
+	if !ss.link.recvImmKey {
+		// The provider cannot say which destination a WriteImm wrote
+		// (ibv): a write through another grant with this immediate value
+		// would publish whatever the pool buffer held before. Clear it.
+		clear(buf.Bytes()[:n])
+	}
 	g, err := ss.link.grant(buf, n, verbs.AccessRemoteWrite)
 	if err != nil {
 		ss.refund(int64(n))
@@ -324,7 +330,7 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	t.revoke() // done already when the WriteImm landed; a no-op then
 	if t.short {
 		t.buf.Release()
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: the write into its destination carried fewer bytes than the tensor has", m.Key)
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: the write its immediate value names did not fill its destination", m.Key)
 	}
 	if t.meta.ByteLength != m.ByteLength || t.meta.Dtype != m.Dtype {
 		t.buf.Release()

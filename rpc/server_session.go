@@ -101,8 +101,9 @@ type transfer struct {
 	// grant is the peer's only access to buf: read for a tensor it
 	// fetches, write for a destination; revoked when the transfer ends.
 	grant verbs.Grant
-	// short is set when a destination's WriteImm carried fewer bytes than
-	// the tensor has: nothing of it is used.
+	// short is set when the WriteImm that named a destination did not fill
+	// it (fewer bytes, or written through another destination's grant):
+	// nothing of it is used.
 	short bool
 }
 
@@ -575,9 +576,12 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 	}
 	t.revoke()
 	n := int(t.meta.ByteLength)
-	if c.Len != n {
-		s.log.Warn("tensorrpc: a WriteImm carried fewer bytes than its destination; nothing of it is used",
-			"session", ss.id, "key", t.meta.Key, "bytes", c.Len, "want", n)
+	misdirected := c.Key != 0 && c.Key != t.grant.Remote().Key
+	if c.Len != n || misdirected {
+		// Either would publish bytes the client never wrote there (stale
+		// pool memory): nothing of the destination is used.
+		s.log.Warn("tensorrpc: a WriteImm did not fill the destination its immediate value names; nothing of it is used",
+			"session", ss.id, "key", t.meta.Key, "bytes", c.Len, "want", n, "misdirected", misdirected)
 		if t.hold {
 			t.short = true
 			close(t.done)

@@ -129,6 +129,10 @@ type Attributes struct {
 	MaxQueueDepth int
 	// Grants says how QueuePair.Grant narrows remote access.
 	Grants GrantKind
+	// RecvImmKey says that OpRecvImm completions carry the key the
+	// WriteImm used (Completion.Key): true on tcp and shm; NICs do not
+	// report it.
+	RecvImmKey bool
 }
 
 // GrantKind is how a provider implements grants.
@@ -171,7 +175,10 @@ type Grant interface {
 	// Access is the granted right.
 	Access() Access
 	// Revoke ends the grant: remote accesses that start after it returns
-	// fail. It is idempotent.
+	// fail, and those under way when it was called have ended when it
+	// returns, so the memory may be reused at once. A peer that keeps an
+	// access going past the provider's bound fails the queue pair. It is
+	// idempotent, and a call made while another runs waits for it.
 	Revoke() error
 }
 
@@ -484,6 +491,11 @@ type Completion struct {
 	Len    int
 	Imm    uint32
 	HasImm bool
+	// Key is, for OpRecvImm, the remote key the WriteImm wrote through,
+	// where the provider knows it (Attributes.RecvImmKey): a receiver that
+	// handed out one key per destination can check the write landed where
+	// its immediate value says. 0 otherwise.
+	Key uint32
 	// Err gives details of a failure; nil on success.
 	Err error
 }

@@ -49,6 +49,7 @@ var attributes = verbs.Attributes{
 	MaxOutstandingReads: 1,
 	MaxQueueDepth:       softrc.MaxQueueDepth,
 	Grants:              verbs.GrantSoftware,
+	RecvImmKey:          true,
 }
 
 var limits = softrc.LimitsOf(attributes)

@@ -155,7 +155,7 @@ func (m *mapping) Release() error {
 // has the peer drop the key and waits for its confirmation, as Deregister
 // does; the peer keeps the region mapped until it is deregistered.
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	g, err := qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant)
+	g, err := qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant, nil)
 	if err == nil {
 		qp.pushGrant(g.Remote().Key)
 	}

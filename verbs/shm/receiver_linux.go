@@ -181,7 +181,7 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 		}
 		qp.holdRecvLocked(c)
 	} else {
-		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(maxInt))), Imm: m.imm, HasImm: true})
+		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(maxInt))), Imm: m.imm, HasImm: true, Key: m.key})
 	}
 	qp.inbound = nil
 	return ack

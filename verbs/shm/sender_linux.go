@@ -52,7 +52,7 @@ func (qp *queuePair) startInline(wr *sendWR) (c verbs.Completion, ran bool, door
 			return c, true, nil
 		}
 		c.Len, c.Imm, c.HasImm = wr.n, wr.Imm, true
-		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.n)}
+		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.n)}
 	case verbs.OpSend:
 		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
 		if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
@@ -116,7 +116,7 @@ func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
 	case verbs.OpWrite, verbs.OpWriteImm:
 		st, err, done = qp.write(wr, fetch)
 		if done && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
-			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, length: uint64(wr.n)})
+			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.n)})
 		}
 	case verbs.OpRead:
 		st, err, done = qp.read(wr, fetch)

@@ -62,6 +62,7 @@ var attributes = verbs.Attributes{
 	MaxOutstandingReads: softrc.MaxQueueDepth,
 	MaxQueueDepth:       softrc.MaxQueueDepth,
 	Grants:              verbs.GrantSoftware,
+	RecvImmKey:          true,
 }
 
 var limits = softrc.LimitsOf(attributes)

@@ -136,9 +136,7 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		}
 	}
 	for i := range ctrl {
-		if ctrl[i].region != nil {
-			ctrl[i].region.Release()
-		}
+		ctrl[i].use.Release()
 	}
 	if bad != nil {
 		q.mu.Lock()
@@ -417,7 +415,7 @@ func readVec(br *bufio.Reader, v softrc.Vec, n int) error {
 // and for WriteImm a receive is taken, before a byte of the region is
 // written; the payload is read from the socket straight into the region.
 func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
-	region, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteWrite)
+	use, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteWrite)
 	if aerr != nil {
 		return q.refuseAndSkip(h, br, nakRemoteAccess, aerr)
 	}
@@ -425,7 +423,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	if h.op == frameWriteImm {
 		var err error
 		if r, err = q.takeRecv(); err != nil {
-			region.Release()
+			use.Release()
 			if !errors.Is(err, errRNR) {
 				return false, err
 			}
@@ -433,7 +431,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		}
 	}
 	err := readPayload(br, buf)
-	region.Release()
+	use.Release()
 	if err != nil {
 		if r != nil {
 			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
@@ -446,7 +444,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
-		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true}))
+		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
 	}
 	return false, nil
 }
@@ -495,12 +493,12 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 // applyReadRequest queues the response to a Read; the writer sends the
 // region's bytes straight from memory.
 func (q *queuePair) applyReadRequest(h *header) bool {
-	region, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteRead)
+	use, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteRead)
 	if aerr != nil {
 		return q.refuse(h, nakRemoteAccess, aerr)
 	}
 	q.awaitCtrlRoom()
-	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, region: region})
+	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, use: use})
 	return false
 }
 
@@ -834,8 +832,6 @@ func (q *queuePair) flush() {
 		q.recvCQ.Push(es...)
 	}
 	for i := range ctrl {
-		if ctrl[i].region != nil {
-			ctrl[i].region.Release()
-		}
+		ctrl[i].use.Release()
 	}
 }

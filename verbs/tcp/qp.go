@@ -108,7 +108,7 @@ type recvWR struct {
 type ctrlFrame struct {
 	hdr     header
 	payload []byte
-	region  *softrc.Region
+	use     softrc.Use // held while payload points into a region (a Read response)
 }
 
 // offered is an accepted connection and the hello it presented.
@@ -410,7 +410,18 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 // Grant opens length bytes at offset of region to this queue pair's peer
 // with one right; see verbs.QueuePair.
 func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	return q.pd.table.GrantFor("tcp", q.id, q, &q.mu, &q.closed, region, offset, length, access, nil)
+	return q.pd.table.GrantFor("tcp", q.id, q, &q.mu, &q.closed, region, offset, length, access, nil, func() {
+		// A Write through the grant is still arriving, or a Read response
+		// from it still leaving, RevokeWait after Revoke: end them with the
+		// connection.
+		q.enterError(verbs.StatusTransport, fmt.Errorf("tcp: queue pair %d: a transfer through a revoked grant did not end within %v", q.id, softrc.RevokeWait))
+		q.mu.Lock()
+		conn := q.conn
+		q.mu.Unlock()
+		if conn != nil {
+			conn.Close()
+		}
+	})
 }
 
 // Close moves the queue pair to ERR, closes its connection, waits for its

@@ -79,14 +79,14 @@ func Reserve(provider string, owner any, closed bool, cfg verbs.QueuePairConfig,
 // GrantFor is QueuePair.Grant of qp, a queue pair of the table's domain
 // that provider ("tcp") numbers id: ErrClosed once *closed (read under mu)
 // says so, else NewGrant with onRevoke.
-func (t *Table) GrantFor(provider string, id uint64, qp any, mu *sync.Mutex, closed *bool, region verbs.MemoryRegion, offset, length int, access verbs.Access, onRevoke func(*Grant)) (verbs.Grant, error) {
+func (t *Table) GrantFor(provider string, id uint64, qp any, mu *sync.Mutex, closed *bool, region verbs.MemoryRegion, offset, length int, access verbs.Access, onRevoke func(*Grant), onStuck func()) (verbs.Grant, error) {
 	mu.Lock()
 	c := *closed
 	mu.Unlock()
 	if c {
 		return nil, fmt.Errorf("%s: queue pair %d: grant: %w", provider, id, verbs.ErrClosed)
 	}
-	g, err := t.NewGrant(qp, region, offset, length, access, onRevoke)
+	g, err := t.NewGrant(qp, region, offset, length, access, onRevoke, onStuck)
 	if err != nil {
 		return nil, fmt.Errorf("%s: queue pair %d: %w", provider, id, err)
 	}

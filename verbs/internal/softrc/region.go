@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -195,14 +196,51 @@ type Grant struct {
 	off, n   int
 	access   verbs.Access
 	onRevoke func(*Grant)
-	revoked  atomic.Bool
+	// onStuck runs when accesses under way outlast RevokeWait in Revoke;
+	// it must make them end (tcp fails the queue pair and closes its
+	// connection).
+	onStuck func()
+	revoked atomic.Bool // set under mu: no access may start after it
+
+	mu      sync.Mutex
+	users   int           // accesses under way (Table.Remote to Use.Release)
+	drained chan struct{} // closed when users drops to 0 after a Revoke began
+	first   sync.Once     // the first Revoke does the work
+	done    chan struct{} // closed when the first Revoke has finished
+}
+
+// RevokeWait bounds how long Revoke waits for accesses under way (a peer
+// trickling the payload of a Write) before it calls the grant's onStuck.
+var RevokeWait = 5 * time.Second
+
+// acquire counts an access that passed the key check; false once the grant
+// is revoked.
+func (g *Grant) acquire() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.revoked.Load() {
+		return false
+	}
+	g.users++
+	return true
+}
+
+func (g *Grant) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.users--; g.users == 0 && g.drained != nil {
+		close(g.drained)
+		g.drained = nil
+	}
 }
 
 // NewGrant opens n bytes at off of mr, a region of the table's domain, to
 // the peer of qp with one right. onRevoke, if not nil, runs on the first
-// Revoke after the key is gone from the table (shm tells the peer to unmap
-// it). A bad region, range or right wraps verbs.ErrInvalidMemory.
-func (t *Table) NewGrant(qp any, mr verbs.MemoryRegion, off, n int, access verbs.Access, onRevoke func(*Grant)) (*Grant, error) {
+// Revoke after the key is gone from the table and the accesses under way
+// have ended (shm tells the peer to unmap it); onStuck, if not nil, runs
+// when those accesses outlast RevokeWait. A bad region, range or right
+// wraps verbs.ErrInvalidMemory.
+func (t *Table) NewGrant(qp any, mr verbs.MemoryRegion, off, n int, access verbs.Access, onRevoke func(*Grant), onStuck func()) (*Grant, error) {
 	if mr == nil {
 		return nil, fmt.Errorf("grant: no region: %w", verbs.ErrInvalidMemory)
 	}
@@ -216,7 +254,7 @@ func (t *Table) NewGrant(qp any, mr verbs.MemoryRegion, off, n int, access verbs
 	if off < 0 || n < 0 || off > len(r.mem) || n > len(r.mem)-off {
 		return nil, fmt.Errorf("grant: [%d, +%d) lies outside region %#x of %d bytes: %w", off, n, r.key, len(r.mem), verbs.ErrInvalidMemory)
 	}
-	g := &Grant{t: t, region: r, qp: qp, off: off, n: n, access: access, onRevoke: onRevoke}
+	g := &Grant{t: t, region: r, qp: qp, off: off, n: n, access: access, onRevoke: onRevoke, onStuck: onStuck, done: make(chan struct{})}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if r.dead.Load() || t.regions[r.key] != r {
@@ -239,16 +277,42 @@ func (g *Grant) Key() uint32 { return g.key }
 // Region is the granted region.
 func (g *Grant) Region() *Region { return g.region }
 
-// Revoke removes the grant's key: remote accesses that start after it
-// returns fail. It is idempotent.
+// Revoke removes the grant's key and waits for the accesses that passed
+// its check before to end: when it returns, no remote access through the
+// grant is under way or can start. Every call waits for the first to
+// finish.
 func (g *Grant) Revoke() error {
 	g.t.mu.Lock()
 	if g.t.grants[g.key] == g {
 		delete(g.t.grants, g.key)
 	}
 	g.t.mu.Unlock()
-	if g.revoked.Swap(true) {
+	first := false
+	g.first.Do(func() { first = true })
+	if !first {
+		<-g.done
 		return nil
+	}
+	defer close(g.done)
+	g.mu.Lock()
+	g.revoked.Store(true)
+	var wait chan struct{}
+	if g.users > 0 {
+		g.drained = make(chan struct{})
+		wait = g.drained
+	}
+	g.mu.Unlock()
+	if wait != nil {
+		timer := time.NewTimer(RevokeWait)
+		select {
+		case <-wait:
+		case <-timer.C:
+			if g.onStuck != nil {
+				g.onStuck()
+			}
+			<-wait
+		}
+		timer.Stop()
 	}
 	if g.onRevoke != nil {
 		g.onRevoke(g)
@@ -281,6 +345,7 @@ type Window struct {
 	Len    uint64
 	Access verbs.Access // remote rights only
 	Grant  bool
+	g      *Grant
 }
 
 // Window looks up the remote key a request that arrived on qp names: a
@@ -300,7 +365,7 @@ func (t *Table) Window(key uint32, qp any) (Window, error) {
 		if g.qp != qp {
 			return Window{}, fmt.Errorf("grant %#x was made on another queue pair", key)
 		}
-		return Window{Region: g.region, Addr: g.region.addr + uint64(g.off), Off: uint64(g.off), Len: uint64(g.n), Access: g.access, Grant: true}, nil
+		return Window{Region: g.region, Addr: g.region.addr + uint64(g.off), Off: uint64(g.off), Len: uint64(g.n), Access: g.access, Grant: true, g: g}, nil
 	}
 	return Window{}, fmt.Errorf("no region or grant has remote key %#x", key)
 }
@@ -319,20 +384,44 @@ func (w *Window) Check(key uint32, addr, n uint64, right verbs.Access) ([]byte, 
 	return b, nil
 }
 
+// Use is a remote access under way: it holds the region, and the grant
+// its key named, until Release, so that neither Deregister nor Revoke
+// returns while the access still touches the memory.
+type Use struct {
+	Region *Region
+	grant  *Grant
+}
+
+// Release ends the access. The zero Use does nothing.
+func (u Use) Release() {
+	if u.grant != nil {
+		u.grant.release()
+	}
+	if u.Region != nil {
+		u.Region.Release()
+	}
+}
+
 // Remote resolves a remote access that arrived on qp: key, bounds and
-// right are checked before anything touches memory, and the region is
-// referenced (Release it when the data has moved).
-func (t *Table) Remote(key uint32, qp any, addr, n uint64, right verbs.Access) (*Region, []byte, error) {
+// right are checked before anything touches memory, and the region (and
+// grant) are held until the Use is released, when the data has moved.
+func (t *Table) Remote(key uint32, qp any, addr, n uint64, right verbs.Access) (Use, []byte, error) {
 	w, err := t.Window(key, qp)
 	if err != nil {
-		return nil, nil, err
+		return Use{}, nil, err
 	}
 	b, err := w.Check(key, addr, n, right)
 	if err != nil {
-		return nil, nil, err
+		return Use{}, nil, err
+	}
+	if w.g != nil && !w.g.acquire() {
+		return Use{}, nil, fmt.Errorf("grant %#x was revoked", key)
 	}
 	if !w.Region.Acquire() {
-		return nil, nil, fmt.Errorf("region of remote key %#x is deregistered", key)
+		if w.g != nil {
+			w.g.release()
+		}
+		return Use{}, nil, fmt.Errorf("region of remote key %#x is deregistered", key)
 	}
-	return w.Region, b, nil
+	return Use{Region: w.Region, grant: w.g}, b, nil
 }
