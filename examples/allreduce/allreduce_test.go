@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -127,32 +126,11 @@ func runLaunchedJob(t *testing.T, ranks []launchedRank) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var out strings.Builder
-	for {
-		l, err := procs[0].ReadLine(ctx)
-		if errors.Is(err, childproc.ErrExited) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("rank 0: %v; printed so far:\n%s", err, out.String())
-		}
-		out.WriteString(l + "\n")
-	}
-	t.Log("rank 0 printed:\n" + out.String())
-	for r, p := range procs {
-		select {
-		case <-p.Exited():
-		case <-ctx.Done():
-			t.Fatalf("rank %d did not exit", r)
-		}
-		if err := p.Wait(); err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
-	if !strings.Contains(out.String(), "result exact") {
+	out := childtest.Job(ctx, t, procs)
+	if !strings.Contains(out, "result exact") {
 		t.Error("rank 0 did not say the result is exact")
 	}
-	return out.String()
+	return out
 }
 
 // freePort returns a TCP port nothing listens on now.

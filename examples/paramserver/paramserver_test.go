@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -142,30 +141,9 @@ func TestLaunched(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var out strings.Builder
-	for {
-		l, err := procs[0].ReadLine(ctx)
-		if errors.Is(err, childproc.ErrExited) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("worker 0: %v; printed so far:\n%s", err, out.String())
-		}
-		out.WriteString(l + "\n")
-	}
-	t.Log("worker 0 printed:\n" + out.String())
-	for i, p := range procs {
-		select {
-		case <-p.Exited():
-		case <-ctx.Done():
-			t.Fatalf("process %d did not exit", i)
-		}
-		if err := p.Wait(); err != nil {
-			t.Errorf("process %d: %v", i, err)
-		}
-	}
+	out := childtest.Job(ctx, t, procs)
 	for _, want := range []string{"(launched processes)", "β = ", "final loss", "cost model"} {
-		if !strings.Contains(out.String(), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("worker 0 did not print %q", want)
 		}
 	}

@@ -22,6 +22,7 @@ package childtest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,4 +60,34 @@ func Line(t testing.TB, p *childproc.Process) string {
 		t.Fatalf("child process %d printed nothing for %v", p.PID(), LineTimeout)
 	}
 	return l
+}
+
+// Job waits for a job of several children: it collects procs[0]'s output
+// until it exits, then waits for every child to exit, failing t if ctx ends
+// first or a child exits unsuccessfully. It returns procs[0]'s output.
+func Job(ctx context.Context, t testing.TB, procs []*childproc.Process) string {
+	t.Helper()
+	var out strings.Builder
+	for {
+		l, err := procs[0].ReadLine(ctx)
+		if errors.Is(err, childproc.ErrExited) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("child 0: %v; printed so far:\n%s", err, out.String())
+		}
+		out.WriteString(l + "\n")
+	}
+	t.Log("child 0 printed:\n" + out.String())
+	for i, p := range procs {
+		select {
+		case <-p.Exited():
+		case <-ctx.Done():
+			t.Fatalf("child %d did not exit", i)
+		}
+		if err := p.Wait(); err != nil {
+			t.Errorf("child %d: %v", i, err)
+		}
+	}
+	return out.String()
 }
