@@ -248,3 +248,59 @@ func TestFramesHostile(t *testing.T) {
 		}
 	}
 }
+
+// TestFetchFramesConcurrent runs more waiting Fetches than there are
+// receive slots, then small and large Fetches and Sends side by side: the
+// credits must keep every frame flowing without a receiver-not-ready.
+func TestFetchFramesConcurrent(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			ctx := ctxT(t)
+			const waiters = 3 * frameSlots
+			errs := make(chan error, 4*waiters)
+			for range waiters {
+				go func() {
+					got, err := c.Fetch(ctx, "late", WaitForKey())
+					if err == nil {
+						got.Release()
+					}
+					errs <- err
+				}()
+			}
+			time.Sleep(100 * time.Millisecond)
+			publishBytes(t, s, "late", 1<<10, 1)
+			publishBytes(t, s, "big", 256<<10, 2)
+			for i := range waiters {
+				go func() {
+					key := "late"
+					if i%2 == 0 {
+						key = "big"
+					}
+					got, err := c.Fetch(ctx, key)
+					if err == nil {
+						got.Release()
+					}
+					errs <- err
+				}()
+				go func() {
+					w := wrapped(t, 32<<10, byte(i))
+					defer w.Release()
+					errs <- c.Send(ctx, "sent", w)
+				}()
+			}
+			for range 3 * waiters {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := c.last.link
+			l.mu.Lock()
+			failure := l.failure
+			l.mu.Unlock()
+			if failure != nil || sessionGone(c) {
+				t.Fatalf("the session ended: %v", failure)
+			}
+		})
+	}
+}
