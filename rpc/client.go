@@ -88,8 +88,14 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 
 // NewClient opens a session over an existing gRPC connection. Close does
 // not close cc.
+//
+// Over a connection of the caller's, Fetch stays on the Fetch method (the
+// session negotiates no data-plane calls), so that cc's interceptors see
+// every Fetch; see WithGRPCDialOptions.
 func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...DialOption) (*Client, error) {
-	return newClient(ctx, cc, buildDialOptions(opts))
+	o := buildDialOptions(opts)
+	o.noFrames = true
+	return newClient(ctx, cc, o)
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {

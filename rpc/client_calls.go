@@ -46,6 +46,14 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	if s.link == nil {
 		return c.fetchStream(ctx, s, key, fo.wait)
 	}
+	if s.link.fr != nil && frameHeaderLen+len(key) <= s.link.fr.slotSize {
+		return c.fetchFrame(ctx, s, key, fo)
+	}
+	return c.fetchUnary(ctx, s, key, fo)
+}
+
+// fetchUnary is Fetch with the Fetch method.
+func (c *Client) fetchUnary(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
 	ref := c.newRef()
 	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Lease: fo.lease, ClientRef: ref, Wait: fo.wait})
 	if err != nil {
@@ -356,4 +364,46 @@ func sessionError(s *clientSession, err error) error {
 func isSessionGone(err error) bool {
 	st, _ := status.FromError(err)
 	return strings.Contains(st.Message(), errSessionGone)
+}
+
+// fetchFrame is Fetch as a FETCH_REQ frame on the session's data plane,
+// answered by a FETCH_RESP (see frame.go).
+func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
+	l := s.link
+	ref := c.newRef()
+	var flags uint16
+	if fo.wait {
+		flags |= frameWait
+	}
+	if fo.lease {
+		flags |= frameLease
+	}
+	ch := l.fr.expect(ref)
+	if err := l.sendFrame(ctx, frameFetchReq, flags, ref, []byte(key)); err != nil {
+		l.fr.forget(ref)
+		c.releaseRef(s, ref) // the request may have gone out
+		return nil, sessionError(s, err)
+	}
+	var r fetchResult
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		l.fr.forget(ref)
+		c.releaseRef(s, ref) // cancels the server's call and frees what it made
+		return nil, sessionError(s, status.FromContextError(ctx.Err()).Err())
+	case <-l.dead:
+		l.fr.forget(ref)
+		return nil, sessionError(s, unavailable(l.failure))
+	}
+	if r.fallback {
+		return c.fetchUnary(ctx, s, key, fo)
+	}
+	if r.code != 0 {
+		return nil, sessionError(s, status.Error(codes.Code(r.code), r.msg))
+	}
+	t, err := c.receive(ctx, s, r.resp.Meta, r.resp.InlineData, r.resp.TransferId, fo.lease)
+	if err != nil {
+		c.stats.errors.Add(1)
+	}
+	return t, err
 }

@@ -23,6 +23,7 @@ type clientSession struct {
 	transport  string
 	link       *link // nil for the grpc transport
 	eager      int
+	frames     bool // Fetch travels as frames on link (data_plane_calls)
 	rejections []Rejection
 
 	cancel context.CancelFunc // ends the Session stream
@@ -127,7 +128,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			}
 		}
 	}()
-	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
+	// Frames bypass gRPC interceptors: a Client given grpc.DialOptions
+	// (which may carry some) keeps every Fetch on the Fetch method.
+	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name, DataPlaneCalls: !c.opts.noFrames && len(c.opts.grpcDialOpts) == 0}
 	for _, name := range c.opts.transports {
 		dev := c.devices[name]
 		if name == TransportGRPC || dev == nil {
@@ -154,6 +157,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
+	s.frames = hs.DataPlaneCalls && resp.DataPlaneCalls
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
@@ -178,6 +182,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			return fail(status.Errorf(codes.Internal, "tensorrpc: server chose %s, which was not offered", choice.Transport))
 		}
 		name := transportName(choice.Transport)
+		if s.frames {
+			l.enableFrames(slotSizeFor(s.eager), nil)
+		}
 		rej, err := c.tryConnect(ctx, stream.Send, next, s, l, choice)
 		if err != nil {
 			return fail(err)

@@ -64,7 +64,12 @@
 //   - Fetch: the server returns a descriptor of its pool buffer; the client
 //     reads it with one one-sided Read into its own pool buffer (no CPU copy
 //     on tcp's receive path beyond the socket, one memcpy on shm) and then
-//     releases the server's buffer.
+//     releases the server's buffer. When both sides support it, the
+//     request and the answer (with a small tensor inline) are frames on the
+//     data plane's own queue pair, not gRPC calls, which saves the gRPC
+//     round trip; a side given gRPC options (which may add interceptors),
+//     a Server reached through Register and a Client made by NewClient
+//     keep Fetch on gRPC, so interceptors see every call.
 //   - Send and Call: the server allocates the destination; the client writes
 //     into it with WriteImm, whose immediate value completes the transfer.
 //   - Fetch with Lease on shm: the tensor is the server's memory mapped into

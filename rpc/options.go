@@ -94,6 +94,10 @@ type options struct {
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
 	envErr         error // an environment variable that could not be read (applyEnv)
+	// noFrames keeps Fetch off the data plane (HandshakeRequest and
+	// HandshakeResponse.data_plane_calls unset), as a peer that predates
+	// frames would; for tests.
+	noFrames bool
 }
 
 func defaultOptions() options {
@@ -128,6 +132,10 @@ type Option interface {
 }
 
 type sharedOption func(*options)
+
+// withoutFrames makes this side negotiate no data-plane calls, as an older
+// peer would.
+func withoutFrames() Option { return sharedOption(func(o *options) { o.noFrames = true }) }
 
 func (f sharedOption) applyServer(o *options) { f(o) }
 func (f sharedOption) applyDial(o *options)   { f(o) }
@@ -195,7 +203,10 @@ func WithEagerThreshold(n int) ServerOption {
 }
 
 // WithGRPCServerOptions passes options to the grpc.Server that NewServer
-// makes.
+// makes. Since they may add interceptors, which must see every call, a
+// Server given any keeps its sessions' Fetch on the gRPC Fetch method
+// instead of the data plane's frames (HandshakeResponse.data_plane_calls
+// unset): each Fetch then costs a gRPC round trip.
 func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
 	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
 }
@@ -278,7 +289,8 @@ func WithTransportCredentials(c credentials.TransportCredentials) DialOption {
 }
 
 // WithGRPCDialOptions passes options to the gRPC client connection that
-// Dial makes.
+// Dial makes. As with WithGRPCServerOptions, a Client given any keeps
+// Fetch on the gRPC Fetch method, so that its interceptors see every call.
 func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
 	return dialOption(func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) })
 }

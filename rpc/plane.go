@@ -75,13 +75,15 @@ func (d *device) close() {
 }
 
 // newControlPool makes the pool of the links' own buffers (receive and
-// verifying-send buffers, 512 bytes a session). It is separate from the
+// verifying-send buffers, 512 bytes a session; with frames, frameSlots
+// receive slots of slotSizeFor(eager threshold) bytes, 640 KiB by default,
+// and the frames being sent). It is separate from the
 // tensor pool so that a full tensor pool (a peer hoarding memory) never
 // stops new sessions from opening, and it is registered for local access
 // only.
 func newControlPool() (*mempool.Pool, error) {
 	return mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc-control"),
-		mempool.WithArenaSize(1<<20), mempool.WithLimit(64<<20), mempool.WithPinning(false))
+		mempool.WithArenaSize(1<<20), mempool.WithLimit(256<<20), mempool.WithPinning(false))
 }
 
 // Depths of a link's queues. recvDepth Recvs stay posted for incoming
@@ -104,6 +106,11 @@ type link struct {
 	// recvImmKey: the provider reports the key a WriteImm wrote through
 	// (verbs.Attributes.RecvImmKey).
 	recvImmKey bool
+	// ctlPool is the control pool the link's buffers come from; fr is set
+	// (by enableFrames) when the link carries frames: then its Recvs are
+	// receive slots and its Sends and WriteImms need credits.
+	ctlPool *mempool.Pool
+	fr      *framing
 
 	// Until verified is set, received Sends are the negotiation's verifying
 	// round trip: their bytes go to verifyCh instead of onRecv.
@@ -158,7 +165,7 @@ func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}),
+	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}),
 		recvImmKey: dev.pd.Attributes().RecvImmKey}, nil
 }
 
@@ -174,7 +181,7 @@ func (l *link) sendVerify(ctx context.Context, msg []byte) error {
 		return err
 	}
 	local.Length = len(msg)
-	return l.post(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil)
+	return l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil, false, nil)
 }
 
 // recvVerify waits for the peer's verifying message.
@@ -196,9 +203,15 @@ func (l *link) connect(ctx context.Context, remote []byte, onRecv func(verbs.Com
 		return err
 	}
 	l.onRecv = onRecv
-	for range recvDepth {
-		if err := l.postRecv(); err != nil {
+	if l.fr != nil {
+		if err := l.postSlots(ctx); err != nil {
 			return err
+		}
+	} else {
+		for range recvDepth {
+			if err := l.postRecv(); err != nil {
+				return err
+			}
 		}
 	}
 	l.wg.Add(1)
@@ -238,6 +251,12 @@ func (l *link) complete(c verbs.Completion) {
 		l.fail(verbs.CompletionError(c))
 	}
 	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
+		if l.fr != nil {
+			if c.Status == verbs.StatusSuccess {
+				l.completeSlot(c)
+			}
+			return
+		}
 		if c.Status == verbs.StatusSuccess {
 			if !l.verified.Load() && c.Op == verbs.OpRecv {
 				msg := bytes.Clone(l.recv.Bytes()[:min(c.Len, verifyBytes)])
@@ -284,12 +303,34 @@ func (l *link) fail(err error) {
 // when ctx ends while the request is under way, later, when the request
 // completes, so that the caller's buffers are freed only once the data
 // plane is done with them.
+//
+// On a link that carries frames, a Send or WriteImm consumes one of the
+// peer's receive slots: post takes a credit for it first (see framing).
 func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) error {
+	return l.postWith(ctx, wr, onFail, true, nil)
+}
+
+// postWith is post; credit false posts without taking a credit (the
+// verifying round trip, and frames that took theirs already). unposted, if
+// not nil, runs when the request never reached the queue pair.
+func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func(), credit bool, unposted func()) error {
 	fail := func(err error) error {
 		if onFail != nil {
 			onFail()
 		}
 		return err
+	}
+	if credit && l.fr != nil && (wr.Op == verbs.OpSend || wr.Op == verbs.OpWriteImm) {
+		if err := l.acquire(ctx, false); err != nil {
+			return fail(err)
+		}
+		unposted = func() { l.fr.refund(0) }
+	}
+	notPosted := func(err error) error {
+		if unposted != nil {
+			unposted()
+		}
+		return fail(err)
 	}
 	w := &waiter{ch: make(chan verbs.Completion, 1)}
 	wr.ID = l.nextID.Add(1)
@@ -297,7 +338,7 @@ func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) er
 	if l.closed || l.failure != nil {
 		err := l.failure
 		l.mu.Unlock()
-		return fail(unavailable(err))
+		return notPosted(unavailable(err))
 	}
 	l.waiters[wr.ID] = w
 	l.mu.Unlock()
@@ -306,9 +347,9 @@ func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) er
 		delete(l.waiters, wr.ID)
 		l.mu.Unlock()
 		if errors.Is(err, verbs.ErrQueueFull) {
-			return fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", sendDepth, err))
+			return notPosted(status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", sendDepth, err))
 		}
-		return fail(completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
+		return notPosted(completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
 	}
 	var c verbs.Completion
 	select {
@@ -344,6 +385,9 @@ func (l *link) close(reason error) {
 	l.closed = true
 	l.mu.Unlock()
 	l.fail(reason)
+	if l.fr != nil && l.fr.cancel != nil {
+		l.fr.cancel() // the creditor
+	}
 	l.qp.Close()
 	l.cq.Close()
 	l.wg.Wait()
@@ -361,6 +405,9 @@ func (l *link) close(reason error) {
 	}
 	l.recv.Release()
 	l.out.Release()
+	if l.fr != nil {
+		l.fr.releaseSlots()
+	}
 }
 
 // completionStatus maps a completion to a gRPC status error (nil on

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,15 +47,16 @@ type Handler func(ctx context.Context, req *Message) (*Message, error)
 // clients fetch and send to, and methods they call. It is safe for
 // concurrent use.
 type Server struct {
-	opts    options
-	log     *slog.Logger
-	pool    *mempool.Pool
-	ownPool bool
-	ctl     *mempool.Pool // the links' own buffers
-	grpc    *grpc.Server
-	rv      *rendezvous
-	devices map[string]*device
-	missing map[string]string // transport → why its device did not open
+	opts         options
+	unaryFetches atomic.Int64 // calls of the Fetch method, for tests
+	log          *slog.Logger
+	pool         *mempool.Pool
+	ownPool      bool
+	ctl          *mempool.Pool // the links' own buffers
+	grpc         *grpc.Server
+	rv           *rendezvous
+	devices      map[string]*device
+	missing      map[string]string // transport → why its device did not open
 
 	mu       sync.Mutex
 	handlers map[string]Handler
@@ -106,7 +108,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		gopts = append([]grpc.ServerOption{grpc.Creds(o.creds)}, gopts...)
 	}
 	s.grpc = grpc.NewServer(gopts...)
-	s.Register(s.grpc)
+	pb.RegisterTensorRPCServer(s.grpc, service{Server: s, own: len(o.grpcServerOpts) == 0})
 	return s, nil
 }
 
@@ -126,6 +128,10 @@ func (s *Server) openPool() error {
 // Register registers the tensorrpc service on gs, for a server that also
 // serves other services. Serve, Stop and GracefulStop then belong to gs's
 // owner; call Close after gs has stopped to release the Server.
+//
+// Sessions that arrive through gs keep Fetch on the Fetch method (they
+// negotiate no data-plane calls), so that gs's interceptors see every
+// Fetch; see WithGRPCServerOptions.
 func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, service{Server: s}) }
 
 // service implements the gRPC service; it is separate from Server so that
@@ -133,6 +139,11 @@ func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, serv
 type service struct {
 	pb.UnimplementedTensorRPCServer
 	*Server
+	// own is set on the Server's own grpc.Server when it was given no
+	// grpc.ServerOptions, so no interceptor of the caller's can be on it:
+	// only then may sessions carry calls as frames, which no interceptor
+	// sees.
+	own bool
 }
 
 // Serve accepts connections on lis until Stop or GracefulStop.

@@ -14,6 +14,7 @@ import (
 
 // Fetch implements the Fetch method.
 func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResponse, error) {
+	s.unaryFetches.Add(1)
 	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
@@ -23,20 +24,20 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 		return nil, rendezvousError(req.Key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold)
 	if err != nil {
 		return nil, err
 	}
 	return resp, nil
 }
 
-// offer hands a tensor to a client: inline when it is small (or when the
-// session has no data plane), else as a transfer the client reads. It takes
-// over buf's reference.
-func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
+// offer hands a tensor to a client: inline when it is at most inlineMax
+// bytes (or when the session has no data plane), else as a transfer the
+// client reads. It takes over buf's reference.
+func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int) (*pb.TensorMeta, []byte, uint64, error) {
 	meta := metaOf(key, t, s.opts.checksums)
 	n := len(t.Bytes())
-	if n <= s.opts.eagerThreshold || ss == nil || ss.link == nil {
+	if n <= inlineMax || ss == nil || ss.link == nil {
 		if n > s.opts.eagerThreshold {
 			buf.Release()
 			return nil, nil, 0, status.Errorf(codes.FailedPrecondition,
@@ -205,6 +206,7 @@ func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 		}
 	}
 	for _, ref := range req.ClientRefs {
+		ss.cancelCall(ref) // a Fetch frame still waiting for its key
 		for _, t := range ss.releaseRef(ref) {
 			t.finish()
 		}
@@ -254,7 +256,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		}
 		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-		meta, inline, id, err := s.offer(ctx, ss, req.ClientRef, "", zt, buf)
+		meta, inline, id, err := s.offer(ctx, ss, req.ClientRef, "", zt, buf, s.opts.eagerThreshold)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, err

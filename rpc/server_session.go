@@ -40,6 +40,15 @@ type serverSession struct {
 	next      uint64
 	closed    bool
 	reserved  int64 // bytes of destinations charged to the session
+
+	// Calls that arrived as frames (frames set): each runs in its own
+	// goroutine under ctx, which ends with the session; calls names the
+	// running ones by client_ref so that a Release of the ref cancels one.
+	frames   bool
+	ctx      context.Context
+	cancel   context.CancelFunc
+	handlers sync.WaitGroup
+	calls    map[uint64]*frameCall
 }
 
 // charge counts n bytes of a new destination against the session's quota.
@@ -290,7 +299,10 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	ss := &serverSession{
 		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx),
 		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
+		frames: hs.DataPlaneCalls && !s.opts.noFrames && s.own, calls: map[uint64]*frameCall{},
 	}
+	ss.ctx, ss.cancel = context.WithCancel(ctx)
+	defer ss.cancel()
 
 	// Make a queue pair for every offer the server can use, by priority;
 	// reject the rest. The tcp plane listens on the address this session's
@@ -337,6 +349,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	})
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: ProtocolVersion, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
+		DataPlaneCalls: ss.frames,
 	}}}); err != nil {
 		return err
 	}
@@ -501,6 +514,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		return "", err
 	}
 
+	if ss.frames {
+		l.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, key string) { s.serveFetchFrame(ss, l, h, key) })
+	}
+
 	// Step 1: connect, report at once, give up as soon as the client fails.
 	o, err := connectBoth(ctx, s.opts.connectTimeout, l, offer.Info, func(c verbs.Completion) { s.completeDestination(ss, c) },
 		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
@@ -614,6 +631,9 @@ func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
 // closeSession closes the data plane first, so nothing writes into the
 // session's buffers any more, then releases them.
 func (s *Server) closeSession(ss *serverSession) {
+	if ss.cancel != nil {
+		ss.cancel() // calls that arrived as frames
+	}
 	if ss.link != nil {
 		ss.link.close(errors.New("session ended"))
 	}
@@ -626,4 +646,7 @@ func (s *Server) closeSession(ss *serverSession) {
 		t.unreserve()
 		t.finish()
 	}
+	// Calls that arrived as frames end now (their link is closed and their
+	// context ended); what they still hold they free themselves.
+	ss.handlers.Wait()
 }

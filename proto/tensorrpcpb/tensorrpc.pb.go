@@ -841,8 +841,15 @@ type HandshakeRequest struct {
 	ProtocolVersion uint32            `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	Offers          []*TransportOffer `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
 	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The client can carry Fetch as frames over the session's data plane
+	// instead of the Fetch method: receive slots posted as Recvs, credits
+	// returned in-band (see the Go package's frame.go for the frame format).
+	// Frames are used only when both handshakes set it; a client that leaves
+	// it unset (every client that has only this file) uses the methods below
+	// exactly as described, and nothing about the session changes.
+	DataPlaneCalls bool `protobuf:"varint,4,opt,name=data_plane_calls,json=dataPlaneCalls,proto3" json:"data_plane_calls,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HandshakeRequest) Reset() {
@@ -896,6 +903,13 @@ func (x *HandshakeRequest) GetClientName() string {
 	return ""
 }
 
+func (x *HandshakeRequest) GetDataPlaneCalls() bool {
+	if x != nil {
+		return x.DataPlaneCalls
+	}
+	return false
+}
+
 type HandshakeResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -906,6 +920,11 @@ type HandshakeResponse struct {
 	// Fetch and Call return inline (16384 unless the server is configured
 	// otherwise). Larger ones need a data plane or the streaming methods.
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
+	// The server accepts data_plane_calls for this session: set only when the
+	// client's handshake set it. When set, the session's data plane, once
+	// connected and verified, carries the client's Fetch as frames; the
+	// Fetch method still works for it.
+	DataPlaneCalls bool `protobuf:"varint,5,opt,name=data_plane_calls,json=dataPlaneCalls,proto3" json:"data_plane_calls,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -966,6 +985,13 @@ func (x *HandshakeResponse) GetEagerThreshold() uint64 {
 		return x.EagerThreshold
 	}
 	return 0
+}
+
+func (x *HandshakeResponse) GetDataPlaneCalls() bool {
+	if x != nil {
+		return x.DataPlaneCalls
+	}
+	return false
 }
 
 type FetchRequest struct {
@@ -1677,18 +1703,20 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
-	"\x06verify\x18\x04 \x01(\bR\x06verify\"\x94\x01\n" +
+	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xbe\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
-	"clientName\"\xc4\x01\n" +
+	"clientName\x12(\n" +
+	"\x10data_plane_calls\x18\x04 \x01(\bR\x0edataPlaneCalls\"\xee\x01\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\"\x88\x01\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12(\n" +
+	"\x10data_plane_calls\x18\x05 \x01(\bR\x0edataPlaneCalls\"\x88\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +

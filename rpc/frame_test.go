@@ -1,0 +1,306 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// unaryCounter counts the server's unary calls by method.
+type unaryCounter struct{ fetches, releases atomic.Int64 }
+
+func (u *unaryCounter) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	switch info.FullMethod {
+	case pb.TensorRPC_Fetch_FullMethodName:
+		u.fetches.Add(1)
+	case pb.TensorRPC_Release_FullMethodName:
+		u.releases.Add(1)
+	}
+	return h(ctx, req)
+}
+
+func publishBytes(t *testing.T, s *Server, key string, n int, seed byte) []byte {
+	t.Helper()
+	w := wrapped(t, n, seed)
+	defer w.Release()
+	if err := s.Publish(ctxT(t), key, w); err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte(nil), w.Bytes()...)
+}
+
+// TestFetchFrames: a session negotiated with data_plane_calls fetches
+// small (inline) and large (read) tensors, leased and waited for, without
+// the Fetch method; a side without the capability makes the other use it.
+func TestFetchFrames(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		for _, mode := range []string{"both", "old-server", "old-client", "interceptor"} {
+			t.Run(tr+"/"+mode, func(t *testing.T) {
+				var u unaryCounter
+				var sopts []ServerOption
+				var copts []DialOption
+				switch mode {
+				case "old-server":
+					sopts = append(sopts, withoutFrames())
+				case "old-client":
+					copts = append(copts, withoutFrames())
+				case "interceptor":
+					// Frames would bypass it: the server keeps Fetch on gRPC.
+					sopts = append(sopts, WithGRPCServerOptions(grpc.UnaryInterceptor(u.intercept)))
+				}
+				s, c := pair(t, tr, sopts, copts)
+				if got, want := c.last.frames, mode == "both"; got != want || (c.last.link.fr != nil) != want {
+					t.Fatalf("frames negotiated: %v, want %v", got, want)
+				}
+				ctx := ctxT(t)
+				small := publishBytes(t, s, "small", 4<<10, 1)
+				large := publishBytes(t, s, "large", 1<<20, 2)
+				fetches := 0
+				for i := range 50 {
+					for _, k := range []struct {
+						key  string
+						want []byte
+						opts []FetchOption
+					}{{"small", small, nil}, {"large", large, nil}, {"large", large, []FetchOption{Lease()}}} {
+						got, err := c.Fetch(ctx, k.key, k.opts...)
+						if err != nil {
+							t.Fatalf("fetch %d of %q: %v", i, k.key, err)
+						}
+						if !bytes.Equal(got.Bytes(), k.want) {
+							t.Fatalf("fetch %d of %q: wrong bytes", i, k.key)
+						}
+						got.Release()
+						fetches++
+					}
+				}
+				_, err := c.Fetch(ctx, "missing")
+				if status.Code(err) != codes.NotFound || !bytes.Contains([]byte(err.Error()), []byte(`"missing"`)) {
+					t.Fatalf("fetch of a missing key: %v, want NotFound naming it", err)
+				}
+				fetches++
+				// Sends (WriteImm) share the server's slots with frames.
+				for i := range 3 * frameSlots {
+					w := wrapped(t, 64<<10, byte(i))
+					want := append([]byte(nil), w.Bytes()...)
+					if err := c.Send(ctx, "sent", w); err != nil {
+						t.Fatalf("send %d: %v", i, err)
+					}
+					w.Release()
+					got, err := c.Fetch(ctx, "sent")
+					if err != nil {
+						t.Fatalf("fetch after send %d: %v", i, err)
+					}
+					if !bytes.Equal(got.Bytes(), want) {
+						t.Fatalf("fetch after send %d: stale bytes", i)
+					}
+					got.Release()
+					fetches++
+				}
+				n := s.unaryFetches.Load()
+				if mode == "interceptor" && u.fetches.Load() != n {
+					t.Errorf("the interceptor saw %d of %d Fetch calls", u.fetches.Load(), n)
+				}
+				if mode == "both" && n != 0 {
+					t.Errorf("%d Fetch calls over gRPC, want none", n)
+				}
+				if mode != "both" && n != int64(fetches) {
+					t.Errorf("%d Fetch calls over gRPC, want %d", n, fetches)
+				}
+				if st := s.Stats(); st.Transfers == 0 || st.DataPlaneBytes == 0 || st.InlineBytes == 0 {
+					t.Errorf("server stats not counted: %+v", st)
+				}
+			})
+		}
+	}
+}
+
+// TestFetchFramesWaitForKey: a frame Fetch waits for its key; a cancelled
+// one frees everything (the pair's cleanup checks buffers and goroutines)
+// and the server's waiting call ends.
+func TestFetchFramesWaitForKey(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			if c.last.link.fr == nil {
+				t.Fatal("no frames")
+			}
+			ctx := ctxT(t)
+			done := make(chan error, 1)
+			want := wrapped(t, 100<<10, 7)
+			defer want.Release()
+			go func() {
+				got, err := c.Fetch(ctx, "later", WaitForKey())
+				if err == nil {
+					if !bytes.Equal(got.Bytes(), want.Bytes()) {
+						err = status.Error(codes.Internal, "wrong bytes")
+					}
+					got.Release()
+				}
+				done <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			publishBytes(t, s, "later", 100<<10, 7)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+
+			// Cancelled while waiting.
+			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			if _, err := c.Fetch(cctx, "never", WaitForKey()); status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("cancelled wait: %v, want DeadlineExceeded", err)
+			}
+			ss := serverSessionOf(t, s)
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				ss.mu.Lock()
+				n := len(ss.calls)
+				ss.mu.Unlock()
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d frame calls still running on the server", n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			f := c.last.link.fr
+			f.mu.Lock()
+			n := len(f.pending)
+			f.mu.Unlock()
+			if n != 0 {
+				t.Fatalf("%d pending frame fetches on the client", n)
+			}
+
+			// The server stopping ends a waiting Fetch with Unavailable.
+			go func() {
+				_, err := c.Fetch(ctx, "never", WaitForKey())
+				done <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			s.GracefulStop()
+			if err := <-done; status.Code(err) != codes.Unavailable {
+				t.Fatalf("fetch waiting through GracefulStop: %v, want Unavailable", err)
+			}
+		})
+	}
+}
+
+func serverSessionOf(t *testing.T, s *Server) *serverSession {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ss := range s.sessions {
+		return ss
+	}
+	t.Fatal("no session")
+	return nil
+}
+
+// TestFramesHostile: a frame the peer breaks ends the session; nothing is
+// leaked and the next call opens a new session.
+func TestFramesHostile(t *testing.T) {
+	bad := map[string][]byte{
+		"short":          {frameMagic, frameFetchReq},
+		"magic":          append([]byte{0x00}, make([]byte, frameHeaderLen-1)...),
+		"length":         hdr(frameFetchReq, 0, 0, 1, 100, nil),
+		"type":           hdr(99, 0, 0, 1, 0, nil),
+		"credits":        hdr(frameCredit, 0, 1000, 0, 0, nil),
+		"resp-to-server": hdr(frameFetchResp, 0, 0, 1, 8, make([]byte, 8)),
+	}
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		for name, frame := range bad {
+			t.Run(tr+"/"+name, func(t *testing.T) {
+				s, c := pair(t, tr, nil, nil)
+				publishBytes(t, s, "k", 1<<20, 3)
+				l := c.last.link
+				buf, err := l.ctlPool.Alloc(ctxT(t), len(frame))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer buf.Release()
+				copy(buf.Bytes(), frame)
+				local, _ := l.dev.ctl.Local(buf)
+				local.Length = len(frame)
+				l.post(ctxT(t), verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil) // may fail: the server ends the plane
+				deadline := time.Now().Add(10 * time.Second)
+				for !sessionGone(c) {
+					if time.Now().After(deadline) {
+						t.Fatal("the session survived a broken frame")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				got, err := c.Fetch(ctxT(t), "k")
+				if err != nil {
+					t.Fatalf("fetch on a new session: %v", err)
+				}
+				got.Release()
+			})
+		}
+	}
+}
+
+// TestFetchFramesConcurrent runs more waiting Fetches than there are
+// receive slots, then small and large Fetches and Sends side by side: the
+// credits must keep every frame flowing without a receiver-not-ready.
+func TestFetchFramesConcurrent(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			ctx := ctxT(t)
+			const waiters = 3 * frameSlots
+			errs := make(chan error, 4*waiters)
+			for range waiters {
+				go func() {
+					got, err := c.Fetch(ctx, "late", WaitForKey())
+					if err == nil {
+						got.Release()
+					}
+					errs <- err
+				}()
+			}
+			time.Sleep(100 * time.Millisecond)
+			publishBytes(t, s, "late", 1<<10, 1)
+			publishBytes(t, s, "big", 256<<10, 2)
+			for i := range waiters {
+				go func() {
+					key := "late"
+					if i%2 == 0 {
+						key = "big"
+					}
+					got, err := c.Fetch(ctx, key)
+					if err == nil {
+						got.Release()
+					}
+					errs <- err
+				}()
+				go func() {
+					w := wrapped(t, 32<<10, byte(i))
+					defer w.Release()
+					errs <- c.Send(ctx, "sent", w)
+				}()
+			}
+			for range 3 * waiters {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := c.last.link
+			l.mu.Lock()
+			failure := l.failure
+			l.mu.Unlock()
+			if failure != nil || sessionGone(c) {
+				t.Fatalf("the session ended: %v", failure)
+			}
+		})
+	}
+}
