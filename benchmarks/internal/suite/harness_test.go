@@ -64,9 +64,10 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		badOp  int
 		want   []string
 	}{
-		// The 5th transfer of the stream falls in calibration or the
-		// first rep, depending on how fast the warm-up was.
-		{VerifyAll, 5, []string{"stream 2, ", ", transfer 4:", "differ from the source's", "CRC32C"}},
+		// The 5th transfer of the stream falls in calibration or in a
+		// rep, at a place that depends on how fast the machine was, so
+		// only the stream and the form of the message are checked.
+		{VerifyAll, 5, []string{"stream 2, ", ", transfer ", "differ from the source's", "CRC32C"}},
 		// In VerifyLast mode a stream whose every transfer is corrupt
 		// fails at the end of the warm-up.
 		{VerifyLast, 0, []string{"stream 2, warm-up, transfer 1:", "differ from the source's"}},
