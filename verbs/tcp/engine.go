@@ -819,8 +819,14 @@ func (q *queuePair) flush() {
 			}
 			es = q.appendSend(es, w, st, cause)
 		}
-		for _, w := range sendq {
-			es = q.appendSend(es, w, verbs.StatusFlushed, cause)
+		for i, w := range sendq {
+			// When nothing was in flight yet, the oldest queued request is
+			// the oldest outstanding one.
+			st := verbs.StatusFlushed
+			if i == 0 && len(inflight) == 0 {
+				st = status
+			}
+			es = q.appendSend(es, w, st, cause)
 		}
 		q.sendCQ.Push(es...)
 	}
