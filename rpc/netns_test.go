@@ -12,6 +12,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/testenv"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -30,12 +31,7 @@ type twoHosts struct {
 // so that a CI image without them cannot pass by skipping.
 func newTwoHosts(t *testing.T) *twoHosts {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		needNetns(t, "two-host tests need root to create network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		needNetns(t, "two-host tests need the ip command (iproute2)")
-	}
+	testenv.NeedNetns(t)
 	id := (os.Getpid()*7 + int(time.Now().UnixNano()%1000)) % 250
 	h := &twoHosts{
 		ns:     fmt.Sprintf("trpcrpc%d", id),
@@ -52,7 +48,7 @@ func newTwoHosts(t *testing.T) *twoHosts {
 		return nil
 	}
 	if err := ip("netns", "add", h.ns); err != nil {
-		needNetns(t, "cannot create a network namespace here: %v", err)
+		testenv.Need(t, "cannot create a network namespace here: %v", err)
 	}
 	t.Cleanup(func() { ip("link", "del", hostIf); ip("netns", "del", h.ns) })
 	for _, args := range [][]string{
@@ -66,20 +62,10 @@ func newTwoHosts(t *testing.T) *twoHosts {
 		{"netns", "exec", h.ns, "ip", "link", "set", "lo", "up"},
 	} {
 		if err := ip(args...); err != nil {
-			needNetns(t, "cannot set up a veth pair: %v", err)
+			testenv.Need(t, "cannot set up a veth pair: %v", err)
 		}
 	}
 	return h
-}
-
-// needNetns skips t, or fails it when CI=true.
-func needNetns(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true, so not skipping: %s", msg)
-	}
-	t.Skipf("skipping: %s (with CI=true this fails)", msg)
 }
 
 // serverIn starts a child server process inside the namespace, listening

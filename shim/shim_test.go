@@ -5,7 +5,6 @@ package shim
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,26 +16,15 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/testenv"
 )
 
 // python is the interpreter of Debian's python3-numpy and python3-torch.
 const python = "/usr/bin/python3"
 
-// ci is whether CI=true: then a missing prerequisite (python3, NumPy,
-// torch, venv, pip, mypy, gcc) fails the test instead of skipping it, so
-// that a CI image lacking one cannot pass by skipping.
-var ci = os.Getenv("CI") == "true"
-
 // need skips the test, naming what is missing and how to install it, or
-// fails it under CI.
-func need(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if ci {
-		t.Fatalf("CI=true, so not skipping: %s", msg)
-	}
-	t.Skipf("skipping: %s", msg)
-}
+// fails it under CI=true (internal/testenv).
+var need = testenv.Need
 
 var (
 	buildDir  string
@@ -211,9 +199,6 @@ func TestMypy(t *testing.T) {
 // NumPy round trip. install.sh must fail cleanly for an interpreter
 // without pip.
 func TestPythonInstall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping in -short mode: builds the library twice through pip")
-	}
 	build(t) // gcc, and a warm Go build cache for the builds pip runs
 	py3, err := exec.LookPath("python3")
 	if err != nil {
