@@ -1,9 +1,11 @@
-// Package wire encodes and decodes the tensor wire header (proto/header.fbs)
-// and validates everything a peer could get wrong.
+// Package wire encodes and decodes the tensor wire header and the
+// data-plane frame header (both in proto/header.fbs) and validates
+// everything a peer could get wrong.
 //
-// Decode allocates nothing: the Header's shape lives in a fixed array and
-// its key aliases the input bytes. Arbitrary input gives an error, never a
-// panic (see FuzzDecode).
+// Decode and DecodeFrame allocate nothing: the Header's shape lives in a
+// fixed array, and keys, bodies and releases alias the input bytes.
+// Arbitrary input gives an error, never a panic (see FuzzDecode and
+// FuzzDecodeFrame).
 package wire
 
 import (
