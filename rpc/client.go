@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,7 +67,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
-	dialOpts := o.grpcDialOpts
+	dialOpts := append(slices.Clone(o.grpcDialOpts), o.observe...)
 	if o.creds != nil {
 		dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, dialOpts...)
 	}
@@ -363,6 +364,10 @@ func (c *Client) releaseRef(s *clientSession, ref uint64) {
 func (c *Client) queueRelease(r release) {
 	if r.sess.err() != nil {
 		return // the session's end released it on the server
+	}
+	if l := r.sess.link; l != nil && l.fr != nil {
+		l.fr.queueRelease(r.id, r.ref) // rides the next frame
+		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -2,10 +2,12 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -174,6 +176,11 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 	if s.link == nil {
 		return c.sendStream(ctx, key, t)
 	}
+	if s.link.fr != nil {
+		if fits, err := c.sendFrame(ctx, s, key, t); fits {
+			return err
+		}
+	}
 	_, err = c.send(ctx, s, key, t, false)
 	return err
 }
@@ -262,6 +269,17 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 	if s.link == nil {
 		return c.callStream(ctx, method, req)
 	}
+	if s.link.fr != nil {
+		if reply, fits, err := c.callFrame(ctx, s, method, req); fits {
+			return reply, err
+		}
+	}
+	return c.callUnary(ctx, s, method, req)
+}
+
+// callUnary is Call with the Send and Call methods: request tensors above
+// the eager threshold are sent first, held for the call.
+func (c *Client) callUnary(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
 	creq := &pb.CallRequest{SessionId: s.id, Method: method, Metadata: req.Metadata}
 	var held []uint64
 	for i, t := range req.Tensors {
@@ -366,11 +384,46 @@ func isSessionGone(err error) bool {
 	return strings.Contains(st.Message(), errSessionGone)
 }
 
+// roundTrip sends one request frame and waits for its response. hold
+// (if not nil) frees what the request granted the server: it runs once
+// the server has answered or can no longer use it, which is later than
+// roundTrip's return when ctx ends first (the call is then cancelled with
+// a RELEASE of its ref).
+func (c *Client) roundTrip(ctx context.Context, s *clientSession, typ uint8, flags uint16, body []byte, hold func()) (frameReply, uint64, error) {
+	l := s.link
+	ref := c.newRef()
+	if hold == nil {
+		hold = func() {}
+	}
+	pc := l.fr.expect(ref)
+	posted, err := l.sendFrame(ctx, typ, flags, ref, body)
+	if err != nil {
+		if !posted {
+			l.fr.forget(ref)
+			hold()
+		} else {
+			l.fr.abandon(ref, pc, hold)
+			c.releaseRef(s, ref)
+		}
+		return frameReply{}, ref, sessionError(s, err)
+	}
+	select {
+	case r := <-pc.ch:
+		hold()
+		return r, ref, nil
+	case <-ctx.Done():
+		l.fr.abandon(ref, pc, hold)
+		c.releaseRef(s, ref) // cancels the server's call and frees what it made
+		return frameReply{}, ref, sessionError(s, status.FromContextError(ctx.Err()).Err())
+	case <-l.dead:
+		l.fr.abandon(ref, pc, hold) // runs when the link closes
+		return frameReply{}, ref, sessionError(s, unavailable(l.failure))
+	}
+}
+
 // fetchFrame is Fetch as a FETCH_REQ frame on the session's data plane,
 // answered by a FETCH_RESP (see frame.go).
 func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
-	l := s.link
-	ref := c.newRef()
 	var flags uint16
 	if fo.wait {
 		flags |= frameWait
@@ -378,32 +431,187 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 	if fo.lease {
 		flags |= frameLease
 	}
-	ch := l.fr.expect(ref)
-	if err := l.sendFrame(ctx, frameFetchReq, flags, ref, []byte(key)); err != nil {
-		l.fr.forget(ref)
-		c.releaseRef(s, ref) // the request may have gone out
-		return nil, sessionError(s, err)
+	r, ref, err := c.roundTrip(ctx, s, frameFetchReq, flags, []byte(key), nil)
+	if err != nil {
+		return nil, err
 	}
-	var r fetchResult
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		l.fr.forget(ref)
-		c.releaseRef(s, ref) // cancels the server's call and frees what it made
-		return nil, sessionError(s, status.FromContextError(ctx.Err()).Err())
-	case <-l.dead:
-		l.fr.forget(ref)
-		return nil, sessionError(s, unavailable(l.failure))
-	}
-	if r.fallback {
+	if r.flags&frameFallback != 0 {
 		return c.fetchUnary(ctx, s, key, fo)
 	}
-	if r.code != 0 {
-		return nil, sessionError(s, status.Error(codes.Code(r.code), r.msg))
+	resp := &pb.FetchResponse{}
+	if err := c.decodeReply(s, ref, r, resp); err != nil {
+		return nil, err
 	}
-	t, err := c.receive(ctx, s, r.resp.Meta, r.resp.InlineData, r.resp.TransferId, fo.lease)
+	t, err := c.receive(ctx, s, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
 	if err != nil {
 		c.stats.errors.Add(1)
 	}
 	return t, err
+}
+
+// decodeReply decodes a response frame's status and, on OK, its body into
+// m. A malformed response fails the call and frees what it made.
+func (c *Client) decodeReply(s *clientSession, ref uint64, r frameReply, m proto.Message) error {
+	st, body, err := decodeStatus(r.body)
+	if err == nil && st == nil {
+		if err = proto.Unmarshal(body, m); err != nil {
+			err = fmt.Errorf("%w: %v", errFrame, err)
+		}
+	}
+	if err != nil {
+		c.releaseRef(s, ref)
+		return status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
+	}
+	if st != nil {
+		return sessionError(s, st)
+	}
+	return nil
+}
+
+// grantSource makes t readable by the server for one request frame: a
+// pool buffer holding it (t's own when t is pool memory) and a read-only
+// grant on the session's queue pair, described as a Location. free ends
+// the grant and drops the buffer.
+func (c *Client) grantSource(ctx context.Context, s *clientSession, t *Tensor) (loc *pb.Location, free func(), err error) {
+	src, err := poolBuffer(ctx, c.pool, t, &c.stats)
+	if err != nil {
+		return nil, nil, err
+	}
+	n := len(t.Bytes())
+	g, err := s.link.grant(src, n, verbs.AccessRemoteRead)
+	if err != nil {
+		src.Release()
+		return nil, nil, unavailable(err)
+	}
+	r := g.Remote()
+	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: src.Arena().ID(), RemoteKey: r.Key, Address: r.Addr, Offset: uint64(src.Offset()), Length: uint64(n)}
+	return loc, func() {
+		g.Revoke()
+		src.Release()
+	}, nil
+}
+
+// sendFrame is Send as a SEND_REQ: the tensor inline, or granted to the
+// server, which reads and publishes it before it answers. fits is false
+// when the request does not fit a slot (a long key or shape); then
+// nothing was sent.
+func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t *Tensor) (fits bool, err error) {
+	if t == nil || !t.Valid() {
+		return true, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
+	}
+	if t.released.Load() {
+		return true, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
+	}
+	req := &pb.SendRequest{Meta: metaOf(key, t.Tensor, c.opts.checksums)}
+	n := len(t.Bytes())
+	free := func() {}
+	if n <= frameInline(s.eager) {
+		req.InlineData = t.Bytes()
+	} else {
+		if req.Meta.Location, free, err = c.grantSource(ctx, s, t); err != nil {
+			return true, err
+		}
+	}
+	body, err := proto.Marshal(req)
+	if err != nil || frameHeaderLen+len(body) > s.link.fr.slotSize {
+		free()
+		return false, nil
+	}
+	r, ref, err := c.roundTrip(ctx, s, frameSendReq, 0, body, free)
+	if err == nil {
+		err = c.decodeReply(s, ref, r, &pb.SendResponse{})
+	}
+	if err != nil {
+		c.stats.errors.Add(1)
+		return true, err
+	}
+	c.stats.transfers.Add(1)
+	if req.Meta.Location == nil {
+		c.stats.inlineBytes.Add(int64(n))
+		c.stats.copied(n) // into the frame
+	} else {
+		c.stats.dataPlaneBytes.Add(int64(n))
+	}
+	return true, nil
+}
+
+// callFrame is Call as a CALL_REQ: tensors inline while they fit a slot,
+// the rest granted to the server, which reads them all at once; one
+// CALL_RESP answers. fits is false when the request does not fit a slot
+// (large metadata); then nothing was sent.
+func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (_ *Message, fits bool, err error) {
+	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata}
+	var frees []func()
+	hold := func() {
+		for _, f := range frees {
+			f()
+		}
+	}
+	budget := frameInline(s.eager)
+	for i, t := range req.Tensors {
+		if t == nil || !t.Valid() || t.released.Load() {
+			hold()
+			return nil, true, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
+		}
+		meta := metaOf("", t.Tensor, c.opts.checksums)
+		if n := len(t.Bytes()); n <= budget {
+			budget -= n
+			idx := uint32(len(creq.InlineData))
+			meta.InlineIndex = &idx
+			creq.InlineData = append(creq.InlineData, t.Bytes())
+		} else {
+			loc, free, err := c.grantSource(ctx, s, t)
+			if err != nil {
+				hold()
+				return nil, true, err
+			}
+			frees = append(frees, free)
+			meta.Location = loc
+		}
+		creq.Tensors = append(creq.Tensors, meta)
+	}
+	body, err := proto.Marshal(creq)
+	if err != nil || frameHeaderLen+len(body) > s.link.fr.slotSize {
+		hold()
+		return nil, false, nil
+	}
+	r, ref, err := c.roundTrip(ctx, s, frameCallReq, 0, body, hold)
+	if err != nil {
+		return nil, true, err
+	}
+	resp := &pb.CallResponse{}
+	if r.flags&frameIndirect != 0 {
+		// The reply did not fit a slot: it waits in a transfer.
+		meta := &pb.TensorMeta{}
+		if err := c.decodeReply(s, ref, r, meta); err != nil {
+			return nil, true, err
+		}
+		if meta.Dtype != pb.DType(zerocopy.Uint8) || meta.TransferId == 0 {
+			c.releaseRef(s, ref)
+			return nil, true, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
+		}
+		t, err := c.receive(ctx, s, meta, nil, meta.TransferId, false)
+		if err != nil {
+			c.releaseRef(s, ref)
+			return nil, true, err
+		}
+		err = proto.Unmarshal(t.Bytes(), resp)
+		t.Release()
+		if err != nil {
+			c.releaseRef(s, ref)
+			return nil, true, status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
+		}
+	} else if err := c.decodeReply(s, ref, r, resp); err != nil {
+		return nil, true, err
+	}
+	for _, t := range req.Tensors {
+		c.stats.transfers.Add(1)
+		if n := int64(len(t.Bytes())); n <= int64(frameInline(s.eager)) {
+			c.stats.inlineBytes.Add(n)
+		} else {
+			c.stats.dataPlaneBytes.Add(n)
+		}
+	}
+	out, err := c.receiveReply(ctx, s, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	return out, true, err
 }

@@ -183,7 +183,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		}
 		name := transportName(choice.Transport)
 		if s.frames {
-			l.enableFrames(slotSizeFor(s.eager), nil)
+			l.enableFrames(slotSizeFor(s.eager), nil, nil)
 		}
 		rej, err := c.tryConnect(ctx, stream.Send, next, s, l, choice)
 		if err != nil {

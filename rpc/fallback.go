@@ -261,16 +261,9 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	}
 	in := &Message{Metadata: h.Metadata, Tensors: ts}
 	defer in.Release()
-	out, err := handler(ctx, in)
+	out, err := s.invoke(ctx, nil, handler, in)
 	if err != nil {
-		c.errors.Add(1)
-		if _, ok := status.FromError(err); ok {
-			return err
-		}
-		return status.Error(codes.Unknown, err.Error())
-	}
-	if out == nil {
-		out = &Message{}
+		return err
 	}
 	defer out.Release()
 	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c, s.opts.checksums)

@@ -2,148 +2,149 @@ package rpc
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 )
 
-// Frames are the session engine's control messages on the data plane
-// (negotiated with HandshakeRequest.data_plane_calls): each is one Send
-// into one of the peer's receive slots. A frame is a fixed little-endian
-// header followed by its payload:
+// Frames are the session engine's calls on the data plane (negotiated with
+// HandshakeRequest.data_plane_calls): each is one Send into one of the
+// peer's receive slots. proto/header.fbs specifies them (FrameHeader and
+// the comment above it: types, bodies, credits, what a receiver rejects)
+// and proto/wire decodes the header. A frame is the 24-byte header, a body
+// and then, on frames from the client, releases: transfer ids the client
+// is done with, piggybacked on whatever frame goes out next.
 //
-//	offset size
-//	0      1    magic and version (frameMagic)
-//	1      1    type (frameFetchReq, frameFetchResp, frameCredit)
-//	2      2    flags (by type)
-//	4      4    credits: receive slots the sender reposted since its last frame
-//	8      8    ref: the client's name for the call
-//	16     4    payload length: exactly the bytes that follow the header
-//	20     4    zero
-//
-// Payloads:
+// Bodies are protobuf messages of tensorrpc.proto, after a status (u32
+// length and a google.rpc.Status, empty for OK) on responses:
 //
 //   - FETCH_REQ: the key; flags frameWait and frameLease.
-//   - FETCH_RESP: u32 status code (gRPC's; 0 is OK), u32 message length,
-//     the message, then on OK a protobuf FetchResponse (meta, inline data
-//     or a Location, transfer id). Flag frameFallback instead says that the
-//     answer does not fit a slot: the client asks with the Fetch method.
+//   - FETCH_RESP: status, then on OK a FetchResponse. Flag frameFallback
+//     instead says that the answer does not fit a slot: the client asks
+//     again with the Fetch method.
+//   - SEND_REQ: a SendRequest: the tensor inline, or with meta.location
+//     naming the client's tensor, which the client granted the server to
+//     read; the server reads it, publishes it and then answers.
+//   - SEND_RESP: status.
+//   - CALL_REQ: a CallRequest: tensors inline or, like SEND_REQ's, by
+//     location in the client's memory.
+//   - CALL_RESP: status, then on OK a CallResponse, or with frameIndirect a
+//     TensorMeta naming a transfer whose bytes are the CallResponse (one
+//     that does not fit a slot); the client reads and releases it.
 //   - CREDIT: empty; it only returns credits.
+//   - RELEASE: client refs to cancel, 8 bytes each (perhaps none: then it
+//     only carries releases).
 //
-// This is a hand-written header, not proto/header.fbs: this first slice of
-// the engine has three frame types; decodeFrame checks every bound.
+// Every request frame gets exactly one response frame with its ref, also
+// when it fails or is cancelled (unless the session ends first): the
+// client keeps what it granted for a request until the response arrives or
+// the session ends.
 const (
-	frameMagic     = 0xF1
-	frameHeaderLen = 24
+	frameMagic     = wire.FrameMagic
+	frameHeaderLen = wire.FrameHeaderLen
 
-	frameFetchReq  = 1
-	frameFetchResp = 2
-	frameCredit    = 3
+	frameFetchReq  = wire.FrameFetchReq
+	frameFetchResp = wire.FrameFetchResp
+	frameCredit    = wire.FrameCredit
+	frameSendReq   = wire.FrameSendReq
+	frameSendResp  = wire.FrameSendResp
+	frameCallReq   = wire.FrameCallReq
+	frameCallResp  = wire.FrameCallResp
+	frameRelease   = wire.FrameRelease
 
-	frameWait     = 1 << 0 // FETCH_REQ: WaitForKey
-	frameLease    = 1 << 1 // FETCH_REQ: Lease
-	frameFallback = 1 << 0 // FETCH_RESP: ask again with the Fetch method
+	frameWait     = wire.FlagWait     // FETCH_REQ: WaitForKey
+	frameLease    = wire.FlagLease    // FETCH_REQ: Lease
+	frameFallback = wire.FlagFallback // FETCH_RESP: ask again with the Fetch method
+	frameIndirect = wire.FlagIndirect // CALL_RESP: the body names a transfer holding it
+
+	// maxReleases bounds the releases one frame carries.
+	maxReleases = 64
 )
 
 // frameHeader is a decoded header.
-type frameHeader struct {
-	typ     uint8
-	flags   uint16
-	credits uint32
-	ref     uint64
-}
+type frameHeader = wire.FrameHeader
 
-var errFrame = errors.New("tensorrpc: malformed frame")
+// errFrame wraps every error of a frame the peer got wrong.
+var errFrame = wire.ErrInvalidFrame
 
-// putFrameHeader writes h for a payload of n bytes into b[:frameHeaderLen].
-func putFrameHeader(b []byte, h frameHeader, n int) {
-	b[0] = frameMagic
-	b[1] = h.typ
-	binary.LittleEndian.PutUint16(b[2:], h.flags)
-	binary.LittleEndian.PutUint32(b[4:], h.credits)
-	binary.LittleEndian.PutUint64(b[8:], h.ref)
-	binary.LittleEndian.PutUint32(b[16:], uint32(n))
-	binary.LittleEndian.PutUint32(b[20:], 0)
-}
+// putFrameHeader writes h for n bytes after the header (releases
+// included) into b[:frameHeaderLen].
+func putFrameHeader(b []byte, h frameHeader, n int) { wire.PutFrameHeader(b, h, n) }
 
 // decodeFrame checks and decodes one received frame, b being exactly the
-// bytes the Send carried. The payload aliases b.
-func decodeFrame(b []byte) (frameHeader, []byte, error) {
-	if len(b) < frameHeaderLen {
-		return frameHeader{}, nil, fmt.Errorf("%w: %d bytes, shorter than a header", errFrame, len(b))
-	}
-	if b[0] != frameMagic {
-		return frameHeader{}, nil, fmt.Errorf("%w: magic %#x", errFrame, b[0])
-	}
-	h := frameHeader{typ: b[1], flags: binary.LittleEndian.Uint16(b[2:]), credits: binary.LittleEndian.Uint32(b[4:]), ref: binary.LittleEndian.Uint64(b[8:])}
-	n := binary.LittleEndian.Uint32(b[16:])
-	if uint64(n) != uint64(len(b)-frameHeaderLen) {
-		return frameHeader{}, nil, fmt.Errorf("%w: payload length %d, frame carries %d", errFrame, n, len(b)-frameHeaderLen)
-	}
-	if binary.LittleEndian.Uint32(b[20:]) != 0 {
-		return frameHeader{}, nil, fmt.Errorf("%w: reserved bytes set", errFrame)
-	}
-	switch h.typ {
-	case frameFetchReq:
-		if h.flags&^(frameWait|frameLease) != 0 {
-			return frameHeader{}, nil, fmt.Errorf("%w: FETCH_REQ flags %#x", errFrame, h.flags)
-		}
-	case frameFetchResp:
-		if h.flags&^frameFallback != 0 {
-			return frameHeader{}, nil, fmt.Errorf("%w: FETCH_RESP flags %#x", errFrame, h.flags)
-		}
-	case frameCredit:
-		if h.flags != 0 || n != 0 || h.ref != 0 {
-			return frameHeader{}, nil, fmt.Errorf("%w: CREDIT with flags, ref or payload", errFrame)
-		}
-	default:
-		return frameHeader{}, nil, fmt.Errorf("%w: unknown type %d", errFrame, h.typ)
-	}
-	return h, b[frameHeaderLen:], nil
+// bytes the Send carried. The body and releases alias b.
+func decodeFrame(b []byte) (frameHeader, []byte, []byte, error) {
+	h, body, releases, err := wire.DecodeFrame(b)
+	return h, body, releases, err
 }
 
-// fetchResult is a decoded FETCH_RESP payload.
-type fetchResult struct {
-	code     uint32
-	msg      string
-	resp     *pb.FetchResponse
-	fallback bool
-	err      error // the session or plane failed
+// appendStatus appends err as a frame's status: u32 length and a
+// google.rpc.Status (details included), at most room bytes in all. A
+// status too large loses its details, then the end of its message.
+func appendStatus(b []byte, err error, room int) []byte {
+	if err == nil {
+		return binary.LittleEndian.AppendUint32(b, 0)
+	}
+	sp := status.Convert(err).Proto()
+	if sp.Code == 0 {
+		sp.Code = int32(codes.Unknown) // an error is never OK
+	}
+	enc, _ := proto.Marshal(sp)
+	if len(enc)+4 > room {
+		sp.Details = nil
+		if over := len(enc) + 4 - room; over > 0 && over < len(sp.Message) {
+			sp.Message = sp.Message[:len(sp.Message)-over]
+		} else if over > 0 {
+			sp.Message = ""
+		}
+		enc, _ = proto.Marshal(sp)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(enc)))
+	return append(b, enc...)
 }
 
-// appendFetchResp encodes a FETCH_RESP payload after b.
-func appendFetchResp(b []byte, code uint32, msg string, resp *pb.FetchResponse) ([]byte, error) {
-	b = binary.LittleEndian.AppendUint32(b, code)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(msg)))
-	b = append(b, msg...)
-	if resp != nil {
-		return proto.MarshalOptions{}.MarshalAppend(b, resp)
+// decodeStatus splits a response body into its status (nil for OK) and
+// what follows.
+func decodeStatus(p []byte) (error, []byte, error) {
+	if len(p) < 4 {
+		return nil, nil, fmt.Errorf("%w: response of %d bytes", errFrame, len(p))
 	}
-	return b, nil
-}
-
-// decodeFetchResp decodes a FETCH_RESP payload; its bytes are copied.
-func decodeFetchResp(p []byte) (fetchResult, error) {
-	if len(p) < 8 {
-		return fetchResult{}, fmt.Errorf("%w: FETCH_RESP of %d bytes", errFrame, len(p))
-	}
-	r := fetchResult{code: binary.LittleEndian.Uint32(p)}
-	n := binary.LittleEndian.Uint32(p[4:])
-	p = p[8:]
+	n := binary.LittleEndian.Uint32(p)
+	p = p[4:]
 	if uint64(n) > uint64(len(p)) {
-		return fetchResult{}, fmt.Errorf("%w: FETCH_RESP message of %d bytes in %d", errFrame, n, len(p))
+		return nil, nil, fmt.Errorf("%w: status of %d bytes in %d", errFrame, n, len(p))
 	}
-	r.msg, p = string(p[:n]), p[n:]
-	if r.code == 0 {
-		r.resp = &pb.FetchResponse{}
-		if err := proto.Unmarshal(p, r.resp); err != nil {
-			return fetchResult{}, fmt.Errorf("%w: FETCH_RESP body: %v", errFrame, err)
-		}
-	} else if len(p) != 0 {
-		return fetchResult{}, fmt.Errorf("%w: FETCH_RESP error with a body", errFrame)
+	if n == 0 {
+		return nil, p, nil
 	}
-	return r, nil
+	sp := &spb.Status{}
+	if err := proto.Unmarshal(p[:n], sp); err != nil {
+		return nil, nil, fmt.Errorf("%w: status: %v", errFrame, err)
+	}
+	if sp.Code == 0 || len(p) != int(n) {
+		return nil, nil, fmt.Errorf("%w: an error status of code %d with a body", errFrame, sp.Code)
+	}
+	return status.FromProto(sp).Err(), nil, nil
+}
+
+// appendReleases appends transfer ids to a frame.
+func appendReleases(b []byte, ids []uint64) []byte {
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint64(b, id)
+	}
+	return b
+}
+
+// readU64s decodes a list of u64s (releases, a RELEASE body).
+func readU64s(b []byte) []uint64 {
+	out := make([]uint64, 0, len(b)/8)
+	for ; len(b) >= 8; b = b[8:] {
+		out = append(out, binary.LittleEndian.Uint64(b))
+	}
+	return out
 }

@@ -2,10 +2,12 @@ package rpc
 
 import (
 	"bytes"
-	"encoding/binary"
+	"errors"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -13,34 +15,57 @@ import (
 
 func hdr(typ uint8, flags uint16, credits uint32, ref uint64, n int, payload []byte) []byte {
 	b := make([]byte, frameHeaderLen, frameHeaderLen+len(payload))
-	putFrameHeader(b, frameHeader{typ: typ, flags: flags, credits: credits, ref: ref}, n)
+	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Credits: credits, Ref: ref}, n)
 	return append(b, payload...)
 }
 
+// okBody is a response body with an OK status and m.
+func okBody(m proto.Message) []byte {
+	b := appendStatus(nil, nil, 1<<20)
+	enc, _ := proto.Marshal(m)
+	return append(b, enc...)
+}
+
+// FuzzDecodeFrame: whatever a peer sends, decoding a frame and its
+// response status never panics, and a decoded frame re-encodes to the
+// same bytes.
 func FuzzDecodeFrame(f *testing.F) {
-	resp, _ := appendFetchResp(nil, 0, "", &pb.FetchResponse{Meta: &pb.TensorMeta{Key: "k", Dtype: pb.DType(zerocopy.Float32), Shape: []int64{2}, ByteLength: 8}, InlineData: make([]byte, 8)})
-	errResp, _ := appendFetchResp(nil, uint32(codes.NotFound), "no such key", nil)
+	resp := okBody(&pb.FetchResponse{Meta: &pb.TensorMeta{Key: "k", Dtype: pb.DType(zerocopy.Float32), Shape: []int64{2}, ByteLength: 8}, InlineData: make([]byte, 8)})
+	errResp := appendStatus(nil, status.Error(codes.NotFound, "no such key"), 1<<20)
 	f.Add(hdr(frameFetchReq, frameWait|frameLease, 3, 42, 3, []byte("key")))
 	f.Add(hdr(frameFetchResp, 0, 1, 42, len(resp), resp))
 	f.Add(hdr(frameFetchResp, 0, 0, 7, len(errResp), errResp))
-	f.Add(hdr(frameFetchResp, frameFallback, 0, 7, 8, make([]byte, 8)))
+	f.Add(hdr(frameFetchResp, frameFallback, 0, 7, 4, make([]byte, 4)))
+	f.Add(hdr(frameCallResp, frameIndirect, 0, 7, len(resp), resp))
 	f.Add(hdr(frameCredit, 0, 16, 0, 0, nil))
+	f.Add(hdr(frameRelease, 0, 0, 0, 8, make([]byte, 8)))
+	rel := hdr(frameSendReq, 0, 0, 9, 16+3, []byte("abc"))
+	rel[20] = 2
+	f.Add(append(rel, make([]byte, 16)...))
 	f.Add(hdr(frameFetchReq, 0, 0, 1, 1000, nil))
 	f.Add([]byte{frameMagic})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, p, err := decodeFrame(b)
+		h, body, releases, err := decodeFrame(b)
 		if err != nil {
+			if !errors.Is(err, errFrame) {
+				t.Fatalf("error %v does not wrap errFrame", err)
+			}
 			return
 		}
-		if len(p) != len(b)-frameHeaderLen || int(binary.LittleEndian.Uint32(b[16:])) != len(p) {
-			t.Fatalf("payload of %d bytes from a frame of %d", len(p), len(b))
+		if len(body)+len(releases) != len(b)-frameHeaderLen || len(releases) != 8*int(h.Releases) {
+			t.Fatalf("body of %d and releases of %d bytes from a frame of %d", len(body), len(releases), len(b))
 		}
-		again := hdr(h.typ, h.flags, h.credits, h.ref, len(p), p)
+		again := make([]byte, frameHeaderLen, len(b))
+		putFrameHeader(again, h, len(body)+len(releases))
+		again = append(append(again, body...), releases...)
 		if !bytes.Equal(again, b) {
-			t.Fatalf("header does not round-trip")
+			t.Fatalf("frame does not round-trip")
 		}
-		if h.typ == frameFetchResp {
-			decodeFetchResp(p) // must not panic
+		if h.Type == frameFetchResp || h.Type == frameSendResp || h.Type == frameCallResp {
+			st, rest, err := decodeStatus(body) // must not panic
+			if err == nil && st != nil && len(rest) != 0 {
+				t.Fatalf("an error status with a body")
+			}
 		}
 	})
 }

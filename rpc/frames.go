@@ -1,8 +1,11 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -44,9 +47,12 @@ func frameInline(eager int) int { return min(max(eager, 0), maxFrameInline) }
 type framing struct {
 	slotSize int
 	slots    []*mempool.Buffer
-	// serve handles a FETCH_REQ (server side; nil on a client, which
-	// refuses requests). It must not block.
-	serve func(h frameHeader, key string)
+	// serve handles a request frame (server side; nil on a client, which
+	// refuses requests). It runs in the polling goroutine: it must copy
+	// body if it keeps it, and must not block. releases receives the
+	// transfer ids a client's frame carried.
+	serve    func(h frameHeader, body []byte)
+	releases func(ids []uint64)
 
 	mu          sync.Mutex
 	credits     int // Sends and WriteImms this side may post
@@ -54,19 +60,38 @@ type framing struct {
 	outstanding int // posted and not yet returned by the peer
 	unreturned  uint32
 	wake        chan struct{} // closed when credits come back
-	pending     map[uint64]chan fetchResult
+	pending     map[uint64]*pendingCall
+	// Client side: transfer ids to release and refs to cancel, sent with
+	// the next frame or, when none goes out soon, in a RELEASE frame.
+	relIDs  []uint64
+	relRefs []uint64
 
 	kick   chan struct{} // asks the creditor for a credit-only frame
+	flush  chan struct{} // asks the releaser for a RELEASE frame
 	cancel context.CancelFunc
-	credit *mempool.Buffer // the credit-only frame's buffer
+}
+
+// frameReply is a response frame, its body copied.
+type frameReply struct {
+	flags uint16
+	body  []byte
+}
+
+// pendingCall is a request frame awaiting its response. Once its caller
+// has stopped waiting, late holds what the caller leaves to do when the
+// response arrives or the link closes (revoke what it granted).
+type pendingCall struct {
+	ch   chan frameReply
+	late func()
 }
 
 // enableFrames makes the link carry frames with slots of slotSize bytes;
-// serve (server side) handles requests. Call it before connect.
-func (l *link) enableFrames(slotSize int, serve func(frameHeader, string)) {
+// serve and releases (server side) handle requests. Call it before
+// connect.
+func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), releases func([]uint64)) {
 	l.fr = &framing{
-		slotSize: slotSize, serve: serve, credits: frameSlots - 1, reserve: 1,
-		wake: make(chan struct{}), pending: map[uint64]chan fetchResult{}, kick: make(chan struct{}, 1),
+		slotSize: slotSize, serve: serve, releases: releases, credits: frameSlots - 1, reserve: 1,
+		wake: make(chan struct{}), pending: map[uint64]*pendingCall{}, kick: make(chan struct{}, 1), flush: make(chan struct{}, 1),
 	}
 }
 
@@ -80,11 +105,6 @@ func (l *link) postSlots(ctx context.Context) error {
 		}
 		f.slots = append(f.slots, b)
 	}
-	b, err := l.ctlPool.Alloc(ctx, frameHeaderLen)
-	if err != nil {
-		return err
-	}
-	f.credit = b
 	for i := range f.slots {
 		if err := l.postSlot(uint64(i)); err != nil {
 			return err
@@ -94,6 +114,10 @@ func (l *link) postSlots(ctx context.Context) error {
 	f.cancel = cancel
 	l.wg.Add(1)
 	go l.creditor(cctx)
+	if f.serve == nil {
+		l.wg.Add(1)
+		go l.releaser(cctx)
+	}
 	return nil
 }
 
@@ -114,10 +138,6 @@ func (f *framing) releaseSlots() {
 		b.Release()
 	}
 	f.slots = nil
-	if f.credit != nil {
-		f.credit.Release()
-		f.credit = nil
-	}
 }
 
 // completeSlot handles a Recv completion of a framing link, in the polling
@@ -167,18 +187,18 @@ func (l *link) completeSlot(c verbs.Completion) {
 
 // handleFrame decodes and dispatches one received frame.
 func (l *link) handleFrame(b []byte) error {
-	h, payload, err := decodeFrame(b)
+	h, body, releases, err := decodeFrame(b)
 	if err != nil {
 		return err
 	}
 	f := l.fr
 	f.mu.Lock()
-	if int64(h.credits) > int64(f.outstanding) {
+	if int64(h.Credits) > int64(f.outstanding) {
 		f.mu.Unlock()
-		return fmt.Errorf("%d credits returned, %d outstanding", h.credits, f.outstanding)
+		return fmt.Errorf("%d credits returned, %d outstanding", h.Credits, f.outstanding)
 	}
-	if h.credits > 0 {
-		n := int(h.credits)
+	if h.Credits > 0 {
+		n := int(h.Credits)
 		f.outstanding -= n
 		if f.reserve == 0 {
 			f.reserve, n = 1, n-1
@@ -188,27 +208,39 @@ func (l *link) handleFrame(b []byte) error {
 		f.wake = make(chan struct{})
 	}
 	f.mu.Unlock()
-	switch h.typ {
-	case frameFetchReq:
-		if f.serve == nil {
+	server := f.serve != nil
+	if len(releases) > 0 || h.Type == frameRelease {
+		if !server {
+			return fmt.Errorf("%w: releases sent to the client", errFrame)
+		}
+		if ids := readU64s(releases); len(ids) > 0 {
+			f.releases(ids)
+		}
+	}
+	switch h.Type {
+	case frameFetchReq, frameSendReq, frameCallReq, frameRelease:
+		if !server {
 			return fmt.Errorf("%w: a request to the client", errFrame)
 		}
-		f.serve(h, string(payload))
-	case frameFetchResp:
-		if f.serve != nil {
+		f.serve(h, body)
+	case frameFetchResp, frameSendResp, frameCallResp:
+		if server {
 			return fmt.Errorf("%w: a response to the server", errFrame)
 		}
-		r, err := decodeFetchResp(payload)
-		if err != nil {
-			return err
-		}
-		r.fallback = h.flags&frameFallback != 0
 		f.mu.Lock()
-		ch, ok := f.pending[h.ref]
-		delete(f.pending, h.ref)
+		pc, ok := f.pending[h.Ref]
+		delete(f.pending, h.Ref)
 		f.mu.Unlock()
-		if ok {
-			ch <- r // buffered
+		switch {
+		case !ok:
+		case pc.late != nil:
+			l.wg.Add(1) // the polling goroutine is counted: close waits for this
+			go func() {
+				defer l.wg.Done()
+				pc.late()
+			}()
+		default:
+			pc.ch <- frameReply{flags: h.Flags, body: bytes.Clone(body)} // buffered
 		}
 	}
 	return nil
@@ -245,9 +277,9 @@ func (l *link) acquire(ctx context.Context, reserve bool) error {
 	}
 }
 
-// refund gives back a credit taken for a request that was never posted,
-// and the returns its frame would have carried.
-func (f *framing) refund(returns uint32) {
+// refund gives back a credit taken for a frame that was never posted,
+// with the returns and releases it would have carried.
+func (f *framing) refund(returns uint32, ids, refs []uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.outstanding--
@@ -257,52 +289,80 @@ func (f *framing) refund(returns uint32) {
 		f.credits++
 	}
 	f.unreturned += returns
+	f.relIDs = append(f.relIDs, ids...)
+	f.relRefs = append(f.relRefs, refs...)
 	close(f.wake)
 	f.wake = make(chan struct{})
 }
 
-// takeReturns is the credits the next frame returns.
-func (f *framing) takeReturns() uint32 {
+// take takes the credits the next frame returns and up to room queued
+// releases; refs, the refs to cancel, only for a RELEASE frame.
+func (f *framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.unreturned
 	f.unreturned = 0
-	return n
+	k := min(room, len(f.relIDs))
+	ids := slices.Clone(f.relIDs[:k])
+	f.relIDs = f.relIDs[k:]
+	var rs []uint64
+	if refs {
+		k := min(room-len(ids), len(f.relRefs))
+		rs = slices.Clone(f.relRefs[:k])
+		f.relRefs = f.relRefs[k:]
+	}
+	return n, ids, rs
 }
 
-// sendFrame sends one frame, waiting for a credit first.
-func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, payload []byte) error {
+// sendFrame sends one frame, waiting for a credit first; a client's frame
+// also carries the releases queued so far. posted reports whether the
+// frame reached the queue pair (on error, the peer may or may not see it).
+func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, body []byte) (posted bool, err error) {
 	f := l.fr
-	if frameHeaderLen+len(payload) > f.slotSize {
-		return status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+len(payload), f.slotSize)
+	if frameHeaderLen+len(body) > f.slotSize {
+		return false, status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+len(body), f.slotSize)
 	}
-	if err := l.acquire(ctx, false); err != nil {
-		return err
+	if err := l.acquire(ctx, typ == frameCredit); err != nil {
+		return false, err
 	}
-	buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+len(payload))
+	room := min((f.slotSize-frameHeaderLen-len(body))/8, maxReleases)
+	if typ == frameCredit {
+		room = 0
+	}
+	returns, ids, refs := f.take(room, typ == frameRelease)
+	if typ == frameRelease {
+		body = appendReleases(body, refs)
+	}
+	n := len(body) + 8*len(ids)
+	buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+n)
 	if err != nil {
-		f.refund(0)
-		return status.Errorf(codes.ResourceExhausted, "tensorrpc: frame buffer: %v", err)
+		f.refund(returns, ids, refs)
+		return false, status.Errorf(codes.ResourceExhausted, "tensorrpc: frame buffer: %v", err)
 	}
-	b := buf.Bytes()[:frameHeaderLen+len(payload)]
-	copy(b[frameHeaderLen:], payload)
-	returns := f.takeReturns()
-	putFrameHeader(b, frameHeader{typ: typ, flags: flags, ref: ref, credits: returns}, len(payload))
+	b := buf.Bytes()[:frameHeaderLen+n]
+	copy(b[frameHeaderLen:], body)
+	appendReleases(b[frameHeaderLen+len(body):frameHeaderLen+len(body)], ids)
+	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
 	local, err := l.dev.ctl.Local(buf)
 	if err != nil {
 		buf.Release()
-		return status.Error(codes.Internal, err.Error())
+		f.refund(returns, ids, refs)
+		return false, status.Error(codes.Internal, err.Error())
 	}
 	local.Length = len(b)
-	if err := l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() { f.refund(returns) }); err != nil {
-		return err
+	posted = true
+	err = l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() {
+		posted = false
+		f.refund(returns, ids, refs)
+	})
+	if err == nil {
+		buf.Release()
 	}
-	buf.Release()
-	return nil
+	return posted, err
 }
 
 // creditor sends a credit-only frame whenever the polling goroutine finds
-// half the slots unreturned, one at a time, from the link's own buffer.
+// half the slots unreturned, one at a time.
 func (l *link) creditor(ctx context.Context) {
 	defer l.wg.Done()
 	f := l.fr
@@ -318,36 +378,100 @@ func (l *link) creditor(ctx context.Context) {
 		if !enough {
 			continue // a frame returned them meanwhile
 		}
-		if err := l.acquire(ctx, true); err != nil {
-			return
-		}
-		b := f.credit.Bytes()[:frameHeaderLen]
-		returns := f.takeReturns()
-		putFrameHeader(b, frameHeader{typ: frameCredit, credits: returns}, 0)
-		local, err := l.dev.ctl.Local(f.credit)
-		if err != nil {
-			l.fail(err)
-			return
-		}
-		local.Length = frameHeaderLen
-		if err := l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil, false, func() { f.refund(returns) }); err != nil {
+		if _, err := l.sendFrame(ctx, frameCredit, 0, 0, nil); err != nil && ctx.Err() == nil {
 			return
 		}
 	}
 }
 
-// expect registers a call awaiting the FETCH_RESP for ref.
-func (f *framing) expect(ref uint64) chan fetchResult {
-	ch := make(chan fetchResult, 1)
+// queueRelease queues a transfer id to release or a ref to cancel (client
+// side); the next frame carries it, or a RELEASE frame soon.
+func (f *framing) queueRelease(id, ref uint64) {
 	f.mu.Lock()
-	f.pending[ref] = ch
+	if id != 0 {
+		f.relIDs = append(f.relIDs, id)
+	}
+	if ref != 0 {
+		f.relRefs = append(f.relRefs, ref)
+	}
 	f.mu.Unlock()
-	return ch
+	select {
+	case f.flush <- struct{}{}:
+	default:
+	}
 }
 
-// forget drops a call's registration.
+// releaser sends what is queued for release when no other frame took it
+// along: after letting the goroutines that may be about to send a frame
+// run first.
+func (l *link) releaser(ctx context.Context) {
+	defer l.wg.Done()
+	f := l.fr
+	for {
+		select {
+		case <-f.flush:
+		case <-ctx.Done():
+			return
+		}
+		for {
+			runtime.Gosched()
+			f.mu.Lock()
+			left := len(f.relIDs) + len(f.relRefs)
+			f.mu.Unlock()
+			if left == 0 {
+				break
+			}
+			if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil); err != nil {
+				return // the link is dead or closing: the session's end frees everything
+			}
+		}
+	}
+}
+
+// expect registers a request awaiting the response frame for ref.
+func (f *framing) expect(ref uint64) *pendingCall {
+	pc := &pendingCall{ch: make(chan frameReply, 1)}
+	f.mu.Lock()
+	f.pending[ref] = pc
+	f.mu.Unlock()
+	return pc
+}
+
+// forget drops a request's registration.
 func (f *framing) forget(ref uint64) {
 	f.mu.Lock()
 	delete(f.pending, ref)
 	f.mu.Unlock()
+}
+
+// abandon is for a caller that stops waiting for pc's response: late runs
+// when the response arrives, or when the link closes; at once when the
+// response has arrived already.
+func (f *framing) abandon(ref uint64, pc *pendingCall, late func()) {
+	if late == nil {
+		f.forget(ref)
+		return
+	}
+	f.mu.Lock()
+	if f.pending[ref] == pc {
+		pc.late = late
+		f.mu.Unlock()
+		return
+	}
+	f.mu.Unlock()
+	late()
+}
+
+// closePending runs the late work of every abandoned request, once the
+// link is closed.
+func (f *framing) closePending() {
+	f.mu.Lock()
+	left := f.pending
+	f.pending = map[uint64]*pendingCall{}
+	f.mu.Unlock()
+	for _, pc := range left {
+		if pc.late != nil {
+			pc.late()
+		}
+	}
 }

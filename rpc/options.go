@@ -82,6 +82,9 @@ type options struct {
 	logger         *slog.Logger
 	grpcServerOpts []grpc.ServerOption
 	grpcDialOpts   []grpc.DialOption
+	// observe: dial options of the package's tests that, unlike
+	// grpcDialOpts, keep calls on frames (interceptors that count calls).
+	observe        []grpc.DialOption
 	creds          credentials.TransportCredentials
 	dataAddress    string
 	name           string

@@ -324,7 +324,7 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		if err := l.acquire(ctx, false); err != nil {
 			return fail(err)
 		}
-		unposted = func() { l.fr.refund(0) }
+		unposted = func() { l.fr.refund(0, nil, nil) }
 	}
 	notPosted := func(err error) error {
 		if unposted != nil {
@@ -406,6 +406,7 @@ func (l *link) close(reason error) {
 	l.recv.Release()
 	l.out.Release()
 	if l.fr != nil {
+		l.fr.closePending()
 		l.fr.releaseSlots()
 	}
 }

@@ -233,20 +233,42 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		}
 		in.Tensors = append(in.Tensors, t)
 	}
+	out, err := s.invoke(ctx, ss, h, in)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Release()
+	resp, err := s.reply(ctx, ss, req.ClientRef, out, s.opts.eagerThreshold)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// invoke runs a handler, the same for every way a call arrives: an error
+// that is not a gRPC status becomes Unknown; a nil reply an empty one.
+func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *Message) (*Message, error) {
 	out, err := h(ctx, in)
 	if err != nil {
 		s.count(ss, func(c *counters) { c.errors.Add(1) })
+		if out != nil {
+			out.Release()
+		}
 		if _, ok := status.FromError(err); ok {
 			return nil, err
 		}
 		return nil, status.Error(codes.Unknown, err.Error())
 	}
-	resp := &pb.CallResponse{}
 	if out == nil {
-		return resp, nil
+		out = &Message{}
 	}
-	defer out.Release()
-	resp.Metadata = out.Metadata
+	return out, nil
+}
+
+// reply offers a handler's reply tensors to the client of the call named
+// ref: inline up to inlineMax bytes, else as transfers it reads.
+func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *Message, inlineMax int) (*pb.CallResponse, error) {
+	resp := &pb.CallResponse{Metadata: out.Metadata}
 	for i, t := range out.Tensors {
 		var c counters
 		buf, err := poolBuffer(ctx, s.pool, t, &c)
@@ -256,7 +278,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		}
 		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-		meta, inline, id, err := s.offer(ctx, ss, req.ClientRef, "", zt, buf, s.opts.eagerThreshold)
+		meta, inline, id, err := s.offer(ctx, ss, ref, "", zt, buf, inlineMax)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, err

@@ -1,12 +1,18 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // frameCall is a call that arrived as a frame and is running.
@@ -22,10 +28,83 @@ func (ss *serverSession) cancelCall(ref uint64) {
 	}
 }
 
-// serveFetchFrame runs a FETCH_REQ that arrived on the session's link l,
-// in its own goroutine (the polling goroutine that calls it must never
-// block): the same as the Fetch method, answered with a FETCH_RESP.
-func (s *Server) serveFetchFrame(ss *serverSession, l *link, h frameHeader, key string) {
+// spawn runs f in its own goroutine, counted in the session's handlers,
+// unless the session has ended.
+func (ss *serverSession) spawn(f func()) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	ss.handlers.Add(1)
+	go func() {
+		defer ss.handlers.Done()
+		f()
+	}()
+	return true
+}
+
+// serveFrame handles a request frame that arrived on the session's link l.
+// It runs in the polling goroutine, so it never blocks: calls run in their
+// own goroutines.
+func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []byte) {
+	switch h.Type {
+	case frameRelease:
+		// Cancel at once, in order with the requests before it; freeing
+		// (revoking grants may wait for the peer) happens aside.
+		var done []*transfer
+		for _, ref := range readU64s(body) {
+			ss.cancelCall(ref)
+			done = append(done, ss.releaseRef(ref)...)
+		}
+		if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
+			finishAll(done)
+		}
+		return
+	case frameFetchReq:
+		key := string(body)
+		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context) (uint16, []byte, error) {
+			return s.fetchForFrame(ctx, ss, l, h, key)
+		})
+	case frameSendReq:
+		body := bytes.Clone(body)
+		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context) (uint16, []byte, error) {
+			return 0, nil, s.sendForFrame(ctx, ss, l, body)
+		})
+	case frameCallReq:
+		body := bytes.Clone(body)
+		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context) (uint16, []byte, error) {
+			return s.callForFrame(ctx, ss, l, h.Ref, body)
+		})
+	}
+}
+
+// releaseFramed frees the transfers whose ids a client's frame carried,
+// aside from the polling goroutine.
+func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
+	var done []*transfer
+	for _, id := range ids {
+		if t := ss.remove(id); t != nil {
+			done = append(done, t)
+		}
+	}
+	if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
+		finishAll(done)
+	}
+}
+
+func finishAll(ts []*transfer) {
+	for _, t := range ts {
+		t.finish()
+	}
+}
+
+// runFrameCall runs one request frame's work in its own goroutine, under a
+// context that a RELEASE of ref or the session's end cancels, and answers
+// it with exactly one response frame of type resp: the work's status and,
+// on success, its flags and body. A response that cannot be sent frees
+// what the call made for the client.
+func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, work func(ctx context.Context) (uint16, []byte, error)) {
 	ctx, cancel := context.WithCancel(ss.ctx)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
@@ -34,66 +113,215 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *link, h frameHeader, key 
 		cancel()
 		return
 	}
-	ss.calls[h.ref] = fc
+	ss.calls[ref] = fc
 	ss.handlers.Add(1)
 	ss.mu.Unlock()
 	go func() {
 		defer ss.handlers.Done()
 		defer func() {
 			ss.mu.Lock()
-			if ss.calls[h.ref] == fc {
-				delete(ss.calls, h.ref)
+			if ss.calls[ref] == fc {
+				delete(ss.calls, ref)
 			}
 			ss.mu.Unlock()
 			cancel()
 		}()
-		resp, err := s.fetchForFrame(ctx, ss, l, h, key)
-		var code uint32
-		var msg string
-		if err != nil {
-			st := status.Convert(err)
-			code, msg, resp = uint32(st.Code()), st.Message(), nil
-			if room := l.fr.slotSize - frameHeaderLen - 8; len(msg) > room {
-				msg = msg[:room]
-			}
-		}
+		// The session is open on l once open (Session) has set ss.link
+		// under s.mu; a client that sends before it heard so is refused.
+		s.mu.Lock()
+		opened := ss.link == l
+		s.mu.Unlock()
 		var flags uint16
-		payload, err := appendFetchResp(make([]byte, 0, 256), code, msg, resp)
-		if err != nil || frameHeaderLen+len(payload) > l.fr.slotSize {
-			// The answer does not fit a slot (a long key or shape): the
-			// client asks again with the Fetch method.
-			if resp != nil && resp.TransferId != 0 {
-				s.releaseTransfers(ss, []uint64{resp.TransferId})
-				resp.TransferId = 0
-			}
-			payload, _ = appendFetchResp(payload[:0], 0, "", nil)
-			flags = frameFallback
+		var body []byte
+		err := status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
+		if opened {
+			flags, body, err = work(ctx)
 		}
-		if err := l.sendFrame(ss.ctx, frameFetchResp, flags, h.ref, payload); err != nil && resp != nil && resp.TransferId != 0 {
-			s.releaseTransfers(ss, []uint64{resp.TransferId})
+		if ss.ctx.Err() != nil {
+			// The session is ending (the server stops, the client left):
+			// the link closes next, and the caller hears Unavailable from
+			// that rather than the handler's cancellation.
+			finishAll(ss.releaseRef(ref))
+			return
+		}
+		room := l.fr.slotSize - frameHeaderLen
+		payload := appendStatus(make([]byte, 0, 64+len(body)), err, room)
+		if err == nil {
+			payload = append(payload, body...)
+		}
+		if _, err := l.sendFrame(ss.ctx, resp, flags, ref, payload); err != nil {
+			finishAll(ss.releaseRef(ref))
 		}
 	}()
 }
 
-// fetchForFrame is the Fetch method's work for a FETCH_REQ that arrived
-// on l.
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string) (*pb.FetchResponse, error) {
-	// The session is open on l once open (Session) has set ss.link under
-	// s.mu; a client that sends before it heard so is refused.
-	s.mu.Lock()
-	opened := ss.link == l
-	s.mu.Unlock()
-	if !opened {
-		return nil, status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
-	}
-	e, err := s.rv.fetch(ctx, key, false, h.flags&frameWait != 0)
+// fetchForFrame is the Fetch method's work for a FETCH_REQ: a FetchResponse,
+// or the frameFallback flag when that does not fit a slot.
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string) (uint16, []byte, error) {
+	e, err := s.rv.fetch(ctx, key, false, h.Flags&frameWait != 0)
 	if err != nil {
-		return nil, rendezvousError(key, err)
+		return 0, nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, h.ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold))
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold))
+	if err != nil {
+		return 0, nil, err
+	}
+	body, err := proto.Marshal(resp)
+	if err != nil || frameHeaderLen+4+len(body) > l.fr.slotSize {
+		// The answer does not fit a slot (a long key or shape): the client
+		// asks again with the Fetch method.
+		s.releaseTransfers(ss, []uint64{resp.TransferId})
+		return frameFallback, nil, nil
+	}
+	return 0, body, nil
+}
+
+// sendForFrame is a SEND_REQ: the tensor inline, or read from where the
+// client's location names; it is published before the answer goes, so
+// the sender's next Fetch sees it.
+func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, body []byte) error {
+	req := &pb.SendRequest{}
+	if err := proto.Unmarshal(body, req); err != nil {
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: SEND_REQ: %v", err)
+	}
+	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
+		return err
+	}
+	if req.Hold {
+		return status.Error(codes.InvalidArgument, "tensorrpc: SEND_REQ holds nothing (a Call carries its tensors)")
+	}
+	if req.Meta.Location == nil {
+		_, err := s.receiveInline(ctx, ss, req)
+		return err
+	}
+	if len(req.InlineData) > 0 {
+		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
+	}
+	seq := s.rv.nextSeq()
+	buf, err := s.pull(ctx, ss, l, req.Meta)
+	if err != nil {
+		return err
+	}
+	dtype, shape := shapeOf(req.Meta)
+	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
+	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
+		return rendezvousError(req.Meta.Key, err)
+	}
+	return nil
+}
+
+// pull reads a tensor the client granted the server (m.Location) into a
+// new pool buffer, counted against the session's quota while it is read.
+// The Read is not abandoned when ctx ends (the client keeps its grant until
+// the answer), only when the link dies.
+func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta) (*mempool.Buffer, error) {
+	loc, n := m.Location, int(m.ByteLength)
+	if loc.Length != m.ByteLength || loc.Transport != transportOf(ss.transport) {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: a location of %d bytes on %s for a %d-byte tensor on %s",
+			m.Key, loc.Length, transportName(loc.Transport), n, ss.transport)
+	}
+	if err := ss.charge(int64(n), s.opts.sessionQuota); err != nil {
+		return nil, err
+	}
+	defer ss.refund(int64(n))
+	buf, err := allocBuffer(ctx, s.pool, n)
 	if err != nil {
 		return nil, err
 	}
-	return resp, nil
+	if n > 0 {
+		local, err := l.dev.reg.Local(buf)
+		if err != nil {
+			buf.Release()
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		read := verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}
+		if err := l.post(context.WithoutCancel(ctx), read, func() { buf.Release() }); err != nil {
+			ss.stats.errors.Add(1)
+			return nil, err
+		}
+	}
+	if err := verifySum(m, buf.Bytes()); err != nil {
+		buf.Release()
+		return nil, err
+	}
+	ss.stats.transfers.Add(1)
+	ss.stats.dataPlaneBytes.Add(int64(n))
+	return buf, nil
+}
+
+// callForFrame is a CALL_REQ: its tensors are taken in (the located ones
+// read all at once), the handler runs, and the reply is a CallResponse,
+// or with frameIndirect a TensorMeta naming a transfer that holds it.
+func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, body []byte) (uint16, []byte, error) {
+	req := &pb.CallRequest{}
+	if err := proto.Unmarshal(body, req); err != nil {
+		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: CALL_REQ: %v", err)
+	}
+	h, err := s.handler(req.Method)
+	if err != nil {
+		return 0, nil, err
+	}
+	in := &Message{Metadata: req.Metadata, Tensors: make([]*Tensor, len(req.Tensors))}
+	defer in.Release()
+	errs := make([]error, len(req.Tensors))
+	var wg sync.WaitGroup
+	for i, m := range req.Tensors {
+		if m.GetLocation() == nil || m.TransferId != 0 {
+			in.Tensors[i], errs[i] = s.callTensor(ctx, ss, m, req.InlineData)
+			continue
+		}
+		if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
+			errs[i] = err
+			continue
+		}
+		wg.Go(func() {
+			buf, err := s.pull(ctx, ss, l, m)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			dtype, shape := shapeOf(m)
+			in.Tensors[i], errs[i] = newPoolTensor(dtype, shape, buf)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return 0, nil, err
+		}
+	}
+	out, err := s.invoke(ctx, ss, h, in)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer out.Release()
+	resp, err := s.reply(ctx, ss, ref, out, frameInline(s.opts.eagerThreshold))
+	if err != nil {
+		return 0, nil, err
+	}
+	body, err = proto.Marshal(resp)
+	if err != nil {
+		s.releaseTransfers(ss, resp.TransferIds)
+		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
+	}
+	if frameHeaderLen+4+len(body) <= l.fr.slotSize {
+		return 0, body, nil
+	}
+	// Too large for a slot: the client reads it like a reply tensor.
+	buf, err := allocBuffer(ctx, s.pool, len(body))
+	if err != nil {
+		s.releaseTransfers(ss, resp.TransferIds)
+		return 0, nil, err
+	}
+	copy(buf.Bytes(), body)
+	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
+	meta, _, id, err := s.offer(ctx, ss, ref, "", zt, buf, -1)
+	if err != nil {
+		s.releaseTransfers(ss, resp.TransferIds)
+		return 0, nil, err
+	}
+	meta.TransferId = id
+	body, _ = proto.Marshal(meta)
+	return frameIndirect, body, nil
 }

@@ -515,7 +515,8 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	}
 
 	if ss.frames {
-		l.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, key string) { s.serveFetchFrame(ss, l, h, key) })
+		l.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, body []byte) { s.serveFrame(ss, l, h, body) },
+			func(ids []uint64) { s.releaseFramed(ss, ids) })
 	}
 
 	// Step 1: connect, report at once, give up as soon as the client fails.

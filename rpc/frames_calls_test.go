@@ -1,0 +1,320 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// methodCounter counts the server's unary calls by method.
+type methodCounter struct{ n map[string]*atomic.Int64 }
+
+func newMethodCounter() *methodCounter {
+	m := &methodCounter{n: map[string]*atomic.Int64{}}
+	for _, name := range []string{pb.TensorRPC_Fetch_FullMethodName, pb.TensorRPC_Send_FullMethodName, pb.TensorRPC_Call_FullMethodName, pb.TensorRPC_Release_FullMethodName} {
+		m.n[name] = new(atomic.Int64)
+	}
+	return m
+}
+
+func (m *methodCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if c := m.n[method]; c != nil {
+		c.Add(1)
+	}
+	return invoke(ctx, method, req, reply, cc, opts...)
+}
+
+func (m *methodCounter) total() int64 {
+	var n int64
+	for _, c := range m.n {
+		n += c.Load()
+	}
+	return n
+}
+
+// framedPair is a pair whose client counts the unary calls it makes (the
+// server cannot use an interceptor: that keeps calls off frames).
+func framedPair(t *testing.T, transport string) (*Server, *Client, *methodCounter) {
+	t.Helper()
+	u := newMethodCounter()
+	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.intercept)})
+	if !c.last.frames {
+		t.Fatal("frames not negotiated")
+	}
+	return s, c, u
+}
+
+// echo returns its request, tensors copied into new pool tensors, and
+// metadata of replyMeta bytes when the request's metadata asks for it.
+func echo(s *Server) Handler {
+	return func(ctx context.Context, in *Message) (*Message, error) {
+		out := &Message{Metadata: in.Metadata}
+		if len(in.Metadata) > 0 && in.Metadata[0] == 'M' {
+			out.Metadata = bytes.Repeat([]byte{'r'}, 200<<10)
+		}
+		for _, t := range in.Tensors {
+			o, err := s.NewTensor(ctx, t.DType(), t.Shape())
+			if err != nil {
+				out.Release()
+				return nil, err
+			}
+			copy(o.Bytes(), t.Bytes())
+			out.Tensors = append(out.Tensors, o)
+		}
+		return out, nil
+	}
+}
+
+// TestSendCallFrames: on a session with frames, Send and Call of every
+// size, and their releases, make no unary call; a request too large for a
+// slot goes by the unary methods and a reply too large comes indirectly.
+func TestSendCallFrames(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c, u := framedPair(t, tr)
+			s.Handle("echo", echo(s))
+			ctx := ctxT(t)
+			sizes := []int{0, 100, DefaultEagerThreshold, DefaultEagerThreshold + 1, 1 << 20, 3<<20 + 5}
+			for i, n := range sizes {
+				w := wrapped(t, n, byte(i))
+				if err := c.Send(ctx, "k", w); err != nil {
+					t.Fatalf("send %d bytes: %v", n, err)
+				}
+				got, err := c.Fetch(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got.Bytes(), w.Bytes()) {
+					t.Fatalf("send of %d bytes: fetched other bytes", n)
+				}
+				got.Release()
+				w.Release()
+			}
+			var req Message
+			for i, n := range sizes {
+				req.Tensors = append(req.Tensors, wrapped(t, n, byte(10+i)))
+			}
+			req.Metadata = []byte("hello")
+			for _, meta := range [][]byte{[]byte("hello"), []byte("M: a large reply")} {
+				req.Metadata = meta
+				reply, err := c.Call(ctx, "echo", &req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(reply.Tensors) != len(sizes) {
+					t.Fatalf("%d reply tensors, want %d", len(reply.Tensors), len(sizes))
+				}
+				for i, r := range reply.Tensors {
+					if !bytes.Equal(r.Bytes(), req.Tensors[i].Bytes()) {
+						t.Fatalf("reply tensor %d differs", i)
+					}
+				}
+				if meta[0] == 'M' && len(reply.Metadata) != 200<<10 {
+					t.Fatalf("indirect reply: %d bytes of metadata", len(reply.Metadata))
+				}
+				reply.Release()
+			}
+			if n := u.total(); n != 0 {
+				t.Fatalf("%d unary calls on a session with frames", n)
+			}
+			// Metadata larger than a slot: the unary methods carry it.
+			req.Metadata = bytes.Repeat([]byte{'x'}, 100<<10)
+			reply, err := c.Call(ctx, "echo", &req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(reply.Metadata, req.Metadata) || len(reply.Tensors) != len(sizes) {
+				t.Fatal("unary call's reply differs")
+			}
+			reply.Release()
+			req.Release()
+			if u.n[pb.TensorRPC_Call_FullMethodName].Load() != 1 {
+				t.Fatalf("%d unary Calls, want 1", u.n[pb.TensorRPC_Call_FullMethodName].Load())
+			}
+		})
+	}
+}
+
+// TestCallFrameErrors: a handler's status, details included, reaches the
+// caller over frames; a plain error is Unknown; an unknown method is
+// Unimplemented.
+func TestCallFrameErrors(t *testing.T) {
+	s, c, _ := framedPair(t, TransportTCP)
+	info := &errdetails.DebugInfo{StackEntries: []string{"frame 1", "frame 2"}, Detail: "boom"}
+	s.Handle("details", func(ctx context.Context, in *Message) (*Message, error) {
+		st, _ := status.New(codes.FailedPrecondition, "not ready").WithDetails(info)
+		return nil, st.Err()
+	})
+	s.Handle("plain", func(ctx context.Context, in *Message) (*Message, error) { return nil, errors.New("plain failure") })
+	ctx := ctxT(t)
+	_, err := c.Call(ctx, "details", &Message{})
+	st := status.Convert(err)
+	if st.Code() != codes.FailedPrecondition || st.Message() != "not ready" || len(st.Details()) != 1 || !proto.Equal(st.Details()[0].(proto.Message), info) {
+		t.Fatalf("details call: %v, details %v", err, st.Details())
+	}
+	if _, err := c.Call(ctx, "plain", &Message{}); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "plain failure" {
+		t.Fatalf("plain error: %v", err)
+	}
+	if _, err := c.Call(ctx, "nope", &Message{}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("unknown method: %v", err)
+	}
+}
+
+// TestCallFrameCancel: cancelling a Call while its handler runs cancels the
+// handler's context; what the request granted is freed once the server
+// has answered; the session goes on.
+func TestCallFrameCancel(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c, _ := framedPair(t, tr)
+			started, stopped := make(chan struct{}, 1), make(chan error, 1)
+			s.Handle("block", func(ctx context.Context, in *Message) (*Message, error) {
+				started <- struct{}{}
+				<-ctx.Done()
+				stopped <- ctx.Err()
+				return nil, ctx.Err()
+			})
+			s.Handle("echo", echo(s))
+			in := wrapped(t, 1<<20, 7)
+			defer in.Release()
+			ctx, cancel := context.WithCancel(ctxT(t))
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Call(ctx, "block", &Message{Tensors: []*Tensor{in}})
+				done <- err
+			}()
+			<-started
+			cancel()
+			if err := <-done; status.Code(err) != codes.Canceled {
+				t.Fatalf("cancelled call: %v", err)
+			}
+			select {
+			case err := <-stopped:
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("handler's context: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler's context was not cancelled")
+			}
+			reply, err := c.Call(ctxT(t), "echo", &Message{Tensors: []*Tensor{in}})
+			if err != nil {
+				t.Fatalf("call after a cancelled one: %v", err)
+			}
+			if !bytes.Equal(reply.Tensors[0].Bytes(), in.Bytes()) {
+				t.Fatal("reply differs")
+			}
+			reply.Release()
+			// The grant's pool copy of in goes back once the late answer
+			// arrives.
+			deadline := time.Now().Add(10 * time.Second)
+			for c.Pool().Stats().InUse != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("client pool: %d bytes in use after the cancelled call", c.Pool().Stats().InUse)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestFramesPullForeignGrant: a client that names, in its own SEND_REQ,
+// a location another session granted gets an error, and nothing is
+// published; the other session goes on.
+func TestFramesPullForeignGrant(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, _, dial := hostileSetup(t, tr, 1<<20)
+			victim, thief := dial(), dial()
+			vs, err := victim.session(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts, err := thief.session(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			secret := wrapped(t, 1<<20, 9)
+			defer secret.Release()
+			loc, free, err := victim.grantSource(ctxT(t), vs, secret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer free()
+			meta := metaOf("stolen", secret.Tensor, false)
+			meta.Location = loc
+			body, _ := proto.Marshal(&pb.SendRequest{Meta: meta})
+			r, ref, err := thief.roundTrip(ctxT(t), ts, frameSendReq, 0, body, nil)
+			if err == nil {
+				err = thief.decodeReply(ts, ref, r, &pb.SendResponse{})
+			}
+			if err == nil {
+				t.Fatal("a SEND_REQ naming another session's grant succeeded")
+			}
+			if code := status.Code(err); code != codes.PermissionDenied && code != codes.Unavailable {
+				t.Fatalf("foreign grant: %v, want PermissionDenied or Unavailable", err)
+			}
+			if got, err := s.Fetch(ctxT(t), "stolen"); err == nil {
+				got.Release()
+				t.Fatal("the stolen tensor was published")
+			}
+			got, err := victim.Fetch(ctxT(t), "secret")
+			if err != nil {
+				t.Fatalf("victim's session after the attempt: %v", err)
+			}
+			got.Release()
+		})
+	}
+}
+
+// TestFramesReleasesPiggyback: the releases of many Fetches ride on frames
+// (no Release method) and every server transfer ends.
+func TestFramesReleasesPiggyback(t *testing.T) {
+	s, c, u := framedPair(t, TransportTCP)
+	publishBytes(t, s, "big", 256<<10, 4)
+	ctx := ctxT(t)
+	for range 200 {
+		got, err := c.Fetch(ctx, "big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Release()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ss := serverSessionOf(t, s)
+		ss.mu.Lock()
+		n := len(ss.transfers)
+		ss.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d transfers still held after every Fetch released", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := u.total(); n != 0 {
+		t.Fatalf("%d unary calls", n)
+	}
+	_ = verbs.AccessRemoteRead
+	_ = zerocopy.Uint8
+}
+
+// withUnaryCounter makes the client's unary calls go through f without
+// keeping them off frames, as WithGRPCDialOptions would.
+func withUnaryCounter(f grpc.UnaryClientInterceptor) DialOption {
+	return dialOption(func(o *options) { o.observe = append(o.observe, grpc.WithUnaryInterceptor(f)) })
+}
