@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -120,6 +121,56 @@ func BenchmarkSend(b *testing.B) {
 				}
 				s.Unpublish("x")
 			})
+		}
+	}
+}
+
+// BenchmarkCall calls a method that returns its request tensor, from one
+// caller and from 16 (-cpu sets GOMAXPROCS, not the callers).
+func BenchmarkCall(b *testing.B) {
+	for _, tr := range testTransports {
+		for _, n := range []int{4 << 10, 1 << 20} {
+			for _, callers := range []int{1, 16} {
+				b.Run(fmt.Sprintf("%s/%s/callers=%d", tr, sizeName(n), callers), func(b *testing.B) {
+					s, c, done := benchPair(b, tr)
+					defer done()
+					s.Handle("echo", func(ctx context.Context, in *Message) (*Message, error) {
+						out := &Message{Tensors: in.Tensors}
+						in.Tensors = nil
+						return out, nil
+					})
+					ctx := context.Background()
+					t, err := c.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer t.Release()
+					call := func() error {
+						reply, err := c.Call(ctx, "echo", &Message{Tensors: []*Tensor{t}})
+						reply.Release()
+						return err
+					}
+					warmUp(b, call)
+					b.SetBytes(2 * int64(n))
+					b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+					if callers == 1 {
+						for b.Loop() {
+							if err := call(); err != nil {
+								b.Fatal(err)
+							}
+						}
+						return
+					}
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := call(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				})
+			}
 		}
 	}
 }

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -384,19 +383,20 @@ func isSessionGone(err error) bool {
 	return strings.Contains(st.Message(), errSessionGone)
 }
 
-// roundTrip sends one request frame and waits for its response. hold
+// roundTrip sends one request frame (raw, then msg) and waits for its
+// response, its body decoded into what into returns. hold
 // (if not nil) frees what the request granted the server: it runs once
 // the server has answered or can no longer use it, which is later than
 // roundTrip's return when ctx ends first (the call is then cancelled with
 // a RELEASE of its ref).
-func (c *Client) roundTrip(ctx context.Context, s *clientSession, typ uint8, flags uint16, body []byte, hold func()) (frameReply, uint64, error) {
+func (c *Client) roundTrip(ctx context.Context, s *clientSession, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
 	l := s.link
 	ref := c.newRef()
 	if hold == nil {
 		hold = func() {}
 	}
-	pc := l.fr.expect(ref)
-	posted, err := l.sendFrame(ctx, typ, flags, ref, body)
+	pc := l.fr.expect(ref, into)
+	posted, err := l.sendFrame(ctx, typ, flags, ref, raw, msg)
 	if err != nil {
 		if !posted {
 			l.fr.forget(ref)
@@ -431,17 +431,17 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 	if fo.lease {
 		flags |= frameLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameFetchReq, flags, []byte(key), nil)
+	r, ref, err := c.roundTrip(ctx, s, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
 	if err != nil {
 		return nil, err
 	}
 	if r.flags&frameFallback != 0 {
 		return c.fetchUnary(ctx, s, key, fo)
 	}
-	resp := &pb.FetchResponse{}
-	if err := c.decodeReply(s, ref, r, resp); err != nil {
+	if err := c.replyError(s, ref, r); err != nil {
 		return nil, err
 	}
+	resp := r.msg.(*pb.FetchResponse)
 	t, err := c.receive(ctx, s, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
 	if err != nil {
 		c.stats.errors.Add(1)
@@ -449,21 +449,15 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 	return t, err
 }
 
-// decodeReply decodes a response frame's status and, on OK, its body into
-// m. A malformed response fails the call and frees what it made.
-func (c *Client) decodeReply(s *clientSession, ref uint64, r frameReply, m proto.Message) error {
-	st, body, err := decodeStatus(r.body)
-	if err == nil && st == nil {
-		if err = proto.Unmarshal(body, m); err != nil {
-			err = fmt.Errorf("%w: %v", errFrame, err)
-		}
-	}
-	if err != nil {
+// replyError is the error a response frame carries: the server's status,
+// or Internal when it broke the format (what the call made is freed).
+func (c *Client) replyError(s *clientSession, ref uint64, r frameReply) error {
+	if r.bad != nil {
 		c.releaseRef(s, ref)
-		return status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
+		return status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", r.bad)
 	}
-	if st != nil {
-		return sessionError(s, st)
+	if r.status != nil {
+		return sessionError(s, r.status)
 	}
 	return nil
 }
@@ -512,14 +506,13 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t 
 			return true, err
 		}
 	}
-	body, err := proto.Marshal(req)
-	if err != nil || frameHeaderLen+len(body) > s.link.fr.slotSize {
+	if frameHeaderLen+proto.Size(req) > s.link.fr.slotSize {
 		free()
 		return false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameSendReq, 0, body, free)
+	r, ref, err := c.roundTrip(ctx, s, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, free)
 	if err == nil {
-		err = c.decodeReply(s, ref, r, &pb.SendResponse{})
+		err = c.replyError(s, ref, r)
 	}
 	if err != nil {
 		c.stats.errors.Add(1)
@@ -570,22 +563,26 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	body, err := proto.Marshal(creq)
-	if err != nil || frameHeaderLen+len(body) > s.link.fr.slotSize {
+	if frameHeaderLen+proto.Size(creq) > s.link.fr.slotSize {
 		hold()
 		return nil, false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameCallReq, 0, body, hold)
+	r, ref, err := c.roundTrip(ctx, s, frameCallReq, 0, nil, creq, func(flags uint16) proto.Message {
+		if flags&frameIndirect != 0 {
+			return &pb.TensorMeta{}
+		}
+		return &pb.CallResponse{}
+	}, hold)
 	if err != nil {
 		return nil, true, err
 	}
-	resp := &pb.CallResponse{}
-	if r.flags&frameIndirect != 0 {
+	if err := c.replyError(s, ref, r); err != nil {
+		return nil, true, err
+	}
+	resp, ok := r.msg.(*pb.CallResponse)
+	if !ok {
 		// The reply did not fit a slot: it waits in a transfer.
-		meta := &pb.TensorMeta{}
-		if err := c.decodeReply(s, ref, r, meta); err != nil {
-			return nil, true, err
-		}
+		meta := r.msg.(*pb.TensorMeta)
 		if meta.Dtype != pb.DType(zerocopy.Uint8) || meta.TransferId == 0 {
 			c.releaseRef(s, ref)
 			return nil, true, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
@@ -595,14 +592,13 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.releaseRef(s, ref)
 			return nil, true, err
 		}
+		resp = &pb.CallResponse{}
 		err = proto.Unmarshal(t.Bytes(), resp)
 		t.Release()
 		if err != nil {
 			c.releaseRef(s, ref)
 			return nil, true, status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
 		}
-	} else if err := c.decodeReply(s, ref, r, resp); err != nil {
-		return nil, true, err
 	}
 	for _, t := range req.Tensors {
 		c.stats.transfers.Add(1)

@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"runtime"
@@ -10,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -71,18 +71,43 @@ type framing struct {
 	cancel context.CancelFunc
 }
 
-// frameReply is a response frame, its body copied.
+// frameReply is a response frame, decoded in the polling goroutine (so
+// the slot's bytes are copied once, by protobuf): the status it carries
+// (nil for OK) and on OK the body, or bad when the server broke the format.
 type frameReply struct {
-	flags uint16
-	body  []byte
+	flags  uint16
+	status error
+	msg    proto.Message
+	bad    error
 }
 
-// pendingCall is a request frame awaiting its response. Once its caller
-// has stopped waiting, late holds what the caller leaves to do when the
+// pendingCall is a request frame awaiting its response; into says what
+// the response's body decodes into, by its flags. Once its caller has
+// stopped waiting, late holds what the caller leaves to do when the
 // response arrives or the link closes (revoke what it granted).
 type pendingCall struct {
 	ch   chan frameReply
+	into func(flags uint16) proto.Message
 	late func()
+}
+
+// decodeReply decodes a response frame's body for pc.
+func (pc *pendingCall) decodeReply(flags uint16, body []byte) frameReply {
+	r := frameReply{flags: flags}
+	st, rest, err := decodeStatus(body)
+	switch {
+	case err != nil:
+		r.bad = err
+	case st != nil:
+		r.status = st
+	default:
+		m := pc.into(flags)
+		if err := proto.Unmarshal(rest, m); err != nil {
+			r.bad = fmt.Errorf("%w: %v", errFrame, err)
+		}
+		r.msg = m
+	}
+	return r
 }
 
 // enableFrames makes the link carry frames with slots of slotSize bytes;
@@ -240,7 +265,7 @@ func (l *link) handleFrame(b []byte) error {
 				pc.late()
 			}()
 		default:
-			pc.ch <- frameReply{flags: h.Flags, body: bytes.Clone(body)} // buffered
+			pc.ch <- pc.decodeReply(h.Flags, body) // buffered
 		}
 	}
 	return nil
@@ -314,34 +339,48 @@ func (f *framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 	return n, ids, rs
 }
 
-// sendFrame sends one frame, waiting for a credit first; a client's frame
+// sendFrame sends one frame, waiting for a credit first: its body is raw
+// and then msg, marshaled in place (either may be empty). A client's frame
 // also carries the releases queued so far. posted reports whether the
 // frame reached the queue pair (on error, the peer may or may not see it).
-func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, body []byte) (posted bool, err error) {
+func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
 	f := l.fr
-	if frameHeaderLen+len(body) > f.slotSize {
-		return false, status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+len(body), f.slotSize)
+	size := len(raw)
+	if msg != nil {
+		size += proto.Size(msg)
+	}
+	if frameHeaderLen+size > f.slotSize {
+		return false, status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+size, f.slotSize)
 	}
 	if err := l.acquire(ctx, typ == frameCredit); err != nil {
 		return false, err
 	}
-	room := min((f.slotSize-frameHeaderLen-len(body))/8, maxReleases)
+	room := min((f.slotSize-frameHeaderLen-size)/8, maxReleases)
 	if typ == frameCredit {
 		room = 0
 	}
 	returns, ids, refs := f.take(room, typ == frameRelease)
 	if typ == frameRelease {
-		body = appendReleases(body, refs)
+		raw = appendReleases(raw, refs)
+		size += 8 * len(refs)
 	}
-	n := len(body) + 8*len(ids)
+	n := size + 8*len(ids)
 	buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+n)
 	if err != nil {
 		f.refund(returns, ids, refs)
 		return false, status.Errorf(codes.ResourceExhausted, "tensorrpc: frame buffer: %v", err)
 	}
 	b := buf.Bytes()[:frameHeaderLen+n]
-	copy(b[frameHeaderLen:], body)
-	appendReleases(b[frameHeaderLen+len(body):frameHeaderLen+len(body)], ids)
+	body := append(b[frameHeaderLen:frameHeaderLen], raw...)
+	if msg != nil {
+		body, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(body, msg)
+	}
+	if err != nil || len(body) != size || (size > 0 && &body[0] != &b[frameHeaderLen]) {
+		buf.Release()
+		f.refund(returns, ids, refs)
+		return false, status.Errorf(codes.Internal, "tensorrpc: encoding a frame: %d of %d bytes: %v", len(body), size, err)
+	}
+	appendReleases(body[len(body):len(body)], ids)
 	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
 	local, err := l.dev.ctl.Local(buf)
 	if err != nil {
@@ -378,7 +417,7 @@ func (l *link) creditor(ctx context.Context) {
 		if !enough {
 			continue // a frame returned them meanwhile
 		}
-		if _, err := l.sendFrame(ctx, frameCredit, 0, 0, nil); err != nil && ctx.Err() == nil {
+		if _, err := l.sendFrame(ctx, frameCredit, 0, 0, nil, nil); err != nil && ctx.Err() == nil {
 			return
 		}
 	}
@@ -421,16 +460,17 @@ func (l *link) releaser(ctx context.Context) {
 			if left == 0 {
 				break
 			}
-			if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil); err != nil {
+			if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil, nil); err != nil {
 				return // the link is dead or closing: the session's end frees everything
 			}
 		}
 	}
 }
 
-// expect registers a request awaiting the response frame for ref.
-func (f *framing) expect(ref uint64) *pendingCall {
-	pc := &pendingCall{ch: make(chan frameReply, 1)}
+// expect registers a request awaiting the response frame for ref, whose
+// body decodes into what into returns.
+func (f *framing) expect(ref uint64, into func(flags uint16) proto.Message) *pendingCall {
+	pc := &pendingCall{ch: make(chan frameReply, 1), into: into}
 	f.mu.Lock()
 	f.pending[ref] = pc
 	f.mu.Unlock()

@@ -255,10 +255,9 @@ func TestFramesPullForeignGrant(t *testing.T) {
 			defer free()
 			meta := metaOf("stolen", secret.Tensor, false)
 			meta.Location = loc
-			body, _ := proto.Marshal(&pb.SendRequest{Meta: meta})
-			r, ref, err := thief.roundTrip(ctxT(t), ts, frameSendReq, 0, body, nil)
+			r, ref, err := thief.roundTrip(ctxT(t), ts, frameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
 			if err == nil {
-				err = thief.decodeReply(ts, ref, r, &pb.SendResponse{})
+				err = thief.replyError(ts, ref, r)
 			}
 			if err == nil {
 				t.Fatal("a SEND_REQ naming another session's grant succeeded")

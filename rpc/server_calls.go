@@ -24,7 +24,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 		return nil, rendezvousError(req.Key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -33,8 +33,10 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 
 // offer hands a tensor to a client: inline when it is at most inlineMax
 // bytes (or when the session has no data plane), else as a transfer the
-// client reads. It takes over buf's reference.
-func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int) (*pb.TensorMeta, []byte, uint64, error) {
+// client reads. It takes over buf's reference. Inline bytes are a copy,
+// or with held a view of buf, whose reference is added to *held for the
+// caller to release once the bytes are sent.
+func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int, held *[]*mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
 	meta := metaOf(key, t, s.opts.checksums)
 	n := len(t.Bytes())
 	if n <= inlineMax || ss == nil || ss.link == nil {
@@ -43,8 +45,14 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key s
 			return nil, nil, 0, status.Errorf(codes.FailedPrecondition,
 				"tensorrpc: tensor %q of %d bytes is above the eager threshold (%d) and the session has no data plane: use the streaming methods", key, n, s.opts.eagerThreshold)
 		}
-		inline := append([]byte(nil), t.Bytes()...)
-		buf.Release()
+		var inline []byte
+		if held != nil {
+			inline = t.Bytes()[:n:n]
+			*held = append(*held, buf)
+		} else {
+			inline = append([]byte(nil), t.Bytes()...)
+			buf.Release()
+		}
 		s.count(ss, func(c *counters) {
 			c.transfers.Add(1)
 			c.inlineBytes.Add(int64(n))
@@ -238,7 +246,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		return nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, req.ClientRef, out, s.opts.eagerThreshold)
+	resp, err := s.reply(ctx, ss, req.ClientRef, out, s.opts.eagerThreshold, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -266,8 +274,9 @@ func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *M
 }
 
 // reply offers a handler's reply tensors to the client of the call named
-// ref: inline up to inlineMax bytes, else as transfers it reads.
-func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *Message, inlineMax int) (*pb.CallResponse, error) {
+// ref: inline up to inlineMax bytes, else as transfers it reads; held as
+// in offer.
+func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
 	resp := &pb.CallResponse{Metadata: out.Metadata}
 	for i, t := range out.Tensors {
 		var c counters
@@ -278,7 +287,7 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *
 		}
 		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-		meta, inline, id, err := s.offer(ctx, ss, ref, "", zt, buf, inlineMax)
+		meta, inline, id, err := s.offer(ctx, ss, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, err

@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"sync"
 
@@ -63,20 +62,38 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 		return
 	case frameFetchReq:
 		key := string(body)
-		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context) (uint16, []byte, error) {
-			return s.fetchForFrame(ctx, ss, l, h, key)
+		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
 	case frameSendReq:
-		body := bytes.Clone(body)
-		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context) (uint16, []byte, error) {
-			return 0, nil, s.sendForFrame(ctx, ss, l, body)
+		// Decoded here, which copies what it keeps: the slot is reposted
+		// when serveFrame returns.
+		req := &pb.SendRequest{}
+		err := unmarshalFrame(body, req)
+		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+			if err != nil {
+				return 0, nil, err
+			}
+			return 0, nil, s.sendForFrame(ctx, ss, l, req)
 		})
 	case frameCallReq:
-		body := bytes.Clone(body)
-		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context) (uint16, []byte, error) {
-			return s.callForFrame(ctx, ss, l, h.Ref, body)
+		req := &pb.CallRequest{}
+		err := unmarshalFrame(body, req)
+		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+			if err != nil {
+				return 0, nil, err
+			}
+			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
+}
+
+// unmarshalFrame decodes a request frame's body.
+func unmarshalFrame(body []byte, m proto.Message) error {
+	if err := proto.Unmarshal(body, m); err != nil {
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: a request frame's body: %v", err)
+	}
+	return nil
 }
 
 // releaseFramed frees the transfers whose ids a client's frame carried,
@@ -102,9 +119,10 @@ func finishAll(ts []*transfer) {
 // runFrameCall runs one request frame's work in its own goroutine, under a
 // context that a RELEASE of ref or the session's end cancels, and answers
 // it with exactly one response frame of type resp: the work's status and,
-// on success, its flags and body. A response that cannot be sent frees
+// on success, its flags and body (which may view the pool buffers the
+// work adds to held until it is sent). A response that cannot be sent frees
 // what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, work func(ctx context.Context) (uint16, []byte, error)) {
+func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	ctx, cancel := context.WithCancel(ss.ctx)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
@@ -132,10 +150,16 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		opened := ss.link == l
 		s.mu.Unlock()
 		var flags uint16
-		var body []byte
+		var body proto.Message
+		var held []*mempool.Buffer // what body views, until it is sent
+		defer func() {
+			for _, b := range held {
+				b.Release()
+			}
+		}()
 		err := status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
 		if opened {
-			flags, body, err = work(ctx)
+			flags, body, err = work(ctx, &held)
 		}
 		if ss.ctx.Err() != nil {
 			// The session is ending (the server stops, the client left):
@@ -144,12 +168,12 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 			finishAll(ss.releaseRef(ref))
 			return
 		}
-		room := l.fr.slotSize - frameHeaderLen
-		payload := appendStatus(make([]byte, 0, 64+len(body)), err, room)
-		if err == nil {
-			payload = append(payload, body...)
+		var st [4]byte
+		raw := appendStatus(st[:0], err, l.fr.slotSize-frameHeaderLen)
+		if err != nil {
+			body = nil
 		}
-		if _, err := l.sendFrame(ss.ctx, resp, flags, ref, payload); err != nil {
+		if _, err := l.sendFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
 			finishAll(ss.releaseRef(ref))
 		}
 	}()
@@ -157,34 +181,29 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 
 // fetchForFrame is the Fetch method's work for a FETCH_REQ: a FetchResponse,
 // or the frameFallback flag when that does not fit a slot.
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string) (uint16, []byte, error) {
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	e, err := s.rv.fetch(ctx, key, false, h.Flags&frameWait != 0)
 	if err != nil {
 		return 0, nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold))
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
-	body, err := proto.Marshal(resp)
-	if err != nil || frameHeaderLen+4+len(body) > l.fr.slotSize {
+	if frameHeaderLen+4+proto.Size(resp) > l.fr.slotSize {
 		// The answer does not fit a slot (a long key or shape): the client
 		// asks again with the Fetch method.
 		s.releaseTransfers(ss, []uint64{resp.TransferId})
 		return frameFallback, nil, nil
 	}
-	return 0, body, nil
+	return 0, resp, nil
 }
 
 // sendForFrame is a SEND_REQ: the tensor inline, or read from where the
 // client's location names; it is published before the answer goes, so
 // the sender's next Fetch sees it.
-func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, body []byte) error {
-	req := &pb.SendRequest{}
-	if err := proto.Unmarshal(body, req); err != nil {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: SEND_REQ: %v", err)
-	}
+func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, req *pb.SendRequest) error {
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return err
 	}
@@ -253,11 +272,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 // callForFrame is a CALL_REQ: its tensors are taken in (the located ones
 // read all at once), the handler runs, and the reply is a CallResponse,
 // or with frameIndirect a TensorMeta naming a transfer that holds it.
-func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, body []byte) (uint16, []byte, error) {
-	req := &pb.CallRequest{}
-	if err := proto.Unmarshal(body, req); err != nil {
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: CALL_REQ: %v", err)
-	}
+func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
 		return 0, nil, err
@@ -296,19 +311,19 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return 0, nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, ref, out, frameInline(s.opts.eagerThreshold))
+	resp, err := s.reply(ctx, ss, ref, out, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
-	body, err = proto.Marshal(resp)
+	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
+		return 0, resp, nil
+	}
+	// Too large for a slot: the client reads it like a reply tensor.
+	body, err := proto.Marshal(resp)
 	if err != nil {
 		s.releaseTransfers(ss, resp.TransferIds)
 		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
-	if frameHeaderLen+4+len(body) <= l.fr.slotSize {
-		return 0, body, nil
-	}
-	// Too large for a slot: the client reads it like a reply tensor.
 	buf, err := allocBuffer(ctx, s.pool, len(body))
 	if err != nil {
 		s.releaseTransfers(ss, resp.TransferIds)
@@ -316,12 +331,11 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	}
 	copy(buf.Bytes(), body)
 	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
-	meta, _, id, err := s.offer(ctx, ss, ref, "", zt, buf, -1)
+	meta, _, id, err := s.offer(ctx, ss, ref, "", zt, buf, -1, nil)
 	if err != nil {
 		s.releaseTransfers(ss, resp.TransferIds)
 		return 0, nil, err
 	}
 	meta.TransferId = id
-	body, _ = proto.Marshal(meta)
-	return frameIndirect, body, nil
+	return frameIndirect, meta, nil
 }
