@@ -61,7 +61,7 @@ func (c *Client) fetchUnary(ctx context.Context, s *clientSession, key string, f
 		c.releaseRef(s, ref) // the server may have made a transfer we never heard of
 		return nil, sessionError(s, err)
 	}
-	t, err := c.receive(ctx, s, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
+	t, err := c.receive(ctx, s, s.link, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
 	if err != nil {
 		c.stats.errors.Add(1)
 	}
@@ -70,7 +70,7 @@ func (c *Client) fetchUnary(ctx context.Context, s *clientSession, key string, f
 
 // receive materializes a tensor the server offered: inline bytes, or a
 // transfer to read (or lease) and then release.
-func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
+func (c *Client) receive(ctx context.Context, s *clientSession, l *link, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
 	if err := checkMeta(meta, c.opts.maxTensorBytes); err != nil {
 		c.releaseTransfer(s, transferID)
 		return nil, err
@@ -93,13 +93,13 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 		c.stats.inlineBytes.Add(int64(n))
 		return newPoolTensor(dtype, shape, buf)
 	}
-	if s.link == nil || loc.Transport != transportOf(s.transport) || transferID == 0 {
+	if l == nil || loc.Transport != transportOf(s.transport) || transferID == 0 {
 		c.releaseTransfer(s, transferID)
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: location on %s, session uses %s", meta.Key, loc.Transport, s.transport)
 	}
 	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 	if lease {
-		if m, ok := s.link.qp.(verbs.RemoteMapper); ok {
+		if m, ok := l.qp.(verbs.RemoteMapper); ok {
 			mapping, err := m.MapRemote(remote, n)
 			if err != nil {
 				c.releaseTransfer(s, transferID)
@@ -127,7 +127,7 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 		c.releaseTransfer(s, transferID)
 		return nil, err
 	}
-	if err := c.read(ctx, s, buf, remote, func() { c.releaseTransfer(s, transferID) }); err != nil {
+	if err := c.read(ctx, s, l, buf, remote, loc.Lanes, func() { c.releaseTransfer(s, transferID) }); err != nil {
 		return nil, err
 	}
 	c.releaseTransfer(s, transferID)
@@ -138,20 +138,14 @@ func (c *Client) receive(ctx context.Context, s *clientSession, meta *pb.TensorM
 	return newPoolTensor(dtype, shape, buf)
 }
 
-// read reads len(buf) bytes from remote into buf with one one-sided Read.
-// On failure buf is released; if ctx ends while the Read is under way, buf
-// and done run only once the Read completes.
-func (c *Client) read(ctx context.Context, s *clientSession, buf *mempool.Buffer, remote verbs.Remote, done func()) error {
+// read reads len(buf) bytes from remote into buf over l, or striped over
+// the session's lanes. On failure buf is released; if ctx ends while a
+// Read is under way, buf and done run only once the Reads complete.
+func (c *Client) read(ctx context.Context, s *clientSession, l *link, buf *mempool.Buffer, remote verbs.Remote, striped []*pb.LaneRemote, done func()) error {
 	if buf.Len() == 0 {
 		return nil
 	}
-	local, err := s.link.dev.reg.Local(buf)
-	if err != nil {
-		buf.Release()
-		done()
-		return status.Error(codes.Internal, err.Error())
-	}
-	err = s.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func() {
+	err := readLanes(ctx, l, s.lanes, buf, remote, striped, func() {
 		buf.Release()
 		done()
 	})
@@ -314,7 +308,7 @@ func (c *Client) callUnary(ctx context.Context, s *clientSession, method string,
 		c.releaseRef(s, creq.ClientRef) // reply transfers we never heard of
 		return nil, sessionError(s, err)
 	}
-	return c.receiveReply(ctx, s, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	return c.receiveReply(ctx, s, s.link, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
 }
 
 // releaseHeld drops destinations held for a Call that will not happen.
@@ -324,7 +318,7 @@ func (c *Client) releaseHeld(s *clientSession, ids []uint64) {
 	}
 }
 
-func (c *Client) receiveReply(ctx context.Context, s *clientSession, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
+func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
 	reply := &Message{Metadata: metadata}
 	next := 0
 	fail := func(err error) (*Message, error) {
@@ -350,7 +344,7 @@ func (c *Client) receiveReply(ctx context.Context, s *clientSession, metadata []
 		default:
 			return fail(status.Error(codes.InvalidArgument, "tensorrpc: reply tensor without data"))
 		}
-		t, err := c.receive(ctx, s, m, data, id, false)
+		t, err := c.receive(ctx, s, l, m, data, id, false)
 		if err != nil {
 			return fail(err)
 		}
@@ -389,8 +383,7 @@ func isSessionGone(err error) bool {
 // the server has answered or can no longer use it, which is later than
 // roundTrip's return when ctx ends first (the call is then cancelled with
 // a RELEASE of its ref).
-func (c *Client) roundTrip(ctx context.Context, s *clientSession, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
-	l := s.link
+func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
 	ref := c.newRef()
 	if hold == nil {
 		hold = func() {}
@@ -431,7 +424,8 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 	if fo.lease {
 		flags |= frameLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
+	l := s.lane()
+	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -442,7 +436,7 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 		return nil, err
 	}
 	resp := r.msg.(*pb.FetchResponse)
-	t, err := c.receive(ctx, s, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
+	t, err := c.receive(ctx, s, l, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
 	if err != nil {
 		c.stats.errors.Add(1)
 	}
@@ -464,23 +458,30 @@ func (c *Client) replyError(s *clientSession, ref uint64, r frameReply) error {
 
 // grantSource makes t readable by the server for one request frame: a
 // pool buffer holding it (t's own when t is pool memory) and a read-only
-// grant on the session's queue pair, described as a Location. free ends
-// the grant and drops the buffer.
-func (c *Client) grantSource(ctx context.Context, s *clientSession, t *Tensor) (loc *pb.Location, free func(), err error) {
+// grant on the lane l (and on every lane, for a striped transfer),
+// described as a Location. free ends the grants and drops the buffer.
+func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, t *Tensor) (loc *pb.Location, free func(), err error) {
 	src, err := poolBuffer(ctx, c.pool, t, &c.stats)
 	if err != nil {
 		return nil, nil, err
 	}
 	n := len(t.Bytes())
-	g, err := s.link.grant(src, n, verbs.AccessRemoteRead)
+	g, err := l.grant(src, n, verbs.AccessRemoteRead)
 	if err != nil {
 		src.Release()
 		return nil, nil, unavailable(err)
 	}
+	extra, striped, err := grantLanes(s.lanes, l, g, src, n, verbs.AccessRemoteRead)
+	if err != nil {
+		g.Revoke()
+		src.Release()
+		return nil, nil, unavailable(err)
+	}
 	r := g.Remote()
-	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: src.Arena().ID(), RemoteKey: r.Key, Address: r.Addr, Offset: uint64(src.Offset()), Length: uint64(n)}
+	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: src.Arena().ID(), RemoteKey: r.Key, Address: r.Addr, Offset: uint64(src.Offset()), Length: uint64(n), Lanes: striped}
 	return loc, func() {
 		g.Revoke()
+		revokeAll(extra)
 		src.Release()
 	}, nil
 }
@@ -496,13 +497,14 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t 
 	if t.released.Load() {
 		return true, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
 	}
+	l := s.lane()
 	req := &pb.SendRequest{Meta: metaOf(key, t.Tensor, c.opts.checksums)}
 	n := len(t.Bytes())
 	free := func() {}
 	if n <= frameInline(s.eager) {
 		req.InlineData = t.Bytes()
 	} else {
-		if req.Meta.Location, free, err = c.grantSource(ctx, s, t); err != nil {
+		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, t); err != nil {
 			return true, err
 		}
 	}
@@ -510,7 +512,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t 
 		free()
 		return false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, free)
+	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, free)
 	if err == nil {
 		err = c.replyError(s, ref, r)
 	}
@@ -533,6 +535,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t 
 // CALL_RESP answers. fits is false when the request does not fit a slot
 // (large metadata); then nothing was sent.
 func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (_ *Message, fits bool, err error) {
+	l := s.lane()
 	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata}
 	var frees []func()
 	hold := func() {
@@ -553,7 +556,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			meta.InlineIndex = &idx
 			creq.InlineData = append(creq.InlineData, t.Bytes())
 		} else {
-			loc, free, err := c.grantSource(ctx, s, t)
+			loc, free, err := c.grantSource(ctx, s, l, t)
 			if err != nil {
 				hold()
 				return nil, true, err
@@ -567,7 +570,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		hold()
 		return nil, false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, frameCallReq, 0, nil, creq, func(flags uint16) proto.Message {
+	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, nil, creq, func(flags uint16) proto.Message {
 		if flags&frameIndirect != 0 {
 			return &pb.TensorMeta{}
 		}
@@ -587,7 +590,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.releaseRef(s, ref)
 			return nil, true, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
 		}
-		t, err := c.receive(ctx, s, meta, nil, meta.TransferId, false)
+		t, err := c.receive(ctx, s, l, meta, nil, meta.TransferId, false)
 		if err != nil {
 			c.releaseRef(s, ref)
 			return nil, true, err
@@ -608,6 +611,6 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.stats.dataPlaneBytes.Add(n)
 		}
 	}
-	out, err := c.receiveReply(ctx, s, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	out, err := c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
 	return out, true, err
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,7 +22,9 @@ import (
 type clientSession struct {
 	id         string
 	transport  string
-	link       *link // nil for the grpc transport
+	link       *link   // lane 0; nil for the grpc transport
+	lanes      []*link // every lane, link first
+	next       atomic.Uint32
 	eager      int
 	frames     bool // Fetch travels as frames on link (data_plane_calls)
 	rejections []Rejection
@@ -49,9 +52,15 @@ func (s *clientSession) end(err error) {
 	}
 	broken := s.broken
 	s.mu.Unlock()
-	if s.link != nil {
-		s.link.close(broken)
+	closeLanes(s.lanes, broken)
+}
+
+// lane picks the lane for the next frame call, in turn.
+func (s *clientSession) lane() *link {
+	if len(s.lanes) <= 1 {
+		return s.link
 	}
+	return s.lanes[s.next.Add(1)%uint32(len(s.lanes))]
 }
 
 // close ends the session from this side and waits for its reader.
@@ -120,11 +129,11 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		return nil, err
 	}
 
-	links := map[pb.Transport]*link{}
+	links := map[pb.Transport][]*link{} // each offer's lanes
 	defer func() {
-		for _, l := range links {
-			if l != s.link {
-				l.close(errors.New("not chosen"))
+		for _, lanes := range links {
+			if lanes[0] != s.link {
+				closeLanes(lanes, errors.New("not chosen"))
 			}
 		}
 	}()
@@ -141,8 +150,17 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue
 		}
-		links[transportOf(name)] = l
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.qp.LocalInfo(), Description: dev.name})
+		lanes := []*link{l}
+		for len(lanes) < c.opts.lanesFor(name) {
+			x, err := newLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
+			if err != nil {
+				c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
+				break
+			}
+			lanes = append(lanes, x)
+		}
+		links[transportOf(name)] = lanes
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.qp.LocalInfo(), Description: dev.name, Lanes: laneInfos(lanes[1:])})
 	}
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
@@ -177,25 +195,34 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			s.transport = TransportGRPC
 			break
 		}
-		l := links[choice.Transport]
-		if l == nil {
+		lanes := links[choice.Transport]
+		if lanes == nil {
 			return fail(status.Errorf(codes.Internal, "tensorrpc: server chose %s, which was not offered", choice.Transport))
+		}
+		if n := 1 + len(choice.Lanes); n > len(lanes) {
+			return fail(status.Errorf(codes.Internal, "tensorrpc: server chose %d lanes of %s, %d were offered", n, choice.Transport, len(lanes)))
+		} else {
+			closeLanes(lanes[n:], errors.New("not chosen"))
+			lanes = lanes[:n]
+			links[choice.Transport] = lanes
 		}
 		name := transportName(choice.Transport)
 		if s.frames {
-			l.enableFrames(slotSizeFor(s.eager), nil, nil)
+			for _, l := range lanes {
+				l.enableFrames(slotSizeFor(s.eager), nil, nil)
+			}
 		}
-		rej, err := c.tryConnect(ctx, stream.Send, next, s, l, choice)
+		rej, err := c.tryConnect(ctx, stream.Send, next, s, lanes, choice)
 		if err != nil {
 			return fail(err)
 		}
 		if rej == nil {
-			s.link, s.transport = l, name
+			s.link, s.lanes, s.transport = lanes[0], lanes, name
 			break
 		}
 		s.rejections = append(s.rejections, *rej)
 		delete(links, choice.Transport)
-		l.close(errors.New("did not connect"))
+		closeLanes(lanes, errors.New("did not connect"))
 	}
 	for _, r := range s.rejections {
 		c.log.Info("tensorrpc: data plane not used", "transport", r.Transport, "side", r.Side, "reason", r.Reason, "fix", r.Fix)
@@ -206,7 +233,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 // tryConnect connects and verifies the data plane the server chose. It
 // returns the rejection when the plane is not usable, or an error when the
 // session itself failed.
-func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, l *link, choice *pb.TransportOffer) (*Rejection, error) {
+func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, lanes []*link, choice *pb.TransportOffer) (*Rejection, error) {
 	name := transportName(choice.Transport)
 	report := func(ok bool, verify bool, err error) error {
 		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
@@ -229,7 +256,9 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 
 	// Step 1: connect, report at once, and give up as soon as the server
 	// reports failure.
-	o, err := connectBoth(ctx, c.opts.connectTimeout, l, choice.Info, nil,
+	remotes := append([][]byte{choice.Info}, choice.Lanes...)
+	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes, nil) }
+	o, err := connectBoth(ctx, c.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
 	if err != nil {
 		return nil, negotiationError(ctx, err)
@@ -245,11 +274,19 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	// Step 2: a round trip over the data plane, then both verdicts.
 	vctx, vcancel := context.WithTimeout(ctx, c.opts.connectTimeout)
 	defer vcancel()
-	verr := l.sendVerify(vctx, []byte(s.id))
-	if verr == nil {
+	var verr error
+	for i, l := range lanes {
+		if verr = l.sendVerify(vctx, verifyMessage(s.id, i)); verr != nil {
+			break
+		}
+	}
+	for i, l := range lanes {
+		if verr != nil {
+			break
+		}
 		var echo []byte
 		echo, verr = l.recvVerify(vctx)
-		if verr == nil && !bytes.Equal(echo, []byte(s.id)) {
+		if verr == nil && !bytes.Equal(echo, verifyMessage(s.id, i)) {
 			verr = fmt.Errorf("the server's verifying message %q is not the session id", echo)
 		}
 	}
@@ -269,7 +306,9 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	case !their.Ok || !their.Verify:
 		return rejectionPtr(name, "server", their.Error), nil
 	}
-	l.verified.Store(true)
+	for _, l := range lanes {
+		l.verified.Store(true)
+	}
 	return nil, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
@@ -38,6 +39,10 @@ const (
 	// TENSORRPC_TCP_ADDR as host[:port]). WithDataAddress wins over both.
 	EnvSocketIfname = tcp.EnvSocketIfname
 	EnvTCPAddr      = tcp.EnvAddr
+	// EnvLanes sets the lanes (queue pairs) a session opens on its data
+	// plane, 1 to MaxLanes, as WithLanes does. Used when WithLanes is not
+	// given.
+	EnvLanes = "TENSORRPC_LANES"
 )
 
 // Knob is one environment variable tensorrpc reads, as EnvKnobs reports it.
@@ -57,6 +62,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvTransports, Default: strings.Join(allTransports, ","), Meaning: "data planes to enable (negotiation prefers ibv > shm > tcp > grpc), or ^list to exclude"},
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
+		{Name: EnvLanes, Default: "cores/4 (tcp, ibv: at most 8; shm: at most 4)", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)
@@ -74,6 +80,15 @@ func (o *options) applyEnv() {
 			o.envErr = err
 		} else if l != nil {
 			o.logger = l
+		}
+	}
+	if v := strings.TrimSpace(os.Getenv(EnvLanes)); v != "" {
+		n, err := strconv.Atoi(v)
+		switch {
+		case (err != nil || n < 1 || n > MaxLanes) && o.envErr == nil:
+			o.envErr = fmt.Errorf("tensorrpc: %s=%q: want a number of lanes from 1 to %d", EnvLanes, v, MaxLanes)
+		case err == nil && n >= 1 && n <= MaxLanes:
+			o.lanes = n
 		}
 	}
 	if v := strings.TrimSpace(os.Getenv(EnvTransports)); v != "" {

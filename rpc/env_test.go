@@ -82,8 +82,8 @@ func TestEnvKnobs(t *testing.T) {
 		t.Errorf("WithTransports did not win over %s: %v", EnvTransports, got)
 	}
 
-	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}} {
-		t.Run(kv[0], func(t *testing.T) {
+	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}, {EnvLanes, "0"}, {EnvLanes, "17"}, {EnvLanes, "many"}} {
+		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(EnvLog, "info")
 			t.Setenv(kv[0], kv[1])
 			if _, err := NewServer(testPool()); status.Code(err) != codes.InvalidArgument {
@@ -94,6 +94,18 @@ func TestEnvKnobs(t *testing.T) {
 			}
 		})
 	}
+	t.Run(EnvLanes, func(t *testing.T) {
+		t.Setenv(EnvLanes, "3")
+		if got := buildDialOptions(nil).lanesFor(TransportTCP); got != 3 {
+			t.Errorf("%s=3: %d lanes", EnvLanes, got)
+		}
+		if got := buildDialOptions([]DialOption{WithLanes(2)}).lanesFor(TransportTCP); got != 2 {
+			t.Errorf("WithLanes(2) beside %s=3: %d lanes", EnvLanes, got)
+		}
+		if got := buildDialOptions(nil).lanesFor(TransportGRPC); got != 1 {
+			t.Errorf("grpc: %d lanes", got)
+		}
+	})
 	names := map[string]bool{}
 	for _, k := range EnvKnobs() {
 		names[k.Name] = true
@@ -101,7 +113,7 @@ func TestEnvKnobs(t *testing.T) {
 			t.Errorf("EnvKnobs reports %s=%q, want grpc", k.Name, k.Value)
 		}
 	}
-	for _, n := range []string{EnvLog, EnvLogFormat, EnvTransports, EnvSocketIfname, EnvTCPAddr} {
+	for _, n := range []string{EnvLog, EnvLogFormat, EnvTransports, EnvSocketIfname, EnvTCPAddr, EnvLanes} {
 		if !names[n] {
 			t.Errorf("EnvKnobs lacks %s", n)
 		}

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -53,6 +54,8 @@ type framing struct {
 	// transfer ids a client's frame carried.
 	serve    func(h frameHeader, body []byte)
 	releases func(ids []uint64)
+
+	received atomic.Uint64 // frames received, for Stats and tests
 
 	mu          sync.Mutex
 	credits     int // Sends and WriteImms this side may post
@@ -217,6 +220,7 @@ func (l *link) handleFrame(b []byte) error {
 		return err
 	}
 	f := l.fr
+	f.received.Add(1)
 	f.mu.Lock()
 	if int64(h.Credits) > int64(f.outstanding) {
 		f.mu.Unlock()

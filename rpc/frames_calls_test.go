@@ -248,14 +248,14 @@ func TestFramesPullForeignGrant(t *testing.T) {
 			}
 			secret := wrapped(t, 1<<20, 9)
 			defer secret.Release()
-			loc, free, err := victim.grantSource(ctxT(t), vs, secret)
+			loc, free, err := victim.grantSource(ctxT(t), vs, vs.link, secret)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer free()
 			meta := metaOf("stolen", secret.Tensor, false)
 			meta.Location = loc
-			r, ref, err := thief.roundTrip(ctxT(t), ts, frameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
+			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, frameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
 			if err == nil {
 				err = thief.replyError(ts, ref, r)
 			}

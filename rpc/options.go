@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"log/slog"
+	"runtime"
 	"time"
 
 	"google.golang.org/grpc"
@@ -96,6 +97,7 @@ type options struct {
 	sessionQuota   int64
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
+	lanes          int   // 0: DefaultLanes for each data plane
 	envErr         error // an environment variable that could not be read (applyEnv)
 	// noFrames keeps Fetch off the data plane (HandshakeRequest and
 	// HandshakeResponse.data_plane_calls unset), as a peer that predates
@@ -197,6 +199,45 @@ func WithConnectTimeout(d time.Duration) Option {
 // set-up, refused data planes and failures at Info and Warn, never per
 // transfer.
 func WithLogger(l *slog.Logger) Option { return sharedOption(func(o *options) { o.logger = l }) }
+
+// MaxLanes bounds WithLanes.
+const MaxLanes = 16
+
+// WithLanes sets how many queue pairs (lanes) a session opens on its data
+// plane (default: DefaultLanes for the plane and this machine). Concurrent
+// calls spread over the lanes, each with its own connection and polling
+// goroutine; a session uses the smaller of the client's and the server's
+// number. n is clamped to 1..MaxLanes; 0 restores the default.
+func WithLanes(n int) Option {
+	return sharedOption(func(o *options) { o.lanes = min(max(n, 0), MaxLanes) })
+}
+
+// DefaultLanes is the number of lanes a session opens on the named data
+// plane when WithLanes is not given: one lane for every 4 cores, at most 8
+// on tcp and ibv (each lane is one more connection and polling goroutine),
+// at most 4 on shm (large shm copies also use WithCopyWorkers' cores), and
+// always 1 on grpc. These are provisional: they were measured on a 2-core
+// machine only, where one lane is best.
+func DefaultLanes(transport string, cores int) int {
+	switch transport {
+	case TransportTCP, TransportIBV:
+		return min(max(cores/4, 1), 8)
+	case TransportSHM:
+		return min(max(cores/4, 1), 4)
+	}
+	return 1
+}
+
+// lanesFor is the lanes this side wants on transport.
+func (o options) lanesFor(transport string) int {
+	if transport == TransportGRPC {
+		return 1
+	}
+	if o.lanes > 0 {
+		return o.lanes
+	}
+	return DefaultLanes(transport, runtime.NumCPU())
+}
 
 // WithEagerThreshold sets the largest tensor, in bytes, that travels inline
 // in control messages (default DefaultEagerThreshold). The server's value

@@ -118,6 +118,7 @@ type link struct {
 	verifyCh chan []byte
 
 	nextID  atomic.Uint64
+	reads   atomic.Uint64 // Reads posted, for tests
 	mu      sync.Mutex
 	waiters map[uint64]*waiter
 	closed  bool
@@ -334,6 +335,9 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 	}
 	w := &waiter{ch: make(chan verbs.Completion, 1)}
 	wr.ID = l.nextID.Add(1)
+	if wr.Op == verbs.OpRead {
+		l.reads.Add(1)
+	}
 	l.mu.Lock()
 	if l.closed || l.failure != nil {
 		err := l.failure
@@ -475,17 +479,17 @@ type connectOutcome struct {
 }
 
 // connectBoth runs step 1 of a data plane's negotiation, the same on both
-// sides: connect l (within timeout), report the outcome at once with
+// sides: connect (within timeout; connectLanes), report the outcome at once with
 // report, and read the peer's report with theirResult; when the peer has
 // failed, stop waiting for our own attempt. peer names the other side in
 // the reason of an abandoned attempt. It returns an error only when the
 // session itself failed.
-func connectBoth(ctx context.Context, timeout time.Duration, l *link, remote []byte, onRecv func(verbs.Completion),
+func connectBoth(ctx context.Context, timeout time.Duration, connect func(context.Context) error,
 	report func(ok bool, err error) error, theirResult func() (*pb.ConnectResult, error), peer string) (connectOutcome, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	mine := make(chan error, 1)
-	go func() { mine <- l.connect(cctx, remote, onRecv) }()
+	go func() { mine <- connect(cctx) }()
 	theirs := make(chan *pb.ConnectResult, 1)
 	theirsErr := make(chan error, 1)
 	go func() {

@@ -24,7 +24,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 		return nil, rendezvousError(req.Key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold, nil)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, ss.primary(), req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -33,13 +33,14 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 
 // offer hands a tensor to a client: inline when it is at most inlineMax
 // bytes (or when the session has no data plane), else as a transfer the
-// client reads. It takes over buf's reference. Inline bytes are a copy,
+// client reads on the lane l (nil: no data plane). It takes over buf's
+// reference. Inline bytes are a copy,
 // or with held a view of buf, whose reference is added to *held for the
 // caller to release once the bytes are sent.
-func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int, held *[]*mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
+func (s *Server) offer(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int, held *[]*mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
 	meta := metaOf(key, t, s.opts.checksums)
 	n := len(t.Bytes())
-	if n <= inlineMax || ss == nil || ss.link == nil {
+	if n <= inlineMax || l == nil {
 		if n > s.opts.eagerThreshold {
 			buf.Release()
 			return nil, nil, 0, status.Errorf(codes.FailedPrecondition,
@@ -62,20 +63,26 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, ref uint64, key s
 		})
 		return meta, inline, 0, nil
 	}
-	g, err := ss.link.grant(buf, n, verbs.AccessRemoteRead)
+	g, err := l.grant(buf, n, verbs.AccessRemoteRead)
 	if err != nil {
 		buf.Release()
 		return nil, nil, 0, unavailable(err)
 	}
+	extra, striped, err := grantLanes(ss.lanes, l, g, buf, n, verbs.AccessRemoteRead)
+	if err != nil {
+		g.Revoke()
+		buf.Release()
+		return nil, nil, 0, unavailable(err)
+	}
 	remote := g.Remote()
-	tr := &transfer{buf: buf, grant: g}
+	tr := &transfer{buf: buf, grant: g, stripes: extra}
 	if err := ss.add(ctx, tr, ref); err != nil {
 		tr.finish()
 		return nil, nil, 0, err
 	}
 	meta.Location = &pb.Location{
 		Transport: transportOf(ss.transport), RegionId: buf.Arena().ID(), RemoteKey: remote.Key,
-		Address: remote.Addr, Offset: uint64(buf.Offset()), Length: uint64(n),
+		Address: remote.Addr, Offset: uint64(buf.Offset()), Length: uint64(n), Lanes: striped,
 	}
 	ss.stats.transfers.Add(1)
 	ss.stats.dataPlaneBytes.Add(int64(n))
@@ -246,7 +253,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		return nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, req.ClientRef, out, s.opts.eagerThreshold, nil)
+	resp, err := s.reply(ctx, ss, ss.primary(), req.ClientRef, out, s.opts.eagerThreshold, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +283,7 @@ func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *M
 // reply offers a handler's reply tensors to the client of the call named
 // ref: inline up to inlineMax bytes, else as transfers it reads; held as
 // in offer.
-func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
+func (s *Server) reply(ctx context.Context, ss *serverSession, l *link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
 	resp := &pb.CallResponse{Metadata: out.Metadata}
 	for i, t := range out.Tensors {
 		var c counters
@@ -287,7 +294,7 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, ref uint64, out *
 		}
 		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-		meta, inline, id, err := s.offer(ctx, ss, ref, "", zt, buf, inlineMax, held)
+		meta, inline, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, err

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -132,6 +133,9 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		return
 	}
 	ss.calls[ref] = fc
+	if ss.released[ref] {
+		cancel() // a RELEASE on another lane overtook the request
+	}
 	ss.handlers.Add(1)
 	ss.mu.Unlock()
 	go func() {
@@ -144,10 +148,10 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 			ss.mu.Unlock()
 			cancel()
 		}()
-		// The session is open on l once open (Session) has set ss.link
+		// The session is open on l once open (Session) has set its lanes
 		// under s.mu; a client that sends before it heard so is refused.
 		s.mu.Lock()
-		opened := ss.link == l
+		opened := slices.Contains(ss.lanes, l)
 		s.mu.Unlock()
 		var flags uint16
 		var body proto.Message
@@ -187,7 +191,7 @@ func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, 
 		return 0, nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold), held)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -232,8 +236,9 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 
 // pull reads a tensor the client granted the server (m.Location) into a
 // new pool buffer, counted against the session's quota while it is read.
-// The Read is not abandoned when ctx ends (the client keeps its grant until
-// the answer), only when the link dies.
+// The Reads (striped over the lanes when the location names a grant on
+// each) are not abandoned when ctx ends (the client keeps its grants until
+// the answer), only when a lane dies.
 func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta) (*mempool.Buffer, error) {
 	loc, n := m.Location, int(m.ByteLength)
 	if loc.Length != m.ByteLength || loc.Transport != transportOf(ss.transport) {
@@ -249,13 +254,8 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 		return nil, err
 	}
 	if n > 0 {
-		local, err := l.dev.reg.Local(buf)
-		if err != nil {
-			buf.Release()
-			return nil, status.Error(codes.Internal, err.Error())
-		}
-		read := verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}
-		if err := l.post(context.WithoutCancel(ctx), read, func() { buf.Release() }); err != nil {
+		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
+		if err := readLanes(context.WithoutCancel(ctx), l, ss.lanes, buf, remote, loc.Lanes, func() { buf.Release() }); err != nil {
 			ss.stats.errors.Add(1)
 			return nil, err
 		}
@@ -311,7 +311,7 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return 0, nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, ref, out, frameInline(s.opts.eagerThreshold), held)
+	resp, err := s.reply(ctx, ss, l, ref, out, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -331,7 +331,7 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	}
 	copy(buf.Bytes(), body)
 	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
-	meta, _, id, err := s.offer(ctx, ss, ref, "", zt, buf, -1, nil)
+	meta, _, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, -1, nil)
 	if err != nil {
 		s.releaseTransfers(ss, resp.TransferIds)
 		return 0, nil, err

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,8 @@ type serverSession struct {
 	client    string
 	owner     string // connectionIdentity of the Session stream
 	transport string
-	link      *link // nil for the grpc transport
+	link      *link   // lane 0; nil for the grpc transport
+	lanes     []*link // every lane, link first
 	stats     counters
 
 	mu        sync.Mutex
@@ -49,6 +51,14 @@ type serverSession struct {
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
 	calls    map[uint64]*frameCall
+}
+
+// primary is the session's lane 0, nil without a session or data plane.
+func (ss *serverSession) primary() *link {
+	if ss == nil {
+		return nil
+	}
+	return ss.link
 }
 
 // charge counts n bytes of a new destination against the session's quota.
@@ -110,6 +120,9 @@ type transfer struct {
 	// grant is the peer's only access to buf: read for a tensor it
 	// fetches, write for a destination; revoked when the transfer ends.
 	grant verbs.Grant
+	// stripes are grants of buf on the session's other lanes, for a read
+	// striped across them (see grantLanes).
+	stripes []verbs.Grant
 	// short is set when the WriteImm that named a destination did not fill
 	// it (fewer bytes, or written through another destination's grant):
 	// nothing of it is used.
@@ -123,6 +136,7 @@ func (t *transfer) revoke() {
 	if t.grant != nil {
 		t.grant.Revoke()
 	}
+	revokeAll(t.stripes)
 }
 
 // finish revokes the peer's access and releases the buffer.
@@ -356,13 +370,16 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 
 	// open registers the session once its data plane is settled and before
 	// the client hears so: the client may call as soon as it does.
-	open := func(l *link, transport string) error {
+	open := func(lanes []*link, transport string) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.stopping {
 			return status.Error(codes.Unavailable, "tensorrpc: server stopping")
 		}
-		ss.link, ss.transport = l, transport
+		if len(lanes) > 0 {
+			ss.link, ss.lanes = lanes[0], lanes
+		}
+		ss.transport = transport
 		s.sessions[ss.id] = ss
 		return nil
 	}
@@ -406,13 +423,14 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		}
 		opened = true
 	}
-	s.log.Info("tensorrpc: session open", "session", ss.id, "client", ss.client, "transport", ss.transport)
+	s.log.Info("tensorrpc: session open", "session", ss.id, "client", ss.client, "transport", ss.transport, "lanes", max(len(ss.lanes), 1))
 
 	// The session lives until the client ends the stream (or dies), the
 	// data plane fails, or the server stops.
 	var dead <-chan struct{}
+	var failure func() error
 	if ss.link != nil {
-		dead = ss.link.dead
+		dead, failure = anyDead(ss.lanes, &ss.handlers)
 	}
 	var result error
 	var stale <-chan time.Time
@@ -440,7 +458,7 @@ wait:
 			// request fails with the precise status, e.g. a remote access
 			// error, rather than with the session's end).
 			time.Sleep(deadPlaneLinger)
-			result = unavailable(ss.link.failure)
+			result = unavailable(failure())
 			break wait
 		case <-s.drain:
 			result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
@@ -487,9 +505,27 @@ func localAddress(ctx context.Context) netip.Addr {
 // it with a round trip (see the Session method in the .proto). It returns
 // why the plane is not used ("" when the session is open on it), or an
 // error when the session itself failed.
-func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func(*link, string) error) (string, error) {
+func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func([]*link, string) error) (_ string, err error) {
 	l, offer := c.link, c.offer
 	name := transportName(offer.Transport)
+	// Lanes: as many as the client offered and this side wants; fewer when
+	// making one fails (the first failure is logged, not fatal).
+	lanes := []*link{l}
+	opened := false
+	defer func() {
+		if !opened {
+			closeLanes(lanes[1:], errors.New("not chosen"))
+		}
+	}()
+	for want := min(1+len(offer.Lanes), s.opts.lanesFor(name)); len(lanes) < want; {
+		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
+		if err != nil {
+			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
+			break
+		}
+		lanes = append(lanes, x)
+	}
+	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
 	report := func(ok, verify bool, err error) error {
 		r := &pb.ConnectResult{Transport: offer.Transport, Ok: ok, Verify: verify}
 		if err != nil {
@@ -509,18 +545,25 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		return r, nil
 	}
 	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
-		Transport: offer.Transport, Info: l.qp.LocalInfo(), Description: s.devices[name].name,
+		Transport: offer.Transport, Info: l.qp.LocalInfo(), Description: s.devices[name].name, Lanes: laneInfos(lanes[1:]),
 	}}}); err != nil {
 		return "", err
 	}
 
 	if ss.frames {
-		l.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, body []byte) { s.serveFrame(ss, l, h, body) },
-			func(ids []uint64) { s.releaseFramed(ss, ids) })
+		for _, x := range lanes {
+			x.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) },
+				func(ids []uint64) { s.releaseFramed(ss, ids) })
+		}
 	}
 
 	// Step 1: connect, report at once, give up as soon as the client fails.
-	o, err := connectBoth(ctx, s.opts.connectTimeout, l, offer.Info, func(c verbs.Completion) { s.completeDestination(ss, c) },
+	connect := func(ctx context.Context) error {
+		return connectLanes(ctx, lanes, remotes, func(*link) func(verbs.Completion) {
+			return func(c verbs.Completion) { s.completeDestination(ss, c) }
+		})
+	}
+	o, err := connectBoth(ctx, s.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
 	if err != nil {
 		return "", err
@@ -536,13 +579,23 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	// Step 2: the client's verifying message, our echo, then both verdicts.
 	vctx, vcancel := context.WithTimeout(ctx, s.opts.connectTimeout)
 	defer vcancel()
-	msg, verr := l.recvVerify(vctx)
-	if verr == nil && string(msg) != ss.id {
-		verr = errors.New("the client's verifying message is not the session id")
-	}
-	if verr == nil {
-		l.verified.Store(true)
-		verr = l.sendVerify(vctx, msg)
+	var verr error
+	for i, x := range lanes {
+		msg, err := x.recvVerify(vctx)
+		if err == nil && !bytes.Equal(msg, verifyMessage(ss.id, i)) {
+			err = errors.New("the client's verifying message is not the session id")
+		}
+		if err == nil {
+			x.verified.Store(true)
+			err = x.sendVerify(vctx, msg)
+		}
+		if err != nil {
+			if len(lanes) > 1 {
+				err = fmt.Errorf("lane %d: %w", i, err)
+			}
+			verr = err
+			break
+		}
 	}
 	their, err = theirResult(true)
 	if err != nil {
@@ -555,8 +608,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	case !their.Ok:
 		reason = "client: " + their.Error
 	default:
-		if err := open(l, name); err != nil {
+		if err := open(lanes, name); err != nil {
 			reason = err.Error()
+		} else {
+			opened = true
 		}
 	}
 	var rerr error
@@ -635,9 +690,7 @@ func (s *Server) closeSession(ss *serverSession) {
 	if ss.cancel != nil {
 		ss.cancel() // calls that arrived as frames
 	}
-	if ss.link != nil {
-		ss.link.close(errors.New("session ended"))
-	}
+	closeLanes(ss.lanes, errors.New("session ended"))
 	ss.mu.Lock()
 	ss.closed = true
 	transfers := ss.transfers

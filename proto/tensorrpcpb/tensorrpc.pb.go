@@ -274,9 +274,14 @@ type Location struct {
 	RegionId  uint32                 `protobuf:"varint,2,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
 	RemoteKey uint32                 `protobuf:"varint,3,opt,name=remote_key,json=remoteKey,proto3" json:"remote_key,omitempty"`
 	// Address of the first byte as named by one-sided operations.
-	Address       uint64 `protobuf:"varint,4,opt,name=address,proto3" json:"address,omitempty"`
-	Offset        uint64 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        uint64 `protobuf:"varint,6,opt,name=length,proto3" json:"length,omitempty"`
+	Address uint64 `protobuf:"varint,4,opt,name=address,proto3" json:"address,omitempty"`
+	Offset  uint64 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length  uint64 `protobuf:"varint,6,opt,name=length,proto3" json:"length,omitempty"`
+	// Stripes, on a session with several lanes: the same bytes granted on
+	// every lane, lanes[i] on lane i (remote_key and address are lanes[0],
+	// the lane the location was sent on), so that the reader may split one
+	// large read across the lanes. Empty: read it on the lane it came on.
+	Lanes         []*LaneRemote `protobuf:"bytes,7,rep,name=lanes,proto3" json:"lanes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -353,6 +358,66 @@ func (x *Location) GetLength() uint64 {
 	return 0
 }
 
+func (x *Location) GetLanes() []*LaneRemote {
+	if x != nil {
+		return x.Lanes
+	}
+	return nil
+}
+
+// LaneRemote is where one lane's grant names a location's first byte.
+type LaneRemote struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RemoteKey     uint32                 `protobuf:"varint,1,opt,name=remote_key,json=remoteKey,proto3" json:"remote_key,omitempty"`
+	Address       uint64                 `protobuf:"varint,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaneRemote) Reset() {
+	*x = LaneRemote{}
+	mi := &file_tensorrpc_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaneRemote) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaneRemote) ProtoMessage() {}
+
+func (x *LaneRemote) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaneRemote.ProtoReflect.Descriptor instead.
+func (*LaneRemote) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LaneRemote) GetRemoteKey() uint32 {
+	if x != nil {
+		return x.RemoteKey
+	}
+	return 0
+}
+
+func (x *LaneRemote) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
+}
+
 // TensorMeta describes one tensor. The receiver validates every field (see
 // Limits at the top).
 type TensorMeta struct {
@@ -385,7 +450,7 @@ type TensorMeta struct {
 
 func (x *TensorMeta) Reset() {
 	*x = TensorMeta{}
-	mi := &file_tensorrpc_proto_msgTypes[1]
+	mi := &file_tensorrpc_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +462,7 @@ func (x *TensorMeta) String() string {
 func (*TensorMeta) ProtoMessage() {}
 
 func (x *TensorMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[1]
+	mi := &file_tensorrpc_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +475,7 @@ func (x *TensorMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorMeta.ProtoReflect.Descriptor instead.
 func (*TensorMeta) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{1}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TensorMeta) GetKey() string {
@@ -476,14 +541,21 @@ type TransportOffer struct {
 	Transport Transport              `protobuf:"varint,1,opt,name=transport,proto3,enum=tensorrpc.v1.Transport" json:"transport,omitempty"`
 	Info      []byte                 `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
 	// Free text for diagnostics: device, address, host identity.
-	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// Lanes: the connection info of the sender's further queue pairs on this
+	// data plane (lanes 1..n-1; info is lane 0). A client offers as many as
+	// it would use; the server's choice carries at most as many, and the
+	// session's lanes are lane 0 and the first len(choice.lanes) of the
+	// client's, connected pairwise and each verified (see Session). A side
+	// that sends none has one lane, as before lanes existed.
+	Lanes         [][]byte `protobuf:"bytes,4,rep,name=lanes,proto3" json:"lanes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransportOffer) Reset() {
 	*x = TransportOffer{}
-	mi := &file_tensorrpc_proto_msgTypes[2]
+	mi := &file_tensorrpc_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +567,7 @@ func (x *TransportOffer) String() string {
 func (*TransportOffer) ProtoMessage() {}
 
 func (x *TransportOffer) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[2]
+	mi := &file_tensorrpc_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +580,7 @@ func (x *TransportOffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportOffer.ProtoReflect.Descriptor instead.
 func (*TransportOffer) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{2}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TransportOffer) GetTransport() Transport {
@@ -532,6 +604,13 @@ func (x *TransportOffer) GetDescription() string {
 	return ""
 }
 
+func (x *TransportOffer) GetLanes() [][]byte {
+	if x != nil {
+		return x.Lanes
+	}
+	return nil
+}
+
 type TransportRejection struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Transport     Transport              `protobuf:"varint,1,opt,name=transport,proto3,enum=tensorrpc.v1.Transport" json:"transport,omitempty"`
@@ -542,7 +621,7 @@ type TransportRejection struct {
 
 func (x *TransportRejection) Reset() {
 	*x = TransportRejection{}
-	mi := &file_tensorrpc_proto_msgTypes[3]
+	mi := &file_tensorrpc_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +633,7 @@ func (x *TransportRejection) String() string {
 func (*TransportRejection) ProtoMessage() {}
 
 func (x *TransportRejection) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[3]
+	mi := &file_tensorrpc_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +646,7 @@ func (x *TransportRejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportRejection.ProtoReflect.Descriptor instead.
 func (*TransportRejection) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{3}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TransportRejection) GetTransport() Transport {
@@ -597,7 +676,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[4]
+	mi := &file_tensorrpc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +688,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[4]
+	mi := &file_tensorrpc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +701,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{4}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionRequest) GetMsg() isSessionRequest_Msg {
@@ -680,7 +759,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[5]
+	mi := &file_tensorrpc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +771,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[5]
+	mi := &file_tensorrpc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +784,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{5}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -779,7 +858,7 @@ type ConnectResult struct {
 
 func (x *ConnectResult) Reset() {
 	*x = ConnectResult{}
-	mi := &file_tensorrpc_proto_msgTypes[6]
+	mi := &file_tensorrpc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +870,7 @@ func (x *ConnectResult) String() string {
 func (*ConnectResult) ProtoMessage() {}
 
 func (x *ConnectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[6]
+	mi := &file_tensorrpc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +883,7 @@ func (x *ConnectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResult.ProtoReflect.Descriptor instead.
 func (*ConnectResult) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{6}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConnectResult) GetTransport() Transport {
@@ -854,7 +933,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[7]
+	mi := &file_tensorrpc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +945,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[7]
+	mi := &file_tensorrpc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +958,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{7}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -931,7 +1010,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[8]
+	mi := &file_tensorrpc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1022,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[8]
+	mi := &file_tensorrpc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1035,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{8}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -1015,7 +1094,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[9]
+	mi := &file_tensorrpc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1106,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[9]
+	mi := &file_tensorrpc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1119,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{9}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FetchRequest) GetSessionId() string {
@@ -1092,7 +1171,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1183,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1196,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FetchResponse) GetMeta() *TensorMeta {
@@ -1159,7 +1238,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1250,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1263,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SendRequest) GetSessionId() string {
@@ -1236,7 +1315,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1327,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1340,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SendResponse) GetDestination() *Location {
@@ -1302,7 +1381,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1393,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1406,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CallRequest) GetSessionId() string {
@@ -1384,7 +1463,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1475,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1488,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CallResponse) GetMetadata() []byte {
@@ -1454,7 +1533,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1545,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1558,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseRequest) GetSessionId() string {
@@ -1511,7 +1590,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1602,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1615,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
 }
 
 // ChunkHeader opens a fallback stream: what follows and in which order.
@@ -1552,7 +1631,7 @@ type ChunkHeader struct {
 
 func (x *ChunkHeader) Reset() {
 	*x = ChunkHeader{}
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1643,7 @@ func (x *ChunkHeader) String() string {
 func (*ChunkHeader) ProtoMessage() {}
 
 func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1656,7 @@ func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHeader.ProtoReflect.Descriptor instead.
 func (*ChunkHeader) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ChunkHeader) GetMethod() string {
@@ -1614,7 +1693,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1705,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1718,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Chunk) GetHeader() *ChunkHeader {
@@ -1660,7 +1739,7 @@ var File_tensorrpc_proto protoreflect.FileDescriptor
 
 const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
-	"\x0ftensorrpc.proto\x12\ftensorrpc.v1\"\xc7\x01\n" +
+	"\x0ftensorrpc.proto\x12\ftensorrpc.v1\"\xf7\x01\n" +
 	"\bLocation\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\rR\bregionId\x12\x1d\n" +
@@ -1668,7 +1747,13 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"remote_key\x18\x03 \x01(\rR\tremoteKey\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\x04R\aaddress\x12\x16\n" +
 	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x06 \x01(\x04R\x06length\"\xb6\x02\n" +
+	"\x06length\x18\x06 \x01(\x04R\x06length\x12.\n" +
+	"\x05lanes\x18\a \x03(\v2\x18.tensorrpc.v1.LaneRemoteR\x05lanes\"E\n" +
+	"\n" +
+	"LaneRemote\x12\x1d\n" +
+	"\n" +
+	"remote_key\x18\x01 \x01(\rR\tremoteKey\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\x04R\aaddress\"\xb6\x02\n" +
 	"\n" +
 	"TensorMeta\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
@@ -1682,11 +1767,12 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\vtransfer_id\x18\b \x01(\x04R\n" +
 	"transferIdB\t\n" +
 	"\a_crc32cB\x0f\n" +
-	"\r_inline_index\"}\n" +
+	"\r_inline_index\"\x93\x01\n" +
 	"\x0eTransportOffer\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x12\n" +
 	"\x04info\x18\x02 \x01(\fR\x04info\x12 \n" +
-	"\vdescription\x18\x03 \x01(\tR\vdescription\"c\n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x14\n" +
+	"\x05lanes\x18\x04 \x03(\fR\x05lanes\"c\n" +
 	"\x12TransportRejection\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x9d\x01\n" +
@@ -1826,72 +1912,74 @@ func file_tensorrpc_proto_rawDescGZIP() []byte {
 }
 
 var file_tensorrpc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_tensorrpc_proto_goTypes = []any{
 	(DType)(0),                 // 0: tensorrpc.v1.DType
 	(Transport)(0),             // 1: tensorrpc.v1.Transport
 	(*Location)(nil),           // 2: tensorrpc.v1.Location
-	(*TensorMeta)(nil),         // 3: tensorrpc.v1.TensorMeta
-	(*TransportOffer)(nil),     // 4: tensorrpc.v1.TransportOffer
-	(*TransportRejection)(nil), // 5: tensorrpc.v1.TransportRejection
-	(*SessionRequest)(nil),     // 6: tensorrpc.v1.SessionRequest
-	(*SessionResponse)(nil),    // 7: tensorrpc.v1.SessionResponse
-	(*ConnectResult)(nil),      // 8: tensorrpc.v1.ConnectResult
-	(*HandshakeRequest)(nil),   // 9: tensorrpc.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),  // 10: tensorrpc.v1.HandshakeResponse
-	(*FetchRequest)(nil),       // 11: tensorrpc.v1.FetchRequest
-	(*FetchResponse)(nil),      // 12: tensorrpc.v1.FetchResponse
-	(*SendRequest)(nil),        // 13: tensorrpc.v1.SendRequest
-	(*SendResponse)(nil),       // 14: tensorrpc.v1.SendResponse
-	(*CallRequest)(nil),        // 15: tensorrpc.v1.CallRequest
-	(*CallResponse)(nil),       // 16: tensorrpc.v1.CallResponse
-	(*ReleaseRequest)(nil),     // 17: tensorrpc.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 18: tensorrpc.v1.ReleaseResponse
-	(*ChunkHeader)(nil),        // 19: tensorrpc.v1.ChunkHeader
-	(*Chunk)(nil),              // 20: tensorrpc.v1.Chunk
+	(*LaneRemote)(nil),         // 3: tensorrpc.v1.LaneRemote
+	(*TensorMeta)(nil),         // 4: tensorrpc.v1.TensorMeta
+	(*TransportOffer)(nil),     // 5: tensorrpc.v1.TransportOffer
+	(*TransportRejection)(nil), // 6: tensorrpc.v1.TransportRejection
+	(*SessionRequest)(nil),     // 7: tensorrpc.v1.SessionRequest
+	(*SessionResponse)(nil),    // 8: tensorrpc.v1.SessionResponse
+	(*ConnectResult)(nil),      // 9: tensorrpc.v1.ConnectResult
+	(*HandshakeRequest)(nil),   // 10: tensorrpc.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),  // 11: tensorrpc.v1.HandshakeResponse
+	(*FetchRequest)(nil),       // 12: tensorrpc.v1.FetchRequest
+	(*FetchResponse)(nil),      // 13: tensorrpc.v1.FetchResponse
+	(*SendRequest)(nil),        // 14: tensorrpc.v1.SendRequest
+	(*SendResponse)(nil),       // 15: tensorrpc.v1.SendResponse
+	(*CallRequest)(nil),        // 16: tensorrpc.v1.CallRequest
+	(*CallResponse)(nil),       // 17: tensorrpc.v1.CallResponse
+	(*ReleaseRequest)(nil),     // 18: tensorrpc.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 19: tensorrpc.v1.ReleaseResponse
+	(*ChunkHeader)(nil),        // 20: tensorrpc.v1.ChunkHeader
+	(*Chunk)(nil),              // 21: tensorrpc.v1.Chunk
 }
 var file_tensorrpc_proto_depIdxs = []int32{
 	1,  // 0: tensorrpc.v1.Location.transport:type_name -> tensorrpc.v1.Transport
-	0,  // 1: tensorrpc.v1.TensorMeta.dtype:type_name -> tensorrpc.v1.DType
-	2,  // 2: tensorrpc.v1.TensorMeta.location:type_name -> tensorrpc.v1.Location
-	1,  // 3: tensorrpc.v1.TransportOffer.transport:type_name -> tensorrpc.v1.Transport
-	1,  // 4: tensorrpc.v1.TransportRejection.transport:type_name -> tensorrpc.v1.Transport
-	9,  // 5: tensorrpc.v1.SessionRequest.handshake:type_name -> tensorrpc.v1.HandshakeRequest
-	8,  // 6: tensorrpc.v1.SessionRequest.connect_result:type_name -> tensorrpc.v1.ConnectResult
-	10, // 7: tensorrpc.v1.SessionResponse.handshake:type_name -> tensorrpc.v1.HandshakeResponse
-	4,  // 8: tensorrpc.v1.SessionResponse.choice:type_name -> tensorrpc.v1.TransportOffer
-	8,  // 9: tensorrpc.v1.SessionResponse.connect_result:type_name -> tensorrpc.v1.ConnectResult
-	1,  // 10: tensorrpc.v1.ConnectResult.transport:type_name -> tensorrpc.v1.Transport
-	4,  // 11: tensorrpc.v1.HandshakeRequest.offers:type_name -> tensorrpc.v1.TransportOffer
-	5,  // 12: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
-	3,  // 13: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 14: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	2,  // 15: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
-	3,  // 16: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 17: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	3,  // 18: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	19, // 19: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	6,  // 20: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	11, // 21: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	13, // 22: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	15, // 23: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	17, // 24: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	11, // 25: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	20, // 26: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	20, // 27: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	7,  // 28: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	12, // 29: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	14, // 30: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	16, // 31: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	18, // 32: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	20, // 33: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	14, // 34: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	20, // 35: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	3,  // 1: tensorrpc.v1.Location.lanes:type_name -> tensorrpc.v1.LaneRemote
+	0,  // 2: tensorrpc.v1.TensorMeta.dtype:type_name -> tensorrpc.v1.DType
+	2,  // 3: tensorrpc.v1.TensorMeta.location:type_name -> tensorrpc.v1.Location
+	1,  // 4: tensorrpc.v1.TransportOffer.transport:type_name -> tensorrpc.v1.Transport
+	1,  // 5: tensorrpc.v1.TransportRejection.transport:type_name -> tensorrpc.v1.Transport
+	10, // 6: tensorrpc.v1.SessionRequest.handshake:type_name -> tensorrpc.v1.HandshakeRequest
+	9,  // 7: tensorrpc.v1.SessionRequest.connect_result:type_name -> tensorrpc.v1.ConnectResult
+	11, // 8: tensorrpc.v1.SessionResponse.handshake:type_name -> tensorrpc.v1.HandshakeResponse
+	5,  // 9: tensorrpc.v1.SessionResponse.choice:type_name -> tensorrpc.v1.TransportOffer
+	9,  // 10: tensorrpc.v1.SessionResponse.connect_result:type_name -> tensorrpc.v1.ConnectResult
+	1,  // 11: tensorrpc.v1.ConnectResult.transport:type_name -> tensorrpc.v1.Transport
+	5,  // 12: tensorrpc.v1.HandshakeRequest.offers:type_name -> tensorrpc.v1.TransportOffer
+	6,  // 13: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
+	4,  // 14: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 15: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	2,  // 16: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
+	4,  // 17: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 18: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 19: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	20, // 20: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 21: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	12, // 22: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	14, // 23: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	16, // 24: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	18, // 25: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	12, // 26: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	21, // 27: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	21, // 28: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	8,  // 29: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	13, // 30: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	15, // 31: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	17, // 32: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	19, // 33: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	21, // 34: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	15, // 35: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	21, // 36: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	29, // [29:37] is the sub-list for method output_type
+	21, // [21:29] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
@@ -1899,12 +1987,12 @@ func file_tensorrpc_proto_init() {
 	if File_tensorrpc_proto != nil {
 		return
 	}
-	file_tensorrpc_proto_msgTypes[1].OneofWrappers = []any{}
-	file_tensorrpc_proto_msgTypes[4].OneofWrappers = []any{
+	file_tensorrpc_proto_msgTypes[2].OneofWrappers = []any{}
+	file_tensorrpc_proto_msgTypes[5].OneofWrappers = []any{
 		(*SessionRequest_Handshake)(nil),
 		(*SessionRequest_ConnectResult)(nil),
 	}
-	file_tensorrpc_proto_msgTypes[5].OneofWrappers = []any{
+	file_tensorrpc_proto_msgTypes[6].OneofWrappers = []any{
 		(*SessionResponse_Handshake)(nil),
 		(*SessionResponse_Choice)(nil),
 		(*SessionResponse_ConnectResult)(nil),
@@ -1915,7 +2003,7 @@ func file_tensorrpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tensorrpc_proto_rawDesc), len(file_tensorrpc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -159,6 +159,11 @@ type TensorRPCClient interface {
 	//     sends this result); otherwise the server goes on to the next data
 	//     plane.
 	//
+	// With lanes (TransportOffer.lanes), step 1 connects every lane, each
+	// side reporting once for all of them, and in step 2 the client Sends,
+	// and the server checks and echoes, the session id on lane 0 and the
+	// session id, "/" and the lane's number (decimal) on lane i > 0.
+	//
 	// When no data plane verifies, or none was offered that the server can
 	// use, the server sends a final choice of TRANSPORT_GRPC, which needs no
 	// connect_result: the session is open, and tensors travel inline and in
@@ -410,6 +415,11 @@ type TensorRPCServer interface {
 	//     is open on that plane (the server accepts calls naming it before it
 	//     sends this result); otherwise the server goes on to the next data
 	//     plane.
+	//
+	// With lanes (TransportOffer.lanes), step 1 connects every lane, each
+	// side reporting once for all of them, and in step 2 the client Sends,
+	// and the server checks and echoes, the session id on lane 0 and the
+	// session id, "/" and the lane's number (decimal) on lane i > 0.
 	//
 	// When no data plane verifies, or none was offered that the server can
 	// use, the server sends a final choice of TRANSPORT_GRPC, which needs no

@@ -1,0 +1,212 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Lanes are a session's queue pairs on its data plane (WithLanes). Lane 0
+// is the session's link: the unary methods' transfers and WriteImms use
+// it. Frames go on any lane, each with its own receive slots, credits and
+// polling goroutine; what a frame call grants (and reads) stays on its
+// lane, because a grant opens a buffer to one queue pair only.
+
+// connectLanes connects lanes[i] to remotes[i], all at once; the first
+// failure ends the others' attempts. onRecv gives each lane's handler of
+// received WriteImms (nil: none).
+func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte, onRecv func(*link) func(verbs.Completion)) error {
+	if len(lanes) != len(remotes) {
+		return fmt.Errorf("%d lanes, %d remote infos", len(lanes), len(remotes))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(lanes))
+	var wg sync.WaitGroup
+	for i, l := range lanes {
+		wg.Go(func() {
+			var h func(verbs.Completion)
+			if onRecv != nil {
+				h = onRecv(l)
+			}
+			if errs[i] = l.connect(ctx, remotes[i], h); errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			if len(lanes) > 1 {
+				return fmt.Errorf("lane %d of %d: %w", i, len(lanes), err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyMessage is what the verifying round trip carries on lane i: the
+// session id, and on lanes after the first the lane's number, so lanes
+// connected crosswise fail to verify.
+func verifyMessage(id string, i int) []byte {
+	if i == 0 {
+		return []byte(id)
+	}
+	return fmt.Appendf(nil, "%s/%d", id, i)
+}
+
+// closeLanes closes every lane.
+func closeLanes(lanes []*link, reason error) {
+	for _, l := range lanes {
+		l.close(reason)
+	}
+}
+
+// laneInfos is the connection info of lanes (for TransportOffer.lanes).
+func laneInfos(lanes []*link) [][]byte {
+	var out [][]byte
+	for _, l := range lanes {
+		out = append(out, l.qp.LocalInfo())
+	}
+	return out
+}
+
+// anyDead returns a channel closed once any of lanes has failed, and a
+// function that returns the first failure; the watchers it starts end
+// when every lane has (closing a lane fails it).
+func anyDead(lanes []*link, wg *sync.WaitGroup) (<-chan struct{}, func() error) {
+	dead := make(chan struct{})
+	var once sync.Once
+	var first *link
+	for _, l := range lanes {
+		wg.Go(func() {
+			<-l.dead
+			once.Do(func() {
+				first = l
+				close(dead)
+			})
+		})
+	}
+	return dead, func() error {
+		<-dead
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		if first.failure == nil {
+			return errors.New("lane closed")
+		}
+		return first.failure
+	}
+}
+
+// Stripes: a one-sided transfer of at least stripeMin bytes on a session
+// with several lanes is granted on every lane (Location.lanes), and its
+// reader splits it into parts of at least stripePart bytes, one per lane,
+// read at once.
+const (
+	stripeMin  = 8 << 20
+	stripePart = 4 << 20
+)
+
+// stripes is how many lanes a transfer of n bytes is split across.
+func stripes(n, lanes int) int {
+	if lanes < 2 || n < stripeMin {
+		return 1
+	}
+	return min(lanes, n/stripePart)
+}
+
+// grantLanes grants the first n bytes of buf on every lane with access,
+// for a striped transfer (nil when it is not striped); lanes[at] reuses g,
+// the grant on the lane the location is sent on. On error nothing stays
+// granted but g.
+func grantLanes(lanes []*link, at *link, g verbs.Grant, buf *mempool.Buffer, n int, access verbs.Access) ([]verbs.Grant, []*pb.LaneRemote, error) {
+	if stripes(n, len(lanes)) < 2 {
+		return nil, nil, nil
+	}
+	var extra []verbs.Grant
+	remotes := make([]*pb.LaneRemote, len(lanes))
+	for i, x := range lanes {
+		lg := g
+		if x != at {
+			var err error
+			if lg, err = x.grant(buf, n, access); err != nil {
+				revokeAll(extra)
+				return nil, nil, err
+			}
+			extra = append(extra, lg)
+		}
+		r := lg.Remote()
+		remotes[i] = &pb.LaneRemote{RemoteKey: r.Key, Address: r.Addr}
+	}
+	return extra, remotes, nil
+}
+
+func revokeAll(gs []verbs.Grant) {
+	for _, g := range gs {
+		g.Revoke()
+	}
+}
+
+// readLanes reads len(buf) bytes into buf: from remote over l, or, when
+// striped names a remote on each of lanes, in parts over every lane at
+// once. On failure, or when ctx ends while reads are under way, failed
+// runs once every read has completed (so buf is freed only then); it never
+// runs after readLanes returns nil.
+func readLanes(ctx context.Context, l *link, lanes []*link, buf *mempool.Buffer, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+	n := buf.Len()
+	local, err := l.dev.reg.Local(buf)
+	if err != nil {
+		failed()
+		return status.Error(codes.Internal, err.Error())
+	}
+	k := stripes(n, len(lanes))
+	if len(striped) != len(lanes) || k < 2 {
+		return l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)
+	}
+	part := ((n+k-1)/k + 4095) &^ 4095 // k parts cover n
+	var mu sync.Mutex
+	left, bad := k, false
+	done := func(ok bool) {
+		mu.Lock()
+		left--
+		bad = bad || !ok
+		last, fail := left == 0, bad
+		mu.Unlock()
+		if last && fail {
+			failed()
+		}
+	}
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		off := i * part
+		m := min(part, n-off)
+		if m <= 0 {
+			done(true)
+			continue
+		}
+		wr := verbs.SendRequest{Op: verbs.OpRead,
+			Local:  verbs.Local{Region: local.Region, Offset: local.Offset + off, Length: m},
+			Remote: verbs.Remote{Addr: striped[i].Address + uint64(off), Key: striped[i].RemoteKey}}
+		wg.Go(func() {
+			if errs[i] = lanes[i].post(ctx, wr, func() { done(false) }); errs[i] == nil {
+				done(true)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
