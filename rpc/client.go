@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -40,6 +41,9 @@ type Client struct {
 	missing []Rejection // data planes this side could not open
 	stats   counters
 	topo    topology
+	// planFor, when set (by tests), decides device transfers instead of
+	// gpudirect.Plan, so the direct path runs without a GPU or RDMA NIC.
+	planFor func(gpudirect.DeviceBuffer) gpudirect.Decision
 
 	stopTrim func() // ends the pool's trimmer
 

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -44,28 +45,18 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	if err != nil {
 		return nil, err
 	}
-	if s.link == nil {
-		return c.fetchStream(ctx, s, key, fo.wait)
-	}
-	if s.link.fr != nil && frameHeaderLen+len(key) <= s.link.fr.slotSize {
-		return c.fetchFrame(ctx, s, key, fo)
-	}
-	return c.fetchUnary(ctx, s, key, fo)
+	return s.calls.fetch(ctx, key, fo)
 }
 
-// fetchUnary is Fetch with the Fetch method.
-func (c *Client) fetchUnary(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
+// askUnary is a Fetch's request with the Fetch method.
+func (c *Client) askUnary(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*pb.FetchResponse, error) {
 	ref := c.newRef()
 	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Lease: fo.lease, ClientRef: ref, Wait: fo.wait})
 	if err != nil {
 		c.releaseRef(s, ref) // the server may have made a transfer we never heard of
 		return nil, sessionError(s, err)
 	}
-	t, err := c.receive(ctx, s, s.link, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
-	if err != nil {
-		c.stats.errors.Add(1)
-	}
-	return t, err
+	return resp, nil
 }
 
 // receive materializes a tensor the server offered: inline bytes, or a
@@ -145,7 +136,13 @@ func (c *Client) read(ctx context.Context, s *clientSession, l *link, buf *mempo
 	if buf.Len() == 0 {
 		return nil
 	}
-	err := readLanes(ctx, l, s.lanes, buf, remote, striped, func() {
+	local, err := l.dev.reg.Local(buf)
+	if err != nil {
+		buf.Release()
+		done()
+		return status.Error(codes.Internal, err.Error())
+	}
+	err = readLanes(ctx, l, s.lanes, local, remote, striped, func() {
 		buf.Release()
 		done()
 	})
@@ -162,56 +159,25 @@ func (c *Client) read(ctx context.Context, s *clientSession, l *link, buf *mempo
 // and other clients' Fetch find it. t stays the caller's; a tensor over
 // caller memory (WrapTensor) is copied into pool memory once first.
 func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
+	if err := checkOutgoing(t, "tensor"); err != nil {
+		return err
+	}
 	s, err := c.session(ctx)
 	if err != nil {
 		return err
 	}
-	if s.link == nil {
-		return c.sendStream(ctx, key, t)
-	}
-	if s.link.fr != nil {
-		if fits, err := c.sendFrame(ctx, s, key, t); fits {
-			return err
-		}
-	}
-	_, err = c.send(ctx, s, key, t, false)
-	return err
+	return s.calls.send(ctx, key, t)
 }
 
-// send moves one tensor to the server: inline when small, else into a
-// destination the server allocates, with WriteImm. With hold, the server
-// keeps it for a Call and send returns its transfer id.
-func (c *Client) send(ctx context.Context, s *clientSession, key string, t *Tensor, hold bool) (uint64, error) {
-	if t == nil || !t.Valid() {
-		return 0, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
+// checkOutgoing checks a tensor the caller hands over.
+func checkOutgoing(t *Tensor, what string) error {
+	switch {
+	case t == nil || !t.Valid():
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: %s is nil or invalid", what)
+	case t.released.Load():
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: %s used after Release", what)
 	}
-	if t.released.Load() {
-		return 0, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
-	}
-	meta := metaOf(key, t.Tensor, c.opts.checksums)
-	n := len(t.Bytes())
-	if n <= s.eager {
-		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: meta, InlineData: t.Bytes(), Hold: hold})
-		if err != nil {
-			return 0, sessionError(s, err)
-		}
-		c.stats.transfers.Add(1)
-		c.stats.inlineBytes.Add(int64(n))
-		if n > 0 {
-			c.stats.copied(n) // into the control message
-		}
-		return resp.TransferId, nil
-	}
-	src, err := poolBuffer(ctx, c.pool, t, &c.stats)
-	if err != nil {
-		return 0, err
-	}
-	local, err := s.link.dev.reg.Local(src)
-	if err != nil {
-		src.Release()
-		return 0, status.Error(codes.Internal, err.Error())
-	}
-	return c.writeRendezvous(ctx, s, meta, local, func() { src.Release() }, hold)
+	return nil
 }
 
 // writeRendezvous asks the server for a destination for meta's tensor and
@@ -252,22 +218,19 @@ func (c *Client) writeRendezvous(ctx context.Context, s *clientSession, meta *pb
 // request's tensors stay the caller's; the reply's come from the Client's
 // pool and are released with reply.Release.
 func (c *Client) Call(ctx context.Context, method string, req *Message) (*Message, error) {
+	if req == nil {
+		req = &Message{}
+	}
+	for i, t := range req.Tensors {
+		if err := checkOutgoing(t, fmt.Sprintf("request tensor %d", i)); err != nil {
+			return nil, err
+		}
+	}
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if req == nil {
-		req = &Message{}
-	}
-	if s.link == nil {
-		return c.callStream(ctx, method, req)
-	}
-	if s.link.fr != nil {
-		if reply, fits, err := c.callFrame(ctx, s, method, req); fits {
-			return reply, err
-		}
-	}
-	return c.callUnary(ctx, s, method, req)
+	return s.calls.call(ctx, method, req)
 }
 
 // callUnary is Call with the Send and Call methods: request tensors above
@@ -275,11 +238,7 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 func (c *Client) callUnary(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
 	creq := &pb.CallRequest{SessionId: s.id, Method: method, Metadata: req.Metadata}
 	var held []uint64
-	for i, t := range req.Tensors {
-		if t == nil || !t.Valid() || t.released.Load() {
-			c.releaseHeld(s, held)
-			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
-		}
+	for _, t := range req.Tensors {
 		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if len(t.Bytes()) <= s.eager {
 			idx := uint32(len(creq.InlineData))
@@ -291,7 +250,7 @@ func (c *Client) callUnary(ctx context.Context, s *clientSession, method string,
 				c.stats.copied(len(t.Bytes())) // into the control message
 			}
 		} else {
-			id, err := c.send(ctx, s, "", t, true)
+			id, err := c.sendMethods(ctx, s, outgoing{meta: metaOf("", t.Tensor, c.opts.checksums), t: t}, true)
 			if err != nil {
 				c.releaseHeld(s, held)
 				return nil, err
@@ -414,9 +373,11 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 	}
 }
 
-// fetchFrame is Fetch as a FETCH_REQ frame on the session's data plane,
-// answered by a FETCH_RESP (see frame.go).
-func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
+// askFrame is a Fetch's request as a FETCH_REQ frame on the session's
+// data plane, answered by a FETCH_RESP (see frame.go) on the lane l.
+// fallback is set when the answer did not fit a slot: then ask with the
+// Fetch method.
+func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key string, fo fetchOptions) (resp *pb.FetchResponse, fallback bool, err error) {
 	var flags uint16
 	if fo.wait {
 		flags |= frameWait
@@ -424,23 +385,17 @@ func (c *Client) fetchFrame(ctx context.Context, s *clientSession, key string, f
 	if fo.lease {
 		flags |= frameLease
 	}
-	l := s.lane()
 	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if r.flags&frameFallback != 0 {
-		return c.fetchUnary(ctx, s, key, fo)
+		return nil, true, nil
 	}
 	if err := c.replyError(s, ref, r); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	resp := r.msg.(*pb.FetchResponse)
-	t, err := c.receive(ctx, s, l, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
-	if err != nil {
-		c.stats.errors.Add(1)
-	}
-	return t, err
+	return r.msg.(*pb.FetchResponse), false, nil
 }
 
 // replyError is the error a response frame carries: the server's status,
@@ -456,33 +411,44 @@ func (c *Client) replyError(s *clientSession, ref uint64, r frameReply) error {
 	return nil
 }
 
-// grantSource makes t readable by the server for one request frame: a
-// pool buffer holding it (t's own when t is pool memory) and a read-only
-// grant on the lane l (and on every lane, for a striped transfer),
-// described as a Location. free ends the grants and drops the buffer.
-func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, t *Tensor) (loc *pb.Location, free func(), err error) {
-	src, err := poolBuffer(ctx, c.pool, t, &c.stats)
-	if err != nil {
-		return nil, nil, err
+// grantSource makes out readable by the server for one request frame:
+// a read-only grant on the lane l (and on every lane, for a striped
+// transfer), described as a Location. A host tensor is granted from a
+// pool buffer holding it (its own when it is pool memory). free ends the
+// grants and drops the buffer.
+func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, out outgoing) (loc *pb.Location, free func(), err error) {
+	n := out.len()
+	grantOn := func(x *link) (verbs.Grant, error) {
+		return x.qp.Grant(out.region, out.offset, n, verbs.AccessRemoteRead)
 	}
-	n := len(t.Bytes())
-	g, err := l.grant(src, n, verbs.AccessRemoteRead)
+	release := func() {}
+	region := uint32(0)
+	if out.t != nil {
+		src, err := poolBuffer(ctx, c.pool, out.t, &c.stats)
+		if err != nil {
+			return nil, nil, err
+		}
+		grantOn = func(x *link) (verbs.Grant, error) { return x.grant(src, n, verbs.AccessRemoteRead) }
+		release = func() { src.Release() }
+		region = src.Arena().ID()
+	}
+	g, err := grantOn(l)
 	if err != nil {
-		src.Release()
+		release()
 		return nil, nil, unavailable(err)
 	}
-	extra, striped, err := grantLanes(s.lanes, l, g, src, n, verbs.AccessRemoteRead)
+	extra, striped, err := grantLanes(s.lanes, l, g, n, grantOn)
 	if err != nil {
 		g.Revoke()
-		src.Release()
+		release()
 		return nil, nil, unavailable(err)
 	}
 	r := g.Remote()
-	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: src.Arena().ID(), RemoteKey: r.Key, Address: r.Addr, Offset: uint64(src.Offset()), Length: uint64(n), Lanes: striped}
+	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: region, RemoteKey: r.Key, Address: r.Addr, Length: uint64(n), Lanes: striped}
 	return loc, func() {
 		g.Revoke()
 		revokeAll(extra)
-		src.Release()
+		release()
 	}, nil
 }
 
@@ -490,29 +456,29 @@ func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, t *
 // server, which reads and publishes it before it answers. fits is false
 // when the request does not fit a slot (a long key or shape); then
 // nothing was sent.
-func (c *Client) sendFrame(ctx context.Context, s *clientSession, key string, t *Tensor) (fits bool, err error) {
-	if t == nil || !t.Valid() {
-		return true, status.Error(codes.InvalidArgument, "tensorrpc: nil or invalid tensor")
-	}
-	if t.released.Load() {
-		return true, status.Error(codes.InvalidArgument, "tensorrpc: tensor used after Release")
-	}
+func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) (fits bool, err error) {
 	l := s.lane()
-	req := &pb.SendRequest{Meta: metaOf(key, t.Tensor, c.opts.checksums)}
-	n := len(t.Bytes())
+	req := &pb.SendRequest{Meta: out.meta}
+	n := out.len()
 	free := func() {}
-	if n <= frameInline(s.eager) {
-		req.InlineData = t.Bytes()
+	if out.t != nil && n <= frameInline(s.eager) {
+		req.InlineData = out.t.Bytes()
 	} else {
-		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, t); err != nil {
+		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, out); err != nil {
+			out.finish()
 			return true, err
 		}
 	}
-	if frameHeaderLen+proto.Size(req) > s.link.fr.slotSize {
+	if frameHeaderLen+proto.Size(req) > l.fr.slotSize {
 		free()
+		req.Meta.Location = nil
 		return false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, free)
+	hold := func() {
+		free()
+		out.finish()
+	}
+	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
 	if err == nil {
 		err = c.replyError(s, ref, r)
 	}
@@ -544,11 +510,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 	}
 	budget := frameInline(s.eager)
-	for i, t := range req.Tensors {
-		if t == nil || !t.Valid() || t.released.Load() {
-			hold()
-			return nil, true, status.Errorf(codes.InvalidArgument, "tensorrpc: request tensor %d is nil, invalid or released", i)
-		}
+	for _, t := range req.Tensors {
 		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if n := len(t.Bytes()); n <= budget {
 			budget -= n
@@ -556,7 +518,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			meta.InlineIndex = &idx
 			creq.InlineData = append(creq.InlineData, t.Bytes())
 		} else {
-			loc, free, err := c.grantSource(ctx, s, l, t)
+			loc, free, err := c.grantSource(ctx, s, l, outgoing{meta: meta, t: t})
 			if err != nil {
 				hold()
 				return nil, true, err

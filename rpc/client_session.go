@@ -26,7 +26,8 @@ type clientSession struct {
 	lanes      []*link // every lane, link first
 	next       atomic.Uint32
 	eager      int
-	frames     bool // Fetch travels as frames on link (data_plane_calls)
+	frames     bool // calls travel as frames on the lanes (data_plane_calls)
+	calls      callPlane
 	rejections []Rejection
 
 	cancel context.CancelFunc // ends the Session stream
@@ -192,7 +193,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			if !enabled(&c.opts, TransportGRPC) {
 				return fail(status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the grpc fallback is disabled: %s", rejectionText(s.rejections)))
 			}
-			s.transport = TransportGRPC
+			s.transport, s.calls = TransportGRPC, streams{c: c, s: s}
 			break
 		}
 		lanes := links[choice.Transport]
@@ -217,7 +218,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			return fail(err)
 		}
 		if rej == nil {
-			s.link, s.lanes, s.transport = lanes[0], lanes, name
+			s.link, s.lanes, s.transport, s.calls = lanes[0], lanes, name, engine{c: c, s: s}
 			break
 		}
 		s.rejections = append(s.rejections, *rej)

@@ -49,6 +49,9 @@ func (t *topology) get(o *options) *gpudirect.Topology {
 
 // plan decides how a device buffer moves over this session's data plane.
 func (c *Client) plan(s *clientSession, buf gpudirect.DeviceBuffer) gpudirect.Decision {
+	if c.planFor != nil {
+		return c.planFor(buf)
+	}
 	return gpudirect.Plan(buf, s.transport, c.topo.get(&c.opts))
 }
 
@@ -67,11 +70,11 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 		return gpudirect.Decision{}, err
 	}
 	d := c.plan(s, t.Buffer)
-	if d.Path == gpudirect.Direct && s.link != nil && n > s.eager {
-		mr, local, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
+	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct && n > s.eager {
+		mr, _, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
 		if err == nil {
 			meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(t.DType), Shape: append([]int64(nil), t.Shape...), ByteLength: uint64(n)}
-			_, err = c.writeRendezvous(ctx, s, meta, local, func() { mr.Deregister() }, false)
+			err = e.sendOut(ctx, outgoing{meta: meta, region: mr, offset: t.Offset, done: func() { mr.Deregister() }})
 			if err == nil {
 				c.stats.direct.Add(1)
 			}
@@ -107,8 +110,8 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 		return 0, nil, gpudirect.Decision{}, err
 	}
 	d := c.plan(s, dst)
-	if d.Path == gpudirect.Direct && s.link != nil {
-		dtype, shape, err := c.fetchDirect(ctx, s, key, dst, offset)
+	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct {
+		dtype, shape, err := c.fetchDirect(ctx, e, key, dst, offset)
 		if err == nil || status.Code(err) != codes.Unimplemented {
 			if err == nil {
 				c.stats.direct.Add(1)
@@ -134,14 +137,13 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 }
 
 // fetchDirect reads a published tensor straight into registered device
-// memory. It fails with Unimplemented when the device memory cannot be
+// memory, asked for as any Fetch is (engine.ask). It fails with Unimplemented when the device memory cannot be
 // registered, so the caller can stage instead.
-func (c *Client) fetchDirect(ctx context.Context, s *clientSession, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
-	ref := c.newRef()
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, ClientRef: ref})
+func (c *Client) fetchDirect(ctx context.Context, e engine, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
+	s := e.s
+	l, resp, err := e.ask(ctx, key, fetchOptions{})
 	if err != nil {
-		c.releaseRef(s, ref)
-		return 0, nil, sessionError(s, err)
+		return 0, nil, err
 	}
 	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
 		c.releaseTransfer(s, resp.TransferId)
@@ -166,7 +168,7 @@ func (c *Client) fetchDirect(ctx context.Context, s *clientSession, key string, 
 		return 0, nil, status.Errorf(codes.Unimplemented, "registering %s with %s failed: %v", dst.Device(), s.transport, err)
 	}
 	id := resp.TransferId
-	err = s.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}, func() {
+	err = readLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, loc.Lanes, func() {
 		mr.Deregister()
 		c.releaseTransfer(s, id)
 	})

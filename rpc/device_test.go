@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
+	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -89,6 +90,74 @@ func TestDeviceTensorsStaged(t *testing.T) {
 			dst.Free()
 			if err := dev.Close(); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// directBuffer is a stand-in device buffer whose memory the data plane may
+// use directly, as it would a GPU's under GPUDirect RDMA.
+type directBuffer struct{ b []byte }
+
+func (d *directBuffer) Device() string { return "direct-fake:0" }
+func (d *directBuffer) Len() int       { return len(d.b) }
+func (d *directBuffer) CopyToHost(dst []byte, off int) error {
+	copy(dst, d.b[off:])
+	return nil
+}
+func (d *directBuffer) CopyFromHost(src []byte, off int) error {
+	copy(d.b[off:], src)
+	return nil
+}
+func (d *directBuffer) Direct() (verbs.Memory, bool) { return verbs.Memory{Bytes: d.b}, true }
+func (d *directBuffer) Free() error                  { return nil }
+
+// TestDeviceTensorsDirect runs the direct path (device memory registered
+// with the data plane, read and written one-sided, no staging copy) with a
+// stand-in device on tcp, whose provider registers any host memory: with
+// frames and with the unary methods, on one lane and striped over three.
+func TestDeviceTensorsDirect(t *testing.T) {
+	for _, mode := range []string{"frames", "methods", "lanes"} {
+		t.Run(mode, func(t *testing.T) {
+			var copts []DialOption
+			var sopts []ServerOption
+			n := 300000
+			switch mode {
+			case "methods":
+				copts = append(copts, withoutFrames())
+			case "lanes":
+				copts, sopts = append(copts, WithLanes(3)), append(sopts, WithLanes(3))
+				n = stripeMin + 2*stripePart
+			}
+			s, c := pair(t, TransportTCP, sopts, copts)
+			c.planFor = func(gpudirect.DeviceBuffer) gpudirect.Decision {
+				return gpudirect.Decision{Path: gpudirect.Direct, Reason: "test"}
+			}
+			ctx := ctxT(t)
+			src := &directBuffer{b: make([]byte, n+64)}
+			pattern(src.b[64:], 5)
+			d, err := c.SendDevice(ctx, "dev", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{int64(n)}, Buffer: src, Offset: 64})
+			if err != nil || d.Path != gpudirect.Direct {
+				t.Fatalf("SendDevice: %+v, %v", d, err)
+			}
+			got, err := s.Fetch(ctx, "dev")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), src.b[64:]) {
+				t.Fatal("sent device tensor differs")
+			}
+			got.Release()
+			dst := &directBuffer{b: make([]byte, n+8)}
+			dtype, shape, d, err := c.FetchToDevice(ctx, "dev", dst, 8)
+			if err != nil || d.Path != gpudirect.Direct || dtype != zerocopy.Uint8 || len(shape) != 1 || shape[0] != int64(n) {
+				t.Fatalf("FetchToDevice: %v %v %+v %v", dtype, shape, d, err)
+			}
+			if !bytes.Equal(dst.b[8:], src.b[64:]) {
+				t.Fatal("fetched device tensor differs")
+			}
+			if st := c.Stats(); st.DirectTransfers != 2 || st.StagedTransfers != 0 {
+				t.Fatalf("stats: %d direct, %d staged", st.DirectTransfers, st.StagedTransfers)
 			}
 		})
 	}

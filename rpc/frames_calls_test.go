@@ -248,7 +248,7 @@ func TestFramesPullForeignGrant(t *testing.T) {
 			}
 			secret := wrapped(t, 1<<20, 9)
 			defer secret.Release()
-			loc, free, err := victim.grantSource(ctxT(t), vs, vs.link, secret)
+			loc, free, err := victim.grantSource(ctxT(t), vs, vs.link, outgoing{meta: metaOf("stolen", secret.Tensor, false), t: secret})
 			if err != nil {
 				t.Fatal(err)
 			}

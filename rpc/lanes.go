@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Lanes are a session's queue pairs on its data plane (WithLanes). Lane 0
@@ -123,11 +120,10 @@ func stripes(n, lanes int) int {
 	return min(lanes, n/stripePart)
 }
 
-// grantLanes grants the first n bytes of buf on every lane with access,
-// for a striped transfer (nil when it is not striped); lanes[at] reuses g,
-// the grant on the lane the location is sent on. On error nothing stays
-// granted but g.
-func grantLanes(lanes []*link, at *link, g verbs.Grant, buf *mempool.Buffer, n int, access verbs.Access) ([]verbs.Grant, []*pb.LaneRemote, error) {
+// grantLanes grants a striped transfer's n bytes on every lane with
+// grantOn (nil when it is not striped); lanes[at] reuses g, the grant on
+// the lane the location is sent on. On error nothing stays granted but g.
+func grantLanes(lanes []*link, at *link, g verbs.Grant, n int, grantOn func(*link) (verbs.Grant, error)) ([]verbs.Grant, []*pb.LaneRemote, error) {
 	if stripes(n, len(lanes)) < 2 {
 		return nil, nil, nil
 	}
@@ -137,7 +133,7 @@ func grantLanes(lanes []*link, at *link, g verbs.Grant, buf *mempool.Buffer, n i
 		lg := g
 		if x != at {
 			var err error
-			if lg, err = x.grant(buf, n, access); err != nil {
+			if lg, err = grantOn(x); err != nil {
 				revokeAll(extra)
 				return nil, nil, err
 			}
@@ -155,18 +151,13 @@ func revokeAll(gs []verbs.Grant) {
 	}
 }
 
-// readLanes reads len(buf) bytes into buf: from remote over l, or, when
-// striped names a remote on each of lanes, in parts over every lane at
-// once. On failure, or when ctx ends while reads are under way, failed
-// runs once every read has completed (so buf is freed only then); it never
-// runs after readLanes returns nil.
-func readLanes(ctx context.Context, l *link, lanes []*link, buf *mempool.Buffer, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
-	n := buf.Len()
-	local, err := l.dev.reg.Local(buf)
-	if err != nil {
-		failed()
-		return status.Error(codes.Internal, err.Error())
-	}
+// readLanes reads local.Length bytes into local: from remote over l, or,
+// when striped names a remote on each of lanes, in parts over every lane
+// at once. On failure, or when ctx ends while reads are under way, failed
+// runs once every read has completed (so local's memory is freed only
+// then); it never runs after readLanes returns nil.
+func readLanes(ctx context.Context, l *link, lanes []*link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+	n := local.Length
 	k := stripes(n, len(lanes))
 	if len(striped) != len(lanes) || k < 2 {
 		return l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)

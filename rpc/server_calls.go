@@ -68,7 +68,7 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *link, ref uint
 		buf.Release()
 		return nil, nil, 0, unavailable(err)
 	}
-	extra, striped, err := grantLanes(ss.lanes, l, g, buf, n, verbs.AccessRemoteRead)
+	extra, striped, err := grantLanes(ss.lanes, l, g, n, func(x *link) (verbs.Grant, error) { return x.grant(buf, n, verbs.AccessRemoteRead) })
 	if err != nil {
 		g.Revoke()
 		buf.Release()

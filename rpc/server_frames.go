@@ -254,8 +254,13 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 		return nil, err
 	}
 	if n > 0 {
+		local, err := l.dev.reg.Local(buf)
+		if err != nil {
+			buf.Release()
+			return nil, status.Error(codes.Internal, err.Error())
+		}
 		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
-		if err := readLanes(context.WithoutCancel(ctx), l, ss.lanes, buf, remote, loc.Lanes, func() { buf.Release() }); err != nil {
+		if err := readLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() }); err != nil {
 			ss.stats.errors.Add(1)
 			return nil, err
 		}
