@@ -19,12 +19,19 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
+	return s.fetchFor(ctx, ss, ss.primary(), req.ClientRef, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+}
+
+// fetchFor is a Fetch however it arrived (the Fetch method, a FETCH_REQ on
+// lane l): the tensor under key, waited for with wait, offered inline up
+// to inlineMax bytes, else as a transfer read on l; held as in offer.
+func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+	e, err := s.rv.fetch(ctx, key, false, wait)
 	if err != nil {
-		return nil, rendezvousError(req.Key, err)
+		return nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, ss.primary(), req.ClientRef, req.Key, e.tensor, e.buf, s.opts.eagerThreshold, nil)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.tensor, e.buf, inlineMax, held)
 	if err != nil {
 		return nil, err
 	}

@@ -186,12 +186,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 // fetchForFrame is the Fetch method's work for a FETCH_REQ: a FetchResponse,
 // or the frameFallback flag when that does not fit a slot.
 func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	e, err := s.rv.fetch(ctx, key, false, h.Flags&frameWait != 0)
-	if err != nil {
-		return 0, nil, rendezvousError(key, err)
-	}
-	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, h.Ref, key, e.tensor, e.buf, frameInline(s.opts.eagerThreshold), held)
+	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&frameWait != 0, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}

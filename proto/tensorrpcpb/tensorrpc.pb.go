@@ -920,9 +920,9 @@ type HandshakeRequest struct {
 	ProtocolVersion uint32            `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	Offers          []*TransportOffer `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
 	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
-	// The client can carry Fetch as frames over the session's data plane
-	// instead of the Fetch method: receive slots posted as Recvs, credits
-	// returned in-band (see the Go package's frame.go for the frame format).
+	// The client can carry Fetch, Send, Call and Release as frames over the
+	// session's data plane instead of the methods: receive slots posted as
+	// Recvs, credits returned in-band; header.fbs specifies the frames.
 	// Frames are used only when both handshakes set it; a client that leaves
 	// it unset (every client that has only this file) uses the methods below
 	// exactly as described, and nothing about the session changes.
@@ -1001,8 +1001,8 @@ type HandshakeResponse struct {
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
 	// The server accepts data_plane_calls for this session: set only when the
 	// client's handshake set it. When set, the session's data plane, once
-	// connected and verified, carries the client's Fetch as frames; the
-	// Fetch method still works for it.
+	// connected and verified, carries the client's calls as frames; the
+	// methods still work for it.
 	DataPlaneCalls bool `protobuf:"varint,5,opt,name=data_plane_calls,json=dataPlaneCalls,proto3" json:"data_plane_calls,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
