@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,6 +56,37 @@ func (s *clientSession) end(err error) {
 	s.mu.Unlock()
 	closeLanes(s.lanes, broken)
 }
+
+// endByServer is end for a Session stream the server ended, after which
+// onEnded runs (calls from then on open a new session). Calls already
+// answered on the data plane must still get those answers, which travel
+// on other connections than the stream's end and may arrive after it, so
+// the lanes stay open until the server closes them (it does right after
+// the stream) or, at most, answerLinger.
+func (s *clientSession) endByServer(err error, onEnded func()) {
+	s.mu.Lock()
+	if s.broken == nil {
+		s.broken = fmt.Errorf("session ended: %w", err)
+	}
+	broken := s.broken
+	s.mu.Unlock()
+	onEnded()
+	t := time.NewTimer(answerLinger)
+	defer t.Stop()
+wait:
+	for _, l := range s.lanes {
+		select {
+		case <-l.dead:
+		case <-t.C:
+			break wait
+		}
+	}
+	closeLanes(s.lanes, broken)
+}
+
+// answerLinger bounds how long a client keeps the lanes of a session the
+// server ended.
+const answerLinger = time.Second
 
 // lane picks the lane for the next frame call, in turn.
 func (s *clientSession) lane() *link {
@@ -104,8 +136,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			msg, err := stream.Recv()
 			if err != nil {
 				readErr = err
-				s.end(err)
-				c.sessionEnded(s, err)
+				s.endByServer(err, func() { c.sessionEnded(s, err) })
 				return
 			}
 			select {

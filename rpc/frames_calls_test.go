@@ -317,3 +317,37 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 func withUnaryCounter(f grpc.UnaryClientInterceptor) DialOption {
 	return dialOption(func(o *options) { o.observe = append(o.observe, grpc.WithUnaryInterceptor(f)) })
 }
+
+// TestGracefulStopFinishesFrameCalls: GracefulStop lets calls that arrived
+// as frames finish and answer, as gRPC's lets unary calls finish, and the
+// client gets those answers although the session ends right after.
+func TestGracefulStopFinishesFrameCalls(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c, _ := framedPair(t, tr)
+			started := make(chan struct{})
+			s.Handle("slow", func(ctx context.Context, in *Message) (*Message, error) {
+				close(started)
+				time.Sleep(200 * time.Millisecond)
+				return &Message{Metadata: []byte("done")}, nil
+			})
+			done := make(chan error, 1)
+			go func() {
+				reply, err := c.Call(ctxT(t), "slow", &Message{})
+				if err == nil && string(reply.Metadata) != "done" {
+					err = errors.New("wrong reply")
+				}
+				reply.Release()
+				done <- err
+			}()
+			<-started
+			s.GracefulStop()
+			if err := <-done; err != nil {
+				t.Fatalf("call under way through GracefulStop: %v", err)
+			}
+			if _, err := c.Call(ctxT(t), "slow", &Message{}); status.Code(err) != codes.Unavailable {
+				t.Fatalf("call after GracefulStop: %v, want Unavailable", err)
+			}
+		})
+	}
+}

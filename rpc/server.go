@@ -62,7 +62,10 @@ type Server struct {
 	handlers map[string]Handler
 	sessions map[string]*serverSession
 	stopping bool
-	drain    chan struct{}  // closed when sessions must end
+	drain    chan struct{} // closed when sessions must end
+	// graceful is set by GracefulStop before drain closes: sessions then
+	// let the calls that arrived as frames finish (finishCalls).
+	graceful atomic.Bool
 	active   sync.WaitGroup // running Session handlers
 	streams  sync.WaitGroup // running fallback stream handlers
 	total    Stats          // of ended sessions
@@ -286,6 +289,7 @@ func (s *Server) Stop() {
 // finish — at most WithGracefulStopTimeout, after which it ends them as
 // Stop does. It then releases the Server like Stop.
 func (s *Server) GracefulStop() {
+	s.graceful.Store(true)
 	s.endSessions()
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()

@@ -136,10 +136,13 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	if ss.released[ref] {
 		cancel() // a RELEASE on another lane overtook the request
 	}
+	refused := ss.draining
 	ss.handlers.Add(1)
+	ss.running.Add(1)
 	ss.mu.Unlock()
 	go func() {
 		defer ss.handlers.Done()
+		defer ss.running.Done()
 		defer func() {
 			ss.mu.Lock()
 			if ss.calls[ref] == fc {
@@ -161,8 +164,13 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 				b.Release()
 			}
 		}()
-		err := status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
-		if opened {
+		var err error
+		switch {
+		case !opened:
+			err = status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
+		case refused:
+			err = status.Error(codes.Unavailable, "tensorrpc: server stopping")
+		default:
 			flags, body, err = work(ctx, &held)
 		}
 		if ss.ctx.Err() != nil {

@@ -51,6 +51,32 @@ type serverSession struct {
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
 	calls    map[uint64]*frameCall
+	// running counts the frame calls under way (handlers also counts
+	// helpers); once draining is set (GracefulStop) new ones are refused.
+	running  sync.WaitGroup
+	draining bool
+}
+
+// finishCalls refuses new frame calls and waits until those under way
+// have answered, at most timeout or until ctx ends (GracefulStop: calls
+// that arrived as frames finish as gRPC's GracefulStop lets unary calls
+// finish).
+func (ss *serverSession) finishCalls(ctx context.Context, timeout time.Duration) {
+	ss.mu.Lock()
+	ss.draining = true
+	ss.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		ss.running.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // primary is the session's lane 0, nil without a session or data plane.
@@ -462,6 +488,9 @@ wait:
 			break wait
 		case <-s.drain:
 			result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
+			if s.graceful.Load() {
+				ss.finishCalls(ctx, s.opts.gracefulStop)
+			}
 			break wait
 		case <-ctx.Done():
 			break wait
