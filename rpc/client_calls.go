@@ -347,7 +347,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 	if hold == nil {
 		hold = func() {}
 	}
-	pc := l.fr.expect(ref, into)
+	pc := l.fr.expect(ref, responseTo[typ], into)
 	posted, err := l.sendFrame(ctx, typ, flags, ref, raw, msg)
 	if err != nil {
 		if !posted {
@@ -372,6 +372,9 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 		return frameReply{}, ref, sessionError(s, unavailable(l.failure))
 	}
 }
+
+// responseTo is the response type of each request type.
+var responseTo = map[uint8]uint8{frameFetchReq: frameFetchResp, frameSendReq: frameSendResp, frameCallReq: frameCallResp}
 
 // askFrame is a Fetch's request as a FETCH_REQ frame on the session's
 // data plane, answered by a FETCH_RESP (see frame.go) on the lane l.

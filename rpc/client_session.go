@@ -31,8 +31,9 @@ type clientSession struct {
 	calls      callPlane
 	rejections []Rejection
 
-	cancel context.CancelFunc // ends the Session stream
-	done   chan struct{}      // closed when the stream's reader has stopped
+	cancel   context.CancelFunc // ends the Session stream
+	done     chan struct{}      // closed when the stream's reader has stopped
+	watchers sync.WaitGroup     // of the lanes (open)
 
 	mu     sync.Mutex
 	broken error // why the session ended, once it has
@@ -52,9 +53,9 @@ func (s *clientSession) end(err error) {
 	if s.broken == nil {
 		s.broken = fmt.Errorf("session ended: %w", err)
 	}
-	broken := s.broken
+	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
-	closeLanes(s.lanes, broken)
+	closeLanes(lanes, broken)
 }
 
 // endByServer is end for a Session stream the server ended, after which
@@ -68,20 +69,20 @@ func (s *clientSession) endByServer(err error, onEnded func()) {
 	if s.broken == nil {
 		s.broken = fmt.Errorf("session ended: %w", err)
 	}
-	broken := s.broken
+	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
 	onEnded()
 	t := time.NewTimer(answerLinger)
 	defer t.Stop()
 wait:
-	for _, l := range s.lanes {
+	for _, l := range lanes {
 		select {
 		case <-l.dead:
 		case <-t.C:
 			break wait
 		}
 	}
-	closeLanes(s.lanes, broken)
+	closeLanes(lanes, broken)
 }
 
 // answerLinger bounds how long a client keeps the lanes of a session the
@@ -96,11 +97,44 @@ func (s *clientSession) lane() *link {
 	return s.lanes[s.next.Add(1)%uint32(len(s.lanes))]
 }
 
-// close ends the session from this side and waits for its reader.
+// close ends the session from this side and waits for its reader and
+// lane watchers.
 func (s *clientSession) close(reason error) {
 	s.end(reason)
 	s.cancel()
 	<-s.done
+	s.watchers.Wait()
+}
+
+// open records the data plane the session opened on. If the session's
+// stream ended meanwhile, its lanes are closed at once. A lane that fails
+// later (a broken frame, a lost connection) ends the session, and with it
+// the stream, so that the next call opens a new one; ended runs then.
+func (s *clientSession) open(lanes []*link, transport string, calls callPlane, ended func(error)) {
+	s.mu.Lock()
+	if len(lanes) > 0 {
+		s.link, s.lanes = lanes[0], lanes
+	}
+	s.transport, s.calls = transport, calls
+	broken := s.broken
+	s.mu.Unlock()
+	if broken != nil {
+		closeLanes(lanes, broken)
+		return
+	}
+	if len(lanes) == 0 {
+		return
+	}
+	dead, failure := anyDead(lanes, &s.watchers)
+	s.watchers.Go(func() {
+		<-dead
+		err := failure()
+		if s.err() == nil {
+			s.end(err)
+			s.cancel()
+			ended(err)
+		}
+	})
 }
 
 // check returns the Unavailable error of an ended session, else nil.
@@ -224,7 +258,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			if !enabled(&c.opts, TransportGRPC) {
 				return fail(status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the grpc fallback is disabled: %s", rejectionText(s.rejections)))
 			}
-			s.transport, s.calls = TransportGRPC, streams{c: c, s: s}
+			s.open(nil, TransportGRPC, streams{c: c, s: s}, nil)
 			break
 		}
 		lanes := links[choice.Transport]
@@ -249,7 +283,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			return fail(err)
 		}
 		if rej == nil {
-			s.link, s.lanes, s.transport, s.calls = lanes[0], lanes, name, engine{c: c, s: s}
+			s.open(lanes, name, engine{c: c, s: s}, func(err error) { c.sessionEnded(s, err) })
 			break
 		}
 		s.rejections = append(s.rejections, *rej)

@@ -90,6 +90,7 @@ type frameReply struct {
 // response arrives or the link closes (revoke what it granted).
 type pendingCall struct {
 	ch   chan frameReply
+	want uint8 // the response's type
 	into func(flags uint16) proto.Message
 	late func()
 }
@@ -258,6 +259,10 @@ func (l *link) handleFrame(b []byte) error {
 		}
 		f.mu.Lock()
 		pc, ok := f.pending[h.Ref]
+		if ok && pc.want != h.Type {
+			f.mu.Unlock()
+			return fmt.Errorf("%w: a response of type %d to a request awaiting type %d", errFrame, h.Type, pc.want)
+		}
 		delete(f.pending, h.Ref)
 		f.mu.Unlock()
 		switch {
@@ -471,10 +476,10 @@ func (l *link) releaser(ctx context.Context) {
 	}
 }
 
-// expect registers a request awaiting the response frame for ref, whose
-// body decodes into what into returns.
-func (f *framing) expect(ref uint64, into func(flags uint16) proto.Message) *pendingCall {
-	pc := &pendingCall{ch: make(chan frameReply, 1), into: into}
+// expect registers a request awaiting the response frame of type want for
+// ref, whose body decodes into what into returns.
+func (f *framing) expect(ref uint64, want uint8, into func(flags uint16) proto.Message) *pendingCall {
+	pc := &pendingCall{ch: make(chan frameReply, 1), want: want, into: into}
 	f.mu.Lock()
 	f.pending[ref] = pc
 	f.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -350,4 +351,72 @@ func TestGracefulStopFinishesFrameCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFrameCallsBounded: a session may have maxFrameCalls calls under way
+// as frames; more are answered ResourceExhausted at once, and the session
+// goes on.
+func TestFrameCallsBounded(t *testing.T) {
+	s, c, _ := framedPair(t, TransportTCP)
+	ctx := ctxT(t)
+	const n = maxFrameCalls + 64
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			got, err := c.Fetch(ctx, fmt.Sprintf("never%d", i%8), WaitForKey())
+			if err == nil {
+				got.Release()
+			}
+			errs <- err
+		}()
+	}
+	exhausted := 0
+	for exhausted < n-maxFrameCalls {
+		err := <-errs
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a call past the bound: %v, want ResourceExhausted", err)
+		}
+		exhausted++
+	}
+	for i := range 8 {
+		publishBytes(t, s, fmt.Sprintf("never%d", i), 64, 1)
+	}
+	for range maxFrameCalls {
+		if err := <-errs; err != nil {
+			t.Fatalf("a waiting call within the bound: %v", err)
+		}
+	}
+}
+
+// TestStalePullEndsSession: a Read of the client's memory that stays
+// unanswered past the reservation timeout ends the session, as an
+// unwritten destination does.
+func TestStalePullEndsSession(t *testing.T) {
+	s, c := pair(t, TransportTCP, []ServerOption{WithReservationTimeout(50 * time.Millisecond)}, nil)
+	if _, err := c.session(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	done := serverSessionOf(t, s).pulling() // as pull does around its Reads
+	defer done()
+	deadline := time.Now().Add(10 * time.Second)
+	for !sessionGone(c) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session outlived a stale read")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFrameResponseOfWrongType: a response whose type is not the one its
+// request awaits fails the link.
+func TestFrameResponseOfWrongType(t *testing.T) {
+	_, c, _ := framedPair(t, TransportTCP)
+	l := c.last.link
+	l.fr.expect(77, frameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
+	body := appendStatus(nil, nil, 64)
+	frame := hdr(frameCallResp, 0, 0, 77, len(body), body)
+	if err := l.handleFrame(frame); err == nil || !errors.Is(err, errFrame) {
+		t.Fatalf("a CALL_RESP to a SEND_REQ: %v, want a frame error", err)
+	}
+	l.fr.forget(77)
 }

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -210,5 +211,68 @@ func TestStripes(t *testing.T) {
 			reply.Release()
 			allGrew("call", before, reads(ss.lanes))
 		})
+	}
+}
+
+// TestClientLaneDeath: when one of the client's lanes fails, the client
+// ends the session (and its stream) and the next call opens a new one.
+func TestClientLaneDeath(t *testing.T) {
+	s, c := pair(t, TransportTCP, []ServerOption{WithLanes(3)}, []DialOption{WithLanes(3)})
+	publishBytes(t, s, "k", 1<<20, 1)
+	first := c.SessionID()
+	c.last.lanes[1].fail(errors.New("test: lane 1 broke"))
+	deadline := time.Now().Add(10 * time.Second)
+	for !sessionGone(c) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session survived a dead client lane")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var got *Tensor
+	var err error
+	for time.Now().Before(deadline) {
+		if got, err = c.Fetch(ctxT(t), "k"); status.Code(err) != codes.Unavailable {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("fetch on a new session: %v", err)
+	}
+	got.Release()
+	if c.SessionID() == first {
+		t.Fatal("the same session after a lane died")
+	}
+}
+
+// TestLanesAllowed: a session gets the lanes it wants while the control
+// pool's slots stay within half its limit, and one lane past that.
+func TestLanesAllowed(t *testing.T) {
+	ctl, err := newControlPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	slot := slotSizeFor(DefaultEagerThreshold)
+	if got := lanesAllowed(ctl, 8, slot); got != 8 {
+		t.Fatalf("empty pool: %d lanes, want 8", got)
+	}
+	perLane := frameSlots * slot
+	hog, err := ctl.Alloc(ctxT(t), controlPoolLimit/2-3*perLane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lanesAllowed(ctl, 8, slot)
+	hog.Release()
+	if got < 1 || got > 3 {
+		t.Fatalf("pool near half full: %d lanes, want 1 to 3", got)
+	}
+	hog, err = ctl.Alloc(ctxT(t), controlPoolLimit/2+perLane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hog.Release()
+	if got := lanesAllowed(ctl, 8, slot); got != 1 {
+		t.Fatalf("pool past half full: %d lanes, want 1", got)
 	}
 }

@@ -308,7 +308,8 @@ func WithSessionQuota(bytes int64) ServerOption {
 }
 
 // WithReservationTimeout sets how long a destination the server reserved
-// for a session's Send or Call may stay unwritten (default
+// for a session's Send or Call may stay unwritten, and a Read of a
+// client's tensor (a Send or Call as frames) unanswered (default
 // DefaultReservationTimeout). A session that leaves one longer is ended and
 // its memory freed, so a client that reserves and goes silent holds memory
 // only that long. 0 disables the check.

@@ -83,7 +83,21 @@ func (d *device) close() {
 // only.
 func newControlPool() (*mempool.Pool, error) {
 	return mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc-control"),
-		mempool.WithArenaSize(1<<20), mempool.WithLimit(256<<20), mempool.WithPinning(false))
+		mempool.WithArenaSize(1<<20), mempool.WithLimit(controlPoolLimit), mempool.WithPinning(false))
+}
+
+// controlPoolLimit bounds the control pool. Receive slots, which stay
+// posted for a session's life, may take at most half of it (lanesAllowed):
+// the rest is for the frames being sent, so sending never waits on slots.
+const controlPoolLimit = 256 << 20
+
+// lanesAllowed is how many of want lanes a new session may have while the
+// control pool's posted slots stay within half its limit, at least 1
+// (whose slots, like any session's, then wait for memory if need be).
+func lanesAllowed(ctl *mempool.Pool, want, slotSize int) int {
+	perLane := int64(frameSlots * slotSize)
+	room := controlPoolLimit/2 - ctl.Stats().InUse
+	return max(1, min(want, int(room/perLane)))
 }
 
 // Depths of a link's queues. recvDepth Recvs stay posted for incoming

@@ -15,6 +15,11 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
+// maxFrameCalls bounds the calls a session may have under way as frames
+// (each is a goroutine, and a waiting Fetch a rendezvous waiter); more
+// are answered ResourceExhausted.
+const maxFrameCalls = 1024
+
 // frameCall is a call that arrived as a frame and is running.
 type frameCall struct{ cancel context.CancelFunc }
 
@@ -136,13 +141,30 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	if ss.released[ref] {
 		cancel() // a RELEASE on another lane overtook the request
 	}
-	refused := ss.draining
+	// A refused call (draining: GracefulStop waits on running already;
+	// too many under way) still answers, without being counted in running.
+	var refusal error
+	switch {
+	case ss.draining:
+		refusal = status.Error(codes.Unavailable, "tensorrpc: server stopping")
+	case ss.inFlight >= maxFrameCalls:
+		refusal = status.Errorf(codes.ResourceExhausted, "tensorrpc: %d calls of this session under way, the most a session may have", maxFrameCalls)
+	default:
+		ss.running.Add(1)
+		ss.inFlight++
+	}
 	ss.handlers.Add(1)
-	ss.running.Add(1)
 	ss.mu.Unlock()
 	go func() {
 		defer ss.handlers.Done()
-		defer ss.running.Done()
+		if refusal == nil {
+			defer func() {
+				ss.mu.Lock()
+				ss.inFlight--
+				ss.mu.Unlock()
+				ss.running.Done()
+			}()
+		}
 		defer func() {
 			ss.mu.Lock()
 			if ss.calls[ref] == fc {
@@ -168,8 +190,8 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		switch {
 		case !opened:
 			err = status.Error(codes.FailedPrecondition, "tensorrpc: a call before the session opened")
-		case refused:
-			err = status.Error(codes.Unavailable, "tensorrpc: server stopping")
+		case refusal != nil:
+			err = refusal
 		default:
 			flags, body, err = work(ctx, &held)
 		}
@@ -224,6 +246,9 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if len(req.InlineData) > 0 {
 		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
 	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err() // released before it started
+	}
 	seq := s.rv.nextSeq()
 	buf, err := s.pull(ctx, ss, l, req.Meta)
 	if err != nil {
@@ -241,7 +266,8 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 // new pool buffer, counted against the session's quota while it is read.
 // The Reads (striped over the lanes when the location names a grant on
 // each) are not abandoned when ctx ends (the client keeps its grants until
-// the answer), only when a lane dies.
+// the answer), only when a lane dies; a client that never answers them
+// has its session ended after WithReservationTimeout.
 func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta) (*mempool.Buffer, error) {
 	loc, n := m.Location, int(m.ByteLength)
 	if loc.Length != m.ByteLength || loc.Transport != transportOf(ss.transport) {
@@ -263,7 +289,10 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
-		if err := readLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() }); err != nil {
+		done := ss.pulling() // WithReservationTimeout bounds it
+		err = readLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
+		done()
+		if err != nil {
 			ss.stats.errors.Add(1)
 			return nil, err
 		}
@@ -284,6 +313,9 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	h, err := s.handler(req.Method)
 	if err != nil {
 		return 0, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, status.FromContextError(err).Err() // released before it started
 	}
 	in := &Message{Metadata: req.Metadata, Tensors: make([]*Tensor, len(req.Tensors))}
 	defer in.Release()
@@ -313,6 +345,9 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 		if err != nil {
 			return 0, nil, err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, status.FromContextError(err).Err() // cancelled while its tensors came
 	}
 	out, err := s.invoke(ctx, ss, h, in)
 	if err != nil {

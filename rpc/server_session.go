@@ -54,7 +54,12 @@ type serverSession struct {
 	// running counts the frame calls under way (handlers also counts
 	// helpers); once draining is set (GracefulStop) new ones are refused.
 	running  sync.WaitGroup
+	inFlight int // frame calls counted in running
 	draining bool
+	// pulls are the server's Reads of client memory under way (pull), by
+	// when they started: one the client never answers counts as a stale
+	// reservation.
+	pulls map[*byte]time.Time
 }
 
 // finishCalls refuses new frame calls and waits until those under way
@@ -104,8 +109,9 @@ func (ss *serverSession) refund(n int64) {
 	ss.mu.Unlock()
 }
 
-// staleReservation reports a destination that has stayed unwritten for
-// longer than timeout.
+// staleReservation reports a destination that has stayed unwritten, or a
+// Read of the client's memory that has stayed unanswered, for longer than
+// timeout.
 func (ss *serverSession) staleReservation(timeout time.Duration) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -114,7 +120,29 @@ func (ss *serverSession) staleReservation(timeout time.Duration) bool {
 			return true
 		}
 	}
+	for _, started := range ss.pulls {
+		if time.Since(started) > timeout {
+			return true
+		}
+	}
 	return false
+}
+
+// pulling notes a Read of client memory under way; the returned func
+// notes its end.
+func (ss *serverSession) pulling() func() {
+	key := new(byte)
+	ss.mu.Lock()
+	if ss.pulls == nil {
+		ss.pulls = map[*byte]time.Time{}
+	}
+	ss.pulls[key] = time.Now()
+	ss.mu.Unlock()
+	return func() {
+		ss.mu.Lock()
+		delete(ss.pulls, key)
+		ss.mu.Unlock()
+	}
 }
 
 // maxReleasedRefs bounds how many released client_refs a session
@@ -470,7 +498,7 @@ wait:
 		select {
 		case <-stale:
 			if ss.staleReservation(s.opts.reserveTimeout) {
-				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a destination reserved for the session stayed unwritten for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
+				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a destination reserved for the session stayed unwritten, or a read of the client's tensor unanswered, for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
 				s.log.Info("tensorrpc: ending a session that holds unwritten destinations", "session", ss.id, "timeout", s.opts.reserveTimeout)
 				break wait
 			}
@@ -546,7 +574,11 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 			closeLanes(lanes[1:], errors.New("not chosen"))
 		}
 	}()
-	for want := min(1+len(offer.Lanes), s.opts.lanesFor(name)); len(lanes) < want; {
+	want := min(1+len(offer.Lanes), s.opts.lanesFor(name))
+	if ss.frames {
+		want = lanesAllowed(s.ctl, want, slotSizeFor(s.opts.eagerThreshold))
+	}
+	for len(lanes) < want {
 		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
 		if err != nil {
 			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
