@@ -94,7 +94,7 @@ func Cases() []Case {
 		Case{Name: "trpc-tcp-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, Quick: true, About: "tensorrpc Call, tcp data plane" + callAbout, open: openTensorRPCCall(rpc.TransportTCP)},
 		Case{Name: "trpc-shm-call", Kind: KindTensorRPC, Ceiling: "memcpy-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, shm data plane" + callAbout, open: openTensorRPCCall(rpc.TransportSHM)},
 		Case{Name: "call-rate", Kind: KindTensorRPC, Baseline: "grpc-proto-call", Call: true, Rate: true, Quick: true,
-			About: "4 KiB tensorrpc Calls per second, tcp data plane (4 KiB is under the 16 KiB eager threshold, so request and reply ride in the control messages whatever the plane), the callers sharing one Client; against grpc-proto-call with as many callers sharing one ClientConn",
+			About: "4 KiB tensorrpc Calls per second, tcp data plane (4 KiB is under the 16 KiB eager threshold, so request and reply ride inline, in the call's request and response frames on the data plane), the callers sharing one Client; against grpc-proto-call with as many callers sharing one ClientConn",
 			open:  openTensorRPCCall(rpc.TransportTCP)},
 	)
 	return cs
