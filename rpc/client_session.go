@@ -85,6 +85,10 @@ wait:
 	closeLanes(lanes, broken)
 }
 
+// closeFlushTimeout bounds how long closing a session waits to send the
+// releases still queued.
+const closeFlushTimeout = 5 * time.Second
+
 // answerLinger bounds how long a client keeps the lanes of a session the
 // server ended.
 const answerLinger = time.Second
@@ -100,6 +104,14 @@ func (s *clientSession) lane() *link {
 // close ends the session from this side and waits for its reader and
 // lane watchers.
 func (s *clientSession) close(reason error) {
+	if s.err() == nil && s.link != nil && s.link.fr != nil {
+		// Releases still queued go first, as the Release method's do
+		// (Client.Close sends them): the server frees those transfers now
+		// rather than when it notices the session's end.
+		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+		s.link.flushReleases(ctx)
+		cancel()
+	}
 	s.end(reason)
 	s.cancel()
 	<-s.done

@@ -409,6 +409,54 @@ func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	return posted, err
 }
 
+// trySendFrame is sendFrame for the polling goroutine: it never waits. It
+// sends only when a credit and a buffer are at hand, and it does not wait
+// for the Send's completion (the buffer goes back when it completes). It
+// reports whether the frame was posted; when not, nothing was taken.
+func (l *link) trySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) bool {
+	f := l.fr
+	size := len(raw)
+	if msg != nil {
+		size += proto.Size(msg)
+	}
+	if frameHeaderLen+size > f.slotSize {
+		return false
+	}
+	f.mu.Lock()
+	if f.credits == 0 {
+		f.mu.Unlock()
+		return false
+	}
+	f.credits--
+	f.outstanding++
+	f.mu.Unlock()
+	returns, ids, refs := f.take(0, false)
+	buf, err := l.ctlPool.TryAlloc(frameHeaderLen + size)
+	if err != nil {
+		f.refund(returns, ids, refs)
+		return false
+	}
+	b := buf.Bytes()[:frameHeaderLen+size]
+	body := append(b[frameHeaderLen:frameHeaderLen], raw...)
+	if msg != nil {
+		body, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(body, msg)
+	}
+	local, lerr := l.dev.ctl.Local(buf)
+	if err != nil || lerr != nil || len(body) != size || (size > 0 && &body[0] != &b[frameHeaderLen]) {
+		buf.Release()
+		f.refund(returns, ids, refs)
+		return false
+	}
+	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
+	local.Length = len(b)
+	if err := l.postAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
+		buf.Release()
+		f.refund(returns, ids, refs)
+		return false
+	}
+	return true
+}
+
 // creditor sends a credit-only frame whenever the polling goroutine finds
 // half the slots unreturned, one at a time.
 func (l *link) creditor(ctx context.Context) {
@@ -461,17 +509,24 @@ func (l *link) releaser(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		for {
-			runtime.Gosched()
-			f.mu.Lock()
-			left := len(f.relIDs) + len(f.relRefs)
-			f.mu.Unlock()
-			if left == 0 {
-				break
-			}
-			if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil, nil); err != nil {
-				return // the link is dead or closing: the session's end frees everything
-			}
+		runtime.Gosched()
+		l.flushReleases(ctx) // on error the link is dead or closing: the session's end frees everything
+	}
+}
+
+// flushReleases sends what is queued for release now, in RELEASE frames,
+// until nothing is left or ctx ends or the link fails.
+func (l *link) flushReleases(ctx context.Context) {
+	f := l.fr
+	for {
+		f.mu.Lock()
+		left := len(f.relIDs) + len(f.relRefs)
+		f.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil, nil); err != nil {
+			return
 		}
 	}
 }

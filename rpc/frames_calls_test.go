@@ -420,3 +420,60 @@ func TestFrameResponseOfWrongType(t *testing.T) {
 	}
 	l.fr.forget(77)
 }
+
+// TestFetchNow: a small Fetch of a published key, and one of a key not
+// published, are answered in the polling goroutine (fetchNow) with what
+// the call path answers; a large one and a waiting one take the call path.
+func TestFetchNow(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c, _ := framedPair(t, tr)
+			ctx := ctxT(t)
+			small := publishBytes(t, s, "small", 4<<10, 3)
+			large := publishBytes(t, s, "large", 1<<20, 4)
+			ss := serverSessionOf(t, s)
+			for range 20 {
+				got, err := c.Fetch(ctx, "small")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got.Bytes(), small) {
+					t.Fatal("small fetch: wrong bytes")
+				}
+				got.Release()
+			}
+			if n := ss.answeredNow.Load(); n != 20 {
+				t.Fatalf("%d of 20 small fetches answered at once", n)
+			}
+			_, errNow := c.Fetch(ctx, "absent")
+			_, errCall := c.askUnary(ctx, c.last, "absent", fetchOptions{})
+			if status.Code(errNow) != codes.NotFound || status.Convert(errNow).Message() != status.Convert(errCall).Message() {
+				t.Fatalf("absent key: %v, the Fetch method says %v", errNow, errCall)
+			}
+			if n := ss.answeredNow.Load(); n != 21 {
+				t.Fatalf("absent key not answered at once (%d)", n)
+			}
+			got, err := c.Fetch(ctx, "large")
+			if err != nil || !bytes.Equal(got.Bytes(), large) {
+				t.Fatalf("large fetch: %v", err)
+			}
+			got.Release()
+			done := make(chan error, 1)
+			go func() {
+				got, err := c.Fetch(ctx, "later", WaitForKey())
+				if err == nil {
+					got.Release()
+				}
+				done <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			publishBytes(t, s, "later", 100, 5)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if n := ss.answeredNow.Load(); n != 21 {
+				t.Fatalf("a large or waiting fetch was answered at once (%d)", n)
+			}
+		})
+	}
+}

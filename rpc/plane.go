@@ -392,6 +392,28 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 	return nil
 }
 
+// postAsync posts one work request without waiting for it: done runs
+// with its completion (in the polling goroutine, or at close). On error
+// the request was not posted and done does not run.
+func (l *link) postAsync(wr verbs.SendRequest, done func(verbs.Completion)) error {
+	wr.ID = l.nextID.Add(1)
+	l.mu.Lock()
+	if l.closed || l.failure != nil {
+		err := l.failure
+		l.mu.Unlock()
+		return unavailable(err)
+	}
+	l.waiters[wr.ID] = &waiter{abandoned: done}
+	l.mu.Unlock()
+	if err := l.qp.PostSend(wr); err != nil {
+		l.mu.Lock()
+		delete(l.waiters, wr.ID)
+		l.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // close flushes the queue pair, stops polling and fails every waiter that
 // is left, so every posted request's waiter hears exactly once.
 func (l *link) close(reason error) {

@@ -124,6 +124,29 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 	}
 }
 
+// errBusy is tryFetch's answer for a key with a Send under way: fetch
+// would wait for it.
+var errBusy = errors.New("a send of the key is under way")
+
+// tryFetch is fetch without waiting, ever: errNotPublished, errBusy when
+// fetch would wait for a Send under way, or the entry with an extra
+// reference for the caller.
+func (r *rendezvous) tryFetch(key string) (entry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch e, ok := r.entries[key]; {
+	case r.closed:
+		return entry{}, errClosed
+	case r.pending[key] > 0:
+		return entry{}, errBusy
+	case !ok:
+		return entry{}, errNotPublished
+	default:
+		e.buf.Retain()
+		return e, nil
+	}
+}
+
 // stop makes waiting and later waits for a key fail with errClosed;
 // published entries stay fetchable until close.
 func (r *rendezvous) stop() { r.stopOnce.Do(func() { close(r.stopping) }) }

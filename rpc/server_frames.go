@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 
@@ -68,6 +69,9 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 		return
 	case frameFetchReq:
 		key := string(body)
+		if h.Flags&frameWait == 0 && s.fetchNow(ss, l, h, key) {
+			return
+		}
 		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
@@ -92,6 +96,53 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
+}
+
+// fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
+// that needs no waiting: the session is open and not draining, and the key
+// is published with a tensor small enough to go inline (or is not
+// published at all), and a credit and a buffer are at hand. It reports
+// whether it answered; if not, the call runs as any other. It saves the
+// small Fetch the hop to a goroutine of its own.
+func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
+	s.mu.Lock()
+	opened := slices.Contains(ss.lanes, l)
+	s.mu.Unlock()
+	ss.mu.Lock()
+	quiet := !ss.draining && !ss.closed && !ss.released[h.Ref]
+	ss.mu.Unlock()
+	if !opened || !quiet {
+		return false
+	}
+	var st [4]byte
+	e, err := s.rv.tryFetch(key)
+	switch {
+	case errors.Is(err, errNotPublished):
+		raw := appendStatus(st[:0], rendezvousError(key, err), l.fr.slotSize-frameHeaderLen)
+		if !l.trySendFrame(frameFetchResp, 0, h.Ref, raw, nil) {
+			return false
+		}
+		ss.answeredNow.Add(1)
+		return true
+	case err != nil:
+		return false
+	}
+	defer e.buf.Release()
+	n := len(e.tensor.Bytes())
+	if n > frameInline(s.opts.eagerThreshold) {
+		return false
+	}
+	resp := &pb.FetchResponse{Meta: metaOf(key, e.tensor, s.opts.checksums), InlineData: e.tensor.Bytes()[:n:n]}
+	if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+		return false
+	}
+	ss.stats.transfers.Add(1)
+	ss.stats.inlineBytes.Add(int64(n))
+	if n > 0 {
+		ss.stats.copied(n)
+	}
+	ss.answeredNow.Add(1)
+	return true
 }
 
 // unmarshalFrame decodes a request frame's body.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -55,7 +56,10 @@ type serverSession struct {
 	// helpers); once draining is set (GracefulStop) new ones are refused.
 	running  sync.WaitGroup
 	inFlight int // frame calls counted in running
-	draining bool
+	// answeredNow counts the Fetches fetchNow answered in the polling
+	// goroutine.
+	answeredNow atomic.Int64
+	draining    bool
 	// pulls are the server's Reads of client memory under way (pull), by
 	// when they started: one the client never answers counts as a stale
 	// reservation.
