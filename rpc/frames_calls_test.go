@@ -421,9 +421,10 @@ func TestFrameResponseOfWrongType(t *testing.T) {
 	l.fr.forget(77)
 }
 
-// TestFetchNow: a small Fetch of a published key, and one of a key not
-// published, are answered in the polling goroutine (fetchNow) with what
-// the call path answers; a large one and a waiting one take the call path.
+// TestFetchNow: a Fetch of a published key (inline or a transfer), and one
+// of a key not published, are answered in the polling goroutine
+// (fetchNow) with what the call path answers; a waiting one takes the call
+// path.
 func TestFetchNow(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
@@ -458,6 +459,9 @@ func TestFetchNow(t *testing.T) {
 				t.Fatalf("large fetch: %v", err)
 			}
 			got.Release()
+			if n := ss.answeredNow.Load(); n != 22 {
+				t.Fatalf("a large fetch (a transfer) not answered at once (%d)", n)
+			}
 			done := make(chan error, 1)
 			go func() {
 				got, err := c.Fetch(ctx, "later", WaitForKey())
@@ -471,8 +475,8 @@ func TestFetchNow(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if n := ss.answeredNow.Load(); n != 21 {
-				t.Fatalf("a large or waiting fetch was answered at once (%d)", n)
+			if n := ss.answeredNow.Load(); n != 22 {
+				t.Fatalf("a waiting fetch was answered at once (%d)", n)
 			}
 		})
 	}

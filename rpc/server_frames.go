@@ -99,11 +99,11 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 }
 
 // fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
-// that needs no waiting: the session is open and not draining, and the key
-// is published with a tensor small enough to go inline (or is not
-// published at all), and a credit and a buffer are at hand. It reports
-// whether it answered; if not, the call runs as any other. It saves the
-// small Fetch the hop to a goroutine of its own.
+// that needs no waiting: the session is open and not draining, the key is
+// published with no Send of it under way (or is not published at all), and
+// a credit and a buffer are at hand. It reports whether it answered; if
+// not, the call runs as any other. It saves a Fetch the hop to a goroutine
+// of its own.
 func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
 	s.mu.Lock()
 	opened := slices.Contains(ss.lanes, l)
@@ -127,11 +127,26 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	case err != nil:
 		return false
 	}
-	defer e.buf.Release()
 	n := len(e.tensor.Bytes())
 	if n > frameInline(s.opts.eagerThreshold) {
-		return false
+		// A transfer: granted here (on tcp a local table entry, on shm a
+		// message the peer's receiver takes), offered as the call path
+		// does; withdrawn if the answer cannot go at once.
+		resp := &pb.FetchResponse{}
+		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.tensor, e.buf, -1, nil)
+		if err != nil {
+			return false
+		}
+		if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+			if t := ss.remove(resp.TransferId); t != nil && !ss.spawn(t.finish) {
+				t.finish()
+			}
+			return false
+		}
+		ss.answeredNow.Add(1)
+		return true
 	}
+	defer e.buf.Release()
 	resp := &pb.FetchResponse{Meta: metaOf(key, e.tensor, s.opts.checksums), InlineData: e.tensor.Bytes()[:n:n]}
 	if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
 		return false
