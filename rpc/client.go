@@ -50,9 +50,13 @@ type Client struct {
 	releases chan release
 	wg       sync.WaitGroup // the release loop
 
-	mu         sync.Mutex
-	closed     bool
-	sess       *clientSession // the current session; nil before the first and after one ended
+	mu     sync.Mutex
+	closed bool
+	sess   *clientSession // the current session; nil before the first and after one ended
+	// ending are sessions that ended but whose stream reader has not
+	// stopped yet (it may keep their lanes open for late answers): Close
+	// closes them too.
+	ending     map[*clientSession]struct{}
 	last       *clientSession // the latest session that opened, for Transport and Rejections
 	state      connectivity.State
 	stateCh    chan struct{} // closed and replaced on every state change
@@ -309,18 +313,30 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 }
 
 // sessionEnded is called by a session's watcher when its stream ends.
+// The session stays in c.ending until its reader stops (ended).
 func (c *Client) sessionEnded(s *clientSession, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sess != s {
 		return
 	}
+	if c.ending == nil {
+		c.ending = map[*clientSession]struct{}{}
+	}
+	c.ending[s] = struct{}{}
 	c.sess = nil
 	c.lastErr = err
 	if !c.closed {
 		c.setStateLocked(connectivity.Idle)
 		c.log.Info("tensorrpc: session ended; the next call opens a new one", "session", s.id, "err", err)
 	}
+}
+
+// ended is called by a session's stream reader as it stops.
+func (c *Client) ended(s *clientSession) {
+	c.mu.Lock()
+	delete(c.ending, s)
+	c.mu.Unlock()
 }
 
 // backoffDelay is gRPC's connection backoff: base·multiplier^(n-1), capped
@@ -478,10 +494,15 @@ func (c *Client) teardown() error {
 	}
 	s := c.sess
 	c.sess = nil
+	ending := c.ending
+	c.ending = nil
 	c.setStateLocked(connectivity.Shutdown)
 	c.mu.Unlock()
 	if s != nil {
 		s.close(errors.New("client closed"))
+	}
+	for e := range ending {
+		e.close(errors.New("client closed"))
 	}
 	for _, d := range c.devices {
 		d.close()

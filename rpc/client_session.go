@@ -177,6 +177,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	var readErr error
 	go func() {
 		defer close(s.done)
+		defer c.ended(s)
 		defer close(in)
 		for {
 			msg, err := stream.Recv()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -274,5 +275,37 @@ func TestLanesAllowed(t *testing.T) {
 	defer hog.Release()
 	if got := lanesAllowed(ctl, 8, slot); got != 1 {
 		t.Fatalf("pool past half full: %d lanes, want 1", got)
+	}
+}
+
+// TestCloseAfterServerEnded: a Client closed just after the server ended
+// its session (while the client may still hold the session's lanes for
+// late answers) closes that session too, leaving no goroutine behind.
+func TestCloseAfterServerEnded(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			t.Cleanup(func() { leakcheck.Check(t) })
+			s, addr, stop := serveOn(t, "127.0.0.1:0", WithTransports(tr), WithLanes(2))
+			c, err := Dial(ctxT(t), addr, WithTransports(tr), WithLanes(2), testPool(), insecureCreds())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Connect(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			publishBytes(t, s, "k", 1<<20, 1)
+			got, err := c.Fetch(ctxT(t), "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.Release()
+			stop()
+			for !sessionGone(c) {
+				time.Sleep(time.Millisecond)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

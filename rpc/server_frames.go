@@ -129,6 +129,10 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	}
 	n := len(e.tensor.Bytes())
 	if n > frameInline(s.opts.eagerThreshold) {
+		if s.opts.checksums {
+			e.buf.Release()
+			return false // its CRC takes the call path, off the polling goroutine
+		}
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
