@@ -119,10 +119,13 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	switch {
 	case errors.Is(err, errNotPublished):
 		raw := appendStatus(st[:0], rendezvousError(key, err), l.fr.slotSize-frameHeaderLen)
+		// Counted before the answer goes, so that a client holding its
+		// answer sees it counted; taken back if the answer cannot go.
+		ss.answeredNow.Add(1)
 		if !l.trySendFrame(frameFetchResp, 0, h.Ref, raw, nil) {
+			ss.answeredNow.Add(-1)
 			return false
 		}
-		ss.answeredNow.Add(1)
 		return true
 	case err != nil:
 		return false
@@ -141,18 +144,21 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 		if err != nil {
 			return false
 		}
+		ss.answeredNow.Add(1)
 		if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+			ss.answeredNow.Add(-1)
 			if t := ss.remove(resp.TransferId); t != nil && !ss.spawn(t.finish) {
 				t.finish()
 			}
 			return false
 		}
-		ss.answeredNow.Add(1)
 		return true
 	}
 	defer e.buf.Release()
 	resp := &pb.FetchResponse{Meta: metaOf(key, e.tensor, s.opts.checksums), InlineData: e.tensor.Bytes()[:n:n]}
+	ss.answeredNow.Add(1)
 	if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+		ss.answeredNow.Add(-1)
 		return false
 	}
 	ss.stats.transfers.Add(1)
@@ -160,7 +166,6 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	if n > 0 {
 		ss.stats.copied(n)
 	}
-	ss.answeredNow.Add(1)
 	return true
 }
 
