@@ -64,14 +64,22 @@
 //   - Fetch: the server returns a descriptor of its pool buffer; the client
 //     reads it with one one-sided Read into its own pool buffer (no CPU copy
 //     on tcp's receive path beyond the socket, one memcpy on shm) and then
-//     releases the server's buffer. When both sides support it, the
-//     request and the answer (with a small tensor inline) are frames on the
-//     data plane's own queue pair, not gRPC calls, which saves the gRPC
-//     round trip; a side given gRPC options (which may add interceptors),
-//     a Server reached through Register and a Client made by NewClient
-//     keep Fetch on gRPC, so interceptors see every call.
-//   - Send and Call: the server allocates the destination; the client writes
-//     into it with WriteImm, whose immediate value completes the transfer.
+//     releases the server's buffer.
+//   - Send and Call, as frames: the client grants the server read access to
+//     its pool buffer and names it in the request; the server reads it into
+//     a buffer of its own (all of a Call's tensors at once), publishes a
+//     Send's tensor and only then answers.
+//   - Frames: when both sides support it, every call's request and answer
+//     (a small tensor inline) are frames on the data plane's own queue
+//     pairs, not gRPC calls, which saves the gRPC round trip. A session may
+//     have several queue pairs (lanes, WithLanes): calls take them in turn
+//     and transfers of 8 MiB or more are read in parts over all of them at
+//     once. A side given gRPC options (which may add interceptors), a
+//     Server reached through Register and a Client made by NewClient keep
+//     every call on gRPC's unary methods, so interceptors see every call.
+//   - Send and Call, as unary methods: the server allocates the
+//     destination; the client writes into it with WriteImm, whose immediate
+//     value completes the transfer.
 //   - Fetch with Lease on shm: the tensor is the server's memory mapped into
 //     the client, no copy at all, until the tensor is released.
 //   - The gRPC fallback streams chunks that view pool memory (no copy of
