@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -12,15 +13,22 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/tensorrpc/tensorrpc/examples/internal/twohosts"
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 // commandRole is the test binary run as the allreduce command, as a user
 // or a launcher starts it.
 const commandRole = "allreduce-command"
+
+// stderrToStdout, set in a command's environment, sends its errors to its
+// stdout, which the test reads.
+const stderrToStdout = "ALLREDUCE_TEST_STDERR_TO_STDOUT"
 
 // TestMain lets the test binary play a rank when allreduce re-executes it,
 // and the command when a test starts it as a launched rank.
@@ -32,6 +40,9 @@ func TestMain(m *testing.M) {
 		args := os.Args[1:]
 		if len(args) > 0 && strings.HasPrefix(args[0], "-test.") { // childtest.Start's
 			args = args[1:]
+		}
+		if os.Getenv(stderrToStdout) != "" {
+			os.Stderr = os.Stdout // the test reads what went wrong
 		}
 		os.Exit(command(args, os.Getenv, os.Stdout))
 	}
@@ -180,6 +191,62 @@ func TestLaunchedTwoHosts(t *testing.T) {
 	if !strings.Contains(out, "data plane") || !strings.Contains(out, "tcp") {
 		t.Error("the ring did not cross hosts over tcp")
 	}
+}
+
+// TestLaunchedRankDies: a rank killed while the others wait for it at a
+// barrier (here rank 0 waits for rank 1, which never starts) fails the job
+// when rank 0 sees its session with the store end, not at -timeout.
+func TestLaunchedRankDies(t *testing.T) {
+	port := freePort(t)
+	master := "127.0.0.1:" + port
+	env := func(rank string) []string {
+		return []string{"RANK=" + rank, "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, stderrToStdout + "=1"}
+	}
+	args := []string{"-timeout", "5m", "-n", "100003", "-iters", "2"}
+	r0 := childtest.Start(t, commandRole, childproc.Options{Env: env("0"), Args: args})
+	r2 := childtest.Start(t, commandRole, childproc.Options{Env: env("2"), Args: args})
+
+	// Rank 2 has put its address once its session with the store is up.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var c *rpc.Client
+	for c == nil {
+		var err error
+		if c, err = rpc.Dial(ctx, master, rpc.WithTransportCredentials(insecure.NewCredentials()), rpc.WithName("test")); err != nil {
+			if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // rank 0 is not listening yet
+		}
+	}
+	addr, err := c.Fetch(ctx, addrKey(2), rpc.WaitForKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr.Release()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r2.Kill()
+
+	var out strings.Builder
+	for {
+		l, err := r0.ReadLine(ctx)
+		if errors.Is(err, childproc.ErrExited) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("rank 0 went on after rank 2 was killed: %v; it printed:\n%s", err, out.String())
+		}
+		out.WriteString(l + "\n")
+	}
+	if err := r0.Wait(); err == nil {
+		t.Fatalf("rank 0 succeeded; it printed:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "rank 2 left") {
+		t.Fatalf("rank 0 failed without naming rank 2; it printed:\n%s", out.String())
+	}
+	t.Log("rank 0 printed:\n" + out.String())
 }
 
 func TestResolveLaunch(t *testing.T) {

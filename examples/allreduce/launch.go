@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/credentials/insecure"
@@ -41,6 +42,10 @@ import (
 //	job/done                rank 0: the summary is printed ("ok" or what failed)
 //	job/bye/<r>             rank r > 0: it needs rank 0's server no more
 //	job/abort               a rank > 0 failed (its error): rank 0 gives up at once
+//
+// Rank 0 also watches the ranks' sessions with the store (watchRanks): a
+// rank that put its address and then has none for leftGrace, without
+// having said bye, died without a word, and rank 0 gives up.
 //
 // Rank 0 takes the ready, result and bye keys as they come, so the store
 // holds a few keys at any time.
@@ -170,7 +175,12 @@ type storeCoordinator struct {
 	out   io.Writer
 	tally *tally
 
-	fail context.CancelCauseFunc // ends the rank's context when another rank aborts
+	fail context.CancelCauseFunc // ends the rank's context when another rank aborts or leaves
+
+	// Rank 0: the ranks whose job/bye it took, which may close their
+	// sessions with the store.
+	byeMu sync.Mutex
+	bye   map[int]bool
 
 	// Ranks > 0: the session with rank 0's store.
 	client *rpc.Client
@@ -184,6 +194,86 @@ func (s *storeCoordinator) watchAborts(ctx context.Context) {
 		s.fail(errors.New(string(why)))
 	}
 }
+
+// leftGrace is how long rank 0 lets a rank's session with its store be
+// gone before it calls the rank lost: a rank's Client opens a new
+// session on its next call when one ends.
+const leftGrace = 2 * time.Second
+
+// watchRanks runs in rank 0: it ends the rank's context when a rank whose
+// session with the store it has seen has none for leftGrace before saying
+// bye, so that a rank that dies without a word (killed, crashed) fails the
+// job within about leftGrace instead of at -timeout: a rank's session
+// ends when its process does, as the kernel closes its connections. (A
+// host cut off from the network, whose connections are not closed, is
+// still found only by -timeout.)
+func (s *storeCoordinator) watchRanks(ctx context.Context, every time.Duration) {
+	seen := map[int]bool{}
+	goneSince := map[int]time.Time{}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		live := map[string]bool{}
+		for _, si := range s.srv.Sessions() {
+			live[si.Client] = true
+		}
+		now := time.Now()
+		for r := 1; r < s.cfg.Ranks; r++ {
+			if live[storeName(r)] {
+				seen[r] = true
+				delete(goneSince, r)
+				continue
+			}
+			if !seen[r] {
+				// It may have come and gone between two looks: it has if
+				// it put its address.
+				if seen[r] = s.has(ctx, addrKey(r)); !seen[r] {
+					continue
+				}
+			}
+			if _, ok := goneSince[r]; !ok {
+				goneSince[r] = now
+			} else if now.Sub(goneSince[r]) >= leftGrace {
+				if s.saidBye(ctx, r) {
+					seen[r] = false // it is done; it may go
+					continue
+				}
+				s.fail(fmt.Errorf("rank %d left: it has had no session with rank 0's store for %v and did not say bye (the process died, or lost rank 0)", r, now.Sub(goneSince[r]).Round(time.Millisecond)))
+				return
+			}
+		}
+	}
+}
+
+// saidBye reports whether rank r said bye (it may have, before rank 0
+// took the ranks' byes up to it).
+func (s *storeCoordinator) saidBye(ctx context.Context, r int) bool {
+	s.byeMu.Lock()
+	took := s.bye[r]
+	s.byeMu.Unlock()
+	if took {
+		return true
+	}
+	return s.has(ctx, byeKey(r))
+}
+
+// has reports whether the store holds key now; only rank 0 asks.
+func (s *storeCoordinator) has(ctx context.Context, key string) bool {
+	t, err := s.srv.Fetch(ctx, key)
+	if err != nil {
+		return false
+	}
+	t.Release()
+	return true
+}
+
+// storeName is the name rank r's session with the store gives.
+func storeName(r int) string { return clientName(r) + "/store" }
 
 // abort tells rank 0, if this rank reached it, that this rank failed.
 func (s *storeCoordinator) abort(err error) {
@@ -199,6 +289,7 @@ func readyKey(iter, r int) string  { return fmt.Sprintf("job/ready/%d/%d", iter,
 func goKey(iter int) string        { return fmt.Sprintf("job/go/%d", iter) }
 func resultKey(iter, r int) string { return fmt.Sprintf("job/result/%d/%d", iter, r) }
 func addrKey(r int) string         { return fmt.Sprintf("job/addr/%d", r) }
+func byeKey(r int) string          { return fmt.Sprintf("job/bye/%d", r) }
 
 // put stores val under key.
 func (s *storeCoordinator) put(ctx context.Context, key string, val []byte) error {
@@ -246,7 +337,9 @@ func (s *storeCoordinator) connect(ctx context.Context, srv *rpc.Server, addr st
 	p := s.cfg.Ranks
 	if s.rank == 0 {
 		s.srv = srv
+		s.bye = map[int]bool{}
 		go s.watchAborts(ctx)
+		go s.watchRanks(ctx, 250*time.Millisecond)
 		if err := s.put(ctx, "job/config", job); err != nil {
 			return "", err
 		}
@@ -259,7 +352,7 @@ func (s *storeCoordinator) connect(ctx context.Context, srv *rpc.Server, addr st
 		dctx, cancel := context.WithTimeout(ctx, connectTimeout)
 		var err error
 		s.client, err = rpc.Dial(dctx, s.master, rpc.WithTransportCredentials(insecure.NewCredentials()),
-			rpc.WithTransports(s.cfg.Transports...), rpc.WithName(fmt.Sprintf("%s/store", clientName(s.rank))))
+			rpc.WithTransports(s.cfg.Transports...), rpc.WithName(storeName(s.rank)))
 		cancel()
 		if err != nil {
 			return "", fmt.Errorf("dialing rank 0's store at %s: %w", s.master, err)
@@ -342,7 +435,7 @@ func (s *storeCoordinator) end(ctx context.Context) error {
 		if _, err := s.get(ctx, "job/done"); err != nil {
 			return err
 		}
-		return s.put(ctx, fmt.Sprintf("job/bye/%d", s.rank), []byte("bye"))
+		return s.put(ctx, byeKey(s.rank), []byte("bye"))
 	}
 	_, failed := s.tally.finish()
 	done := "ok"
@@ -354,9 +447,12 @@ func (s *storeCoordinator) end(ctx context.Context) error {
 	}
 	// Keep the store up until every rank has seen job/done.
 	for r := 1; r < s.cfg.Ranks; r++ {
-		if _, err := s.take(ctx, fmt.Sprintf("job/bye/%d", r)); err != nil {
+		if _, err := s.take(ctx, byeKey(r)); err != nil {
 			return errors.Join(failed, err)
 		}
+		s.byeMu.Lock()
+		s.bye[r] = true
+		s.byeMu.Unlock()
 	}
 	return failed
 }

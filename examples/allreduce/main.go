@@ -73,8 +73,11 @@
 // before each all-reduce and send it their results; rank 0 prints the
 // summary the default mode prints and exits 1 when a result is wrong or a
 // rank's traffic is off, and the other ranks exit 0 once it has. A rank
-// that fails tells rank 0, which then fails at once; a rank that dies
-// without a word leaves the others waiting until -timeout.
+// that fails tells rank 0, which then fails at once. A rank that dies
+// without a word (killed, crashed) ends its session with rank 0's store,
+// and rank 0 fails about 2 s later; only a rank whose host drops off the
+// network, leaving its connections open, leaves the others waiting until
+// -timeout.
 package main
 
 import (
