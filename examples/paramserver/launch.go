@@ -6,13 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The launched mode: the user, or a launcher (mpirun, a job scheduler,
@@ -34,9 +38,10 @@ import (
 //
 // Worker 0 plays the parent's coordinator: it measures β, prints the loss
 // as the steps complete and the summary, and at the end calls every
-// shard's "stop" method, on which the shard exits. A worker that fails
-// leaves the others waiting until -timeout, unless it is worker 0, whose
-// stop ends the shards and with them the other workers' sessions.
+// shard's "stop" method, on which the shard exits. Every worker says
+// hello to every shard over its launch session; a shard whose worker's
+// session then ends before the worker is done fails and exits
+// (workerWatch), which ends the others' sessions with it.
 
 // launch is how a launched shard or worker finds the others.
 type launch struct {
@@ -94,6 +99,11 @@ func runLaunchedShard(ctx context.Context, cfg *config, l *launch, out io.Writer
 		once.Do(func() { close(stopped) })
 		return nil, nil
 	})
+	w := &workerWatch{shard: s, steps: cfg.Steps, stopped: stopped, out: out, joined: map[int]bool{}}
+	s.srv.Handle("hello", w.hello)
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	go w.watch(ctx, 250*time.Millisecond, fail)
 	listen := l.listen
 	if listen == "" {
 		listen = l.shards[l.index]
@@ -102,19 +112,120 @@ func runLaunchedShard(ctx context.Context, cfg *config, l *launch, out io.Writer
 	if err != nil {
 		return err
 	}
-	go s.srv.Serve(lis) // returns when the shard closes
 	fmt.Fprintf(out, "paramserver shard %d: parameters [%d, %d) on %s\n", l.index, s.lo, s.hi, lis.Addr())
+	go s.srv.Serve(lis) // returns when the shard closes
 	select {
 	case <-stopped:
 		return nil
 	case <-ctx.Done():
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			return cause // a worker left
+		}
 		return fmt.Errorf("not stopped by worker 0: %w", ctx.Err())
 	}
 }
 
+// leftGrace is how long a shard lets a worker's launch session be gone
+// before it calls the worker lost: a Client opens a new session on its
+// next call when one ends.
+const leftGrace = 2 * time.Second
+
+// workerWatch finds, in a launched shard, a worker that died without a
+// word (killed, crashed), whose session with the shard ends as the kernel
+// closes its connections. Without it the shard, and through it every
+// other process, would wait for that worker's pushes, or worker 0's stop,
+// until -timeout. A worker says hello over its launch session; a worker
+// that did and then has had no launch session for leftGrace fails the
+// shard, unless it has pushed its last step (worker 0: and stopped the
+// shard).
+// The shard's exit ends the other processes' sessions with it, and so
+// the job. A host cut off from the network, whose connections are not
+// closed, is still found only by -timeout.
+type workerWatch struct {
+	shard   *shard
+	steps   int
+	stopped <-chan struct{}
+
+	mu     sync.Mutex
+	out    io.Writer // hello says who joined (the shard's only writer once it serves)
+	joined map[int]bool
+}
+
+// hello is the method a launched worker calls, its index in the metadata,
+// once its launch session is open.
+func (w *workerWatch) hello(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
+	i, err := strconv.Atoi(string(req.Metadata))
+	if err != nil || i < 0 || i >= w.shard.workers {
+		return nil, status.Errorf(codes.InvalidArgument, "hello: %q is not a worker's index", req.Metadata)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.joined[i] {
+		w.joined[i] = true
+		fmt.Fprintf(w.out, "paramserver shard %d: worker %d joined\n", w.shard.index, i)
+	}
+	return nil, nil
+}
+
+// done reports whether worker i may go: it has pushed its last step's
+// gradient (a worker does not wait for the last update), and worker 0 has
+// also stopped the shard.
+func (w *workerWatch) done(i int) bool {
+	sh := w.shard
+	sh.mu.Lock()
+	pushedAll := sh.step >= w.steps || sh.step == w.steps-1 && sh.pushed[i]
+	sh.mu.Unlock()
+	if i != 0 {
+		return pushedAll
+	}
+	select {
+	case <-w.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *workerWatch) watch(ctx context.Context, every time.Duration, fail context.CancelCauseFunc) {
+	goneSince := map[int]time.Time{}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		live := map[string]bool{}
+		for _, si := range w.shard.srv.Sessions() {
+			live[si.Client] = true
+		}
+		w.mu.Lock()
+		joined := maps.Clone(w.joined)
+		w.mu.Unlock()
+		now := time.Now()
+		for i := range joined {
+			if live[launchName(i)] || w.done(i) {
+				delete(goneSince, i)
+				continue
+			}
+			if _, ok := goneSince[i]; !ok {
+				goneSince[i] = now
+			} else if gone := now.Sub(goneSince[i]); gone >= leftGrace {
+				fail(fmt.Errorf("worker %d left: it has had no session with shard %d for %v and the job is not over (the process died, or lost the shard)",
+					i, w.shard.index, gone.Round(time.Millisecond)))
+				return
+			}
+		}
+	}
+}
+
+// launchName is the name of launched worker i's sessions with the shards.
+func launchName(i int) string { return fmt.Sprintf("worker-%d/launch", i) }
+
 // runLaunchedWorker runs worker l.index; worker 0 also coordinates.
 func runLaunchedWorker(ctx context.Context, cfg *config, l *launch, out io.Writer) (err error) {
-	name := fmt.Sprintf("worker-%d/launch", l.index)
+	name := launchName(l.index)
 	clients := make([]*rpc.Client, len(l.shards))
 	defer func() {
 		for _, c := range clients {
@@ -127,6 +238,11 @@ func runLaunchedWorker(ctx context.Context, cfg *config, l *launch, out io.Write
 		if clients[k], err = dialShard(ctx, cfg, k, addr, name); err != nil {
 			return err
 		}
+		reply, err := clients[k].Call(ctx, "hello", &rpc.Message{Metadata: []byte(strconv.Itoa(l.index))})
+		if err != nil {
+			return fmt.Errorf("shard %d: hello: %w", k, err)
+		}
+		reply.Release()
 	}
 	if l.index != 0 {
 		t, err := clients[0].Fetch(ctx, "start", rpc.WaitForKey())

@@ -52,10 +52,12 @@
 //	10.0.0.1$ ./paramserver -role worker -index 0 $job
 //	10.0.0.2$ ./paramserver -role worker -index 1 $job
 //
-// A worker other than 0 that fails leaves the others waiting until
-// -timeout (a launcher that ends the job when one process fails ends it
-// sooner); when worker 0 fails, it still stops the shards, which ends the
-// other workers.
+// When worker 0 fails, it stops the shards, which ends the other workers.
+// When another worker fails, or any worker dies without a word (killed,
+// crashed), its sessions with the shards end: each shard notices within
+// about 2 s, fails ("worker i left") and exits, which ends the others.
+// Only a process whose host drops off the network, leaving its
+// connections open, leaves the others waiting until -timeout.
 package main
 
 import (

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -19,6 +20,10 @@ import (
 // user or a launcher starts it.
 const commandRole = "paramserver-command"
 
+// stderrToStdout, set in a command's environment, sends its errors to its
+// stdout, which the test reads.
+const stderrToStdout = "PARAMSERVER_TEST_STDERR_TO_STDOUT"
+
 // TestMain lets the test binary play a shard or a worker when paramserver
 // re-executes it, and the command when a test starts it as a launched
 // shard or worker.
@@ -30,6 +35,9 @@ func TestMain(m *testing.M) {
 		args := os.Args[1:]
 		if len(args) > 0 && strings.HasPrefix(args[0], "-test.") { // childtest.Start's
 			args = args[1:]
+		}
+		if os.Getenv(stderrToStdout) != "" {
+			os.Stderr = os.Stdout // the test reads what went wrong
 		}
 		os.Exit(command(args, os.Stdout))
 	}
@@ -147,6 +155,48 @@ func TestLaunched(t *testing.T) {
 			t.Errorf("worker 0 did not print %q", want)
 		}
 	}
+}
+
+// TestLaunchedWorkerDies: a worker killed while the job waits for it
+// (here for worker 0's start, which never comes) fails its shard when the
+// shard sees its session end, not at -timeout.
+func TestLaunchedWorkerDies(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	job := []string{"-shards", addr, "-workers", "3", "-params", "4096", "-steps", "6", "-timeout", "5m"}
+	shard := childtest.Start(t, commandRole, childproc.Options{
+		Args: append([]string{"-role", "shard", "-index", "0"}, job...), Env: []string{stderrToStdout + "=1"}})
+	worker := childtest.Start(t, commandRole, childproc.Options{Args: append([]string{"-role", "worker", "-index", "1"}, job...)})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out strings.Builder
+	killed := false
+	for {
+		l, err := shard.ReadLine(ctx)
+		if errors.Is(err, childproc.ErrExited) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the shard went on after worker 1 was killed: %v; it printed:\n%s", err, out.String())
+		}
+		out.WriteString(l + "\n")
+		if strings.Contains(l, "worker 1 joined") {
+			worker.Kill()
+			killed = true
+		}
+	}
+	if err := shard.Wait(); err == nil || !killed {
+		t.Fatalf("the shard exited (%v) before worker 1 was killed or without failing; it printed:\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "worker 1 left") {
+		t.Fatalf("the shard failed without naming worker 1; it printed:\n%s", out.String())
+	}
+	t.Log("the shard printed:\n" + out.String())
 }
 
 func TestShardsFlag(t *testing.T) {
