@@ -385,8 +385,11 @@ func (c *Client) queueRelease(r release) {
 	if r.sess.err() != nil {
 		return // the session's end released it on the server
 	}
-	if l := r.sess.link; l != nil && l.fr != nil {
-		l.fr.queueRelease(r.id, r.ref) // rides the next frame
+	if l := r.sess.lane(); l != nil && l.fr != nil {
+		// Rides the next frame on a lane taken in turn, as calls take
+		// them, so that releases spread over the lanes' frames; the server
+		// takes a session's releases on any of its lanes.
+		l.fr.queueRelease(r.id, r.ref)
 		return
 	}
 	c.mu.Lock()

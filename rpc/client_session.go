@@ -109,7 +109,9 @@ func (s *clientSession) close(reason error) {
 		// (Client.Close sends them): the server frees those transfers now
 		// rather than when it notices the session's end.
 		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
-		s.link.flushReleases(ctx)
+		for _, l := range s.lanes {
+			l.flushReleases(ctx)
+		}
 		cancel()
 	}
 	s.end(reason)

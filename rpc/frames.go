@@ -55,7 +55,8 @@ type framing struct {
 	serve    func(h frameHeader, body []byte)
 	releases func(ids []uint64)
 
-	received atomic.Uint64 // frames received, for Stats and tests
+	received   atomic.Uint64 // frames received, for Stats and tests
+	releasedIn atomic.Uint64 // transfer ids released by the peer's frames on this lane, for tests
 
 	mu          sync.Mutex
 	credits     int // Sends and WriteImms this side may post
@@ -244,6 +245,7 @@ func (l *link) handleFrame(b []byte) error {
 			return fmt.Errorf("%w: releases sent to the client", errFrame)
 		}
 		if ids := readU64s(releases); len(ids) > 0 {
+			f.releasedIn.Add(uint64(len(ids)))
 			f.releases(ids)
 		}
 	}

@@ -16,8 +16,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // methodCounter counts the server's unary calls by method.
@@ -282,35 +280,44 @@ func TestFramesPullForeignGrant(t *testing.T) {
 // TestFramesReleasesPiggyback: the releases of many Fetches ride on frames
 // (no Release method) and every server transfer ends.
 func TestFramesReleasesPiggyback(t *testing.T) {
-	s, c, u := framedPair(t, TransportTCP)
-	publishBytes(t, s, "big", 256<<10, 4)
-	ctx := ctxT(t)
-	for range 200 {
-		got, err := c.Fetch(ctx, "big")
-		if err != nil {
-			t.Fatal(err)
-		}
-		got.Release()
+	for _, lanes := range []int{1, 3} {
+		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
+			u := newMethodCounter()
+			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.intercept)})
+			publishBytes(t, s, "big", 256<<10, 4)
+			ctx := ctxT(t)
+			for range 200 {
+				got, err := c.Fetch(ctx, "big")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got.Release()
+			}
+			ss := serverSessionOf(t, s)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				ss.mu.Lock()
+				n := len(ss.transfers)
+				ss.mu.Unlock()
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d transfers still held after every Fetch released", n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := u.total(); n != 0 {
+				t.Fatalf("%d unary calls", n)
+			}
+			// Releases spread over the lanes, as the calls do.
+			for i, l := range ss.lanes {
+				if l.fr.releasedIn.Load() == 0 {
+					t.Errorf("lane %d of %d carried no release", i, lanes)
+				}
+			}
+		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ss := serverSessionOf(t, s)
-		ss.mu.Lock()
-		n := len(ss.transfers)
-		ss.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d transfers still held after every Fetch released", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := u.total(); n != 0 {
-		t.Fatalf("%d unary calls", n)
-	}
-	_ = verbs.AccessRemoteRead
-	_ = zerocopy.Uint8
 }
 
 // withUnaryCounter makes the client's unary calls go through f without
