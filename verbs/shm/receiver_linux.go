@@ -187,8 +187,11 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 	return ack
 }
 
-// rnrExpired refuses a request that found no Recv in time. The queue pair
-// stays usable; the sender's fails with StatusReceiverNotReady.
+// rnrExpired refuses a request that found no Recv in time: the sender's
+// queue pair fails with StatusReceiverNotReady and, as any queue pair that
+// goes to ERR, then shuts down its side of the connection (sendAll), so
+// that this one goes to ERR too once it reads that: the error is fatal to
+// the connection, as package verbs documents.
 func (qp *queuePair) rnrExpired(in *inbound) {
 	qp.mu.Lock()
 	if qp.inbound != in || in.recv != nil {

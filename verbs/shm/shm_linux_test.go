@@ -361,7 +361,8 @@ func TestRefusesUnsealedPeerRegion(t *testing.T) {
 
 // TestReceiverNotReady sends with no Recv posted: the Send fails with
 // StatusReceiverNotReady after the RNR timeout, the sender's queue pair is
-// in error, and the receiver's stays usable.
+// in error, and the receiver's follows it there (the error is fatal to the
+// connection): a Recv posted at the receiver is flushed, not left hanging.
 func TestReceiverNotReady(t *testing.T) {
 	defer leakcheck.Check(t)
 	const rnr = 50 * time.Millisecond
@@ -381,8 +382,18 @@ func TestReceiverNotReady(t *testing.T) {
 	if st := a.qp.State(); st != verbs.QPError {
 		t.Fatalf("sender is %v, want ERR", st)
 	}
-	if st := b.qp.State(); st != verbs.QPReadyToSend {
-		t.Fatalf("receiver is %v, want RTS", st)
+	// The receiver learns it from the connection, a moment later.
+	deadline := time.Now().Add(10 * time.Second)
+	for b.qp.State() != verbs.QPError {
+		if time.Now().After(deadline) {
+			t.Fatalf("receiver is %v 10 s after its peer failed, want ERR", b.qp.State())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 9, Local: verbs.Local{Region: b.mr, Length: 16}}); err == nil {
+		if c := waitOne(t, b.cq); c.Status != verbs.StatusFlushed {
+			t.Fatalf("a Recv posted after the connection failed: %+v, want flushed", c)
+		}
 	}
 }
 
