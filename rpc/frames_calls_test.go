@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -480,6 +481,65 @@ func TestFetchNow(t *testing.T) {
 			}
 			if n := ss.answeredNow.Load(); n != before {
 				t.Fatalf("a waiting fetch was answered at once (%d -> %d)", before, n)
+			}
+		})
+	}
+}
+
+// TestCallRequestChargedToQuota: the request tensors a call brings into
+// the server's pool (here small ones, inline) count against the session's
+// quota while the call runs: a call past it is ResourceExhausted before
+// its handler runs, the session goes on, and nothing stays charged.
+func TestCallRequestChargedToQuota(t *testing.T) {
+	for _, mode := range []string{"frames", "methods"} {
+		t.Run(mode, func(t *testing.T) {
+			srvOpts := []ServerOption{WithSessionQuota(256 << 10)}
+			var dialOpts []DialOption
+			if mode == "methods" {
+				dialOpts = append(dialOpts, withoutFrames())
+			}
+			s, c := pair(t, TransportTCP, srvOpts, dialOpts)
+			if c.last.frames != (mode == "frames") {
+				t.Fatalf("frames negotiated: %v", c.last.frames)
+			}
+			var ran atomic.Int64
+			s.Handle("count", func(ctx context.Context, in *Message) (*Message, error) {
+				ran.Add(1)
+				return &Message{Metadata: fmt.Appendf(nil, "%d", len(in.Tensors))}, nil
+			})
+			ctx := ctxT(t)
+			call := func(k int) (*Message, error) {
+				req := &Message{}
+				for i := range k {
+					req.Tensors = append(req.Tensors, wrapped(t, 4<<10, byte(i)))
+				}
+				return c.Call(ctx, "count", req)
+			}
+			first := c.SessionID()
+			_, err := call(100) // 400 KiB
+			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "quota") {
+				t.Fatalf("a call of 400 KiB with a 256 KiB quota: %v, want ResourceExhausted naming the quota", err)
+			}
+			if ran.Load() != 0 {
+				t.Fatal("the handler ran for a call past the quota")
+			}
+			reply, err := call(10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(reply.Metadata) != "10" {
+				t.Fatalf("the handler got %s tensors, want 10", reply.Metadata)
+			}
+			reply.Release()
+			if c.SessionID() != first {
+				t.Fatal("the refused call ended the session")
+			}
+			ss := serverSessionOf(t, s)
+			ss.mu.Lock()
+			left := ss.reserved
+			ss.mu.Unlock()
+			if left != 0 {
+				t.Fatalf("%d bytes still charged after the calls", left)
 			}
 		})
 	}

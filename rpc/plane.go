@@ -107,6 +107,15 @@ const (
 	sendDepth = 1024
 )
 
+// sendRoom is how many of the send queue's sendDepth entries requests
+// that take no frame credit (Reads, and every request of a link without
+// frames) may hold at once; beyond it they wait for one to complete. The
+// rest is kept for the Sends of frames, which credits bound to frameSlots
+// outstanding, so that a burst of Reads (a Call naming hundreds of
+// tensors, many calls at once) never makes a response frame fail with a
+// full queue: every request gets its response.
+const sendRoom = sendDepth - 2*frameSlots
+
 // link is one session's connected queue pair. A single goroutine polls its
 // completion queue and hands each completion to the waiter that posted the
 // work request, or to onRecv for received WriteImms.
@@ -139,6 +148,9 @@ type link struct {
 	failure error // the first fatal completion or closing reason
 	dead    chan struct{}
 	wg      sync.WaitGroup
+	// room holds a token for each request under way that counts against
+	// sendRoom.
+	room chan struct{}
 }
 
 // waiter receives the completion of one work request. When its poster
@@ -180,7 +192,7 @@ func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}),
+	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}), room: make(chan struct{}, sendRoom),
 		recvImmKey: dev.pd.Attributes().RecvImmKey}, nil
 }
 
@@ -341,7 +353,15 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		}
 		unposted = func() { l.fr.refund(0, nil, nil) }
 	}
+	freeRoom := func() {}
+	if l.fr == nil || (wr.Op != verbs.OpSend && wr.Op != verbs.OpWriteImm) {
+		if err := l.takeRoom(ctx); err != nil {
+			return fail(err)
+		}
+		freeRoom = func() { <-l.room }
+	}
 	notPosted := func(err error) error {
+		freeRoom()
 		if unposted != nil {
 			unposted()
 		}
@@ -376,6 +396,7 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		l.mu.Lock()
 		if _, pending := l.waiters[wr.ID]; pending {
 			w.abandoned = func(verbs.Completion) {
+				freeRoom()
 				if onFail != nil {
 					onFail()
 				}
@@ -386,10 +407,31 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		l.mu.Unlock()
 		c = <-w.ch // delivered just now
 	}
+	freeRoom()
 	if err := completionStatus(c); err != nil {
 		return fail(err)
 	}
 	return nil
+}
+
+// takeRoom waits for room in the send queue for a request that takes no
+// frame credit (see sendRoom).
+func (l *link) takeRoom(ctx context.Context) error {
+	select {
+	case l.room <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case l.room <- struct{}{}:
+		return nil
+	case <-l.dead:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return unavailable(l.failure)
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
 }
 
 // postAsync posts one work request without waiting for it: done runs

@@ -246,6 +246,11 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	if err != nil {
 		return nil, err
 	}
+	refund, err := s.chargeCall(ss, req)
+	if err != nil {
+		return nil, err
+	}
+	defer refund()
 	in := &Message{Metadata: req.Metadata}
 	defer in.Release()
 	for _, m := range req.Tensors {
@@ -265,6 +270,34 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		return nil, err
 	}
 	return resp, nil
+}
+
+// chargeCall counts the request tensors a call brings into the server's
+// pool, inline and located ones (a held destination was charged when it
+// was reserved), against the session's quota until the call ends, and
+// returns what refunds them. Several tensors may name the same inline
+// bytes, each copied into a buffer of its own: without the charge, a few
+// kilobytes of request could hold the pool's whole limit.
+func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), error) {
+	if ss == nil {
+		return func() {}, nil
+	}
+	var n int64
+	for _, m := range req.Tensors {
+		if m == nil || m.TransferId != 0 || (m.InlineIndex == nil && m.Location == nil) {
+			continue
+		}
+		// A length past the limit fails checkMeta later; capped here so
+		// that the sum cannot overflow.
+		n += int64(min(m.ByteLength, uint64(s.opts.maxTensorBytes)+1))
+	}
+	if n == 0 {
+		return func() {}, nil
+	}
+	if err := ss.charge(n, s.opts.sessionQuota); err != nil {
+		return nil, err
+	}
+	return func() { ss.refund(n) }, nil
 }
 
 // invoke runs a handler, the same for every way a call arrives: an error

@@ -217,9 +217,18 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		cancel() // a RELEASE on another lane overtook the request
 	}
 	// A refused call (draining: GracefulStop waits on running already;
-	// too many under way) still answers, without being counted in running.
+	// too many under way) still answers, without being counted in running;
+	// its answer may wait for a credit, so refusals under way are bounded
+	// too: a client that keeps sending requests without taking their
+	// answers ends its session.
 	var refusal error
 	switch {
+	case (ss.draining || ss.inFlight >= maxFrameCalls) && ss.refusing >= maxFrameCalls:
+		delete(ss.calls, ref)
+		ss.mu.Unlock()
+		cancel()
+		l.fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: the client sent %d requests past the %d calls a session may have under way without taking their answers; the session is ended", maxFrameCalls, maxFrameCalls))
+		return
 	case ss.draining:
 		refusal = status.Error(codes.Unavailable, "tensorrpc: server stopping")
 	case ss.inFlight >= maxFrameCalls:
@@ -227,6 +236,9 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	default:
 		ss.running.Add(1)
 		ss.inFlight++
+	}
+	if refusal != nil {
+		ss.refusing++
 	}
 	ss.handlers.Add(1)
 	ss.mu.Unlock()
@@ -238,6 +250,12 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 				ss.inFlight--
 				ss.mu.Unlock()
 				ss.running.Done()
+			}()
+		} else {
+			defer func() {
+				ss.mu.Lock()
+				ss.refusing--
+				ss.mu.Unlock()
 			}()
 		}
 		defer func() {
@@ -325,7 +343,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return status.FromContextError(err).Err() // released before it started
 	}
 	seq := s.rv.nextSeq()
-	buf, err := s.pull(ctx, ss, l, req.Meta)
+	buf, err := s.pull(ctx, ss, l, req.Meta, false)
 	if err != nil {
 		return err
 	}
@@ -338,21 +356,24 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 }
 
 // pull reads a tensor the client granted the server (m.Location) into a
-// new pool buffer, counted against the session's quota while it is read.
+// new pool buffer, counted against the session's quota while it is read
+// (unless charged: a call's tensors are counted for the whole call).
 // The Reads (striped over the lanes when the location names a grant on
 // each) are not abandoned when ctx ends (the client keeps its grants until
 // the answer), only when a lane dies; a client that never answers them
 // has its session ended after WithReservationTimeout.
-func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta) (*mempool.Buffer, error) {
+func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta, charged bool) (*mempool.Buffer, error) {
 	loc, n := m.Location, int(m.ByteLength)
 	if loc.Length != m.ByteLength || loc.Transport != transportOf(ss.transport) {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: a location of %d bytes on %s for a %d-byte tensor on %s",
 			m.Key, loc.Length, transportName(loc.Transport), n, ss.transport)
 	}
-	if err := ss.charge(int64(n), s.opts.sessionQuota); err != nil {
-		return nil, err
+	if !charged {
+		if err := ss.charge(int64(n), s.opts.sessionQuota); err != nil {
+			return nil, err
+		}
+		defer ss.refund(int64(n))
 	}
-	defer ss.refund(int64(n))
 	buf, err := allocBuffer(ctx, s.pool, n)
 	if err != nil {
 		return nil, err
@@ -392,6 +413,11 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err := ctx.Err(); err != nil {
 		return 0, nil, status.FromContextError(err).Err() // released before it started
 	}
+	refund, err := s.chargeCall(ss, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer refund()
 	in := &Message{Metadata: req.Metadata, Tensors: make([]*Tensor, len(req.Tensors))}
 	defer in.Release()
 	errs := make([]error, len(req.Tensors))
@@ -406,7 +432,7 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 			continue
 		}
 		wg.Go(func() {
-			buf, err := s.pull(ctx, ss, l, m)
+			buf, err := s.pull(ctx, ss, l, m, true)
 			if err != nil {
 				errs[i] = err
 				return

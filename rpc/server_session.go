@@ -56,6 +56,7 @@ type serverSession struct {
 	// helpers); once draining is set (GracefulStop) new ones are refused.
 	running  sync.WaitGroup
 	inFlight int // frame calls counted in running
+	refusing int // refused frame calls whose answers have not gone yet
 	// answeredNow counts the Fetches fetchNow answered in the polling
 	// goroutine.
 	answeredNow atomic.Int64
