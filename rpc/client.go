@@ -50,6 +50,12 @@ type Client struct {
 	releases chan release
 	wg       sync.WaitGroup // the release loop
 
+	// closing ends when Close begins, which ends a session attempt under
+	// way; closeFlush closeFlushTimeout later, which ends the releases
+	// Close still sends.
+	closing, closeFlush       context.Context
+	startClose, endCloseFlush context.CancelFunc
+
 	mu     sync.Mutex
 	closed bool
 	sess   *clientSession // the current session; nil before the first and after one ended
@@ -115,6 +121,8 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),
 		releases: make(chan release, 1024), state: connectivity.Idle, stateCh: make(chan struct{}),
 	}
+	c.closing, c.startClose = context.WithCancel(context.Background())
+	c.closeFlush, c.endCloseFlush = context.WithCancel(context.Background())
 	if o.pool != nil {
 		c.pool = o.pool
 	} else {
@@ -280,16 +288,25 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 		c.setStateLocked(connectivity.Connecting)
 		c.mu.Unlock()
 
-		s, err := c.openSession(ctx)
+		// Close ends the attempt too: a server that never answers the
+		// handshake must not hold Close.
+		octx, ocancel := context.WithCancel(ctx)
+		stopClose := context.AfterFunc(c.closing, ocancel)
+		s, err := c.openSession(octx)
+		stopClose()
+		ocancel()
 
 		c.mu.Lock()
 		c.connecting = nil
 		close(ch)
-		if err == nil && c.closed {
-			err = status.Error(codes.Canceled, "tensorrpc: client closed")
-			c.mu.Unlock()
-			s.close(errors.New("client closed"))
-			return nil, err
+		if c.closed {
+			if err == nil {
+				c.mu.Unlock()
+				s.close(errors.New("client closed"))
+			} else {
+				c.mu.Unlock()
+			}
+			return nil, status.Error(codes.Canceled, "tensorrpc: client closed")
 		}
 		if err != nil {
 			if ctx.Err() == nil { // the caller's deadline is no failure of the server's
@@ -454,15 +471,19 @@ func (c *Client) sendReleases(batch []release) {
 		// A lost Release leaves a destination reserved on the server until
 		// the session ends (or its reservation times out and ends it), so
 		// a Release that fails while the session lives is tried again.
+		// Once Close has begun, its releases get closeFlushTimeout in
+		// all, as the frames' do: the session's end frees the rest.
 		for attempt := 0; attempt < 3 && s.err() == nil; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			stopClose := context.AfterFunc(c.closeFlush, cancel)
 			_, err := c.api.Release(ctx, req)
+			stopClose()
 			cancel()
 			if err == nil {
 				break
 			}
 			c.log.Debug("tensorrpc: release failed", "attempt", attempt+1, "err", err)
-			if code := status.Code(err); code != codes.DeadlineExceeded && code != codes.Unavailable {
+			if code := status.Code(err); code != codes.DeadlineExceeded && code != codes.Unavailable || c.closing.Err() != nil {
 				break
 			}
 		}
@@ -474,6 +495,10 @@ func (c *Client) sendReleases(batch []release) {
 // connection (when Dial made it). Tensors received from the Client must be
 // released before Close; Close reports the pool's error when some are not.
 // Close is idempotent.
+//
+// Close does not wait on the server for long: a session being opened is
+// abandoned (its caller gets Canceled), and the releases still queued get
+// about 2 s to reach the server (the session's end frees the rest there).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -483,7 +508,11 @@ func (c *Client) Close() error {
 	c.closed = true
 	close(c.releases)
 	c.mu.Unlock()
-	c.wg.Wait() // pending releases are sent
+	c.startClose()
+	flush := time.AfterFunc(closeFlushTimeout, c.endCloseFlush)
+	c.wg.Wait() // pending releases are sent, for closeFlushTimeout at most
+	flush.Stop()
+	c.endCloseFlush()
 	return c.teardown()
 }
 

@@ -85,9 +85,11 @@ wait:
 	closeLanes(lanes, broken)
 }
 
-// closeFlushTimeout bounds how long closing a session waits to send the
-// releases still queued.
-const closeFlushTimeout = 5 * time.Second
+// closeFlushTimeout bounds how long closing a session (and Client.Close,
+// for the Release method's calls) waits to send the releases still queued:
+// a live server takes them in milliseconds, and the session's end frees
+// the rest on the server anyway.
+const closeFlushTimeout = 2 * time.Second
 
 // answerLinger bounds how long a client keeps the lanes of a session the
 // server ended.
