@@ -1120,3 +1120,42 @@ func TestHostileServerLeaseLies(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileServerLeavesCancelledCallsUnanswered: a server that never
+// answers the Sends its client gives up on makes the client keep each
+// one's granted source until the answer; past the bound on such calls
+// (lowered here from maxAbandoned) the client ends the session, which
+// frees them all, and the next call opens a new session.
+func TestHostileServerLeavesCancelledCallsUnanswered(t *testing.T) {
+	hs := newHostileServer(t, TransportTCP, nil, nil)
+	c := hs.c
+	const bound = 8
+	for _, l := range c.last.lanes {
+		l.fr.mu.Lock()
+		l.fr.maxAbandon = bound
+		l.fr.mu.Unlock()
+	}
+	first := c.SessionID()
+	before := c.Pool().Stats().InUse
+	src := wrapped(t, 256<<10, 4) // over the inline limit: granted, held until the answer
+	for i := range bound + 1 {
+		err := c.Send(shortCtx(t, 30*time.Millisecond), "k", src)
+		if i < bound && status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("Send %d: %v, want DeadlineExceeded", i, err)
+		}
+		if i < bound && c.Pool().Stats().InUse <= before {
+			t.Fatalf("Send %d: the given-up Send's source is not held", i)
+		}
+	}
+	if !eventuallyGone(c) {
+		t.Fatalf("%d Sends left unanswered and the session goes on", bound+1)
+	}
+	waitFor(t, "the unanswered Sends' sources to be freed", func() bool { return c.Pool().Stats().InUse == before })
+	hs.serve.Store(true) // a server that behaves now
+	if err := c.Send(ctxT(t), "k", src); err != nil {
+		t.Fatal(err)
+	}
+	if c.SessionID() == first {
+		t.Fatal("the same session after it was ended")
+	}
+}

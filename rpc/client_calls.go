@@ -354,7 +354,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 			l.fr.forget(ref)
 			hold()
 		} else {
-			l.fr.abandon(ref, pc, hold)
+			l.abandon(ref, pc, hold)
 			c.releaseRef(s, ref)
 		}
 		return frameReply{}, ref, sessionError(s, err)
@@ -364,11 +364,11 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 		hold()
 		return r, ref, nil
 	case <-ctx.Done():
-		l.fr.abandon(ref, pc, hold)
+		l.abandon(ref, pc, hold)
 		c.releaseRef(s, ref) // cancels the server's call and frees what it made
 		return frameReply{}, ref, sessionError(s, status.FromContextError(ctx.Err()).Err())
 	case <-l.dead:
-		l.fr.abandon(ref, pc, hold) // runs when the link closes
+		l.abandon(ref, pc, hold) // runs when the link closes
 		return frameReply{}, ref, sessionError(s, unavailable(l.failure))
 	}
 }

@@ -65,6 +65,8 @@ type framing struct {
 	unreturned  uint32
 	wake        chan struct{} // closed when credits come back
 	pending     map[uint64]*pendingCall
+	abandoned   int // pending requests whose callers stopped waiting
+	maxAbandon  int // maxAbandoned; tests lower it
 	// Client side: transfer ids to release and refs to cancel, sent with
 	// the next frame or, when none goes out soon, in a RELEASE frame.
 	relIDs  []uint64
@@ -120,7 +122,7 @@ func (pc *pendingCall) decodeReply(flags uint16, body []byte) frameReply {
 // connect.
 func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), releases func([]uint64)) {
 	l.fr = &framing{
-		slotSize: slotSize, serve: serve, releases: releases, credits: frameSlots - 1, reserve: 1,
+		slotSize: slotSize, serve: serve, releases: releases, credits: frameSlots - 1, reserve: 1, maxAbandon: maxAbandoned,
 		wake: make(chan struct{}), pending: map[uint64]*pendingCall{}, kick: make(chan struct{}, 1), flush: make(chan struct{}, 1),
 	}
 }
@@ -266,6 +268,9 @@ func (l *link) handleFrame(b []byte) error {
 			return fmt.Errorf("%w: a response of type %d to a request awaiting type %d", errFrame, h.Type, pc.want)
 		}
 		delete(f.pending, h.Ref)
+		if ok && pc.late != nil {
+			f.abandoned--
+		}
 		f.mu.Unlock()
 		switch {
 		case !ok:
@@ -553,19 +558,41 @@ func (f *framing) forget(ref uint64) {
 // abandon is for a caller that stops waiting for pc's response: late runs
 // when the response arrives, or when the link closes; at once when the
 // response has arrived already.
-func (f *framing) abandon(ref uint64, pc *pendingCall, late func()) {
+//
+// It reports whether more than maxAbandoned requests now wait so: a server
+// answers every request, its calls under way are bounded, and what an
+// abandoned request holds (its grants, its source buffers) stays until the
+// answer, so a server that leaves that many unanswered holds the client's
+// memory: the caller then ends the session, which frees it all.
+func (f *framing) abandon(ref uint64, pc *pendingCall, late func()) (tooMany bool) {
 	if late == nil {
 		f.forget(ref)
-		return
+		return false
 	}
 	f.mu.Lock()
 	if f.pending[ref] == pc {
 		pc.late = late
+		f.abandoned++
+		tooMany = f.abandoned > f.maxAbandon
 		f.mu.Unlock()
-		return
+		return tooMany
 	}
 	f.mu.Unlock()
 	late()
+	return false
+}
+
+// maxAbandoned bounds the requests a client abandoned (cancelled) whose
+// answers have not come: more than a server may have under way and
+// refusing (2 × maxFrameCalls per session), with room to spare.
+const maxAbandoned = 4 * maxFrameCalls
+
+// abandon is framing.abandon on l's requests; when the server has left
+// too many of them unanswered, it fails l, which ends the session.
+func (l *link) abandon(ref uint64, pc *pendingCall, late func()) {
+	if l.fr.abandon(ref, pc, late) {
+		l.fail(status.Errorf(codes.Unavailable, "tensorrpc: the server left more than %d cancelled calls unanswered, holding what they granted; the session is ended to free it", l.fr.maxAbandon))
+	}
 }
 
 // closePending runs the late work of every abandoned request, once the
