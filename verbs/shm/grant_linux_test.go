@@ -41,6 +41,14 @@ func waitCached(t *testing.T, qp *queuePair, key uint32) {
 }
 
 // exposedRegion returns a's mapping of the one region the peer exposed.
+// dataAddr is the address pm's copy mapping starts at, read under the
+// lock its receiver changes it with (an upgrade to a writable mapping).
+func dataAddr(qp *queuePair, pm *peerMemory) uintptr {
+	qp.remoteMu.RLock()
+	defer qp.remoteMu.RUnlock()
+	return addrOf(pm.data)
+}
+
 func exposedRegion(t *testing.T, qp *queuePair) *peerMemory {
 	t.Helper()
 	qp.remoteMu.RLock()
@@ -98,7 +106,7 @@ func TestGrantsShareRegionMapping(t *testing.T) {
 		t.Fatalf("after the first grant: %d regions, %d mappings, %d requests; want 1, 1, 1", regions, maps, reqs)
 	}
 	pm := exposedRegion(t, a.qp)
-	base := addrOf(pm.data)
+	base := dataAddr(a.qp, pm)
 	if p := mappingPerms(t, base); len(p) < 2 || p[1] != '-' {
 		t.Fatalf("region mapped for a read grant is %q, want read-only", p)
 	}
@@ -113,7 +121,7 @@ func TestGrantsShareRegionMapping(t *testing.T) {
 	if regions, maps, reqs := grantState(a.qp); regions != 1 || maps != 1 || reqs != 1 {
 		t.Fatalf("after a second grant: %d regions, %d mappings, %d requests; want 1, 1, 1", regions, maps, reqs)
 	}
-	if exposedRegion(t, a.qp) != pm || addrOf(pm.data) != base {
+	if exposedRegion(t, a.qp) != pm || dataAddr(a.qp, pm) != base {
 		t.Fatal("the second grant remapped the region")
 	}
 
@@ -131,7 +139,7 @@ func TestGrantsShareRegionMapping(t *testing.T) {
 	if regions, maps, reqs := grantState(a.qp); regions != 1 || maps != 2 || reqs != 1 {
 		t.Fatalf("after two write grants: %d regions, %d mappings, %d requests; want 1, 2, 1", regions, maps, reqs)
 	}
-	base = addrOf(pm.data)
+	base = dataAddr(a.qp, pm)
 	if p := mappingPerms(t, base); len(p) < 2 || p[1] != 'w' {
 		t.Fatalf("region mapped for a write grant is %q, want writable", p)
 	}
