@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,25 +51,34 @@ type hostileServer struct {
 // time, with nothing of its pools left.
 func newHostileServer(t *testing.T, transport string, serverOpts []ServerOption, clientOpts []DialOption) *hostileServer {
 	t.Helper()
-	s, c := pair(t, transport, serverOpts, clientOpts)
+	hs := &hostileServer{t: t, reqs: make(chan hostileReq, 4096)}
+	var first atomic.Pointer[serverSession]
+	// The hook is in place before the session's lanes poll: only the
+	// first session's lanes are hostile; later ones serve as usual.
+	hook := serverOption(func(o *options) {
+		o.frameServe = func(ss *serverSession, i int, orig func(frameHeader, []byte)) func(frameHeader, []byte) {
+			if !first.CompareAndSwap(nil, ss) && first.Load() != ss {
+				return orig
+			}
+			return func(h frameHeader, body []byte) {
+				if hs.serve.Load() {
+					orig(h, body)
+					return
+				}
+				select {
+				case hs.reqs <- hostileReq{lane: i, h: h, body: bytes.Clone(body)}:
+				default:
+				}
+			}
+		}
+	})
+	s, c := pair(t, transport, append(slices.Clone(serverOpts), hook), clientOpts)
 	if !c.last.frames {
 		t.Fatal("frames not negotiated")
 	}
-	hs := &hostileServer{t: t, s: s, c: c, ss: serverSessionOf(t, s), reqs: make(chan hostileReq, 4096)}
-	for i, x := range hs.ss.lanes {
-		orig := x.fr.serve
-		// No frame is under way yet: the hook is in place before the
-		// client's first request (a Send over the data plane orders it).
-		x.fr.serve = func(h frameHeader, body []byte) {
-			if hs.serve.Load() {
-				orig(h, body)
-				return
-			}
-			select {
-			case hs.reqs <- hostileReq{lane: i, h: h, body: bytes.Clone(body)}:
-			default:
-			}
-		}
+	hs.s, hs.c, hs.ss = s, c, serverSessionOf(t, s)
+	if first.Load() != hs.ss {
+		t.Fatal("the hostile lanes are not the session's")
 	}
 	t.Cleanup(func() { closeWithin(t, c, 15*time.Second) })
 	return hs

@@ -103,6 +103,9 @@ type options struct {
 	// HandshakeResponse.data_plane_calls unset), as a peer that predates
 	// frames would; for tests.
 	noFrames bool
+	// frameServe, set by the package's tests, wraps the frame handler of
+	// each lane of a server's session as the session sets it up.
+	frameServe func(ss *serverSession, lane int, serve func(frameHeader, []byte)) func(frameHeader, []byte)
 }
 
 func defaultOptions() options {

@@ -617,9 +617,12 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	}
 
 	if ss.frames {
-		for _, x := range lanes {
-			x.enableFrames(slotSizeFor(s.opts.eagerThreshold), func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) },
-				func(ids []uint64) { s.releaseFramed(ss, ids) })
+		for i, x := range lanes {
+			serve := func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) }
+			if s.opts.frameServe != nil {
+				serve = s.opts.frameServe(ss, i, serve)
+			}
+			x.enableFrames(slotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
 		}
 	}
 
