@@ -85,7 +85,11 @@
 //
 //   - Write: one, from the local region straight into the mapped remote
 //     region. WriteImm adds a doorbell record (88 bytes, through the
-//     peer's control ring) that consumes a Recv at the peer.
+//     peer's control ring) that consumes a Recv at the peer. The target
+//     checks the doorbell's key and length against what it lets the peer
+//     write (a region with remote write, or a write grant made on that
+//     queue pair, at least that long) before it takes the Recv: otherwise
+//     StatusRemoteAccess, and both queue pairs go to ERR.
 //   - Read: one, from the mapped remote region into the local region.
 //   - Send: two, into this queue pair's staging buffer (a sealed memfd the
 //     peer maps read-only) and from there into the peer's Recv buffer.
@@ -130,7 +134,12 @@
 // ring, a record that is not a control message, or anything but a wake-up
 // or an announced fd on the socket fails the queue pair with
 // StatusTransport, as does a peer whose ring stays full for a second (a
-// peer that stopped reading; honest peers hold a handful of records). The
+// peer that stopped reading; honest peers hold a handful of records), or
+// whose socket takes no message for a second (a wake-up, an fd, or any
+// message without rings): the connection is then closed, so that nothing
+// waits on such a peer for good (Deregister, Revoke, acks). The receiver
+// looks for Close between records, so a peer that keeps its ring full
+// does not hold Close. The
 // producer's counter shares a page with the consumer's, so a hostile
 // consumer can corrupt it too; the producer reports that as ring
 // corruption, not a panic. The rings are negotiated in the handshake

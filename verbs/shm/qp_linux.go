@@ -478,7 +478,23 @@ func (qp *queuePair) send(m *message, fd int) error {
 	if qp.tx != nil {
 		return qp.ringSend(m, fd)
 	}
-	return writeMessage(qp.conn, m, fd)
+	return qp.writeConn(m, fd)
+}
+
+// writeConn writes one control message on the queue pair's socket. The
+// peer reads its socket all the time, so a write that cannot go within
+// ringFullLimit means a peer that stopped reading: the connection is
+// closed, which fails the queue pair (its receiver reads the end), rather
+// than leave this writer, and whatever waits on it (Deregister, Revoke,
+// the receiver's acks), blocked for good.
+func (qp *queuePair) writeConn(m *message, fd int) error {
+	qp.conn.SetWriteDeadline(time.Now().Add(ringFullLimit))
+	err := writeMessage(qp.conn, m, fd)
+	if err != nil {
+		qp.conn.Close()
+		return fmt.Errorf("shm: writing to the peer's control socket: %w", err)
+	}
+	return nil
 }
 
 // writeMessage writes one control message on the socket, with the fds

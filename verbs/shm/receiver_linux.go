@@ -83,6 +83,16 @@ func (qp *queuePair) handle(m message, fd int) error {
 // onRequest receives a Send chunk or a WriteImm doorbell. The first chunk
 // of a message takes a Recv, or waits up to the RNR timeout for one.
 func (qp *queuePair) onRequest(m message) error {
+	if m.typ == msgWriteImm && m.length > 0 {
+		// The peer wrote the bytes itself, into memory it mapped; the
+		// doorbell's key and length become the Recv's completion, which
+		// receivers check: they must name what this queue pair lets the
+		// peer write, as on tcp, where the target checks the write.
+		if err := qp.checkWriteImm(m); err != nil {
+			qp.send(&message{typ: msgAck, seq: m.seq, status: verbs.StatusRemoteAccess}, -1)
+			return fmt.Errorf("WriteImm doorbell: %w", err)
+		}
+	}
 	if m.typ == msgSend {
 		last := m.flags&flagLast != 0
 		switch {
@@ -126,6 +136,22 @@ func (qp *queuePair) onRequest(m message) error {
 	qp.mu.Unlock()
 	qp.sendAll(acks)
 	qp.releaseRecv()
+	return nil
+}
+
+// checkWriteImm checks a WriteImm doorbell's key and length against the
+// windows this queue pair opens to its peer: a region with remote write,
+// or a grant with write made on this queue pair, at least that long.
+func (qp *queuePair) checkWriteImm(m message) error {
+	w, err := qp.pd.table.Window(m.key, qp)
+	switch {
+	case err != nil:
+		return err
+	case w.Access&verbs.AccessRemoteWrite == 0:
+		return fmt.Errorf("remote key %#x grants %v, not remote write", m.key, w.Access)
+	case m.length > w.Len:
+		return fmt.Errorf("%d bytes through remote key %#x of %d", m.length, m.key, w.Len)
+	}
 	return nil
 }
 

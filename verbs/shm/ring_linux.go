@@ -213,7 +213,7 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 	}
 	err = qp.wakePeerLocked()
 	if fd >= 0 && err == nil {
-		err = writeMessage(qp.conn, &message{typ: msgFD, seq: m.seq}, fd)
+		err = qp.writeConn(&message{typ: msgFD, seq: m.seq}, fd)
 	}
 	tx.mu.Unlock()
 	return err
@@ -225,7 +225,7 @@ func (qp *queuePair) wakePeerLocked() error {
 	if !qp.tx.sleeping.CompareAndSwap(1, 0) {
 		return nil
 	}
-	return writeMessage(qp.conn, &message{typ: msgWake}, -1)
+	return qp.writeConn(&message{typ: msgWake}, -1)
 }
 
 func (qp *queuePair) isFailed() bool {
@@ -310,6 +310,11 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 	rx := qp.rx
 	n := 0
 	for {
+		// A peer that keeps the ring full would keep us here: Close
+		// must not wait for it.
+		if qp.ctx.Err() != nil {
+			return n, errQueuePairClosed
+		}
 		b, ok := rx.ring.Read()
 		if !ok {
 			if err := rx.ring.Err(); err != nil {
