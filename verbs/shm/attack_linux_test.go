@@ -957,3 +957,27 @@ func TestAttackWriteImmForgedKey(t *testing.T) {
 		t.Fatalf("a doorbell with a key of another queue pair's grant and %d bytes completed the Recv: %+v", uint64(1<<40), c)
 	}
 }
+
+// TestAttackHugetlbMemfdRefused: a memfd on hugetlbfs maps and unmaps
+// only in whole huge pages, so a window of it at any offset could not be
+// mapped, or stay mapped; such a memfd from a peer (or given to
+// RegisterMemory) is refused before anything maps it.
+func TestAttackHugetlbMemfdRefused(t *testing.T) {
+	fd, err := unix.MemfdCreate("shm-test-huge", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
+	if err != nil {
+		t.Skipf("this kernel makes no hugetlbfs memfd (memfd_create MFD_HUGETLB: %v)", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 2<<20); err != nil {
+		t.Fatalf("ftruncate: %v", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		t.Fatalf("F_ADD_SEALS: %v", err)
+	}
+	if err := checkSealedFD(fd, 4096); err == nil || !strings.Contains(err.Error(), "hugetlbfs") {
+		t.Fatalf("checkSealedFD of a sealed hugetlbfs memfd: %v, want a refusal naming hugetlbfs", err)
+	}
+	if _, err := mapPeerMemory(fd, 4096, 4096, false); err == nil {
+		t.Fatal("a peer's hugetlbfs memfd was mapped")
+	}
+}

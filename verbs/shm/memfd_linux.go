@@ -25,6 +25,16 @@ func checkSealedFD(fd int, end uint64) error {
 	if st.Size < 0 || uint64(st.Size) < end {
 		return fmt.Errorf("memfd %d is %d bytes, the region needs %d", fd, st.Size, end)
 	}
+	// A hugetlbfs memfd maps and unmaps only in whole huge pages: the
+	// windows of it this package maps at any offset and length would fail,
+	// or stay mapped when unmapping them fails. It is not supported.
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return fmt.Errorf("fstatfs fd %d: %v", fd, err)
+	}
+	if uint32(fs.Type) == unix.HUGETLBFS_MAGIC {
+		return fmt.Errorf("memfd %d is on hugetlbfs (MFD_HUGETLB), which shm does not map", fd)
+	}
 	return nil
 }
 
