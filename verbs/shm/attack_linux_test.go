@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/testenv"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
@@ -965,7 +966,7 @@ func TestAttackWriteImmForgedKey(t *testing.T) {
 func TestAttackHugetlbMemfdRefused(t *testing.T) {
 	fd, err := unix.MemfdCreate("shm-test-huge", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
 	if err != nil {
-		t.Skipf("this kernel makes no hugetlbfs memfd (memfd_create MFD_HUGETLB: %v)", err)
+		testenv.Need(t, "a kernel with hugetlbfs memfds (memfd_create MFD_HUGETLB: %v)", err)
 	}
 	defer unix.Close(fd)
 	if err := unix.Ftruncate(fd, 2<<20); err != nil {
