@@ -58,7 +58,12 @@ type Client struct {
 
 	mu     sync.Mutex
 	closed bool
-	sess   *clientSession // the current session; nil before the first and after one ended
+	// calls counts the calls under way (enter, leave); Close waits for
+	// them, so that the pool buffers they hold are back before it closes
+	// the pool. callsDone, when set, is closed as calls reaches 0.
+	calls     int
+	callsDone chan struct{}
+	sess      *clientSession // the current session; nil before the first and after one ended
 	// ending are sessions that ended but whose stream reader has not
 	// stopped yet (it may keep their lanes open for late answers): Close
 	// closes them too.
@@ -490,6 +495,46 @@ func (c *Client) sendReleases(batch []release) {
 	}
 }
 
+// enter counts a call under way; it fails once Close has begun.
+func (c *Client) enter() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return status.Error(codes.Canceled, "tensorrpc: client closed")
+	}
+	c.calls++
+	return nil
+}
+
+// leave ends a call counted by enter.
+func (c *Client) leave() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls--
+	if c.calls == 0 && c.callsDone != nil {
+		close(c.callsDone)
+		c.callsDone = nil
+	}
+}
+
+// waitCalls waits up to d for the calls under way to return.
+func (c *Client) waitCalls(d time.Duration) {
+	c.mu.Lock()
+	if c.calls == 0 {
+		c.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	c.callsDone = done
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
 // Close ends the session: the server releases what it holds for it, and
 // the Client releases its data plane, its pool (unless WithPool) and its
 // connection (when Dial made it). Tensors received from the Client must be
@@ -499,6 +544,10 @@ func (c *Client) sendReleases(batch []release) {
 // Close does not wait on the server for long: a session being opened is
 // abandoned (its caller gets Canceled), and the releases still queued get
 // about 2 s to reach the server (the session's end frees the rest there).
+// Calls under way fail (Unavailable or Canceled), and Close waits up to
+// about 2 s for them to return, so that the pool buffers they hold are
+// back before it closes the pool; calls made after Close fail with
+// Canceled.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -539,11 +588,14 @@ func (c *Client) teardown() error {
 	for _, d := range c.devices {
 		d.close()
 	}
-	c.ctl.Close()
-	var err error
 	if c.ownConn {
 		c.cc.Close()
 	}
+	// Calls under way fail now that their session is closed; they give
+	// back the pool buffers they hold as they return.
+	c.waitCalls(closeFlushTimeout)
+	c.ctl.Close()
+	var err error
 	c.stopTrim()
 	if c.ownPool {
 		err = c.pool.Close()

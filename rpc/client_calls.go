@@ -41,6 +41,10 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	for _, o := range opts {
 		o(&fo)
 	}
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err
@@ -162,6 +166,10 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 	if err := checkOutgoing(t, "tensor"); err != nil {
 		return err
 	}
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	s, err := c.session(ctx)
 	if err != nil {
 		return err
@@ -226,6 +234,10 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 			return nil, err
 		}
 	}
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	s, err := c.session(ctx)
 	if err != nil {
 		return nil, err

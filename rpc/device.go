@@ -65,6 +65,10 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 	if err != nil {
 		return gpudirect.Decision{}, err
 	}
+	if err := c.enter(); err != nil {
+		return gpudirect.Decision{}, err
+	}
+	defer c.leave()
 	s, err := c.session(ctx)
 	if err != nil {
 		return gpudirect.Decision{}, err
@@ -105,6 +109,10 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 // fetched into the pool and copied to the device (one host-to-device
 // copy). The returned Decision says which path was taken and why.
 func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, error) {
+	if err := c.enter(); err != nil {
+		return 0, nil, gpudirect.Decision{}, err
+	}
+	defer c.leave()
 	s, err := c.session(ctx)
 	if err != nil {
 		return 0, nil, gpudirect.Decision{}, err
