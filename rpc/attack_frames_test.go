@@ -714,17 +714,7 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 				}
 				// The session ends, or (a Read done before the revocation took)
 				// the request is answered.
-				var answer *frameReply
-				waitFor(t, "the server to end the session or answer", func() bool {
-					select {
-					case r := <-pc.ch:
-						answer = &r
-					default:
-					}
-					s.mu.Lock()
-					defer s.mu.Unlock()
-					return s.sessions[ss.id] == nil || answer != nil
-				})
+				answer := endedOrAnswered(t, s, ss, pc, "the server to end the session or answer")
 				if answer != nil {
 					// What the answer holds (a Call's reply) goes with the
 					// session.
@@ -833,17 +823,7 @@ func TestAttackForeignLane(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var answer *frameReply
-			waitFor(t, "the server to refuse", func() bool {
-				select {
-				case r := <-pc.ch:
-					answer = &r
-				default:
-				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.sessions[ss.id] == nil || answer != nil
-			})
+			answer := endedOrAnswered(t, s, ss, pc, "the server to refuse")
 			if answer != nil && answer.status == nil {
 				t.Fatal("a Read through another lane's grant succeeded")
 			}
@@ -988,4 +968,22 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 	t.Logf("%d calls refused for a full send queue", exhausted)
 	a.alive("after calls with many tensors")
 	waitFor(t, "the calls' tensors to be freed", func() bool { return s.Pool().Stats().InUse == before })
+}
+
+// endedOrAnswered waits until the server has ended ss or pc's response
+// has come, and returns the response, nil when the session ended first.
+func endedOrAnswered(t *testing.T, s *Server, ss *serverSession, pc *pendingCall, what string) *frameReply {
+	t.Helper()
+	var answer *frameReply
+	waitFor(t, what, func() bool {
+		select {
+		case r := <-pc.ch:
+			answer = &r
+		default:
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sessions[ss.id] == nil || answer != nil
+	})
+	return answer
 }

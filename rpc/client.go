@@ -506,6 +506,20 @@ func (c *Client) enter() error {
 	return nil
 }
 
+// start begins a call: counted by enter (the caller defers leave when
+// start succeeds), on the open session.
+func (c *Client) start(ctx context.Context) (*clientSession, error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	s, err := c.session(ctx)
+	if err != nil {
+		c.leave()
+		return nil, err
+	}
+	return s, nil
+}
+
 // leave ends a call counted by enter.
 func (c *Client) leave() {
 	c.mu.Lock()

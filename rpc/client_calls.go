@@ -41,14 +41,11 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	for _, o := range opts {
 		o(&fo)
 	}
-	if err := c.enter(); err != nil {
-		return nil, err
-	}
-	defer c.leave()
-	s, err := c.session(ctx)
+	s, err := c.start(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer c.leave()
 	return s.calls.fetch(ctx, key, fo)
 }
 
@@ -166,14 +163,11 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 	if err := checkOutgoing(t, "tensor"); err != nil {
 		return err
 	}
-	if err := c.enter(); err != nil {
-		return err
-	}
-	defer c.leave()
-	s, err := c.session(ctx)
+	s, err := c.start(ctx)
 	if err != nil {
 		return err
 	}
+	defer c.leave()
 	return s.calls.send(ctx, key, t)
 }
 
@@ -234,14 +228,11 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 			return nil, err
 		}
 	}
-	if err := c.enter(); err != nil {
-		return nil, err
-	}
-	defer c.leave()
-	s, err := c.session(ctx)
+	s, err := c.start(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer c.leave()
 	return s.calls.call(ctx, method, req)
 }
 

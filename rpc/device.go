@@ -65,14 +65,11 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 	if err != nil {
 		return gpudirect.Decision{}, err
 	}
-	if err := c.enter(); err != nil {
-		return gpudirect.Decision{}, err
-	}
-	defer c.leave()
-	s, err := c.session(ctx)
+	s, err := c.start(ctx)
 	if err != nil {
 		return gpudirect.Decision{}, err
 	}
+	defer c.leave()
 	d := c.plan(s, t.Buffer)
 	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct && n > s.eager {
 		mr, _, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
@@ -109,14 +106,11 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 // fetched into the pool and copied to the device (one host-to-device
 // copy). The returned Decision says which path was taken and why.
 func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, error) {
-	if err := c.enter(); err != nil {
-		return 0, nil, gpudirect.Decision{}, err
-	}
-	defer c.leave()
-	s, err := c.session(ctx)
+	s, err := c.start(ctx)
 	if err != nil {
 		return 0, nil, gpudirect.Decision{}, err
 	}
+	defer c.leave()
 	d := c.plan(s, dst)
 	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct {
 		dtype, shape, err := c.fetchDirect(ctx, e, key, dst, offset)

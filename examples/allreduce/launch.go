@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tensorrpc/tensorrpc/examples/internal/peerwatch"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -44,7 +45,7 @@ import (
 //	job/abort               a rank > 0 failed (its error): rank 0 gives up at once
 //
 // Rank 0 also watches the ranks' sessions with the store (watchRanks): a
-// rank that put its address and then has none for leftGrace, without
+// rank that put its address and then has none for a few seconds, without
 // having said bye, died without a word, and rank 0 gives up.
 //
 // Rank 0 takes the ready, result and bye keys as they come, so the store
@@ -195,59 +196,24 @@ func (s *storeCoordinator) watchAborts(ctx context.Context) {
 	}
 }
 
-// leftGrace is how long rank 0 lets a rank's session with its store be
-// gone before it calls the rank lost: a rank's Client opens a new
-// session on its next call when one ends.
-const leftGrace = 2 * time.Second
-
-// watchRanks runs in rank 0: it ends the rank's context when a rank whose
-// session with the store it has seen has none for leftGrace before saying
-// bye, so that a rank that dies without a word (killed, crashed) fails the
-// job within about leftGrace instead of at -timeout: a rank's session
-// ends when its process does, as the kernel closes its connections. (A
-// host cut off from the network, whose connections are not closed, is
-// still found only by -timeout.)
+// watchRanks runs in rank 0: it ends the rank's context when a rank that
+// put its address has had no session with the store for peerwatch.Grace
+// without saying bye, so that a rank that dies without a word (killed,
+// crashed) fails the job within seconds instead of at -timeout.
 func (s *storeCoordinator) watchRanks(ctx context.Context, every time.Duration) {
-	seen := map[int]bool{}
-	goneSince := map[int]time.Time{}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		live := map[string]bool{}
-		for _, si := range s.srv.Sessions() {
-			live[si.Client] = true
-		}
-		now := time.Now()
-		for r := 1; r < s.cfg.Ranks; r++ {
-			if live[storeName(r)] {
-				seen[r] = true
-				delete(goneSince, r)
-				continue
-			}
-			if !seen[r] {
-				// It may have come and gone between two looks: it has if
-				// it put its address.
-				if seen[r] = s.has(ctx, addrKey(r)); !seen[r] {
-					continue
-				}
-			}
-			if _, ok := goneSince[r]; !ok {
-				goneSince[r] = now
-			} else if now.Sub(goneSince[r]) >= leftGrace {
-				if s.saidBye(ctx, r) {
-					seen[r] = false // it is done; it may go
-					continue
-				}
-				s.fail(fmt.Errorf("rank %d left: it has had no session with rank 0's store for %v and did not say bye (the process died, or lost rank 0)", r, now.Sub(goneSince[r]).Round(time.Millisecond)))
-				return
-			}
-		}
+	ranks := make([]int, 0, s.cfg.Ranks-1)
+	for r := 1; r < s.cfg.Ranks; r++ {
+		ranks = append(ranks, r)
 	}
+	peerwatch.Watch(ctx, s.srv, every, peerwatch.Peers{
+		IDs:  func() []int { return ranks },
+		Name: storeName,
+		// It joined once it put its address (its session may have come
+		// and gone between two looks); it may go once it said bye.
+		Needed: func(r int) bool { return s.has(ctx, addrKey(r)) && !s.saidBye(ctx, r) },
+	}, func(r int, gone time.Duration) {
+		s.fail(fmt.Errorf("rank %d left: it has had no session with rank 0's store for %v and did not say bye (the process died, or lost rank 0)", r, gone))
+	})
 }
 
 // saidBye reports whether rank r said bye (it may have, before rank 0

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/examples/internal/peerwatch"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 	"google.golang.org/grpc/codes"
@@ -125,17 +126,12 @@ func runLaunchedShard(ctx context.Context, cfg *config, l *launch, out io.Writer
 	}
 }
 
-// leftGrace is how long a shard lets a worker's launch session be gone
-// before it calls the worker lost: a Client opens a new session on its
-// next call when one ends.
-const leftGrace = 2 * time.Second
-
 // workerWatch finds, in a launched shard, a worker that died without a
 // word (killed, crashed), whose session with the shard ends as the kernel
 // closes its connections. Without it the shard, and through it every
 // other process, would wait for that worker's pushes, or worker 0's stop,
 // until -timeout. A worker says hello over its launch session; a worker
-// that did and then has had no launch session for leftGrace fails the
+// that did and then has had no launch session for peerwatch.Grace fails the
 // shard, unless it has pushed its last step (worker 0: and stopped the
 // shard).
 // The shard's exit ends the other processes' sessions with it, and so
@@ -187,37 +183,18 @@ func (w *workerWatch) done(i int) bool {
 }
 
 func (w *workerWatch) watch(ctx context.Context, every time.Duration, fail context.CancelCauseFunc) {
-	goneSince := map[int]time.Time{}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		live := map[string]bool{}
-		for _, si := range w.shard.srv.Sessions() {
-			live[si.Client] = true
-		}
-		w.mu.Lock()
-		joined := maps.Clone(w.joined)
-		w.mu.Unlock()
-		now := time.Now()
-		for i := range joined {
-			if live[launchName(i)] || w.done(i) {
-				delete(goneSince, i)
-				continue
-			}
-			if _, ok := goneSince[i]; !ok {
-				goneSince[i] = now
-			} else if gone := now.Sub(goneSince[i]); gone >= leftGrace {
-				fail(fmt.Errorf("worker %d left: it has had no session with shard %d for %v and the job is not over (the process died, or lost the shard)",
-					i, w.shard.index, gone.Round(time.Millisecond)))
-				return
-			}
-		}
-	}
+	peerwatch.Watch(ctx, w.shard.srv, every, peerwatch.Peers{
+		IDs: func() []int {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return slices.Collect(maps.Keys(w.joined))
+		},
+		Name:   launchName,
+		Needed: func(i int) bool { return !w.done(i) },
+	}, func(i int, gone time.Duration) {
+		fail(fmt.Errorf("worker %d left: it has had no session with shard %d for %v and the job is not over (the process died, or lost the shard)",
+			i, w.shard.index, gone))
+	})
 }
 
 // launchName is the name of launched worker i's sessions with the shards.
