@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // newConfiguredQP opens a domain of p with one queue pair made with cfg
@@ -39,15 +40,10 @@ func newConfiguredQP(t *testing.T, p verbs.Provider, cfg verbs.QueuePairConfig) 
 // setSecret replaces an unconnected queue pair's secret, so that a test
 // can decide which side the smaller-secret rule would pick.
 func setSecret(q *queuePair, s secret) {
-	d := q.pd
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.waiting[q.secret] == q {
-		delete(d.waiting, q.secret)
-		d.waiting[s] = q
-	}
-	q.secret = s
-	q.info = (&info{role: q.role, secret: s, qpID: q.id, addr: q.advertise}).encode()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	q.Secret = s
+	q.Info = (&info{role: q.role, secret: s, qpID: q.ID, addr: q.advertise}).encode()
 }
 
 var (
@@ -72,8 +68,8 @@ func connectPair(t *testing.T, a, b *queuePair) {
 // dialed reports whether q opened its connection: its peer's end is the
 // listener the peer advertised.
 func dialed(q, peer *queuePair) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	return peer.advertise != "" && q.conn.RemoteAddr().String() == peer.advertise
 }
 
@@ -99,7 +95,7 @@ func exchange(t *testing.T, a, b *queuePair) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out := make([]verbs.Completion, 1)
-	for _, cq := range []*completionQueue{a.sendCQ, b.recvCQ} {
+	for _, cq := range []*softrc.CQ{a.SendCQ, b.RecvCQ} {
 		if n, err := cq.Wait(ctx, out); err != nil || n != 1 || out[0].Status != verbs.StatusSuccess {
 			t.Fatalf("completion %v, %v", out[:n], err)
 		}
@@ -278,9 +274,9 @@ func TestLocalAddress(t *testing.T) {
 		t.Fatalf("a queue pair with no LocalAddress advertises %q, want 127.0.0.1", b.advertise)
 	}
 	connectPair(t, a, b)
-	a.mu.Lock()
+	a.Mu.Lock()
 	local := a.conn.LocalAddr().String()
-	a.mu.Unlock()
+	a.Mu.Unlock()
 	if local != a.advertise {
 		t.Fatalf("the data connection reached %s, want %s", local, a.advertise)
 	}

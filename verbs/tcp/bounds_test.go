@@ -68,9 +68,9 @@ func TestUnreadResponsesAreBounded(t *testing.T) {
 	peak := 0
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
-		qp.mu.Lock()
+		qp.Mu.Lock()
 		peak = max(peak, len(qp.ctrl))
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		time.Sleep(time.Millisecond)
 	}
 	sent := <-wrote

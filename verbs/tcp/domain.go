@@ -6,51 +6,32 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
-// domain implements verbs.ProtectionDomain. It owns the listeners that
-// accept the data connections of its queue pairs, one per local address;
-// an accepted connection is handed to the queue pair whose one-time secret
-// it presents. Regions, grants, completion queues and the access checks
-// are the soft-RC core's (package softrc).
+// domain implements verbs.ProtectionDomain with the soft-RC core's domain
+// (package softrc: regions, grants, completion queues, queue pairs, the
+// access checks and Close). It adds the listeners that accept the data
+// connections of its queue pairs, one per local address; an accepted
+// connection is offered to the queue pair whose id and one-time secret it
+// presents.
 type domain struct {
-	opts     options
-	table    *softrc.Table
-	acceptor softrc.Acceptor
+	*softrc.Domain
+	opts options
 
-	mu        sync.Mutex
-	closed    bool
-	listeners map[string]*listener // by listen address
-	nextQP    uint64
-	qps       map[*queuePair]struct{}
-	cqs       map[*completionQueue]struct{}
-	waiting   map[secret]*queuePair // queue pairs whose secret is still unused
+	listeners map[string]*listener // by listen address; guarded by Mu
 }
 
-// completionQueue is the core's completion queue.
-type completionQueue = softrc.CQ
-
 func newDomain(opts options) *domain {
-	d := &domain{
-		opts:      opts,
-		listeners: make(map[string]*listener),
-		qps:       make(map[*queuePair]struct{}),
-		cqs:       make(map[*completionQueue]struct{}),
-		waiting:   make(map[secret]*queuePair),
-	}
-	d.table = softrc.NewTable(d)
-	d.acceptor.OnError = func(ln net.Listener, err error) {
+	d := &domain{Domain: softrc.NewDomain(Name, attributes, 0), opts: opts, listeners: make(map[string]*listener)}
+	d.Acceptor.OnError = func(ln net.Listener, err error) {
 		d.opts.logger.Warn("tcp: accepting a data connection", "listener", ln.Addr().String(), "err", err)
 	}
 	return d
 }
-
-func (d *domain) Provider() string { return Name }
 
 // attributes are the tcp device's limits: a work request's length is
 // bounded by the frame's length field; Reads, like every request, are
@@ -65,43 +46,30 @@ var attributes = verbs.Attributes{
 	RecvImmKey:          true,
 }
 
-var limits = softrc.LimitsOf(attributes)
-
-func (d *domain) Attributes() verbs.Attributes { return attributes }
-
-func (d *domain) isClosed() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.closed
-}
-
 // RegisterMemory registers m. The region's address is a random base chosen
 // by the domain, not the memory's virtual address, and its key a random
 // 32-bit number unique in the domain.
 func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
-	if d.isClosed() {
-		return nil, fmt.Errorf("tcp: register memory: domain: %w", verbs.ErrClosed)
-	}
-	r, err := d.table.Register(m, access, 0)
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	r, err := d.RegisterLocked(m, access, 0)
 	if err != nil {
-		return nil, fmt.Errorf("tcp: %w", err)
+		return nil, err
 	}
 	return &memoryRegion{Region: r, pd: d}, nil
-}
-
-// NewCompletionQueue makes a completion queue of the given capacity.
-func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	return softrc.NewDomainCQ("tcp", d, capacity, &d.mu, &d.closed, d.cqs)
 }
 
 // NewQueuePair makes a queue pair in RESET. Its completion queues must
 // belong to this domain and have room for MaxSend and MaxRecv outstanding
 // requests besides those already reserved by other queue pairs. Unless its
 // role is RoleDial, it uses the domain's listener for its local address
-// (see listenFor), which it starts when it is the first to use it.
+// (see listenFor), which it starts when it is the first to use it; a
+// dialing queue pair accepts nothing: no connection may present its
+// secret.
 func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	var advertise string
-	res, err := softrc.Reserve("tcp", d, d.isClosed(), cfg, func() error {
+	var q *queuePair
+	_, err := d.NewQP(cfg, func() error {
 		if cfg.MaxInline > maxInline {
 			return fmt.Errorf("tcp: new queue pair: MaxInline %d exceeds the device's %d: %w", cfg.MaxInline, maxInline, verbs.ErrTooLarge)
 		}
@@ -116,27 +84,14 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 			advertise = l.advertise
 		}
 		return nil
+	}, cfg.Role != verbs.RoleDial, func(core *softrc.QP) softrc.Wire {
+		q = newQueuePair(d, core, cmpOr(cfg.MaxInline, defaultMaxInline))
+		q.role, q.advertise = cfg.Role, advertise
+		q.Info = (&info{role: q.role, secret: q.Secret, qpID: q.ID, addr: q.advertise}).encode()
+		return q
 	})
 	if err != nil {
 		return nil, err
-	}
-	q := newQueuePair(d, res.SendCQ, res.RecvCQ, res.MaxSend, res.MaxRecv, cmpOr(cfg.MaxInline, defaultMaxInline))
-	q.role, q.advertise = cfg.Role, advertise
-	q.secret = softrc.NewSecret()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		res.Release()
-		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
-	}
-	d.nextQP++
-	q.id = d.nextQP
-	q.info = (&info{role: q.role, secret: q.secret, qpID: q.id, addr: q.advertise}).encode()
-	d.qps[q] = struct{}{}
-	if q.role != verbs.RoleDial {
-		// A dialing queue pair accepts nothing: no connection may
-		// present its secret.
-		d.waiting[q.secret] = q
 	}
 	return q, nil
 }
@@ -146,25 +101,6 @@ func cmpOr(v, def int) int {
 		return def
 	}
 	return v
-}
-
-func (d *domain) removeQP(q *queuePair) {
-	d.mu.Lock()
-	delete(d.qps, q)
-	if d.waiting[q.secret] == q {
-		delete(d.waiting, q.secret)
-	}
-	d.mu.Unlock()
-}
-
-// forget retires a queue pair's secret: no further connection may present
-// it.
-func (d *domain) forget(q *queuePair) {
-	d.mu.Lock()
-	if d.waiting[q.secret] == q {
-		delete(d.waiting, q.secret)
-	}
-	d.mu.Unlock()
 }
 
 // listener is one of a domain's listeners.
@@ -244,10 +180,10 @@ func (d *domain) listenerFor(local netip.Addr) (*listener, error) {
 	if err := d.opts.checkReachable(local, addr, from); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", verbs.ErrClosed)
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if d.ClosedLocked() {
+		return nil, d.ErrClosed("new queue pair")
 	}
 	if l := d.listeners[addr]; l != nil {
 		return l, nil
@@ -261,7 +197,7 @@ func (d *domain) listenerFor(local netip.Addr) (*listener, error) {
 		ln.Close()
 		return nil, err
 	}
-	if err := d.acceptor.Serve(ln, d.handshake); err != nil {
+	if err := d.Acceptor.Serve(ln, d.handshake); err != nil {
 		return nil, fmt.Errorf("tcp: new queue pair: domain: %w", err)
 	}
 	l := &listener{ln: ln, advertise: adv}
@@ -284,8 +220,8 @@ func advertised(la *net.TCPAddr, adv string) (string, error) {
 	return adv, nil
 }
 
-// handshake reads the dialer's hello and hands the connection to the queue
-// pair that issued the secret it presents, or refuses it.
+// handshake reads the dialer's hello and offers the connection to the
+// queue pair that issued the secret it presents, or refuses it.
 func (d *domain) handshake(c net.Conn) bool {
 	c.SetDeadline(time.Now().Add(d.opts.handshakeTimeout))
 	h, err := readHello(c)
@@ -293,10 +229,7 @@ func (d *domain) handshake(c net.Conn) bool {
 		d.opts.logger.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
 		return false
 	}
-	d.mu.Lock()
-	q := d.waiting[h.acceptor]
-	d.mu.Unlock()
-	if q == nil || q.id != h.qpID || !q.offer(c, h) {
+	if !d.Offer(h.qpID, h.acceptor, offered{c, h}) {
 		d.opts.logger.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
 		c.Write(replyBytes(handshakeRefused))
 		return false
@@ -304,31 +237,7 @@ func (d *domain) handshake(c net.Conn) bool {
 	return true
 }
 
-// Close closes the listeners, the queue pairs, the completion queues and the
-// regions left in the domain, and waits for its goroutines to stop. It is
-// idempotent.
-func (d *domain) Close() error {
-	if !softrc.BeginClose(&d.mu, &d.closed) {
-		return nil
-	}
-	qps := make([]*queuePair, 0, len(d.qps))
-	for q := range d.qps {
-		qps = append(qps, q)
-	}
-	cqs := make([]*completionQueue, 0, len(d.cqs))
-	for q := range d.cqs {
-		cqs = append(cqs, q)
-	}
-	d.mu.Unlock()
-	d.acceptor.Close()
-	for _, q := range qps {
-		q.Close()
-	}
-	for _, q := range cqs {
-		q.Close()
-	}
-	for _, r := range d.table.Regions() {
-		d.table.Deregister(r)
-	}
-	return nil
-}
+// Close closes the listeners, the queue pairs, the regions and the
+// completion queues left in the domain, and waits for its goroutines to
+// stop. It is idempotent.
+func (d *domain) Close() error { return d.Domain.Close(d.DeregisterAll) }

@@ -25,12 +25,6 @@ import (
 //   - in ERR, what is left is flushed once both goroutines have stopped
 //     touching memory (quiesce), or by Close after they have exited.
 
-// errRNR says no receive was posted within the RNR timeout.
-var errRNR = errors.New("no receive posted")
-
-// errStopped says the queue pair entered ERR while the receiver waited.
-var errStopped = errors.New("queue pair stopped")
-
 // writer writes frames in posting order: responses queued by the receiver,
 // then requests in the order they were posted. In ERR it writes the
 // responses still queued (the error report to the peer among them), shuts
@@ -42,7 +36,7 @@ func (q *queuePair) writer(conn net.Conn) {
 		wrote, failed, err := q.writeQueued(conn, false)
 		q.writeMu.Unlock()
 		if err != nil {
-			q.enterError(verbs.StatusTransport, fmt.Errorf("tcp: queue pair %d: writing to the peer: %w", q.id, err))
+			q.enterError(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
 			conn.Close()
 			break
 		}
@@ -54,12 +48,12 @@ func (q *queuePair) writer(conn net.Conn) {
 		}
 		select {
 		case <-q.wakeWriter:
-		case <-q.errored:
+		case <-q.Errored:
 		}
-		q.mu.Lock()
+		q.Mu.Lock()
 		yield := q.ackYield
 		q.ackYield = false
-		q.mu.Unlock()
+		q.Mu.Unlock()
 		if yield {
 			// Only delayable acknowledgements woke us: give the goroutine
 			// that consumes the completion a chance to post its reply, so
@@ -94,23 +88,23 @@ const directMaxQueued = 16 << 10
 // the queue pair is not in ERR. It reports whether it wrote anything and
 // whether the queue pair is in ERR (then requests are left for the flush).
 func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool, err error) {
-	q.mu.Lock()
-	failed = q.state == verbs.QPError
-	if direct && (failed || len(q.inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) {
-		q.mu.Unlock()
+	q.Mu.Lock()
+	failed = q.StateLocked() == verbs.QPError
+	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) {
+		q.Mu.Unlock()
 		return false, failed, nil
 	}
 	ctrl := q.ctrl
 	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
 	q.ctrlBytes, q.delayedAcks = 0, 0
 	if len(ctrl) > 0 {
-		signal(q.ctrlTaken)
+		softrc.Signal(q.ctrlTaken)
 	}
-	var reqs []*sendWR
+	var reqs []*softrc.SendWR
 	if !failed {
 		reqs = q.takeLocked()
 	}
-	q.mu.Unlock()
+	q.Mu.Unlock()
 	if len(ctrl) == 0 && len(reqs) == 0 {
 		return false, failed, nil
 	}
@@ -118,13 +112,13 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	// deregistered ends the batch and the queue pair (a local protection
 	// error), after the requests before it are sent.
 	send := reqs
-	var bad *sendWR
+	var bad *softrc.SendWR
 	var badRegion *softrc.Region
 	for i, w := range reqs {
 		if payloadBytes(w) == 0 {
 			continue
 		}
-		if r, ok := w.vec.Acquire(); !ok {
+		if r, ok := w.Vec.Acquire(); !ok {
 			send, bad, badRegion = reqs[:i], w, r
 			break
 		}
@@ -132,17 +126,17 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	err = q.batch.write(conn, ctrl, send, q.maxInline)
 	for _, w := range send {
 		if payloadBytes(w) > 0 {
-			w.vec.Release()
+			w.Vec.Release()
 		}
 	}
 	for i := range ctrl {
 		ctrl[i].use.Release()
 	}
 	if bad != nil {
-		q.mu.Lock()
-		bad.localErr = true
-		q.mu.Unlock()
-		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %v %d: local region %#x was deregistered", q.id, bad.op, bad.id, badRegion.LocalKey()))
+		q.Mu.Lock()
+		bad.LocalErr = true
+		q.Mu.Unlock()
+		q.enterError(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
 	}
 	clear(ctrl)
 	clear(reqs)
@@ -151,31 +145,31 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 
 // takeLocked takes the posted requests the writer may send now: all of
 // them, or those before the first Fence request that must wait for an
-// earlier Read to complete. The caller holds q.mu.
-func (q *queuePair) takeLocked() []*sendWR {
-	reqs := q.sendq
+// earlier Read to complete. The caller holds q.Mu.
+func (q *queuePair) takeLocked() []*softrc.SendWR {
+	reqs := q.Sendq
 	k := len(reqs)
 	reads, bytes := q.readsInflight, 0
 	for i, w := range reqs {
-		if w.fence && reads > 0 {
+		if w.Fence && reads > 0 {
 			k = i
 			break
 		}
-		if w.op == verbs.OpRead {
+		if w.Op == verbs.OpRead {
 			reads++
 		}
 		bytes += payloadBytes(w)
 	}
 	q.readsInflight = reads
 	if k == len(reqs) {
-		q.sendq, q.spareReqs = q.spareReqs[:0], reqs
+		q.Sendq, q.spareReqs = q.spareReqs[:0], reqs
 	} else {
-		q.sendq = append(q.spareReqs[:0], reqs[k:]...)
+		q.Sendq = append(q.spareReqs[:0], reqs[k:]...)
 		clear(reqs[k:])
 		reqs = reqs[:k]
 		q.spareReqs = reqs
 	}
-	q.inflight = append(q.inflight, reqs...)
+	q.Inflight = append(q.Inflight, reqs...)
 	q.unackedBytes += bytes
 	q.sendqBytes -= bytes
 	return reqs
@@ -233,7 +227,7 @@ func (b *frameBatch) addVec(h *header, v softrc.Vec, n, inline int) {
 	}
 }
 
-func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inline int) error {
+func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendWR, inline int) error {
 	b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
 	if raceEnabled {
 		inline = math.MaxInt // see race.go
@@ -249,11 +243,11 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inli
 		b.add(&f.hdr, f.payload, inline)
 	}
 	for _, w := range reqs {
-		h := header{key: w.remote.Key, imm: w.imm, seq: w.seq, addr: w.remote.Addr, length: uint64(w.n)}
-		if w.hasImm {
+		h := header{key: w.Remote.Key, imm: w.Imm, seq: w.Seq, addr: w.Remote.Addr, length: uint64(w.N)}
+		if w.HasImm {
 			h.flags = flagImm
 		}
-		switch w.op {
+		switch w.Op {
 		case verbs.OpSend:
 			h.op = frameSend
 		case verbs.OpWrite:
@@ -265,7 +259,7 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*sendWR, inli
 			b.add(&h, nil, inline)
 			continue
 		}
-		b.addVec(&h, w.vec, w.n, inline)
+		b.addVec(&h, w.Vec, w.N, inline)
 	}
 	start := 0
 	for _, c := range b.cuts {
@@ -335,7 +329,7 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 	if errors.Is(err, io.EOF) {
 		err = fmt.Errorf("the peer closed the connection: %w", err)
 	}
-	q.enterError(verbs.StatusTransport, fmt.Errorf("tcp: queue pair %d: reading from the peer: %w", q.id, err))
+	q.enterError(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
 	if !draining {
 		q.quiesce()
 	}
@@ -415,26 +409,26 @@ func readVec(br *bufio.Reader, v softrc.Vec, n int) error {
 // and for WriteImm a receive is taken, before a byte of the region is
 // written; the payload is read from the socket straight into the region.
 func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
-	use, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteWrite)
+	use, buf, aerr := q.pd.Table.Remote(h.key, q.QP, h.addr, h.length, verbs.AccessRemoteWrite)
 	if aerr != nil {
 		return q.refuseAndSkip(h, br, nakRemoteAccess, aerr)
 	}
-	var r *recvWR
+	var r *softrc.RecvWR
 	if h.op == frameWriteImm {
 		var err error
-		if r, err = q.takeRecv(); err != nil {
+		if r, err = q.WaitRecv(q.pd.opts.rnrTimeout); err != nil {
 			use.Release()
-			if !errors.Is(err, errRNR) {
+			if !errors.Is(err, softrc.ErrRNR) {
 				return false, err
 			}
-			return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout))
+			return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
 		}
 	}
 	err := readPayload(br, buf)
 	use.Release()
 	if err != nil {
 		if r != nil {
-			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		}
 		return false, err
 	}
@@ -444,38 +438,38 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
-		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
+		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
 	}
 	return false, nil
 }
 
 // applySend lands a Send in the oldest posted receive.
 func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
-	r, err := q.takeRecv()
+	r, err := q.WaitRecv(q.pd.opts.rnrTimeout)
 	if err != nil {
-		if !errors.Is(err, errRNR) {
+		if !errors.Is(err, softrc.ErrRNR) {
 			return false, err
 		}
-		return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", errRNR, q.pd.opts.rnrTimeout))
+		return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
 	}
-	if h.length > uint64(r.n) {
-		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, r.n)
+	if h.length > uint64(r.N) {
+		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, r.N)
 		q.refuse(h, nakInvalidRequest, cause)
-		q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
+		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
 		return true, skipPayload(br, h.length)
 	}
 	n := int(h.length)
 	if n > 0 {
-		if bad, ok := r.vec.Acquire(); !ok {
+		if bad, ok := r.Vec.Acquire(); !ok {
 			cause := fmt.Errorf("the receive's region %#x was deregistered", bad.LocalKey())
 			q.refuse(h, nakOperation, cause)
-			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
+			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
 			return true, skipPayload(br, h.length)
 		}
-		err := readVec(br, r.vec, n)
-		r.vec.Release()
+		err := readVec(br, r.Vec, n)
+		r.Vec.Release()
 		if err != nil {
-			q.recvCQ.Push(q.recvCompletion(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 			return false, err
 		}
 	}
@@ -486,14 +480,14 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
 	q.queueAck(h.seq, true)
-	q.recvCQ.Push(q.recvCompletion(r, c))
+	q.RecvCQ.Push(q.CompleteRecv(r, c))
 	return false, nil
 }
 
 // applyReadRequest queues the response to a Read; the writer sends the
 // region's bytes straight from memory.
 func (q *queuePair) applyReadRequest(h *header) bool {
-	use, buf, aerr := q.pd.table.Remote(h.key, q, h.addr, h.length, verbs.AccessRemoteRead)
+	use, buf, aerr := q.pd.Table.Remote(h.key, q.QP, h.addr, h.length, verbs.AccessRemoteRead)
 	if aerr != nil {
 		return q.refuse(h, nakRemoteAccess, aerr)
 	}
@@ -514,15 +508,15 @@ const maxQueuedCtrl = 4096
 // pair fails.
 func (q *queuePair) awaitCtrlRoom() {
 	for {
-		q.mu.Lock()
-		full := len(q.ctrl) >= maxQueuedCtrl && q.state != verbs.QPError
-		q.mu.Unlock()
+		q.Mu.Lock()
+		full := len(q.ctrl) >= maxQueuedCtrl && q.StateLocked() != verbs.QPError
+		q.Mu.Unlock()
 		if !full {
 			return
 		}
 		select {
 		case <-q.ctrlTaken:
-		case <-q.errored:
+		case <-q.Errored:
 			return
 		}
 	}
@@ -553,22 +547,22 @@ func skipPayload(br *bufio.Reader, n uint64) error {
 // applyReadResponse reads the data of the oldest outstanding Read straight
 // into its local buffer.
 func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error) {
-	q.mu.Lock()
-	if len(q.inflight) == 0 {
-		q.mu.Unlock()
+	q.Mu.Lock()
+	if len(q.Inflight) == 0 {
+		q.Mu.Unlock()
 		return false, fmt.Errorf("read response %d with no request outstanding", h.seq)
 	}
-	w := q.inflight[0]
-	q.mu.Unlock()
-	if w.seq != h.seq || w.op != verbs.OpRead || uint64(w.n) != h.length {
-		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.seq, w.op, w.n)
+	w := q.Inflight[0]
+	q.Mu.Unlock()
+	if w.Seq != h.seq || w.Op != verbs.OpRead || uint64(w.N) != h.length {
+		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.Seq, w.Op, w.N)
 	}
 	status, fatal := verbs.StatusSuccess, false
 	var cause error
-	if w.n > 0 {
-		if bad, ok := w.vec.Acquire(); ok {
-			err := readVec(br, w.vec, w.n)
-			w.vec.Release()
+	if w.N > 0 {
+		if bad, ok := w.Vec.Acquire(); ok {
+			err := readVec(br, w.Vec, w.N)
+			w.Vec.Release()
 			if err != nil {
 				return false, err
 			}
@@ -577,20 +571,20 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 				return false, err
 			}
 			status, fatal = verbs.StatusLocalProtection, true
-			cause = fmt.Errorf("tcp: queue pair %d: READ %d: local region %#x was deregistered", q.id, w.id, bad.LocalKey())
+			cause = q.Errorf("READ %d: local region %#x was deregistered", w.ID, bad.LocalKey())
 			q.enterError(verbs.StatusFlushed, cause)
 		}
 	}
-	q.mu.Lock()
-	q.inflight[0] = nil
-	q.inflight = q.inflight[1:]
+	q.Mu.Lock()
+	q.Inflight[0] = nil
+	q.Inflight = q.Inflight[1:]
 	q.readsInflight--
-	fenced := q.readsInflight == 0 && len(q.sendq) > 0
-	q.mu.Unlock()
+	fenced := q.readsInflight == 0 && len(q.Sendq) > 0
+	q.Mu.Unlock()
 	if fenced {
-		signal(q.wakeWriter) // a Fence request may go now
+		softrc.Signal(q.wakeWriter) // a Fence request may go now
 	}
-	q.sendCQ.Push(q.appendSend(nil, w, status, cause)...)
+	q.SendCQ.Push(q.CompleteSend(nil, w, status, cause)...)
 	return fatal, nil
 }
 
@@ -598,47 +592,47 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 // acknowledgement fails its request and moves the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
 	nak := h.status != nakNone
-	q.mu.Lock()
-	var done []*sendWR
-	for len(q.inflight) > 0 && (q.inflight[0].seq < h.seq || !nak && q.inflight[0].seq == h.seq) {
-		w := q.inflight[0]
-		if w.op == verbs.OpRead {
-			q.mu.Unlock()
-			return false, fmt.Errorf("acknowledgement %d covers read %d, which has no response", h.seq, w.seq)
+	q.Mu.Lock()
+	var done []*softrc.SendWR
+	for len(q.Inflight) > 0 && (q.Inflight[0].Seq < h.seq || !nak && q.Inflight[0].Seq == h.seq) {
+		w := q.Inflight[0]
+		if w.Op == verbs.OpRead {
+			q.Mu.Unlock()
+			return false, fmt.Errorf("acknowledgement %d covers read %d, which has no response", h.seq, w.Seq)
 		}
 		done = append(done, w)
-		q.inflight[0] = nil
-		q.inflight = q.inflight[1:]
+		q.Inflight[0] = nil
+		q.Inflight = q.Inflight[1:]
 	}
-	var failed *sendWR
-	if nak && len(q.inflight) > 0 && q.inflight[0].seq == h.seq {
-		failed = q.inflight[0]
-		q.inflight[0] = nil
-		q.inflight = q.inflight[1:]
+	var failed *softrc.SendWR
+	if nak && len(q.Inflight) > 0 && q.Inflight[0].Seq == h.seq {
+		failed = q.Inflight[0]
+		q.Inflight[0] = nil
+		q.Inflight = q.Inflight[1:]
 	}
-	q.mu.Unlock()
-	if !nak && (len(done) == 0 || done[len(done)-1].seq != h.seq) || nak && failed == nil {
+	q.Mu.Unlock()
+	if !nak && (len(done) == 0 || done[len(done)-1].Seq != h.seq) || nak && failed == nil {
 		return false, fmt.Errorf("acknowledgement of request %d, which is not outstanding", h.seq)
 	}
 	var cause error
 	if nak {
 		st := nakStatus(h.status)
-		cause = fmt.Errorf("the peer refused %v %d: %v", failed.op, failed.id, st)
-		q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: %w", q.id, cause))
+		cause = fmt.Errorf("the peer refused %v %d: %v", failed.Op, failed.ID, st)
+		q.enterError(verbs.StatusFlushed, q.Errorf("%w", cause))
 	}
 	es := make([]softrc.Entry, 0, len(done)+1)
 	for _, w := range done {
-		es = q.appendSend(es, w, verbs.StatusSuccess, nil)
+		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
 	}
-	q.mu.Lock()
+	q.Mu.Lock()
 	for _, w := range done {
 		q.unackedBytes -= payloadBytes(w)
 	}
-	q.mu.Unlock()
+	q.Mu.Unlock()
 	if failed != nil {
-		es = q.appendSend(es, failed, nakStatus(h.status), cause)
+		es = q.CompleteSend(es, failed, nakStatus(h.status), cause)
 	}
-	q.sendCQ.Push(es...)
+	q.SendCQ.Push(es...)
 	return nak, nil
 }
 
@@ -646,39 +640,8 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 // ERR, as a responder error does in RC. It returns true (fatal).
 func (q *queuePair) refuse(h *header, status uint8, cause error) bool {
 	q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, status: status, seq: h.seq}})
-	q.enterError(verbs.StatusFlushed, fmt.Errorf("tcp: queue pair %d: refused the peer's %s %d: %w", q.id, opName(h.op), h.seq, cause))
+	q.enterError(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
 	return true
-}
-
-// takeRecv takes the oldest posted receive, waiting up to the RNR timeout
-// for one to be posted.
-func (q *queuePair) takeRecv() (*recvWR, error) {
-	var timer *time.Timer
-	for {
-		q.mu.Lock()
-		if len(q.recvq) > 0 {
-			r := q.recvq[0]
-			q.recvq[0] = nil
-			q.recvq = q.recvq[1:]
-			q.mu.Unlock()
-			if timer != nil {
-				timer.Stop()
-			}
-			return r, nil
-		}
-		q.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(q.pd.opts.rnrTimeout)
-			defer timer.Stop()
-		}
-		select {
-		case <-q.recvPosted:
-		case <-timer.C:
-			return nil, errRNR
-		case <-q.errored:
-			return nil, errStopped
-		}
-	}
 }
 
 // ackYields is how many times the writer yields before it writes
@@ -699,7 +662,7 @@ const (
 // wait.
 func (q *queuePair) queueAck(seq uint64, delay bool) {
 	q.awaitCtrlRoom()
-	q.mu.Lock()
+	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
 	if !delay || q.delayedAcks >= maxDelayedAcks {
@@ -707,76 +670,46 @@ func (q *queuePair) queueAck(seq uint64, delay bool) {
 	} else {
 		q.ackYield = true
 	}
-	q.mu.Unlock()
-	signal(q.wakeWriter)
+	q.Mu.Unlock()
+	softrc.Signal(q.wakeWriter)
 }
 
 func (q *queuePair) queueCtrl(f ctrlFrame) {
-	q.mu.Lock()
+	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, f)
 	q.ctrlBytes += len(f.payload)
-	q.mu.Unlock()
-	signal(q.wakeWriter)
+	q.Mu.Unlock()
+	softrc.Signal(q.wakeWriter)
 }
 
 // payloadBytes is how many bytes a request sends to the peer.
-func payloadBytes(w *sendWR) int {
-	if w.op == verbs.OpRead {
+func payloadBytes(w *softrc.SendWR) int {
+	if w.Op == verbs.OpRead {
 		return 0
 	}
-	return w.n
+	return w.N
 }
 
-// appendSend appends the completion of a send request to es, unless it is
-// an unsignaled success.
-func (q *queuePair) appendSend(es []softrc.Entry, w *sendWR, st verbs.Status, err error) []softrc.Entry {
-	c := verbs.Completion{ID: w.id, Op: w.op, Status: st, Err: err}
-	if st == verbs.StatusSuccess {
-		c.Len = w.n
-	}
-	if e, ok := q.sendQ.Complete(c, w.unsignaled); ok {
-		es = append(es, e)
-	}
-	return es
-}
+// enterError moves the queue pair to ERR (see softrc.QP.FailLocked):
+// the oldest request outstanding completes with status, the others with
+// StatusFlushed.
+func (q *queuePair) enterError(status verbs.Status, cause error) { q.Fail(status, cause) }
 
-// recvCompletion completes a receive with c's outcome.
-func (q *queuePair) recvCompletion(r *recvWR, c verbs.Completion) softrc.Entry {
-	c.ID = r.id
-	if c.Op == 0 {
-		c.Op = verbs.OpRecv
-	}
-	e, _ := q.recvQ.Complete(c, false)
-	return e
-}
-
-// enterError moves the queue pair to ERR once. Requests already sent are
-// flushed with status, the others with StatusFlushed. The connection gets
-// the linger timeout to deliver what is queued for the peer.
-func (q *queuePair) enterError(status verbs.Status, cause error) {
-	q.mu.Lock()
-	if q.state == verbs.QPError {
-		q.mu.Unlock()
-		return
-	}
-	q.state = verbs.QPError
-	q.cause = cause
-	q.flushStatus = status
-	conn := q.conn
-	q.mu.Unlock()
-	close(q.errored)
-	if conn != nil {
-		conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
+// FailedLocked gives the connection the linger timeout to deliver what is
+// queued for the peer.
+func (q *queuePair) FailedLocked() {
+	if q.conn != nil {
+		q.conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
 	}
 }
 
 // quiesce records that one goroutine no longer touches memory; the last
 // one flushes what is left.
 func (q *queuePair) quiesce() {
-	q.mu.Lock()
+	q.Mu.Lock()
 	q.active--
 	last := q.active == 0
-	q.mu.Unlock()
+	q.Mu.Unlock()
 	if last {
 		q.flush()
 	}
@@ -785,58 +718,29 @@ func (q *queuePair) quiesce() {
 // leave records that one goroutine no longer uses the connection; the last
 // one closes it.
 func (q *queuePair) leave(conn net.Conn) {
-	q.mu.Lock()
+	q.Mu.Lock()
 	q.running--
 	last := q.running == 0
-	q.mu.Unlock()
+	q.Mu.Unlock()
 	if last {
 		conn.Close()
 	}
 }
 
-// flush completes every request still queued with an error status.
+// flush completes every request still queued with an error status (see
+// softrc.QP.Flush) and drops the queued responses.
 func (q *queuePair) flush() {
-	q.mu.Lock()
-	inflight, sendq, recvq, ctrl := q.inflight, q.sendq, q.recvq, q.ctrl
-	q.inflight, q.sendq, q.recvq, q.ctrl = nil, nil, nil, nil
-	q.sendqBytes, q.unackedBytes, q.ctrlBytes, q.readsInflight = 0, 0, 0, 0
-	status, cause := q.flushStatus, q.cause
-	q.mu.Unlock()
-	if status == verbs.StatusSuccess {
-		status = verbs.StatusFlushed
-	}
-	if len(inflight)+len(sendq) > 0 {
-		es := make([]softrc.Entry, 0, len(inflight)+len(sendq))
-		// The oldest request outstanding fails with the error; every later
-		// one is flushed.
-		for i, w := range inflight {
-			st := status
-			if i > 0 {
-				st = verbs.StatusFlushed
-			}
-			if w.localErr {
-				st = verbs.StatusLocalProtection
-			}
-			es = q.appendSend(es, w, st, cause)
-		}
-		for i, w := range sendq {
-			// When nothing was in flight yet, the oldest queued request is
-			// the oldest outstanding one.
-			st := verbs.StatusFlushed
-			if i == 0 && len(inflight) == 0 {
-				st = status
-			}
-			es = q.appendSend(es, w, st, cause)
-		}
-		q.sendCQ.Push(es...)
-	}
-	if len(recvq) > 0 {
-		es := make([]softrc.Entry, 0, len(recvq))
-		for _, r := range recvq {
-			es = append(es, q.recvCompletion(r, verbs.Completion{Status: verbs.StatusFlushed, Err: cause}))
-		}
-		q.recvCQ.Push(es...)
-	}
+	q.Flush()
+	q.releaseCtrl()
+}
+
+// releaseCtrl drops the responses still queued for the writer.
+func (q *queuePair) releaseCtrl() {
+	q.Mu.Lock()
+	ctrl := q.ctrl
+	q.ctrl, q.ctrlBytes = nil, 0
+	q.sendqBytes, q.unackedBytes, q.readsInflight = 0, 0, 0
+	q.Mu.Unlock()
 	for i := range ctrl {
 		ctrl[i].use.Release()
 	}

@@ -21,6 +21,6 @@ type memoryRegion struct {
 // not moved their data yet fail with StatusLocalProtection (and, like any
 // local error, move their queue pair to ERR). It is idempotent.
 func (r *memoryRegion) Deregister() error {
-	r.pd.table.Deregister(r.Region)
+	r.pd.Table.Deregister(r.Region)
 	return nil
 }

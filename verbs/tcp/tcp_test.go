@@ -14,10 +14,11 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // newTestQP opens a domain with one queue pair on a shared CQ.
-func newTestQP(t *testing.T, opts ...Option) (*domain, *queuePair, *completionQueue) {
+func newTestQP(t *testing.T, opts ...Option) (*domain, *queuePair, *softrc.CQ) {
 	t.Helper()
 	pd, err := New(opts...).Open("")
 	if err != nil {
@@ -31,7 +32,7 @@ func newTestQP(t *testing.T, opts ...Option) (*domain, *queuePair, *completionQu
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pd.(*domain), qp.(*queuePair), cq.(*completionQueue)
+	return pd.(*domain), qp.(*queuePair), cq.(*softrc.CQ)
 }
 
 // dialWith dials the queue pair's listener and presents a hello.
@@ -74,10 +75,10 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 
 	var wrong secret
 	wrong[0] = 1
-	if c, st, err := dialWith(t, qp, hello{acceptor: wrong, dialer: wrong, qpID: qp.id}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, qp, hello{acceptor: wrong, dialer: wrong, qpID: qp.ID}); !refused(c, st, err) {
 		t.Fatal("a connection presenting a wrong secret was accepted")
 	}
-	if c, st, err := dialWith(t, qp, hello{acceptor: qp.secret, dialer: wrong, qpID: qp.id + 1}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, qp, hello{acceptor: qp.Secret, dialer: wrong, qpID: qp.ID + 1}); !refused(c, st, err) {
 		t.Fatal("a connection naming the wrong queue pair was accepted")
 	}
 
@@ -89,7 +90,7 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 	forged[0] = 0xfe
 	forgedDone := make(chan bool, 1)
 	go func() {
-		c, st, err := dialWith(t, qp, hello{acceptor: qp.secret, dialer: forged, qpID: qp.id})
+		c, st, err := dialWith(t, qp, hello{acceptor: qp.Secret, dialer: forged, qpID: qp.ID})
 		forgedDone <- refused(c, st, err)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -125,10 +126,10 @@ func TestHandshakeSecretIsOneTime(t *testing.T) {
 	// Replaying the handshake that connected the pair is refused by
 	// whichever side accepted it.
 	acceptor, dialer := a, b
-	if bytes.Compare(a.secret[:], b.secret[:]) < 0 {
+	if bytes.Compare(a.Secret[:], b.Secret[:]) < 0 {
 		acceptor, dialer = b, a
 	}
-	if c, st, err := dialWith(t, acceptor, hello{acceptor: acceptor.secret, dialer: dialer.secret, qpID: acceptor.id}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, acceptor, hello{acceptor: acceptor.Secret, dialer: dialer.Secret, qpID: acceptor.ID}); !refused(c, st, err) {
 		t.Fatal("a replayed handshake was accepted")
 	}
 	if err := a.Connect(ctx, b.LocalInfo()); err == nil {
@@ -253,7 +254,7 @@ func fakePeer(t *testing.T, qp *queuePair) net.Conn {
 			return
 		}
 		h, err := readHello(c)
-		if err != nil || h.acceptor != s || h.dialer != qp.secret || h.qpID != 99 {
+		if err != nil || h.acceptor != s || h.dialer != qp.Secret || h.qpID != 99 {
 			c.Close()
 			accepted <- nil
 			return

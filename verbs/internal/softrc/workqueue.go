@@ -16,8 +16,11 @@ type WorkQueue struct {
 	max  int
 	used atomic.Int64
 
-	mu      sync.Mutex
-	pending int // unsignaled successes whose slots the next completion frees
+	mu       sync.Mutex
+	pending  int // unsignaled successes whose slots the next completion frees
+	failed   bool
+	status   verbs.Status // of the first failure after Fail
+	reported bool         // a failure completed since Fail
 }
 
 // NewWorkQueue makes the accounting of a queue of max requests.
@@ -43,12 +46,28 @@ func (w *WorkQueue) Take(n int) error {
 	}
 }
 
+// Fail applies the contract's flush order to the completions that follow:
+// the first of them that fails carries the error, status in place of
+// StatusFlushed, and every later one stays StatusFlushed. The queue pair
+// calls it as it enters ERR.
+func (w *WorkQueue) Fail(status verbs.Status) {
+	w.mu.Lock()
+	w.failed, w.status = true, status
+	w.mu.Unlock()
+}
+
 // Complete turns the outcome of a request into the entry to push, or
 // reports false when there is none (an unsignaled success). Completions of
 // one queue must be passed in the order they are pushed.
 func (w *WorkQueue) Complete(c verbs.Completion, unsignaled bool) (Entry, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.failed && c.Status != verbs.StatusSuccess {
+		if !w.reported && c.Status == verbs.StatusFlushed {
+			c.Status = w.status
+		}
+		w.reported = true
+	}
 	if unsignaled && c.Status == verbs.StatusSuccess {
 		w.pending++
 		return Entry{}, false

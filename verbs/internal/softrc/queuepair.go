@@ -1,0 +1,517 @@
+package softrc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// Wire is what a provider adds to a queue pair: how its requests, responses
+// and doorbells move to the peer. The core (QP) does the contract's part of
+// every verb first (checks, state, queue room, errors) and calls the wire
+// for the rest.
+type Wire interface {
+	// PostSendUnlock is called by PostSend with Mu held, once ws passed
+	// every check and took their send queue slots. It queues the requests
+	// (usually on Sendq) or runs them, and releases Mu.
+	PostSendUnlock(ws []SendWR)
+	// PostRecvUnlock is called by PostRecv with Mu held, once the
+	// receives are on Recvq. It releases Mu.
+	PostRecvUnlock()
+	// FailedLocked is called with Mu held as the queue pair enters ERR,
+	// once its state, cause and flush status are set.
+	FailedLocked()
+	// Shutdown is called by Close without Mu, the queue pair closed and
+	// in ERR. It ends the connection and returns once the wire's
+	// goroutines no longer touch memory or the queues; Close then
+	// flushes what is left on them.
+	Shutdown()
+}
+
+// Offer is a data connection a peer opened to a queue pair, waiting for
+// its Connect. The core closes the offers nobody takes.
+type Offer interface{ Close() }
+
+// SendWR is a posted send queue request whose local memory was checked at
+// post time: Vec replaces the request's Local and Segments.
+type SendWR struct {
+	ID         uint64
+	Op         verbs.Opcode
+	Imm        uint32
+	HasImm     bool // a WriteImm always has one
+	Unsignaled bool
+	Fence      bool
+	Remote     verbs.Remote
+	Vec        Vec // the local segments
+	N          int // their length
+	seg        [1]Seg
+	// Seq is the wire's number for the request.
+	Seq uint64
+	// LocalErr says the request's region was deregistered before its data
+	// moved; the flush completes it with StatusLocalProtection.
+	LocalErr bool
+}
+
+// RecvWR is a posted receive.
+type RecvWR struct {
+	ID  uint64
+	Vec Vec
+	N   int
+	seg [1]Seg
+}
+
+// ErrRNR says no receive was posted within the RNR timeout (WaitRecv).
+var ErrRNR = errors.New("no receive posted")
+
+// ErrStopped says the queue pair entered ERR while WaitRecv waited.
+var ErrStopped = errors.New("queue pair stopped")
+
+// QP is the state of a soft-RC queue pair that does not depend on its
+// wire: its state machine (RESET, INIT, RTS, ERR) with the cause of ERR,
+// its work queues (Sendq, Inflight, Recvq) and their slots, the flush that
+// completes what is left in ERR, the offers of data connections, and the
+// checks and errors of every verb. A provider's queue pair embeds it and
+// adds Connect, Grant and its Wire.
+//
+// Every error it returns begins with the provider and the queue pair's id
+// ("tcp: queue pair 7: ..."); a post to a queue pair in ERR carries the
+// cause.
+type QP struct {
+	Domain         *Domain
+	ID             uint64
+	Secret         Secret
+	Info           []byte // LocalInfo
+	SendCQ, RecvCQ *CQ
+	SendQ, RecvQ   *WorkQueue // slots, held until a completion is polled
+	// Errored is closed on entering ERR.
+	Errored chan struct{}
+	// RecvPosted gets a token (one slot) when receives are posted.
+	RecvPosted chan struct{}
+
+	wire     Wire
+	incoming chan Offer
+
+	// Mu guards the fields below, and those a wire keeps with them.
+	Mu          sync.Mutex
+	state       verbs.QPState
+	closed      bool
+	connecting  bool
+	accepting   bool // offers of data connections are welcome
+	takesOffers bool // accepting, while not connecting or connected
+	cause       error
+	flushStatus verbs.Status // of the oldest request outstanding in ERR
+	// Sendq holds send requests posted and not yet started, Inflight those
+	// started and not yet completed, Recvq the receives posted and not yet
+	// taken; each in posting order. A wire moves requests along them; the
+	// flush completes what is left.
+	Sendq    []*SendWR
+	Inflight []*SendWR
+	Recvq    []*RecvWR
+}
+
+// Errorf is an error of the queue pair: "provider: queue pair id: " and
+// the formatted text.
+func (q *QP) Errorf(format string, args ...any) error {
+	return fmt.Errorf("%s: queue pair %d: %w", q.Domain.Name, q.ID, fmt.Errorf(format, args...))
+}
+
+// Wire is the queue pair's wire.
+func (q *QP) Wire() Wire { return q.wire }
+
+// LocalInfo returns the queue pair's connection information.
+func (q *QP) LocalInfo() []byte { return bytes.Clone(q.Info) }
+
+// State returns the queue pair's state.
+func (q *QP) State() verbs.QPState {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.state
+}
+
+// StateLocked is State for a caller holding Mu.
+func (q *QP) StateLocked() verbs.QPState { return q.state }
+
+// ClosedLocked reports whether Close was called; the caller holds Mu.
+func (q *QP) ClosedLocked() bool { return q.closed }
+
+// Closed reports whether Close was called.
+func (q *QP) Closed() bool {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.closed
+}
+
+// FailureLocked is the status and cause of the request outstanding when
+// the queue pair entered ERR; the caller holds Mu.
+func (q *QP) FailureLocked() (verbs.Status, error) { return q.flushStatus, q.cause }
+
+// Failure is FailureLocked for a caller not holding Mu.
+func (q *QP) Failure() (verbs.Status, error) {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.flushStatus, q.cause
+}
+
+// PostSend checks every request (see CheckSends) and the queue pair's
+// state and room, then hands them to the wire: all or none.
+func (q *QP) PostSend(wrs ...verbs.SendRequest) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	ws, err := CheckSends(q.Domain, q.Domain.Limits, wrs, func(w *SendWR) Vec { return w.seg[:0] }, func(w *SendWR, wr *verbs.SendRequest, vec Vec) {
+		w.ID, w.Op, w.Imm, w.HasImm = wr.ID, wr.Op, wr.Imm, wr.HasImm || wr.Op == verbs.OpWriteImm
+		w.Unsignaled, w.Fence, w.Remote, w.Vec, w.N = wr.Unsignaled, wr.Fence, wr.Remote, vec, vec.Len()
+	})
+	if err != nil {
+		return q.Errorf("%w", err)
+	}
+	q.Mu.Lock()
+	if err := q.postErrorLocked(true); err != nil {
+		q.Mu.Unlock()
+		return err
+	}
+	if err := q.SendQ.Take(len(ws)); err != nil {
+		q.Mu.Unlock()
+		return q.Errorf("PostSend of %w", err)
+	}
+	q.wire.PostSendUnlock(ws)
+	return nil
+}
+
+// PostRecv posts receives, all or none, as PostSend. Receives may be
+// posted before Connect.
+func (q *QP) PostRecv(wrs ...verbs.RecvRequest) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	rs, err := CheckRecvs(q.Domain, q.Domain.Limits, wrs, func(r *RecvWR) Vec { return r.seg[:0] }, func(r *RecvWR, wr *verbs.RecvRequest, vec Vec) {
+		r.ID, r.Vec, r.N = wr.ID, vec, vec.Len()
+	})
+	if err != nil {
+		return q.Errorf("%w", err)
+	}
+	q.Mu.Lock()
+	if err := q.postErrorLocked(false); err != nil {
+		q.Mu.Unlock()
+		return err
+	}
+	if err := q.RecvQ.Take(len(rs)); err != nil {
+		q.Mu.Unlock()
+		return q.Errorf("PostRecv of %w", err)
+	}
+	for i := range rs {
+		q.Recvq = append(q.Recvq, &rs[i])
+	}
+	signal(q.RecvPosted)
+	q.wire.PostRecvUnlock()
+	return nil
+}
+
+func (q *QP) postErrorLocked(send bool) error {
+	if err := PostError(q.closed, q.state, q.cause, send); err != nil {
+		return q.Errorf("%w", err)
+	}
+	return nil
+}
+
+// Grant is QueuePair.Grant: NewGrant on the queue pair, unless it is
+// closed, with the wire's onRevoke and onStuck (either may be nil).
+func (q *QP) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access, onRevoke func(*Grant), onStuck func()) (verbs.Grant, error) {
+	if q.Closed() {
+		return nil, q.Errorf("grant: %w", verbs.ErrClosed)
+	}
+	g, err := q.Domain.Table.NewGrant(q, region, offset, length, access, onRevoke, onStuck)
+	if err != nil {
+		return nil, q.Errorf("%w", err)
+	}
+	return g, nil
+}
+
+// Fail moves the queue pair to ERR (see FailLocked).
+func (q *QP) Fail(status verbs.Status, cause error) bool {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.FailLocked(status, cause)
+}
+
+// FailLocked moves the queue pair to ERR once, for cause, and reports
+// whether this call did. The oldest request outstanding then completes
+// with status (StatusFlushed for none) and the cause, every later one and
+// every receive with StatusFlushed: that is the contract's flush order,
+// which the send WorkQueue applies to whatever completes after this (see
+// WorkQueue.Fail). It closes Errored and calls the wire's FailedLocked.
+// The caller holds Mu.
+func (q *QP) FailLocked(status verbs.Status, cause error) bool {
+	if q.state == verbs.QPError {
+		return false
+	}
+	if status == verbs.StatusSuccess {
+		status = verbs.StatusFlushed
+	}
+	q.state, q.cause, q.flushStatus = verbs.QPError, cause, status
+	q.SendQ.Fail(status)
+	close(q.Errored)
+	q.wire.FailedLocked()
+	return true
+}
+
+// CompleteSend appends the completion of w, with status st and, unless
+// it succeeded, err, to es, unless it is an unsignaled success.
+func (q *QP) CompleteSend(es []Entry, w *SendWR, st verbs.Status, err error) []Entry {
+	c := verbs.Completion{ID: w.ID, Op: w.Op, Status: st, Err: err}
+	if st == verbs.StatusSuccess {
+		c.Len, c.Err = w.N, nil
+		if w.Op == verbs.OpWriteImm || w.Op == verbs.OpSend && w.HasImm {
+			c.Imm, c.HasImm = w.Imm, true
+		}
+	}
+	if e, ok := q.SendQ.Complete(c, w.Unsignaled); ok {
+		es = append(es, e)
+	}
+	return es
+}
+
+// CompleteRecv is the completion entry of r with c's outcome.
+func (q *QP) CompleteRecv(r *RecvWR, c verbs.Completion) Entry {
+	c.ID = r.ID
+	if c.Op == 0 {
+		c.Op = verbs.OpRecv
+	}
+	e, _ := q.RecvQ.Complete(c, false)
+	return e
+}
+
+// TakeRecvLocked takes the oldest posted receive, or returns nil; the
+// caller holds Mu.
+func (q *QP) TakeRecvLocked() *RecvWR {
+	if len(q.Recvq) == 0 {
+		return nil
+	}
+	r := q.Recvq[0]
+	q.Recvq[0] = nil
+	q.Recvq = q.Recvq[1:]
+	return r
+}
+
+// WaitRecv takes the oldest posted receive, waiting up to rnr for one to
+// be posted: ErrRNR when none is, ErrStopped when the queue pair enters
+// ERR first.
+func (q *QP) WaitRecv(rnr time.Duration) (*RecvWR, error) {
+	var timer *time.Timer
+	for {
+		q.Mu.Lock()
+		r := q.TakeRecvLocked()
+		q.Mu.Unlock()
+		if r != nil {
+			if timer != nil {
+				timer.Stop()
+			}
+			return r, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(rnr)
+			defer timer.Stop()
+		}
+		select {
+		case <-q.RecvPosted:
+		case <-timer.C:
+			return nil, ErrRNR
+		case <-q.Errored:
+			return nil, ErrStopped
+		}
+	}
+}
+
+// FlushRecvsLocked completes every posted receive with StatusFlushed and
+// the cause; the caller holds Mu.
+func (q *QP) FlushRecvsLocked() {
+	if len(q.Recvq) == 0 {
+		return
+	}
+	es := make([]Entry, 0, len(q.Recvq))
+	for _, r := range q.Recvq {
+		es = append(es, q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusFlushed, Err: q.cause}))
+	}
+	q.Recvq = nil
+	q.RecvCQ.Push(es...)
+}
+
+// FlushSendsLocked completes every send request still started or queued,
+// oldest first, in ERR: the oldest outstanding one with the flush status,
+// one whose region was deregistered with StatusLocalProtection, the rest
+// with StatusFlushed, all with the cause. The caller holds Mu.
+func (q *QP) FlushSendsLocked() {
+	if len(q.Inflight)+len(q.Sendq) == 0 {
+		return
+	}
+	es := make([]Entry, 0, len(q.Inflight)+len(q.Sendq))
+	for _, list := range [][]*SendWR{q.Inflight, q.Sendq} {
+		for _, w := range list {
+			st := verbs.StatusFlushed
+			if w.LocalErr {
+				st = verbs.StatusLocalProtection
+			}
+			es = q.CompleteSend(es, w, st, q.cause)
+		}
+	}
+	q.Inflight, q.Sendq = nil, nil
+	q.SendCQ.Push(es...)
+}
+
+// Flush completes every request left on the queues (see FlushSendsLocked
+// and FlushRecvsLocked).
+func (q *QP) Flush() {
+	q.Mu.Lock()
+	q.FlushSendsLocked()
+	q.FlushRecvsLocked()
+	q.Mu.Unlock()
+}
+
+// Close moves the queue pair to ERR (StatusFlushed), shuts its wire down,
+// closes the offers nobody took, completes every outstanding request with
+// StatusFlushed, revokes its grants, gives back its completion queue room
+// and leaves its domain. It is idempotent.
+func (q *QP) Close() error {
+	q.Mu.Lock()
+	if q.closed {
+		q.Mu.Unlock()
+		return nil
+	}
+	q.closed, q.accepting = true, false
+	q.FailLocked(verbs.StatusFlushed, fmt.Errorf("%s: queue pair %d closed", q.Domain.Name, q.ID))
+	q.Mu.Unlock()
+	q.wire.Shutdown()
+	q.DrainOffers()
+	q.Flush()
+	q.Domain.Table.RevokeAll(q)
+	q.SendCQ.Unreserve(q.SendQ.Max())
+	q.RecvCQ.Unreserve(q.RecvQ.Max())
+	q.Domain.remove(q)
+	return nil
+}
+
+// Offer hands a data connection to the queue pair; it fails when the
+// queue pair takes none now or has too many waiting.
+func (q *QP) Offer(o Offer) bool {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.closed || !q.accepting {
+		return false
+	}
+	select {
+	case q.incoming <- o:
+		return true
+	default:
+		return false
+	}
+}
+
+// Incoming delivers the offers, for the accepting side's Connect.
+func (q *QP) Incoming() <-chan Offer { return q.incoming }
+
+// StopAccepting refuses further offers and closes those waiting.
+func (q *QP) StopAccepting() {
+	q.Mu.Lock()
+	q.accepting = false
+	q.Mu.Unlock()
+	q.DrainOffers()
+}
+
+// DrainOffers closes the offers waiting.
+func (q *QP) DrainOffers() {
+	for {
+		select {
+		case o := <-q.incoming:
+			o.Close()
+		default:
+			return
+		}
+	}
+}
+
+// Connect is the skeleton of QueuePair.Connect, given the peer's secret
+// and role from its connection info: it refuses the queue pair's own
+// info, decides who dials (ShouldDial), moves the queue pair from RESET
+// to INIT and runs link, which ends when ctx does or the queue pair
+// enters ERR. link sets up the data connection and returns start, which
+// runs with Mu held as the queue pair enters RTS (it starts the wire's
+// goroutines), and abort, which runs instead when the queue pair was
+// closed meanwhile. On failure the queue pair goes back to RESET, and
+// takes offers again unless it dials.
+func (q *QP) Connect(ctx context.Context, peerSecret Secret, mine, peer verbs.ConnectRole, link func(ctx context.Context, dial bool) (start, abort func(), err error)) error {
+	if peerSecret == q.Secret {
+		return q.Errorf("connection info is the queue pair's own: %w", verbs.ErrInvalidInfo)
+	}
+	dial, err := ShouldDial(mine, peer, q.Secret, peerSecret)
+	if err != nil {
+		return q.Errorf("%w", err)
+	}
+	q.Mu.Lock()
+	switch {
+	case q.closed:
+		q.Mu.Unlock()
+		return q.Errorf("connect: %w", verbs.ErrClosed)
+	case q.state != verbs.QPReset || q.connecting:
+		st := q.state
+		q.Mu.Unlock()
+		return q.Errorf("connect in state %v, want RESET", st)
+	}
+	q.connecting, q.state = true, verbs.QPInit
+	q.Mu.Unlock()
+	if dial {
+		// A dialer takes no connections; an acceptor has been taking them
+		// since it was made, because its peer may dial before we get here.
+		q.StopAccepting()
+	}
+
+	// Close (or any failure) ends a Connect in progress.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-q.Errored:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	start, abort, err := link(ctx, dial)
+
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	q.connecting = false
+	if q.closed {
+		if err == nil {
+			abort()
+		}
+		return q.Errorf("closed while connecting: %w", verbs.ErrClosed)
+	}
+	if err != nil {
+		if q.state == verbs.QPInit {
+			q.state = verbs.QPReset
+			q.accepting = q.takesOffers
+		}
+		return err
+	}
+	q.state, q.accepting = verbs.QPReadyToSend, false
+	start()
+	return nil
+}
+
+// AcceptingLocked reports whether offers are welcome; the caller holds Mu.
+func (q *QP) AcceptingLocked() bool { return q.accepting }
+
+// signal wakes whoever waits on a one-slot channel.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Signal wakes whoever waits on a one-slot channel.
+func Signal(c chan struct{}) { signal(c) }
