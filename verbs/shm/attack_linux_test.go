@@ -66,8 +66,8 @@ func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 	if f.c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: acc.pd.addr, Net: "unixpacket"}); err != nil {
 		fail("%v", err)
 	}
-	hello := message{typ: msgHello, seq: acc.qp.id, length: uint64(len(f.staging))}
-	hello.secret[0], hello.secret[1] = acc.qp.secret, zero
+	hello := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(f.staging))}
+	hello.secret[0], hello.secret[1] = acc.qp.Secret, zero
 	ringFD := -1
 	if ring {
 		if f.rx, err = newRingRx(); err != nil {

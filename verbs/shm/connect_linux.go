@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,7 +21,7 @@ type dialIn struct {
 	ringFD    int // the dialer's control ring, -1 if it offers none
 }
 
-func (d dialIn) close() {
+func (d dialIn) Close() {
 	d.conn.Close()
 	closeFD(d.stagingFD)
 	closeFD(d.ringFD)
@@ -36,32 +35,6 @@ func closeFD(fd int) {
 
 var errRefused = errors.New("shm: the peer refused the data connection (wrong secret, queue pair closed or already connected)")
 
-// offer hands a data connection to the queue pair if it still accepts one.
-func (qp *queuePair) offer(d dialIn) bool {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if qp.closed || !qp.accepting {
-		return false
-	}
-	select {
-	case qp.incoming <- d:
-		return true
-	default:
-		return false
-	}
-}
-
-func (qp *queuePair) drainIncoming() {
-	for {
-		select {
-		case d := <-qp.incoming:
-			d.close()
-		default:
-			return
-		}
-	}
-}
-
 // Connect connects to the peer queue pair whose LocalInfo is remote. The
 // side with the smaller secret dials the other's socket and presents both
 // secrets; the other accepts only that connection, once.
@@ -71,53 +44,12 @@ func (qp *queuePair) Connect(ctx context.Context, remote []byte) error {
 		return err
 	}
 	if ri.hostID != qp.pd.hostID {
-		return fmt.Errorf("shm: peer host identity %x, ours %x: %w", ri.hostID, qp.pd.hostID, ErrOtherHost)
-	}
-	if ri.secret == qp.secret {
-		return invalidInfo("connection info is this queue pair's own")
+		return qp.Errorf("peer host identity %x, ours %x: %w", ri.hostID, qp.pd.hostID, ErrOtherHost)
 	}
 	// shm has no roles: the side with the smaller secret dials.
-	dialer, err := softrc.ShouldDial(verbs.RoleAny, verbs.RoleAny, qp.secret, ri.secret)
-	if err != nil {
-		return fmt.Errorf("shm: %w", err)
-	}
-
-	qp.mu.Lock()
-	switch {
-	case qp.closed:
-		qp.mu.Unlock()
-		return verbs.ErrClosed
-	case qp.state != verbs.QPReset:
-		s := qp.state
-		qp.mu.Unlock()
-		return fmt.Errorf("shm: connect needs a queue pair in state RESET, this one is %v", s)
-	}
-	qp.state = verbs.QPInit
-	// A dialer takes no connections; an acceptor has been taking them
-	// since it was made, because its peer may dial before we get here.
-	qp.accepting = !dialer
-	qp.mu.Unlock()
-	if dialer {
-		qp.drainIncoming()
-	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(qp.ctx, cancel)()
-
-	err = qp.connect(ctx, ri, dialer)
-	if err != nil {
-		qp.mu.Lock()
-		if qp.state == verbs.QPInit || qp.state == verbs.QPReadyToReceive {
-			qp.state = verbs.QPReset
-			qp.accepting = !qp.closed
-		}
-		qp.mu.Unlock()
-		if qp.ctx.Err() != nil {
-			return verbs.ErrClosed
-		}
-	}
-	return err
+	return qp.QP.Connect(ctx, ri.secret, verbs.RoleAny, verbs.RoleAny, func(ctx context.Context, dial bool) (start, abort func(), err error) {
+		return qp.connect(ctx, ri, dial)
+	})
 }
 
 // link is what a handshake sets up besides our own staging buffer: the
@@ -141,11 +73,11 @@ func (l *link) release() {
 	l.tx.release()
 }
 
-func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) error {
+func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) (start, abort func(), err error) {
 	size := stagingHeader + qp.pd.opts.stagingSize
 	stagingFD, staging, err := newSealedMemfd("tensorrpc-shm-staging", size)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	stateWord(staging).Store(stateUp)
 	// The mapping keeps the file alive; the peer gets its own fd.
@@ -160,31 +92,28 @@ func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) erro
 	if err != nil {
 		l.release()
 		unix.Munmap(staging)
-		return err
+		return nil, nil, err
 	}
 	l.rx.closeFD() // the peer has its own
-
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if qp.closed {
+	start = func() {
+		qp.conn = l.conn
+		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
+		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
+		qp.rx, qp.tx = l.rx, l.tx
+		qp.workerDone = make(chan struct{})
+		qp.readerDone = make(chan struct{})
+		go qp.runSender()
+		if qp.rx != nil {
+			go qp.runRingReceiver()
+		} else {
+			go qp.runReceiver()
+		}
+	}
+	abort = func() {
 		l.release()
 		unix.Munmap(staging)
-		return verbs.ErrClosed
 	}
-	qp.conn = l.conn
-	qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
-	qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
-	qp.rx, qp.tx = l.rx, l.tx
-	qp.state = verbs.QPReadyToSend
-	qp.workerDone = make(chan struct{})
-	qp.readerDone = make(chan struct{})
-	go qp.runSender()
-	if qp.rx != nil {
-		go qp.runRingReceiver()
-	} else {
-		go qp.runReceiver()
-	}
-	return nil
+	return start, abort, nil
 }
 
 // dial connects to the peer's socket, presents the secrets, our staging
@@ -199,7 +128,7 @@ func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int,
 	}
 	l.conn = c.(*net.UnixConn)
 	hello := message{typ: msgHello, seq: ri.qpID, length: uint64(size)}
-	hello.secret[0], hello.secret[1] = ri.secret, qp.secret
+	hello.secret[0], hello.secret[1] = ri.secret, qp.Secret
 	ringFD := -1
 	if !qp.pd.opts.socketControl {
 		if l.rx, err = newRingRx(); err != nil {
@@ -254,18 +183,16 @@ func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size in
 	for {
 		var d dialIn
 		select {
-		case d = <-qp.incoming:
+		case o := <-qp.Incoming():
+			d = o.(dialIn)
 		case <-ctx.Done():
 			return fmt.Errorf("shm: waiting for the peer to connect: %w", context.Cause(ctx))
 		}
 		if !ri.secret.Equal(d.hello.secret[1]) {
-			d.close()
+			d.Close()
 			continue
 		}
-		qp.mu.Lock()
-		qp.accepting = false
-		qp.mu.Unlock()
-		qp.drainIncoming()
+		qp.StopAccepting()
 
 		l.conn = d.conn
 		defer closeFD(d.stagingFD)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -15,33 +14,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// domain is a protection domain. It owns a listening unix socket on which
-// its queue pairs accept their data connections, and the core's table of
-// its registered regions and grants, which its queue pairs serve to their
-// peers.
+// domain is a protection domain: the soft-RC core's domain (package
+// softrc: the table of its registered regions and grants, which its queue
+// pairs serve to their peers, completion queues, queue pairs, Close) with
+// a listening unix socket on which its queue pairs accept their data
+// connections.
 type domain struct {
-	opts     options
-	hostID   [16]byte
-	ln       *net.UnixListener
-	addr     string
-	table    *softrc.Table
-	acceptor softrc.Acceptor
+	*softrc.Domain
+	opts   options
+	hostID [16]byte
+	ln     *net.UnixListener
+	addr   string
 
-	mu      sync.Mutex
-	closed  bool
-	regions map[uint32]*region    // by key
-	qps     map[uint64]*queuePair // by id
-	nextQP  uint64
-	cqs     map[*completionQueue]struct{}
+	regions map[uint32]*region // by key; guarded by Mu
 }
-
-// completionQueue is the core's completion queue.
-type completionQueue = softrc.CQ
 
 // attributes are the shm device's limits: requests run one at a time, so
 // one Read is under way at most.
-func (pd *domain) Attributes() verbs.Attributes { return attributes }
-
 var attributes = verbs.Attributes{
 	MaxMessageBytes:     maxInt64,
 	MaxSegments:         softrc.MaxSegments,
@@ -51,8 +40,6 @@ var attributes = verbs.Attributes{
 	Grants:              verbs.GrantSoftware,
 	RecvImmKey:          true,
 }
-
-var limits = softrc.LimitsOf(attributes)
 
 func randomUint32() uint32 {
 	var b [4]byte
@@ -92,23 +79,18 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 	var qpStart [8]byte
 	randomBytes(qpStart[:])
 	pd := &domain{
+		Domain:  softrc.NewDomain("shm", attributes, binary.LittleEndian.Uint64(qpStart[:])),
 		opts:    opts,
 		hostID:  hostID,
 		ln:      ln,
 		addr:    name,
 		regions: make(map[uint32]*region),
-		qps:     make(map[uint64]*queuePair),
-		nextQP:  binary.LittleEndian.Uint64(qpStart[:]),
-		cqs:     make(map[*completionQueue]struct{}),
 	}
-	pd.table = softrc.NewTable(pd)
-	pd.acceptor.Serve(ln, pd.handshake)
+	pd.Acceptor.Serve(ln, pd.handshake)
 	return pd, nil
 }
 
-func (pd *domain) Provider() string { return "shm" }
-
-// handshake reads a dialer's hello and hands the connection to the queue
+// handshake reads a dialer's hello and offers the connection to the queue
 // pair it names if it presents that queue pair's secret; otherwise the
 // connection is closed.
 func (pd *domain) handshake(nc net.Conn) bool {
@@ -122,15 +104,8 @@ func (pd *domain) handshake(nc net.Conn) bool {
 		fds.close()
 		return false
 	}
-	pd.mu.Lock()
-	qp := pd.qps[m.seq]
-	pd.mu.Unlock()
-	if qp == nil || !qp.secret.Equal(m.secret[0]) {
-		fds.close()
-		return false
-	}
 	c.SetReadDeadline(time.Time{})
-	if !qp.offer(dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
+	if !pd.Offer(m.seq, m.secret[0], dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
 		fds.close()
 		return false
 	}
@@ -164,16 +139,12 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 	if err != nil {
 		return nil, fmt.Errorf("shm: dup memfd: %w", err)
 	}
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	if pd.closed {
-		unix.Close(fd)
-		return nil, fmt.Errorf("shm: register memory: domain: %w", verbs.ErrClosed)
-	}
-	core, err := pd.table.Register(m, access, addressOf(m.Bytes))
+	pd.Mu.Lock()
+	defer pd.Mu.Unlock()
+	core, err := pd.RegisterLocked(m, access, addressOf(m.Bytes))
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: %w", err)
+		return nil, err
 	}
 	r := &region{Region: core, pd: pd, fd: fd, fdOffset: uint64(m.FDOffset)}
 	pd.regions[r.LocalKey()] = r
@@ -196,9 +167,9 @@ type announcement struct {
 // about to map it (for a grant: its region, whole), so that Deregister or
 // Revoke will tell that peer.
 func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	w, err := pd.table.Window(key, qp)
+	pd.Mu.Lock()
+	defer pd.Mu.Unlock()
+	w, err := pd.Table.Window(key, qp.QP)
 	if err != nil {
 		return announcement{}, err
 	}
@@ -225,9 +196,9 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 // exposed to qp's peer; it reports false, recording nothing, for any
 // other key.
 func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool) {
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	w, err := pd.table.Window(key, qp)
+	pd.Mu.Lock()
+	defer pd.Mu.Unlock()
+	w, err := pd.Table.Window(key, qp.QP)
 	if err != nil || !w.Grant {
 		return announcement{}, false
 	}
@@ -243,80 +214,34 @@ func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool
 	return announcement{w: w, r: r, exposure: id}, true
 }
 
-func (pd *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
-	return softrc.NewDomainCQ("shm", pd, capacity, &pd.mu, &pd.closed, pd.cqs)
-}
-
 // NewQueuePair makes a queue pair in RESET; its completion queues must
 // have room for its MaxSend and MaxRecv besides the reservations of other
 // queue pairs.
 func (pd *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
-	pd.mu.Lock()
-	closed := pd.closed
-	pd.mu.Unlock()
-	res, err := softrc.Reserve("shm", pd, closed, cfg, nil)
+	var qp *queuePair
+	_, err := pd.NewQP(cfg, nil, true, func(core *softrc.QP) softrc.Wire {
+		qp = newQueuePair(pd, core, cfg)
+		qp.Info = connInfo{hostID: pd.hostID, secret: qp.Secret, qpID: qp.ID, addr: pd.addr}.marshal()
+		return qp
+	})
 	if err != nil {
 		return nil, err
 	}
-	qp := newQueuePair(pd, res.SendCQ, res.RecvCQ, cfg, res.MaxSend, res.MaxRecv)
-	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	if pd.closed {
-		res.Release()
-		return nil, fmt.Errorf("shm: new queue pair: domain: %w", verbs.ErrClosed)
-	}
-	for {
-		pd.nextQP++
-		if pd.qps[pd.nextQP] == nil {
-			qp.id = pd.nextQP
-			break
-		}
-	}
-	qp.info = connInfo{hostID: pd.hostID, secret: qp.secret, qpID: qp.id, addr: pd.addr}.marshal()
-	pd.qps[qp.id] = qp
 	return qp, nil
 }
 
-func (pd *domain) forgetQP(qp *queuePair) {
-	pd.mu.Lock()
-	if pd.qps[qp.id] == qp {
-		delete(pd.qps, qp.id)
-	}
-	pd.mu.Unlock()
-}
-
-// Close closes the listener, every queue pair, completion queue and region
-// left, and waits for the domain's goroutines. It is idempotent.
+// Close closes the listener, every queue pair, region and completion
+// queue left, and waits for the domain's goroutines. It is idempotent.
 func (pd *domain) Close() error {
-	if !softrc.BeginClose(&pd.mu, &pd.closed) {
-		return nil
-	}
-	var qps []*queuePair
-	for _, qp := range pd.qps {
-		qps = append(qps, qp)
-	}
-	pd.mu.Unlock()
-
-	pd.acceptor.Close()
-	for _, qp := range qps {
-		qp.Close()
-	}
-
-	pd.mu.Lock()
-	var regions []*region
-	for _, r := range pd.regions {
-		regions = append(regions, r)
-	}
-	var cqs []*completionQueue
-	for cq := range pd.cqs {
-		cqs = append(cqs, cq)
-	}
-	pd.mu.Unlock()
-	for _, r := range regions {
-		r.Deregister()
-	}
-	for _, cq := range cqs {
-		cq.Close()
-	}
-	return nil
+	return pd.Domain.Close(func() {
+		pd.Mu.Lock()
+		regions := make([]*region, 0, len(pd.regions))
+		for _, r := range pd.regions {
+			regions = append(regions, r)
+		}
+		pd.Mu.Unlock()
+		for _, r := range regions {
+			r.Deregister()
+		}
+	})
 }

@@ -28,18 +28,15 @@ var _ verbs.RemoteMapper = (*queuePair)(nil)
 // against shrinking, so its pages stay), showing the last bytes the peer
 // wrote.
 func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, error) {
-	qp.mu.Lock()
-	state, closed := qp.state, qp.closed
-	qp.mu.Unlock()
+	qp.Mu.Lock()
+	_, cause := qp.FailureLocked()
+	err := softrc.PostError(qp.ClosedLocked(), qp.StateLocked(), cause, true)
+	qp.Mu.Unlock()
 	switch {
-	case closed:
-		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrClosed)
-	case state == verbs.QPError:
-		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrQPError)
-	case state != verbs.QPReadyToSend:
-		return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrNotConnected)
+	case err != nil:
+		return nil, qp.Errorf("MapRemote: %w", err)
 	case length < 0:
-		return nil, fmt.Errorf("shm: MapRemote of a negative length %d: %w", length, verbs.ErrInvalidMemory)
+		return nil, qp.Errorf("MapRemote of a negative length %d: %w", length, verbs.ErrInvalidMemory)
 	case length == 0:
 		return &mapping{}, nil
 	}
@@ -70,16 +67,13 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, 
 			return nil, fmt.Errorf("shm: MapRemote refused: %w", err)
 		default:
 			// The queue pair failed or closed while we asked.
-			qp.mu.Lock()
-			closed = qp.closed
-			qp.mu.Unlock()
-			if closed {
-				return nil, fmt.Errorf("shm: MapRemote: %w", verbs.ErrClosed)
+			if qp.Closed() {
+				return nil, qp.Errorf("MapRemote: %w", verbs.ErrClosed)
 			}
 			if err == nil {
 				err = errors.New("shm: the queue pair failed")
 			}
-			return nil, fmt.Errorf("%w: %w", verbs.ErrQPError, err)
+			return nil, qp.Errorf("MapRemote: %w: %w", verbs.ErrQPError, err)
 		}
 	}
 }
@@ -155,7 +149,7 @@ func (m *mapping) Release() error {
 // has the peer drop the key and waits for its confirmation, as Deregister
 // does; the peer keeps the region mapped until it is deregistered.
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
-	g, err := qp.pd.table.GrantFor("shm", qp.id, qp, &qp.mu, &qp.closed, region, offset, length, access, qp.revokeGrant, nil)
+	g, err := qp.QP.Grant(region, offset, length, access, qp.revokeGrant, nil)
 	if err == nil {
 		qp.pushGrant(g.Remote().Key)
 	}
@@ -163,10 +157,10 @@ func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access
 }
 
 func (qp *queuePair) revokeGrant(g *softrc.Grant) {
-	qp.pd.mu.Lock()
+	qp.pd.Mu.Lock()
 	_, announced := qp.announced[g.Key()]
 	delete(qp.announced, g.Key())
-	qp.pd.mu.Unlock()
+	qp.pd.Mu.Unlock()
 	if announced {
 		qp.revoke(g.Key())
 	}

@@ -1,8 +1,6 @@
 package shm
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -14,48 +12,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// queuePair is a reliable connected queue pair over one SOCK_SEQPACKET unix
-// connection and, usually, a pair of shared control rings. Two goroutines
-// run while it is connected: the sender executes the send queue in order
-// (copies straight into or out of the peer's mapped regions, Send payloads
-// through the staging buffer), and the receiver handles control messages
-// (doorbells, acks, region announcements) from the ring or the socket.
-// Close stops both.
+// queuePair is a reliable connected queue pair: the soft-RC core's queue
+// pair (package softrc: state, work queues, checks, flush, Close) over its
+// wire, one SOCK_SEQPACKET unix connection and, usually, a pair of shared
+// control rings. Two goroutines run while it is connected: the sender
+// executes the send queue in order (copies straight into or out of the
+// peer's mapped regions, Send payloads through the staging buffer), and
+// the receiver handles control messages (doorbells, acks, region
+// announcements) from the ring or the socket. Close stops both.
 type queuePair struct {
-	pd               *domain
-	id               uint64
-	secret           softrc.Secret
-	info             []byte
-	sendCQ, recvCQ   *completionQueue
-	maxSend, maxRecv int
-	inlineLimit      int
+	*softrc.QP
+	pd          *domain
+	inlineLimit int
 
-	// incoming holds data connections that presented our secret, for
-	// Connect to check against the peer's own secret.
-	incoming chan dialIn
-
-	// ctx ends when Close is called; it stops Connect.
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	mu        sync.Mutex
-	state     verbs.QPState
-	closed    bool
-	accepting bool // offers of data connections are welcome: until Connect picks dialing or accepts one
-	conn      *net.UnixConn
-	failed    chan struct{} // closed on entering the error state
-	// inflightStatus and inflightErr complete the request executing when
-	// the queue pair fails.
-	inflightStatus verbs.Status
-	inflightErr    error
-	errReported    bool // a send completion in ERR carried the failure
-
-	sq []*sendWR // sq[0] is executing when the sender set executing
-	// executing is set while a request runs, either sq[0] in the sender
-	// goroutine or one that PostSend runs inline (until its ack arrives,
-	// for a Send or WriteImm): requests run one at a time, in posting
-	// order.
+	// Guarded by Mu. The core's Sendq holds the requests posted and not
+	// yet done: Sendq[0] is executing when the sender set executing.
+	conn *net.UnixConn
+	// executing is set while a request runs, either Sendq[0] in the
+	// sender goroutine or one that PostSend runs inline (until its ack
+	// arrives, for a Send or WriteImm): requests run one at a time, in
+	// posting order.
 	executing bool
+	// owed holds the acks FailedLocked owes the peer, for failLocked to
+	// return.
+	owed []message
+	// closing is set by Shutdown: receivers stop draining the ring.
+	closing atomic.Bool
 	// awaiting is the inline Send or WriteImm whose ack the receiver will
 	// complete.
 	awaiting *awaitingAck
@@ -63,7 +45,6 @@ type queuePair struct {
 	// them before it unmaps the staging buffer.
 	inline sync.WaitGroup
 
-	rq      []*recvWR
 	inbound *inbound // a Send or WriteImm being received
 	// heldRecv is a successful receive completion held back until the
 	// ack of its request is on the wire (see releaseRecv).
@@ -78,10 +59,6 @@ type queuePair struct {
 	readerDone   chan struct{} // nil until connected
 
 	sqSignal chan struct{} // a token when the send queue may be non-empty
-
-	// Requests posted whose completions have not been polled yet; they
-	// count against maxSend and maxRecv.
-	sendQ, recvQ *softrc.WorkQueue
 
 	// Set by Connect before the goroutines start, released by Close after
 	// they stop.
@@ -129,20 +106,11 @@ type queuePair struct {
 	nextExposure uint64
 }
 
-// errQueuePairClosed is the cause recorded in completions flushed by Close.
-var errQueuePairClosed = errors.New("shm: queue pair closed")
-
-func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePairConfig, maxSend, maxRecv int) *queuePair {
+func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queuePair {
 	qp := &queuePair{
+		QP:           core,
 		pd:           pd,
-		sendCQ:       sendCQ,
-		recvCQ:       recvCQ,
-		maxSend:      maxSend,
-		maxRecv:      maxRecv,
-		sendQ:        softrc.NewWorkQueue(maxSend),
-		recvQ:        softrc.NewWorkQueue(maxRecv),
-		incoming:     make(chan dialIn, 4),
-		failed:       make(chan struct{}),
+		inlineLimit:  pd.opts.inlineLimit,
 		unmapWaiters: make(map[uint64]chan struct{}),
 		sqSignal:     make(chan struct{}, 1),
 		ackCh:        make(chan message, 1),
@@ -151,82 +119,31 @@ func newQueuePair(pd *domain, sendCQ, recvCQ *completionQueue, cfg verbs.QueuePa
 		peerRegions:  make(map[uint64]*peerMemory),
 		announced:    make(map[uint32]*region),
 		exposures:    make(map[*region]uint64),
-		accepting:    true,
 	}
-	qp.inlineLimit = pd.opts.inlineLimit
 	if cfg.MaxInline > 0 {
 		qp.inlineLimit = cfg.MaxInline
 	}
-	qp.secret = softrc.NewSecret()
-	qp.ctx, qp.cancel = context.WithCancel(context.Background())
 	return qp
 }
 
-func (qp *queuePair) LocalInfo() []byte { return append([]byte(nil), qp.info...) }
-
-func (qp *queuePair) State() verbs.QPState {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.state
-}
-
-// sendWR is a posted send request whose local memory was checked at post
-// time: vec replaces Local and Segments.
-type sendWR struct {
-	verbs.SendRequest
-	vec softrc.Vec
-	n   int
-	seg [1]softrc.Seg
-}
-
-// recvWR is a posted receive.
-type recvWR struct {
-	ID  uint64
-	vec softrc.Vec
-	n   int
-}
-
-// PostSend checks every request, then posts them all (or none): an idle
-// queue pair runs the first ones inline (see executeInlineLocked).
-func (qp *queuePair) PostSend(wrs ...verbs.SendRequest) error {
-	if len(wrs) == 0 {
-		return nil
-	}
-	ws, err := softrc.CheckSends(qp.pd, limits, wrs, func(w *sendWR) softrc.Vec { return w.seg[:0] }, func(w *sendWR, wr *verbs.SendRequest, vec softrc.Vec) {
-		w.SendRequest, w.vec, w.n = *wr, vec, vec.Len()
-		w.Local, w.Segments = verbs.Local{}, nil
-	})
-	if err != nil {
-		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
-	}
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if err := softrc.PostError(qp.closed, qp.state, qp.inflightErr, true); err != nil {
-		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
-	}
-	if err := qp.sendQ.Take(len(ws)); err != nil {
-		return fmt.Errorf("shm: queue pair %d: PostSend of %w", qp.id, err)
-	}
+// PostSendUnlock posts checked requests: an idle queue pair runs the
+// first ones inline (see executeInlineLocked).
+func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	posted := 0
-	defer func() {
-		if posted > 0 {
-			select {
-			case qp.sqSignal <- struct{}{}:
-			default:
-			}
-		}
-	}()
 	for i := range ws {
 		wr := &ws[i]
-		if qp.state != verbs.QPError && !qp.executing && len(qp.sq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
+		if qp.StateLocked() != verbs.QPError && !qp.executing && len(qp.Sendq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
 			continue
 		}
 		// Behind a running request, or the queue pair failed under an
 		// inline request of this call: the sender runs or flushes it.
-		qp.sq = append(qp.sq, wr)
+		qp.Sendq = append(qp.Sendq, wr)
 		posted++
 	}
-	return nil
+	qp.Mu.Unlock()
+	if posted > 0 {
+		softrc.Signal(qp.sqSignal)
+	}
 }
 
 // awaitingAck is an inline Send or WriteImm waiting for the peer's ack: c is
@@ -237,15 +154,15 @@ type awaitingAck struct {
 	unsignaled bool
 }
 
-func (qp *queuePair) inlineable(wr *sendWR) bool {
-	if wr.n > qp.inlineLimit {
+func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
+	if wr.N > qp.inlineLimit {
 		return false
 	}
 	switch wr.Op {
 	case verbs.OpWrite, verbs.OpRead, verbs.OpWriteImm:
 		return true
 	case verbs.OpSend:
-		return wr.n <= len(qp.staging)
+		return wr.N <= len(qp.staging)
 	}
 	return false
 }
@@ -255,34 +172,34 @@ func (qp *queuePair) inlineable(wr *sendWR) bool {
 // of a Send or WriteImm, whose completion the receiver queues when the ack
 // comes. It reports false, having done nothing, when the peer's region is
 // not mapped yet: asking the peer for it is the sender goroutine's job.
-func (qp *queuePair) executeInlineLocked(wr *sendWR) bool {
+func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	qp.executing = true
 	qp.inline.Add(1)
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	c, ran, doorbell := qp.startInline(wr)
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	qp.inline.Done()
 	if !ran {
 		qp.executing = false
 		return false
 	}
-	if qp.state == verbs.QPError {
+	if qp.StateLocked() == verbs.QPError {
 		// Failed or closed while we copied; the peer never heard of it.
-		c.Status, c.Err = qp.inflightStatus, qp.inflightErr
+		c.Status, c.Err = qp.FailureLocked()
 		doorbell = nil
 	}
 	if doorbell != nil && c.Status == verbs.StatusSuccess {
 		qp.nextSeq++
 		doorbell.seq = qp.nextSeq
 		qp.awaiting = &awaitingAck{c: c, seq: doorbell.seq, unsignaled: wr.Unsignaled}
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		err := qp.send(doorbell, -1)
-		qp.mu.Lock()
+		qp.Mu.Lock()
 		if err != nil {
 			acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
-			qp.mu.Unlock()
+			qp.Mu.Unlock()
 			qp.sendAll(acks)
-			qp.mu.Lock()
+			qp.Mu.Lock()
 		}
 		return true
 	}
@@ -299,22 +216,19 @@ func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
 	qp.completeSend(c, unsignaled)
 	if c.Status != verbs.StatusSuccess {
 		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(c))
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		qp.sendAll(acks)
-		qp.mu.Lock()
-	} else if len(qp.sq) > 0 {
-		select {
-		case qp.sqSignal <- struct{}{}:
-		default:
-		}
+		qp.Mu.Lock()
+	} else if len(qp.Sendq) > 0 {
+		softrc.Signal(qp.sqSignal)
 	}
 }
 
 // onAck completes the inline request awaiting this ack. It reports false
 // when none is: the ack is for the sender goroutine.
 func (qp *queuePair) onAck(m message) (bool, error) {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
+	qp.Mu.Lock()
+	defer qp.Mu.Unlock()
 	aw := qp.awaiting
 	if aw == nil {
 		return false, nil
@@ -332,101 +246,74 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	return true, nil
 }
 
-// PostRecv posts receive buffers. It may be called before Connect, so that
-// buffers are ready when the first Send arrives.
-func (qp *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
-	if len(wrs) == 0 {
-		return nil
-	}
-	rs, err := softrc.CheckRecvs(qp.pd, limits, wrs, nil, func(r *recvWR, wr *verbs.RecvRequest, vec softrc.Vec) {
-		*r = recvWR{ID: wr.ID, vec: vec, n: vec.Len()}
-	})
-	if err != nil {
-		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
-	}
-	qp.mu.Lock()
-	if err := softrc.PostError(qp.closed, qp.state, qp.inflightErr, false); err != nil {
-		qp.mu.Unlock()
-		return fmt.Errorf("shm: queue pair %d: %w", qp.id, err)
-	}
-	if err := qp.recvQ.Take(len(rs)); err != nil {
-		qp.mu.Unlock()
-		return fmt.Errorf("shm: queue pair %d: PostRecv of %w", qp.id, err)
-	}
-	for i := range rs {
-		qp.rq = append(qp.rq, &rs[i])
-	}
+// PostRecvUnlock hands a Send or WriteImm that waits for a receive the
+// oldest one posted.
+func (qp *queuePair) PostRecvUnlock() {
 	var acks []message
-	if in := qp.inbound; in != nil && in.recv == nil && len(qp.rq) > 0 {
+	if in := qp.inbound; in != nil && in.recv == nil && len(qp.Recvq) > 0 {
 		acks = qp.deliverLocked(in)
 	}
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	qp.sendAll(acks)
 	qp.releaseRecv()
-	return nil
 }
 
 // fail moves the queue pair to the error state; see failLocked.
 func (qp *queuePair) fail(inflight verbs.Status, cause error) {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	acks := qp.failLocked(inflight, cause)
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	qp.sendAll(acks)
 }
 
-// failLocked moves the queue pair to the error state: posted Recvs are
-// flushed now, the send queue by the sender as it stops, and the request it
-// is executing completes with inflight. It returns the acks owed to the
+// failLocked moves the queue pair to the error state (see
+// softrc.QP.FailLocked and FailedLocked) and returns the acks owed to the
 // peer, for the caller to send after unlocking.
 func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
-	if qp.state == verbs.QPError {
+	if !qp.FailLocked(inflight, cause) {
 		return nil
 	}
-	qp.state = verbs.QPError
-	qp.inflightStatus, qp.inflightErr = inflight, cause
-	close(qp.failed)
+	acks := qp.owed
+	qp.owed = nil
+	return acks
+}
+
+// FailedLocked marks the queue pair down for the peer, flushes the posted
+// Recvs now (the send queue is flushed by the sender as it stops) and
+// completes the inline request awaiting an ack with the failure.
+func (qp *queuePair) FailedLocked() {
+	inflight, cause := qp.FailureLocked()
 	if qp.localState != nil {
 		qp.localState.Store(stateDown)
 	}
 	qp.releaseRecvLocked()
-	for _, r := range qp.rq {
-		qp.completeRecv(verbs.Completion{ID: r.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
-	}
-	qp.rq = nil
+	qp.FlushRecvsLocked()
 	if aw := qp.awaiting; aw != nil {
 		qp.awaiting = nil
 		qp.completeSend(verbs.Completion{ID: aw.c.ID, Op: aw.c.Op, Status: inflight, Err: cause}, aw.unsignaled)
 	}
-	var acks []message
 	if in := qp.inbound; in != nil {
 		qp.inbound = nil
 		in.stopTimer()
 		if in.recv != nil {
 			qp.completeRecv(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
 		}
-		acks = append(acks, message{typ: msgAck, seq: in.seq, status: verbs.StatusTransport})
+		qp.owed = append(qp.owed, message{typ: msgAck, seq: in.seq, status: verbs.StatusTransport})
 	}
-	return acks
 }
 
-// The caller holds qp.mu. In ERR, the first send completion that is not a
-// success carries the failure (the transport error when the peer went
-// away); every later one is flushed.
+// completeSend queues a send completion. In ERR the first one that is
+// not a success carries the failure (see softrc.WorkQueue.Fail). The
+// caller holds Mu.
 func (qp *queuePair) completeSend(c verbs.Completion, unsignaled bool) {
-	if qp.state == verbs.QPError && c.Status != verbs.StatusSuccess {
-		if !qp.errReported && c.Status == verbs.StatusFlushed {
-			c.Status = qp.inflightStatus
-		}
-		qp.errReported = true
-	}
-	if e, ok := qp.sendQ.Complete(c, unsignaled); ok {
-		qp.sendCQ.Push(e)
+	if e, ok := qp.SendQ.Complete(c, unsignaled); ok {
+		qp.SendCQ.Push(e)
 	}
 }
 
 func (qp *queuePair) completeRecv(c verbs.Completion) {
-	e, _ := qp.recvQ.Complete(c, false)
-	qp.recvCQ.Push(e)
+	e, _ := qp.RecvQ.Complete(c, false)
+	qp.RecvCQ.Push(e)
 }
 
 // holdRecvLocked keeps a successful receive completion until releaseRecv.
@@ -441,9 +328,9 @@ func (qp *queuePair) holdRecvLocked(c verbs.Completion) {
 // releaseRecv queues the held receive completion, if any. Every failure
 // releases it before flushing, so receives still complete in order.
 func (qp *queuePair) releaseRecv() {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	qp.releaseRecvLocked()
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 }
 
 func (qp *queuePair) releaseRecvLocked() {
@@ -463,10 +350,10 @@ func (qp *queuePair) sendAll(msgs []message) {
 	for i := range msgs {
 		qp.send(&msgs[i], -1)
 	}
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	conn := qp.conn
-	down := qp.state == verbs.QPError && conn != nil && !qp.closed
-	qp.mu.Unlock()
+	down := qp.StateLocked() == verbs.QPError && conn != nil && !qp.ClosedLocked()
+	qp.Mu.Unlock()
 	if down {
 		conn.CloseWrite()
 	}
@@ -518,19 +405,14 @@ func writeMessage(c *net.UnixConn, m *message, fds ...int) error {
 	return err
 }
 
-// Close fails the queue pair with StatusFlushed, closes its connection
-// (the peer sees it as gone), stops its goroutines and unmaps everything it
-// mapped.
-func (qp *queuePair) Close() error {
-	if !softrc.BeginClose(&qp.mu, &qp.closed) {
-		return nil
-	}
-	qp.accepting = false
-	qp.failLocked(verbs.StatusFlushed, errQueuePairClosed) // the peer learns from the closed socket
+// Shutdown closes the connection (the peer sees the queue pair as gone),
+// stops its goroutines and unmaps everything it mapped (Close).
+func (qp *queuePair) Shutdown() {
+	qp.closing.Store(true)
+	qp.Mu.Lock()
+	qp.owed = nil // the peer learns from the closed socket
 	conn, workerDone, readerDone := qp.conn, qp.workerDone, qp.readerDone
-	qp.mu.Unlock()
-
-	qp.cancel()
+	qp.Mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
@@ -539,7 +421,6 @@ func (qp *queuePair) Close() error {
 		<-readerDone
 	}
 	qp.inline.Wait()
-	qp.drainIncoming()
 	qp.remoteMu.Lock()
 	for key, rr := range qp.remote {
 		delete(qp.remote, key)
@@ -562,11 +443,6 @@ func (qp *queuePair) Close() error {
 	// PostRecv) may still try the peer's ring: release takes its lock.
 	qp.tx.release()
 	qp.rx.release()
-	qp.pd.table.RevokeAll(qp)
-	qp.sendCQ.Unreserve(qp.maxSend)
-	qp.recvCQ.Unreserve(qp.maxRecv)
-	qp.pd.forgetQP(qp)
-	return nil
 }
 
 // revoke tells the peer to unmap our region or grant key; see unmapAtPeer.
@@ -585,21 +461,21 @@ func (qp *queuePair) unexpose(r *region, id uint64) {
 // the queue pair fails: a peer that keeps a revoked region mapped is not
 // one to keep talking to).
 func (qp *queuePair) unmapAtPeer(m message) {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	readerDone := qp.readerDone
 	if readerDone == nil {
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		return
 	}
 	qp.nextToken++
 	token := qp.nextToken
 	done := make(chan struct{})
 	qp.unmapWaiters[token] = done
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	defer func() {
-		qp.mu.Lock()
+		qp.Mu.Lock()
 		delete(qp.unmapWaiters, token)
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 	}()
 
 	m.seq = token
@@ -625,12 +501,12 @@ func (qp *queuePair) unmapAtPeer(m message) {
 }
 
 func (qp *queuePair) unmapConfirmed(token uint64) {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	if done, ok := qp.unmapWaiters[token]; ok {
 		delete(qp.unmapWaiters, token)
 		close(done)
 	}
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 }
 
 // holdLocal references the regions of a request's local segments for a

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // inbound is a Send or WriteImm from the peer that has not completed yet:
@@ -16,7 +17,7 @@ type inbound struct {
 	seq   uint64  // of the latest chunk, which the peer waits to have acked
 	total uint64
 	next  uint64 // offset of the next chunk of a Send
-	recv  *recvWR
+	recv  *softrc.RecvWR
 	timer *time.Timer
 }
 
@@ -106,34 +107,34 @@ func (qp *queuePair) onRequest(m message) error {
 			return fmt.Errorf("empty Send chunk at %d of a %d-byte message", m.offset, m.total)
 		}
 	}
-	qp.mu.Lock()
-	if qp.state == verbs.QPError {
-		qp.mu.Unlock()
+	qp.Mu.Lock()
+	if qp.StateLocked() == verbs.QPError {
+		qp.Mu.Unlock()
 		qp.send(&message{typ: msgAck, seq: m.seq, status: verbs.StatusTransport}, -1)
 		return nil
 	}
 	in := qp.inbound
 	if m.typ == msgWriteImm || m.offset == 0 {
 		if in != nil {
-			qp.mu.Unlock()
+			qp.Mu.Unlock()
 			return fmt.Errorf("new request %d while request %d is incomplete", m.seq, in.seq)
 		}
 		in = &inbound{send: m.typ == msgSend, chunk: m, seq: m.seq, total: m.total}
 		qp.inbound = in
-		if len(qp.rq) == 0 {
+		if len(qp.Recvq) == 0 {
 			in.timer = time.AfterFunc(qp.pd.opts.rnrTimeout, func() { qp.rnrExpired(in) })
-			qp.mu.Unlock()
+			qp.Mu.Unlock()
 			return nil
 		}
 	} else {
 		if in == nil || !in.send || in.recv == nil || m.offset != in.next || m.total != in.total {
-			qp.mu.Unlock()
+			qp.Mu.Unlock()
 			return fmt.Errorf("Send chunk at %d does not continue a message", m.offset)
 		}
 		in.chunk, in.seq = m, m.seq
 	}
 	acks := qp.deliverLocked(in)
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	qp.sendAll(acks)
 	qp.releaseRecv()
 	return nil
@@ -143,7 +144,7 @@ func (qp *queuePair) onRequest(m message) error {
 // windows this queue pair opens to its peer: a region with remote write,
 // or a grant with write made on this queue pair, at least that long.
 func (qp *queuePair) checkWriteImm(m message) error {
-	w, err := qp.pd.table.Window(m.key, qp)
+	w, err := qp.pd.Table.Window(m.key, qp.QP)
 	switch {
 	case err != nil:
 		return err
@@ -161,20 +162,18 @@ func (qp *queuePair) checkWriteImm(m message) error {
 func (qp *queuePair) deliverLocked(in *inbound) []message {
 	m := in.chunk
 	if in.recv == nil {
-		r := qp.rq[0]
-		qp.rq[0] = nil
-		qp.rq = qp.rq[1:]
+		r := qp.TakeRecvLocked()
 		in.recv = r
 		in.stopTimer()
 		if in.send {
 			var st verbs.Status
 			var err error
-			if in.total > uint64(r.n) {
-				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, r.n)
-			} else if bad, ok := r.vec.Acquire(); !ok {
+			if in.total > uint64(r.N) {
+				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, r.N)
+			} else if bad, ok := r.Vec.Acquire(); !ok {
 				st, err = verbs.StatusLocalProtection, fmt.Errorf("shm: the Recv's region %#x is deregistered", bad.LocalKey())
 			} else {
-				r.vec.Release()
+				r.Vec.Release()
 			}
 			if st != verbs.StatusSuccess {
 				// As on RC: the receiver's Recv fails and its queue pair
@@ -193,9 +192,9 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 	}
 	ack := []message{{typ: msgAck, seq: m.seq}}
 	if in.send {
-		if _, ok := in.recv.vec.Acquire(); ok {
-			in.recv.vec.Scatter(int(m.offset), qp.peerStaging[:m.length])
-			in.recv.vec.Release()
+		if _, ok := in.recv.Vec.Acquire(); ok {
+			in.recv.Vec.Scatter(int(m.offset), qp.peerStaging[:m.length])
+			in.recv.Vec.Release()
 		}
 		in.next = m.offset + m.length
 		if m.flags&flagLast == 0 {
@@ -219,13 +218,13 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 // that this one goes to ERR too once it reads that: the error is fatal to
 // the connection, as package verbs documents.
 func (qp *queuePair) rnrExpired(in *inbound) {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	if qp.inbound != in || in.recv != nil {
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		return
 	}
 	qp.inbound = nil
 	in.timer = nil
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	qp.send(&message{typ: msgAck, seq: in.seq, status: verbs.StatusReceiverNotReady}, -1)
 }

@@ -32,9 +32,9 @@ func addressOf(b []byte) uint64 {
 // idempotent.
 func (r *region) Deregister() error {
 	pd := r.pd
-	pd.mu.Lock()
+	pd.Mu.Lock()
 	if pd.regions[r.LocalKey()] != r {
-		pd.mu.Unlock()
+		pd.Mu.Unlock()
 		return nil
 	}
 	delete(pd.regions, r.LocalKey())
@@ -44,7 +44,8 @@ func (r *region) Deregister() error {
 		exposure uint64 // nonzero: drop the exposure, not the key
 	}
 	var revs []revocation
-	for _, qp := range pd.qps {
+	pd.QPsLocked(func(core *softrc.QP) {
+		qp := core.Wire().(*queuePair)
 		for key, ar := range qp.announced {
 			if ar == r {
 				delete(qp.announced, key)
@@ -55,9 +56,9 @@ func (r *region) Deregister() error {
 			delete(qp.exposures, r)
 			revs = append(revs, revocation{qp: qp, exposure: id})
 		}
-	}
-	pd.mu.Unlock()
-	pd.table.Deregister(r.Region)
+	})
+	pd.Mu.Unlock()
+	pd.Table.Deregister(r.Region)
 	for _, rv := range revs {
 		if rv.exposure != 0 {
 			rv.qp.unexpose(r, rv.exposure)

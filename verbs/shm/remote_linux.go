@@ -200,9 +200,9 @@ func (qp *queuePair) ensureRemote(key uint32) (verbs.Status, error) {
 func (qp *queuePair) fetchRemote(key uint32) (verbs.Status, error) {
 	qp.mapSeq++
 	req := message{typ: msgMapRequest, key: key, seq: qp.mapSeq}
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	qp.mapWanted = mapRequest{seq: req.seq, key: key}
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	if err := qp.send(&req, -1); err != nil {
 		return qp.lost(err)
 	}
@@ -216,8 +216,8 @@ func (qp *queuePair) fetchRemote(key uint32) (verbs.Status, error) {
 				return verbs.StatusRemoteAccess, r.err
 			}
 			return verbs.StatusSuccess, nil
-		case <-qp.failed:
-			return qp.inflight()
+		case <-qp.Errored:
+			return qp.Failure()
 		}
 	}
 }
@@ -226,12 +226,12 @@ func (qp *queuePair) fetchRemote(key uint32) (verbs.Status, error) {
 // Only the answer to the outstanding request is accepted, so a peer cannot
 // make us map regions we did not ask for.
 func (qp *queuePair) onMapReply(m message, fd int) error {
-	qp.mu.Lock()
+	qp.Mu.Lock()
 	wanted := qp.mapWanted
 	if wanted.seq == m.seq && wanted.key == m.key {
 		qp.mapWanted = mapRequest{}
 	}
-	qp.mu.Unlock()
+	qp.Mu.Unlock()
 	if wanted.seq == 0 || wanted.seq != m.seq || wanted.key != m.key {
 		closeFD(fd)
 		return fmt.Errorf("unrequested announcement of region %#x (request %d)", m.key, m.seq)
@@ -368,9 +368,9 @@ func (qp *queuePair) onGrant(m message) error {
 // need not ask for it before its first use. The announcement is recorded
 // like an answer, so that Revoke and Deregister tell the peer.
 func (qp *queuePair) pushGrant(key uint32) {
-	qp.mu.Lock()
-	ready := qp.state == verbs.QPReadyToSend && qp.readerDone != nil
-	qp.mu.Unlock()
+	qp.Mu.Lock()
+	ready := qp.StateLocked() == verbs.QPReadyToSend && qp.readerDone != nil
+	qp.Mu.Unlock()
 	if !ready {
 		return
 	}

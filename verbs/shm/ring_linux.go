@@ -48,6 +48,9 @@ const (
 
 var errRingClosed = errors.New("shm: control ring closed")
 
+// errQueuePairClosed ends a receiver draining its ring when Close stops it.
+var errQueuePairClosed = errors.New("shm: queue pair closed")
+
 // ringRx is our end of the ring we consume.
 type ringRx struct {
 	fd       int // until passed to the peer; -1 after
@@ -230,7 +233,7 @@ func (qp *queuePair) wakePeerLocked() error {
 
 func (qp *queuePair) isFailed() bool {
 	select {
-	case <-qp.failed:
+	case <-qp.Errored:
 		return true
 	default:
 		return false
@@ -312,7 +315,7 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 	for {
 		// A peer that keeps the ring full would keep us here: Close
 		// must not wait for it.
-		if qp.ctx.Err() != nil {
+		if qp.closing.Load() {
 			return n, errQueuePairClosed
 		}
 		b, ok := rx.ring.Read()

@@ -168,7 +168,7 @@ func waitFailed(t *testing.T, qp *queuePair) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	_, err := qp.inflight()
+	_, err := qp.Failure()
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // runSender executes the send queue in posting order. One-sided requests
@@ -20,12 +21,12 @@ func (qp *queuePair) runSender() {
 			return
 		}
 		c, _ := qp.execute(wr, true)
-		qp.mu.Lock()
+		qp.Mu.Lock()
 		qp.executing = false
-		qp.sq[0] = nil
-		qp.sq = qp.sq[1:]
+		qp.Sendq[0] = nil
+		qp.Sendq = qp.Sendq[1:]
 		qp.finishSendLocked(c, wr.Unsignaled)
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 	}
 }
 
@@ -33,7 +34,7 @@ func (qp *queuePair) runSender() {
 // of a Write or Read; the copy of a WriteImm or of a Send that fits the
 // staging buffer, returning the doorbell to ring. It reports false when
 // the remote region is not mapped yet.
-func (qp *queuePair) startInline(wr *sendWR) (c verbs.Completion, ran bool, doorbell *message) {
+func (qp *queuePair) startInline(wr *softrc.SendWR) (c verbs.Completion, ran bool, doorbell *message) {
 	if qp.peerDown() {
 		return verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusTransport, Err: errPeerDown}, true, nil
 	}
@@ -51,16 +52,16 @@ func (qp *queuePair) startInline(wr *sendWR) (c verbs.Completion, ran bool, door
 			c.Status, c.Err = st, err
 			return c, true, nil
 		}
-		c.Len, c.Imm, c.HasImm = wr.n, wr.Imm, true
-		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.n)}
+		c.Len, c.Imm, c.HasImm = wr.N, wr.Imm, true
+		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}
 	case verbs.OpSend:
 		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
-		if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
+		if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
 			c.Status, c.Err = st, err
 			return c, true, nil
 		}
-		n := wr.vec.Gather(qp.staging, 0)
-		wr.vec.Release()
+		n := wr.Vec.Gather(qp.staging, 0)
+		wr.Vec.Release()
 		m := &message{typ: msgSend, flags: flagLast, length: uint64(n), total: uint64(n)}
 		c.Len = n
 		if wr.HasImm {
@@ -75,27 +76,24 @@ func (qp *queuePair) startInline(wr *sendWR) (c verbs.Completion, ran bool, door
 
 // nextSend waits for the next request. Once the queue pair is in the
 // error state it flushes the send queue and reports false.
-func (qp *queuePair) nextSend() (*sendWR, bool) {
+func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 	for {
-		qp.mu.Lock()
-		if qp.state == verbs.QPError {
-			for _, wr := range qp.sq {
-				qp.completeSend(verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusFlushed, Err: qp.inflightErr}, wr.Unsignaled)
-			}
-			qp.sq = nil
-			qp.mu.Unlock()
+		qp.Mu.Lock()
+		if qp.StateLocked() == verbs.QPError {
+			qp.FlushSendsLocked()
+			qp.Mu.Unlock()
 			return nil, false
 		}
-		if len(qp.sq) > 0 && !qp.executing {
+		if len(qp.Sendq) > 0 && !qp.executing {
 			qp.executing = true
-			wr := qp.sq[0]
-			qp.mu.Unlock()
+			wr := qp.Sendq[0]
+			qp.Mu.Unlock()
 			return wr, true
 		}
-		qp.mu.Unlock()
+		qp.Mu.Unlock()
 		select {
 		case <-qp.sqSignal:
-		case <-qp.failed:
+		case <-qp.Errored:
 		}
 	}
 }
@@ -103,7 +101,7 @@ func (qp *queuePair) nextSend() (*sendWR, bool) {
 // execute runs one request and returns its completion. With fetch false
 // (inline execution in PostSend) it only runs Writes and Reads whose remote
 // region is mapped already, and reports false for anything else.
-func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
+func (qp *queuePair) execute(wr *softrc.SendWR, fetch bool) (verbs.Completion, bool) {
 	c := verbs.Completion{ID: wr.ID, Op: wr.Op}
 	if qp.peerDown() {
 		c.Status, c.Err = verbs.StatusTransport, errPeerDown
@@ -116,7 +114,7 @@ func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
 	case verbs.OpWrite, verbs.OpWriteImm:
 		st, err, done = qp.write(wr, fetch)
 		if done && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
-			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.n)})
+			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)})
 		}
 	case verbs.OpRead:
 		st, err, done = qp.read(wr, fetch)
@@ -128,7 +126,7 @@ func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
 	}
 	c.Status, c.Err = st, err
 	if st == verbs.StatusSuccess {
-		c.Len = wr.n
+		c.Len = wr.N
 		if wr.Op == verbs.OpWriteImm || (wr.Op == verbs.OpSend && wr.HasImm) {
 			c.Imm, c.HasImm = wr.Imm, true
 		}
@@ -138,36 +136,36 @@ func (qp *queuePair) execute(wr *sendWR, fetch bool) (verbs.Completion, bool) {
 
 // write copies the local buffer straight into the peer's mapped region:
 // the one copy of a Write.
-func (qp *queuePair) write(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
-	if wr.n == 0 {
+func (qp *queuePair) write(wr *softrc.SendWR, fetch bool) (verbs.Status, error, bool) {
+	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true // a zero-length Write touches no memory and checks no key
 	}
-	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
+	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
 		return st, err, true
 	}
-	defer wr.vec.Release()
+	defer wr.Vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
-		dst, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteWrite)
+		dst, err := rr.span(wr.Remote.Addr, wr.N, verbs.AccessRemoteWrite)
 		if err == nil {
-			wr.vec.GatherParallel(dst, qp.pd.opts.copyWorkers)
+			wr.Vec.GatherParallel(dst, qp.pd.opts.copyWorkers)
 		}
 		return err
 	})
 }
 
 // read copies from the peer's mapped region into the local buffer.
-func (qp *queuePair) read(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
-	if wr.n == 0 {
+func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, bool) {
+	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true
 	}
-	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
+	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
 		return st, err, true
 	}
-	defer wr.vec.Release()
+	defer wr.Vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
-		src, err := rr.span(wr.Remote.Addr, wr.n, verbs.AccessRemoteRead)
+		src, err := rr.span(wr.Remote.Addr, wr.N, verbs.AccessRemoteRead)
 		if err == nil {
-			wr.vec.ScatterParallel(src, qp.pd.opts.copyWorkers)
+			wr.Vec.ScatterParallel(src, qp.pd.opts.copyWorkers)
 		}
 		return err
 	})
@@ -176,14 +174,14 @@ func (qp *queuePair) read(wr *sendWR, fetch bool) (verbs.Status, error, bool) {
 // sendMessage moves a Send through our staging buffer, in chunks of its
 // size: we copy each chunk in, the peer copies it out into its Recv buffer
 // and acks.
-func (qp *queuePair) sendMessage(wr *sendWR) (verbs.Status, error) {
-	if st, err := holdLocal(wr.vec); st != verbs.StatusSuccess {
+func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error) {
+	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
 		return st, err
 	}
-	defer wr.vec.Release()
-	total := wr.n
+	defer wr.Vec.Release()
+	total := wr.N
 	for off := 0; ; {
-		n := wr.vec.Gather(qp.staging[:min(len(qp.staging), total-off)], off)
+		n := wr.Vec.Gather(qp.staging[:min(len(qp.staging), total-off)], off)
 		m := message{typ: msgSend, offset: uint64(off), length: uint64(n), total: uint64(total)}
 		if wr.HasImm {
 			m.flags |= flagHasImm
@@ -210,11 +208,11 @@ func (qp *queuePair) request(m message) (verbs.Status, error) {
 		var a message
 		select {
 		case a = <-qp.ackCh:
-		case <-qp.failed:
+		case <-qp.Errored:
 			select {
 			case a = <-qp.ackCh: // the ack raced the failure; it wins
 			default:
-				return qp.inflight()
+				return qp.Failure()
 			}
 		}
 		if a.seq != m.seq {
@@ -243,16 +241,8 @@ func ackStatus(s verbs.Status) (verbs.Status, error) {
 	return verbs.StatusRemoteOperation, fmt.Errorf("shm: the peer answered with status %v", s)
 }
 
-// inflight is the status of the request executing when the queue pair
-// failed.
-func (qp *queuePair) inflight() (verbs.Status, error) {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.inflightStatus, qp.inflightErr
-}
-
 // lost fails the queue pair after a write to the peer failed.
 func (qp *queuePair) lost(err error) (verbs.Status, error) {
 	qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
-	return qp.inflight()
+	return qp.Failure()
 }

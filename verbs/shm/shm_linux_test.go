@@ -214,12 +214,12 @@ func TestAcceptorChecksSecrets(t *testing.T) {
 	defer b.pd.Close()
 	// Make a the acceptor: the side with the larger secret accepts.
 	acc, dia := a, b
-	if string(acc.qp.secret[:]) < string(dia.qp.secret[:]) {
+	if string(acc.qp.Secret[:]) < string(dia.qp.Secret[:]) {
 		acc, dia = b, a
 	}
 	var wrong [16]byte
 	randomBytes(wrong[:])
-	if hello(t, acc.pd.addr, acc.qp.id, wrong, dia.qp.secret) {
+	if hello(t, acc.pd.addr, acc.qp.ID, wrong, dia.qp.Secret) {
 		t.Fatal("a hello with the wrong acceptor secret was welcomed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -228,7 +228,7 @@ func TestAcceptorChecksSecrets(t *testing.T) {
 	go func() { errc <- acc.qp.Connect(ctx, dia.qp.LocalInfo()) }()
 	// The acceptor knows its peer's secret now: an impostor with the right
 	// acceptor secret but not the peer's is refused too.
-	if hello(t, acc.pd.addr, acc.qp.id, acc.qp.secret, wrong) {
+	if hello(t, acc.pd.addr, acc.qp.ID, acc.qp.Secret, wrong) {
 		t.Fatal("a hello with the wrong dialer secret was welcomed")
 	}
 	if err := dia.qp.Connect(ctx, acc.qp.LocalInfo()); err != nil {
@@ -237,7 +237,7 @@ func TestAcceptorChecksSecrets(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("acceptor Connect after the impostors: %v", err)
 	}
-	if hello(t, acc.pd.addr, acc.qp.id, acc.qp.secret, dia.qp.secret) {
+	if hello(t, acc.pd.addr, acc.qp.ID, acc.qp.Secret, dia.qp.Secret) {
 		t.Fatal("a replayed hello was welcomed: the secret is not one-time")
 	}
 	// The real connection still works.
@@ -531,8 +531,8 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	defer unix.Munmap(staging)
 	defer unix.Close(fd)
 	stateWord(staging).Store(stateUp)
-	m := message{typ: msgHello, seq: acc.qp.id, length: uint64(len(staging))}
-	m.secret[0], m.secret[1] = acc.qp.secret, fakeSecret
+	m := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(staging))}
+	m.secret[0], m.secret[1] = acc.qp.Secret, fakeSecret
 	if err := writeMessage(c, &m, fd); err != nil {
 		t.Fatal(err)
 	}

@@ -2,32 +2,9 @@ package softrc
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
-
-// NewDomainCQ is NewCompletionQueue of a domain, owner, whose mu guards
-// closed and cqs: the new CQ is in cqs until it is closed. provider
-// ("tcp") begins every error.
-func NewDomainCQ(provider string, owner any, capacity int, mu *sync.Mutex, closed *bool, cqs map[*CQ]struct{}) (verbs.CompletionQueue, error) {
-	var cq *CQ
-	cq, err := NewCQ(owner, capacity, func() {
-		mu.Lock()
-		delete(cqs, cq)
-		mu.Unlock()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", provider, err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if *closed {
-		return nil, fmt.Errorf("%s: new completion queue: domain: %w", provider, verbs.ErrClosed)
-	}
-	cqs[cq] = struct{}{}
-	return cq, nil
-}
 
 // Reservation is the completion queue room a new queue pair holds: MaxSend
 // entries of SendCQ and MaxRecv of RecvCQ.
@@ -76,23 +53,6 @@ func Reserve(provider string, owner any, closed bool, cfg verbs.QueuePairConfig,
 	return Reservation{SendCQ: sendCQ, RecvCQ: recvCQ, MaxSend: maxSend, MaxRecv: maxRecv}, nil
 }
 
-// GrantFor is QueuePair.Grant of qp, a queue pair of the table's domain
-// that provider ("tcp") numbers id: ErrClosed once *closed (read under mu)
-// says so, else NewGrant with onRevoke.
-func (t *Table) GrantFor(provider string, id uint64, qp any, mu *sync.Mutex, closed *bool, region verbs.MemoryRegion, offset, length int, access verbs.Access, onRevoke func(*Grant), onStuck func()) (verbs.Grant, error) {
-	mu.Lock()
-	c := *closed
-	mu.Unlock()
-	if c {
-		return nil, fmt.Errorf("%s: queue pair %d: grant: %w", provider, id, verbs.ErrClosed)
-	}
-	g, err := t.NewGrant(qp, region, offset, length, access, onRevoke, onStuck)
-	if err != nil {
-		return nil, fmt.Errorf("%s: queue pair %d: %w", provider, id, err)
-	}
-	return g, nil
-}
-
 // CheckSends checks every request of one PostSend (see CheckSend) before
 // any of them is posted and returns them as ws, a W each, filled by keep.
 // into(w), if not nil, gives the storage that the vector of w's request
@@ -127,18 +87,4 @@ func checkEach[W, R any](post string, wrs []R, into func(*W) Vec, keep func(*W, 
 		keep(&ws[i], &wrs[i], vec)
 	}
 	return ws, nil
-}
-
-// BeginClose starts a Close that is idempotent: it locks mu and, unless
-// *closed already says so, sets it and returns true with mu still locked
-// for the rest of the Close to unlock. A second Close gets false, with mu
-// unlocked.
-func BeginClose(mu *sync.Mutex, closed *bool) bool {
-	mu.Lock()
-	if *closed {
-		mu.Unlock()
-		return false
-	}
-	*closed = true
-	return true
 }
