@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -180,45 +181,34 @@ func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int,
 // told to keep to the socket) and welcomes it. Connections with any other
 // secret are closed; once one is welcomed, no other is accepted.
 func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size int, l *link) error {
-	for {
-		var d dialIn
-		select {
-		case o := <-qp.Incoming():
-			d = o.(dialIn)
-		case <-ctx.Done():
-			return fmt.Errorf("shm: waiting for the peer to connect: %w", context.Cause(ctx))
-		}
-		if !ri.secret.Equal(d.hello.secret[1]) {
-			d.Close()
-			continue
-		}
-		qp.StopAccepting()
-
-		l.conn = d.conn
-		defer closeFD(d.stagingFD)
-		defer closeFD(d.ringFD)
-		var err error
-		l.peerMapping, l.peerStaging, err = mapPeerStaging(d.stagingFD, d.hello.length)
-		if err != nil {
+	o, err := qp.AcceptOffer(ctx, ri.secret, func(o softrc.Offer) softrc.Secret { return o.(dialIn).hello.secret[1] })
+	if err != nil {
+		return err
+	}
+	d := o.(dialIn)
+	l.conn = d.conn
+	defer closeFD(d.stagingFD)
+	defer closeFD(d.ringFD)
+	l.peerMapping, l.peerStaging, err = mapPeerStaging(d.stagingFD, d.hello.length)
+	if err != nil {
+		return err
+	}
+	welcome := message{typ: msgWelcome, length: uint64(size)}
+	ringFD := -1
+	if d.hello.flags&flagRing != 0 && !qp.pd.opts.socketControl {
+		if l.tx, err = attachRingTx(d.ringFD); err != nil {
 			return err
 		}
-		welcome := message{typ: msgWelcome, length: uint64(size)}
-		ringFD := -1
-		if d.hello.flags&flagRing != 0 && !qp.pd.opts.socketControl {
-			if l.tx, err = attachRingTx(d.ringFD); err != nil {
-				return err
-			}
-			if l.rx, err = newRingRx(); err != nil {
-				return err
-			}
-			welcome.flags |= flagRing
-			ringFD = l.rx.fd
+		if l.rx, err = newRingRx(); err != nil {
+			return err
 		}
-		if err := writeMessage(l.conn, &welcome, stagingFD, ringFD); err != nil {
-			return fmt.Errorf("shm: send welcome: %w", err)
-		}
-		return nil
+		welcome.flags |= flagRing
+		ringFD = l.rx.fd
 	}
+	if err := writeMessage(l.conn, &welcome, stagingFD, ringFD); err != nil {
+		return qp.Errorf("send welcome: %w", err)
+	}
+	return nil
 }
 
 func mapPeerStaging(fd int, size uint64) (mapping, data []byte, err error) {

@@ -239,7 +239,7 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	qp.awaiting = nil
 	qp.executing = false
 	c := aw.c
-	if st, err := ackStatus(m.status); st != verbs.StatusSuccess {
+	if st, err := softrc.Refused(m.status); st != verbs.StatusSuccess {
 		c = verbs.Completion{ID: c.ID, Op: c.Op, Status: st, Err: err}
 	}
 	qp.finishSendLocked(c, aw.unsignaled)
@@ -507,13 +507,4 @@ func (qp *queuePair) unmapConfirmed(token uint64) {
 		close(done)
 	}
 	qp.Mu.Unlock()
-}
-
-// holdLocal references the regions of a request's local segments for a
-// copy; a deregistered one fails the request with StatusLocalProtection.
-func holdLocal(v softrc.Vec) (verbs.Status, error) {
-	if bad, ok := v.Acquire(); !ok {
-		return verbs.StatusLocalProtection, fmt.Errorf("shm: local region %#x is deregistered", bad.LocalKey())
-	}
-	return verbs.StatusSuccess, nil
 }

@@ -166,28 +166,18 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 		in.recv = r
 		in.stopTimer()
 		if in.send {
-			var st verbs.Status
-			var err error
-			if in.total > uint64(r.N) {
-				st, err = verbs.StatusLocalLength, fmt.Errorf("shm: a Send of %d bytes does not fit the %d-byte Recv buffer", in.total, r.N)
-			} else if bad, ok := r.Vec.Acquire(); !ok {
-				st, err = verbs.StatusLocalProtection, fmt.Errorf("shm: the Recv's region %#x is deregistered", bad.LocalKey())
-			} else {
-				r.Vec.Release()
-			}
+			st, peer, err := r.Fit(in.total)
 			if st != verbs.StatusSuccess {
 				// As on RC: the receiver's Recv fails and its queue pair
 				// goes to the error state; the sender learns why.
+				err = qp.Errorf("%w", err)
 				qp.inbound = nil
 				qp.releaseRecvLocked()
 				qp.completeRecv(verbs.Completion{ID: r.ID, Op: verbs.OpRecv, Status: st, Err: err})
-				peer := verbs.StatusRemoteOperation
-				if st == verbs.StatusLocalLength {
-					peer = verbs.StatusRemoteInvalidRequest
-				}
 				acks := []message{{typ: msgAck, seq: m.seq, status: peer}}
 				return append(acks, qp.failLocked(verbs.StatusFlushed, err)...)
 			}
+			r.Vec.Release()
 		}
 	}
 	ack := []message{{typ: msgAck, seq: m.seq}}

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -56,7 +55,7 @@ func (qp *queuePair) startInline(wr *softrc.SendWR) (c verbs.Completion, ran boo
 		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}
 	case verbs.OpSend:
 		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
-		if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
+		if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
 			c.Status, c.Err = st, err
 			return c, true, nil
 		}
@@ -140,7 +139,7 @@ func (qp *queuePair) write(wr *softrc.SendWR, fetch bool) (verbs.Status, error, 
 	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true // a zero-length Write touches no memory and checks no key
 	}
-	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
+	if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
 		return st, err, true
 	}
 	defer wr.Vec.Release()
@@ -158,7 +157,7 @@ func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, b
 	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true
 	}
-	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
+	if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
 		return st, err, true
 	}
 	defer wr.Vec.Release()
@@ -175,7 +174,7 @@ func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, b
 // size: we copy each chunk in, the peer copies it out into its Recv buffer
 // and acks.
 func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error) {
-	if st, err := holdLocal(wr.Vec); st != verbs.StatusSuccess {
+	if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
 		return st, err
 	}
 	defer wr.Vec.Release()
@@ -218,27 +217,8 @@ func (qp *queuePair) request(m message) (verbs.Status, error) {
 		if a.seq != m.seq {
 			continue // the ack of a request abandoned earlier
 		}
-		return ackStatus(a.status)
+		return softrc.Refused(a.status)
 	}
-}
-
-// ackStatus turns the status of a peer's ack into ours, with an
-// explanation; an unexpected status from the peer is a remote operation
-// error.
-func ackStatus(s verbs.Status) (verbs.Status, error) {
-	switch s {
-	case verbs.StatusSuccess:
-		return s, nil
-	case verbs.StatusReceiverNotReady:
-		return s, errors.New("shm: no Recv was posted at the peer within its RNR timeout")
-	case verbs.StatusRemoteInvalidRequest:
-		return s, errors.New("shm: the Send is larger than the peer's Recv buffer")
-	case verbs.StatusRemoteOperation:
-		return s, errors.New("shm: the peer's Recv buffer is unusable (bad region, rights or bounds)")
-	case verbs.StatusTransport:
-		return s, errors.New("shm: the peer's queue pair is in the error state")
-	}
-	return verbs.StatusRemoteOperation, fmt.Errorf("shm: the peer answered with status %v", s)
 }
 
 // lost fails the queue pair after a write to the peer failed.

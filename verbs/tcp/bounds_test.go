@@ -32,7 +32,7 @@ func TestHugeWriteIsRefusedAtOnce(t *testing.T) {
 		t.Fatalf("no NAK for a WRITE declaring 2^62 bytes: %v", err)
 	}
 	h, err := parseHeader(hb[:])
-	if err != nil || h.op != frameAck || h.status != nakRemoteAccess || h.seq != 1 {
+	if err != nil || h.op != frameAck || verbs.Status(h.status) != verbs.StatusRemoteAccess || h.seq != 1 {
 		t.Fatalf("answer %+v (%v), want a remote-access NAK of request 1", h, err)
 	}
 	if st := qp.State(); st != verbs.QPError {

@@ -46,17 +46,20 @@ var attributes = verbs.Attributes{
 	RecvImmKey:          true,
 }
 
-// RegisterMemory registers m. The region's address is a random base chosen
-// by the domain, not the memory's virtual address, and its key a random
-// 32-bit number unique in the domain.
+// RegisterMemory registers m as a region of the core (softrc.Region:
+// every transfer into or out of its bytes holds a reference while the
+// data moves, and Deregister waits for those references to go). The
+// region's address is a random base chosen by the domain, not the
+// memory's virtual address, and its key a random 32-bit number unique in
+// the domain.
 func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
 	d.Mu.Lock()
 	defer d.Mu.Unlock()
 	r, err := d.RegisterLocked(m, access, 0)
 	if err != nil {
-		return nil, err
+		return nil, err // not a nil *Region in an interface
 	}
-	return &memoryRegion{Region: r, pd: d}, nil
+	return r, nil
 }
 
 // NewQueuePair makes a queue pair in RESET. Its completion queues must

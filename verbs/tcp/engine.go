@@ -236,8 +236,8 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 		f := &ctrl[i]
 		// Acknowledgements are cumulative: of consecutive ones, the last
 		// says it all.
-		if f.hdr.op == frameAck && f.hdr.status == nakNone && i+1 < len(ctrl) &&
-			ctrl[i+1].hdr.op == frameAck && ctrl[i+1].hdr.status == nakNone {
+		if f.hdr.op == frameAck && f.hdr.status == 0 && i+1 < len(ctrl) &&
+			ctrl[i+1].hdr.op == frameAck && ctrl[i+1].hdr.status == 0 {
 			continue
 		}
 		b.add(&f.hdr, f.payload, inline)
@@ -411,7 +411,7 @@ func readVec(br *bufio.Reader, v softrc.Vec, n int) error {
 func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	use, buf, aerr := q.pd.Table.Remote(h.key, q.QP, h.addr, h.length, verbs.AccessRemoteWrite)
 	if aerr != nil {
-		return q.refuseAndSkip(h, br, nakRemoteAccess, aerr)
+		return q.refuseAndSkip(h, br, verbs.StatusRemoteAccess, aerr)
 	}
 	var r *softrc.RecvWR
 	if h.op == frameWriteImm {
@@ -421,7 +421,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 			if !errors.Is(err, softrc.ErrRNR) {
 				return false, err
 			}
-			return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
+			return q.refuseAndSkip(h, br, verbs.StatusReceiverNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
 		}
 	}
 	err := readPayload(br, buf)
@@ -450,28 +450,19 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 		if !errors.Is(err, softrc.ErrRNR) {
 			return false, err
 		}
-		return q.refuseAndSkip(h, br, nakNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
+		return q.refuseAndSkip(h, br, verbs.StatusReceiverNotReady, fmt.Errorf("%w within %v", softrc.ErrRNR, q.pd.opts.rnrTimeout))
 	}
-	if h.length > uint64(r.N) {
-		cause := fmt.Errorf("a message of %d bytes does not fit the receive of %d bytes", h.length, r.N)
-		q.refuse(h, nakInvalidRequest, cause)
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusLocalLength, Err: cause}))
+	if local, remote, cause := r.Fit(h.length); local != verbs.StatusSuccess {
+		q.refuse(h, remote, cause)
+		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: local, Err: cause}))
 		return true, skipPayload(br, h.length)
 	}
 	n := int(h.length)
-	if n > 0 {
-		if bad, ok := r.Vec.Acquire(); !ok {
-			cause := fmt.Errorf("the receive's region %#x was deregistered", bad.LocalKey())
-			q.refuse(h, nakOperation, cause)
-			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusLocalProtection, Err: cause}))
-			return true, skipPayload(br, h.length)
-		}
-		err := readVec(br, r.Vec, n)
-		r.Vec.Release()
-		if err != nil {
-			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
-			return false, err
-		}
+	err = readVec(br, r.Vec, n)
+	r.Vec.Release()
+	if err != nil {
+		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+		return false, err
 	}
 	c := verbs.Completion{Op: verbs.OpRecv, Len: n}
 	if h.flags&flagImm != 0 {
@@ -489,7 +480,7 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 func (q *queuePair) applyReadRequest(h *header) bool {
 	use, buf, aerr := q.pd.Table.Remote(h.key, q.QP, h.addr, h.length, verbs.AccessRemoteRead)
 	if aerr != nil {
-		return q.refuse(h, nakRemoteAccess, aerr)
+		return q.refuse(h, verbs.StatusRemoteAccess, aerr)
 	}
 	q.awaitCtrlRoom()
 	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, use: use})
@@ -530,7 +521,7 @@ const maxDrain = 64 << 20
 
 // refuseAndSkip refuses h, so that its NAK goes out at once, before
 // anything else is read, and then skips its payload (see maxDrain).
-func (q *queuePair) refuseAndSkip(h *header, br *bufio.Reader, status uint8, cause error) (bool, error) {
+func (q *queuePair) refuseAndSkip(h *header, br *bufio.Reader, status verbs.Status, cause error) (bool, error) {
 	q.refuse(h, status, cause)
 	return true, skipPayload(br, h.length)
 }
@@ -560,7 +551,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	status, fatal := verbs.StatusSuccess, false
 	var cause error
 	if w.N > 0 {
-		if bad, ok := w.Vec.Acquire(); ok {
+		if st, why := w.Vec.Hold(); st == verbs.StatusSuccess {
 			err := readVec(br, w.Vec, w.N)
 			w.Vec.Release()
 			if err != nil {
@@ -570,8 +561,8 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 			if _, err := br.Discard(int(h.length)); err != nil {
 				return false, err
 			}
-			status, fatal = verbs.StatusLocalProtection, true
-			cause = q.Errorf("READ %d: local region %#x was deregistered", w.ID, bad.LocalKey())
+			status, fatal = st, true
+			cause = q.Errorf("READ %d: %w", w.ID, why)
 			q.enterError(verbs.StatusFlushed, cause)
 		}
 	}
@@ -591,7 +582,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 // applyAck completes the requests an acknowledgement covers. A negative
 // acknowledgement fails its request and moves the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
-	nak := h.status != nakNone
+	nak := h.status != 0
 	q.Mu.Lock()
 	var done []*softrc.SendWR
 	for len(q.Inflight) > 0 && (q.Inflight[0].Seq < h.seq || !nak && q.Inflight[0].Seq == h.seq) {
@@ -615,9 +606,9 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 		return false, fmt.Errorf("acknowledgement of request %d, which is not outstanding", h.seq)
 	}
 	var cause error
+	st, why := softrc.Refused(verbs.Status(h.status))
 	if nak {
-		st := nakStatus(h.status)
-		cause = fmt.Errorf("the peer refused %v %d: %v", failed.Op, failed.ID, st)
+		cause = fmt.Errorf("the peer refused %v %d: %w", failed.Op, failed.ID, why)
 		q.enterError(verbs.StatusFlushed, q.Errorf("%w", cause))
 	}
 	es := make([]softrc.Entry, 0, len(done)+1)
@@ -630,7 +621,7 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 	}
 	q.Mu.Unlock()
 	if failed != nil {
-		es = q.CompleteSend(es, failed, nakStatus(h.status), cause)
+		es = q.CompleteSend(es, failed, st, cause)
 	}
 	q.SendCQ.Push(es...)
 	return nak, nil
@@ -638,8 +629,8 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 
 // refuse reports a failed request to the peer and moves the queue pair to
 // ERR, as a responder error does in RC. It returns true (fatal).
-func (q *queuePair) refuse(h *header, status uint8, cause error) bool {
-	q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, status: status, seq: h.seq}})
+func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
+	q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, status: uint8(status), seq: h.seq}})
 	q.enterError(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
 	return true
 }

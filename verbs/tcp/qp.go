@@ -76,7 +76,11 @@ type offered struct {
 	hello hello
 }
 
-func (o offered) Close() { o.conn.Close() }
+// Close refuses the connection.
+func (o offered) Close() {
+	o.conn.Write(replyBytes(handshakeRefused))
+	o.conn.Close()
+}
 
 func newQueuePair(pd *domain, core *softrc.QP, maxInline int) *queuePair {
 	return &queuePair{
@@ -173,25 +177,17 @@ func ctxErr(ctx context.Context, err error) error {
 // accept waits for the peer's connection, checks that it presents the
 // peer's secret as well as ours, and accepts it.
 func (q *queuePair) accept(ctx context.Context, peer info) (net.Conn, error) {
-	for {
-		select {
-		case o := <-q.Incoming():
-			in := o.(offered)
-			if !in.hello.dialer.Equal(peer.secret) {
-				in.conn.Write(replyBytes(handshakeRefused))
-				in.conn.Close()
-				continue
-			}
-			if _, err := in.conn.Write(replyBytes(handshakeOK)); err != nil {
-				in.conn.Close()
-				return nil, q.Errorf("answering the handshake: %w", err)
-			}
-			in.conn.SetDeadline(time.Time{})
-			return in.conn, nil
-		case <-ctx.Done():
-			return nil, q.Errorf("waiting for the peer to connect: %w", ctx.Err())
-		}
+	o, err := q.AcceptOffer(ctx, peer.secret, func(o softrc.Offer) softrc.Secret { return o.(offered).hello.dialer })
+	if err != nil {
+		return nil, err
 	}
+	in := o.(offered)
+	if _, err := in.conn.Write(replyBytes(handshakeOK)); err != nil {
+		in.conn.Close()
+		return nil, q.Errorf("answering the handshake: %w", err)
+	}
+	in.conn.SetDeadline(time.Time{})
+	return in.conn, nil
 }
 
 // PostSendUnlock queues checked requests for the writer, or writes them

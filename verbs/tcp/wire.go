@@ -3,8 +3,6 @@ package tcp
 import (
 	"encoding/binary"
 	"fmt"
-
-	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // A frame is a fixed header, in little endian, optionally followed by a
@@ -12,7 +10,8 @@ import (
 //
 //	offset size field
 //	0      1    opcode
-//	1      1    status (acknowledgements only)
+//	1      1    status (acknowledgements only): a verbs.Status, nonzero
+//	            fails request seq (see softrc.Refused)
 //	2      1    flags (flagImm: the imm field is valid)
 //	3      1    reserved, zero
 //	4      4    remote key
@@ -33,15 +32,6 @@ const (
 )
 
 const flagImm = 1
-
-// Statuses carried by a negative acknowledgement.
-const (
-	nakNone           = 0
-	nakRemoteAccess   = 1
-	nakInvalidRequest = 2
-	nakNotReady       = 3
-	nakOperation      = 4
-)
 
 // maxFrameLength bounds the length field so that lengths convert to int
 // without overflow on 64-bit platforms.
@@ -96,7 +86,7 @@ func parseHeader(b []byte) (header, error) {
 	if h.op == frameAck && h.length != 0 {
 		return h, fmt.Errorf("tcp: acknowledgement carries %d bytes", h.length)
 	}
-	if h.op != frameAck && h.status != nakNone {
+	if h.op != frameAck && h.status != 0 {
 		return h, fmt.Errorf("tcp: frame %d carries status %d", h.op, h.status)
 	}
 	return h, nil
@@ -109,17 +99,4 @@ func (h *header) hasPayload() bool {
 		return true
 	}
 	return false
-}
-
-// nakStatus maps a negative acknowledgement to the requester's status.
-func nakStatus(s uint8) verbs.Status {
-	switch s {
-	case nakRemoteAccess:
-		return verbs.StatusRemoteAccess
-	case nakInvalidRequest:
-		return verbs.StatusRemoteInvalidRequest
-	case nakNotReady:
-		return verbs.StatusReceiverNotReady
-	}
-	return verbs.StatusRemoteOperation
 }

@@ -414,6 +414,26 @@ func (q *QP) Offer(o Offer) bool {
 // Incoming delivers the offers, for the accepting side's Connect.
 func (q *QP) Incoming() <-chan Offer { return q.incoming }
 
+// AcceptOffer waits for the data connection offered by the peer whose
+// secret is peer (whose says which secret an offer presents as the
+// dialer's), closes any other, and once it has the peer's takes no more
+// offers. It ends with ctx.
+func (q *QP) AcceptOffer(ctx context.Context, peer Secret, whose func(Offer) Secret) (Offer, error) {
+	for {
+		select {
+		case o := <-q.incoming:
+			if dialer := whose(o); !dialer.Equal(peer) {
+				o.Close()
+				continue
+			}
+			q.StopAccepting()
+			return o, nil
+		case <-ctx.Done():
+			return nil, q.Errorf("waiting for the peer to connect: %w", context.Cause(ctx))
+		}
+	}
+}
+
 // StopAccepting refuses further offers and closes those waiting.
 func (q *QP) StopAccepting() {
 	q.Mu.Lock()

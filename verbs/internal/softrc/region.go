@@ -22,6 +22,7 @@ const knownAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.Acc
 // fails.
 type Region struct {
 	owner  any
+	table  *Table
 	mem    []byte
 	addr   uint64
 	key    uint32
@@ -131,7 +132,7 @@ func (t *Table) Register(m verbs.Memory, access verbs.Access, addr uint64) (*Reg
 	if m.DMABuf {
 		return nil, fmt.Errorf("register memory: %w: DMA-BUF device memory cannot be read by the CPU; stage it through host memory", verbs.ErrInvalidMemory)
 	}
-	r := &Region{owner: t.owner, mem: m.Bytes[:len(m.Bytes):len(m.Bytes)], access: access, addr: addr}
+	r := &Region{owner: t.owner, table: t, mem: m.Bytes[:len(m.Bytes):len(m.Bytes)], access: access, addr: addr}
 	r.cond.L = &r.mu
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -173,6 +174,18 @@ func (t *Table) Deregister(r *Region) bool {
 		r.cond.Wait()
 	}
 	return true
+}
+
+// Deregister removes the region's key (and its grants), so later peer
+// accesses fail with a remote access error, and waits for transfers in
+// progress on its memory to finish (see Table.Deregister). Work requests
+// posted on it that have not moved their data yet fail with
+// StatusLocalProtection (and, like any local error, move their queue pair
+// to ERR). It is idempotent. A provider whose peers map its regions wraps
+// it to revoke their mappings too.
+func (r *Region) Deregister() error {
+	r.table.Deregister(r)
+	return nil
 }
 
 // Regions returns the live regions.
