@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // This file is pure Go so that it is tested on every build: the checks the
@@ -69,27 +70,19 @@ func segments(local verbs.Local, segs []verbs.Local) []verbs.Local {
 }
 
 // checkLimits checks a request's segment count and total length against
-// the queue pair's limits. Refusals wrap verbs.ErrTooLarge.
+// the queue pair's limits (see softrc.CheckSegments and CheckLength).
+// Refusals wrap verbs.ErrTooLarge.
 func checkLimits(segs []verbs.Local, maxSegments int, maxMessage int64) (total int64, err error) {
-	if len(segs) > maxSegments {
-		return 0, fmt.Errorf("%w: %d segments, at most %d", verbs.ErrTooLarge, len(segs), maxSegments)
+	if err := softrc.CheckSegments(len(segs), maxSegments); err != nil {
+		return 0, err
 	}
 	for _, s := range segs {
 		if s.Length > 0 {
 			total += int64(s.Length)
 		}
 	}
-	if total > maxMessage {
-		return 0, fmt.Errorf("%w: %d bytes in one request, at most %d", verbs.ErrTooLarge, total, maxMessage)
+	if err := softrc.CheckLength(total, maxMessage); err != nil {
+		return 0, err
 	}
 	return total, nil
-}
-
-// checkSendOp checks the opcode and the fields that go with it.
-func checkSendOp(op verbs.Opcode) error {
-	switch op {
-	case verbs.OpSend, verbs.OpWrite, verbs.OpWriteImm, verbs.OpRead:
-		return nil
-	}
-	return fmt.Errorf("%w: opcode %s in PostSend", verbs.ErrUnsupported, op)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 func TestCheckGrant(t *testing.T) {
@@ -102,13 +103,13 @@ func TestSegments(t *testing.T) {
 
 func TestCheckSendOp(t *testing.T) {
 	for _, op := range []verbs.Opcode{verbs.OpSend, verbs.OpWrite, verbs.OpWriteImm, verbs.OpRead} {
-		if err := checkSendOp(op); err != nil {
-			t.Errorf("checkSendOp(%s) = %v", op, err)
+		if _, err := softrc.CheckOpcode(op); err != nil {
+			t.Errorf("softrc.CheckOpcode(%s) = %v", op, err)
 		}
 	}
 	for _, op := range []verbs.Opcode{0, verbs.OpRecv, verbs.OpRecvImm, 99} {
-		if err := checkSendOp(op); err == nil {
-			t.Errorf("checkSendOp(%s) accepted", op)
+		if _, err := softrc.CheckOpcode(op); err == nil {
+			t.Errorf("softrc.CheckOpcode(%s) accepted", op)
 		}
 	}
 }

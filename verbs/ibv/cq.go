@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // completionQueue is an ibv_cq with its own completion channel.
@@ -62,7 +63,7 @@ func (d *domain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, verbs.ErrClosed
+		return nil, softrc.ClosedError("ibv", "new completion queue")
 	}
 	channel, err := C.ibv_create_comp_channel(d.ctx)
 	if channel == nil {

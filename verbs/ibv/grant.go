@@ -73,15 +73,11 @@ func (g *grant) Access() verbs.Access { return g.access }
 // right. See the comment of type grant.
 func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
 	q.mu.Lock()
-	switch {
-	case q.closed || q.qp == nil:
-		q.mu.Unlock()
-		return nil, verbs.ErrClosed
-	case q.failed:
-		q.mu.Unlock()
-		return nil, verbs.ErrQPError
-	}
+	err := q.postErrorLocked(false)
 	q.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	r, ok := region.(*memoryRegion)
 	if !ok || r == nil || r.d != q.d {
 		return nil, fmt.Errorf("ibv: grant: %w: region belongs to another protection domain", verbs.ErrInvalidMemory)
@@ -91,7 +87,6 @@ func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access 
 	}
 
 	g := &grant{q: q, region: r, length: length, access: access}
-	var err error
 	if q.d.windows() {
 		err = q.bindWindow(g, r, offset, length, access)
 	} else {
@@ -194,15 +189,8 @@ func (q *queuePair) bindWindow(g *grant, r *memoryRegion, offset, length int, ac
 
 	q.mu.Lock()
 	var refuse error
-	switch {
-	case q.closed || q.qp == nil:
-		refuse = verbs.ErrClosed
-	case q.failed:
-		refuse = verbs.ErrQPError
-	case q.state != verbs.QPReadyToSend:
-		// The bind is a send request: it needs a connected queue pair.
-		refuse = fmt.Errorf("ibv: grant: a memory window is bound through a connected queue pair: %w", verbs.ErrNotConnected)
-	}
+	// The bind is a send request: it needs a connected queue pair.
+	refuse = q.postErrorLocked(true)
 	r.mu.Lock()
 	mr := r.mr
 	r.mu.Unlock()

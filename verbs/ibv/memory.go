@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // memoryRegion is memory registered with ibv_reg_mr.
@@ -77,7 +78,7 @@ func (d *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Memo
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, verbs.ErrClosed
+		return nil, softrc.ClosedError("ibv", "register memory")
 	}
 	if m.DMABuf && !m.HasFD {
 		return nil, fmt.Errorf("ibv: register memory: %w: DMA-BUF memory without its fd", verbs.ErrInvalidMemory)

@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // queuePair is an RC ibv_qp.
@@ -37,8 +38,9 @@ type queuePair struct {
 	qp         *C.struct_ibv_qp // nil once destroyed
 	state      verbs.QPState    // the last state this side moved the QP to
 	closed     bool
-	failed     bool // a work request completed in error: the QP is in ERR
-	unreserved bool // the completion queue reservation was returned
+	failed     bool  // a work request completed in error: the QP is in ERR
+	cause      error // why it is in ERR
+	unreserved bool  // the completion queue reservation was returned
 	send       sendSlots
 	recv       slots
 	sendWRs    []C.trpc_send // reused by each post; no Go pointers inside
@@ -55,26 +57,16 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, verbs.ErrClosed
+		return nil, softrc.ClosedError("ibv", "new queue pair")
 	}
 	sendCQ, ok1 := cfg.SendCQ.(*completionQueue)
 	recvCQ, ok2 := cfg.RecvCQ.(*completionQueue)
 	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.d != d || recvCQ.d != d {
 		return nil, fmt.Errorf("ibv: new queue pair: completion queues must come from this ibv domain")
 	}
-	maxSend, maxRecv := cfg.MaxSend, cfg.MaxRecv
-	if maxSend == 0 {
-		maxSend = 1024
-	}
-	if maxRecv == 0 {
-		maxRecv = 1024
-	}
-	if maxSend < 0 || maxRecv < 0 {
-		return nil, fmt.Errorf("ibv: new queue pair: MaxSend %d and MaxRecv %d must not be negative", cfg.MaxSend, cfg.MaxRecv)
-	}
-	if depth := d.attrs.MaxQueueDepth; maxSend > depth || maxRecv > depth {
-		return nil, fmt.Errorf("ibv: new queue pair: MaxSend %d and MaxRecv %d must be within 1..%d on %s: %w",
-			maxSend, maxRecv, depth, d.name, verbs.ErrTooLarge)
+	maxSend, maxRecv, err := softrc.QueueSizes(cfg, d.attrs.MaxQueueDepth)
+	if err != nil {
+		return nil, fmt.Errorf("ibv: new queue pair on %s: %w", d.name, err)
 	}
 	inline := cfg.MaxInline
 	if inline <= 0 {
@@ -178,17 +170,15 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	}
 	d := q.d
 	if peer.linkLayer != d.linkLayer {
-		return fmt.Errorf("ibv: connect: %w: peer link layer %d, local %d", verbs.ErrInvalidInfo, peer.linkLayer, d.linkLayer)
+		return q.errorf("connect: %w: peer link layer %d, local %d", verbs.ErrInvalidInfo, peer.linkLayer, d.linkLayer)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch {
-	case q.closed || q.qp == nil:
-		return verbs.ErrClosed
-	case q.failed:
-		return verbs.ErrQPError
-	case q.state != verbs.QPReset && q.state != verbs.QPInit:
-		return fmt.Errorf("ibv: connect: queue pair is already %s", q.state)
+	if err := q.postErrorLocked(false); err != nil {
+		return err
+	}
+	if q.state != verbs.QPReset && q.state != verbs.QPInit {
+		return q.errorf("connect in state %v, want RESET", q.state)
 	}
 	if err := q.toInitLocked(); err != nil {
 		return err
@@ -236,6 +226,32 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	return nil
 }
 
+// errorf is an error of the queue pair (see softrc.QPErrorf), which ibv
+// numbers by its QP number.
+func (q *queuePair) errorf(format string, args ...any) error {
+	return softrc.QPErrorf("ibv", uint64(q.qpn), format, args...)
+}
+
+// postErrorLocked says why nothing can be posted now (see
+// softrc.PostError), naming the queue pair and the cause of ERR.
+func (q *queuePair) postErrorLocked(send bool) error {
+	state := q.state
+	if q.failed {
+		state = verbs.QPError
+	}
+	if err := softrc.PostError(q.closed || q.qp == nil, state, q.cause, send); err != nil {
+		return q.errorf("%w", err)
+	}
+	return nil
+}
+
+// fail records that the queue pair is in ERR, and the first cause.
+func (q *queuePair) fail(cause error) {
+	if !q.failed {
+		q.failed, q.cause = true, cause
+	}
+}
+
 // toInitLocked moves a fresh queue pair to INIT, where it accepts receives.
 func (q *queuePair) toInitLocked() error {
 	if q.state != verbs.QPReset {
@@ -264,13 +280,8 @@ func (q *queuePair) toInitLocked() error {
 func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch {
-	case q.closed || q.qp == nil:
-		return verbs.ErrClosed
-	case q.failed:
-		return verbs.ErrQPError
-	case q.state != verbs.QPReadyToSend:
-		return verbs.ErrNotConnected
+	if err := q.postErrorLocked(true); err != nil {
+		return err
 	}
 	if len(wrs) == 0 {
 		return nil
@@ -279,8 +290,8 @@ func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 	q.sendWRs, q.sges = q.sendWRs[:0], q.sges[:0]
 	for i := range wrs {
 		w := &wrs[i]
-		fail := func(err error) error { return fmt.Errorf("ibv: send request %d (ID %d): %w", i, w.ID, err) }
-		if err := checkSendOp(w.Op); err != nil {
+		fail := func(err error) error { return q.errorf("%w", softrc.RequestError("PostSend", i, w.ID, err)) }
+		if _, err := softrc.CheckOpcode(w.Op); err != nil {
 			return fail(err)
 		}
 		segs := segments(w.Local, w.Segments)
@@ -329,7 +340,7 @@ func (q *queuePair) PostSend(wrs ...verbs.SendRequest) error {
 		q.sendWRs = append(q.sendWRs, b)
 	}
 	if room := q.send.room(); len(wrs) > room {
-		return fmt.Errorf("ibv: %d send requests: %w (%d outstanding, room for %d)", len(wrs), verbs.ErrQueueFull, q.send.outstanding(), room)
+		return q.errorf("PostSend of %w", softrc.QueueFull(len(wrs), q.send.outstanding(), q.send.outstanding()+room))
 	}
 	for i := range wrs {
 		w := &wrs[i]
@@ -351,7 +362,7 @@ func (q *queuePair) postFailedLocked(kind string, n, posted int, rc C.int, unwin
 	if posted == 0 {
 		return fmt.Errorf("ibv: post %s request 0: %w", kind, postError(rc))
 	}
-	q.failed = true
+	q.fail(fmt.Errorf("the device refused %s request %d (%v)", kind, posted, postError(rc)))
 	if rc2 := C.trpc_qp_to_err(q.qp); rc2 != 0 {
 		return fmt.Errorf("ibv: post %s: the device refused request %d (%v) after accepting the %d before it, and moving QP %#x to ERR failed (%v): %w",
 			kind, posted, postError(rc), posted, q.qpn, errnoError(rc2), verbs.ErrQPError)
@@ -382,11 +393,8 @@ func sgePtr(sges []C.struct_ibv_sge) *C.struct_ibv_sge {
 func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch {
-	case q.closed || q.qp == nil:
-		return verbs.ErrClosed
-	case q.failed:
-		return verbs.ErrQPError
+	if err := q.postErrorLocked(false); err != nil {
+		return err
 	}
 	if len(wrs) == 0 {
 		return nil
@@ -396,7 +404,7 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 	lengths := make([]int, 0, len(wrs))
 	for i := range wrs {
 		w := &wrs[i]
-		fail := func(err error) error { return fmt.Errorf("ibv: receive request %d (ID %d): %w", i, w.ID, err) }
+		fail := func(err error) error { return q.errorf("%w", softrc.RequestError("PostRecv", i, w.ID, err)) }
 		segs := segments(w.Local, w.Segments)
 		total, err := checkLimits(segs, q.maxRecvSGE, maxMessage)
 		if err != nil {
@@ -412,7 +420,7 @@ func (q *queuePair) PostRecv(wrs ...verbs.RecvRequest) error {
 		lengths = append(lengths, int(total))
 	}
 	if room := q.recv.room(); len(wrs) > room {
-		return fmt.Errorf("ibv: %d receive requests: %w (%d outstanding, room for %d)", len(wrs), verbs.ErrQueueFull, q.recv.outstanding(), room)
+		return q.errorf("PostRecv of %w", softrc.QueueFull(len(wrs), q.recv.outstanding(), q.recv.outstanding()+room))
 	}
 	if err := q.toInitLocked(); err != nil {
 		return err
@@ -494,7 +502,7 @@ func (q *queuePair) complete(wc *C.trpc_wc) (c verbs.Completion, forCaller, last
 	}
 	if status != verbs.StatusSuccess {
 		// An RC queue pair goes to ERR on any failed completion.
-		q.failed = true
+		q.fail(fmt.Errorf("request %#x completed with %v: %v", id, status, wcError(wc)))
 	}
 	last = q.closed && q.qp != nil && q.send.outstanding() == 0 && q.recv.outstanding() == 0
 	if ok && sl.wait != nil {
@@ -579,7 +587,7 @@ func (q *queuePair) Close() error {
 		if rc := C.trpc_qp_to_err(q.qp); rc != 0 {
 			err = fmt.Errorf("ibv: modify QP %#x to ERR: %v", q.qpn, errnoError(rc))
 		}
-		q.failed = true
+		q.fail(fmt.Errorf("queue pair %d closed", q.qpn))
 		if q.send.outstanding() > 0 {
 			q.postDrainMarkerLocked()
 		}

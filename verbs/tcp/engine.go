@@ -630,8 +630,13 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 // refuse reports a failed request to the peer and moves the queue pair to
 // ERR, as a responder error does in RC. It returns true (fatal).
 func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
-	q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, status: uint8(status), seq: h.seq}})
-	q.enterError(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
+	// One step, so that the peer never sees the NAK of a queue pair not
+	// yet in ERR, and the writer, woken by ERR, still finds the NAK.
+	q.Mu.Lock()
+	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, status: uint8(status), seq: h.seq}})
+	q.FailLocked(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
+	q.Mu.Unlock()
+	softrc.Signal(q.wakeWriter)
 	return true
 }
 

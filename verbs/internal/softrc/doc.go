@@ -28,8 +28,6 @@
 // package holds one answer for each of its behaviours.
 package softrc
 
-import "github.com/tensorrpc/tensorrpc/verbs"
-
 // Limits shared by the software providers.
 const (
 	// MaxSegments is the most local segments of one work request.
@@ -40,23 +38,3 @@ const (
 	// them zero.
 	DefaultQueueDepth = 1024
 )
-
-// QueueSizes checks a queue pair config's MaxSend and MaxRecv and applies
-// the defaults. Sizes beyond MaxQueueDepth wrap verbs.ErrTooLarge.
-func QueueSizes(cfg verbs.QueuePairConfig) (maxSend, maxRecv int, err error) {
-	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 || cfg.MaxInline < 0 {
-		return 0, 0, errorf("negative queue sizes (MaxSend %d, MaxRecv %d, MaxInline %d)", cfg.MaxSend, cfg.MaxRecv, cfg.MaxInline)
-	}
-	maxSend, maxRecv = cmpOr(cfg.MaxSend, DefaultQueueDepth), cmpOr(cfg.MaxRecv, DefaultQueueDepth)
-	if maxSend > MaxQueueDepth || maxRecv > MaxQueueDepth {
-		return 0, 0, errorf("MaxSend %d or MaxRecv %d exceeds the device's MaxQueueDepth %d: %w", maxSend, maxRecv, MaxQueueDepth, verbs.ErrTooLarge)
-	}
-	return maxSend, maxRecv, nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
-}

@@ -60,7 +60,7 @@ func (d *Domain) Errorf(format string, args ...any) error {
 // ErrClosed is the error of verb op ("register memory") on a closed
 // domain.
 func (d *Domain) ErrClosed(op string) error {
-	return d.Errorf("%s: domain: %w", op, verbs.ErrClosed)
+	return ClosedError(d.Name, op)
 }
 
 // RegisterLocked registers m in the table (see Table.Register) unless the

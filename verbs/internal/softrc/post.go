@@ -142,8 +142,8 @@ func CheckLocal(owner any, lim Limits, seg verbs.Local, segs []verbs.Local, need
 	if len(segs) == 0 {
 		return checkSeg(owner, seg, need, into)
 	}
-	if len(segs) > lim.MaxSegments {
-		return nil, fmt.Errorf("%d segments exceed the device's MaxSegments %d: %w", len(segs), lim.MaxSegments, verbs.ErrTooLarge)
+	if err := CheckSegments(len(segs), lim.MaxSegments); err != nil {
+		return nil, err
 	}
 	var err error
 	for i := range segs {
@@ -151,8 +151,8 @@ func CheckLocal(owner any, lim Limits, seg verbs.Local, segs []verbs.Local, need
 			return nil, fmt.Errorf("segment %d: %w", i, err)
 		}
 	}
-	if n := into.Len(); int64(n) > lim.MaxMessageBytes {
-		return nil, fmt.Errorf("%d bytes exceed the device's MaxMessageBytes %d: %w", n, lim.MaxMessageBytes, verbs.ErrTooLarge)
+	if err := CheckLength(int64(into.Len()), lim.MaxMessageBytes); err != nil {
+		return nil, err
 	}
 	return into, nil
 }
@@ -191,13 +191,9 @@ func checkSeg(owner any, l verbs.Local, need verbs.Access, into Vec) (Vec, error
 // verbs.ErrUnsupported) and its local memory (see CheckLocal; a Read's
 // destination needs local write).
 func CheckSend(owner any, lim Limits, wr *verbs.SendRequest, into Vec) (Vec, error) {
-	need := verbs.Access(0)
-	switch wr.Op {
-	case verbs.OpSend, verbs.OpWrite, verbs.OpWriteImm:
-	case verbs.OpRead:
-		need = verbs.AccessLocalWrite
-	default:
-		return nil, fmt.Errorf("opcode %v cannot be posted to a send queue: %w", wr.Op, verbs.ErrUnsupported)
+	need, err := CheckOpcode(wr.Op)
+	if err != nil {
+		return nil, err
 	}
 	return CheckLocal(owner, lim, wr.Local, wr.Segments, need, into)
 }

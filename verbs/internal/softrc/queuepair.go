@@ -117,7 +117,7 @@ type QP struct {
 // Errorf is an error of the queue pair: "provider: queue pair id: " and
 // the formatted text.
 func (q *QP) Errorf(format string, args ...any) error {
-	return fmt.Errorf("%s: queue pair %d: %w", q.Domain.Name, q.ID, fmt.Errorf(format, args...))
+	return QPErrorf(q.Domain.Name, q.ID, format, args...)
 }
 
 // Wire is the queue pair's wire.

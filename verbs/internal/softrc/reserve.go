@@ -27,14 +27,14 @@ func (r Reservation) Release() {
 // before anything is reserved; its error is returned as it is.
 func Reserve(provider string, owner any, closed bool, cfg verbs.QueuePairConfig, check func() error) (Reservation, error) {
 	if closed {
-		return Reservation{}, fmt.Errorf("%s: new queue pair: domain: %w", provider, verbs.ErrClosed)
+		return Reservation{}, ClosedError(provider, "new queue pair")
 	}
 	sendCQ, ok1 := cfg.SendCQ.(*CQ)
 	recvCQ, ok2 := cfg.RecvCQ.(*CQ)
 	if !ok1 || !ok2 || sendCQ == nil || recvCQ == nil || sendCQ.Owner() != owner || recvCQ.Owner() != owner {
 		return Reservation{}, fmt.Errorf("%s: new queue pair: SendCQ and RecvCQ must be completion queues of this domain", provider)
 	}
-	maxSend, maxRecv, err := QueueSizes(cfg)
+	maxSend, maxRecv, err := QueueSizes(cfg, MaxQueueDepth)
 	if err != nil {
 		return Reservation{}, fmt.Errorf("%s: new queue pair: %w", provider, err)
 	}
@@ -82,7 +82,7 @@ func checkEach[W, R any](post string, wrs []R, into func(*W) Vec, keep func(*W, 
 		}
 		id, vec, err := check(&wrs[i], to)
 		if err != nil {
-			return nil, fmt.Errorf("%s request %d (id %d): %w", post, i, id, err)
+			return nil, RequestError(post, i, id, err)
 		}
 		keep(&ws[i], &wrs[i], vec)
 	}

@@ -1,7 +1,6 @@
 package softrc
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -38,7 +37,7 @@ func (w *WorkQueue) Take(n int) error {
 	for {
 		u := w.used.Load()
 		if u+int64(n) > int64(w.max) {
-			return fmt.Errorf("%d requests with %d of %d outstanding: %w", n, u, w.max, verbs.ErrQueueFull)
+			return QueueFull(n, int(u), w.max)
 		}
 		if w.used.CompareAndSwap(u, u+int64(n)) {
 			return nil
