@@ -24,6 +24,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/testenv"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,15 +42,16 @@ type fakePeer struct {
 }
 
 // newFakePeer connects a fake peer to acc's queue pair, which accepts (the
-// fake's all-zero secret is the smaller one).
+// fake's secret, the smallest but the all-zero one that no info may carry,
+// is the smaller one).
 func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 	t.Helper()
-	var zero [16]byte
-	info := connInfo{hostID: acc.pd.hostID, secret: zero, qpID: 1, addr: "@tensorrpc-shm-attack-nobody"}
+	small := softrc.Secret{softrc.SecretSize - 1: 1}
+	info := softrc.Info{Host: acc.pd.hostID, Secret: small, QPID: 1, Addr: "@tensorrpc-shm-attack-nobody"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- acc.qp.Connect(ctx, info.marshal()) }()
+	go func() { errc <- acc.qp.Connect(ctx, info.Encode(infoMagic)) }()
 	f := &fakePeer{t: t, bufs: newMsgBuffers(), stagingFD: -1}
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -67,7 +69,7 @@ func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 		fail("%v", err)
 	}
 	hello := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(f.staging))}
-	hello.secret[0], hello.secret[1] = acc.qp.Secret, zero
+	hello.secret[0], hello.secret[1] = acc.qp.Secret, small
 	ringFD := -1
 	if ring {
 		if f.rx, err = newRingRx(); err != nil {

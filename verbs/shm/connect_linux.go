@@ -44,11 +44,11 @@ func (qp *queuePair) Connect(ctx context.Context, remote []byte) error {
 	if err != nil {
 		return err
 	}
-	if ri.hostID != qp.pd.hostID {
-		return qp.Errorf("peer host identity %x, ours %x: %w", ri.hostID, qp.pd.hostID, ErrOtherHost)
+	if ri.Host != qp.pd.hostID {
+		return qp.Errorf("peer host identity %x, ours %x: %w", ri.Host, qp.pd.hostID, ErrOtherHost)
 	}
 	// shm has no roles: the side with the smaller secret dials.
-	return qp.QP.Connect(ctx, ri.secret, verbs.RoleAny, verbs.RoleAny, func(ctx context.Context, dial bool) (start, abort func(), err error) {
+	return qp.QP.Connect(ctx, ri.Secret, verbs.RoleAny, verbs.RoleAny, func(ctx context.Context, dial bool) (start, abort func(), err error) {
 		return qp.connect(ctx, ri, dial)
 	})
 }
@@ -74,7 +74,7 @@ func (l *link) release() {
 	l.tx.release()
 }
 
-func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) (start, abort func(), err error) {
+func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (start, abort func(), err error) {
 	size := stagingHeader + qp.pd.opts.stagingSize
 	stagingFD, staging, err := newSealedMemfd("tensorrpc-shm-staging", size)
 	if err != nil {
@@ -121,15 +121,15 @@ func (qp *queuePair) connect(ctx context.Context, ri connInfo, dialer bool) (sta
 // buffer and (unless told not to) the control ring we will consume, and
 // waits for the welcome that carries the peer's staging buffer and, if it
 // takes up the rings, its control ring.
-func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int, l *link) error {
+func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", ri.addr)
+	c, err := d.DialContext(ctx, "unixpacket", ri.Addr)
 	if err != nil {
-		return fmt.Errorf("shm: dial the peer's socket %s: %w", ri.addr, err)
+		return fmt.Errorf("shm: dial the peer's socket %s: %w", ri.Addr, err)
 	}
 	l.conn = c.(*net.UnixConn)
-	hello := message{typ: msgHello, seq: ri.qpID, length: uint64(size)}
-	hello.secret[0], hello.secret[1] = ri.secret, qp.Secret
+	hello := message{typ: msgHello, seq: ri.QPID, length: uint64(size)}
+	hello.secret[0], hello.secret[1] = ri.Secret, qp.Secret
 	ringFD := -1
 	if !qp.pd.opts.socketControl {
 		if l.rx, err = newRingRx(); err != nil {
@@ -180,8 +180,8 @@ func (qp *queuePair) dial(ctx context.Context, ri connInfo, stagingFD, size int,
 // staging buffer (and its control ring, if it offers one and we are not
 // told to keep to the socket) and welcomes it. Connections with any other
 // secret are closed; once one is welcomed, no other is accepted.
-func (qp *queuePair) accept(ctx context.Context, ri connInfo, stagingFD, size int, l *link) error {
-	o, err := qp.AcceptOffer(ctx, ri.secret, func(o softrc.Offer) softrc.Secret { return o.(dialIn).hello.secret[1] })
+func (qp *queuePair) accept(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
+	o, err := qp.AcceptOffer(ctx, ri.Secret, func(o softrc.Offer) softrc.Secret { return o.(dialIn).hello.secret[1] })
 	if err != nil {
 		return err
 	}

@@ -221,7 +221,7 @@ func (pd *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, erro
 	var qp *queuePair
 	_, err := pd.NewQP(cfg, nil, true, func(core *softrc.QP) softrc.Wire {
 		qp = newQueuePair(pd, core, cfg)
-		qp.Info = connInfo{hostID: pd.hostID, secret: qp.Secret, qpID: qp.ID, addr: pd.addr}.marshal()
+		qp.Info = softrc.Info{Host: pd.hostID, Secret: qp.Secret, QPID: qp.ID, Addr: pd.addr}.Encode(infoMagic)
 		return qp
 	})
 	if err != nil {

@@ -6,15 +6,16 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // FuzzParseInfo feeds arbitrary bytes to parseInfo: it must never panic,
 // must wrap ErrInvalidInfo on failure, and what it accepts must encode back
 // to the same bytes.
 func FuzzParseInfo(f *testing.F) {
-	good := connInfo{secret: [16]byte{1, 2, 3}, qpID: 42, addr: "@tensorrpc-shm-0123456789abcdef"}.marshal()
+	good := softrc.Info{Secret: [16]byte{1, 2, 3}, QPID: 42, Addr: "@tensorrpc-shm-0123456789abcdef"}.Encode(infoMagic)
 	f.Add(good)
-	f.Add(connInfo{addr: "/tmp/x.sock"}.marshal())
+	f.Add(softrc.Info{Addr: "/tmp/x.sock"}.Encode(infoMagic))
 	f.Add([]byte{})
 	f.Add([]byte("TRSM"))
 	f.Add(good[:len(good)-1])
@@ -26,7 +27,7 @@ func FuzzParseInfo(f *testing.F) {
 			}
 			return
 		}
-		if again := ci.marshal(); !bytes.Equal(again, b) {
+		if again := ci.Encode(infoMagic); !bytes.Equal(again, b) {
 			t.Fatalf("parseInfo accepted %x, which re-encodes as %x", b, again)
 		}
 	})

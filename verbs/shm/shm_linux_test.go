@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -163,10 +164,10 @@ func TestConnectRefusesOtherHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ci.hostID[0] ^= 1
+	ci.Host[0] ^= 1
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err = a.qp.Connect(ctx, ci.marshal())
+	err = a.qp.Connect(ctx, ci.Encode(infoMagic))
 	if !errors.Is(err, ErrOtherHost) || !errors.Is(err, verbs.ErrInvalidInfo) {
 		t.Fatalf("Connect with another host's info = %v, want ErrOtherHost wrapping ErrInvalidInfo", err)
 	}
@@ -511,13 +512,14 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	acc := newEnd(t, New(WithDeregisterTimeout(timeout)), 4096, allRemote)
 	defer acc.pd.Close()
 
-	// The fake peer's info: an all-zero secret makes the real side accept.
-	var fakeSecret [16]byte
-	fakeInfo := connInfo{hostID: acc.pd.hostID, secret: fakeSecret, qpID: 1, addr: "@tensorrpc-shm-test-nobody"}
+	// The fake peer's info: the smallest secret an info may carry makes the
+	// real side accept.
+	fakeSecret := softrc.Secret{softrc.SecretSize - 1: 1}
+	fakeInfo := softrc.Info{Host: acc.pd.hostID, Secret: fakeSecret, QPID: 1, Addr: "@tensorrpc-shm-test-nobody"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- acc.qp.Connect(ctx, fakeInfo.marshal()) }()
+	go func() { errc <- acc.qp.Connect(ctx, fakeInfo.Encode(infoMagic)) }()
 
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: acc.pd.addr, Net: "unixpacket"})
 	if err != nil {

@@ -43,7 +43,7 @@ func setSecret(q *queuePair, s secret) {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	q.Secret = s
-	q.Info = (&info{role: q.role, secret: s, qpID: q.ID, addr: q.advertise}).encode()
+	q.Info = softrc.Info{Role: q.role, Secret: s, QPID: q.ID, Addr: q.advertise}.Encode(infoMagic)
 }
 
 var (
@@ -117,13 +117,13 @@ func TestRoleDialAccept(t *testing.T) {
 	setSecret(a, smallSecret)
 
 	in, err := parseInfo(d.LocalInfo())
-	if err != nil || in.role != verbs.RoleDial || in.addr != "" {
+	if err != nil || in.Role != verbs.RoleDial || in.Addr != "" {
 		t.Fatalf("the dialing queue pair's info: %+v, %v; want role dial and no address", in, err)
 	}
 	if n := len(pdD.listeners); n != 0 {
 		t.Fatalf("a domain with only a dialing queue pair has %d listeners", n)
 	}
-	if in, _ := parseInfo(a.LocalInfo()); in.role != verbs.RoleAccept || !strings.HasPrefix(in.addr, "127.0.0.1:") {
+	if in, _ := parseInfo(a.LocalInfo()); in.Role != verbs.RoleAccept || !strings.HasPrefix(in.Addr, "127.0.0.1:") {
 		t.Fatalf("the accepting queue pair's info: %+v", in)
 	}
 	connectPair(t, d, a)
@@ -225,7 +225,7 @@ func TestRoleAcceptNeverDials(t *testing.T) {
 			c.Close()
 		}
 	}()
-	peer := (&info{role: verbs.RoleAny, secret: largeSecret, qpID: 5, addr: ln.Addr().String()}).encode()
+	peer := softrc.Info{Role: verbs.RoleAny, Secret: largeSecret, QPID: 5, Addr: ln.Addr().String()}.Encode(infoMagic)
 
 	p := New()
 	pdA, a := newConfiguredQP(t, p, verbs.QueuePairConfig{Role: verbs.RoleAccept})
@@ -265,8 +265,8 @@ func TestLocalAddress(t *testing.T) {
 	if !strings.HasPrefix(a.advertise, "127.0.0.2:") {
 		t.Fatalf("a queue pair with LocalAddress 127.0.0.2 advertises %q", a.advertise)
 	}
-	if in, _ := parseInfo(a.LocalInfo()); in.addr != a.advertise {
-		t.Fatalf("its info carries %q", in.addr)
+	if in, _ := parseInfo(a.LocalInfo()); in.Addr != a.advertise {
+		t.Fatalf("its info carries %q", in.Addr)
 	}
 	pdB, b := newConfiguredQP(t, p, verbs.QueuePairConfig{})
 	defer pdB.Close()

@@ -90,7 +90,7 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 	}, cfg.Role != verbs.RoleDial, func(core *softrc.QP) softrc.Wire {
 		q = newQueuePair(d, core, cmpOr(cfg.MaxInline, defaultMaxInline))
 		q.role, q.advertise = cfg.Role, advertise
-		q.Info = (&info{role: q.role, secret: q.Secret, qpID: q.ID, addr: q.advertise}).encode()
+		q.Info = softrc.Info{Role: q.role, Secret: q.Secret, QPID: q.ID, Addr: q.advertise}.Encode(infoMagic)
 		return q
 	})
 	if err != nil {

@@ -12,82 +12,35 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
-// infoVersion is the first byte of LocalInfo. Version 2 added the role.
-const infoVersion = 2
+// infoMagic begins tcp's connection info (see softrc.Info).
+const infoMagic = "TRTC"
 
 // secretSize is the size of a queue pair's one-time secret.
 const secretSize = softrc.SecretSize
 
 type secret = softrc.Secret
 
-// info is a queue pair's connection information. Its encoding is
-//
-//	version (1) | role (1) | secret (16) | queue pair id (8, little endian) |
-//	address length (1) | address ("host:port", address length bytes)
-//
-// The role is a verbs.ConnectRole. A RoleDial queue pair listens for
-// nothing: its address is empty, and only its address may be.
-type info struct {
-	role   verbs.ConnectRole
-	secret secret
-	qpID   uint64
-	addr   string
-}
-
-const infoFixed = 1 + 1 + secretSize + 8 + 1
-
-func (in *info) encode() []byte {
-	b := make([]byte, 0, infoFixed+len(in.addr))
-	b = append(b, infoVersion, byte(in.role))
-	b = append(b, in.secret[:]...)
-	b = binary.LittleEndian.AppendUint64(b, in.qpID)
-	b = append(b, byte(len(in.addr)))
-	return append(b, in.addr...)
-}
-
-// parseInfo decodes connection information from a peer. Every failure wraps
+// parseInfo decodes the connection info of a peer (see softrc.Info). A
+// RoleDial queue pair listens for nothing: its address is empty, and only
+// its address may be; any other's is "host:port". Every failure wraps
 // verbs.ErrInvalidInfo.
-func parseInfo(b []byte) (info, error) {
-	var in info
-	if len(b) < infoFixed {
-		return in, fmt.Errorf("tcp: connection info of %d bytes is shorter than %d: %w", len(b), infoFixed, verbs.ErrInvalidInfo)
-	}
-	if b[0] != infoVersion {
-		return in, fmt.Errorf("tcp: connection info version %d, want %d: %w", b[0], infoVersion, verbs.ErrInvalidInfo)
-	}
-	in.role = verbs.ConnectRole(b[1])
-	switch in.role {
-	case verbs.RoleAny, verbs.RoleDial, verbs.RoleAccept:
-	default:
-		return in, fmt.Errorf("tcp: connection info has an unknown role %d: %w", b[1], verbs.ErrInvalidInfo)
-	}
-	copy(in.secret[:], b[2:])
-	in.qpID = binary.LittleEndian.Uint64(b[2+secretSize:])
-	n := int(b[infoFixed-1])
-	if len(b) != infoFixed+n {
-		return in, fmt.Errorf("tcp: connection info of %d bytes, its address length says %d: %w", len(b), infoFixed+n, verbs.ErrInvalidInfo)
-	}
-	in.addr = string(b[infoFixed:])
-	if in.secret == (secret{}) {
-		return in, fmt.Errorf("tcp: connection info has an all-zero secret: %w", verbs.ErrInvalidInfo)
-	}
-	if in.role == verbs.RoleDial {
-		if in.addr != "" {
-			return in, fmt.Errorf("tcp: connection info of a dialing queue pair carries an address %q: %w", in.addr, verbs.ErrInvalidInfo)
+func parseInfo(b []byte) (softrc.Info, error) {
+	return softrc.ParseInfo(Name, infoMagic, b, func(in *softrc.Info) error {
+		if in.Role == verbs.RoleDial {
+			if in.Addr != "" {
+				return fmt.Errorf("a dialing queue pair's info carries an address %q", in.Addr)
+			}
+			return nil
 		}
-		return in, nil
-	}
-	if in.addr == "" {
-		return in, fmt.Errorf("tcp: connection info of a %s queue pair has no address: %w", in.role, verbs.ErrInvalidInfo)
-	}
-	host, port, err := net.SplitHostPort(in.addr)
-	if err != nil {
-		return in, fmt.Errorf("tcp: connection info address %q: %v: %w", in.addr, err, verbs.ErrInvalidInfo)
-	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 || host == "" {
-		return in, fmt.Errorf("tcp: connection info address %q has no usable host and port: %w", in.addr, verbs.ErrInvalidInfo)
-	}
-	return in, nil
+		host, port, err := net.SplitHostPort(in.Addr)
+		if err != nil {
+			return fmt.Errorf("a %s queue pair's address %q: %v", in.Role, in.Addr, err)
+		}
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 || host == "" {
+			return fmt.Errorf("address %q has no usable host and port", in.Addr)
+		}
+		return nil
+	})
 }
 
 // The handshake. The dialing side sends

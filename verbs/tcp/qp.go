@@ -102,7 +102,7 @@ func (q *queuePair) Connect(ctx context.Context, remote []byte) error {
 	if err != nil {
 		return err
 	}
-	return q.QP.Connect(ctx, peer.secret, q.role, peer.role, func(ctx context.Context, dial bool) (start, abort func(), err error) {
+	return q.QP.Connect(ctx, peer.Secret, q.role, peer.Role, func(ctx context.Context, dial bool) (start, abort func(), err error) {
 		var conn net.Conn
 		if dial {
 			conn, err = q.dial(ctx, peer)
@@ -133,34 +133,34 @@ func (q *queuePair) start(conn net.Conn) {
 }
 
 // dial connects to the peer's listener and presents both secrets.
-func (q *queuePair) dial(ctx context.Context, peer info) (net.Conn, error) {
+func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error) {
 	d := net.Dialer{Timeout: q.pd.opts.dialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", peer.addr)
+	conn, err := d.DialContext(ctx, "tcp", peer.Addr)
 	if err != nil {
-		return nil, q.Errorf("dialing the peer at %s: %w", peer.addr, err)
+		return nil, q.Errorf("dialing the peer at %s: %w", peer.Addr, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	h := hello{acceptor: peer.secret, dialer: q.Secret, qpID: peer.qpID}
+	h := hello{acceptor: peer.Secret, dialer: q.Secret, qpID: peer.QPID}
 	if _, err := conn.Write(h.encode()); err != nil {
 		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.addr, ctxErr(ctx, err))
+		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctxErr(ctx, err))
 	}
 	status, err := readReply(conn)
 	if err != nil {
 		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.addr, ctxErr(ctx, err))
+		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctxErr(ctx, err))
 	}
 	if status != handshakeOK {
 		conn.Close()
-		return nil, q.Errorf("the peer at %s refused the handshake (status %d)", peer.addr, status)
+		return nil, q.Errorf("the peer at %s refused the handshake (status %d)", peer.Addr, status)
 	}
 	if !stop() {
 		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.addr, ctx.Err())
+		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctx.Err())
 	}
 	conn.SetDeadline(time.Time{})
 	return conn, nil
@@ -176,8 +176,8 @@ func ctxErr(ctx context.Context, err error) error {
 
 // accept waits for the peer's connection, checks that it presents the
 // peer's secret as well as ours, and accepts it.
-func (q *queuePair) accept(ctx context.Context, peer info) (net.Conn, error) {
-	o, err := q.AcceptOffer(ctx, peer.secret, func(o softrc.Offer) softrc.Secret { return o.(offered).hello.dialer })
+func (q *queuePair) accept(ctx context.Context, peer softrc.Info) (net.Conn, error) {
+	o, err := q.AcceptOffer(ctx, peer.Secret, func(o softrc.Offer) softrc.Secret { return o.(offered).hello.dialer })
 	if err != nil {
 		return nil, err
 	}

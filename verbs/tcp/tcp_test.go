@@ -42,7 +42,7 @@ func dialWith(t *testing.T, qp *queuePair, h hello) (net.Conn, byte, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial("tcp", in.addr)
+	c, err := net.Dial("tcp", in.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 	// The right acceptor secret but not the dialer the peer's info names:
 	// refused once the queue pair's Connect knows the peer.
 	// The smallest nonzero secret: the queue pair under test accepts.
-	peer := info{secret: secret{secretSize - 1: 1}, qpID: 7, addr: "127.0.0.1:9"}
+	peer := softrc.Info{Secret: secret{secretSize - 1: 1}, QPID: 7, Addr: "127.0.0.1:9"}
 	var forged secret
 	forged[0] = 0xfe
 	forgedDone := make(chan bool, 1)
@@ -94,7 +94,7 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 		forgedDone <- refused(c, st, err)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	err := qp.Connect(ctx, peer.encode())
+	err := qp.Connect(ctx, peer.Encode(infoMagic))
 	cancel()
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Connect with only a forged dialer: %v, want a deadline error", err)
@@ -138,12 +138,12 @@ func TestHandshakeSecretIsOneTime(t *testing.T) {
 }
 
 func TestParseInfoRoundTrip(t *testing.T) {
-	for _, in := range []info{
-		{secret: secret{1, 2, 3}, qpID: 42, addr: "[::1]:1234"},
-		{role: verbs.RoleAccept, secret: secret{1, 2, 3}, qpID: 42, addr: "10.0.0.1:1234"},
-		{role: verbs.RoleDial, secret: secret{4}, qpID: 43},
+	for _, in := range []softrc.Info{
+		{Secret: secret{1, 2, 3}, QPID: 42, Addr: "[::1]:1234"},
+		{Role: verbs.RoleAccept, Secret: secret{1, 2, 3}, QPID: 42, Addr: "10.0.0.1:1234"},
+		{Role: verbs.RoleDial, Secret: secret{4}, QPID: 43},
 	} {
-		got, err := parseInfo(in.encode())
+		got, err := parseInfo(in.Encode(infoMagic))
 		if err != nil || got != in {
 			t.Fatalf("parseInfo(encode(%+v)) = %+v, %v", in, got, err)
 		}
@@ -151,30 +151,30 @@ func TestParseInfoRoundTrip(t *testing.T) {
 }
 
 func TestParseInfoRejectsGarbage(t *testing.T) {
-	good := (&info{secret: secret{9}, qpID: 1, addr: "127.0.0.1:80"}).encode()
+	good := softrc.Info{Secret: secret{9}, QPID: 1, Addr: "127.0.0.1:80"}.Encode(infoMagic)
 	bad := [][]byte{
-		nil, {}, {infoVersion}, good[:len(good)-1], append(bytes.Clone(good), 0),
-		(&info{secret: secret{9}, addr: "127.0.0.1"}).encode(),
-		(&info{secret: secret{9}, addr: "127.0.0.1:0"}).encode(),
-		(&info{secret: secret{9}, addr: ":80"}).encode(),
-		(&info{secret: secret{9}, addr: "127.0.0.1:99999"}).encode(),
-		(&info{addr: "127.0.0.1:80"}).encode(),
+		nil, {}, []byte(infoMagic), good[:len(good)-1], append(bytes.Clone(good), 0),
+		softrc.Info{Secret: secret{9}, Addr: "127.0.0.1"}.Encode(infoMagic),
+		softrc.Info{Secret: secret{9}, Addr: "127.0.0.1:0"}.Encode(infoMagic),
+		softrc.Info{Secret: secret{9}, Addr: ":80"}.Encode(infoMagic),
+		softrc.Info{Secret: secret{9}, Addr: "127.0.0.1:99999"}.Encode(infoMagic),
+		softrc.Info{Addr: "127.0.0.1:80"}.Encode(infoMagic),
 		// Only a dialing queue pair has no address, and it has none.
-		(&info{secret: secret{9}}).encode(),
-		(&info{role: verbs.RoleAccept, secret: secret{9}}).encode(),
-		(&info{role: verbs.RoleDial, secret: secret{9}, addr: "127.0.0.1:80"}).encode(),
-		(&info{role: verbs.RoleAccept + 1, secret: secret{9}, addr: "127.0.0.1:80"}).encode(),
-		(&info{role: 0xff, secret: secret{9}}).encode(),
-		(&info{role: verbs.RoleDial}).encode(),
+		softrc.Info{Secret: secret{9}}.Encode(infoMagic),
+		softrc.Info{Role: verbs.RoleAccept, Secret: secret{9}}.Encode(infoMagic),
+		softrc.Info{Role: verbs.RoleDial, Secret: secret{9}, Addr: "127.0.0.1:80"}.Encode(infoMagic),
+		softrc.Info{Role: verbs.RoleAccept + 1, Secret: secret{9}, Addr: "127.0.0.1:80"}.Encode(infoMagic),
+		softrc.Info{Role: 0xff, Secret: secret{9}}.Encode(infoMagic),
+		softrc.Info{Role: verbs.RoleDial}.Encode(infoMagic),
 	}
-	for _, v := range []byte{0, 1, 3, 0xff} {
+	for _, v := range []byte{0, 1, 2, 0xff} {
 		old := bytes.Clone(good)
-		old[0] = v
+		old[4] = v // the version
 		bad = append(bad, old)
 	}
-	// Version 1 had no role byte.
-	v1 := append([]byte{1}, good[2:]...)
-	bad = append(bad, v1)
+	// Version 2 had no magic and the role right after the version.
+	v2 := append([]byte{2, 0}, good[22:]...)
+	bad = append(bad, v2)
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		b := make([]byte, r.IntN(80))
@@ -186,7 +186,7 @@ func TestParseInfoRejectsGarbage(t *testing.T) {
 	for _, b := range bad {
 		if _, err := parseInfo(b); !errors.Is(err, verbs.ErrInvalidInfo) {
 			// Random bytes may, very rarely, be well formed.
-			if len(b) >= infoFixed && b[0] == infoVersion {
+			if len(b) >= 48 && string(b[:4]) == infoMagic {
 				continue
 			}
 			t.Fatalf("parseInfo(%x) = %v, want ErrInvalidInfo", b, err)
@@ -195,10 +195,10 @@ func TestParseInfoRejectsGarbage(t *testing.T) {
 }
 
 func FuzzParseInfo(f *testing.F) {
-	f.Add((&info{secret: secret{9}, qpID: 1, addr: "127.0.0.1:80"}).encode())
-	f.Add((&info{role: verbs.RoleDial, secret: secret{9}, qpID: 1}).encode())
-	f.Add((&info{role: verbs.RoleAccept, secret: secret{9}, qpID: 1, addr: "[::1]:80"}).encode())
-	f.Add([]byte{infoVersion, 0, 0})
+	f.Add(softrc.Info{Secret: secret{9}, QPID: 1, Addr: "127.0.0.1:80"}.Encode(infoMagic))
+	f.Add(softrc.Info{Role: verbs.RoleDial, Secret: secret{9}, QPID: 1}.Encode(infoMagic))
+	f.Add(softrc.Info{Role: verbs.RoleAccept, Secret: secret{9}, QPID: 1, Addr: "[::1]:80"}.Encode(infoMagic))
+	f.Add([]byte(infoMagic + "\x03\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		in, err := parseInfo(b)
@@ -208,7 +208,7 @@ func FuzzParseInfo(f *testing.F) {
 			}
 			return
 		}
-		if !bytes.Equal(in.encode(), b) {
+		if !bytes.Equal(in.Encode(infoMagic), b) {
 			t.Fatalf("parseInfo(%x) = %+v, which encodes differently", b, in)
 		}
 	})
@@ -245,7 +245,7 @@ func fakePeer(t *testing.T, qp *queuePair) net.Conn {
 	for i := range s {
 		s[i] = 0xff // larger than any real secret but all-ones: the queue pair dials
 	}
-	peer := info{secret: s, qpID: 99, addr: ln.Addr().String()}
+	peer := softrc.Info{Secret: s, QPID: 99, Addr: ln.Addr().String()}
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -264,7 +264,7 @@ func fakePeer(t *testing.T, qp *queuePair) net.Conn {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := qp.Connect(ctx, peer.encode()); err != nil {
+	if err := qp.Connect(ctx, peer.Encode(infoMagic)); err != nil {
 		t.Fatal(err)
 	}
 	c := <-accepted
@@ -408,8 +408,8 @@ func TestAdvertiseAddress(t *testing.T) {
 	defer a.pd.Close()
 	defer b.pd.Close()
 	in, _ := parseInfo(a.qp.LocalInfo())
-	if !strings.HasPrefix(in.addr, "localhost:") {
-		t.Fatalf("advertised address %q, want localhost:port", in.addr)
+	if !strings.HasPrefix(in.Addr, "localhost:") {
+		t.Fatalf("advertised address %q, want localhost:port", in.Addr)
 	}
 	if _, err := p.Open("mlx5_0"); !errors.Is(err, verbs.ErrNoDevice) {
 		t.Fatalf("Open(mlx5_0) = %v, want ErrNoDevice", err)
