@@ -13,7 +13,7 @@
 //
 // Each provider lives in its own sub-package and implements Provider. The
 // software providers (tcp, shm) share one reliable-connection core and
-// differ only in how bytes and doorbells move.
+// differ only in how bytes and doorbells move (see Soft providers).
 //
 // # Basics
 //
@@ -76,6 +76,30 @@
 //     posted before a WriteImm or Send is in place at the target when that
 //     WriteImm or Send completes there. A Fence request starts only after
 //     every earlier Read of the queue pair has completed.
+//
+// # Soft providers
+//
+// tcp and shm are thin wires under one core, package
+// verbs/internal/softrc, as libfabric's providers sit on its util layer.
+// The core owns the state of their domains and queue pairs: the key table
+// of regions and grants, completion queues and the room queue pairs
+// reserve in them (MaxSend and MaxRecv default to 1024 each, at most
+// 65,536), the work queues and their accounting, post-time checks, the
+// queue pair's states and the cause of ERR, the flush order above (the
+// oldest outstanding request carries the error, every later one is
+// StatusFlushed), Close, the connection info (LocalInfo) and the
+// handshake's rules. LocalInfo carries a random 128-bit one-time secret:
+// one side dials the other (by QueuePairConfig.Role; of two RoleAny
+// sides, the one with the smaller secret) and presents both secrets, and
+// the accepting side takes only the connection that presents its own
+// secret and its peer's, once, which binds the data connection to the
+// control-plane session that carried the infos. A wire only moves bytes:
+// tcp writes and reads frames on one TCP connection; shm rings doorbells
+// through a shared control ring and copies straight into the peer's mapped
+// regions. ibv shares the core's contract checks and errors. On every
+// provider an error from a queue pair names the provider and the queue
+// pair ("tcp: queue pair 7: ...", ibv by QP number) and, for a queue pair
+// in ERR, the cause.
 //
 // # Caveats
 //

@@ -16,14 +16,16 @@
 // address; its local and remote keys are the same 32-bit key, unique in its
 // domain (random, skipping the ones in use by regions and grants).
 //
-// A queue pair's LocalInfo carries a version, the host identity, the
-// domain's socket address, the queue pair's id and a 128-bit one-time
-// secret. Connect refuses info from another host (ErrOtherHost, which wraps
-// verbs.ErrInvalidInfo). Of the two peers, the one with the smaller secret
-// dials the other's socket and presents both secrets; the acceptor takes
-// exactly one connection, the one that presents its own secret and its
-// peer's, and closes any other. The connection is a SOCK_SEQPACKET unix
-// socket. The handshake passes, with SCM_RIGHTS, each side's staging buffer
+// The provider is a wire under the soft-RC core shared with tcp (see "Soft
+// providers" in package verbs): the queue pair's states, work queues,
+// post-time checks, flush order, Close, regions' keys and grants'
+// accounting, completion queues and the connection info and handshake
+// rules are the core's. A queue pair's LocalInfo carries, besides the
+// core's secret and queue pair id, the host identity and the domain's
+// socket address. Connect refuses info from another host (ErrOtherHost,
+// which wraps verbs.ErrInvalidInfo). shm has no roles: of the two peers,
+// the one with the smaller secret dials the other's socket. The connection
+// is a SOCK_SEQPACKET unix socket. The handshake passes, with SCM_RIGHTS, each side's staging buffer
 // and control ring (sealed memfds; see below); afterwards the socket
 // carries only wake-ups, the memfds of regions and the end of the
 // connection.
@@ -200,9 +202,8 @@
 // A queue pair that goes to ERR shuts down its side of the socket after
 // the acks it owes, so that its peer goes to ERR too. Peer death is seen
 // when the socket closes, which a receiver notices when its ring runs dry
-// and it sleeps on the socket: the first outstanding request completes
-// with StatusTransport and the others with StatusFlushed,
-// posted Recvs with StatusFlushed. A peer that hangs without dying keeps a Send or
+// and it sleeps on the socket: the queue pair fails with StatusTransport
+// (see the flush order in package verbs). A peer that hangs without dying keeps a Send or
 // WriteImm waiting until the queue pair is closed.
 //
 // The provider is Linux-only; on other systems New returns a provider

@@ -65,10 +65,13 @@
 // each kernel and almost never in user space. Read responses travel the
 // same way in the other direction.
 //
-// Regions, grants, completion queues, post-time checks and the
-// outstanding-request accounting are the soft-RC core shared with shm. A
-// grant's key is checked like a region's, and the target also checks that
-// the request arrived on the queue pair the grant was made on. Scattered
+// The provider is a wire under the soft-RC core shared with shm (see
+// "Soft providers" in package verbs): regions, grants, completion queues,
+// post-time checks, the work queues, the queue pair's states, the flush
+// order, Close and the connection info are the core's; the writer and the
+// receiver, the frames and the listeners are tcp's. A grant's key is
+// checked like a region's, and the target also checks that the request
+// arrived on the queue pair the grant was made on. Scattered
 // local segments go out with the same writev and are read into in order.
 // A Fence request is not written until every earlier Read has completed.
 //
@@ -80,15 +83,6 @@
 // request-response exchange costs one write per direction.
 //
 // # Caveats
-//
-// A completion queue's capacity bounds the work that may be outstanding on
-// it: each queue pair reserves MaxSend entries of its send queue's
-// completion queue and MaxRecv of its receive queue's (1024 each by
-// default), and NewQueuePair fails with ErrQueueFull when a queue cannot
-// take the reservation. A work request is outstanding until its completion
-// is polled, so posting more than MaxSend (MaxRecv) fails with
-// ErrQueueFull and completions are never dropped. PostSend and PostRecv post
-// all of their requests or none.
 //
 // An incoming Send or WriteImm with no receive posted waits up to the RNR
 // timeout (WithRNRTimeout, 2 seconds by default) for one and then fails
@@ -108,10 +102,9 @@
 //
 // When a queue pair goes to ERR, its connection lingers (WithLingerTimeout,
 // 2 seconds by default) to deliver the error to the peer, then closes. A
-// queue pair that loses its connection completes the oldest outstanding
-// request with StatusTransport and the others with StatusFlushed. Close completes
-// every outstanding request with StatusFlushed exactly once, closes the
-// connection and stops both goroutines before it returns.
+// queue pair that loses its connection fails with StatusTransport (see the
+// flush order in package verbs). Close closes the connection and stops
+// both goroutines before it returns.
 //
 // PostSend may write a small request to the socket itself when the
 // connection is nearly idle, instead of handing it to the writer goroutine,

@@ -127,7 +127,7 @@ func (p *pair) expectRefused(s *side, id uint64, what string) {
 	if st := s.qp.State(); st != verbs.QPError {
 		p.t.Fatalf("%s: %s: side %s is in %v when its error completion is polled, want %v", p.env.Name, what, s.name, st, verbs.QPError)
 	}
-	p.expectErr(s.qp.PostSend(send(1000, p.region(s, 8, local), 0, 8)), verbs.ErrQPError, "PostSend in ERR")
+	p.expectQPErr(s.qp.PostSend(send(1000, p.region(s, 8, local), 0, 8)), verbs.ErrQPError, "PostSend in ERR")
 	p.expectQuiet(s.scq, 20*time.Millisecond, "after the refused access")
 }
 
@@ -141,5 +141,5 @@ func (p *pair) expectPeerFlushed(id uint64) {
 		p.t.Fatalf("%s: the peer's receive completed as %v, want id %d flushed", p.env.Name, describe(cs), id)
 	}
 	p.expectQuiet(p.b.rcq, 20*time.Millisecond, "after the peer's receive was flushed")
-	p.expectErr(p.b.qp.PostRecv(recv(1001, p.region(p.b, 8, local), 0, 8)), verbs.ErrQPError, "the peer's PostRecv in ERR")
+	p.expectQPErr(p.b.qp.PostRecv(recv(1001, p.region(p.b, 8, local), 0, 8)), verbs.ErrQPError, "the peer's PostRecv in ERR")
 }

@@ -28,13 +28,13 @@ func testErrClosed(t *testing.T, env Env) {
 			t.Fatalf("%s: Close of a queue pair (call %d): %v, want nil", env.Name, i+1, err)
 		}
 	}
-	p.expectErr(p.a.qp.PostSend(write(1, src, 0, 8, dst, 0)), verbs.ErrClosed, "PostSend after Close")
-	p.expectErr(p.a.qp.PostRecv(recv(2, src, 0, 8)), verbs.ErrClosed, "PostRecv after Close")
+	p.expectQPErr(p.a.qp.PostSend(write(1, src, 0, 8, dst, 0)), verbs.ErrClosed, "PostSend after Close")
+	p.expectQPErr(p.a.qp.PostRecv(recv(2, src, 0, 8)), verbs.ErrClosed, "PostRecv after Close")
 	_, err = p.a.qp.Grant(granted, 0, 8, verbs.AccessRemoteWrite)
-	p.expectErr(err, verbs.ErrClosed, "Grant after Close")
+	p.expectQPErr(err, verbs.ErrClosed, "Grant after Close")
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	p.expectErr(p.a.qp.Connect(ctx, p.b.qp.LocalInfo()), verbs.ErrClosed, "Connect after Close")
+	p.expectQPErr(p.a.qp.Connect(ctx, p.b.qp.LocalInfo()), verbs.ErrClosed, "Connect after Close")
 	// The grant died with its queue pair; revoking it is still allowed.
 	for i := range 2 {
 		if err := g.Revoke(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -332,6 +333,23 @@ func (p *pair) expectErr(err, want error, what string) {
 	p.t.Helper()
 	if !errors.Is(err, want) {
 		p.t.Fatalf("%s: %s: got %v, want an error wrapping %v", p.env.Name, what, err, want)
+	}
+}
+
+// expectQPErr is expectErr for an error of a queue pair's verb, which on
+// every provider names the provider and the queue pair ("tcp: queue pair
+// 7: ...") and, when the queue pair is in ERR, says why after ErrQPError.
+func (p *pair) expectQPErr(err, want error, what string) {
+	p.t.Helper()
+	p.expectErr(err, want, what)
+	msg := err.Error()
+	if !strings.Contains(msg, "queue pair ") {
+		p.t.Fatalf("%s: %s: %q does not name the queue pair", p.env.Name, what, msg)
+	}
+	if want == verbs.ErrQPError {
+		if i := strings.Index(msg, verbs.ErrQPError.Error()); i < 0 || len(msg) <= i+len(verbs.ErrQPError.Error())+2 {
+			p.t.Fatalf("%s: %s: %q does not give the cause of ERR", p.env.Name, what, msg)
+		}
 	}
 }
 
