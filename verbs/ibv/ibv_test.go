@@ -33,16 +33,7 @@ func testEnv() verbstest.Env {
 		Name: "ibv",
 		Open: func(t testing.TB) (a, b verbs.ProtectionDomain) {
 			requireDevice(t, p)
-			a, err := p.Open("")
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			b, err = p.Open("")
-			if err != nil {
-				a.Close()
-				t.Fatalf("second Open: %v", err)
-			}
-			return a, b
+			return verbstest.OpenTwo(p, "", "")(t)
 		},
 		NewMemory: func(t testing.TB, size int) verbs.Memory {
 			// Anonymous mmap: memory the Go collector does not manage,

@@ -11,17 +11,7 @@ func testEnv(opts ...Option) verbstest.Env {
 	return verbstest.Env{
 		Name: "shm",
 		Open: func(t testing.TB) (a, b verbs.ProtectionDomain) {
-			p := New(opts...)
-			a, err := p.Open("shm")
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			b, err = p.Open("")
-			if err != nil {
-				a.Close()
-				t.Fatalf("Open: %v", err)
-			}
-			return a, b
+			return verbstest.OpenTwo(New(opts...), "shm", "")(t)
 		},
 		NewMemory: sealedMemory,
 	}

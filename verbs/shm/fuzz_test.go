@@ -2,11 +2,10 @@ package shm
 
 import (
 	"bytes"
-	"errors"
 	"testing"
 
-	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc/infotest"
 )
 
 // FuzzParseInfo feeds arbitrary bytes to parseInfo: it must never panic,
@@ -19,18 +18,7 @@ func FuzzParseInfo(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("TRSM"))
 	f.Add(good[:len(good)-1])
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ci, err := parseInfo(b)
-		if err != nil {
-			if !errors.Is(err, verbs.ErrInvalidInfo) {
-				t.Fatalf("parseInfo error %v does not wrap ErrInvalidInfo", err)
-			}
-			return
-		}
-		if again := ci.Encode(infoMagic); !bytes.Equal(again, b) {
-			t.Fatalf("parseInfo accepted %x, which re-encodes as %x", b, again)
-		}
-	})
+	infotest.Fuzz(f, infoMagic, parseInfo)
 }
 
 // FuzzDecodeMessage feeds arbitrary bytes to decodeMessage: it must never

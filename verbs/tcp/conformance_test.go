@@ -15,18 +15,7 @@ func testEnv(opts ...tcp.Option) verbstest.Env {
 	p := tcp.New(append([]tcp.Option{tcp.WithLingerTimeout(time.Second)}, opts...)...)
 	return verbstest.Env{
 		Name: "tcp",
-		Open: func(t testing.TB) (a, b verbs.ProtectionDomain) {
-			a, err := p.Open("")
-			if err != nil {
-				t.Fatalf("open a: %v", err)
-			}
-			b, err = p.Open("tcp")
-			if err != nil {
-				a.Close()
-				t.Fatalf("open b: %v", err)
-			}
-			return a, b
-		},
+		Open: verbstest.OpenTwo(p, "", "tcp"),
 		NewMemory: func(t testing.TB, size int) verbs.Memory {
 			return verbs.Memory{Bytes: make([]byte, size)}
 		},

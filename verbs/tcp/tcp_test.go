@@ -15,6 +15,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc/infotest"
 )
 
 // newTestQP opens a domain with one queue pair on a shared CQ.
@@ -200,18 +201,7 @@ func FuzzParseInfo(f *testing.F) {
 	f.Add(softrc.Info{Role: verbs.RoleAccept, Secret: secret{9}, QPID: 1, Addr: "[::1]:80"}.Encode(infoMagic))
 	f.Add([]byte(infoMagic + "\x03\x00"))
 	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		in, err := parseInfo(b)
-		if err != nil {
-			if !errors.Is(err, verbs.ErrInvalidInfo) {
-				t.Fatalf("parseInfo error %v does not wrap ErrInvalidInfo", err)
-			}
-			return
-		}
-		if !bytes.Equal(in.Encode(infoMagic), b) {
-			t.Fatalf("parseInfo(%x) = %+v, which encodes differently", b, in)
-		}
-	})
+	infotest.Fuzz(f, infoMagic, parseInfo)
 }
 
 func FuzzParseHeader(f *testing.F) {

@@ -27,3 +27,20 @@ type Env struct {
 	// t.Cleanup.
 	NewMemory func(t testing.TB, size int) verbs.Memory
 }
+
+// OpenTwo is an Env.Open that opens device nameA and then device nameB
+// of p, failing the test (with nothing left open) when either fails.
+func OpenTwo(p verbs.Provider, nameA, nameB string) func(t testing.TB) (a, b verbs.ProtectionDomain) {
+	return func(t testing.TB) (a, b verbs.ProtectionDomain) {
+		t.Helper()
+		a, err := p.Open(nameA)
+		if err != nil {
+			t.Fatalf("%s: open %q: %v", p.Name(), nameA, err)
+		}
+		if b, err = p.Open(nameB); err != nil {
+			a.Close()
+			t.Fatalf("%s: open %q: %v", p.Name(), nameB, err)
+		}
+		return a, b
+	}
+}
