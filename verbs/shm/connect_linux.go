@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
@@ -138,22 +137,22 @@ func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size i
 		hello.flags |= flagRing
 		ringFD = l.rx.fd
 	}
-	if err := writeMessage(l.conn, &hello, stagingFD, ringFD); err != nil {
-		return fmt.Errorf("shm: send hello: %w", err)
-	}
-	stop := context.AfterFunc(ctx, func() { l.conn.SetReadDeadline(time.Unix(1, 0)) })
-	m, fds, err := readMessageFDs(l.conn, newMsgBuffers())
-	if !stop() {
-		fds.close()
-		return fmt.Errorf("shm: waiting for the peer's welcome: %w", context.Cause(ctx))
+	var m message
+	fds := passedFDs{-1, -1}
+	err = softrc.Bounded(ctx, l.conn, func() error {
+		if err := writeMessage(l.conn, &hello, stagingFD, ringFD); err != nil {
+			return fmt.Errorf("send hello: %w", err)
+		}
+		m, fds, err = readMessageFDs(l.conn, newMsgBuffers())
+		return err
+	})
+	defer fds.close()
+	if errors.Is(err, io.EOF) {
+		return errRefused
 	}
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return errRefused
-		}
-		return fmt.Errorf("shm: waiting for the peer's welcome: %w", err)
+		return qp.Errorf("handshake: %w", err)
 	}
-	defer fds.close()
 	if m.typ != msgWelcome {
 		return fmt.Errorf("shm: peer answered hello with message type %d", m.typ)
 	}

@@ -38,9 +38,6 @@ type queuePair struct {
 	owed []message
 	// closing is set by Shutdown: receivers stop draining the ring.
 	closing atomic.Bool
-	// awaiting is the inline Send or WriteImm whose ack the receiver will
-	// complete.
-	awaiting *awaitingAck
 	// inline counts PostSend calls copying outside mu; Close waits for
 	// them before it unmaps the staging buffer.
 	inline sync.WaitGroup
@@ -146,14 +143,6 @@ func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	}
 }
 
-// awaitingAck is an inline Send or WriteImm waiting for the peer's ack: c is
-// its completion should the ack say success.
-type awaitingAck struct {
-	c          verbs.Completion
-	seq        uint64
-	unsignaled bool
-}
-
 func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 	if wr.N > qp.inlineLimit {
 		return false
@@ -189,9 +178,11 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 		doorbell = nil
 	}
 	if doorbell != nil && c.Status == verbs.StatusSuccess {
+		// The request waits on the core's Inflight for the ack that the
+		// receiver completes it with (onAck).
 		qp.nextSeq++
-		doorbell.seq = qp.nextSeq
-		qp.awaiting = &awaitingAck{c: c, seq: doorbell.seq, unsignaled: wr.Unsignaled}
+		wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
+		qp.Inflight = append(qp.Inflight, wr)
 		qp.Mu.Unlock()
 		err := qp.send(doorbell, -1)
 		qp.Mu.Lock()
@@ -224,25 +215,23 @@ func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
 	}
 }
 
-// onAck completes the inline request awaiting this ack. It reports false
-// when none is: the ack is for the sender goroutine.
+// onAck completes the inline request awaiting this ack, on Inflight. It
+// reports false when none is: the ack is for the sender goroutine.
 func (qp *queuePair) onAck(m message) (bool, error) {
 	qp.Mu.Lock()
 	defer qp.Mu.Unlock()
-	aw := qp.awaiting
-	if aw == nil {
+	if len(qp.Inflight) == 0 {
 		return false, nil
 	}
-	if aw.seq != m.seq {
-		return true, fmt.Errorf("ack %d, want %d", m.seq, aw.seq)
+	w := qp.Inflight[0]
+	if w.Seq != m.seq {
+		return true, fmt.Errorf("ack %d, want %d", m.seq, w.Seq)
 	}
-	qp.awaiting = nil
+	qp.Inflight[0] = nil
+	qp.Inflight = qp.Inflight[1:]
 	qp.executing = false
-	c := aw.c
-	if st, err := softrc.Refused(m.status); st != verbs.StatusSuccess {
-		c = verbs.Completion{ID: c.ID, Op: c.Op, Status: st, Err: err}
-	}
-	qp.finishSendLocked(c, aw.unsignaled)
+	st, err := softrc.Refused(m.status)
+	qp.finishSendLocked(softrc.CompletionOf(w, st, err), w.Unsignaled)
 	return true, nil
 }
 
@@ -278,20 +267,16 @@ func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
 	return acks
 }
 
-// FailedLocked marks the queue pair down for the peer, flushes the posted
-// Recvs now (the send queue is flushed by the sender as it stops) and
-// completes the inline request awaiting an ack with the failure.
+// FailedLocked marks the queue pair down for the peer and flushes the
+// posted Recvs now; the send queue, and the inline request awaiting an
+// ack, are flushed by the sender as it stops.
 func (qp *queuePair) FailedLocked() {
-	inflight, cause := qp.FailureLocked()
+	_, cause := qp.FailureLocked()
 	if qp.localState != nil {
 		qp.localState.Store(stateDown)
 	}
 	qp.releaseRecvLocked()
 	qp.FlushRecvsLocked()
-	if aw := qp.awaiting; aw != nil {
-		qp.awaiting = nil
-		qp.completeSend(verbs.Completion{ID: aw.c.ID, Op: aw.c.Op, Status: inflight, Err: cause}, aw.unsignaled)
-	}
 	if in := qp.inbound; in != nil {
 		qp.inbound = nil
 		in.stopTimer()

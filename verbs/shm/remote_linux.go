@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,12 +110,9 @@ func (rr *remoteRegion) drop() {
 // the region and the region grants need: the initiator's check, before
 // any copy, of what the peer announced for the key.
 func (rr *remoteRegion) span(addr uint64, n int, need verbs.Access) ([]byte, error) {
-	if rr.access&need != need {
-		return nil, fmt.Errorf("shm: remote key %#x grants %v, the request needs %v", rr.key, rr.access, need)
-	}
-	off := addr - rr.addr
-	if addr < rr.addr || off > rr.length || uint64(n) > rr.length-off {
-		return nil, fmt.Errorf("shm: remote [%#x, +%d) lies outside region %#x [%#x, +%d)", addr, n, rr.key, rr.addr, rr.length)
+	off, err := softrc.InWindow(rr.key, rr.addr, rr.length, rr.access, need, addr, uint64(n))
+	if err != nil {
+		return nil, err
 	}
 	return rr.data[off : off+uint64(n) : off+uint64(n)], nil
 }

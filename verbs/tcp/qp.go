@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -139,39 +140,22 @@ func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error
 	if err != nil {
 		return nil, q.Errorf("dialing the peer at %s: %w", peer.Addr, err)
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	h := hello{acceptor: peer.Secret, dialer: q.Secret, qpID: peer.QPID}
-	if _, err := conn.Write(h.encode()); err != nil {
-		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctxErr(ctx, err))
-	}
-	status, err := readReply(conn)
+	err = softrc.Bounded(ctx, conn, func() error {
+		h := hello{acceptor: peer.Secret, dialer: q.Secret, qpID: peer.QPID}
+		if _, err := conn.Write(h.encode()); err != nil {
+			return err
+		}
+		status, err := readReply(conn)
+		if err == nil && status != handshakeOK {
+			err = fmt.Errorf("the peer refused it (status %d)", status)
+		}
+		return err
+	})
 	if err != nil {
 		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctxErr(ctx, err))
+		return nil, q.Errorf("handshake with %s: %w", peer.Addr, err)
 	}
-	if status != handshakeOK {
-		conn.Close()
-		return nil, q.Errorf("the peer at %s refused the handshake (status %d)", peer.Addr, status)
-	}
-	if !stop() {
-		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.Addr, ctx.Err())
-	}
-	conn.SetDeadline(time.Time{})
 	return conn, nil
-}
-
-// ctxErr prefers the context's error to the I/O error it caused.
-func ctxErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return err
 }
 
 // accept waits for the peer's connection, checks that it presents the

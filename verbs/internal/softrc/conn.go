@@ -2,6 +2,7 @@ package softrc
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"errors"
@@ -31,6 +32,23 @@ func NewSecret() Secret {
 // Equal compares in constant time.
 func (s *Secret) Equal(o Secret) bool {
 	return subtle.ConstantTimeCompare(s[:], o[:]) == 1
+}
+
+// Bounded runs f, the dialer's side of a handshake on conn, so that ctx
+// bounds it: ctx's deadline is conn's, and ctx ending interrupts f
+// (through the deadline) and is then Bounded's error. conn has no
+// deadline afterwards.
+func Bounded(ctx context.Context, conn net.Conn, f func() error) error {
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	err := f()
+	if !stop() {
+		return context.Cause(ctx)
+	}
+	conn.SetDeadline(time.Time{})
+	return err
 }
 
 // ShouldDial says whether a queue pair with role mine and secret opens the

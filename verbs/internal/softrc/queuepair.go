@@ -263,6 +263,15 @@ func (q *QP) FailLocked(status verbs.Status, cause error) bool {
 // CompleteSend appends the completion of w, with status st and, unless
 // it succeeded, err, to es, unless it is an unsignaled success.
 func (q *QP) CompleteSend(es []Entry, w *SendWR, st verbs.Status, err error) []Entry {
+	if e, ok := q.SendQ.Complete(CompletionOf(w, st, err), w.Unsignaled); ok {
+		es = append(es, e)
+	}
+	return es
+}
+
+// CompletionOf is the completion of w with status st and, unless it
+// succeeded, err.
+func CompletionOf(w *SendWR, st verbs.Status, err error) verbs.Completion {
 	c := verbs.Completion{ID: w.ID, Op: w.Op, Status: st, Err: err}
 	if st == verbs.StatusSuccess {
 		c.Len, c.Err = w.N, nil
@@ -270,10 +279,7 @@ func (q *QP) CompleteSend(es []Entry, w *SendWR, st verbs.Status, err error) []E
 			c.Imm, c.HasImm = w.Imm, true
 		}
 	}
-	if e, ok := q.SendQ.Complete(c, w.Unsignaled); ok {
-		es = append(es, e)
-	}
-	return es
+	return c
 }
 
 // CompleteRecv is the completion entry of r with c's outcome.

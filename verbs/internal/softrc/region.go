@@ -386,15 +386,28 @@ func (t *Table) Window(key uint32, qp any) (Window, error) {
 // Check returns the bytes [addr, addr+n) of the window if it holds them
 // and grants right.
 func (w *Window) Check(key uint32, addr, n uint64, right verbs.Access) ([]byte, error) {
-	if w.Access&right == 0 {
-		return nil, fmt.Errorf("remote key %#x grants %v, not %v", key, w.Access, right)
-	}
-	off := addr - w.Addr
-	if addr < w.Addr || off > w.Len || n > w.Len-off {
-		return nil, fmt.Errorf("%d bytes at %#x lie outside remote key %#x [%#x, +%d)", n, addr, key, w.Addr, w.Len)
+	off, err := InWindow(key, w.Addr, w.Len, w.Access, right, addr, n)
+	if err != nil {
+		return nil, err
 	}
 	b, _ := w.Region.Span(w.Off+off, n)
 	return b, nil
+}
+
+// InWindow is the check of every remote access, wherever it is made (tcp's
+// target, shm's initiator against what the peer announced): the n bytes
+// at the peer's address addr must lie inside the window [winAddr,
+// +winLen) of remote key key, whose rights access must include need. It
+// returns their offset in the window.
+func InWindow(key uint32, winAddr, winLen uint64, access, need verbs.Access, addr, n uint64) (uint64, error) {
+	if access&need != need {
+		return 0, fmt.Errorf("remote key %#x grants %v, the request needs %v", key, access, need)
+	}
+	off := addr - winAddr
+	if addr < winAddr || off > winLen || n > winLen-off {
+		return 0, fmt.Errorf("remote [%#x, +%d) lies outside region %#x [%#x, +%d)", addr, n, key, winAddr, winLen)
+	}
+	return off, nil
 }
 
 // Use is a remote access under way: it holds the region, and the grant
