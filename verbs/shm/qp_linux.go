@@ -215,23 +215,25 @@ func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
 	}
 }
 
-// onAck completes the inline request awaiting this ack, on Inflight. It
-// reports false when none is: the ack is for the sender goroutine.
+// onAck completes the inline request awaiting this ack, on Inflight (see
+// softrc.QP.AckLocked). It reports false when none is: the ack is for the
+// sender goroutine.
 func (qp *queuePair) onAck(m message) (bool, error) {
 	qp.Mu.Lock()
 	defer qp.Mu.Unlock()
 	if len(qp.Inflight) == 0 {
 		return false, nil
 	}
-	w := qp.Inflight[0]
-	if w.Seq != m.seq {
-		return true, fmt.Errorf("ack %d, want %d", m.seq, w.Seq)
+	done, w, err := qp.AckLocked(m.seq, m.status)
+	if err != nil {
+		return true, err
 	}
-	qp.Inflight[0] = nil
-	qp.Inflight = qp.Inflight[1:]
+	if w == nil {
+		w = done[0] // one request at a time
+	}
 	qp.executing = false
-	st, err := softrc.Refused(m.status)
-	qp.finishSendLocked(softrc.CompletionOf(w, st, err), w.Unsignaled)
+	st, why := softrc.Refused(m.status)
+	qp.finishSendLocked(softrc.CompletionOf(w, st, why), w.Unsignaled)
 	return true, nil
 }
 

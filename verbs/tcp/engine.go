@@ -579,35 +579,22 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	return fatal, nil
 }
 
-// applyAck completes the requests an acknowledgement covers. A negative
-// acknowledgement fails its request and moves the queue pair to ERR.
+// applyAck completes the requests an acknowledgement covers (see
+// softrc.QP.AckLocked). A negative acknowledgement fails its request and
+// moves the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
-	nak := h.status != 0
 	q.Mu.Lock()
-	var done []*softrc.SendWR
-	for len(q.Inflight) > 0 && (q.Inflight[0].Seq < h.seq || !nak && q.Inflight[0].Seq == h.seq) {
-		w := q.Inflight[0]
-		if w.Op == verbs.OpRead {
-			q.Mu.Unlock()
-			return false, fmt.Errorf("acknowledgement %d covers read %d, which has no response", h.seq, w.Seq)
-		}
-		done = append(done, w)
-		q.Inflight[0] = nil
-		q.Inflight = q.Inflight[1:]
-	}
-	var failed *softrc.SendWR
-	if nak && len(q.Inflight) > 0 && q.Inflight[0].Seq == h.seq {
-		failed = q.Inflight[0]
-		q.Inflight[0] = nil
-		q.Inflight = q.Inflight[1:]
+	done, failed, err := q.AckLocked(h.seq, verbs.Status(h.status))
+	for _, w := range done {
+		q.unackedBytes -= payloadBytes(w)
 	}
 	q.Mu.Unlock()
-	if !nak && (len(done) == 0 || done[len(done)-1].Seq != h.seq) || nak && failed == nil {
-		return false, fmt.Errorf("acknowledgement of request %d, which is not outstanding", h.seq)
+	if err != nil {
+		return false, err
 	}
 	var cause error
 	st, why := softrc.Refused(verbs.Status(h.status))
-	if nak {
+	if failed != nil {
 		cause = fmt.Errorf("the peer refused %v %d: %w", failed.Op, failed.ID, why)
 		q.enterError(verbs.StatusFlushed, q.Errorf("%w", cause))
 	}
@@ -615,16 +602,11 @@ func (q *queuePair) applyAck(h *header) (bool, error) {
 	for _, w := range done {
 		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
 	}
-	q.Mu.Lock()
-	for _, w := range done {
-		q.unackedBytes -= payloadBytes(w)
-	}
-	q.Mu.Unlock()
 	if failed != nil {
 		es = q.CompleteSend(es, failed, st, cause)
 	}
 	q.SendCQ.Push(es...)
-	return nak, nil
+	return failed != nil, nil
 }
 
 // refuse reports a failed request to the peer and moves the queue pair to

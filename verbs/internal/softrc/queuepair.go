@@ -282,6 +282,39 @@ func CompletionOf(w *SendWR, st verbs.Status, err error) verbs.Completion {
 	return c
 }
 
+// AckLocked takes off Inflight the requests an acknowledgement of request
+// seq covers, oldest first: with status StatusSuccess every one up to seq
+// (acknowledgements are cumulative), into done; with any other status
+// those before seq into done and seq itself as refused (see Refused). An
+// acknowledgement that names no outstanding request, or covers a Read
+// (which has a response of its own), is a protocol violation: err, and
+// Inflight is left as it was. The caller holds Mu.
+func (q *QP) AckLocked(seq uint64, status verbs.Status) (done []*SendWR, refused *SendWR, err error) {
+	k := 0
+	for k < len(q.Inflight) && q.Inflight[k].Seq < seq {
+		k++
+	}
+	if k == len(q.Inflight) || q.Inflight[k].Seq != seq {
+		return nil, nil, fmt.Errorf("acknowledgement of request %d, which is not outstanding", seq)
+	}
+	n := k
+	if status == verbs.StatusSuccess {
+		n = k + 1
+	}
+	for _, w := range q.Inflight[:n] {
+		if w.Op == verbs.OpRead {
+			return nil, nil, fmt.Errorf("acknowledgement %d covers read %d, which has no response", seq, w.Seq)
+		}
+	}
+	done = append(done, q.Inflight[:n]...)
+	if n == k {
+		refused = q.Inflight[k]
+	}
+	clear(q.Inflight[:k+1])
+	q.Inflight = q.Inflight[k+1:]
+	return done, refused, nil
+}
+
 // CompleteRecv is the completion entry of r with c's outcome.
 func (q *QP) CompleteRecv(r *RecvWR, c verbs.Completion) Entry {
 	c.ID = r.ID

@@ -39,3 +39,37 @@ func TestFlushOrder(t *testing.T) {
 		t.Errorf("before Fail: %v, want %v", e.C.Status, verbs.StatusFlushed)
 	}
 }
+
+// TestAckLocked: acknowledgements are cumulative, a refusal takes its
+// request apart from those before it, and a violation changes nothing.
+func TestAckLocked(t *testing.T) {
+	inflight := func(ops ...verbs.Opcode) *QP {
+		q := &QP{}
+		for i, op := range ops {
+			q.Inflight = append(q.Inflight, &SendWR{Op: op, Seq: uint64(i + 1)})
+		}
+		return q
+	}
+	q := inflight(verbs.OpWrite, verbs.OpSend, verbs.OpWrite)
+	if done, refused, err := q.AckLocked(2, verbs.StatusSuccess); err != nil || len(done) != 2 || refused != nil || len(q.Inflight) != 1 {
+		t.Errorf("ack 2: %d done, refused %v, %v; %d left", len(done), refused, err, len(q.Inflight))
+	}
+	q = inflight(verbs.OpWrite, verbs.OpSend)
+	if done, refused, err := q.AckLocked(2, verbs.StatusRemoteAccess); err != nil || len(done) != 1 || refused == nil || refused.Seq != 2 || len(q.Inflight) != 0 {
+		t.Errorf("NAK 2: %d done, refused %v, %v; %d left", len(done), refused, err, len(q.Inflight))
+	}
+	for _, tc := range []struct {
+		name string
+		q    *QP
+		seq  uint64
+	}{
+		{"covers a read", inflight(verbs.OpRead, verbs.OpWrite), 2},
+		{"not outstanding", inflight(verbs.OpWrite), 2},
+		{"nothing outstanding", inflight(), 1},
+	} {
+		n := len(tc.q.Inflight)
+		if _, _, err := tc.q.AckLocked(tc.seq, verbs.StatusSuccess); err == nil || len(tc.q.Inflight) != n {
+			t.Errorf("%s: %v, %d of %d left", tc.name, err, len(tc.q.Inflight), n)
+		}
+	}
+}
