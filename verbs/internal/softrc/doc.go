@@ -48,11 +48,16 @@
 //   - CheckSends, CheckRecvs, Vec: post-time validation of work requests
 //     (opcode, segments, rights, bounds, limits), and the gather/scatter
 //     copies of their local segments.
-//   - RecvWR.Fit, Vec.Hold, Refused: the responder's and requester's rules
-//     for a Send landing in a receive, memory deregistered under a
-//     request, and what a responder's refusal means.
-//   - Info, Secret, ShouldDial: the connection info (LocalInfo) and the
-//     handshake's rules: one-time secrets, who dials.
+//   - RecvWR.Fit, Vec.Hold, Refused, QP.AckLocked, InWindow: the
+//     responder's and requester's rules for a Send landing in a receive,
+//     memory deregistered under a request, what a responder's refusal
+//     means, the in-order completion of started requests by cumulative
+//     acknowledgements, and the bounds and rights of every remote access
+//     (checked at tcp's target, and at shm's initiator against what the
+//     peer announced).
+//   - Info, Secret, ShouldDial, Bounded, Acceptor: the connection info
+//     (LocalInfo) and the handshake's rules: one-time secrets, who dials,
+//     a dialer's exchange bounded by its context, accept loops.
 //   - contract.go: the checks and errors that do not depend on how queues
 //     or memory are kept (PostError, QPErrorf, QueueSizes, CheckOpcode,
 //     ...), which ibv uses too, so that all three providers refuse the
