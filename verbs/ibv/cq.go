@@ -37,6 +37,10 @@ import (
 // arms the queue and sleeps on the channel (it holds the waiter token);
 // others wait for the token and poll before they arm. So no Wait sleeps
 // while completions it could take sit in the queue: the sleeper armed the
+// errCQClosed is the error of a closed completion queue, as the soft
+// providers word it.
+var errCQClosed = fmt.Errorf("ibv: completion queue: %w", verbs.ErrClosed)
+
 // queue before its last poll, and every other Wait polls first.
 type completionQueue struct {
 	d      *domain
@@ -229,13 +233,13 @@ func (cq *completionQueue) Wait(ctx context.Context, out []verbs.Completion) (in
 		}
 		select {
 		case <-cq.done:
-			return 0, verbs.ErrClosed
+			return 0, errCQClosed
 		default:
 		}
 		select {
 		case cq.waiter <- struct{}{}:
 		case <-cq.done:
-			return 0, verbs.ErrClosed
+			return 0, errCQClosed
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -286,7 +290,7 @@ func (cq *completionQueue) sleep(ctx context.Context, out []verbs.Completion) (i
 	case err == nil:
 		return 0, nil // an event: the caller polls
 	case cq.isClosed():
-		return 0, verbs.ErrClosed
+		return 0, errCQClosed
 	case ctx.Err() != nil:
 		return 0, ctx.Err()
 	case errors.Is(err, os.ErrDeadlineExceeded):
@@ -299,7 +303,7 @@ func (cq *completionQueue) arm() error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed || cq.cq == nil {
-		return verbs.ErrClosed
+		return errCQClosed
 	}
 	if rc := C.trpc_req_notify_cq(cq.cq); rc != 0 {
 		return fmt.Errorf("ibv: request completion notification: %v", errnoError(rc))
@@ -312,7 +316,7 @@ func (cq *completionQueue) takeEvent() (bool, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed || cq.channel == nil {
-		return false, verbs.ErrClosed
+		return false, errCQClosed
 	}
 	rc := C.trpc_get_cq_event(cq.channel)
 	if rc < 0 {
