@@ -20,6 +20,10 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
+// errCQClosed is the error of a closed completion queue, as the soft
+// providers word it.
+var errCQClosed = fmt.Errorf("ibv: completion queue: %w", verbs.ErrClosed)
+
 // completionQueue is an ibv_cq with its own completion channel.
 //
 // Capacity: NewQueuePair reserves MaxSend (and MaxRecv) entries of its
@@ -37,10 +41,6 @@ import (
 // arms the queue and sleeps on the channel (it holds the waiter token);
 // others wait for the token and poll before they arm. So no Wait sleeps
 // while completions it could take sit in the queue: the sleeper armed the
-// errCQClosed is the error of a closed completion queue, as the soft
-// providers word it.
-var errCQClosed = fmt.Errorf("ibv: completion queue: %w", verbs.ErrClosed)
-
 // queue before its last poll, and every other Wait polls first.
 type completionQueue struct {
 	d      *domain
