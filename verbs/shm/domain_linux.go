@@ -127,9 +127,6 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 	if m.FDOffset < 0 {
 		return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
 	}
-	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
-		return nil, fmt.Errorf("shm: register memory: unknown access bits %v: %w", access, verbs.ErrInvalidMemory)
-	}
 	if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
 		return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
 	}
@@ -141,7 +138,7 @@ func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.Mem
 	}
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
-	core, err := pd.RegisterLocked(m, access, addressOf(m.Bytes))
+	core, err := pd.RegisterLocked(m, access, addressOf(m.Bytes)) // checks the access bits
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
