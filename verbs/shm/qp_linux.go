@@ -93,9 +93,9 @@ type queuePair struct {
 	mapSeq  uint64
 
 	// announceMu orders our region announcements to the peer before the
-	// matching revocations. announced (guarded by pd.mu) holds the keys
+	// matching revocations. announced (guarded by pd.Mu) holds the keys
 	// of our regions and grants the peer may have mapped; exposures
-	// (guarded by pd.mu too) the regions the peer mapped whole for our
+	// (guarded by pd.Mu too) the regions the peer mapped whole for our
 	// grants, with their exposure ids, taken from nextExposure.
 	announceMu   sync.Mutex
 	announced    map[uint32]*region
@@ -156,7 +156,7 @@ func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 	return false
 }
 
-// executeInlineLocked runs a request in the caller's goroutine, with qp.mu
+// executeInlineLocked runs a request in the caller's goroutine, with qp.Mu
 // released during the copy: all of a Write or Read; the copy and doorbell
 // of a Send or WriteImm, whose completion the receiver queues when the ack
 // comes. It reports false, having done nothing, when the peer's region is
@@ -201,7 +201,7 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 
 // finishSendLocked queues the completion of the request that was
 // executing, fails the queue pair if it failed and otherwise wakes the
-// sender for the requests queued behind it. It may release qp.mu for a
+// sender for the requests queued behind it. It may release qp.Mu for a
 // while.
 func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
 	qp.completeSend(c, unsignaled)
