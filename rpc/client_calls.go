@@ -46,7 +46,30 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 		return nil, err
 	}
 	defer c.leave()
-	return s.calls.fetch(ctx, key, fo)
+	var t *Tensor
+	err = c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+		var err error
+		t, err = s.calls.fetch(ctx, key, fo)
+		if t != nil {
+			info.ResponseBytes = int64(len(t.Bytes()))
+		}
+		return err
+	})
+	if err != nil && t != nil {
+		t.Release() // an interceptor failed the call after it succeeded
+		t = nil
+	}
+	return t, err
+}
+
+// intercept runs a call's work through the Client's interceptors. work
+// sets what came back in info.
+func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, name string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
+	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
+	if len(c.opts.interceptors) == 0 {
+		return work(ctx, info)
+	}
+	return intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 
 // askUnary is a Fetch's request with the Fetch method.
@@ -168,7 +191,9 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 		return err
 	}
 	defer c.leave()
-	return s.calls.send(ctx, key, t)
+	return c.intercept(ctx, s, OpSend, key, int64(len(t.Bytes())), func(ctx context.Context, _ *CallInfo) error {
+		return s.calls.send(ctx, key, t)
+	})
 }
 
 // checkOutgoing checks a tensor the caller hands over.
@@ -233,7 +258,20 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		return nil, err
 	}
 	defer c.leave()
-	return s.calls.call(ctx, method, req)
+	var reply *Message
+	err = c.intercept(ctx, s, OpCall, method, tensorBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
+		var err error
+		reply, err = s.calls.call(ctx, method, req)
+		if reply != nil {
+			info.ResponseBytes = tensorBytes(reply.Tensors)
+		}
+		return err
+	})
+	if err != nil && reply != nil {
+		reply.Release() // an interceptor failed the call after it succeeded
+		reply = nil
+	}
+	return reply, err
 }
 
 // callUnary is Call with the Send and Call methods: request tensors above
@@ -345,7 +383,13 @@ func isSessionGone(err error) bool {
 // the server has answered or can no longer use it, which is later than
 // roundTrip's return when ctx ends first (the call is then cancelled with
 // a RELEASE of its ref).
-func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
+//
+// pre is the request's headers (callHeaders), sent before raw.
+func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ uint8, flags uint16, pre, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
+	if len(pre) > 0 {
+		flags |= frameHeaders
+		raw = append(pre, raw...)
+	}
 	ref := c.newRef()
 	if hold == nil {
 		hold = func() {}
@@ -384,6 +428,13 @@ var responseTo = map[uint8]uint8{frameFetchReq: frameFetchResp, frameSendReq: fr
 // fallback is set when the answer did not fit a slot: then ask with the
 // Fetch method.
 func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key string, fo fetchOptions) (resp *pb.FetchResponse, fallback bool, err error) {
+	pre, err := callHeaders(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if frameHeaderLen+len(pre)+len(key) > l.fr.slotSize {
+		return nil, true, nil
+	}
 	var flags uint16
 	if fo.wait {
 		flags |= frameWait
@@ -391,7 +442,7 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key st
 	if fo.lease {
 		flags |= frameLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
+	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, pre, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
 	if err != nil {
 		return nil, false, err
 	}
@@ -464,10 +515,15 @@ func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, out
 // nothing was sent.
 func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) (fits bool, err error) {
 	l := s.lane()
+	pre, err := callHeaders(ctx)
+	if err != nil {
+		out.finish()
+		return true, err
+	}
 	req := &pb.SendRequest{Meta: out.meta}
 	n := out.len()
 	free := func() {}
-	if out.t != nil && n <= frameInline(s.eager) {
+	if out.t != nil && n <= frameInline(s.eager)-len(pre) {
 		req.InlineData = out.t.Bytes()
 	} else {
 		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, out); err != nil {
@@ -475,7 +531,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 			return true, err
 		}
 	}
-	if frameHeaderLen+proto.Size(req) > l.fr.slotSize {
+	if frameHeaderLen+len(pre)+proto.Size(req) > l.fr.slotSize {
 		free()
 		req.Meta.Location = nil
 		return false, nil
@@ -484,7 +540,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		free()
 		out.finish()
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
+	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, pre, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
 	if err == nil {
 		err = c.replyError(s, ref, r)
 	}
@@ -508,6 +564,10 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 // (large metadata); then nothing was sent.
 func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (_ *Message, fits bool, err error) {
 	l := s.lane()
+	pre, err := callHeaders(ctx)
+	if err != nil {
+		return nil, true, err
+	}
 	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata}
 	var frees []func()
 	hold := func() {
@@ -515,7 +575,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			f()
 		}
 	}
-	budget := frameInline(s.eager)
+	budget := frameInline(s.eager) - len(pre)
 	for _, t := range req.Tensors {
 		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if n := len(t.Bytes()); n <= budget {
@@ -534,11 +594,11 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	if frameHeaderLen+proto.Size(creq) > s.link.fr.slotSize {
+	if frameHeaderLen+len(pre)+proto.Size(creq) > s.link.fr.slotSize {
 		hold()
 		return nil, false, nil
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, nil, creq, func(flags uint16) proto.Message {
+	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, pre, nil, creq, func(flags uint16) proto.Message {
 		if flags&frameIndirect != 0 {
 			return &pb.TensorMeta{}
 		}

@@ -39,6 +39,17 @@ type clientSession struct {
 	broken error // why the session ended, once it has
 }
 
+// path is how the session's calls travel (CallInfo.Path).
+func (s *clientSession) path() string {
+	switch {
+	case s.link == nil:
+		return PathStream
+	case s.frames:
+		return PathFrame
+	}
+	return PathUnary
+}
+
 // err is nil while the session is open.
 func (s *clientSession) err() error {
 	s.mu.Lock()

@@ -100,6 +100,32 @@
 // (1 GiB), and the pool a Server or Client makes for itself may grow to
 // DefaultPoolLimit (4 GiB), mapping memory only as it grows.
 //
+// # Metadata, deadlines and interceptors
+//
+// A call carries what a gRPC call carries, however it travels (a frame on
+// the data plane, a gRPC stream of the fallback, a unary method called by
+// a gRPC-only client). The client sets metadata as for a gRPC call, with
+// metadata.AppendToOutgoingContext or metadata.NewOutgoingContext
+// (google.golang.org/grpc/metadata), and the handler reads it with
+// metadata.FromIncomingContext; as in gRPC, keys are lower case and a key
+// whose value is binary ends in "-bin". On a data plane a call carries at
+// most MaxFrameMetadataBytes of it. The handler's context has the caller's
+// deadline, and a call still running when it passes is cancelled on the
+// server: the handler's context is done and the caller gets
+// DeadlineExceeded. A handler that returns its context's error reports
+// DeadlineExceeded or Canceled, as in gRPC.
+//
+// Interceptors (WithInterceptors, on a Client or a Server) see every
+// Fetch, Send and Call, once each, whatever path it took, with a CallInfo
+// (operation, key or method, peer, session, data plane, path, bytes) and
+// the call's status; several chain in order, the first outermost, as
+// grpc.ChainUnaryInterceptor chains. A client's interceptor may add
+// outgoing metadata (trace context, say); a server's may put values into
+// the context its handler gets. gRPC's own interceptors, given with
+// WithGRPCServerOptions or WithGRPCDialOptions, see only the gRPC methods:
+// session setup, the fallback's streams and the unary methods gRPC-only
+// clients call.
+//
 // # Caveats
 //
 // Received tensors belong to the receiver's pool. A tensor is valid until

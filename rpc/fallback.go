@@ -179,6 +179,22 @@ func expectEnd(r msgReceiver) error {
 	return err
 }
 
+// recvRequest receives a client stream's tensors and then its end: bytes
+// past the last tensor, in a further Chunk too, fail InvalidArgument.
+func (s *Server) recvRequest(ctx context.Context, r msgReceiver, metas []*pb.TensorMeta, c *counters) ([]*Tensor, error) {
+	ts, err := recvTensors(ctx, r, s.pool, metas, s.opts.maxTensorBytes, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := expectEnd(r); err != nil {
+		for _, t := range ts {
+			t.Release()
+		}
+		return nil, err
+	}
+	return ts, nil
+}
+
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
 	s.streams.Add(1)
@@ -188,7 +204,13 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	if err != nil {
 		return err
 	}
-	e, err := s.rv.fetch(stream.Context(), req.Key, false, req.Wait)
+	return s.intercept(ctx, ss, OpFetch, req.Key, PathStream, 0, func(ctx context.Context, info *CallInfo) error {
+		return s.fetchStream(ctx, ss, req, stream, info)
+	})
+}
+
+func (s *Server) fetchStream(ctx context.Context, ss *serverSession, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
+	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
 	if err != nil {
 		return rendezvousError(req.Key, err)
 	}
@@ -196,6 +218,7 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
+	info.ResponseBytes = int64(len(e.tensor.Bytes()))
 	refs := newChunkRefs()
 	defer refs.settle(ctx)
 	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c, refs)
@@ -214,18 +237,16 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	if len(h.Tensors) != 1 {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
 	}
+	return s.intercept(ctx, nil, OpSend, h.Tensors[0].GetKey(), PathStream, metaBytes(h.Tensors), func(ctx context.Context, _ *CallInfo) error {
+		return s.sendStream(ctx, h, cs, stream)
+	})
+}
+
+func (s *Server) sendStream(ctx context.Context, h *pb.ChunkHeader, cs msgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		ts, err := recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
-		if err != nil {
-			return nil, err
-		}
-		if err := expectEnd(r); err != nil {
-			ts[0].Release()
-			return nil, err
-		}
-		return ts, nil
+		return s.recvRequest(ctx, r, h.Tensors, &c)
 	})
 	if err != nil {
 		return err
@@ -247,6 +268,12 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	if err != nil {
 		return err
 	}
+	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
+		return s.callStream(ctx, h, cs, info)
+	})
+}
+
+func (s *Server) callStream(ctx context.Context, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
 	handler, err := s.handler(h.Method)
 	if err != nil {
 		return err
@@ -254,7 +281,7 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		return recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
+		return s.recvRequest(ctx, r, h.Tensors, &c)
 	})
 	if err != nil {
 		return err
@@ -271,8 +298,9 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
+	info.ResponseBytes = metaBytes(metas)
 	refs := newChunkRefs()
-	defer refs.settle(stream.Context())
+	defer refs.settle(ctx)
 	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
 }
 

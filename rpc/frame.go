@@ -61,6 +61,7 @@ const (
 	frameLease    = wire.FlagLease    // FETCH_REQ: Lease
 	frameFallback = wire.FlagFallback // FETCH_RESP: ask again with the Fetch method
 	frameIndirect = wire.FlagIndirect // CALL_RESP: the body names a transfer holding it
+	frameHeaders  = wire.FlagHeaders  // requests: the body starts with CallHeaders (metadata, deadline)
 
 	// maxReleases bounds the releases one frame carries.
 	maxReleases = 64

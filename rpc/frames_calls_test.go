@@ -255,7 +255,7 @@ func TestFramesPullForeignGrant(t *testing.T) {
 			defer free()
 			meta := metaOf("stolen", secret.Tensor, false)
 			meta.Location = loc
-			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, frameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
+			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, frameSendReq, 0, nil, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
 			if err == nil {
 				err = thief.replyError(ts, ref, r)
 			}
@@ -540,6 +540,47 @@ func TestCallRequestChargedToQuota(t *testing.T) {
 			ss.mu.Unlock()
 			if left != 0 {
 				t.Fatalf("%d bytes still charged after the calls", left)
+			}
+		})
+	}
+}
+
+// TestFrameCallsTakeNoServerLock: frame calls never take the server-wide
+// lock (a session opening or closing holds it): with it held, a Fetch, a
+// Send and a Call as frames complete.
+func TestFrameCallsTakeNoServerLock(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			s.Handle("nop", func(ctx context.Context, req *Message) (*Message, error) { return req, nil })
+			x := wrapped(t, 4<<10, 3)
+			defer x.Release()
+			ctx := ctxT(t)
+			if err := c.Send(ctx, "k", x); err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			done := make(chan error, 1)
+			go func() {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				got, err := c.Fetch(cctx, "k")
+				if err == nil {
+					got.Release()
+					err = c.Send(cctx, "k2", x)
+				}
+				if err == nil {
+					var m *Message
+					if m, err = c.Call(cctx, "nop", &Message{Tensors: []*Tensor{x}}); err == nil {
+						m.Release()
+					}
+				}
+				done <- err
+			}()
+			err := <-done
+			s.mu.Unlock()
+			if err != nil {
+				t.Fatalf("calls with the server's lock held: %v", err)
 			}
 		})
 	}

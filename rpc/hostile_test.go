@@ -431,3 +431,44 @@ func TestServerNeverDialsClientAddresses(t *testing.T) {
 	}
 	st.CloseSend()
 }
+
+// TestCallStreamBytesPastTheEnd: a CallStream client that sends a Chunk
+// after the last byte of its tensors fails with InvalidArgument, as the
+// .proto's stream rules say, and the method never runs; its memory is
+// freed.
+func TestCallStreamBytesPastTheEnd(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
+	ran := make(chan struct{}, 1)
+	s.Handle("m", func(ctx context.Context, req *Message) (*Message, error) {
+		ran <- struct{}{}
+		return nil, nil
+	})
+	ctx := ctxT(t)
+	stream, err := rawConn(t, addr).CallStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := wrapped(t, 8, 1)
+	for _, ch := range []*pb.Chunk{
+		{Header: &pb.ChunkHeader{Method: "m", Tensors: []*pb.TensorMeta{metaOf("", in.Tensor, false)}}},
+		{Data: in.Bytes()},
+		{Data: []byte{1}},
+	} {
+		if err := stream.Send(ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a Chunk past the last tensor: %v, want InvalidArgument", err)
+	}
+	select {
+	case <-ran:
+		t.Error("the method ran")
+	default:
+	}
+	waitFor(t, "the stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
+}

@@ -99,6 +99,7 @@ type options struct {
 	streamIdle     time.Duration
 	lanes          int   // 0: DefaultLanes for each data plane
 	envErr         error // an environment variable that could not be read (applyEnv)
+	interceptors   []Interceptor
 	// noFrames keeps Fetch off the data plane (HandshakeRequest and
 	// HandshakeResponse.data_plane_calls unset), as a peer that predates
 	// frames would; for tests.

@@ -139,6 +139,10 @@ type link struct {
 	// round trip: their bytes go to verifyCh instead of onRecv.
 	verified atomic.Bool
 	verifyCh chan []byte
+	// opened is set (server side) once the session is open on this lane:
+	// from then on its frame calls are served. Read without a lock on
+	// every frame call.
+	opened atomic.Bool
 
 	nextID  atomic.Uint64
 	reads   atomic.Uint64 // Reads posted, for tests

@@ -58,7 +58,10 @@ type Server struct {
 	devices      map[string]*device
 	missing      map[string]string // transport → why its device did not open
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// handlers has its own lock: every call looks its method up, and must
+	// not wait on s.mu, which sessions take as they open and close.
+	hmu      sync.RWMutex
 	handlers map[string]Handler
 	sessions map[string]*serverSession
 	stopping bool
@@ -157,8 +160,8 @@ func (s *Server) Pool() *mempool.Pool { return s.pool }
 
 // Handle registers h for method, replacing any handler it had.
 func (s *Server) Handle(method string, h Handler) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
 	s.handlers[method] = h
 }
 
@@ -397,9 +400,17 @@ func connectionIdentity(ctx context.Context) string {
 	return id
 }
 
+// peerAddr is the address of the peer of ctx's call, "" when unknown.
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
 func (s *Server) handler(method string) (Handler, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hmu.RLock()
+	defer s.hmu.RUnlock()
 	h, ok := s.handlers[method]
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "tensorrpc: no handler for method %q", method)

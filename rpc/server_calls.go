@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,7 +20,20 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	if err != nil {
 		return nil, err
 	}
-	return s.fetchFor(ctx, ss, ss.primary(), req.ClientRef, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+	var resp *pb.FetchResponse
+	err = s.intercept(ctx, ss, OpFetch, req.Key, PathUnary, 0, func(ctx context.Context, info *CallInfo) error {
+		var err error
+		resp, err = s.fetchFor(ctx, ss, ss.primary(), req.ClientRef, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+		info.ResponseBytes = int64(resp.GetMeta().GetByteLength())
+		return err
+	})
+	if err != nil {
+		if resp.GetTransferId() != 0 {
+			s.releaseTransfers(ss, []uint64{resp.TransferId})
+		}
+		return nil, err
+	}
+	return resp, nil
 }
 
 // fetchFor is a Fetch however it arrived (the Fetch method, a FETCH_REQ on
@@ -114,6 +128,22 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 	if err != nil {
 		return nil, err
 	}
+	var resp *pb.SendResponse
+	err = s.intercept(ctx, ss, OpSend, req.GetMeta().GetKey(), PathUnary, int64(req.GetMeta().GetByteLength()), func(ctx context.Context, _ *CallInfo) error {
+		var err error
+		resp, err = s.sendUnary(ctx, ss, req)
+		return err
+	})
+	if err != nil {
+		if resp.GetTransferId() != 0 {
+			s.releaseTransfers(ss, []uint64{resp.TransferId})
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (s *Server) sendUnary(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return nil, err
 	}
@@ -242,6 +272,23 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	if err != nil {
 		return nil, err
 	}
+	var resp *pb.CallResponse
+	err = s.intercept(ctx, ss, OpCall, req.Method, PathUnary, metaBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
+		var err error
+		resp, err = s.callUnary(ctx, ss, req)
+		info.ResponseBytes = metaBytes(resp.GetTensors())
+		return err
+	})
+	if err != nil {
+		if resp != nil {
+			s.releaseTransfers(ss, resp.TransferIds)
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallRequest) (*pb.CallResponse, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
 		return nil, err
@@ -311,6 +358,9 @@ func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *M
 		}
 		if _, ok := status.FromError(err); ok {
 			return nil, err
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return nil, status.FromContextError(err).Err() // as gRPC reports a handler's context error
 		}
 		return nil, status.Error(codes.Unknown, err.Error())
 	}

@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -67,20 +66,41 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 			finishAll(done)
 		}
 		return
+	case frameFetchReq, frameSendReq, frameCallReq:
+	default:
+		return
+	}
+	// The caller's metadata and deadline, when it sent any.
+	var hdr *pb.CallHeaders
+	var bad error
+	if h.Flags&frameHeaders != 0 {
+		if hdr, body, bad = splitHeaders(body); bad != nil {
+			bad = status.Error(codes.InvalidArgument, bad.Error())
+		}
+	}
+	switch h.Type {
 	case frameFetchReq:
 		key := string(body)
-		if h.Flags&frameWait == 0 && s.fetchNow(ss, l, h, key) {
+		// fetchNow answers in the polling goroutine; interceptors run
+		// where every other call's work runs.
+		if bad == nil && h.Flags&frameWait == 0 && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, key) {
 			return
 		}
-		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, frameFetchResp, hdr, OpFetch, key, 0, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+			if bad != nil {
+				return 0, nil, bad
+			}
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
 	case frameSendReq:
 		// Decoded here, which copies what it keeps: the slot is reposted
 		// when serveFrame returns.
 		req := &pb.SendRequest{}
-		err := unmarshalFrame(body, req)
-		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		err := bad
+		if err == nil {
+			err = unmarshalFrame(body, req)
+		}
+		s.runFrameCall(ss, l, h.Ref, frameSendResp, hdr, OpSend, req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()), func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			if err != nil {
 				return 0, nil, err
 			}
@@ -88,8 +108,11 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 		})
 	case frameCallReq:
 		req := &pb.CallRequest{}
-		err := unmarshalFrame(body, req)
-		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		err := bad
+		if err == nil {
+			err = unmarshalFrame(body, req)
+		}
+		s.runFrameCall(ss, l, h.Ref, frameCallResp, hdr, OpCall, req.Method, metaBytes(req.Tensors), func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			if err != nil {
 				return 0, nil, err
 			}
@@ -105,9 +128,7 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
 func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
-	s.mu.Lock()
-	opened := slices.Contains(ss.lanes, l)
-	s.mu.Unlock()
+	opened := l.opened.Load()
 	ss.mu.Lock()
 	quiet := !ss.draining && !ss.closed && !ss.released[h.Ref]
 	ss.mu.Unlock()
@@ -169,6 +190,17 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	return true
 }
 
+// responseBytes is the tensor bytes a frame call's answer offers.
+func responseBytes(body proto.Message) int64 {
+	switch m := body.(type) {
+	case *pb.FetchResponse:
+		return int64(m.GetMeta().GetByteLength())
+	case *pb.CallResponse:
+		return metaBytes(m.Tensors)
+	}
+	return 0
+}
+
 // unmarshalFrame decodes a request frame's body.
 func unmarshalFrame(body []byte, m proto.Message) error {
 	if err := proto.Unmarshal(body, m); err != nil {
@@ -203,8 +235,8 @@ func finishAll(ts []*transfer) {
 // on success, its flags and body (which may view the pool buffers the
 // work adds to held until it is sent). A response that cannot be sent frees
 // what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
-	ctx, cancel := context.WithCancel(ss.ctx)
+func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, hdr *pb.CallHeaders, op Operation, name string, reqBytes int64, work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+	ctx, cancel := withHeaders(ss.ctx, hdr)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
 	if ss.closed {
@@ -266,11 +298,9 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 			ss.mu.Unlock()
 			cancel()
 		}()
-		// The session is open on l once open (Session) has set its lanes
-		// under s.mu; a client that sends before it heard so is refused.
-		s.mu.Lock()
-		opened := slices.Contains(ss.lanes, l)
-		s.mu.Unlock()
+		// The session is open on l once open (Session) has set its lanes;
+		// a client that sends before it heard so is refused.
+		opened := l.opened.Load()
 		var flags uint16
 		var body proto.Message
 		var held []*mempool.Buffer // what body views, until it is sent
@@ -286,7 +316,22 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		case refusal != nil:
 			err = refusal
 		default:
-			flags, body, err = work(ctx, &held)
+			worked := false
+			err = s.intercept(ctx, ss, op, name, PathFrame, reqBytes, func(ctx context.Context, info *CallInfo) error {
+				var err error
+				flags, body, err = work(ctx, &held)
+				worked = err == nil
+				info.ResponseBytes = responseBytes(body)
+				return err
+			})
+			if err != nil && worked {
+				// An interceptor failed a call whose work was done: what
+				// it made for the client goes now.
+				finishAll(ss.releaseRef(ref))
+			}
+			if err != nil && ctx.Err() == context.DeadlineExceeded {
+				err = status.Error(codes.DeadlineExceeded, "tensorrpc: the call's deadline passed")
+			}
 		}
 		if ss.ctx.Err() != nil {
 			// The session is ending (the server stops, the client left):

@@ -29,6 +29,7 @@ type serverSession struct {
 	id        string
 	client    string
 	owner     string // connectionIdentity of the Session stream
+	peer      string // the client's address, for interceptors
 	transport string
 	link      *link   // lane 0; nil for the grpc transport
 	lanes     []*link // every lane, link first
@@ -370,7 +371,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d", hs.ProtocolVersion, ProtocolVersion)
 	}
 	ss := &serverSession{
-		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx),
+		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerAddr(ctx),
 		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 		frames: hs.DataPlaneCalls && !s.opts.noFrames && s.own, calls: map[uint64]*frameCall{},
 	}
@@ -440,6 +441,11 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		}
 		ss.transport = transport
 		s.sessions[ss.id] = ss
+		// Last: a frame call that sees its lane opened sees the fields
+		// above (an atomic store orders the writes before it).
+		for _, l := range lanes {
+			l.opened.Store(true)
+		}
 		return nil
 	}
 	opened := false

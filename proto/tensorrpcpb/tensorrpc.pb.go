@@ -1618,6 +1618,121 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
 }
 
+// CallHeaders is what a call carries besides its request when it travels
+// as a frame on a data plane (FrameHeader flag HEADERS, see header.fbs):
+// the caller's metadata and the time left to its deadline. A call over
+// gRPC (the unary methods, the streams) carries them as the call's own
+// gRPC metadata and deadline instead.
+type CallHeaders struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Metadata entries, in order; a key may repeat. Keys are lower case and,
+	// as in gRPC, a key whose value is binary ends in "-bin". At most 8 KiB
+	// (8192 bytes) of CallHeaders encoded.
+	Metadata []*Header `protobuf:"bytes,1,rep,name=metadata,proto3" json:"metadata,omitempty"`
+	// Microseconds left to the caller's deadline when the request was sent;
+	// 0: no deadline. The server cancels the call once they have passed.
+	TimeoutMicros uint64 `protobuf:"varint,2,opt,name=timeout_micros,json=timeoutMicros,proto3" json:"timeout_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallHeaders) Reset() {
+	*x = CallHeaders{}
+	mi := &file_tensorrpc_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallHeaders) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallHeaders) ProtoMessage() {}
+
+func (x *CallHeaders) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallHeaders.ProtoReflect.Descriptor instead.
+func (*CallHeaders) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CallHeaders) GetMetadata() []*Header {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *CallHeaders) GetTimeoutMicros() uint64 {
+	if x != nil {
+		return x.TimeoutMicros
+	}
+	return 0
+}
+
+// Header is one metadata entry.
+type Header struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Header) Reset() {
+	*x = Header{}
+	mi := &file_tensorrpc_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Header) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Header) ProtoMessage() {}
+
+func (x *Header) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Header.ProtoReflect.Descriptor instead.
+func (*Header) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Header) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Header) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // ChunkHeader opens a fallback stream: what follows and in which order.
 type ChunkHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1631,7 +1746,7 @@ type ChunkHeader struct {
 
 func (x *ChunkHeader) Reset() {
 	*x = ChunkHeader{}
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1758,7 @@ func (x *ChunkHeader) String() string {
 func (*ChunkHeader) ProtoMessage() {}
 
 func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1771,7 @@ func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHeader.ProtoReflect.Descriptor instead.
 func (*ChunkHeader) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChunkHeader) GetMethod() string {
@@ -1693,7 +1808,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1820,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1833,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Chunk) GetHeader() *ChunkHeader {
@@ -1853,7 +1968,13 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ftransfer_ids\x18\x02 \x03(\x04R\vtransferIds\x12\x1f\n" +
 	"\vclient_refs\x18\x03 \x03(\x04R\n" +
 	"clientRefs\"\x11\n" +
-	"\x0fReleaseResponse\"u\n" +
+	"\x0fReleaseResponse\"f\n" +
+	"\vCallHeaders\x120\n" +
+	"\bmetadata\x18\x01 \x03(\v2\x14.tensorrpc.v1.HeaderR\bmetadata\x12%\n" +
+	"\x0etimeout_micros\x18\x02 \x01(\x04R\rtimeoutMicros\"0\n" +
+	"\x06Header\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"u\n" +
 	"\vChunkHeader\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1a\n" +
 	"\bmetadata\x18\x02 \x01(\fR\bmetadata\x122\n" +
@@ -1912,7 +2033,7 @@ func file_tensorrpc_proto_rawDescGZIP() []byte {
 }
 
 var file_tensorrpc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_tensorrpc_proto_goTypes = []any{
 	(DType)(0),                 // 0: tensorrpc.v1.DType
 	(Transport)(0),             // 1: tensorrpc.v1.Transport
@@ -1934,8 +2055,10 @@ var file_tensorrpc_proto_goTypes = []any{
 	(*CallResponse)(nil),       // 17: tensorrpc.v1.CallResponse
 	(*ReleaseRequest)(nil),     // 18: tensorrpc.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),    // 19: tensorrpc.v1.ReleaseResponse
-	(*ChunkHeader)(nil),        // 20: tensorrpc.v1.ChunkHeader
-	(*Chunk)(nil),              // 21: tensorrpc.v1.Chunk
+	(*CallHeaders)(nil),        // 20: tensorrpc.v1.CallHeaders
+	(*Header)(nil),             // 21: tensorrpc.v1.Header
+	(*ChunkHeader)(nil),        // 22: tensorrpc.v1.ChunkHeader
+	(*Chunk)(nil),              // 23: tensorrpc.v1.Chunk
 }
 var file_tensorrpc_proto_depIdxs = []int32{
 	1,  // 0: tensorrpc.v1.Location.transport:type_name -> tensorrpc.v1.Transport
@@ -1957,29 +2080,30 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	2,  // 16: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
 	4,  // 17: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
 	4,  // 18: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 19: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	20, // 20: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 21: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	12, // 22: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	14, // 23: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	16, // 24: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	18, // 25: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	12, // 26: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	21, // 27: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	21, // 28: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	8,  // 29: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	13, // 30: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	15, // 31: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	17, // 32: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	19, // 33: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	21, // 34: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	15, // 35: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	21, // 36: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	29, // [29:37] is the sub-list for method output_type
-	21, // [21:29] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	21, // 19: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 20: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	22, // 21: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 22: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	12, // 23: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	14, // 24: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	16, // 25: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	18, // 26: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	12, // 27: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	23, // 28: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	23, // 29: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	8,  // 30: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	13, // 31: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	15, // 32: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	17, // 33: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	19, // 34: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	23, // 35: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	15, // 36: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	23, // 37: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	30, // [30:38] is the sub-list for method output_type
+	22, // [22:30] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
@@ -2003,7 +2127,7 @@ func file_tensorrpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tensorrpc_proto_rawDesc), len(file_tensorrpc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

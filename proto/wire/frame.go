@@ -35,6 +35,10 @@ const (
 	FlagLease    uint16 = 1 << 1 // FETCH_REQ: lease (shm mapping)
 	FlagFallback uint16 = 1 << 0 // FETCH_RESP: ask again with the Fetch method
 	FlagIndirect uint16 = 1 << 1 // CALL_RESP: the body names a transfer holding the response
+	// FlagHeaders (FETCH_REQ, SEND_REQ, CALL_REQ): the body starts with a
+	// u32 length and a protobuf CallHeaders (the caller's metadata and
+	// deadline); the type's body follows.
+	FlagHeaders uint16 = 1 << 2
 )
 
 // ErrInvalidFrame wraps every frame decoding error.
@@ -43,8 +47,10 @@ var ErrInvalidFrame = errors.New("wire: invalid frame")
 // frameFlags are the flags each type allows; index 0 and the types past
 // FrameRelease are unknown.
 var frameFlags = [...]uint16{
-	FrameFetchReq:  FlagWait | FlagLease,
+	FrameFetchReq:  FlagWait | FlagLease | FlagHeaders,
 	FrameFetchResp: FlagFallback,
+	FrameSendReq:   FlagHeaders,
+	FrameCallReq:   FlagHeaders,
 	FrameCallResp:  FlagIndirect,
 	FrameRelease:   0,
 }
