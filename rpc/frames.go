@@ -35,9 +35,11 @@ const (
 )
 
 // slotSizeFor is the slot size both sides derive from the session's eager
-// threshold (HandshakeResponse.eager_threshold).
+// threshold (HandshakeResponse.eager_threshold): room for the inline
+// tensors, or at least for a request's metadata (MaxFrameMetadataBytes),
+// and the slack.
 func slotSizeFor(eager int) int {
-	n := min(max(eager, 0), maxFrameInline) + frameSlack
+	n := max(min(max(eager, 0), maxFrameInline), MaxFrameMetadataBytes+16) + frameSlack
 	return (n + 255) &^ 255
 }
 

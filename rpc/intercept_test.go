@@ -423,5 +423,15 @@ func TestMetadataTooLarge(t *testing.T) {
 				t.Errorf("the next call: %v", err)
 			}
 		})
+		// Just under the bound goes, also with the smallest slots (an
+		// eager threshold of 0).
+		t.Run(plane+"/eager=0", func(t *testing.T) {
+			e := start(t, plane, []rpc.ServerOption{rpc.WithEagerThreshold(0)}, nil)
+			e.srv.Handle("nop", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) { return nil, nil })
+			fits := metadata.AppendToOutgoingContext(testCtx(t), "x-big", strings.Repeat("a", rpc.MaxFrameMetadataBytes-64))
+			if _, err := e.c.Call(fits, "nop", nil); err != nil {
+				t.Errorf("Call with %d bytes of metadata, eager threshold 0: %v", rpc.MaxFrameMetadataBytes-64, err)
+			}
+		})
 	}
 }
