@@ -86,7 +86,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
-	dialOpts := append(slices.Clone(o.grpcDialOpts), o.observe...)
+	dialOpts := slices.Clone(o.grpcDialOpts)
 	if o.creds != nil {
 		dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, dialOpts...)
 	}
@@ -107,15 +107,10 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 }
 
 // NewClient opens a session over an existing gRPC connection. Close does
-// not close cc.
-//
-// Over a connection of the caller's, Fetch stays on the Fetch method (the
-// session negotiates no data-plane calls), so that cc's interceptors see
-// every Fetch; see WithGRPCDialOptions.
+// not close cc. As with Dial, a data-plane session's calls travel as
+// frames, which cc's interceptors do not see.
 func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...DialOption) (*Client, error) {
-	o := buildDialOptions(opts)
-	o.noFrames = true
-	return newClient(ctx, cc, o)
+	return newClient(ctx, cc, buildDialOptions(opts))
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {

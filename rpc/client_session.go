@@ -27,7 +27,6 @@ type clientSession struct {
 	lanes      []*link // every lane, link first
 	next       atomic.Uint32
 	eager      int
-	frames     bool // calls travel as frames on the lanes (data_plane_calls)
 	calls      callPlane
 	rejections []Rejection
 
@@ -220,9 +219,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			}
 		}
 	}()
-	// Frames bypass gRPC interceptors: a Client given grpc.DialOptions
-	// (which may carry some) keeps every Fetch on the Fetch method.
-	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name, DataPlaneCalls: !c.opts.noFrames && len(c.opts.grpcDialOpts) == 0}
+	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
 	for _, name := range c.opts.transports {
 		dev := c.devices[name]
 		if name == TransportGRPC || dev == nil {
@@ -258,7 +255,6 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
-	s.frames = hs.DataPlaneCalls && resp.DataPlaneCalls
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
@@ -290,10 +286,8 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			links[choice.Transport] = lanes
 		}
 		name := transportName(choice.Transport)
-		if s.frames {
-			for _, l := range lanes {
-				l.enableFrames(slotSizeFor(s.eager), nil, nil)
-			}
+		for _, l := range lanes {
+			l.enableFrames(slotSizeFor(s.eager), nil, nil)
 		}
 		rej, err := c.tryConnect(ctx, stream.Send, next, s, lanes, choice)
 		if err != nil {
@@ -340,7 +334,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	// Step 1: connect, report at once, and give up as soon as the server
 	// reports failure.
 	remotes := append([][]byte{choice.Info}, choice.Lanes...)
-	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes, nil) }
+	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes) }
 	o, err := connectBoth(ctx, c.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -68,33 +69,75 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 		}
 		return
 	case frameFetchReq:
-		key := string(body)
-		if h.Flags&frameWait == 0 && s.fetchNow(ss, l, h, key) {
+		var key string
+		if h.Flags&(frameWait|frameIndirect) == 0 && len(body) <= wire.MaxKeyLen && s.fetchNow(ss, l, h, string(body)) {
 			return
 		}
+		// An indirect key is pulled up to one byte past the longest, so
+		// that one too long fails as one inline does.
+		load := s.takeRequest(ss, l, h, body, wire.MaxKeyLen+1, func(b []byte) error {
+			if len(b) > wire.MaxKeyLen {
+				return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
+			}
+			key = string(b)
+			return nil
+		})
 		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+			if err := load(ctx); err != nil {
+				return 0, nil, err
+			}
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
 	case frameSendReq:
-		// Decoded here, which copies what it keeps: the slot is reposted
-		// when serveFrame returns.
 		req := &pb.SendRequest{}
-		err := unmarshalFrame(body, req)
+		load := s.takeRequest(ss, l, h, body, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			if err != nil {
+			if err := load(ctx); err != nil {
 				return 0, nil, err
 			}
 			return 0, nil, s.sendForFrame(ctx, ss, l, req)
 		})
 	case frameCallReq:
 		req := &pb.CallRequest{}
-		err := unmarshalFrame(body, req)
+		load := s.takeRequest(ss, l, h, body, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			if err != nil {
+			if err := load(ctx); err != nil {
 				return 0, nil, err
 			}
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
+	}
+}
+
+// takeRequest decodes a request frame's body with decode: at once, in the
+// polling goroutine (decode copies what it keeps: the slot is reposted
+// when serveFrame returns), or for an INDIRECT frame, whose body is a
+// TensorMeta naming where the client holds the body (at most limit
+// bytes), once the call's goroutine has pulled it. The call runs the
+// returned func first; its error is the call's.
+func (s *Server) takeRequest(ss *serverSession, l *link, h frameHeader, body []byte, limit int, decode func([]byte) error) func(context.Context) error {
+	if h.Flags&frameIndirect == 0 {
+		err := decode(body)
+		return func(context.Context) error { return err }
+	}
+	m := &pb.TensorMeta{}
+	err := unmarshalFrame(body, m)
+	return func(ctx context.Context) error {
+		switch {
+		case err != nil:
+			return err
+		case m.Dtype != pb.DType(zerocopy.Uint8) || m.Location == nil || len(m.Shape) != 1:
+			return status.Error(codes.InvalidArgument, "tensorrpc: an indirect request names no byte tensor in the client's memory")
+		}
+		if err := checkMeta(m, int64(limit)); err != nil {
+			return err
+		}
+		buf, err := s.pull(ctx, ss, l, m, false)
+		if err != nil {
+			return err
+		}
+		defer buf.Release()
+		return decode(buf.Bytes())
 	}
 }
 
@@ -306,20 +349,47 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	}()
 }
 
-// fetchForFrame is the Fetch method's work for a FETCH_REQ: a FetchResponse,
-// or the frameFallback flag when that does not fit a slot.
+// fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
+// fit a slot (a long key, a large shape).
 func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&frameWait != 0, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
-	if frameHeaderLen+4+proto.Size(resp) > l.fr.slotSize {
-		// The answer does not fit a slot (a long key or shape): the client
-		// asks again with the Fetch method.
-		s.releaseTransfers(ss, []uint64{resp.TransferId})
-		return frameFallback, nil, nil
+	var ids []uint64
+	if resp.TransferId != 0 {
+		ids = append(ids, resp.TransferId)
 	}
-	return 0, resp, nil
+	return s.answer(ctx, ss, l, h.Ref, resp, ids)
+}
+
+// answer is a response frame's flags and body for resp: resp itself when
+// it fits a slot, else with frameIndirect a TensorMeta naming a transfer
+// that holds it, which the client reads like a tensor. ids are the
+// transfers resp names, released if the answer cannot be made.
+func (s *Server) answer(ctx context.Context, ss *serverSession, l *link, ref uint64, resp proto.Message, ids []uint64) (uint16, proto.Message, error) {
+	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
+		return 0, resp, nil
+	}
+	body, err := proto.Marshal(resp)
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: answer: %v", err)
+	}
+	buf, err := allocBuffer(ctx, s.pool, len(body))
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, err
+	}
+	copy(buf.Bytes(), body)
+	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
+	meta, _, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, -1, nil)
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, err
+	}
+	meta.TransferId = id
+	return frameIndirect, meta, nil
 }
 
 // sendForFrame is a SEND_REQ: the tensor inline, or read from where the
@@ -329,12 +399,8 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return err
 	}
-	if req.Hold {
-		return status.Error(codes.InvalidArgument, "tensorrpc: SEND_REQ holds nothing (a Call carries its tensors)")
-	}
 	if req.Meta.Location == nil {
-		_, err := s.receiveInline(ctx, ss, req)
-		return err
+		return s.receiveInline(ctx, ss, req)
 	}
 	if len(req.InlineData) > 0 {
 		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
@@ -404,7 +470,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 
 // callForFrame is a CALL_REQ: its tensors are taken in (the located ones
 // read all at once), the handler runs, and the reply is a CallResponse,
-// or with frameIndirect a TensorMeta naming a transfer that holds it.
+// indirect when it does not fit a slot.
 func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
@@ -459,27 +525,5 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err != nil {
 		return 0, nil, err
 	}
-	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
-		return 0, resp, nil
-	}
-	// Too large for a slot: the client reads it like a reply tensor.
-	body, err := proto.Marshal(resp)
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
-	}
-	buf, err := allocBuffer(ctx, s.pool, len(body))
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, err
-	}
-	copy(buf.Bytes(), body)
-	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
-	meta, _, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, -1, nil)
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, err
-	}
-	meta.TransferId = id
-	return frameIndirect, meta, nil
+	return s.answer(ctx, ss, l, ref, resp, resp.TransferIds)
 }
