@@ -84,8 +84,8 @@ wait:
 	closeLanes(lanes, broken)
 }
 
-// closeFlushTimeout bounds how long closing a session (and Client.Close,
-// for the Release method's calls) waits to send the releases still queued:
+// closeFlushTimeout bounds how long closing a session waits to send the
+// releases still queued (and Client.Close for calls under way to return):
 // a live server takes them in milliseconds, and the session's end frees
 // the rest on the server anyway.
 const closeFlushTimeout = 2 * time.Second
@@ -106,9 +106,8 @@ func (s *clientSession) lane() *link {
 // lane watchers.
 func (s *clientSession) close(reason error) {
 	if s.err() == nil && s.link != nil && s.link.fr != nil {
-		// Releases still queued go first, as the Release method's do
-		// (Client.Close sends them): the server frees those transfers now
-		// rather than when it notices the session's end.
+		// Releases still queued go first: the server frees those
+		// transfers now rather than when it notices the session's end.
 		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
 		for _, l := range s.lanes {
 			l.flushReleases(ctx)
