@@ -143,8 +143,8 @@ func (s *Server) takeRequest(ss *serverSession, l *link, h frameHeader, body []b
 
 // fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
 // that needs no waiting: the session is open and not draining, the key is
-// published with no Send of it under way (or is not published at all), and
-// a credit and a buffer are at hand. It reports whether it answered; if
+// published (or is not published at all, without WaitForKey), the answer
+// fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
 func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
