@@ -351,10 +351,15 @@ func TestMetadataAndDeadline(t *testing.T) {
 			if _, err := e.c.Call(ctx, "look", nil); err != nil {
 				t.Fatal(err)
 			}
+			// A request too large for a slot (it travels indirect on a
+			// data plane) carries them too.
+			if _, err := e.c.Call(ctx, "look", &rpc.Message{Metadata: make([]byte, 64<<10)}); err != nil {
+				t.Fatal(err)
+			}
 			mu.Lock() // the server's goroutines wrote them; over shm no Go synchronisation links the two
 			defer mu.Unlock()
-			if len(seenMD) != 3 {
-				t.Fatalf("saw %d calls, want 3", len(seenMD))
+			if len(seenMD) != 4 {
+				t.Fatalf("saw %d calls, want 4", len(seenMD))
 			}
 			for i, md := range seenMD {
 				if v := md.Get("x-user"); len(v) != 2 || v[0] != "ada" || v[1] != "bob" {

@@ -24,8 +24,10 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// ProtocolVersion is the version of the tensorrpc session protocol.
-const ProtocolVersion = 2
+// ProtocolVersion is the version of the tensorrpc session protocol: 3,
+// in which every data-plane session carries its calls as frames. A server
+// also accepts 1 and 2 from a client that offers no data plane.
+const ProtocolVersion = 3
 
 // MaxChunkBytes is the most data one Chunk of a streaming method may carry,
 // as tensorrpc.proto states; MaxRecvMsgBytes, the receive limit of the
@@ -47,16 +49,15 @@ type Handler func(ctx context.Context, req *Message) (*Message, error)
 // clients fetch and send to, and methods they call. It is safe for
 // concurrent use.
 type Server struct {
-	opts         options
-	unaryFetches atomic.Int64 // calls of the Fetch method, for tests
-	log          *slog.Logger
-	pool         *mempool.Pool
-	ownPool      bool
-	ctl          *mempool.Pool // the links' own buffers
-	grpc         *grpc.Server
-	rv           *rendezvous
-	devices      map[string]*device
-	missing      map[string]string // transport → why its device did not open
+	opts    options
+	log     *slog.Logger
+	pool    *mempool.Pool
+	ownPool bool
+	ctl     *mempool.Pool // the links' own buffers
+	grpc    *grpc.Server
+	rv      *rendezvous
+	devices map[string]*device
+	missing map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
 	// handlers has its own lock: every call looks its method up, and must
@@ -114,7 +115,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		gopts = append([]grpc.ServerOption{grpc.Creds(o.creds)}, gopts...)
 	}
 	s.grpc = grpc.NewServer(gopts...)
-	pb.RegisterTensorRPCServer(s.grpc, service{Server: s, own: len(o.grpcServerOpts) == 0})
+	pb.RegisterTensorRPCServer(s.grpc, service{Server: s})
 	return s, nil
 }
 
@@ -133,11 +134,9 @@ func (s *Server) openPool() error {
 
 // Register registers the tensorrpc service on gs, for a server that also
 // serves other services. Serve, Stop and GracefulStop then belong to gs's
-// owner; call Close after gs has stopped to release the Server.
-//
-// Sessions that arrive through gs keep Fetch on the Fetch method (they
-// negotiate no data-plane calls), so that gs's interceptors see every
-// Fetch; see WithGRPCServerOptions.
+// owner; call Close after gs has stopped to release the Server. As with
+// NewServer's own grpc.Server, gs's interceptors see the gRPC methods
+// only; a data-plane session's calls travel as frames.
 func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, service{Server: s}) }
 
 // service implements the gRPC service; it is separate from Server so that
@@ -145,11 +144,6 @@ func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, serv
 type service struct {
 	pb.UnimplementedTensorRPCServer
 	*Server
-	// own is set on the Server's own grpc.Server when it was given no
-	// grpc.ServerOptions, so no interceptor of the caller's can be on it:
-	// only then may sessions carry calls as frames, which no interceptor
-	// sees.
-	own bool
 }
 
 // Serve accepts connections on lis until Stop or GracefulStop.
