@@ -128,12 +128,14 @@ func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), relea
 }
 
 // postSlots allocates the slots and posts them; it starts the creditor.
+// It never waits for the control pool (a session gets only the lanes whose
+// slots fit: lanesAllowed), so a full one fails the link at once.
 func (l *link) postSlots(ctx context.Context) error {
 	f := l.fr
 	for range frameSlots {
-		b, err := l.ctlPool.Alloc(ctx, f.slotSize)
+		b, err := l.ctlPool.TryAlloc(f.slotSize)
 		if err != nil {
-			return err
+			return status.Errorf(codes.ResourceExhausted, "tensorrpc: receive slots: control pool: %v", err)
 		}
 		f.slots = append(f.slots, b)
 	}

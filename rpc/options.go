@@ -97,6 +97,7 @@ type options struct {
 	sessionQuota   int64
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
+	admission      Admission
 	lanes          int   // 0: DefaultLanes for each data plane
 	envErr         error // an environment variable that could not be read (applyEnv)
 	// noFrames keeps Fetch off the data plane (HandshakeRequest and

@@ -70,6 +70,9 @@ type Server struct {
 	streams  sync.WaitGroup // running fallback stream handlers
 	total    Stats          // of ended sessions
 
+	adm     *admission
+	refused counters // what adm refused (the Refused fields)
+
 	stopTrim func() // ends the pool's trimmer
 }
 
@@ -85,7 +88,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		opts: o, log: o.logger, rv: newRendezvous(),
 		devices: map[string]*device{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
-		drain: make(chan struct{}),
+		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
 	if err := s.openPool(); err != nil {
 		return nil, err
@@ -234,6 +237,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.total
+	t.add(s.refused.snapshot(""))
 	for _, ss := range s.sessions {
 		t.add(ss.stats.snapshot(""))
 	}

@@ -29,6 +29,8 @@ type serverSession struct {
 	id        string
 	client    string
 	owner     string // connectionIdentity of the Session stream
+	peer      string // peerIdentity: whose budgets the session counts against
+	lanesHeld int    // lanes admitted (admission.lanes) for the session's plane
 	transport string
 	link      *link   // lane 0; nil for the grpc transport
 	lanes     []*link // every lane, link first
@@ -369,8 +371,14 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	if hs.ProtocolVersion != ProtocolVersion && !(hs.ProtocolVersion == 1 && len(hs.Offers) == 0) {
 		return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d", hs.ProtocolVersion, ProtocolVersion)
 	}
+	peerID := peerIdentity(ctx)
+	endAdmission, err := s.adm.session(peerID)
+	if err != nil {
+		return s.refuse(&s.refused.refusedSessions, 1, peerID, err)
+	}
+	defer endAdmission()
 	ss := &serverSession{
-		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx),
+		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerID,
 		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 		frames: hs.DataPlaneCalls && !s.opts.noFrames && s.own, calls: map[uint64]*frameCall{},
 	}
@@ -530,6 +538,7 @@ wait:
 		}
 	}
 	s.closeSession(ss) // before it leaves Sessions, so its buffers are back by then
+	s.adm.freeLanes(ss.peer, ss.lanesHeld)
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
 	s.total.add(ss.stats.snapshot(""))
@@ -580,16 +589,44 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		}
 	}()
 	want := min(1+len(offer.Lanes), s.opts.lanesFor(name))
-	if ss.frames {
-		want = lanesAllowed(s.ctl, want, slotSizeFor(s.opts.eagerThreshold))
+	granted, err := s.adm.lanes(ss.peer, want)
+	if err != nil {
+		return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, err)
 	}
-	for len(lanes) < want {
+	defer func() {
+		if opened {
+			ss.lanesHeld = granted
+		} else {
+			s.adm.freeLanes(ss.peer, granted)
+		}
+	}()
+	if ss.frames {
+		// Slots are allocated without waiting (postSlots): a session gets
+		// only the lanes whose slots the control pool holds now.
+		if n := lanesAllowed(s.ctl, granted, slotSizeFor(s.opts.eagerThreshold)); n < granted {
+			s.adm.freeLanes(ss.peer, granted-n)
+			granted = n
+		}
+		if granted == 0 {
+			return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, status.Errorf(codes.ResourceExhausted,
+				"tensorrpc: data plane lane refused: the control pool has no room for another lane's receive slots (%d lanes held in all; the server's rpc.WithAdmission Admission.Lanes should be set below what the pool holds)", s.adm.heldLanes()))
+		}
+	}
+	if granted < want {
+		s.refused.refusedLanes.Add(int64(want - granted))
+		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
+	}
+	for len(lanes) < granted {
 		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
 		if err != nil {
 			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
 			break
 		}
 		lanes = append(lanes, x)
+	}
+	if len(lanes) < granted {
+		s.adm.freeLanes(ss.peer, granted-len(lanes))
+		granted = len(lanes)
 	}
 	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
 	report := func(ok, verify bool, err error) error {
