@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
 	"net"
 	"strconv"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
 // Admission is the budget of what clients may make a Server hold, per
@@ -320,4 +323,38 @@ func (s *Server) refuse(counter interface{ Add(int64) int64 }, n int, peer strin
 	counter.Add(int64(n))
 	s.log.Info("tensorrpc: refused over budget", "peer", peer, "reason", status.Convert(err).Message())
 	return err
+}
+
+// admitStream admits a fallback stream of ctx's peer; done ends it.
+func (s *Server) admitStream(ctx context.Context) (peer string, done func(), err error) {
+	peer = peerIdentity(ctx)
+	done, err = s.adm.stream(peer)
+	if err != nil {
+		return peer, nil, s.refuse(&s.refused.refusedStreams, 1, peer, err)
+	}
+	return peer, done, nil
+}
+
+// chargeStream charges the bytes of metas, which a fallback stream of peer
+// is about to hold, to the stream byte budgets; refund gives them back.
+// metas are checked first, so that a tensor over a limit fails as it
+// would without budgets.
+func (s *Server) chargeStream(peer string, metas []*pb.TensorMeta) (refund func(), err error) {
+	var n int64
+	for _, m := range metas {
+		if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
+			return nil, err
+		}
+		n = min(n+int64(m.ByteLength), math.MaxInt64/2) // each is under the limit; the sum saturates
+	}
+	return s.chargeBytes(peer, n)
+}
+
+// chargeBytes is chargeStream for n bytes.
+func (s *Server) chargeBytes(peer string, n int64) (refund func(), err error) {
+	refund, err = s.adm.streamBytes(peer, n)
+	if err != nil {
+		return nil, s.refuse(&s.refused.refusedStreams, 1, peer, err)
+	}
+	return refund, nil
 }

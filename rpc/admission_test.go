@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -173,4 +174,126 @@ func TestAdmissionControlPoolFull(t *testing.T) {
 		t.Errorf("the refusal took %v", el)
 	}
 	t.Logf("refused in %v: %v", el, err)
+}
+
+// stallSendStreams opens n SendStreams on api, each declaring a tensor of
+// size bytes and sending one byte of it, then stalling; it returns each
+// stream's verdict as it comes, and a func that ends them all.
+func stallSendStreams(t *testing.T, api pb.TensorRPCClient, n, size int) (<-chan error, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	verdicts := make(chan error, n)
+	in := wrapped(t, size, 1)
+	defer in.Release()
+	for i := range n {
+		st, err := api.SendStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&pb.Chunk{Header: &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(fmt.Sprint("stall", i), in.Tensor, false)}}}); err != nil {
+			t.Fatal(err)
+		}
+		st.Send(&pb.Chunk{Data: in.Bytes()[:1]}) // an error here is the server's refusal, read below
+		go func() { verdicts <- st.RecvMsg(new(pb.SendResponse)) }()
+	}
+	return verdicts, cancel
+}
+
+// verdictsWithin counts the verdicts that arrive within d, by code.
+func verdictsWithin(ch <-chan error, d time.Duration) map[codes.Code]int {
+	out := map[codes.Code]int{}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-ch:
+			out[status.Code(err)]++
+		case <-timer.C:
+			return out
+		}
+	}
+}
+
+// TestAdmissionStalledStreams: a peer that opens sessionless SendStreams,
+// sends a byte of each and stalls gets its stream budget, past it
+// ResourceExhausted at once; a new client on the grpc fallback still
+// fetches, sends and calls, and the server's pool is back to empty once
+// the abuser goes.
+func TestAdmissionStalledStreams(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
+	s.Handle("echo", echo(s))
+	const streams = 80
+	verdicts, stop := stallSendStreams(t, rawConnFrom(t, addr, abuserAddr), streams, 8<<20)
+	got := verdictsWithin(verdicts, 3*time.Second)
+	if want := streams - DefaultAdmission.StreamsPerPeer; got[codes.ResourceExhausted] != want || len(got) != 1 {
+		t.Fatalf("verdicts of %d stalled streams: %v, want %d ResourceExhausted and no other", streams, got, want)
+	}
+	victim, err := Dial(ctxT(t), addr, WithTransports(TransportGRPC), testPool(), insecureCreds())
+	if err != nil {
+		t.Fatalf("a new client on grpc: %v", err)
+	}
+	defer victim.Close()
+	victimWorks(t, s, victim, "while a peer stalls its streams")
+	stop()
+	waitFor(t, "the stalled streams' memory to be freed", func() bool { return s.Pool().Stats().InUse <= 1<<20 })
+}
+
+// streamBytesOf is what peer's fallback streams hold against the budget.
+func streamBytesOf(s *Server, peer string) int64 {
+	s.adm.mu.Lock()
+	defer s.adm.mu.Unlock()
+	if u := s.adm.peers[peer]; u != nil {
+		return u.streamBytes
+	}
+	return 0
+}
+
+// TestAdmissionStreamBytes: the tensors stalled SendStreams declare and
+// the replies of unread FetchStreams are charged to the peer's stream byte
+// budget: past it, ResourceExhausted at once, and another peer's streams
+// go on.
+func TestAdmissionStreamBytes(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithAdmission(Admission{StreamBytesPerPeer: 32 << 20}))
+	s.Handle("echo", echo(s))
+	publishBytes(t, s, "big", 8<<20, 3)
+	api := rawConnFrom(t, addr, abuserAddr)
+	verdicts, stop := stallSendStreams(t, api, 5, 8<<20)
+	got := verdictsWithin(verdicts, 2*time.Second)
+	if got[codes.ResourceExhausted] != 1 || len(got) != 1 {
+		t.Fatalf("verdicts of 5 stalled streams of 8 MiB under a 32 MiB budget: %v, want 1 ResourceExhausted", got)
+	}
+	victim, err := Dial(ctxT(t), addr, WithTransports(TransportGRPC), testPool(), insecureCreds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	victimWorks(t, s, victim, "while a peer holds its stream bytes")
+	stop()
+	waitFor(t, "the stalled streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
+
+	// Unread FetchStreams of an 8 MiB tensor: four fit.
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	for i := range 4 {
+		if _, err := api.FetchStream(ctx, &pb.FetchRequest{Key: "big"}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, fmt.Sprint("FetchStream ", i, " to be charged"), func() bool { return streamBytesOf(s, abuserAddr) == int64(i+1)<<23 })
+	}
+	fs, err := api.FetchStream(ctx, &pb.FetchRequest{Key: "big"})
+	if err == nil {
+		_, err = fs.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a fifth unread FetchStream of 8 MiB under a 32 MiB budget: %v, want ResourceExhausted", err)
+	}
+	victimWorks(t, s, victim, "while a peer leaves its FetchStreams unread")
+	if st := s.Stats(); st.RefusedStreams != 2 {
+		t.Errorf("Stats.RefusedStreams = %d, want 2", st.RefusedStreams)
+	}
+	cancel()
+	waitFor(t, "the unread streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
 }

@@ -188,11 +188,22 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	if err != nil {
 		return err
 	}
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	e, err := s.rv.fetch(stream.Context(), req.Key, false, req.Wait)
 	if err != nil {
 		return rendezvousError(req.Key, err)
 	}
 	defer e.buf.Release()
+	// An unread reply holds gRPC's buffers (and the tensor) until sent.
+	refund, err := s.chargeBytes(peer, int64(len(e.tensor.Bytes())))
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
@@ -206,6 +217,11 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
 	if err != nil {
@@ -214,6 +230,11 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	if len(h.Tensors) != 1 {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
 	}
+	refund, err := s.chargeStream(peer, h.Tensors)
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
@@ -242,6 +263,11 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
 	if err != nil {
@@ -251,6 +277,11 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	if err != nil {
 		return err
 	}
+	refund, err := s.chargeStream(peer, h.Tensors)
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
@@ -271,6 +302,15 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
+	var replyBytes int64
+	for _, m := range metas {
+		replyBytes += int64(m.ByteLength)
+	}
+	refundReply, err := s.chargeBytes(peer, replyBytes)
+	if err != nil {
+		return err
+	}
+	defer refundReply()
 	refs := newChunkRefs()
 	defer refs.settle(stream.Context())
 	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
