@@ -297,3 +297,47 @@ func TestAdmissionStreamBytes(t *testing.T) {
 	cancel()
 	waitFor(t, "the unread streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
 }
+
+// TestAdmissionTransfersPerSession: a session that fetches and never
+// releases holds at most its TransfersPerSession transfers (each with a
+// grant); the next Fetch fails with ResourceExhausted, the session goes
+// on, and another session works.
+func TestAdmissionTransfersPerSession(t *testing.T) {
+	const limit = 8
+	s, dial := attackServer(t, WithAdmission(Admission{TransfersPerSession: limit}))
+	s.Handle("echo", echo(s))
+	ctx := ctxT(t)
+	publishBytes(t, s, "big", 1<<20, 3)
+	victim, thief := dial(), dial()
+	a := newAttacker(t, thief)
+	ss := serverSessionByID(t, s, thief.SessionID())
+	for i := range limit + 1 {
+		pc, err := a.request(ctx, frameFetchReq, 0, uint64(100+i), []byte("big"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ok := a.replyCrediting(ctx, pc, 10*time.Second)
+		if !ok {
+			t.Fatalf("fetch %d: no answer", i)
+		}
+		switch {
+		case i < limit && r.status != nil:
+			t.Fatalf("fetch %d of %d: %v", i, limit, r.status)
+		case i == limit && status.Code(r.status) != codes.ResourceExhausted:
+			t.Fatalf("fetch %d past the session's %d transfers: %v, want ResourceExhausted", i, limit, r.status)
+		}
+	}
+	ss.mu.Lock()
+	held := len(ss.transfers)
+	ss.mu.Unlock()
+	if held != limit {
+		t.Errorf("the session holds %d transfers, want %d", held, limit)
+	}
+	// (A FETCH_REQ may try twice: at once in the polling goroutine, then
+	// on the call path; each refused attempt counts.)
+	if st := s.Stats(); st.RefusedTransfers < 1 {
+		t.Errorf("Stats.RefusedTransfers = %d, want the refusal counted", st.RefusedTransfers)
+	}
+	a.alive("past its transfers")
+	victimWorks(t, s, victim, "while a session holds its transfers")
+}

@@ -36,6 +36,11 @@ type serverSession struct {
 	lanes     []*link // every lane, link first
 	stats     counters
 
+	// maxTransfers bounds transfers (Admission.TransfersPerSession; 0: no
+	// bound); refused logs the first transfer refused over it.
+	maxTransfers int
+	refused      func(error)
+
 	mu        sync.Mutex
 	transfers map[uint64]*transfer
 	byImm     map[uint32]*transfer
@@ -229,6 +234,13 @@ func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
+	if ss.maxTransfers > 0 && len(ss.transfers) >= ss.maxTransfers {
+		err := status.Errorf(codes.ResourceExhausted, "tensorrpc: transfer refused: the session holds %d unreleased transfers, the server's TransfersPerSession budget (release fetched tensors; rpc.WithAdmission raises it)", len(ss.transfers))
+		if ss.stats.refusedTransfers.Add(1) == 1 && ss.refused != nil {
+			ss.refused(err)
+		}
+		return err
+	}
 	ss.next++
 	t.id = ss.next
 	t.created = time.Now()
@@ -379,11 +391,15 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	defer endAdmission()
 	ss := &serverSession{
 		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerID,
-		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
+		maxTransfers: s.adm.limits.TransfersPerSession,
+		transfers:    map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 		frames: hs.DataPlaneCalls && !s.opts.noFrames && s.own, calls: map[uint64]*frameCall{},
 	}
 	ss.ctx, ss.cancel = context.WithCancel(ctx)
 	defer ss.cancel()
+	ss.refused = func(err error) {
+		s.log.Info("tensorrpc: refused over budget", "peer", peerID, "session", ss.id, "reason", status.Convert(err).Message())
+	}
 
 	// Make a queue pair for every offer the server can use, by priority;
 	// reject the rest. The tcp plane listens on the address this session's
