@@ -341,3 +341,76 @@ func TestAdmissionTransfersPerSession(t *testing.T) {
 	a.alive("past its transfers")
 	victimWorks(t, s, victim, "while a session holds its transfers")
 }
+
+// TestAdmissionIdleSessionReaped: a session that makes no call and holds
+// nothing for Admission.IdleSession is ended, and its Client opens a new
+// one on its next call; a session waiting for a call's answer, or holding
+// a transfer, is not idle.
+func TestAdmissionIdleSessionReaped(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	s, dial := attackServer(t, WithAdmission(Admission{IdleSession: idle}))
+	ctx := ctxT(t)
+	c := dial()
+	first := c.SessionID()
+
+	// A Fetch waiting for its key, over several idle periods.
+	waited := make(chan error, 1)
+	go func() {
+		got, err := c.Fetch(ctx, "later", WaitForKey())
+		if err == nil {
+			got.Release()
+		}
+		waited <- err
+	}()
+	time.Sleep(5 * idle)
+	publishBytes(t, s, "later", 1<<20, 1)
+	if err := <-waited; err != nil {
+		t.Fatalf("a Fetch waiting over the idle timeout: %v", err)
+	}
+	if c.SessionID() != first {
+		t.Fatal("the session was ended while a call waited")
+	}
+
+	// A transfer held (fetched and never released), over several idle
+	// periods.
+	holder := dial()
+	a := newAttacker(t, holder)
+	pc, err := a.request(ctx, frameFetchReq, 0, 7, []byte("later"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := a.replyCrediting(ctx, pc, 10*time.Second); !ok || r.status != nil {
+		t.Fatalf("the holder's fetch: %v", r.status)
+	}
+
+	// Nothing held: ended.
+	waitFor(t, "the idle session to be ended", func() bool {
+		for _, si := range s.Sessions() {
+			if si.ID == first {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(2 * idle)
+	if slicesIndexFunc(s.Sessions(), func(si SessionInfo) bool { return si.ID == holder.SessionID() }) < 0 {
+		t.Fatal("a session holding a transfer was ended as idle")
+	}
+	got, err := c.Fetch(ctx, "later")
+	if err != nil {
+		t.Fatalf("the next call after the idle session's end: %v", err)
+	}
+	got.Release()
+	if c.SessionID() == first {
+		t.Fatal("the call used the ended session")
+	}
+}
+
+func slicesIndexFunc[T any](s []T, f func(T) bool) int {
+	for i, v := range s {
+		if f(v) {
+			return i
+		}
+	}
+	return -1
+}

@@ -383,6 +383,11 @@ func (s *Server) session(ctx context.Context, id string) (*serverSession, error)
 	if ss.owner != "" && connectionIdentity(ctx) != ss.owner {
 		return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: session %q belongs to another connection", id)
 	}
+	// The call keeps the session from being idle until it returns (gRPC
+	// ends its context then).
+	ss.activity.Add(1)
+	ss.unary.Add(1)
+	context.AfterFunc(ctx, func() { ss.unary.Add(-1) })
 	return ss, nil
 }
 

@@ -40,6 +40,10 @@ type serverSession struct {
 	// bound); refused logs the first transfer refused over it.
 	maxTransfers int
 	refused      func(error)
+	// activity counts the calls that named the session (reapIdle);
+	// unary, those of them on gRPC methods still under way.
+	activity atomic.Uint64
+	unary    atomic.Int64
 
 	mu        sync.Mutex
 	transfers map[uint64]*transfer
@@ -94,6 +98,17 @@ func (ss *serverSession) finishCalls(ctx context.Context, timeout time.Duration)
 	case <-t.C:
 	case <-ctx.Done():
 	}
+}
+
+// busy reports whether the session has a call under way or holds
+// anything: then it is not idle, however long since its last call.
+func (ss *serverSession) busy() bool {
+	if ss.unary.Load() > 0 {
+		return true
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.transfers) > 0 || ss.inFlight > 0 || ss.refusing > 0 || len(ss.pulls) > 0 || ss.reserved > 0
 }
 
 // primary is the session's lane 0, nil without a session or data plane.
@@ -516,6 +531,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		dead, failure = anyDead(ss.lanes, &ss.handlers)
 	}
 	var result error
+	var idle <-chan time.Time
+	lastActivity, lastActive := ss.activity.Load(), time.Now()
+	if d := s.adm.limits.IdleSession; d > 0 {
+		tick := time.NewTicker(max(d/4, time.Millisecond))
+		defer tick.Stop()
+		idle = tick.C
+	}
 	var stale <-chan time.Time
 	if s.opts.reserveTimeout > 0 {
 		tick := time.NewTicker(max(s.opts.reserveTimeout/4, time.Millisecond))
@@ -525,6 +547,14 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 wait:
 	for {
 		select {
+		case <-idle:
+			if n := ss.activity.Load(); n != lastActivity || ss.busy() {
+				lastActivity, lastActive = n, time.Now()
+			} else if d := s.adm.limits.IdleSession; time.Since(lastActive) > d {
+				result = status.Errorf(codes.Unavailable, "tensorrpc: the session made no call and held nothing for %v (the server's Admission.IdleSession) and was ended; the next call opens a new one", d)
+				s.log.Info("tensorrpc: ending an idle session", "peer", ss.peer, "session", ss.id, "idle", d)
+				break wait
+			}
 		case <-stale:
 			if ss.staleReservation(s.opts.reserveTimeout) {
 				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a destination reserved for the session stayed unwritten, or a read of the client's tensor unanswered, for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
@@ -671,7 +701,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 
 	if ss.frames {
 		for i, x := range lanes {
-			serve := func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) }
+			serve := func(h frameHeader, body []byte) {
+				ss.activity.Add(1)
+				s.serveFrame(ss, x, h, body)
+			}
 			if s.opts.frameServe != nil {
 				serve = s.opts.frameServe(ss, i, serve)
 			}
