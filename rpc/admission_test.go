@@ -3,7 +3,9 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -36,29 +38,38 @@ func dialFrom(host string) grpc.DialOption {
 
 // rawConnFrom is rawConn from the local address host.
 func rawConnFrom(t *testing.T, addr, host string) pb.TensorRPCClient {
+	api, _ := rawConnFromClosing(t, addr, host)
+	return api
+}
+
+// rawConnFromClosing is rawConnFrom with a func that closes it.
+func rawConnFromClosing(t *testing.T, addr, host string) (pb.TensorRPCClient, func()) {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), dialFrom(host))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return pb.NewTensorRPCClient(cc)
+	return pb.NewTensorRPCClient(cc), func() { cc.Close() }
 }
 
 // abuseLanes dials clients from abuserAddr, each offering lanes lanes on
 // tcp, until the server refuses one or max have opened; it returns the
-// clients that opened and the refusal. No dial may wait on anything: each
+// clients that opened, a func that closes and drops them, and the
+// refusal. No dial may wait on anything: each
 // returns within a few seconds (generous, for a loaded 2-core machine;
 // before admission, a session past the control pool waited for its whole
 // connect timeout).
-func abuseLanes(t *testing.T, addr string, lanes, max int) ([]*Client, error) {
+func abuseLanes(t *testing.T, addr string, lanes, max int) ([]*Client, func(), error) {
 	t.Helper()
 	var held []*Client
-	t.Cleanup(func() {
+	drop := func() {
 		for _, c := range held {
 			c.Close()
 		}
-	})
+		held = nil
+	}
+	t.Cleanup(drop)
 	for range max {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		start := time.Now()
@@ -68,11 +79,11 @@ func abuseLanes(t *testing.T, addr string, lanes, max int) ([]*Client, error) {
 			t.Errorf("dial %d took %v: a session waited", len(held), el)
 		}
 		if err != nil {
-			return held, err
+			return held, drop, err
 		}
 		held = append(held, c)
 	}
-	return held, nil
+	return held, drop, nil
 }
 
 // TestAdmissionLanesPerPeer: one peer opening sessions of many lanes gets
@@ -82,7 +93,7 @@ func TestAdmissionLanesPerPeer(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithLanes(MaxLanes))
 	s.Handle("echo", echo(s))
-	held, err := abuseLanes(t, addr, 12, 100)
+	held, _, err := abuseLanes(t, addr, 12, 100)
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("after %d sessions of 12 lanes from one peer: %v, want ResourceExhausted", len(held), err)
 	}
@@ -105,20 +116,15 @@ func TestAdmissionLanesPerPeer(t *testing.T) {
 	victimWorks(t, s, victim, "while a peer holds its lanes")
 }
 
-// TestAdmissionSessionsPerPeer: one peer opening sessions (no data plane)
-// until refused gets ResourceExhausted at once past its budget, and a
-// client from another host still connects.
-func TestAdmissionSessionsPerPeer(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC))
-	s.Handle("echo", echo(s))
-	raw := rawConnFrom(t, addr, abuserAddr)
-	ctx, cancel := context.WithCancel(ctxT(t))
-	defer cancel()
-	var refused error
+// abuseSessions opens sessions on api (a handshake that offers no data
+// plane) and holds them until one is refused or max are open; it returns
+// how many opened and the refusal.
+func abuseSessions(t *testing.T, api pb.TensorRPCClient, max int) (int, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	opened := 0
-	for opened < 200 {
-		st, err := raw.Session(ctx)
+	for opened < max {
+		st, err := api.Session(ctx)
 		if err == nil {
 			err = st.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion}}})
 		}
@@ -126,11 +132,21 @@ func TestAdmissionSessionsPerPeer(t *testing.T) {
 			_, err = st.Recv()
 		}
 		if err != nil {
-			refused = err
-			break
+			return opened, err
 		}
 		opened++
 	}
+	return opened, nil
+}
+
+// TestAdmissionSessionsPerPeer: one peer opening sessions (no data plane)
+// until refused gets ResourceExhausted at once past its budget, and a
+// client from another host still connects.
+func TestAdmissionSessionsPerPeer(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC))
+	s.Handle("echo", echo(s))
+	opened, refused := abuseSessions(t, rawConnFrom(t, addr, abuserAddr), 200)
 	if status.Code(refused) != codes.ResourceExhausted {
 		t.Fatalf("after %d sessions from one peer: %v, want ResourceExhausted", opened, refused)
 	}
@@ -238,6 +254,16 @@ func TestAdmissionStalledStreams(t *testing.T) {
 	victimWorks(t, s, victim, "while a peer stalls its streams")
 	stop()
 	waitFor(t, "the stalled streams' memory to be freed", func() bool { return s.Pool().Stats().InUse <= 1<<20 })
+}
+
+// streamsOf is how many fallback streams peer has under way.
+func streamsOf(s *Server, peer string) int {
+	s.adm.mu.Lock()
+	defer s.adm.mu.Unlock()
+	if u := s.adm.peers[peer]; u != nil {
+		return u.streams
+	}
+	return 0
 }
 
 // streamBytesOf is what peer's fallback streams hold against the budget.
@@ -413,4 +439,166 @@ func slicesIndexFunc[T any](s []T, f func(T) bool) int {
 		}
 	}
 	return -1
+}
+
+// TestHostileServerWithholdsCreditsBoundsReleases: a server that returns
+// no credits leaves the client's releases queued; past maxQueuedReleases
+// the client ends the session (which frees everything on the server)
+// rather than let the queue grow, and its next call opens a new session.
+func TestHostileServerWithholdsCreditsBoundsReleases(t *testing.T) {
+	hs := newHostileServer(t, TransportTCP, nil, nil)
+	c := hs.c
+	hs.ss.lanes[0].fr.cancel() // the server's creditor: no CREDIT frames
+	s := c.last
+	for i := range 2 * maxQueuedReleases {
+		c.releaseRef(s, uint64(2*i+1))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !sessionGone(c) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	f := s.link.fr
+	f.mu.Lock()
+	queued := len(f.relIDs) + len(f.relRefs)
+	f.mu.Unlock()
+	if !sessionGone(c) {
+		t.Fatalf("the session goes on with %d releases queued", queued)
+	}
+	// (A RELEASE frame that could not go once the lane failed puts its
+	// releases back: up to maxReleases more.)
+	if queued > maxQueuedReleases+1+maxReleases {
+		t.Errorf("%d releases queued, over the bound of %d", queued, maxQueuedReleases)
+	}
+	hs.serve.Store(true)
+	w := wrapped(t, 100, 1)
+	hs.s.Publish(ctxT(t), "k", w)
+	w.Release()
+	got, err := fetchBytes(ctxT(t), c, "k")
+	if err != nil || len(got) != 100 {
+		t.Fatalf("the next call: %d bytes, %v", len(got), err)
+	}
+}
+
+// heapInUse is the process's live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// TestAdmissionAbusiveClient is the issue's attack, all at once: one peer
+// opens sessions of many lanes until refused, then bare sessions until
+// refused, and stalls sessionless SendStreams and unread FetchStreams;
+// meanwhile a new client on each plane (tcp, shm, the grpc fallback)
+// connects and completes a Send, a Fetch and a Call. Once the abuser goes,
+// the server's pools and heap are back to their baseline.
+//
+// Each victim's connect-and-calls is measured and logged; the test allows
+// 5 s (the bound that matters is "promptly, not after a connect timeout
+// or never"; a loaded 2-core CI machine needs the margin). It typically
+// takes a few milliseconds.
+func TestAdmissionAbusiveClient(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	planes := []string{TransportTCP, TransportSHM, TransportGRPC}
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(planes...), WithLanes(MaxLanes))
+	s.Handle("echo", echo(s))
+	publishBytes(t, s, "big", 8<<20, 3)
+	baseHeap, basePool, baseCtl := heapInUse(), s.Pool().Stats().InUse, s.ctl.Stats().InUse
+
+	// Sessions of 16 lanes (on tcp; shm alike) until refused.
+	held, dropHeld, err := abuseLanes(t, addr, MaxLanes, 100)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("after %d sessions of %d lanes: %v, want ResourceExhausted", len(held), MaxLanes, err)
+	}
+	// Bare sessions until refused.
+	api, closeAPI := rawConnFromClosing(t, addr, abuserAddr)
+	if n, err := abuseSessions(t, api, 200); status.Code(err) != codes.ResourceExhausted || len(held)+n != DefaultAdmission.SessionsPerPeer {
+		t.Fatalf("after %d more sessions: %v, want ResourceExhausted at %d in all", n, err, DefaultAdmission.SessionsPerPeer)
+	}
+	// Stalled SendStreams, then unread FetchStreams, until refused.
+	streams := DefaultAdmission.StreamsPerPeer - 8
+	verdicts, stopStreams := stallSendStreams(t, api, streams, 8<<20)
+	waitFor(t, "the stalled streams to be admitted", func() bool { return streamsOf(s, abuserAddr) == streams })
+	if got := verdictsWithin(verdicts, 100*time.Millisecond); len(got) != 0 {
+		t.Fatalf("stalled streams within the budget: %v", got)
+	}
+	fctx, stopFetches := context.WithCancel(context.Background())
+	defer stopFetches()
+	unread := 0
+	for ; unread < 100; unread++ {
+		fs, err := api.FetchStream(fctx, &pb.FetchRequest{Key: "big"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unread == 8 {
+			// Past the stream budget: refused at once.
+			if _, err := fs.Recv(); status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("FetchStream %d past the stream budget: %v, want ResourceExhausted", unread, err)
+			}
+			break
+		}
+		waitFor(t, "the unread stream to be admitted", func() bool { return streamsOf(s, abuserAddr) == streams+unread+1 })
+	}
+	st := s.Stats()
+	t.Logf("the abuser holds %d sessions (%d with lanes), %d streams; refused: %d sessions, %d lanes, %d streams; control pool %d MiB, pool %d MiB",
+		DefaultAdmission.SessionsPerPeer, len(held), streams+8, st.RefusedSessions, st.RefusedLanes, st.RefusedStreams, s.ctl.Stats().InUse>>20, s.Pool().Stats().InUse>>20)
+
+	for _, tr := range planes {
+		if tr == TransportSHM {
+			if p := defaultProvider(tr, slog.New(slog.DiscardHandler)); p != nil {
+				if _, err := p.Devices(); err != nil {
+					t.Logf("no shm device: %v", err)
+					continue
+				}
+			}
+		}
+		start := time.Now()
+		v, err := Dial(ctxT(t), addr, WithTransports(tr), testPool(), insecureCreds())
+		if err != nil {
+			t.Fatalf("a new client on %s under attack: %v", tr, err)
+		}
+		if v.Transport() != tr {
+			t.Fatalf("a new client negotiated %s, want %s", v.Transport(), tr)
+		}
+		victimWorks(t, s, v, "a new client on "+tr+" under attack")
+		el := time.Since(start)
+		t.Logf("a new client on %s connected and made a Send, Fetch and Call in %v", tr, el)
+		if el > 5*time.Second {
+			t.Errorf("a new client on %s took %v under attack", tr, el)
+		}
+		if err := v.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The abuser goes.
+	dropHeld()
+	held = nil
+	stopStreams()
+	stopFetches()
+	closeAPI()
+	s.Unpublish("victim")
+	waitFor(t, "the abuser's sessions to end", func() bool { return len(s.Sessions()) == 0 })
+	waitFor(t, "the pools to be back to their baseline", func() bool {
+		return s.Pool().Stats().InUse == basePool && s.ctl.Stats().InUse == baseCtl
+	})
+	waitFor(t, "the budgets to be free", func() bool {
+		s.adm.mu.Lock()
+		defer s.adm.mu.Unlock()
+		return s.adm.total == usage{} && len(s.adm.peers) == 0
+	})
+	// The heap: what the attack made the server (and, in this process,
+	// the abusive clients) allocate is garbage once they are gone.
+	var heap uint64
+	for range 50 {
+		if heap = heapInUse(); heap <= baseHeap+8<<20 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("heap %d MiB at the baseline, %d MiB after the abuser went", baseHeap>>20, heap>>20)
+	if heap > baseHeap+8<<20 {
+		t.Errorf("heap %d MiB after the abuser went, baseline %d MiB", heap>>20, baseHeap>>20)
+	}
 }

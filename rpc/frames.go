@@ -132,12 +132,8 @@ func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), relea
 // slots fit: lanesAllowed), so a full one fails the link at once.
 func (l *link) postSlots(ctx context.Context) error {
 	f := l.fr
-	for range frameSlots {
-		b, err := l.ctlPool.TryAlloc(f.slotSize)
-		if err != nil {
-			return status.Errorf(codes.ResourceExhausted, "tensorrpc: receive slots: control pool: %v", err)
-		}
-		f.slots = append(f.slots, b)
+	if err := allocSlots(l.ctlPool, f); err != nil {
+		return err
 	}
 	for i := range f.slots {
 		if err := l.postSlot(uint64(i)); err != nil {
