@@ -602,3 +602,43 @@ func TestAdmissionAbusiveClient(t *testing.T) {
 		t.Errorf("heap %d MiB after the abuser went, baseline %d MiB", heap>>20, baseHeap>>20)
 	}
 }
+
+// TestDripStreamIsDropped: a sessionless SendStream that sends a byte at a
+// time, each well within the idle timeout, makes no progress that counts:
+// it fails with DeadlineExceeded like a silent one and its memory is
+// freed.
+func TestDripStreamIsDropped(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	const idle = 300 * time.Millisecond
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithStreamIdleTimeout(idle))
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	stream, err := rawConn(t, addr).SendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := wrapped(t, 64<<20, 1)
+	defer in.Release()
+	if err := stream.Send(&pb.Chunk{Header: &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf("drip", in.Tensor, false)}}}); err != nil {
+		t.Fatal(err)
+	}
+	verdict := make(chan error, 1)
+	go func() { verdict <- stream.RecvMsg(new(pb.SendResponse)) }()
+	tick := time.NewTicker(idle / 4)
+	defer tick.Stop()
+	deadline := time.After(20 * idle)
+	for {
+		select {
+		case err := <-verdict:
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("a dripping stream: %v, want DeadlineExceeded", err)
+			}
+			waitFor(t, "the dripping stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
+			return
+		case <-tick.C:
+			stream.Send(&pb.Chunk{Data: in.Bytes()[:1]})
+		case <-deadline:
+			t.Fatalf("a stream sending a byte every %v still runs after %v", idle/4, 20*idle)
+		}
+	}
+}

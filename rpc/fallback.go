@@ -518,8 +518,9 @@ func (r *chunkRefs) settle(ctx context.Context) {
 
 // receiveIdle runs receive, which reads a client's stream through the
 // receiver it is given, and fails the stream with DeadlineExceeded when
-// no message arrives for WithStreamIdleTimeout: a client that declares a
-// tensor and goes silent holds its memory only that long. When it gives
+// it makes no progress (watchedReceiver) for WithStreamIdleTimeout: a
+// client that declares a tensor and goes silent, or sends a byte at a
+// time, holds its memory only that long. When it gives
 // up, the handler returns; the stream's end then fails receive's pending
 // read, and receive frees what it allocated (or, if it finished just then,
 // its tensors are released here).
@@ -557,14 +558,29 @@ func (s *Server) receiveIdle(r msgReceiver, receive func(msgReceiver) ([]*Tensor
 	}
 }
 
-// watchedReceiver records when its last message arrived.
+// watchedReceiver records when the stream last made progress: when
+// streamProgress bytes of data arrived since the time before, or the
+// stream ended. Messages alone are no progress, so a client that sends a
+// byte at a time within the idle timeout cannot hold its tensor's memory
+// for ever.
 type watchedReceiver struct {
-	r    msgReceiver
-	last atomic.Int64
+	r        msgReceiver
+	last     atomic.Int64
+	received int // data bytes since last
 }
+
+// streamProgress is the data a stream must deliver within each
+// WithStreamIdleTimeout: 64 KiB.
+const streamProgress = 64 << 10
 
 func (w *watchedReceiver) RecvMsg(m any) error {
 	err := w.r.RecvMsg(m)
-	w.last.Store(time.Now().UnixNano())
+	if in, ok := m.(*chunkcodec.InChunk); ok && err == nil {
+		w.received += in.Len()
+	}
+	if err != nil || w.received >= streamProgress {
+		w.received = 0
+		w.last.Store(time.Now().UnixNano())
+	}
 	return err
 }

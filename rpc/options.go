@@ -66,8 +66,8 @@ const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
 // session may stay unwritten before the server ends the session.
 const DefaultReservationTimeout = time.Minute
 
-// DefaultStreamIdleTimeout is how long a client's fallback stream may send
-// nothing while the server waits for its tensor bytes.
+// DefaultStreamIdleTimeout is how long a client's fallback stream may make
+// no progress while the server waits for its tensor bytes.
 const DefaultStreamIdleTimeout = 30 * time.Second
 
 // options holds the settings of a Server or a Client. Each field's default
@@ -322,9 +322,10 @@ func WithReservationTimeout(d time.Duration) ServerOption {
 }
 
 // WithStreamIdleTimeout sets how long a client's SendStream or CallStream
-// may send nothing while the server waits for its tensors' bytes (default
-// DefaultStreamIdleTimeout); the stream then fails with DeadlineExceeded
-// and its memory is freed. 0 waits as long as the stream lives.
+// may make no progress (deliver less than 64 KiB of its tensors' bytes)
+// while the server waits for them (default DefaultStreamIdleTimeout); the
+// stream then fails with DeadlineExceeded and its memory is freed. 0 waits
+// as long as the stream lives.
 func WithStreamIdleTimeout(d time.Duration) ServerOption {
 	return serverOption(func(o *options) { o.streamIdle = d })
 }
