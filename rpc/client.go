@@ -391,6 +391,19 @@ func (c *Client) releaseRef(s *clientSession, ref uint64) {
 	c.queueRelease(release{sess: s, ref: ref})
 }
 
+// maxQueuedReleases bounds the releases a lane may have queued, unsent:
+// they wait only for the server's credits, and a server that withholds
+// them would otherwise make the queue grow without end. Past it the
+// session ends, which frees everything it held on the server.
+const maxQueuedReleases = 1 << 14
+
+// queuedReleases is how many releases f holds unsent.
+func (f *framing) queuedReleases() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.relIDs) + len(f.relRefs)
+}
+
 // queueRelease queues a release on the session's frames: it rides the
 // next frame on a lane taken in turn, as calls take them, so that
 // releases spread over the lanes' frames (the server takes a session's
@@ -400,8 +413,18 @@ func (c *Client) queueRelease(r release) {
 	if r.sess.err() != nil {
 		return // the session's end released it on the server
 	}
-	if l := r.sess.lane(); l != nil && l.fr != nil {
-		l.fr.queueRelease(r.id, r.ref)
+	l := r.sess.lane()
+	if l == nil || l.fr == nil {
+		return
+	}
+	select {
+	case <-l.dead:
+		return // the session ends with its lane, and that releases it
+	default:
+	}
+	l.fr.queueRelease(r.id, r.ref)
+	if n := l.fr.queuedReleases(); n > maxQueuedReleases {
+		l.fail(status.Errorf(codes.Unavailable, "tensorrpc: %d releases wait for credits the server does not return; the session is ended, which frees what they name", n))
 	}
 }
 

@@ -146,17 +146,35 @@
 // reflects later writes by the server to that buffer (a published tensor is
 // not written by tensorrpc; do not write a tensor after publishing it).
 //
-// What a peer can make a Server hold is bounded. The tensors a session's
-// Sends and Calls bring in count against WithSessionQuota while they come
-// (ResourceExhausted past it, for that session only); a client that leaves
-// the server's read of its memory unanswered longer than
-// WithReservationTimeout has its session ended; a fallback stream that sends nothing for WithStreamIdleTimeout fails with
-// DeadlineExceeded; and the sessions' own data-plane buffers come from a
-// small control pool, so a full tensor pool never stops a new session from
-// opening. When a session ends, everything it held is freed except what
-// its Sends published: a published tensor belongs to the rendezvous, like
-// one the server published itself, until the next Send or Publish of its
-// key, Unpublish or Take. Pool arenas that stay empty are unmapped every
+// What a peer can make a Server hold is bounded. A peer is a client host
+// (its gRPC connection's address without the port, and its TLS
+// certificate), and WithAdmission sets its budgets, per peer and in total
+// (defaults in DefaultAdmission): sessions (64 per peer, 1024 in all);
+// data-plane lanes (64, 192), each with receive slots from a small control
+// pool, so a full tensor pool never stops a new session from opening;
+// fallback streams under way (64, 1024) and the bytes they hold — the
+// tensors a SendStream or CallStream declares, the reply a FetchStream or
+// CallStream is sending (2 GiB, 3 GiB); and unreleased transfers, each
+// with its grant (4096 per session). Over a budget a request is refused at
+// once with ResourceExhausted naming the budget, never queued on a pool: a
+// session gets fewer lanes, then none. The per-peer budgets are well under
+// the totals, so a host that takes all it may leaves room for new clients
+// from other hosts; processes on one host share its budgets. A session
+// that makes no call and holds nothing for Admission.IdleSession (10
+// minutes) is ended, and its Client opens a new one on its next call.
+// Stats counts what was refused (RefusedSessions, RefusedLanes,
+// RefusedStreams, RefusedTransfers), and each refusal is logged at Info.
+// The tensors a session's Sends and Calls bring in count against
+// WithSessionQuota while they come (ResourceExhausted past it, for that
+// session only); a client that leaves the server's read of its memory
+// unanswered longer than WithReservationTimeout has its session ended; a
+// fallback stream that makes no progress (delivers less than 64 KiB) for
+// WithStreamIdleTimeout fails with DeadlineExceeded. A Client whose
+// releases wait for credits the server withholds ends the session past
+// 16384 of them. When a session ends, everything it held is freed except
+// what its Sends published: a published tensor belongs to the rendezvous,
+// like one the server published itself, until the next Send or Publish of
+// its key, Unpublish or Take. Pool arenas that stay empty are unmapped every
 // WithTrimInterval. A session belongs to the gRPC connection (and TLS
 // identity) that opened it: naming it from elsewhere is PermissionDenied.
 // GracefulStop ends calls waiting for a key with Unavailable and gives

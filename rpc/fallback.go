@@ -204,17 +204,28 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	if err != nil {
 		return err
 	}
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return s.intercept(ctx, ss, OpFetch, req.Key, PathStream, 0, func(ctx context.Context, info *CallInfo) error {
-		return s.fetchStream(ctx, ss, req, stream, info)
+		return s.fetchStream(ctx, ss, peer, req, stream, info)
 	})
 }
 
-func (s *Server) fetchStream(ctx context.Context, ss *serverSession, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
+func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
 	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
 	if err != nil {
 		return rendezvousError(req.Key, err)
 	}
 	defer e.buf.Release()
+	// An unread reply holds gRPC's buffers (and the tensor) until sent.
+	refund, err := s.chargeBytes(peer, int64(len(e.tensor.Bytes())))
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
 	c.transfers.Add(1)
@@ -229,6 +240,11 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
 	if err != nil {
@@ -238,11 +254,16 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
 	}
 	return s.intercept(ctx, nil, OpSend, h.Tensors[0].GetKey(), PathStream, metaBytes(h.Tensors), func(ctx context.Context, _ *CallInfo) error {
-		return s.sendStream(ctx, h, cs, stream)
+		return s.sendStream(ctx, peer, h, cs, stream)
 	})
 }
 
-func (s *Server) sendStream(ctx context.Context, h *pb.ChunkHeader, cs msgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
+func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs msgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
+	refund, err := s.chargeStream(peer, h.Tensors)
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
@@ -263,21 +284,31 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
 	h, err := recvHeader(cs)
 	if err != nil {
 		return err
 	}
 	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
-		return s.callStream(ctx, h, cs, info)
+		return s.callStream(ctx, peer, h, cs, info)
 	})
 }
 
-func (s *Server) callStream(ctx context.Context, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
+func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
 	handler, err := s.handler(h.Method)
 	if err != nil {
 		return err
 	}
+	refund, err := s.chargeStream(peer, h.Tensors)
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
 	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
@@ -299,6 +330,11 @@ func (s *Server) callStream(ctx context.Context, h *pb.ChunkHeader, cs grpc.Serv
 	}
 	defer releaseAll(bufs)
 	info.ResponseBytes = metaBytes(metas)
+	refundReply, err := s.chargeBytes(peer, info.ResponseBytes)
+	if err != nil {
+		return err
+	}
+	defer refundReply()
 	refs := newChunkRefs()
 	defer refs.settle(ctx)
 	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
@@ -506,8 +542,9 @@ func (r *chunkRefs) settle(ctx context.Context) {
 
 // receiveIdle runs receive, which reads a client's stream through the
 // receiver it is given, and fails the stream with DeadlineExceeded when
-// no message arrives for WithStreamIdleTimeout: a client that declares a
-// tensor and goes silent holds its memory only that long. When it gives
+// it makes no progress (watchedReceiver) for WithStreamIdleTimeout: a
+// client that declares a tensor and goes silent, or sends a byte at a
+// time, holds its memory only that long. When it gives
 // up, the handler returns; the stream's end then fails receive's pending
 // read, and receive frees what it allocated (or, if it finished just then,
 // its tensors are released here).
@@ -545,14 +582,29 @@ func (s *Server) receiveIdle(r msgReceiver, receive func(msgReceiver) ([]*Tensor
 	}
 }
 
-// watchedReceiver records when its last message arrived.
+// watchedReceiver records when the stream last made progress: when
+// streamProgress bytes of data arrived since the time before, or the
+// stream ended. Messages alone are no progress, so a client that sends a
+// byte at a time within the idle timeout cannot hold its tensor's memory
+// for ever.
 type watchedReceiver struct {
-	r    msgReceiver
-	last atomic.Int64
+	r        msgReceiver
+	last     atomic.Int64
+	received int // data bytes since last
 }
+
+// streamProgress is the data a stream must deliver within each
+// WithStreamIdleTimeout: 64 KiB.
+const streamProgress = 64 << 10
 
 func (w *watchedReceiver) RecvMsg(m any) error {
 	err := w.r.RecvMsg(m)
-	w.last.Store(time.Now().UnixNano())
+	if in, ok := m.(*chunkcodec.InChunk); ok && err == nil {
+		w.received += in.Len()
+	}
+	if err != nil || w.received >= streamProgress {
+		w.received = 0
+		w.last.Store(time.Now().UnixNano())
+	}
 	return err
 }

@@ -131,14 +131,12 @@ func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), relea
 }
 
 // postSlots allocates the slots and posts them; it starts the creditor.
+// It never waits for the control pool (a session gets only the lanes whose
+// slots fit: lanesAllowed), so a full one fails the link at once.
 func (l *link) postSlots(ctx context.Context) error {
 	f := l.fr
-	for range frameSlots {
-		b, err := l.ctlPool.Alloc(ctx, f.slotSize)
-		if err != nil {
-			return err
-		}
-		f.slots = append(f.slots, b)
+	if err := allocSlots(l.ctlPool, f); err != nil {
+		return err
 	}
 	for i := range f.slots {
 		if err := l.postSlot(uint64(i)); err != nil {

@@ -221,7 +221,7 @@ func (s *Server) intercept(ctx context.Context, ss *serverSession, op Operation,
 		return work(ctx, info)
 	}
 	if ss != nil {
-		info.Session, info.Transport, info.Peer = ss.id, ss.transport, ss.peer
+		info.Session, info.Transport, info.Peer = ss.id, ss.transport, ss.addr
 	} else {
 		info.Peer = peerAddr(ctx)
 	}

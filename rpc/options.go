@@ -66,8 +66,8 @@ const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
 // memory may stay unanswered before the server ends the session.
 const DefaultReservationTimeout = time.Minute
 
-// DefaultStreamIdleTimeout is how long a client's fallback stream may send
-// nothing while the server waits for its tensor bytes.
+// DefaultStreamIdleTimeout is how long a client's fallback stream may make
+// no progress while the server waits for its tensor bytes.
 const DefaultStreamIdleTimeout = 30 * time.Second
 
 // options holds the settings of a Server or a Client. Each field's default
@@ -94,6 +94,7 @@ type options struct {
 	sessionQuota   int64
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
+	admission      Admission
 	lanes          int   // 0: DefaultLanes for each data plane
 	envErr         error // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
@@ -309,9 +310,10 @@ func WithReservationTimeout(d time.Duration) ServerOption {
 }
 
 // WithStreamIdleTimeout sets how long a client's SendStream or CallStream
-// may send nothing while the server waits for its tensors' bytes (default
-// DefaultStreamIdleTimeout); the stream then fails with DeadlineExceeded
-// and its memory is freed. 0 waits as long as the stream lives.
+// may make no progress (deliver less than 64 KiB of its tensors' bytes)
+// while the server waits for them (default DefaultStreamIdleTimeout); the
+// stream then fails with DeadlineExceeded and its memory is freed. 0 waits
+// as long as the stream lives.
 func WithStreamIdleTimeout(d time.Duration) ServerOption {
 	return serverOption(func(o *options) { o.streamIdle = d })
 }

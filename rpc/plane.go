@@ -91,12 +91,13 @@ func newControlPool() (*mempool.Pool, error) {
 const controlPoolLimit = 256 << 20
 
 // lanesAllowed is how many of want lanes a new session may have while the
-// control pool's posted slots stay within half its limit, at least 1
-// (whose slots, like any session's, then wait for memory if need be).
+// control pool's posted slots stay within half its limit: possibly none,
+// since slots are never waited for (postSlots); the session is then
+// refused (ResourceExhausted).
 func lanesAllowed(ctl *mempool.Pool, want, slotSize int) int {
 	perLane := int64(frameSlots * slotSize)
 	room := controlPoolLimit/2 - ctl.Stats().InUse
-	return max(1, min(want, int(room/perLane)))
+	return max(0, min(want, int(room/perLane)))
 }
 
 // sendDepth bounds a link's outstanding work requests (Reads and the
@@ -173,8 +174,10 @@ func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	out, err := ctl.Alloc(ctx, verifyBytes)
+	// Never a wait on the control pool: a full one refuses the link.
+	out, err := ctl.TryAlloc(verifyBytes)
 	if err != nil {
+		err = status.Errorf(codes.ResourceExhausted, "tensorrpc: control pool: %v", err)
 		qp.Close()
 		cq.Close()
 		return nil, err

@@ -74,6 +74,9 @@ type Server struct {
 	streams  sync.WaitGroup // running fallback stream handlers
 	total    Stats          // of ended sessions
 
+	adm     *admission
+	refused counters // what adm refused (the Refused fields)
+
 	stopTrim func() // ends the pool's trimmer
 }
 
@@ -89,7 +92,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		opts: o, log: o.logger, rv: newRendezvous(),
 		devices: map[string]*device{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
-		drain: make(chan struct{}),
+		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
 	if err := s.openPool(); err != nil {
 		return nil, err
@@ -231,6 +234,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.total
+	t.add(s.refused.snapshot(""))
 	for _, ss := range s.sessions {
 		t.add(ss.stats.snapshot(""))
 	}
@@ -376,6 +380,11 @@ func (s *Server) session(ctx context.Context, id string) (*serverSession, error)
 	if ss.owner != "" && connectionIdentity(ctx) != ss.owner {
 		return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: session %q belongs to another connection", id)
 	}
+	// The call keeps the session from being idle until it returns (gRPC
+	// ends its context then).
+	ss.activity.Add(1)
+	ss.unary.Add(1)
+	context.AfterFunc(ctx, func() { ss.unary.Add(-1) })
 	return ss, nil
 }
 

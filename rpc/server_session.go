@@ -28,11 +28,22 @@ type serverSession struct {
 	id        string
 	client    string
 	owner     string // connectionIdentity of the Session stream
-	peer      string // the client's address, for interceptors
+	peer      string // peerIdentity: whose budgets the session counts against
+	addr      string // the client's address, for interceptors
+	lanesHeld int    // lanes admitted (admission.lanes) for the session's plane
 	transport string
 	link      *link   // lane 0; nil for the grpc transport
 	lanes     []*link // every lane, link first
 	stats     counters
+
+	// maxTransfers bounds transfers (Admission.TransfersPerSession; 0: no
+	// bound); refused logs the first transfer refused over it.
+	maxTransfers int
+	refused      func(error)
+	// activity counts the calls that named the session (reapIdle);
+	// unary, those of them on gRPC methods still under way.
+	activity atomic.Uint64
+	unary    atomic.Int64
 
 	mu        sync.Mutex
 	transfers map[uint64]*transfer
@@ -85,6 +96,17 @@ func (ss *serverSession) finishCalls(ctx context.Context, timeout time.Duration)
 	case <-t.C:
 	case <-ctx.Done():
 	}
+}
+
+// busy reports whether the session has a call under way or holds
+// anything: then it is not idle, however long since its last call.
+func (ss *serverSession) busy() bool {
+	if ss.unary.Load() > 0 {
+		return true
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.transfers) > 0 || ss.inFlight > 0 || ss.refusing > 0 || len(ss.pulls) > 0 || ss.reserved > 0
 }
 
 // charge counts n bytes coming into the server's pool for the session
@@ -184,6 +206,13 @@ func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error
 	}
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
+	}
+	if ss.maxTransfers > 0 && len(ss.transfers) >= ss.maxTransfers {
+		err := status.Errorf(codes.ResourceExhausted, "tensorrpc: transfer refused: the session holds %d unreleased transfers, the server's TransfersPerSession budget (release fetched tensors; rpc.WithAdmission raises it)", len(ss.transfers))
+		if ss.stats.refusedTransfers.Add(1) == 1 && ss.refused != nil {
+			ss.refused(err)
+		}
+		return err
 	}
 	ss.next++
 	t.id = ss.next
@@ -314,13 +343,23 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		}
 		version = hs.ProtocolVersion
 	}
+	peerID := peerIdentity(ctx)
+	endAdmission, err := s.adm.session(peerID)
+	if err != nil {
+		return s.refuse(&s.refused.refusedSessions, 1, peerID, err)
+	}
+	defer endAdmission()
 	ss := &serverSession{
-		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerAddr(ctx),
-		transfers: map[uint64]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
+		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerID, addr: peerAddr(ctx),
+		maxTransfers: s.adm.limits.TransfersPerSession,
+		transfers:    map[uint64]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
 		calls: map[uint64]*frameCall{},
 	}
 	ss.ctx, ss.cancel = context.WithCancel(ctx)
 	defer ss.cancel()
+	ss.refused = func(err error) {
+		s.log.Info("tensorrpc: refused over budget", "peer", peerID, "session", ss.id, "reason", status.Convert(err).Message())
+	}
 
 	// Make a queue pair for every offer the server can use, by priority;
 	// reject the rest. The tcp plane listens on the address this session's
@@ -441,6 +480,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		dead, failure = anyDead(ss.lanes, &ss.handlers)
 	}
 	var result error
+	var idle <-chan time.Time
+	lastActivity, lastActive := ss.activity.Load(), time.Now()
+	if d := s.adm.limits.IdleSession; d > 0 {
+		tick := time.NewTicker(max(d/4, time.Millisecond))
+		defer tick.Stop()
+		idle = tick.C
+	}
 	var stale <-chan time.Time
 	if s.opts.reserveTimeout > 0 {
 		tick := time.NewTicker(max(s.opts.reserveTimeout/4, time.Millisecond))
@@ -450,6 +496,14 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 wait:
 	for {
 		select {
+		case <-idle:
+			if n := ss.activity.Load(); n != lastActivity || ss.busy() {
+				lastActivity, lastActive = n, time.Now()
+			} else if d := s.adm.limits.IdleSession; time.Since(lastActive) > d {
+				result = status.Errorf(codes.Unavailable, "tensorrpc: the session made no call and held nothing for %v (the server's Admission.IdleSession) and was ended; the next call opens a new one", d)
+				s.log.Info("tensorrpc: ending an idle session", "peer", ss.peer, "session", ss.id, "idle", d)
+				break wait
+			}
 		case <-stale:
 			if ss.staleReservation(s.opts.reserveTimeout) {
 				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a read of the client's memory stayed unanswered for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
@@ -479,6 +533,7 @@ wait:
 		}
 	}
 	s.closeSession(ss) // before it leaves Sessions, so its buffers are back by then
+	s.adm.freeLanes(ss.peer, ss.lanesHeld)
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
 	s.total.add(ss.stats.snapshot(""))
@@ -534,14 +589,43 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 			closeLanes(lanes[1:], errors.New("not chosen"))
 		}
 	}()
-	want := lanesAllowed(s.ctl, min(1+len(offer.Lanes), s.opts.lanesFor(name)), slotSizeFor(s.opts.eagerThreshold))
-	for len(lanes) < want {
+	want := min(1+len(offer.Lanes), s.opts.lanesFor(name))
+	granted, err := s.adm.lanes(ss.peer, want)
+	if err != nil {
+		return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, err)
+	}
+	defer func() {
+		if opened {
+			ss.lanesHeld = granted
+		} else {
+			s.adm.freeLanes(ss.peer, granted)
+		}
+	}()
+	// Slots are allocated without waiting (postSlots): a session gets only
+	// the lanes whose slots the control pool holds now.
+	if n := lanesAllowed(s.ctl, granted, slotSizeFor(s.opts.eagerThreshold)); n < granted {
+		s.adm.freeLanes(ss.peer, granted-n)
+		granted = n
+	}
+	if granted == 0 {
+		return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, status.Errorf(codes.ResourceExhausted,
+			"tensorrpc: data plane lane refused: the control pool has no room for another lane's receive slots (%d lanes held in all; the server's rpc.WithAdmission Admission.Lanes should be set below what the pool holds)", s.adm.heldLanes()))
+	}
+	if granted < want {
+		s.refused.refusedLanes.Add(int64(want - granted))
+		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
+	}
+	for len(lanes) < granted {
 		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
 		if err != nil {
 			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
 			break
 		}
 		lanes = append(lanes, x)
+	}
+	if len(lanes) < granted {
+		s.adm.freeLanes(ss.peer, granted-len(lanes))
+		granted = len(lanes)
 	}
 	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
 	report := func(ok, verify bool, err error) error {
@@ -569,7 +653,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	}
 
 	for i, x := range lanes {
-		serve := func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) }
+		serve := func(h frameHeader, body []byte) {
+			ss.activity.Add(1)
+			s.serveFrame(ss, x, h, body)
+		}
 		if s.opts.frameServe != nil {
 			serve = s.opts.frameServe(ss, i, serve)
 		}

@@ -25,6 +25,12 @@ type Stats struct {
 	// (SendDevice, FetchToDevice) moved directly by the NIC and through
 	// host memory.
 	DirectTransfers, StagedTransfers int64
+	// RefusedSessions, RefusedLanes, RefusedStreams and RefusedTransfers
+	// count what a Server refused over its budgets (WithAdmission):
+	// sessions, lanes a session asked for and did not get, fallback
+	// streams (over their count or byte budget) and transfers past a
+	// session's TransfersPerSession.
+	RefusedSessions, RefusedLanes, RefusedStreams, RefusedTransfers int64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -32,6 +38,8 @@ type counters struct {
 	transfers, dataPlaneBytes, inlineBytes, streamBytes atomic.Int64
 	copies, copiedBytes, leases, errors                 atomic.Int64
 	direct, staged                                      atomic.Int64
+	refusedSessions, refusedLanes                       atomic.Int64
+	refusedStreams, refusedTransfers                    atomic.Int64
 }
 
 func (c *counters) copied(n int) {
@@ -53,6 +61,11 @@ func (c *counters) snapshot(transport string) Stats {
 
 		DirectTransfers: c.direct.Load(),
 		StagedTransfers: c.staged.Load(),
+
+		RefusedSessions:  c.refusedSessions.Load(),
+		RefusedLanes:     c.refusedLanes.Load(),
+		RefusedStreams:   c.refusedStreams.Load(),
+		RefusedTransfers: c.refusedTransfers.Load(),
 	}
 }
 
@@ -68,4 +81,8 @@ func (t *Stats) add(s Stats) {
 	t.Errors += s.Errors
 	t.DirectTransfers += s.DirectTransfers
 	t.StagedTransfers += s.StagedTransfers
+	t.RefusedSessions += s.RefusedSessions
+	t.RefusedLanes += s.RefusedLanes
+	t.RefusedStreams += s.RefusedStreams
+	t.RefusedTransfers += s.RefusedTransfers
 }
