@@ -227,7 +227,7 @@ func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string
 	}
 	defer refund()
 	var c counters
-	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
 	c.transfers.Add(1)
 	info.ResponseBytes = int64(len(e.tensor.Bytes()))
 	refs := newChunkRefs()
@@ -265,7 +265,7 @@ func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 	}
 	defer refund()
 	var c counters
-	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
 		return s.recvRequest(ctx, r, h.Tensors, &c)
 	})
@@ -273,8 +273,8 @@ func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 		return err
 	}
 	t := ts[0]
-	if err := s.rv.publish(h.Tensors[0].Key, entry{tensor: t.Tensor, buf: t.buf}); err != nil {
-		return rendezvousError(h.Tensors[0].Key, err)
+	if err := s.publish(h.Tensors[0].Key, t.DType(), t.Shape(), t.buf, 0); err != nil {
+		return err
 	}
 	return stream.SendAndClose(&pb.SendResponse{})
 }
@@ -310,7 +310,7 @@ func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 	}
 	defer refund()
 	var c counters
-	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
 	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
 		return s.recvRequest(ctx, r, h.Tensors, &c)
 	})

@@ -72,7 +72,7 @@ type Server struct {
 	graceful atomic.Bool
 	active   sync.WaitGroup // running Session handlers
 	streams  sync.WaitGroup // running fallback stream handlers
-	total    Stats          // of ended sessions
+	total    counters       // of ended sessions, and of calls without a session
 
 	adm     *admission
 	refused counters // what adm refused (the Refused fields)
@@ -179,14 +179,27 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
 	if t == nil || !t.Valid() {
 		return status.Error(codes.InvalidArgument, "tensorrpc: Publish of a nil or invalid tensor")
 	}
-	var c counters
-	buf, err := poolBuffer(ctx, s.pool, t, &c)
+	buf, err := poolBuffer(ctx, s.pool, t, &s.total)
 	if err != nil {
 		return err
 	}
-	s.addTotals(&c)
-	zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-	return s.rv.publish(key, entry{tensor: zt, buf: buf})
+	return s.publish(key, t.DType(), t.Shape(), buf, 0)
+}
+
+// publish puts buf, holding a tensor of dtype and shape, under key in the
+// rendezvous: how Publish and every Send, however it arrived, hand a tensor
+// over. It takes over buf's reference. seq (0: now) orders it among the
+// Sends and Publishes of key.
+func (s *Server) publish(key string, dtype zerocopy.DType, shape []int64, buf *mempool.Buffer, seq uint64) error {
+	zt, err := zerocopy.New(dtype, shape, buf.Bytes())
+	if err != nil {
+		buf.Release()
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := s.rv.publish(key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
+		return rendezvousError(key, err)
+	}
+	return nil
 }
 
 // Unpublish removes key. It reports whether key was published. Transfers
@@ -233,12 +246,13 @@ func rendezvousError(key string, err error) error {
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.total
-	t.add(s.refused.snapshot(""))
+	var all counters
+	all.merge(&s.total)
+	all.merge(&s.refused)
 	for _, ss := range s.sessions {
-		t.add(ss.stats.snapshot(""))
+		all.merge(&ss.stats)
 	}
-	return t
+	return all.snapshot("")
 }
 
 // SessionInfo describes a live session.
@@ -268,12 +282,6 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
-}
-
-func (s *Server) addTotals(c *counters) {
-	s.mu.Lock()
-	s.total.add(c.snapshot(""))
-	s.mu.Unlock()
 }
 
 // Stop closes every session and connection at once; calls under way fail.

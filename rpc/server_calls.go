@@ -114,9 +114,7 @@ func (s *Server) count(ss *serverSession, f func(*counters)) {
 		f(&ss.stats)
 		return
 	}
-	var c counters
-	f(&c)
-	s.addTotals(&c)
+	f(&s.total)
 }
 
 // Send implements the Send method: inline only.
@@ -169,26 +167,9 @@ func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.S
 	}
 	c.transfers.Add(1)
 	c.inlineBytes.Add(int64(n))
-	s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	s.count(ss, func(sc *counters) { sc.merge(&c) })
 	dtype, shape := shapeOf(req.Meta)
-	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
-	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf}); err != nil {
-		return rendezvousError(req.Meta.Key, err)
-	}
-	return nil
-}
-
-func mergeCounters(dst, src *counters) {
-	dst.transfers.Add(src.transfers.Load())
-	dst.dataPlaneBytes.Add(src.dataPlaneBytes.Load())
-	dst.inlineBytes.Add(src.inlineBytes.Load())
-	dst.streamBytes.Add(src.streamBytes.Load())
-	dst.copies.Add(src.copies.Load())
-	dst.copiedBytes.Add(src.copiedBytes.Load())
-	dst.leases.Add(src.leases.Load())
-	dst.errors.Add(src.errors.Load())
-	dst.direct.Add(src.direct.Load())
-	dst.staged.Add(src.staged.Load())
+	return s.publish(req.Meta.Key, dtype, shape, buf, 0)
 }
 
 // Release implements the Release method.
@@ -326,7 +307,7 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, l *link, ref uint
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, status.Errorf(codes.Internal, "tensorrpc: reply tensor %d: %v", i, err)
 		}
-		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+		s.count(ss, func(sc *counters) { sc.merge(&c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
 		meta, inline, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
@@ -379,6 +360,6 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	}
 	c.transfers.Add(1)
 	c.inlineBytes.Add(int64(len(inline[i])))
-	s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	s.count(ss, func(sc *counters) { sc.merge(&c) })
 	return newPoolTensor(dtype, shape, buf)
 }

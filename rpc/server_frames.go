@@ -453,11 +453,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return err
 	}
 	dtype, shape := shapeOf(req.Meta)
-	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
-	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
-		return rendezvousError(req.Meta.Key, err)
-	}
-	return nil
+	return s.publish(req.Meta.Key, dtype, shape, buf, seq)
 }
 
 // pull reads a tensor the client granted the server (m.Location) into a

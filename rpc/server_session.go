@@ -536,7 +536,7 @@ wait:
 	s.adm.freeLanes(ss.peer, ss.lanesHeld)
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
-	s.total.add(ss.stats.snapshot(""))
+	s.total.merge(&ss.stats)
 	s.mu.Unlock()
 	s.log.Info("tensorrpc: session closed", "session", ss.id, "reason", result)
 	return result

@@ -42,47 +42,38 @@ type counters struct {
 	refusedStreams, refusedTransfers                    atomic.Int64
 }
 
+// each calls f with every counter and its field of st: the one list of
+// the counters that snapshot and merge go through.
+func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
+	f(&c.transfers, &st.Transfers)
+	f(&c.dataPlaneBytes, &st.DataPlaneBytes)
+	f(&c.inlineBytes, &st.InlineBytes)
+	f(&c.streamBytes, &st.StreamBytes)
+	f(&c.copies, &st.Copies)
+	f(&c.copiedBytes, &st.CopiedBytes)
+	f(&c.leases, &st.Leases)
+	f(&c.errors, &st.Errors)
+	f(&c.direct, &st.DirectTransfers)
+	f(&c.staged, &st.StagedTransfers)
+	f(&c.refusedSessions, &st.RefusedSessions)
+	f(&c.refusedLanes, &st.RefusedLanes)
+	f(&c.refusedStreams, &st.RefusedStreams)
+	f(&c.refusedTransfers, &st.RefusedTransfers)
+}
+
 func (c *counters) copied(n int) {
 	c.copies.Add(1)
 	c.copiedBytes.Add(int64(n))
 }
 
 func (c *counters) snapshot(transport string) Stats {
-	return Stats{
-		Transport:      transport,
-		Transfers:      c.transfers.Load(),
-		DataPlaneBytes: c.dataPlaneBytes.Load(),
-		InlineBytes:    c.inlineBytes.Load(),
-		StreamBytes:    c.streamBytes.Load(),
-		Copies:         c.copies.Load(),
-		CopiedBytes:    c.copiedBytes.Load(),
-		Leases:         c.leases.Load(),
-		Errors:         c.errors.Load(),
-
-		DirectTransfers: c.direct.Load(),
-		StagedTransfers: c.staged.Load(),
-
-		RefusedSessions:  c.refusedSessions.Load(),
-		RefusedLanes:     c.refusedLanes.Load(),
-		RefusedStreams:   c.refusedStreams.Load(),
-		RefusedTransfers: c.refusedTransfers.Load(),
-	}
+	st := Stats{Transport: transport}
+	c.each(&st, func(c *atomic.Int64, field *int64) { *field = c.Load() })
+	return st
 }
 
-// add accumulates s into t (for server totals).
-func (t *Stats) add(s Stats) {
-	t.Transfers += s.Transfers
-	t.DataPlaneBytes += s.DataPlaneBytes
-	t.InlineBytes += s.InlineBytes
-	t.StreamBytes += s.StreamBytes
-	t.Copies += s.Copies
-	t.CopiedBytes += s.CopiedBytes
-	t.Leases += s.Leases
-	t.Errors += s.Errors
-	t.DirectTransfers += s.DirectTransfers
-	t.StagedTransfers += s.StagedTransfers
-	t.RefusedSessions += s.RefusedSessions
-	t.RefusedLanes += s.RefusedLanes
-	t.RefusedStreams += s.RefusedStreams
-	t.RefusedTransfers += s.RefusedTransfers
+// merge adds src's counts to c.
+func (c *counters) merge(src *counters) {
+	st := src.snapshot("")
+	c.each(&st, func(c *atomic.Int64, field *int64) { c.Add(*field) })
 }
