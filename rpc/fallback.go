@@ -240,16 +240,11 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	peer, done, err := s.admitStream(ctx)
+	peer, cs, h, done, err := s.openStream(stream)
 	if err != nil {
 		return err
 	}
 	defer done()
-	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	h, err := recvHeader(cs)
-	if err != nil {
-		return err
-	}
 	if len(h.Tensors) != 1 {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
 	}
@@ -258,20 +253,45 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	})
 }
 
+// openStream admits a client stream (SendStream, CallStream) of the
+// caller's peer and reads its header; done ends the admission.
+func (s *Server) openStream(stream grpc.ServerStream) (peer string, cs grpc.ServerStream, h *pb.ChunkHeader, done func(), err error) {
+	peer, done, err = s.admitStream(stream.Context())
+	if err != nil {
+		return "", nil, nil, nil, err
+	}
+	cs = chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
+	if h, err = recvHeader(cs); err != nil {
+		done()
+		return "", nil, nil, nil, err
+	}
+	return peer, cs, h, done, nil
+}
+
+// receiveStream receives a client stream's tensors, charged to peer's
+// stream budget until refund, counted in c.
+func (s *Server) receiveStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs msgReceiver, c *counters) (ts []*Tensor, refund func(), err error) {
+	if refund, err = s.chargeStream(peer, h.Tensors); err != nil {
+		return nil, nil, err
+	}
+	ts, err = s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
+		return s.recvRequest(ctx, r, h.Tensors, c)
+	})
+	if err != nil {
+		refund()
+		return nil, nil, err
+	}
+	return ts, refund, nil
+}
+
 func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs msgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
-	refund, err := s.chargeStream(peer, h.Tensors)
+	var c counters
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
+	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
 	if err != nil {
 		return err
 	}
 	defer refund()
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		return s.recvRequest(ctx, r, h.Tensors, &c)
-	})
-	if err != nil {
-		return err
-	}
 	t := ts[0]
 	if err := s.publish(h.Tensors[0].Key, t.DType(), t.Shape(), t.buf, 0); err != nil {
 		return err
@@ -284,16 +304,11 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	peer, done, err := s.admitStream(ctx)
+	peer, cs, h, done, err := s.openStream(stream)
 	if err != nil {
 		return err
 	}
 	defer done()
-	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	h, err := recvHeader(cs)
-	if err != nil {
-		return err
-	}
 	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
 		return s.callStream(ctx, peer, h, cs, info)
 	})
@@ -304,19 +319,13 @@ func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 	if err != nil {
 		return err
 	}
-	refund, err := s.chargeStream(peer, h.Tensors)
+	var c counters
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
+	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
 	if err != nil {
 		return err
 	}
 	defer refund()
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		return s.recvRequest(ctx, r, h.Tensors, &c)
-	})
-	if err != nil {
-		return err
-	}
 	in := &Message{Metadata: h.Metadata, Tensors: ts}
 	defer in.Release()
 	out, err := s.invoke(ctx, nil, handler, in)
