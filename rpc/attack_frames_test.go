@@ -285,7 +285,7 @@ func TestAttackReleaseStorm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vresp, _, err := victim.askFrame(ctx, vs, vs.link, "secret", fetchOptions{})
+	vresp, err := victim.askFrame(ctx, vs, vs.link, "secret", fetchOptions{})
 	if err != nil || vresp.TransferId == 0 {
 		t.Fatalf("victim's fetch: %v, transfer %d", err, vresp.GetTransferId())
 	}
@@ -493,7 +493,6 @@ func TestAttackMalformedRequests(t *testing.T) {
 			m.Shape, m.ByteLength, m.Location.Length = []int64{1 << 50}, 1<<50, 1<<50
 		})}), codes.ResourceExhausted},
 		{"send/inline-and-location", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(nil), InlineData: []byte{1}}), codes.InvalidArgument},
-		{"send/hold", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(nil), Hold: true}), codes.InvalidArgument},
 		{"send/inline-length", frameSendReq, marshal(t, &pb.SendRequest{Meta: metaOf("k", wrapped(t, 100, 1).Tensor, false), InlineData: make([]byte, 10)}), codes.InvalidArgument},
 		{"send/lanes-on-one-lane", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) {
 			m.Location.Lanes = []*pb.LaneRemote{{Address: 1, RemoteKey: 2}, {Address: ^uint64(0), RemoteKey: 3}, {}}
@@ -757,7 +756,7 @@ func TestAttackServerOnlyFrames(t *testing.T) {
 		h    frameHeader
 		body []byte
 	}{
-		{"fetch-resp-fallback", frameHeader{Type: frameFetchResp, Flags: frameFallback, Ref: 1}, ok},
+		{"fetch-resp-indirect", frameHeader{Type: frameFetchResp, Flags: frameIndirect, Ref: 1}, ok},
 		{"send-resp", frameHeader{Type: frameSendResp, Ref: 1}, ok},
 		{"call-resp", frameHeader{Type: frameCallResp, Ref: 1}, ok},
 		{"call-resp-indirect", frameHeader{Type: frameCallResp, Flags: frameIndirect, Ref: 1}, ok},

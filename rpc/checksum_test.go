@@ -84,9 +84,8 @@ func TestWrongChecksumIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, _ := sess.link.dev.reg.Local(src.buf)
-	if _, err := c.writeRendezvous(ctx, sess, meta, local, func() {}, false); err != nil {
-		t.Fatal(err)
+	if err := c.sendFrame(ctx, sess, outgoing{meta: meta, t: src}); status.Code(err) != codes.DataLoss {
+		t.Fatalf("a sent tensor with a wrong checksum: %v, want DataLoss", err)
 	}
 	src.Release()
 	if _, err := s.Fetch(ctx, "bigbad"); status.Code(err) != codes.NotFound {

@@ -47,14 +47,10 @@ type Client struct {
 
 	stopTrim func() // ends the pool's trimmer
 
-	releases chan release
-	wg       sync.WaitGroup // the release loop
-
 	// closing ends when Close begins, which ends a session attempt under
-	// way; closeFlush closeFlushTimeout later, which ends the releases
-	// Close still sends.
-	closing, closeFlush       context.Context
-	startClose, endCloseFlush context.CancelFunc
+	// way.
+	closing    context.Context
+	startClose context.CancelFunc
 
 	mu     sync.Mutex
 	closed bool
@@ -86,7 +82,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
-	dialOpts := append(slices.Clone(o.grpcDialOpts), o.observe...)
+	dialOpts := slices.Clone(o.grpcDialOpts)
 	if o.creds != nil {
 		dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, dialOpts...)
 	}
@@ -107,15 +103,10 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 }
 
 // NewClient opens a session over an existing gRPC connection. Close does
-// not close cc.
-//
-// Over a connection of the caller's, Fetch stays on the Fetch method (the
-// session negotiates no data-plane calls), so that cc's interceptors see
-// every Fetch; see WithGRPCDialOptions.
+// not close cc. As with Dial, a data-plane session's calls travel as
+// frames, which cc's interceptors do not see.
 func NewClient(ctx context.Context, cc *grpc.ClientConn, opts ...DialOption) (*Client, error) {
-	o := buildDialOptions(opts)
-	o.noFrames = true
-	return newClient(ctx, cc, o)
+	return newClient(ctx, cc, buildDialOptions(opts))
 }
 
 func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, error) {
@@ -124,10 +115,9 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	}
 	c := &Client{
 		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),
-		releases: make(chan release, 1024), state: connectivity.Idle, stateCh: make(chan struct{}),
+		state: connectivity.Idle, stateCh: make(chan struct{}),
 	}
 	c.closing, c.startClose = context.WithCancel(context.Background())
-	c.closeFlush, c.endCloseFlush = context.WithCancel(context.Background())
 	if o.pool != nil {
 		c.pool = o.pool
 	} else {
@@ -164,8 +154,6 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 		c.teardown()
 		return nil, err
 	}
-	c.wg.Add(1)
-	go c.releaseLoop()
 	return c, nil
 }
 
@@ -378,13 +366,13 @@ func backoffDelay(cfg backoff.Config, failures int) time.Duration {
 }
 
 // release names server-side buffers the client no longer needs: a transfer
-// by id, or every transfer of a call by the call's client_ref.
+// by id, or every transfer of a call by the call's ref.
 type release struct {
 	sess    *clientSession
 	id, ref uint64
 }
 
-// newRef names a call's transfers; see FetchRequest.client_ref. Refs are
+// newRef names a call (a frame's ref) and the transfers it makes. Refs are
 // random (math/rand/v2's generator is ChaCha8 seeded by the system), so
 // they cannot be guessed.
 func (c *Client) newRef() uint64 { return rand.Uint64() | 1 }
@@ -403,95 +391,40 @@ func (c *Client) releaseRef(s *clientSession, ref uint64) {
 	c.queueRelease(release{sess: s, ref: ref})
 }
 
+// maxQueuedReleases bounds the releases a lane may have queued, unsent:
+// they wait only for the server's credits, and a server that withholds
+// them would otherwise make the queue grow without end. Past it the
+// session ends, which frees everything it held on the server.
+const maxQueuedReleases = 1 << 14
+
+// queuedReleases is how many releases f holds unsent.
+func (f *framing) queuedReleases() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.relIDs) + len(f.relRefs)
+}
+
+// queueRelease queues a release on the session's frames: it rides the
+// next frame on a lane taken in turn, as calls take them, so that
+// releases spread over the lanes' frames (the server takes a session's
+// releases on any of its lanes). Only frames make transfers, so a session
+// without a data plane has nothing to release.
 func (c *Client) queueRelease(r release) {
 	if r.sess.err() != nil {
 		return // the session's end released it on the server
 	}
-	if l := r.sess.lane(); l != nil && l.fr != nil {
-		// Rides the next frame on a lane taken in turn, as calls take
-		// them, so that releases spread over the lanes' frames; the server
-		// takes a session's releases on any of its lanes.
-		l.fr.queueRelease(r.id, r.ref)
+	l := r.sess.lane()
+	if l == nil || l.fr == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return // the session's end releases it on the server
-	}
 	select {
-	case c.releases <- r:
+	case <-l.dead:
+		return // the session ends with its lane, and that releases it
 	default:
-		// The queue is full: release synchronously rather than drop it.
-		c.mu.Unlock()
-		c.sendReleases([]release{r})
-		c.mu.Lock()
 	}
-}
-
-func (c *Client) releaseLoop() {
-	defer c.wg.Done()
-	for r := range c.releases {
-		batch := []release{r}
-	more:
-		for {
-			select {
-			case r, ok := <-c.releases:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		c.sendReleases(batch)
-	}
-}
-
-// releaseTimeout bounds one Release call.
-const releaseTimeout = 20 * time.Second
-
-// sendReleases sends one Release per session in batch; releases of ended
-// sessions are dropped (the server freed everything when they ended).
-func (c *Client) sendReleases(batch []release) {
-	reqs := map[*clientSession]*pb.ReleaseRequest{}
-	for _, r := range batch {
-		if r.sess.err() != nil {
-			continue
-		}
-		req := reqs[r.sess]
-		if req == nil {
-			req = &pb.ReleaseRequest{SessionId: r.sess.id}
-			reqs[r.sess] = req
-		}
-		if r.id != 0 {
-			req.TransferIds = append(req.TransferIds, r.id)
-		}
-		if r.ref != 0 {
-			req.ClientRefs = append(req.ClientRefs, r.ref)
-		}
-	}
-	for s, req := range reqs {
-		// A lost Release leaves a destination reserved on the server until
-		// the session ends (or its reservation times out and ends it), so
-		// a Release that fails while the session lives is tried again.
-		// Once Close has begun, its releases get closeFlushTimeout in
-		// all, as the frames' do: the session's end frees the rest.
-		for attempt := 0; attempt < 3 && s.err() == nil; attempt++ {
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-			stopClose := context.AfterFunc(c.closeFlush, cancel)
-			_, err := c.api.Release(ctx, req)
-			stopClose()
-			cancel()
-			if err == nil {
-				break
-			}
-			c.log.Debug("tensorrpc: release failed", "attempt", attempt+1, "err", err)
-			if code := status.Code(err); code != codes.DeadlineExceeded && code != codes.Unavailable || c.closing.Err() != nil {
-				break
-			}
-		}
+	l.fr.queueRelease(r.id, r.ref)
+	if n := l.fr.queuedReleases(); n > maxQueuedReleases {
+		l.fail(status.Errorf(codes.Unavailable, "tensorrpc: %d releases wait for credits the server does not return; the session is ended, which frees what they name", n))
 	}
 }
 
@@ -569,13 +502,8 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	close(c.releases)
 	c.mu.Unlock()
 	c.startClose()
-	flush := time.AfterFunc(closeFlushTimeout, c.endCloseFlush)
-	c.wg.Wait() // pending releases are sent, for closeFlushTimeout at most
-	flush.Stop()
-	c.endCloseFlush()
 	return c.teardown()
 }
 

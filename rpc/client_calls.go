@@ -46,18 +46,30 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 		return nil, err
 	}
 	defer c.leave()
-	return s.calls.fetch(ctx, key, fo)
+	var t *Tensor
+	err = c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+		var err error
+		t, err = s.calls.fetch(ctx, key, fo)
+		if t != nil {
+			info.ResponseBytes = int64(len(t.Bytes()))
+		}
+		return err
+	})
+	if err != nil && t != nil {
+		t.Release() // an interceptor failed the call after it succeeded
+		t = nil
+	}
+	return t, err
 }
 
-// askUnary is a Fetch's request with the Fetch method.
-func (c *Client) askUnary(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*pb.FetchResponse, error) {
-	ref := c.newRef()
-	resp, err := c.api.Fetch(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Lease: fo.lease, ClientRef: ref, Wait: fo.wait})
-	if err != nil {
-		c.releaseRef(s, ref) // the server may have made a transfer we never heard of
-		return nil, sessionError(s, err)
+// intercept runs a call's work through the Client's interceptors. work
+// sets what came back in info.
+func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, name string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
+	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
+	if len(c.opts.interceptors) == 0 {
+		return work(ctx, info)
 	}
-	return resp, nil
+	return intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 
 // receive materializes a tensor the server offered: inline bytes, or a
@@ -168,7 +180,9 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 		return err
 	}
 	defer c.leave()
-	return s.calls.send(ctx, key, t)
+	return c.intercept(ctx, s, OpSend, key, int64(len(t.Bytes())), func(ctx context.Context, _ *CallInfo) error {
+		return s.calls.send(ctx, key, t)
+	})
 }
 
 // checkOutgoing checks a tensor the caller hands over.
@@ -180,40 +194,6 @@ func checkOutgoing(t *Tensor, what string) error {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: %s used after Release", what)
 	}
 	return nil
-}
-
-// writeRendezvous asks the server for a destination for meta's tensor and
-// writes local into it with WriteImm. release runs exactly once, when the
-// data plane no longer reads local: after the write completes or fails,
-// also when ctx ends while the write is under way.
-func (c *Client) writeRendezvous(ctx context.Context, s *clientSession, meta *pb.TensorMeta, local verbs.Local, release func(), hold bool) (uint64, error) {
-	ref := c.newRef()
-	resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: meta, Hold: hold, ClientRef: ref})
-	if err != nil {
-		release()
-		c.releaseRef(s, ref) // the server may have allocated a destination we never heard of
-		return 0, sessionError(s, err)
-	}
-	dst := resp.Destination
-	if dst == nil || dst.Length != meta.ByteLength || dst.Transport != transportOf(s.transport) {
-		release()
-		c.releaseTransfer(s, resp.TransferId)
-		return 0, status.Errorf(codes.InvalidArgument, "tensorrpc: server gave a bad destination for %q", meta.Key)
-	}
-	err = s.link.post(ctx, verbs.SendRequest{
-		Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: dst.Address, Key: dst.RemoteKey}, Imm: resp.Immediate, HasImm: true,
-	}, func() {
-		release()
-		c.releaseTransfer(s, resp.TransferId)
-	})
-	if err != nil {
-		c.stats.errors.Add(1)
-		return 0, err
-	}
-	release()
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(meta.ByteLength))
-	return resp.TransferId, nil
 }
 
 // Call invokes method on the server with req and returns its reply. The
@@ -233,51 +213,20 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		return nil, err
 	}
 	defer c.leave()
-	return s.calls.call(ctx, method, req)
-}
-
-// callUnary is Call with the Send and Call methods: request tensors above
-// the eager threshold are sent first, held for the call.
-func (c *Client) callUnary(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
-	creq := &pb.CallRequest{SessionId: s.id, Method: method, Metadata: req.Metadata}
-	var held []uint64
-	for _, t := range req.Tensors {
-		meta := metaOf("", t.Tensor, c.opts.checksums)
-		if len(t.Bytes()) <= s.eager {
-			idx := uint32(len(creq.InlineData))
-			meta.InlineIndex = &idx
-			creq.InlineData = append(creq.InlineData, t.Bytes())
-			c.stats.transfers.Add(1)
-			c.stats.inlineBytes.Add(int64(len(t.Bytes())))
-			if len(t.Bytes()) > 0 {
-				c.stats.copied(len(t.Bytes())) // into the control message
-			}
-		} else {
-			id, err := c.sendMethods(ctx, s, outgoing{meta: metaOf("", t.Tensor, c.opts.checksums), t: t}, true)
-			if err != nil {
-				c.releaseHeld(s, held)
-				return nil, err
-			}
-			held = append(held, id)
-			meta.TransferId = id
+	var reply *Message
+	err = c.intercept(ctx, s, OpCall, method, tensorBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
+		var err error
+		reply, err = s.calls.call(ctx, method, req)
+		if reply != nil {
+			info.ResponseBytes = tensorBytes(reply.Tensors)
 		}
-		creq.Tensors = append(creq.Tensors, meta)
+		return err
+	})
+	if err != nil && reply != nil {
+		reply.Release() // an interceptor failed the call after it succeeded
+		reply = nil
 	}
-	creq.ClientRef = c.newRef()
-	resp, err := c.api.Call(ctx, creq)
-	if err != nil {
-		c.releaseHeld(s, held)
-		c.releaseRef(s, creq.ClientRef) // reply transfers we never heard of
-		return nil, sessionError(s, err)
-	}
-	return c.receiveReply(ctx, s, s.link, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
-}
-
-// releaseHeld drops destinations held for a Call that will not happen.
-func (c *Client) releaseHeld(s *clientSession, ids []uint64) {
-	for _, id := range ids {
-		c.releaseTransfer(s, id)
-	}
+	return reply, err
 }
 
 func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
@@ -344,12 +293,37 @@ func isSessionGone(err error) bool {
 // (if not nil) frees what the request granted the server: it runs once
 // the server has answered or can no longer use it, which is later than
 // roundTrip's return when ctx ends first (the call is then cancelled with
-// a RELEASE of its ref).
+// a RELEASE of its ref). A body too large for a slot goes indirect. The
+// caller's metadata and deadline (ctx) go before the body (frameHeaders);
+// slots always have room for them and an indirect body's TensorMeta.
 func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
-	ref := c.newRef()
 	if hold == nil {
 		hold = func() {}
 	}
+	pre, err := callHeaders(ctx)
+	if err != nil {
+		hold()
+		return frameReply{}, 0, err
+	}
+	if frameHeaderLen+len(pre)+len(raw)+protoSize(msg) > l.fr.slotSize {
+		meta, free, err := c.indirect(ctx, s, l, raw, msg)
+		if err != nil {
+			hold()
+			return frameReply{}, 0, err
+		}
+		flags |= frameIndirect
+		raw, msg = nil, meta
+		held := hold
+		hold = func() {
+			free()
+			held()
+		}
+	}
+	if len(pre) > 0 {
+		flags |= frameHeaders
+		raw = append(pre, raw...)
+	}
+	ref := c.newRef()
 	pc := l.fr.expect(ref, responseTo[typ], into)
 	posted, err := l.sendFrame(ctx, typ, flags, ref, raw, msg)
 	if err != nil {
@@ -376,14 +350,90 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 	}
 }
 
+func protoSize(m proto.Message) int {
+	if m == nil {
+		return 0
+	}
+	return proto.Size(m)
+}
+
+// indirect puts a request body too large for a slot (raw, then msg) into
+// a pool buffer and grants the server read access to it: the TensorMeta
+// that an INDIRECT request frame carries instead, and what ends the grant
+// and drops the buffer.
+func (c *Client) indirect(ctx context.Context, s *clientSession, l *link, raw []byte, msg proto.Message) (*pb.TensorMeta, func(), error) {
+	n := len(raw) + protoSize(msg)
+	if n > MaxRecvMsgBytes {
+		return nil, nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: a request of %d bytes exceeds the %d bytes a server takes (MaxRecvMsgBytes)", n, MaxRecvMsgBytes)
+	}
+	buf, err := allocBuffer(ctx, c.pool, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := append(buf.Bytes()[:0:n], raw...)
+	if msg != nil {
+		b, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, msg)
+	}
+	if err != nil || len(b) != n || &b[0] != &buf.Bytes()[0] {
+		buf.Release()
+		return nil, nil, status.Errorf(codes.Internal, "tensorrpc: encoding a request: %d of %d bytes: %v", len(b), n, err)
+	}
+	t, err := newPoolTensor(zerocopy.Uint8, []int64{int64(n)}, buf)
+	if err != nil {
+		return nil, nil, status.Error(codes.Internal, err.Error())
+	}
+	defer t.Release() // grantSource holds its own reference
+	meta := metaOf("", t.Tensor, c.opts.checksums)
+	loc, free, err := c.grantSource(ctx, s, l, outgoing{meta: meta, t: t})
+	if err != nil {
+		return nil, nil, err
+	}
+	meta.Location = loc
+	return meta, free, nil
+}
+
+// answerOr is a pendingCall's into for a response whose body decodes into
+// what m returns, or with frameIndirect into the TensorMeta naming it.
+func answerOr(m func() proto.Message) func(uint16) proto.Message {
+	return func(flags uint16) proto.Message {
+		if flags&frameIndirect != 0 {
+			return &pb.TensorMeta{}
+		}
+		return m()
+	}
+}
+
+// answer is an OK response's message: its body, or for an INDIRECT one
+// the transfer it names, read, released and decoded into m.
+func (c *Client) answer(ctx context.Context, s *clientSession, l *link, ref uint64, r frameReply, m proto.Message) (proto.Message, error) {
+	if r.flags&frameIndirect == 0 {
+		return r.msg, nil
+	}
+	meta := r.msg.(*pb.TensorMeta)
+	if meta.Dtype != pb.DType(zerocopy.Uint8) || meta.TransferId == 0 {
+		c.releaseRef(s, ref)
+		return nil, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
+	}
+	t, err := c.receive(ctx, s, l, meta, nil, meta.TransferId, false)
+	if err != nil {
+		c.releaseRef(s, ref)
+		return nil, err
+	}
+	err = proto.Unmarshal(t.Bytes(), m)
+	t.Release()
+	if err != nil {
+		c.releaseRef(s, ref)
+		return nil, status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
+	}
+	return m, nil
+}
+
 // responseTo is the response type of each request type.
 var responseTo = map[uint8]uint8{frameFetchReq: frameFetchResp, frameSendReq: frameSendResp, frameCallReq: frameCallResp}
 
 // askFrame is a Fetch's request as a FETCH_REQ frame on the session's
 // data plane, answered by a FETCH_RESP (see frame.go) on the lane l.
-// fallback is set when the answer did not fit a slot: then ask with the
-// Fetch method.
-func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key string, fo fetchOptions) (resp *pb.FetchResponse, fallback bool, err error) {
+func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key string, fo fetchOptions) (*pb.FetchResponse, error) {
 	var flags uint16
 	if fo.wait {
 		flags |= frameWait
@@ -391,17 +441,18 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key st
 	if fo.lease {
 		flags |= frameLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, func(uint16) proto.Message { return &pb.FetchResponse{} }, nil)
+	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
 	if err != nil {
-		return nil, false, err
-	}
-	if r.flags&frameFallback != 0 {
-		return nil, true, nil
+		return nil, err
 	}
 	if err := c.replyError(s, ref, r); err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return r.msg.(*pb.FetchResponse), false, nil
+	m, err := c.answer(ctx, s, l, ref, r, &pb.FetchResponse{})
+	if err != nil {
+		return nil, err
+	}
+	return m.(*pb.FetchResponse), nil
 }
 
 // replyError is the error a response frame carries: the server's status,
@@ -459,10 +510,8 @@ func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, out
 }
 
 // sendFrame is Send as a SEND_REQ: the tensor inline, or granted to the
-// server, which reads and publishes it before it answers. fits is false
-// when the request does not fit a slot (a long key or shape); then
-// nothing was sent.
-func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) (fits bool, err error) {
+// server, which reads and publishes it before it answers.
+func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) (err error) {
 	l := s.lane()
 	req := &pb.SendRequest{Meta: out.meta}
 	n := out.len()
@@ -472,13 +521,8 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	} else {
 		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, out); err != nil {
 			out.finish()
-			return true, err
+			return err
 		}
-	}
-	if frameHeaderLen+proto.Size(req) > l.fr.slotSize {
-		free()
-		req.Meta.Location = nil
-		return false, nil
 	}
 	hold := func() {
 		free()
@@ -490,7 +534,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	}
 	if err != nil {
 		c.stats.errors.Add(1)
-		return true, err
+		return err
 	}
 	c.stats.transfers.Add(1)
 	if req.Meta.Location == nil {
@@ -499,14 +543,13 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	} else {
 		c.stats.dataPlaneBytes.Add(int64(n))
 	}
-	return true, nil
+	return nil
 }
 
 // callFrame is Call as a CALL_REQ: tensors inline while they fit a slot,
 // the rest granted to the server, which reads them all at once; one
-// CALL_RESP answers. fits is false when the request does not fit a slot
-// (large metadata); then nothing was sent.
-func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (_ *Message, fits bool, err error) {
+// CALL_RESP answers.
+func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
 	l := s.lane()
 	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata}
 	var frees []func()
@@ -527,50 +570,25 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			loc, free, err := c.grantSource(ctx, s, l, outgoing{meta: meta, t: t})
 			if err != nil {
 				hold()
-				return nil, true, err
+				return nil, err
 			}
 			frees = append(frees, free)
 			meta.Location = loc
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	if frameHeaderLen+proto.Size(creq) > s.link.fr.slotSize {
-		hold()
-		return nil, false, nil
-	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, nil, creq, func(flags uint16) proto.Message {
-		if flags&frameIndirect != 0 {
-			return &pb.TensorMeta{}
-		}
-		return &pb.CallResponse{}
-	}, hold)
+	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, nil, creq, answerOr(func() proto.Message { return &pb.CallResponse{} }), hold)
 	if err != nil {
-		return nil, true, err
+		return nil, err
 	}
 	if err := c.replyError(s, ref, r); err != nil {
-		return nil, true, err
+		return nil, err
 	}
-	resp, ok := r.msg.(*pb.CallResponse)
-	if !ok {
-		// The reply did not fit a slot: it waits in a transfer.
-		meta := r.msg.(*pb.TensorMeta)
-		if meta.Dtype != pb.DType(zerocopy.Uint8) || meta.TransferId == 0 {
-			c.releaseRef(s, ref)
-			return nil, true, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
-		}
-		t, err := c.receive(ctx, s, l, meta, nil, meta.TransferId, false)
-		if err != nil {
-			c.releaseRef(s, ref)
-			return nil, true, err
-		}
-		resp = &pb.CallResponse{}
-		err = proto.Unmarshal(t.Bytes(), resp)
-		t.Release()
-		if err != nil {
-			c.releaseRef(s, ref)
-			return nil, true, status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", err)
-		}
+	m, err := c.answer(ctx, s, l, ref, r, &pb.CallResponse{})
+	if err != nil {
+		return nil, err
 	}
+	resp := m.(*pb.CallResponse)
 	for _, t := range req.Tensors {
 		c.stats.transfers.Add(1)
 		if n := int64(len(t.Bytes())); n <= int64(frameInline(s.eager)) {
@@ -579,6 +597,5 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.stats.dataPlaneBytes.Add(n)
 		}
 	}
-	out, err := c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
-	return out, true, err
+	return c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
 }

@@ -3,9 +3,6 @@ package rpc
 import (
 	"context"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -14,11 +11,11 @@ import (
 // and Call check their arguments once and hand them to their session's
 // plane, one of two:
 //
-//   - engine, the data-plane engine (a session on ibv, shm or tcp): calls
-//     as frames on the session's lanes when both sides negotiated them
-//     (data_plane_calls), else, and for a request too large for a receive
-//     slot, the unary methods; tensor bytes move one-sided either way.
-//     Device tensors take the same path (SendDevice, FetchToDevice).
+//   - engine, the data-plane engine (a session on ibv, shm or tcp): every
+//     call is frames on the session's lanes (a body too large for a slot
+//     goes indirect, see frame.go), and tensor bytes move one-sided, pulled
+//     by the receiver. Device tensors take the same path (SendDevice,
+//     FetchToDevice).
 //   - streams, the gRPC-stream fallback (a TRANSPORT_GRPC session).
 type callPlane interface {
 	fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error)
@@ -67,15 +64,9 @@ func (e engine) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor
 // ask asks for the tensor published under key: the server's answer, and
 // the lane whose grants its location names.
 func (e engine) ask(ctx context.Context, key string, fo fetchOptions) (*link, *pb.FetchResponse, error) {
-	if e.s.frames && frameHeaderLen+len(key) <= e.s.link.fr.slotSize {
-		l := e.s.lane()
-		resp, fallback, err := e.c.askFrame(ctx, e.s, l, key, fo)
-		if !fallback {
-			return l, resp, err
-		}
-	}
-	resp, err := e.c.askUnary(ctx, e.s, key, fo)
-	return e.s.link, resp, err
+	l := e.s.lane()
+	resp, err := e.c.askFrame(ctx, e.s, l, key, fo)
+	return l, resp, err
 }
 
 func (e engine) send(ctx context.Context, key string, t *Tensor) error {
@@ -84,22 +75,11 @@ func (e engine) send(ctx context.Context, key string, t *Tensor) error {
 
 // sendOut sends a host or device tensor.
 func (e engine) sendOut(ctx context.Context, out outgoing) error {
-	if e.s.frames {
-		if fits, err := e.c.sendFrame(ctx, e.s, out); fits {
-			return err
-		}
-	}
-	_, err := e.c.sendMethods(ctx, e.s, out, false)
-	return err
+	return e.c.sendFrame(ctx, e.s, out)
 }
 
 func (e engine) call(ctx context.Context, method string, req *Message) (*Message, error) {
-	if e.s.frames {
-		if reply, fits, err := e.c.callFrame(ctx, e.s, method, req); fits {
-			return reply, err
-		}
-	}
-	return e.c.callUnary(ctx, e.s, method, req)
+	return e.c.callFrame(ctx, e.s, method, req)
 }
 
 // streams is the gRPC-stream fallback's callPlane.
@@ -118,37 +98,4 @@ func (p streams) send(ctx context.Context, key string, t *Tensor) error {
 
 func (p streams) call(ctx context.Context, method string, req *Message) (*Message, error) {
 	return p.c.callStream(ctx, method, req)
-}
-
-// sendMethods moves one tensor with the Send method: inline when it is a
-// small host tensor, else into a destination the server allocates, with
-// WriteImm. With hold, the server keeps it for a Call and sendMethods
-// returns its transfer id.
-func (c *Client) sendMethods(ctx context.Context, s *clientSession, out outgoing, hold bool) (uint64, error) {
-	n := out.len()
-	if out.t != nil && n <= s.eager {
-		resp, err := c.api.Send(ctx, &pb.SendRequest{SessionId: s.id, Meta: out.meta, InlineData: out.t.Bytes(), Hold: hold})
-		if err != nil {
-			return 0, sessionError(s, err)
-		}
-		c.stats.transfers.Add(1)
-		c.stats.inlineBytes.Add(int64(n))
-		if n > 0 {
-			c.stats.copied(n) // into the control message
-		}
-		return resp.TransferId, nil
-	}
-	if out.t == nil {
-		return c.writeRendezvous(ctx, s, out.meta, verbs.Local{Region: out.region, Offset: out.offset, Length: n}, out.finish, hold)
-	}
-	src, err := poolBuffer(ctx, c.pool, out.t, &c.stats)
-	if err != nil {
-		return 0, err
-	}
-	local, err := s.link.dev.reg.Local(src)
-	if err != nil {
-		src.Release()
-		return 0, status.Error(codes.Internal, err.Error())
-	}
-	return c.writeRendezvous(ctx, s, out.meta, local, func() { src.Release() }, hold)
 }

@@ -27,7 +27,6 @@ type clientSession struct {
 	lanes      []*link // every lane, link first
 	next       atomic.Uint32
 	eager      int
-	frames     bool // calls travel as frames on the lanes (data_plane_calls)
 	calls      callPlane
 	rejections []Rejection
 
@@ -37,6 +36,14 @@ type clientSession struct {
 
 	mu     sync.Mutex
 	broken error // why the session ended, once it has
+}
+
+// path is how the session's calls travel (CallInfo.Path).
+func (s *clientSession) path() string {
+	if s.link == nil {
+		return PathStream
+	}
+	return PathFrame
 }
 
 // err is nil while the session is open.
@@ -85,8 +92,8 @@ wait:
 	closeLanes(lanes, broken)
 }
 
-// closeFlushTimeout bounds how long closing a session (and Client.Close,
-// for the Release method's calls) waits to send the releases still queued:
+// closeFlushTimeout bounds how long closing a session waits to send the
+// releases still queued (and Client.Close for calls under way to return):
 // a live server takes them in milliseconds, and the session's end frees
 // the rest on the server anyway.
 const closeFlushTimeout = 2 * time.Second
@@ -107,9 +114,8 @@ func (s *clientSession) lane() *link {
 // lane watchers.
 func (s *clientSession) close(reason error) {
 	if s.err() == nil && s.link != nil && s.link.fr != nil {
-		// Releases still queued go first, as the Release method's do
-		// (Client.Close sends them): the server frees those transfers now
-		// rather than when it notices the session's end.
+		// Releases still queued go first: the server frees those
+		// transfers now rather than when it notices the session's end.
 		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
 		for _, l := range s.lanes {
 			l.flushReleases(ctx)
@@ -220,9 +226,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			}
 		}
 	}()
-	// Frames bypass gRPC interceptors: a Client given grpc.DialOptions
-	// (which may carry some) keeps every Fetch on the Fetch method.
-	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name, DataPlaneCalls: !c.opts.noFrames && len(c.opts.grpcDialOpts) == 0}
+	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
 	for _, name := range c.opts.transports {
 		dev := c.devices[name]
 		if name == TransportGRPC || dev == nil {
@@ -258,7 +262,6 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
-	s.frames = hs.DataPlaneCalls && resp.DataPlaneCalls
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
@@ -290,10 +293,8 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			links[choice.Transport] = lanes
 		}
 		name := transportName(choice.Transport)
-		if s.frames {
-			for _, l := range lanes {
-				l.enableFrames(slotSizeFor(s.eager), nil, nil)
-			}
+		for _, l := range lanes {
+			l.enableFrames(slotSizeFor(s.eager), nil, nil)
 		}
 		rej, err := c.tryConnect(ctx, stream.Send, next, s, lanes, choice)
 		if err != nil {
@@ -340,7 +341,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	// Step 1: connect, report at once, and give up as soon as the server
 	// reports failure.
 	remotes := append([][]byte{choice.Info}, choice.Lanes...)
-	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes, nil) }
+	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes) }
 	o, err := connectBoth(ctx, c.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
 	if err != nil {

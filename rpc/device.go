@@ -75,7 +75,9 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 		mr, _, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
 		if err == nil {
 			meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(t.DType), Shape: append([]int64(nil), t.Shape...), ByteLength: uint64(n)}
-			err = e.sendOut(ctx, outgoing{meta: meta, region: mr, offset: t.Offset, done: func() { mr.Deregister() }})
+			err = c.intercept(ctx, s, OpSend, key, int64(n), func(ctx context.Context, _ *CallInfo) error {
+				return e.sendOut(ctx, outgoing{meta: meta, region: mr, offset: t.Offset, done: func() { mr.Deregister() }})
+			})
 			if err == nil {
 				c.stats.direct.Add(1)
 			}
@@ -113,7 +115,19 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 	defer c.leave()
 	d := c.plan(s, dst)
 	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct {
-		dtype, shape, err := c.fetchDirect(ctx, e, key, dst, offset)
+		var dtype zerocopy.DType
+		var shape []int64
+		// A direct Fetch that cannot register dst fails Unimplemented and
+		// is fetched again staged: interceptors then see both.
+		err := c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+			var err error
+			dtype, shape, err = c.fetchDirect(ctx, e, key, dst, offset)
+			if err == nil {
+				n, _ := zerocopy.ByteSize(dtype, shape)
+				info.ResponseBytes = int64(n)
+			}
+			return err
+		})
 		if err == nil || status.Code(err) != codes.Unimplemented {
 			if err == nil {
 				c.stats.direct.Add(1)

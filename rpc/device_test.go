@@ -114,17 +114,15 @@ func (d *directBuffer) Free() error                  { return nil }
 
 // TestDeviceTensorsDirect runs the direct path (device memory registered
 // with the data plane, read and written one-sided, no staging copy) with a
-// stand-in device on tcp, whose provider registers any host memory: with
-// frames and with the unary methods, on one lane and striped over three.
+// stand-in device on tcp, whose provider registers any host memory, on one
+// lane and striped over three.
 func TestDeviceTensorsDirect(t *testing.T) {
-	for _, mode := range []string{"frames", "methods", "lanes"} {
+	for _, mode := range []string{"frames", "lanes"} {
 		t.Run(mode, func(t *testing.T) {
 			var copts []DialOption
 			var sopts []ServerOption
 			n := 300000
 			switch mode {
-			case "methods":
-				copts = append(copts, withoutFrames())
 			case "lanes":
 				copts, sopts = append(copts, WithLanes(3)), append(sopts, WithLanes(3))
 				n = stripeMin + 2*stripePart

@@ -65,21 +65,21 @@
 //     reads it with one one-sided Read into its own pool buffer (no CPU copy
 //     on tcp's receive path beyond the socket, one memcpy on shm) and then
 //     releases the server's buffer.
-//   - Send and Call, as frames: the client grants the server read access to
-//     its pool buffer and names it in the request; the server reads it into
-//     a buffer of its own (all of a Call's tensors at once), publishes a
-//     Send's tensor and only then answers.
-//   - Frames: when both sides support it, every call's request and answer
-//     (a small tensor inline) are frames on the data plane's own queue
-//     pairs, not gRPC calls, which saves the gRPC round trip. A session may
-//     have several queue pairs (lanes, WithLanes): calls take them in turn
-//     and transfers of 8 MiB or more are read in parts over all of them at
-//     once. A side given gRPC options (which may add interceptors), a
-//     Server reached through Register and a Client made by NewClient keep
-//     every call on gRPC's unary methods, so interceptors see every call.
-//   - Send and Call, as unary methods: the server allocates the
-//     destination; the client writes into it with WriteImm, whose immediate
-//     value completes the transfer.
+//   - Send and Call: the client grants the server read access to its pool
+//     buffer and names it in the request; the server reads it into a
+//     buffer of its own (all of a Call's tensors at once), publishes a
+//     Send's tensor and only then answers. The receiver always pulls.
+//   - Frames: on a data-plane session every call's request and answer (a
+//     small tensor inline) are frames on the data plane's own queue pairs,
+//     not gRPC calls, which saves the gRPC round trip; a request or answer
+//     too large for a frame (a long key, large metadata, many tensors) is
+//     itself pulled, as a tensor is. A session may have several queue
+//     pairs (lanes, WithLanes): calls take them in turn and transfers of
+//     8 MiB or more are read in parts over all of them at once. gRPC's own
+//     interceptors (WithGRPCServerOptions, WithGRPCDialOptions, a
+//     grpc.Server given to Register, the connection given to NewClient)
+//     see only the gRPC methods: session setup, the fallback's streams and
+//     clients that have only the .proto.
 //   - Fetch with Lease on shm: the tensor is the server's memory mapped into
 //     the client, no copy at all, until the tensor is released.
 //   - The gRPC fallback streams chunks that view pool memory (no copy of
@@ -99,6 +99,32 @@
 // Limits agree by default: a tensor may be up to DefaultMaxTensorBytes
 // (1 GiB), and the pool a Server or Client makes for itself may grow to
 // DefaultPoolLimit (4 GiB), mapping memory only as it grows.
+//
+// # Metadata, deadlines and interceptors
+//
+// A call carries what a gRPC call carries, however it travels (a frame on
+// the data plane, a gRPC stream of the fallback, a unary method called by
+// a gRPC-only client). The client sets metadata as for a gRPC call, with
+// metadata.AppendToOutgoingContext or metadata.NewOutgoingContext
+// (google.golang.org/grpc/metadata), and the handler reads it with
+// metadata.FromIncomingContext; as in gRPC, keys are lower case and a key
+// whose value is binary ends in "-bin". On a data plane a call carries at
+// most MaxFrameMetadataBytes of it. The handler's context has the caller's
+// deadline, and a call still running when it passes is cancelled on the
+// server: the handler's context is done and the caller gets
+// DeadlineExceeded. A handler that returns its context's error reports
+// DeadlineExceeded or Canceled, as in gRPC.
+//
+// Interceptors (WithInterceptors, on a Client or a Server) see every
+// Fetch, Send and Call, once each, whatever path it took, with a CallInfo
+// (operation, key or method, peer, session, data plane, path, bytes) and
+// the call's status; several chain in order, the first outermost, as
+// grpc.ChainUnaryInterceptor chains. A client's interceptor may add
+// outgoing metadata (trace context, say); a server's may put values into
+// the context its handler gets. gRPC's own interceptors, given with
+// WithGRPCServerOptions or WithGRPCDialOptions, see only the gRPC methods:
+// session setup, the fallback's streams and the unary methods gRPC-only
+// clients call.
 //
 // # Caveats
 //
@@ -120,17 +146,35 @@
 // reflects later writes by the server to that buffer (a published tensor is
 // not written by tensorrpc; do not write a tensor after publishing it).
 //
-// What a peer can make a Server hold is bounded. Destinations for a
-// session's Sends and Calls count against WithSessionQuota
-// (ResourceExhausted past it, for that session only); a destination left
-// unwritten longer than WithReservationTimeout ends its session; a
-// fallback stream that sends nothing for WithStreamIdleTimeout fails with
-// DeadlineExceeded; and the sessions' own data-plane buffers come from a
-// small control pool, so a full tensor pool never stops a new session from
-// opening. When a session ends, everything it held is freed except what
-// its Sends published: a published tensor belongs to the rendezvous, like
-// one the server published itself, until the next Send or Publish of its
-// key, Unpublish or Take. Pool arenas that stay empty are unmapped every
+// What a peer can make a Server hold is bounded. A peer is a client host
+// (its gRPC connection's address without the port, and its TLS
+// certificate), and WithAdmission sets its budgets, per peer and in total
+// (defaults in DefaultAdmission): sessions (64 per peer, 1024 in all);
+// data-plane lanes (64, 192), each with receive slots from a small control
+// pool, so a full tensor pool never stops a new session from opening;
+// fallback streams under way (64, 1024) and the bytes they hold — the
+// tensors a SendStream or CallStream declares, the reply a FetchStream or
+// CallStream is sending (2 GiB, 3 GiB); and unreleased transfers, each
+// with its grant (4096 per session). Over a budget a request is refused at
+// once with ResourceExhausted naming the budget, never queued on a pool: a
+// session gets fewer lanes, then none. The per-peer budgets are well under
+// the totals, so a host that takes all it may leaves room for new clients
+// from other hosts; processes on one host share its budgets. A session
+// that makes no call and holds nothing for Admission.IdleSession (10
+// minutes) is ended, and its Client opens a new one on its next call.
+// Stats counts what was refused (RefusedSessions, RefusedLanes,
+// RefusedStreams, RefusedTransfers), and each refusal is logged at Info.
+// The tensors a session's Sends and Calls bring in count against
+// WithSessionQuota while they come (ResourceExhausted past it, for that
+// session only); a client that leaves the server's read of its memory
+// unanswered longer than WithReservationTimeout has its session ended; a
+// fallback stream that makes no progress (delivers less than 64 KiB) for
+// WithStreamIdleTimeout fails with DeadlineExceeded. A Client whose
+// releases wait for credits the server withholds ends the session past
+// 16384 of them. When a session ends, everything it held is freed except
+// what its Sends published: a published tensor belongs to the rendezvous,
+// like one the server published itself, until the next Send or Publish of
+// its key, Unpublish or Take. Pool arenas that stay empty are unmapped every
 // WithTrimInterval. A session belongs to the gRPC connection (and TLS
 // identity) that opened it: naming it from elsewhere is PermissionDenied.
 // GracefulStop ends calls waiting for a key with Unavailable and gives
@@ -138,21 +182,17 @@
 //
 // A data-plane peer reaches only what a transfer grants it: pool arenas are
 // registered for local access only, and each Location names a grant that
-// opens one tensor's bytes with one right (read for a fetched tensor, write
-// for a destination) to that session's queue pair, revoked when the
-// transfer ends (Release, completion, session end). Any other access is
+// opens one tensor's bytes to be read by that session's queue pair,
+// revoked when the transfer ends (Release, answer, session end). No grant
+// opens memory for writing: the receiver always pulls. Any other access is
 // refused before a byte moves (PermissionDenied), and revoking waits for
-// accesses already under way. A destination that the write its immediate
-// value names did not fill (fewer bytes, or another grant) is dropped,
-// never published. On shm the peer process receives the pool arenas'
+// accesses already under way. On shm the peer process receives the pool arenas'
 // memfds: grants stop a peer that forges keys, offsets or lengths, not a
 // hostile process on the same host; between processes that do not trust
 // each other, use tcp (WithTransports).
 //
 // Writes are visible to later reads: once Send (or a Call) returns, any
-// later Fetch of that key, from any client, sees the tensor. A Fetch of a
-// key whose Send is under way waits for that Send instead of failing with
-// NotFound.
+// later Fetch of that key, from any client, sees the tensor.
 //
 // Importing rpc changes nothing process-wide: the fallback's zero-copy
 // codec is registered under its own content-subtype ("tensorrpc-chunk")

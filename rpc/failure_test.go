@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -180,17 +179,22 @@ func TestHostileServer(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		for name, tc := range cases {
 			t.Run(tr+"/"+name, func(t *testing.T) {
-				lie := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-					resp, err := handler(ctx, req)
-					if r, ok := resp.(*pb.FetchResponse); ok && err == nil {
-						tc.mutate(r)
-					}
-					return resp, err
-				}
-				s, c := pair(t, tr, []ServerOption{WithGRPCServerOptions(grpc.UnaryInterceptor(lie))}, nil)
+				hs := newHostileServer(t, tr, nil, nil)
+				s, c := hs.s, hs.c
 				in := wrapped(t, 4<<20, 5)
 				s.Publish(context.Background(), "x", in)
-				_, err := c.Fetch(ctxT(t), "x")
+				ch := started(func() error {
+					got, err := c.Fetch(shortCtx(t, 10*time.Second), "x")
+					if err == nil {
+						got.Release()
+					}
+					return err
+				})
+				r := hs.next(5 * time.Second)
+				resp := hs.offer(r.lane, r.h.Ref, "x")
+				tc.mutate(resp)
+				hs.answer(r, frameFetchResp, 0, okBody(resp))
+				err := waitErr(t, ch, 10*time.Second, "Fetch")
 				if status.Code(err) != tc.want {
 					t.Fatalf("Fetch: %v, want %v", err, tc.want)
 				}
@@ -208,8 +212,8 @@ func TestHostileServer(t *testing.T) {
 	}
 }
 
-// TestHostileClient sends the server malformed descriptors and writes
-// with keys the server did not hand out.
+// TestHostileClient sends the server malformed descriptors, and a write
+// through a grant the server made for reading.
 func TestHostileClient(t *testing.T) {
 	s, c := pair(t, TransportTCP, nil, nil)
 	ctx := ctxT(t)
@@ -235,21 +239,29 @@ func TestHostileClient(t *testing.T) {
 		t.Errorf("forged session: %v, want Unavailable (unknown session)", err)
 	}
 	if _, err := api.Call(ctx, &pb.CallRequest{SessionId: c.SessionID(), Method: "m", Tensors: []*pb.TensorMeta{{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1}, ByteLength: 1, TransferId: 12345}}}); status.Code(err) == codes.OK {
-		t.Error("call with a forged transfer succeeded")
+		t.Error("call with a tensor without inline data succeeded")
 	}
-	// A write with a forged key is refused by the server's data plane; the
-	// guard tensor stays intact and the session dies.
-	resp, err := api.Send(ctx, &pb.SendRequest{SessionId: c.SessionID(), Meta: &pb.TensorMeta{Key: "w", Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1 << 20}, ByteLength: 1 << 20}})
+	if _, err := api.Send(ctx, &pb.SendRequest{SessionId: c.SessionID(), Meta: &pb.TensorMeta{Key: "w", Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{1 << 20}, ByteLength: 1 << 20}}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Send method without inline data: %v, want FailedPrecondition", err)
+	}
+	// A write through the grant of a fetched tensor (read only), or with a
+	// forged key, is refused by the server's data plane; the guard tensor
+	// stays intact and the session dies.
+	sess, err := c.session(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	resp, err := c.askFrame(ctx, sess, sess.link, "guard", fetchOptions{})
+	if err != nil || resp.Meta.Location == nil {
+		t.Fatalf("askFrame: %v", err)
+	}
 	src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 	defer src.Release()
-	local, _ := currentLink(c).dev.reg.Local(src.buf)
-	dst := resp.Destination
-	err = currentLink(c).post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil)
+	local, _ := sess.link.dev.reg.Local(src.buf)
+	loc := resp.Meta.Location
+	err = sess.link.post(ctx, write(local, loc.Address, loc.RemoteKey), nil)
 	if status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("write with a forged key: %v, want PermissionDenied", err)
+		t.Fatalf("write through a read grant: %v, want PermissionDenied", err)
 	}
 	got, err := s.Fetch(ctx, "guard")
 	if err != nil {

@@ -179,6 +179,22 @@ func expectEnd(r msgReceiver) error {
 	return err
 }
 
+// recvRequest receives a client stream's tensors and then its end: bytes
+// past the last tensor, in a further Chunk too, fail InvalidArgument.
+func (s *Server) recvRequest(ctx context.Context, r msgReceiver, metas []*pb.TensorMeta, c *counters) ([]*Tensor, error) {
+	ts, err := recvTensors(ctx, r, s.pool, metas, s.opts.maxTensorBytes, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := expectEnd(r); err != nil {
+		for _, t := range ts {
+			t.Release()
+		}
+		return nil, err
+	}
+	return ts, nil
+}
+
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
 	s.streams.Add(1)
@@ -188,14 +204,32 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	if err != nil {
 		return err
 	}
-	e, err := s.rv.fetch(stream.Context(), req.Key, false, req.Wait)
+	peer, done, err := s.admitStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return s.intercept(ctx, ss, OpFetch, req.Key, PathStream, 0, func(ctx context.Context, info *CallInfo) error {
+		return s.fetchStream(ctx, ss, peer, req, stream, info)
+	})
+}
+
+func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
+	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
 	if err != nil {
 		return rendezvousError(req.Key, err)
 	}
 	defer e.buf.Release()
+	// An unread reply holds gRPC's buffers (and the tensor) until sent.
+	refund, err := s.chargeBytes(peer, int64(len(e.tensor.Bytes())))
+	if err != nil {
+		return err
+	}
+	defer refund()
 	var c counters
-	defer s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
 	c.transfers.Add(1)
+	info.ResponseBytes = int64(len(e.tensor.Bytes()))
 	refs := newChunkRefs()
 	defer refs.settle(ctx)
 	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c, refs)
@@ -206,33 +240,61 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	h, err := recvHeader(cs)
+	peer, cs, h, done, err := s.openStream(stream)
 	if err != nil {
 		return err
 	}
+	defer done()
 	if len(h.Tensors) != 1 {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
 	}
-	var c counters
-	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		ts, err := recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
-		if err != nil {
-			return nil, err
-		}
-		if err := expectEnd(r); err != nil {
-			ts[0].Release()
-			return nil, err
-		}
-		return ts, nil
+	return s.intercept(ctx, nil, OpSend, h.Tensors[0].GetKey(), PathStream, metaBytes(h.Tensors), func(ctx context.Context, _ *CallInfo) error {
+		return s.sendStream(ctx, peer, h, cs, stream)
 	})
+}
+
+// openStream admits a client stream (SendStream, CallStream) of the
+// caller's peer and reads its header; done ends the admission.
+func (s *Server) openStream(stream grpc.ServerStream) (peer string, cs grpc.ServerStream, h *pb.ChunkHeader, done func(), err error) {
+	peer, done, err = s.admitStream(stream.Context())
+	if err != nil {
+		return "", nil, nil, nil, err
+	}
+	cs = chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
+	if h, err = recvHeader(cs); err != nil {
+		done()
+		return "", nil, nil, nil, err
+	}
+	return peer, cs, h, done, nil
+}
+
+// receiveStream receives a client stream's tensors, charged to peer's
+// stream budget until refund, counted in c.
+func (s *Server) receiveStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs msgReceiver, c *counters) (ts []*Tensor, refund func(), err error) {
+	if refund, err = s.chargeStream(peer, h.Tensors); err != nil {
+		return nil, nil, err
+	}
+	ts, err = s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
+		return s.recvRequest(ctx, r, h.Tensors, c)
+	})
+	if err != nil {
+		refund()
+		return nil, nil, err
+	}
+	return ts, refund, nil
+}
+
+func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs msgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
+	var c counters
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
+	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
 	if err != nil {
 		return err
 	}
+	defer refund()
 	t := ts[0]
-	if err := s.rv.publish(h.Tensors[0].Key, entry{tensor: t.Tensor, buf: t.buf}); err != nil {
-		return rendezvousError(h.Tensors[0].Key, err)
+	if err := s.publish(h.Tensors[0].Key, t.DType(), t.Shape(), t.buf, 0); err != nil {
+		return err
 	}
 	return stream.SendAndClose(&pb.SendResponse{})
 }
@@ -242,23 +304,28 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	cs := chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	h, err := recvHeader(cs)
+	peer, cs, h, done, err := s.openStream(stream)
 	if err != nil {
 		return err
 	}
+	defer done()
+	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
+		return s.callStream(ctx, peer, h, cs, info)
+	})
+}
+
+func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
 	handler, err := s.handler(h.Method)
 	if err != nil {
 		return err
 	}
 	var c counters
-	defer s.count(nil, func(sc *counters) { mergeCounters(sc, &c) })
-	ts, err := s.receiveIdle(cs, func(r msgReceiver) ([]*Tensor, error) {
-		return recvTensors(ctx, r, s.pool, h.Tensors, s.opts.maxTensorBytes, &c)
-	})
+	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
+	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
 	if err != nil {
 		return err
 	}
+	defer refund()
 	in := &Message{Metadata: h.Metadata, Tensors: ts}
 	defer in.Release()
 	out, err := s.invoke(ctx, nil, handler, in)
@@ -271,8 +338,14 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
+	info.ResponseBytes = metaBytes(metas)
+	refundReply, err := s.chargeBytes(peer, info.ResponseBytes)
+	if err != nil {
+		return err
+	}
+	defer refundReply()
 	refs := newChunkRefs()
-	defer refs.settle(stream.Context())
+	defer refs.settle(ctx)
 	return sendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
 }
 
@@ -478,8 +551,9 @@ func (r *chunkRefs) settle(ctx context.Context) {
 
 // receiveIdle runs receive, which reads a client's stream through the
 // receiver it is given, and fails the stream with DeadlineExceeded when
-// no message arrives for WithStreamIdleTimeout: a client that declares a
-// tensor and goes silent holds its memory only that long. When it gives
+// it makes no progress (watchedReceiver) for WithStreamIdleTimeout: a
+// client that declares a tensor and goes silent, or sends a byte at a
+// time, holds its memory only that long. When it gives
 // up, the handler returns; the stream's end then fails receive's pending
 // read, and receive frees what it allocated (or, if it finished just then,
 // its tensors are released here).
@@ -517,14 +591,29 @@ func (s *Server) receiveIdle(r msgReceiver, receive func(msgReceiver) ([]*Tensor
 	}
 }
 
-// watchedReceiver records when its last message arrived.
+// watchedReceiver records when the stream last made progress: when
+// streamProgress bytes of data arrived since the time before, or the
+// stream ended. Messages alone are no progress, so a client that sends a
+// byte at a time within the idle timeout cannot hold its tensor's memory
+// for ever.
 type watchedReceiver struct {
-	r    msgReceiver
-	last atomic.Int64
+	r        msgReceiver
+	last     atomic.Int64
+	received int // data bytes since last
 }
+
+// streamProgress is the data a stream must deliver within each
+// WithStreamIdleTimeout: 64 KiB.
+const streamProgress = 64 << 10
 
 func (w *watchedReceiver) RecvMsg(m any) error {
 	err := w.r.RecvMsg(m)
-	w.last.Store(time.Now().UnixNano())
+	if in, ok := m.(*chunkcodec.InChunk); ok && err == nil {
+		w.received += in.Len()
+	}
+	if err != nil || w.received >= streamProgress {
+		w.received = 0
+		w.last.Store(time.Now().UnixNano())
+	}
 	return err
 }

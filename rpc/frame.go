@@ -12,9 +12,9 @@ import (
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 )
 
-// Frames are the session engine's calls on the data plane (negotiated with
-// HandshakeRequest.data_plane_calls): each is one Send into one of the
-// peer's receive slots. proto/header.fbs specifies them (FrameHeader and
+// Frames are the session engine's calls on the data plane: every session
+// open on a data plane carries its Fetch, Send and Call as frames, each one
+// Send into one of the peer's receive slots. proto/header.fbs specifies them (FrameHeader and
 // the comment above it: types, bodies, credits, what a receiver rejects)
 // and proto/wire decodes the header. A frame is the 24-byte header, a body
 // and then, on frames from the client, releases: transfer ids the client
@@ -24,21 +24,25 @@ import (
 // length and a google.rpc.Status, empty for OK) on responses:
 //
 //   - FETCH_REQ: the key; flags frameWait and frameLease.
-//   - FETCH_RESP: status, then on OK a FetchResponse. Flag frameFallback
-//     instead says that the answer does not fit a slot: the client asks
-//     again with the Fetch method.
+//   - FETCH_RESP: status, then on OK a FetchResponse.
 //   - SEND_REQ: a SendRequest: the tensor inline, or with meta.location
 //     naming the client's tensor, which the client granted the server to
 //     read; the server reads it, publishes it and then answers.
 //   - SEND_RESP: status.
 //   - CALL_REQ: a CallRequest: tensors inline or, like SEND_REQ's, by
 //     location in the client's memory.
-//   - CALL_RESP: status, then on OK a CallResponse, or with frameIndirect a
-//     TensorMeta naming a transfer whose bytes are the CallResponse (one
-//     that does not fit a slot); the client reads and releases it.
+//   - CALL_RESP: status, then on OK a CallResponse.
 //   - CREDIT: empty; it only returns credits.
 //   - RELEASE: client refs to cancel, 8 bytes each (perhaps none: then it
 //     only carries releases).
+//
+// A body too large for a slot goes indirect (frameIndirect), whatever the
+// request or answer: a request's body is then a TensorMeta naming a grant
+// of the client's pool buffer that holds the body (the key, for a
+// FETCH_REQ), which the server pulls before it serves the request as any
+// other; an answer's is a status and a TensorMeta naming a transfer whose
+// bytes are the answer's protobuf, which the client reads and releases.
+// So every call on a data-plane session is frames, whatever its size.
 //
 // Every request frame gets exactly one response frame with its ref, also
 // when it fails or is cancelled (unless the session ends first): the
@@ -59,8 +63,8 @@ const (
 
 	frameWait     = wire.FlagWait     // FETCH_REQ: WaitForKey
 	frameLease    = wire.FlagLease    // FETCH_REQ: Lease
-	frameFallback = wire.FlagFallback // FETCH_RESP: ask again with the Fetch method
-	frameIndirect = wire.FlagIndirect // CALL_RESP: the body names a transfer holding it
+	frameIndirect = wire.FlagIndirect // the body names where the body is
+	frameHeaders  = wire.FlagHeaders  // requests: the body starts with CallHeaders (metadata, deadline)
 
 	// maxReleases bounds the releases one frame carries.
 	maxReleases = 64

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -19,9 +20,8 @@ import (
 // Receive slots and credits of a link that carries frames (see frame.go).
 //
 // Each side posts frameSlots Recvs, each at its own slot of slotSize bytes
-// from the control pool. Every Send (a frame) and every WriteImm the peer
-// posts consumes one of them, so a side may post one only while it holds a
-// credit: it starts with frameSlots-1 and one reserved slot that only a
+// from the control pool. Every Send (a frame) the peer posts consumes one
+// of them, so a side may post one only while it holds a credit: it starts with frameSlots-1 and one reserved slot that only a
 // credit-only frame may use, so returning credits never deadlocks. A side
 // returns the slots it reposted in the header of every frame it sends, and
 // sends a credit-only frame when it holds frameSlots/2 unreturned ones.
@@ -35,9 +35,11 @@ const (
 )
 
 // slotSizeFor is the slot size both sides derive from the session's eager
-// threshold (HandshakeResponse.eager_threshold).
+// threshold (HandshakeResponse.eager_threshold): room for the inline
+// tensors, or at least for a request's metadata (MaxFrameMetadataBytes),
+// and the slack.
 func slotSizeFor(eager int) int {
-	n := min(max(eager, 0), maxFrameInline) + frameSlack
+	n := max(min(max(eager, 0), maxFrameInline), MaxFrameMetadataBytes+16) + frameSlack
 	return (n + 255) &^ 255
 }
 
@@ -56,10 +58,11 @@ type framing struct {
 	releases func(ids []uint64)
 
 	received   atomic.Uint64 // frames received, for Stats and tests
+	indirect   atomic.Uint64 // of which with frameIndirect, for tests
 	releasedIn atomic.Uint64 // transfer ids released by the peer's frames on this lane, for tests
 
 	mu          sync.Mutex
-	credits     int // Sends and WriteImms this side may post
+	credits     int // Sends this side may post
 	reserve     int // 0 or 1: the slot kept for credit-only frames
 	outstanding int // posted and not yet returned by the peer
 	unreturned  uint32
@@ -128,14 +131,12 @@ func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), relea
 }
 
 // postSlots allocates the slots and posts them; it starts the creditor.
+// It never waits for the control pool (a session gets only the lanes whose
+// slots fit: lanesAllowed), so a full one fails the link at once.
 func (l *link) postSlots(ctx context.Context) error {
 	f := l.fr
-	for range frameSlots {
-		b, err := l.ctlPool.Alloc(ctx, f.slotSize)
-		if err != nil {
-			return err
-		}
-		f.slots = append(f.slots, b)
+	if err := allocSlots(l.ctlPool, f); err != nil {
+		return err
 	}
 	for i := range f.slots {
 		if err := l.postSlot(uint64(i)); err != nil {
@@ -172,9 +173,9 @@ func (f *framing) releaseSlots() {
 	f.slots = nil
 }
 
-// completeSlot handles a Recv completion of a framing link, in the polling
-// goroutine: the verifying message, a frame, or a WriteImm; then it
-// reposts the slot.
+// completeSlot handles a Recv completion, in the polling goroutine: the
+// verifying message or a frame; then it reposts the slot. A write with
+// immediate, which the protocol never sends, fails the link.
 func (l *link) completeSlot(c verbs.Completion) {
 	f := l.fr
 	if c.ID >= uint64(len(f.slots)) || (c.Op == verbs.OpRecv && (c.Len > f.slotSize || c.Len < 0)) {
@@ -192,8 +193,8 @@ func (l *link) completeSlot(c verbs.Completion) {
 		}
 	case verified && c.Op == verbs.OpRecv:
 		err = l.handleFrame(f.slots[c.ID].Bytes()[:c.Len])
-	case verified && l.onRecv != nil:
-		l.onRecv(c)
+	case c.Op == verbs.OpRecvImm:
+		err = errors.New("a write with immediate, which frames never use")
 	}
 	if err != nil {
 		l.fail(fmt.Errorf("peer broke the frame protocol: %w", err))
@@ -225,6 +226,9 @@ func (l *link) handleFrame(b []byte) error {
 	}
 	f := l.fr
 	f.received.Add(1)
+	if h.Flags&frameIndirect != 0 {
+		f.indirect.Add(1)
+	}
 	f.mu.Lock()
 	if int64(h.Credits) > int64(f.outstanding) {
 		f.mu.Unlock()
@@ -287,7 +291,7 @@ func (l *link) handleFrame(b []byte) error {
 	return nil
 }
 
-// acquire takes a credit for one Send or WriteImm, waiting for one while
+// acquire takes a credit for one Send, waiting for one while
 // none is left (until ctx ends or the link dies). reserve lets a
 // credit-only frame take the reserved slot.
 func (l *link) acquire(ctx context.Context, reserve bool) error {

@@ -45,14 +45,13 @@ func (m *methodCounter) total() int64 {
 	return n
 }
 
-// framedPair is a pair whose client counts the unary calls it makes (the
-// server cannot use an interceptor: that keeps calls off frames).
+// framedPair is a pair whose client counts the unary calls it makes.
 func framedPair(t *testing.T, transport string) (*Server, *Client, *methodCounter) {
 	t.Helper()
 	u := newMethodCounter()
 	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.intercept)})
-	if !c.last.frames {
-		t.Fatal("frames not negotiated")
+	if c.last.link == nil || c.last.link.fr == nil {
+		t.Fatal("no frames")
 	}
 	return s, c, u
 }
@@ -78,9 +77,9 @@ func echo(s *Server) Handler {
 	}
 }
 
-// TestSendCallFrames: on a session with frames, Send and Call of every
-// size, and their releases, make no unary call; a request too large for a
-// slot goes by the unary methods and a reply too large comes indirectly.
+// TestSendCallFrames: on a data-plane session, Send and Call of every
+// size, and their releases, make no unary call; a request or a reply too
+// large for a slot goes indirect.
 func TestSendCallFrames(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
@@ -127,22 +126,20 @@ func TestSendCallFrames(t *testing.T) {
 				}
 				reply.Release()
 			}
-			if n := u.total(); n != 0 {
-				t.Fatalf("%d unary calls on a session with frames", n)
-			}
-			// Metadata larger than a slot: the unary methods carry it.
+			// Metadata larger than a slot: the request goes indirect, still
+			// a frame.
 			req.Metadata = bytes.Repeat([]byte{'x'}, 100<<10)
 			reply, err := c.Call(ctx, "echo", &req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(reply.Metadata, req.Metadata) || len(reply.Tensors) != len(sizes) {
-				t.Fatal("unary call's reply differs")
+				t.Fatal("indirect call's reply differs")
 			}
 			reply.Release()
 			req.Release()
-			if u.n[pb.TensorRPC_Call_FullMethodName].Load() != 1 {
-				t.Fatalf("%d unary Calls, want 1", u.n[pb.TensorRPC_Call_FullMethodName].Load())
+			if n := u.total(); n != 0 {
+				t.Fatalf("%d unary calls on a data-plane session", n)
 			}
 		})
 	}
@@ -321,10 +318,9 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 	}
 }
 
-// withUnaryCounter makes the client's unary calls go through f without
-// keeping them off frames, as WithGRPCDialOptions would.
+// withUnaryCounter makes the client's unary calls go through f.
 func withUnaryCounter(f grpc.UnaryClientInterceptor) DialOption {
-	return dialOption(func(o *options) { o.observe = append(o.observe, grpc.WithUnaryInterceptor(f)) })
+	return WithGRPCDialOptions(grpc.WithUnaryInterceptor(f))
 }
 
 // TestGracefulStopFinishesFrameCalls: GracefulStop lets calls that arrived
@@ -461,7 +457,7 @@ func TestFetchNow(t *testing.T) {
 				}
 			}
 			_, errNow := c.Fetch(ctx, "absent")
-			_, errCall := c.askUnary(ctx, c.last, "absent", fetchOptions{})
+			_, errCall := pb.NewTensorRPCClient(c.cc).Fetch(ctx, &pb.FetchRequest{SessionId: c.SessionID(), Key: "absent"})
 			if status.Code(errNow) != codes.NotFound || status.Convert(errNow).Message() != status.Convert(errCall).Message() {
 				t.Fatalf("absent key: %v, the Fetch method says %v", errNow, errCall)
 			}
@@ -491,17 +487,9 @@ func TestFetchNow(t *testing.T) {
 // quota while the call runs: a call past it is ResourceExhausted before
 // its handler runs, the session goes on, and nothing stays charged.
 func TestCallRequestChargedToQuota(t *testing.T) {
-	for _, mode := range []string{"frames", "methods"} {
+	for _, mode := range []string{"frames"} {
 		t.Run(mode, func(t *testing.T) {
-			srvOpts := []ServerOption{WithSessionQuota(256 << 10)}
-			var dialOpts []DialOption
-			if mode == "methods" {
-				dialOpts = append(dialOpts, withoutFrames())
-			}
-			s, c := pair(t, TransportTCP, srvOpts, dialOpts)
-			if c.last.frames != (mode == "frames") {
-				t.Fatalf("frames negotiated: %v", c.last.frames)
-			}
+			s, c := pair(t, TransportTCP, []ServerOption{WithSessionQuota(256 << 10)}, nil)
 			var ran atomic.Int64
 			s.Handle("count", func(ctx context.Context, in *Message) (*Message, error) {
 				ran.Add(1)
@@ -540,6 +528,47 @@ func TestCallRequestChargedToQuota(t *testing.T) {
 			ss.mu.Unlock()
 			if left != 0 {
 				t.Fatalf("%d bytes still charged after the calls", left)
+			}
+		})
+	}
+}
+
+// TestFrameCallsTakeNoServerLock: frame calls never take the server-wide
+// lock (a session opening or closing holds it): with it held, a Fetch, a
+// Send and a Call as frames complete.
+func TestFrameCallsTakeNoServerLock(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			s.Handle("nop", func(ctx context.Context, req *Message) (*Message, error) { return req, nil })
+			x := wrapped(t, 4<<10, 3)
+			defer x.Release()
+			ctx := ctxT(t)
+			if err := c.Send(ctx, "k", x); err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			done := make(chan error, 1)
+			go func() {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				got, err := c.Fetch(cctx, "k")
+				if err == nil {
+					got.Release()
+					err = c.Send(cctx, "k2", x)
+				}
+				if err == nil {
+					var m *Message
+					if m, err = c.Call(cctx, "nop", &Message{Tensors: []*Tensor{x}}); err == nil {
+						m.Release()
+					}
+				}
+				done <- err
+			}()
+			err := <-done
+			s.mu.Unlock()
+			if err != nil {
+				t.Fatalf("calls with the server's lock held: %v", err)
 			}
 		})
 	}

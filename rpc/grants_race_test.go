@@ -4,146 +4,13 @@ import (
 	"bytes"
 	"context"
 	"testing"
-	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
-
-// TestMisdirectedWriteImmPublishesNothing: a client holds two
-// destinations, X and Y, of the same size, and writes all n bytes into Y's
-// grant with X's immediate value. X was never written: publishing it would
-// hand the client whatever its pool buffer held before (here a tensor the
-// server released; it could be another session's). The server sees that
-// the write did not go through X's grant and publishes nothing. (Found by
-// a review; the same test then showed the released tensor's bytes.)
-func TestMisdirectedWriteImmPublishesNothing(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			const n = 64 << 10
-			s, _, dial := hostileSetup(t, tr, 4096)
-			ctx := ctxT(t)
-
-			// Some other tenant's data passes through the server's pool and is
-			// released.
-			old, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{n})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pattern(old.Bytes(), 77)
-			secret := bytes.Clone(old.Bytes())
-			old.Release()
-
-			c := dial()
-			cs, api := rawSession(t, c)
-			mx := &pb.TensorMeta{Key: "X", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-			rx, err := api.Send(ctx, &pb.SendRequest{SessionId: cs.id, Meta: mx, ClientRef: 4001})
-			if err != nil {
-				t.Fatal(err)
-			}
-			my := &pb.TensorMeta{Key: "Y", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-			ry, err := api.Send(ctx, &pb.SendRequest{SessionId: cs.id, Meta: my, ClientRef: 4002})
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, local := scratch(t, c, cs, n, 9)
-			// n bytes into Y's grant, naming X.
-			if err := cs.link.post(ctx, writeImm(local, ry.Destination.Address, ry.Destination.RemoteKey, rx.Immediate), nil); err != nil {
-				t.Fatalf("misdirected WriteImm: %v", err)
-			}
-			got, err := c.Fetch(ctx, "X")
-			if err == nil {
-				defer got.Release()
-				if bytes.Equal(got.Bytes(), secret) {
-					t.Fatalf("X was published with a released tensor's bytes: the client read stale pool memory it never wrote")
-				}
-				t.Fatalf("X was published although nothing was written into it")
-			}
-			if status.Code(err) != codes.NotFound {
-				t.Fatalf("Fetch X: %v, want NotFound", err)
-			}
-		})
-	}
-}
-
-// TestNoWriteLandsAfterPublish (tcp): a client posts, back to back, a
-// WriteImm that fills its destination and then a large Write through the
-// same grant. The Write may pass the key check before the server revokes
-// the grant (it is the client's own destination until then), but Revoke
-// waits for it, so the published tensor never changes after it is
-// published (nor after its checksum was verified). Before the fix, tcp's
-// Revoke only removed the key and the bytes kept landing.
-func TestNoWriteLandsAfterPublish(t *testing.T) {
-	const n = 32 << 20
-	s, _, dial := hostileSetup(t, TransportTCP, 4096)
-	ctx := ctxT(t)
-	c := dial()
-	cs, api := rawSession(t, c)
-	meta := &pb.TensorMeta{Key: "late", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-	sr, err := api.Send(ctx, &pb.SendRequest{SessionId: cs.id, Meta: meta, ClientRef: 5001})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, la := scratch(t, c, cs, n, 1)
-	b, lb := scratch(t, c, cs, n, 2)
-	dst := verbs.Remote{Addr: sr.Destination.Address, Key: sr.Destination.RemoteKey}
-
-	l := cs.link
-	w1 := &waiter{ch: make(chan verbs.Completion, 1)}
-	w2 := &waiter{ch: make(chan verbs.Completion, 1)}
-	id1, id2 := l.nextID.Add(1), l.nextID.Add(1)
-	l.mu.Lock()
-	l.waiters[id1], l.waiters[id2] = w1, w2
-	l.mu.Unlock()
-
-	// Watch for the publish from the server side.
-	published := make(chan []byte, 1)
-	go func() {
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-			s.rv.mu.Lock()
-			e, ok := s.rv.entries["late"]
-			var snap []byte
-			if ok {
-				snap = bytes.Clone(e.buf.Bytes())
-			}
-			s.rv.mu.Unlock()
-			if ok {
-				published <- snap
-				return
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
-		close(published)
-	}()
-
-	err = l.qp.PostSend(
-		verbs.SendRequest{ID: id1, Op: verbs.OpWriteImm, Local: la, Remote: dst, Imm: sr.Immediate, HasImm: true},
-		verbs.SendRequest{ID: id2, Op: verbs.OpWrite, Local: lb, Remote: dst},
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c1, c2 := <-w1.ch, <-w2.ch
-	t.Logf("WriteImm: %v; Write after it: %v", c1.Status, c2.Status)
-	snap, ok := <-published
-	if !ok {
-		t.Fatal("never published")
-	}
-	if c2.Status != verbs.StatusSuccess {
-		return // the revoke came before the Write's key check: refused, as it should be
-	}
-	s.rv.mu.Lock()
-	now := bytes.Clone(s.rv.entries["late"].buf.Bytes())
-	s.rv.mu.Unlock()
-	if !bytes.Equal(snap, now) {
-		t.Errorf("the published tensor changed after it was published: a Write through the revoked grant kept landing (at publish: A %v, B prefix %v; now equal to B: %v)",
-			bytes.Equal(snap, a.Bytes()), bytes.Equal(snap[:4096], b.Bytes()[:4096]), bytes.Equal(now, b.Bytes()))
-	}
-}
 
 // TestNoReadAfterRelease (tcp): a client asks for a Call whose reply is a
 // large tensor, posts a Read through the reply's read grant and releases
@@ -165,9 +32,10 @@ func TestNoReadAfterRelease(t *testing.T) {
 	})
 	c := dial()
 	cs, api := rawSession(t, c)
-	resp, err := api.Call(ctx, &pb.CallRequest{SessionId: cs.id, Method: "big", ClientRef: 6001})
-	if err != nil || len(resp.TransferIds) != 1 {
-		t.Fatalf("Call: %v, %v", resp, err)
+	r, _, err := c.roundTrip(ctx, cs, cs.link, frameCallReq, 0, nil, &pb.CallRequest{Method: "big"}, answerOr(func() proto.Message { return &pb.CallResponse{} }), nil)
+	resp, _ := r.msg.(*pb.CallResponse)
+	if err != nil || r.status != nil || len(resp.GetTransferIds()) != 1 {
+		t.Fatalf("Call: %+v, %v", r, err)
 	}
 	loc := resp.Tensors[0].Location
 	buf, local := scratch(t, c, cs, n, 3)

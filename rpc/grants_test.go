@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"bytes"
-	"context"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -80,9 +79,9 @@ func scratch(t *testing.T, c *Client, s *clientSession, n int, seed byte) (*memp
 }
 
 // TestHostileClientGetsOnlyItsGrants: a second session that presents the
-// keys, addresses and lengths of the first session's tensor and
-// destination (as if copied out of the first client's memory) is refused
-// with PermissionDenied before any byte moves; so is a session that stretches
+// keys, addresses and lengths of the first session's tensors (as if copied
+// out of the first client's memory), to read or to write, is refused with
+// PermissionDenied before any byte moves; so is a session that stretches
 // its own grant over a neighbouring buffer, and the first session after it
 // released its grant. The first session's transfers, the published tensor
 // and the server's pool stay as they were.
@@ -90,24 +89,24 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			const n = 256 << 10
-			_, secret, dial := hostileSetup(t, tr, n)
+			s, secret, dial := hostileSetup(t, tr, n)
+			publishBytes(t, s, "other", n, 4)
 			ctx := ctxT(t)
 			victim := dial()
 			vs, vapi := rawSession(t, victim)
 
-			// The victim's read grant on "secret", and a write grant on a
-			// destination for "dest"; neither is released yet.
-			fr, err := vapi.Fetch(ctx, &pb.FetchRequest{SessionId: vs.id, Key: "secret", ClientRef: 1001})
+			// The victim's read grants on "secret" and "other", not yet
+			// released.
+			fr, err := victim.askFrame(ctx, vs, vs.link, "secret", fetchOptions{})
 			if err != nil || fr.Meta.GetLocation() == nil {
 				t.Fatalf("victim's Fetch: %v, %v", fr, err)
 			}
 			rloc := fr.Meta.Location
-			meta := &pb.TensorMeta{Key: "dest", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-			sr, err := vapi.Send(ctx, &pb.SendRequest{SessionId: vs.id, Meta: meta, ClientRef: 1002})
-			if err != nil || sr.Destination == nil {
-				t.Fatalf("victim's Send: %v, %v", sr, err)
+			or, err := victim.askFrame(ctx, vs, vs.link, "other", fetchOptions{})
+			if err != nil || or.Meta.GetLocation() == nil {
+				t.Fatalf("victim's Fetch: %v, %v", or, err)
 			}
-			wloc := sr.Destination
+			oloc := or.Meta.Location
 
 			// Another session reads the victim's tensor with its key.
 			thief := dial()
@@ -122,29 +121,29 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 				t.Errorf("a refused Read changed the thief's buffer")
 			}
 
-			// Another session writes into the victim's destination.
+			// Another session writes into the victim's tensor.
 			vandal := dial()
 			vds, _ := rawSession(t, vandal)
 			_, vlocal := scratch(t, vandal, vds, n, 9)
-			err = vds.link.post(ctx, writeImm(vlocal, wloc.Address, wloc.RemoteKey, sr.Immediate), nil)
+			err = vds.link.post(ctx, write(vlocal, rloc.Address, rloc.RemoteKey), nil)
 			if status.Code(err) != codes.PermissionDenied {
-				t.Errorf("another session's WriteImm into the victim's destination: %v, want PermissionDenied", err)
+				t.Errorf("another session's Write into the victim's tensor: %v, want PermissionDenied", err)
 			}
 
 			// A session stretches its own read grant past its end, and aims
-			// it at the victim's destination (a fresh session each: a refused
-			// access ends the data plane that made it).
-			for i, tc := range []struct {
+			// it at the victim's other tensor (a fresh session each: a
+			// refused access ends the data plane that made it).
+			for _, tc := range []struct {
 				name  string
 				bytes int
 				addr  func(own *pb.Location) uint64
 			}{
 				{"past its end", 2 * n, func(own *pb.Location) uint64 { return own.Address }},
-				{"at the victim's destination", n, func(*pb.Location) uint64 { return wloc.Address }},
+				{"at the victim's other tensor", n, func(*pb.Location) uint64 { return oloc.Address }},
 			} {
 				c := dial()
-				cs, capi := rawSession(t, c)
-				own, err := capi.Fetch(ctx, &pb.FetchRequest{SessionId: cs.id, Key: "secret", ClientRef: uint64(2001 + i)})
+				cs, _ := rawSession(t, c)
+				own, err := c.askFrame(ctx, cs, cs.link, "secret", fetchOptions{})
 				if err != nil || own.Meta.GetLocation() == nil {
 					t.Fatalf("Fetch: %v, %v", own, err)
 				}
@@ -161,8 +160,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			}
 
 			// The victim's session is untouched: its own Read works and
-			// returns the published bytes, and its destination still takes
-			// its write.
+			// returns the published bytes.
 			if sessionGone(victim) {
 				t.Fatal("the victim's session ended because of another session's accesses")
 			}
@@ -173,18 +171,6 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			if !bytes.Equal(rbuf.Bytes(), secret) {
 				t.Errorf("the victim read something else than the published tensor")
 			}
-			wbuf, wlocal := scratch(t, victim, vs, n, 42)
-			if err := vs.link.post(ctx, writeImm(wlocal, wloc.Address, wloc.RemoteKey, sr.Immediate), nil); err != nil {
-				t.Fatalf("the victim's own WriteImm: %v", err)
-			}
-			got, err := victim.Fetch(ctx, "dest")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got.Bytes(), wbuf.Bytes()) {
-				t.Errorf("\"dest\" does not hold the victim's bytes")
-			}
-			got.Release()
 			check, err := victim.Fetch(ctx, "secret")
 			if err != nil {
 				t.Fatal(err)
@@ -202,61 +188,6 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			err = vs.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: rlocal, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil)
 			if status.Code(err) != codes.PermissionDenied {
 				t.Errorf("Read with a released grant: %v, want PermissionDenied", err)
-			}
-		})
-	}
-}
-
-// TestShortWriteImmPublishesNothing: a WriteImm that carries fewer bytes
-// than its destination completes nothing: a Send's key is not published
-// (no stale pool memory is), and a Call that names such a tensor fails
-// with InvalidArgument without running its handler.
-func TestShortWriteImmPublishesNothing(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			const n = 64 << 10
-			s, _, dial := hostileSetup(t, tr, 4096)
-			ran := make(chan struct{}, 1)
-			s.Handle("sum", func(ctx context.Context, m *Message) (*Message, error) {
-				ran <- struct{}{}
-				return nil, nil
-			})
-			ctx := ctxT(t)
-			c := dial()
-			cs, api := rawSession(t, c)
-			_, local := scratch(t, c, cs, n, 7)
-			short := local
-			short.Length = 4096
-
-			meta := &pb.TensorMeta{Key: "short", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-			sr, err := api.Send(ctx, &pb.SendRequest{SessionId: cs.id, Meta: meta, ClientRef: 3001})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cs.link.post(ctx, writeImm(short, sr.Destination.Address, sr.Destination.RemoteKey, sr.Immediate), nil); err != nil {
-				t.Fatalf("short WriteImm: %v", err)
-			}
-			if _, err := c.Fetch(ctx, "short"); status.Code(err) != codes.NotFound {
-				t.Errorf("Fetch after a short WriteImm: %v, want NotFound", err)
-			}
-
-			hmeta := &pb.TensorMeta{Key: "", Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}
-			hr, err := api.Send(ctx, &pb.SendRequest{SessionId: cs.id, Meta: hmeta, Hold: true, ClientRef: 3002})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cs.link.post(ctx, writeImm(short, hr.Destination.Address, hr.Destination.RemoteKey, hr.Immediate), nil); err != nil {
-				t.Fatalf("short WriteImm: %v", err)
-			}
-			hmeta.TransferId = hr.TransferId
-			_, err = api.Call(ctx, &pb.CallRequest{SessionId: cs.id, Method: "sum", Tensors: []*pb.TensorMeta{hmeta}, ClientRef: 3003})
-			if status.Code(err) != codes.InvalidArgument {
-				t.Errorf("Call with a short-written tensor: %v, want InvalidArgument", err)
-			}
-			select {
-			case <-ran:
-				t.Errorf("the handler ran on a short-written tensor")
-			default:
 			}
 		})
 	}

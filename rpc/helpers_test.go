@@ -115,8 +115,10 @@ func listen(t *testing.T) net.Listener {
 	return lis
 }
 
-func writeImm(local verbs.Local, addr uint64, key, imm uint32) verbs.SendRequest {
-	return verbs.SendRequest{Op: verbs.OpWriteImm, Local: local, Remote: verbs.Remote{Addr: addr, Key: key}, Imm: imm, HasImm: true}
+// write is a one-sided Write of local to the peer's addr through key: no
+// grant of tensorrpc's allows one, so the peer refuses it.
+func write(local verbs.Local, addr uint64, key uint32) verbs.SendRequest {
+	return verbs.SendRequest{Op: verbs.OpWrite, Local: local, Remote: verbs.Remote{Addr: addr, Key: key}}
 }
 
 // skipWithoutDevice skips the test when transport's provider has no device

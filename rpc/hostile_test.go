@@ -59,7 +59,7 @@ func TestSessionIsBoundToItsConnection(t *testing.T) {
 					t.Errorf("%s with another connection's session: %v, want PermissionDenied", what, err)
 				}
 			}
-			_, err = thief.Fetch(ctx, &pb.FetchRequest{SessionId: victim, Key: "w", ClientRef: 1})
+			_, err = thief.Fetch(ctx, &pb.FetchRequest{SessionId: victim, Key: "w"})
 			denied("Fetch", err)
 			_, err = thief.Send(ctx, &pb.SendRequest{SessionId: victim, Meta: metaOf("x", in.Tensor, false), InlineData: nil})
 			denied("Send", err)
@@ -196,7 +196,7 @@ func TestArenasShrinkAfterSpike(t *testing.T) {
 }
 
 // TestDeadDataPlaneEndsSession: a request the server's data plane refuses
-// (a forged key) kills the queue pairs; both sides notice, the server ends
+// (a Read with a forged key) kills the queue pairs; both sides notice, the server ends
 // the session instead of handing out locations on a dead plane, and the
 // Client's next call opens a new session.
 func TestDeadDataPlaneEndsSession(t *testing.T) {
@@ -206,17 +206,22 @@ func TestDeadDataPlaneEndsSession(t *testing.T) {
 			ctx := ctxT(t)
 			first := c.SessionID()
 			api := pb.NewTensorRPCClient(c.cc)
-			resp, err := api.Send(ctx, &pb.SendRequest{SessionId: first, Meta: metaOf("w", wrapped(t, 1<<20, 1).Tensor, false)})
+			publishBytes(t, s, "w", 1<<20, 1)
+			sess, err := c.session(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
+			resp, err := c.askFrame(ctx, sess, sess.link, "w", fetchOptions{})
+			if err != nil || resp.Meta.Location == nil {
+				t.Fatalf("askFrame: %v", err)
+			}
 			src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 			defer src.Release()
-			l := currentLink(c)
+			l := sess.link
 			local, _ := l.dev.reg.Local(src.buf)
-			dst := resp.Destination
-			if err := l.post(ctx, writeImm(local, dst.Address, dst.RemoteKey^0xffff, resp.Immediate), nil); status.Code(err) != codes.PermissionDenied {
-				t.Fatalf("forged write: %v, want PermissionDenied", err)
+			loc := resp.Meta.Location
+			if err := l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey ^ 0xffff}}, nil); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("forged read: %v, want PermissionDenied", err)
 			}
 			waitFor(t, "the server to end the session", func() bool {
 				for _, si := range s.Sessions() {
@@ -280,12 +285,12 @@ func TestCrashedFallbackClientLeaksNothing(t *testing.T) {
 	stop()
 }
 
-// TestSessionQuotaAndStaleReservations: a session that reserves
-// destinations and never writes them runs into its quota
-// (ResourceExhausted for it alone: other clients' Sends and new sessions
-// go on), and once its reservations go stale the server ends the session
-// and frees the memory.
-func TestSessionQuotaAndStaleReservations(t *testing.T) {
+// TestSessionQuota: a session whose Send would bring more into the
+// server than its quota fails with ResourceExhausted, for it alone: its
+// session and other clients' Sends go on, and nothing stays allocated.
+// (A pull that stays unanswered, TestStalePullEndsSession, ends the
+// session.)
+func TestSessionQuota(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP), WithPoolOptions(mempool.WithLimit(256<<20)),
 		WithSessionQuota(64<<20), WithReservationTimeout(time.Second))
@@ -299,32 +304,23 @@ func TestSessionQuotaAndStaleReservations(t *testing.T) {
 	}
 	hoarder := dial()
 	defer hoarder.Close()
-	api := pb.NewTensorRPCClient(hoarder.cc)
-	meta := metaOf("hoard", wrapped(t, 16<<20, 1).Tensor, false)
-	var err error
-	for i := range 5 {
-		_, err = api.Send(ctx, &pb.SendRequest{SessionId: hoarder.SessionID(), Meta: meta, ClientRef: uint64(i + 1)})
-		if i < 4 && err != nil {
-			t.Fatalf("reservation %d within the quota: %v", i, err)
-		}
-	}
+	first := hoarder.SessionID()
+	err := hoarder.Send(ctx, "hoard", wrapped(t, 80<<20, 1))
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "WithSessionQuota") {
-		t.Fatalf("reservation past the quota: %v, want ResourceExhausted naming WithSessionQuota", err)
+		t.Fatalf("a Send past the quota: %v, want ResourceExhausted naming WithSessionQuota", err)
 	}
 	victim := dial() // a new session opens
 	defer victim.Close()
 	if err := victim.Send(ctx, "fine", wrapped(t, 16<<20, 2)); err != nil {
-		t.Fatalf("another client's Send while one hoards: %v", err)
+		t.Fatalf("another client's Send: %v", err)
 	}
-	first := hoarder.SessionID()
-	waitFor(t, "the server to end the hoarding session", func() bool {
-		for _, si := range s.Sessions() {
-			if si.ID == first {
-				return false
-			}
-		}
-		return true
-	})
+	if err := hoarder.Send(ctx, "within", wrapped(t, 16<<20, 3)); err != nil || hoarder.SessionID() != first {
+		t.Fatalf("the refused session's next Send: %v (session %s, was %s)", err, hoarder.SessionID(), first)
+	}
+	if _, err := s.Fetch(ctx, "hoard"); status.Code(err) != codes.NotFound {
+		t.Fatalf("the refused tensor: %v, want NotFound", err)
+	}
+	s.Unpublish("within")
 	got, err := s.Take(ctx, "fine")
 	if err != nil {
 		t.Fatal(err)
@@ -430,4 +426,45 @@ func TestServerNeverDialsClientAddresses(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	st.CloseSend()
+}
+
+// TestCallStreamBytesPastTheEnd: a CallStream client that sends a Chunk
+// after the last byte of its tensors fails with InvalidArgument, as the
+// .proto's stream rules say, and the method never runs; its memory is
+// freed.
+func TestCallStreamBytesPastTheEnd(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
+	ran := make(chan struct{}, 1)
+	s.Handle("m", func(ctx context.Context, req *Message) (*Message, error) {
+		ran <- struct{}{}
+		return nil, nil
+	})
+	ctx := ctxT(t)
+	stream, err := rawConn(t, addr).CallStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := wrapped(t, 8, 1)
+	for _, ch := range []*pb.Chunk{
+		{Header: &pb.ChunkHeader{Method: "m", Tensors: []*pb.TensorMeta{metaOf("", in.Tensor, false)}}},
+		{Data: in.Bytes()},
+		{Data: []byte{1}},
+	} {
+		if err := stream.Send(ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a Chunk past the last tensor: %v, want InvalidArgument", err)
+	}
+	select {
+	case <-ran:
+		t.Error("the method ran")
+	default:
+	}
+	waitFor(t, "the stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
 }

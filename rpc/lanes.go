@@ -11,15 +11,14 @@ import (
 )
 
 // Lanes are a session's queue pairs on its data plane (WithLanes). Lane 0
-// is the session's link: the unary methods' transfers and WriteImms use
-// it. Frames go on any lane, each with its own receive slots, credits and
-// polling goroutine; what a frame call grants (and reads) stays on its
-// lane, because a grant opens a buffer to one queue pair only.
+// is the session's link. Frames go on any lane, each with its own receive
+// slots, credits and polling goroutine; what a frame call grants (and
+// reads) stays on its lane, because a grant opens a buffer to one queue
+// pair only (a striped transfer grants it on every lane).
 
 // connectLanes connects lanes[i] to remotes[i], all at once; the first
-// failure ends the others' attempts. onRecv gives each lane's handler of
-// received WriteImms (nil: none).
-func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte, onRecv func(*link) func(verbs.Completion)) error {
+// failure ends the others' attempts.
+func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte) error {
 	if len(lanes) != len(remotes) {
 		return fmt.Errorf("%d lanes, %d remote infos", len(lanes), len(remotes))
 	}
@@ -29,11 +28,7 @@ func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte, onRecv f
 	var wg sync.WaitGroup
 	for i, l := range lanes {
 		wg.Go(func() {
-			var h func(verbs.Completion)
-			if onRecv != nil {
-				h = onRecv(l)
-			}
-			if errs[i] = l.connect(ctx, remotes[i], h); errs[i] != nil {
+			if errs[i] = l.connect(ctx, remotes[i]); errs[i] != nil {
 				cancel()
 			}
 		})

@@ -57,17 +57,17 @@ const DefaultGracefulStopTimeout = 10 * time.Second
 // pool arenas that stayed empty back to the system.
 const DefaultTrimInterval = 30 * time.Second
 
-// DefaultSessionQuota bounds the pool memory one session may hold in
-// destinations reserved for its Sends and Calls at once: 2 GiB, two
-// tensors of DefaultMaxTensorBytes.
+// DefaultSessionQuota bounds the pool memory one session's Sends and Calls
+// may bring into the server at once: 2 GiB, two tensors of
+// DefaultMaxTensorBytes.
 const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
 
-// DefaultReservationTimeout is how long a destination reserved for a
-// session may stay unwritten before the server ends the session.
+// DefaultReservationTimeout is how long the server's read of a client's
+// memory may stay unanswered before the server ends the session.
 const DefaultReservationTimeout = time.Minute
 
-// DefaultStreamIdleTimeout is how long a client's fallback stream may send
-// nothing while the server waits for its tensor bytes.
+// DefaultStreamIdleTimeout is how long a client's fallback stream may make
+// no progress while the server waits for its tensor bytes.
 const DefaultStreamIdleTimeout = 30 * time.Second
 
 // options holds the settings of a Server or a Client. Each field's default
@@ -83,9 +83,6 @@ type options struct {
 	logger         *slog.Logger
 	grpcServerOpts []grpc.ServerOption
 	grpcDialOpts   []grpc.DialOption
-	// observe: dial options of the package's tests that, unlike
-	// grpcDialOpts, keep calls on frames (interceptors that count calls).
-	observe        []grpc.DialOption
 	creds          credentials.TransportCredentials
 	dataAddress    string
 	name           string
@@ -97,12 +94,10 @@ type options struct {
 	sessionQuota   int64
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
+	admission      Admission
 	lanes          int   // 0: DefaultLanes for each data plane
 	envErr         error // an environment variable that could not be read (applyEnv)
-	// noFrames keeps Fetch off the data plane (HandshakeRequest and
-	// HandshakeResponse.data_plane_calls unset), as a peer that predates
-	// frames would; for tests.
-	noFrames bool
+	interceptors   []Interceptor
 	// frameServe, set by the package's tests, wraps the frame handler of
 	// each lane of a server's session as the session sets it up.
 	frameServe func(ss *serverSession, lane int, serve func(frameHeader, []byte)) func(frameHeader, []byte)
@@ -140,10 +135,6 @@ type Option interface {
 }
 
 type sharedOption func(*options)
-
-// withoutFrames makes this side negotiate no data-plane calls, as an older
-// peer would.
-func withoutFrames() Option { return sharedOption(func(o *options) { o.noFrames = true }) }
 
 func (f sharedOption) applyServer(o *options) { f(o) }
 func (f sharedOption) applyDial(o *options)   { f(o) }
@@ -250,10 +241,9 @@ func WithEagerThreshold(n int) ServerOption {
 }
 
 // WithGRPCServerOptions passes options to the grpc.Server that NewServer
-// makes. Since they may add interceptors, which must see every call, a
-// Server given any keeps its sessions' Fetch on the gRPC Fetch method
-// instead of the data plane's frames (HandshakeResponse.data_plane_calls
-// unset): each Fetch then costs a gRPC round trip.
+// makes. Its interceptors see the gRPC methods only (session setup, the
+// fallback's streams, gRPC-only clients): calls of a data-plane session
+// travel as frames on the data plane.
 func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
 	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
 }
@@ -302,28 +292,28 @@ func WithTrimInterval(d time.Duration) Option {
 // they carry.
 func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.checksums = on }) }
 
-// WithSessionQuota bounds the pool memory one session may hold in
-// destinations reserved for its Sends and Calls (default
+// WithSessionQuota bounds the pool memory one session's Sends and Calls
+// may bring into the server at once, counted while they come in (default
 // DefaultSessionQuota). A request past it fails with ResourceExhausted for
 // that session only; other sessions are not affected.
 func WithSessionQuota(bytes int64) ServerOption {
 	return serverOption(func(o *options) { o.sessionQuota = bytes })
 }
 
-// WithReservationTimeout sets how long a destination the server reserved
-// for a session's Send or Call may stay unwritten, and a Read of a
-// client's tensor (a Send or Call as frames) unanswered (default
-// DefaultReservationTimeout). A session that leaves one longer is ended and
-// its memory freed, so a client that reserves and goes silent holds memory
-// only that long. 0 disables the check.
+// WithReservationTimeout sets how long the server's Read of a client's
+// tensor (a Send or Call, or an indirect request) may stay unanswered
+// (default DefaultReservationTimeout). A session that leaves one longer is
+// ended and its memory freed, so a client that stops answering holds the
+// server's memory only that long. 0 disables the check.
 func WithReservationTimeout(d time.Duration) ServerOption {
 	return serverOption(func(o *options) { o.reserveTimeout = d })
 }
 
 // WithStreamIdleTimeout sets how long a client's SendStream or CallStream
-// may send nothing while the server waits for its tensors' bytes (default
-// DefaultStreamIdleTimeout); the stream then fails with DeadlineExceeded
-// and its memory is freed. 0 waits as long as the stream lives.
+// may make no progress (deliver less than 64 KiB of its tensors' bytes)
+// while the server waits for them (default DefaultStreamIdleTimeout); the
+// stream then fails with DeadlineExceeded and its memory is freed. 0 waits
+// as long as the stream lives.
 func WithStreamIdleTimeout(d time.Duration) ServerOption {
 	return serverOption(func(o *options) { o.streamIdle = d })
 }
@@ -337,8 +327,8 @@ func WithTransportCredentials(c credentials.TransportCredentials) DialOption {
 }
 
 // WithGRPCDialOptions passes options to the gRPC client connection that
-// Dial makes. As with WithGRPCServerOptions, a Client given any keeps
-// Fetch on the gRPC Fetch method, so that its interceptors see every call.
+// Dial makes. As with WithGRPCServerOptions, its interceptors see the gRPC
+// methods only: calls of a data-plane session travel as frames.
 func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
 	return dialOption(func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) })
 }

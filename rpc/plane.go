@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,8 +57,8 @@ func openDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*device, error) {
 }
 
 // grant opens the first n bytes of buf to the link's peer with one right
-// (verbs.AccessRemoteRead for a tensor it fetches, AccessRemoteWrite for a
-// destination it fills), on this link's queue pair only.
+// (verbs.AccessRemoteRead: the receiver always pulls), on this link's
+// queue pair only.
 func (l *link) grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Grant, error) {
 	mr, ok := l.dev.reg.Region(buf.Arena())
 	if !ok {
@@ -92,24 +91,21 @@ func newControlPool() (*mempool.Pool, error) {
 const controlPoolLimit = 256 << 20
 
 // lanesAllowed is how many of want lanes a new session may have while the
-// control pool's posted slots stay within half its limit, at least 1
-// (whose slots, like any session's, then wait for memory if need be).
+// control pool's posted slots stay within half its limit: possibly none,
+// since slots are never waited for (postSlots); the session is then
+// refused (ResourceExhausted).
 func lanesAllowed(ctl *mempool.Pool, want, slotSize int) int {
 	perLane := int64(frameSlots * slotSize)
 	room := controlPoolLimit/2 - ctl.Stats().InUse
-	return max(1, min(want, int(room/perLane)))
+	return max(0, min(want, int(room/perLane)))
 }
 
-// Depths of a link's queues. recvDepth Recvs stay posted for incoming
-// WriteImms; sendDepth bounds the outstanding Reads and Writes.
-const (
-	recvDepth = 256
-	sendDepth = 1024
-)
+// sendDepth bounds a link's outstanding work requests (Reads and the
+// Sends of frames); its receive queue holds the frameSlots receive slots.
+const sendDepth = 1024
 
 // sendRoom is how many of the send queue's sendDepth entries requests
-// that take no frame credit (Reads, and every request of a link without
-// frames) may hold at once; beyond it they wait for one to complete. The
+// that take no frame credit (Reads) may hold at once; beyond it they wait for one to complete. The
 // rest is kept for the Sends of frames, which credits bound to frameSlots
 // outstanding, so that a burst of Reads (a Call naming hundreds of
 // tensors, many calls at once) never makes a response frame fail with a
@@ -118,27 +114,26 @@ const sendRoom = sendDepth - 2*frameSlots
 
 // link is one session's connected queue pair. A single goroutine polls its
 // completion queue and hands each completion to the waiter that posted the
-// work request, or to onRecv for received WriteImms.
+// work request, or, for a received frame, to the framing.
 type link struct {
-	dev    *device
-	qp     verbs.QueuePair
-	cq     verbs.CompletionQueue
-	recv   *mempool.Buffer // a small buffer Recvs point at; WriteImms use none of it
-	out    *mempool.Buffer // a small buffer the verifying Send goes from
-	onRecv func(verbs.Completion)
-	// recvImmKey: the provider reports the key a WriteImm wrote through
-	// (verbs.Attributes.RecvImmKey).
-	recvImmKey bool
-	// ctlPool is the control pool the link's buffers come from; fr is set
-	// (by enableFrames) when the link carries frames: then its Recvs are
-	// receive slots and its Sends and WriteImms need credits.
+	dev *device
+	qp  verbs.QueuePair
+	cq  verbs.CompletionQueue
+	out *mempool.Buffer // a small buffer the verifying Send goes from
+	// ctlPool is the control pool the link's buffers come from; fr (set by
+	// enableFrames, before connect) carries the frames: its Recvs are
+	// receive slots and its Sends need credits.
 	ctlPool *mempool.Pool
 	fr      *framing
 
 	// Until verified is set, received Sends are the negotiation's verifying
-	// round trip: their bytes go to verifyCh instead of onRecv.
+	// round trip: their bytes go to verifyCh instead of the framing.
 	verified atomic.Bool
 	verifyCh chan []byte
+	// opened is set (server side) once the session is open on this lane:
+	// from then on its frame calls are served. Read without a lock on
+	// every frame call.
+	opened atomic.Bool
 
 	nextID  atomic.Uint64
 	reads   atomic.Uint64 // Reads posted, for tests
@@ -170,30 +165,24 @@ const verifyBytes = 64
 // connection: the server accepts, the client dials, so a server never
 // connects to an address a client named.
 func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*link, error) {
-	cq, err := dev.pd.NewCompletionQueue(2 * (recvDepth + sendDepth))
+	cq, err := dev.pd.NewCompletionQueue(2 * (frameSlots + sendDepth))
 	if err != nil {
 		return nil, err
 	}
-	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: recvDepth, LocalAddress: local, Role: role})
+	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: frameSlots, LocalAddress: local, Role: role})
 	if err != nil {
 		cq.Close()
 		return nil, err
 	}
-	recv, err := ctl.Alloc(ctx, verifyBytes)
+	// Never a wait on the control pool: a full one refuses the link.
+	out, err := ctl.TryAlloc(verifyBytes)
 	if err != nil {
+		err = status.Errorf(codes.ResourceExhausted, "tensorrpc: control pool: %v", err)
 		qp.Close()
 		cq.Close()
 		return nil, err
 	}
-	out, err := ctl.Alloc(ctx, verifyBytes)
-	if err != nil {
-		recv.Release()
-		qp.Close()
-		cq.Close()
-		return nil, err
-	}
-	return &link{dev: dev, qp: qp, cq: cq, recv: recv, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}), room: make(chan struct{}, sendRoom),
-		recvImmKey: dev.pd.Attributes().RecvImmKey}, nil
+	return &link{dev: dev, qp: qp, cq: cq, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
 }
 
 // sendVerify Sends msg (at most verifyBytes) over the link and waits for
@@ -223,35 +212,21 @@ func (l *link) recvVerify(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// connect connects the queue pair, posts the Recvs and starts polling.
-// onRecv receives every successful Recv completion.
-func (l *link) connect(ctx context.Context, remote []byte, onRecv func(verbs.Completion)) error {
+// connect connects the queue pair, posts the receive slots (enableFrames
+// comes first) and starts polling.
+func (l *link) connect(ctx context.Context, remote []byte) error {
+	if l.fr == nil {
+		return errors.New("tensorrpc: a link connected without frames")
+	}
 	if err := l.qp.Connect(ctx, remote); err != nil {
 		return err
 	}
-	l.onRecv = onRecv
-	if l.fr != nil {
-		if err := l.postSlots(ctx); err != nil {
-			return err
-		}
-	} else {
-		for range recvDepth {
-			if err := l.postRecv(); err != nil {
-				return err
-			}
-		}
+	if err := l.postSlots(ctx); err != nil {
+		return err
 	}
 	l.wg.Add(1)
 	go l.poll()
 	return nil
-}
-
-func (l *link) postRecv() error {
-	local, err := l.dev.ctl.Local(l.recv)
-	if err != nil {
-		return err
-	}
-	return l.qp.PostRecv(verbs.RecvRequest{ID: 0, Local: local})
 }
 
 func (l *link) poll() {
@@ -278,26 +253,8 @@ func (l *link) complete(c verbs.Completion) {
 		l.fail(verbs.CompletionError(c))
 	}
 	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
-		if l.fr != nil {
-			if c.Status == verbs.StatusSuccess {
-				l.completeSlot(c)
-			}
-			return
-		}
 		if c.Status == verbs.StatusSuccess {
-			if !l.verified.Load() && c.Op == verbs.OpRecv {
-				msg := bytes.Clone(l.recv.Bytes()[:min(c.Len, verifyBytes)])
-				select {
-				case l.verifyCh <- msg:
-				default: // a second verifying message is a peer's mistake; ignore it
-				}
-			}
-			if err := l.postRecv(); err != nil {
-				l.fail(fmt.Errorf("reposting a receive: %w", err))
-			}
-			if l.onRecv != nil && l.verified.Load() {
-				l.onRecv(c)
-			}
+			l.completeSlot(c)
 		}
 		return
 	}
@@ -331,8 +288,8 @@ func (l *link) fail(err error) {
 // completes, so that the caller's buffers are freed only once the data
 // plane is done with them.
 //
-// On a link that carries frames, a Send or WriteImm consumes one of the
-// peer's receive slots: post takes a credit for it first (see framing).
+// A Send consumes one of the peer's receive slots: post takes a credit
+// for it first (see framing).
 func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) error {
 	return l.postWith(ctx, wr, onFail, true, nil)
 }
@@ -347,14 +304,14 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		}
 		return err
 	}
-	if credit && l.fr != nil && (wr.Op == verbs.OpSend || wr.Op == verbs.OpWriteImm) {
+	if credit && wr.Op == verbs.OpSend {
 		if err := l.acquire(ctx, false); err != nil {
 			return fail(err)
 		}
 		unposted = func() { l.fr.refund(0, nil, nil) }
 	}
 	freeRoom := func() {}
-	if l.fr == nil || (wr.Op != verbs.OpSend && wr.Op != verbs.OpWriteImm) {
+	if wr.Op != verbs.OpSend {
 		if err := l.takeRoom(ctx); err != nil {
 			return fail(err)
 		}
@@ -485,7 +442,6 @@ func (l *link) close(reason error) {
 			w.ch <- c
 		}
 	}
-	l.recv.Release()
 	l.out.Release()
 	if l.fr != nil {
 		l.fr.closePending()

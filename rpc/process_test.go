@@ -4,17 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
 // dialChild dials a child server and checks the client ends clean.
@@ -117,15 +116,23 @@ func TestServerKilledMidCall(t *testing.T) {
 func TestServerKilledMidRead(t *testing.T) {
 	const size = 64 << 20
 	ch := startChild(t, "server", TransportTCP, size)
-	interceptor := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if _, ok := reply.(*pb.FetchResponse); ok && err == nil {
-			ch.Kill()
+	c := dialChild(t, ch, TransportTCP)
+	l := currentLink(c)
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for deadline := time.Now().Add(10 * time.Second); l.reads.Load() == 0 && time.Now().Before(deadline); {
+			runtime.Gosched()
 		}
-		return err
+		ch.Kill() // as the client's Read starts
+	}()
+	got, err := c.Fetch(ctxT(t), "big")
+	<-killed
+	if err == nil {
+		got.Release()
+		closeClient(t, c)
+		t.Skip("the 64 MiB Read finished before the kill landed")
 	}
-	c := dialChild(t, ch, TransportTCP, WithGRPCDialOptions(grpc.WithUnaryInterceptor(interceptor)))
-	_, err := c.Fetch(ctxT(t), "big")
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Fetch from a server killed mid-read: %v, want Unavailable", err)
 	}

@@ -19,12 +19,16 @@ func TestRegisterOnExistingServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	// The grpc.Server's and the connection's interceptors see the gRPC
+	// methods only: the session's calls travel as frames.
+	var u unaryCounter
+	gs := grpc.NewServer(grpc.UnaryInterceptor(u.intercept), grpc.StreamInterceptor(u.interceptStream))
 	s.Register(gs)
 	lis := listen(t)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	m := newMethodCounter()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(m.intercept))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +50,13 @@ func TestRegisterOnExistingServer(t *testing.T) {
 		t.Fatal("data differs")
 	}
 	got.Release()
+	if c.Transport() != TransportSHM || c.last.link.fr == nil {
+		t.Fatalf("session on %s, frames %v", c.Transport(), c.last.link != nil && c.last.link.fr != nil)
+	}
+	u.none(t)
+	if n := m.total(); n != 0 {
+		t.Errorf("%d unary calls from NewClient's connection, want none", n)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

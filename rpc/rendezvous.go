@@ -16,8 +16,9 @@ type entry struct {
 	tensor zerocopy.Tensor
 	buf    *mempool.Buffer
 	// seq orders the Sends and Publishes of a key by when the server took
-	// them in (0: at publish), so that a data-plane Send whose bytes land
-	// after a later inline Send of the same key does not replace it.
+	// them in (0: at publish), so that a Send whose bytes the server pulls
+	// and lands after a later inline Send of the same key does not replace
+	// it.
 	seq uint64
 }
 
@@ -31,10 +32,6 @@ type rendezvous struct {
 	mu      sync.Mutex
 	entries map[string]entry
 	waiters map[string][]chan struct{}
-	// pending counts, per key, the destinations reserved by Sends whose
-	// bytes have not landed yet: a Fetch of such a key waits for them, so
-	// that a client's Fetch after its own Send sees what it sent.
-	pending map[string]int
 	closed  bool
 	// stopping is closed when the server stops: waiting fetches give up.
 	stopping chan struct{}
@@ -46,7 +43,7 @@ type rendezvous struct {
 func (r *rendezvous) nextSeq() uint64 { return r.lastSeq.Add(1) }
 
 func newRendezvous() *rendezvous {
-	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), pending: make(map[string]int), stopping: make(chan struct{})}
+	return &rendezvous{entries: make(map[string]entry), waiters: make(map[string][]chan struct{}), stopping: make(chan struct{})}
 }
 
 // publish stores e under key, taking over e's buffer reference, and wakes
@@ -82,7 +79,7 @@ func (r *rendezvous) publish(key string, e entry) error {
 }
 
 // fetch returns the entry under key with an extra buffer reference for the
-// caller, once no Send of the key is under way. A key that is not
+// caller. A key that is not
 // published fails with errNotPublished, unless wait: then fetch waits until
 // it is published or ctx ends. With take, the
 // entry is removed and the rendezvous's own reference passes to the caller.
@@ -93,10 +90,7 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 			r.mu.Unlock()
 			return entry{}, errClosed
 		}
-		// A Send of the key under way (its destination reserved, its bytes
-		// perhaps landed but not yet published) is waited for, so that a
-		// Fetch after a Send returned sees that Send, not an older entry.
-		if e, ok := r.entries[key]; ok && r.pending[key] == 0 {
+		if e, ok := r.entries[key]; ok {
 			if take {
 				delete(r.entries, key)
 			} else {
@@ -105,7 +99,7 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 			r.mu.Unlock()
 			return e, nil
 		}
-		if !wait && r.pending[key] == 0 {
+		if !wait {
 			r.mu.Unlock()
 			return entry{}, errNotPublished
 		}
@@ -124,21 +118,14 @@ func (r *rendezvous) fetch(ctx context.Context, key string, take, wait bool) (en
 	}
 }
 
-// errBusy is tryFetch's answer for a key with a Send under way: fetch
-// would wait for it.
-var errBusy = errors.New("a send of the key is under way")
-
-// tryFetch is fetch without waiting, ever: errNotPublished, errBusy when
-// fetch would wait for a Send under way, or the entry with an extra
-// reference for the caller.
+// tryFetch is fetch without waiting, ever: errNotPublished, or the entry
+// with an extra reference for the caller.
 func (r *rendezvous) tryFetch(key string) (entry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch e, ok := r.entries[key]; {
 	case r.closed:
 		return entry{}, errClosed
-	case r.pending[key] > 0:
-		return entry{}, errBusy
 	case !ok:
 		return entry{}, errNotPublished
 	default:
@@ -150,28 +137,6 @@ func (r *rendezvous) tryFetch(key string) (entry, error) {
 // stop makes waiting and later waits for a key fail with errClosed;
 // published entries stay fetchable until close.
 func (r *rendezvous) stop() { r.stopOnce.Do(func() { close(r.stopping) }) }
-
-// reserve notes a Send of key whose bytes are on their way.
-func (r *rendezvous) reserve(key string) {
-	r.mu.Lock()
-	r.pending[key]++
-	r.mu.Unlock()
-}
-
-// unreserve notes that a Send of key has landed (after its publish) or
-// will not; it wakes the key's waiters so they check again.
-func (r *rendezvous) unreserve(key string) {
-	r.mu.Lock()
-	if r.pending[key]--; r.pending[key] <= 0 {
-		delete(r.pending, key)
-	}
-	ws := r.waiters[key]
-	delete(r.waiters, key)
-	r.mu.Unlock()
-	for _, w := range ws {
-		close(w)
-	}
-}
 
 func (r *rendezvous) dropWaiter(key string, w chan struct{}) {
 	r.mu.Lock()

@@ -24,8 +24,10 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// ProtocolVersion is the version of the tensorrpc session protocol.
-const ProtocolVersion = 2
+// ProtocolVersion is the version of the tensorrpc session protocol: 3,
+// in which every data-plane session carries its calls as frames. A server
+// also accepts 1 and 2 from a client that offers no data plane.
+const ProtocolVersion = 3
 
 // MaxChunkBytes is the most data one Chunk of a streaming method may carry,
 // as tensorrpc.proto states; MaxRecvMsgBytes, the receive limit of the
@@ -47,18 +49,20 @@ type Handler func(ctx context.Context, req *Message) (*Message, error)
 // clients fetch and send to, and methods they call. It is safe for
 // concurrent use.
 type Server struct {
-	opts         options
-	unaryFetches atomic.Int64 // calls of the Fetch method, for tests
-	log          *slog.Logger
-	pool         *mempool.Pool
-	ownPool      bool
-	ctl          *mempool.Pool // the links' own buffers
-	grpc         *grpc.Server
-	rv           *rendezvous
-	devices      map[string]*device
-	missing      map[string]string // transport → why its device did not open
+	opts    options
+	log     *slog.Logger
+	pool    *mempool.Pool
+	ownPool bool
+	ctl     *mempool.Pool // the links' own buffers
+	grpc    *grpc.Server
+	rv      *rendezvous
+	devices map[string]*device
+	missing map[string]string // transport → why its device did not open
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// handlers has its own lock: every call looks its method up, and must
+	// not wait on s.mu, which sessions take as they open and close.
+	hmu      sync.RWMutex
 	handlers map[string]Handler
 	sessions map[string]*serverSession
 	stopping bool
@@ -68,7 +72,10 @@ type Server struct {
 	graceful atomic.Bool
 	active   sync.WaitGroup // running Session handlers
 	streams  sync.WaitGroup // running fallback stream handlers
-	total    Stats          // of ended sessions
+	total    counters       // of ended sessions, and of calls without a session
+
+	adm     *admission
+	refused counters // what adm refused (the Refused fields)
 
 	stopTrim func() // ends the pool's trimmer
 }
@@ -85,7 +92,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		opts: o, log: o.logger, rv: newRendezvous(),
 		devices: map[string]*device{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
-		drain: make(chan struct{}),
+		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
 	if err := s.openPool(); err != nil {
 		return nil, err
@@ -111,7 +118,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		gopts = append([]grpc.ServerOption{grpc.Creds(o.creds)}, gopts...)
 	}
 	s.grpc = grpc.NewServer(gopts...)
-	pb.RegisterTensorRPCServer(s.grpc, service{Server: s, own: len(o.grpcServerOpts) == 0})
+	pb.RegisterTensorRPCServer(s.grpc, service{Server: s})
 	return s, nil
 }
 
@@ -130,11 +137,9 @@ func (s *Server) openPool() error {
 
 // Register registers the tensorrpc service on gs, for a server that also
 // serves other services. Serve, Stop and GracefulStop then belong to gs's
-// owner; call Close after gs has stopped to release the Server.
-//
-// Sessions that arrive through gs keep Fetch on the Fetch method (they
-// negotiate no data-plane calls), so that gs's interceptors see every
-// Fetch; see WithGRPCServerOptions.
+// owner; call Close after gs has stopped to release the Server. As with
+// NewServer's own grpc.Server, gs's interceptors see the gRPC methods
+// only; a data-plane session's calls travel as frames.
 func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, service{Server: s}) }
 
 // service implements the gRPC service; it is separate from Server so that
@@ -142,11 +147,6 @@ func (s *Server) Register(gs *grpc.Server) { pb.RegisterTensorRPCServer(gs, serv
 type service struct {
 	pb.UnimplementedTensorRPCServer
 	*Server
-	// own is set on the Server's own grpc.Server when it was given no
-	// grpc.ServerOptions, so no interceptor of the caller's can be on it:
-	// only then may sessions carry calls as frames, which no interceptor
-	// sees.
-	own bool
 }
 
 // Serve accepts connections on lis until Stop or GracefulStop.
@@ -157,8 +157,8 @@ func (s *Server) Pool() *mempool.Pool { return s.pool }
 
 // Handle registers h for method, replacing any handler it had.
 func (s *Server) Handle(method string, h Handler) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
 	s.handlers[method] = h
 }
 
@@ -179,14 +179,27 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
 	if t == nil || !t.Valid() {
 		return status.Error(codes.InvalidArgument, "tensorrpc: Publish of a nil or invalid tensor")
 	}
-	var c counters
-	buf, err := poolBuffer(ctx, s.pool, t, &c)
+	buf, err := poolBuffer(ctx, s.pool, t, &s.total)
 	if err != nil {
 		return err
 	}
-	s.addTotals(&c)
-	zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
-	return s.rv.publish(key, entry{tensor: zt, buf: buf})
+	return s.publish(key, t.DType(), t.Shape(), buf, 0)
+}
+
+// publish puts buf, holding a tensor of dtype and shape, under key in the
+// rendezvous: how Publish and every Send, however it arrived, hand a tensor
+// over. It takes over buf's reference. seq (0: now) orders it among the
+// Sends and Publishes of key.
+func (s *Server) publish(key string, dtype zerocopy.DType, shape []int64, buf *mempool.Buffer, seq uint64) error {
+	zt, err := zerocopy.New(dtype, shape, buf.Bytes())
+	if err != nil {
+		buf.Release()
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := s.rv.publish(key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
+		return rendezvousError(key, err)
+	}
+	return nil
 }
 
 // Unpublish removes key. It reports whether key was published. Transfers
@@ -233,11 +246,13 @@ func rendezvousError(key string, err error) error {
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.total
+	var all counters
+	all.merge(&s.total)
+	all.merge(&s.refused)
 	for _, ss := range s.sessions {
-		t.add(ss.stats.snapshot(""))
+		all.merge(&ss.stats)
 	}
-	return t
+	return all.snapshot("")
 }
 
 // SessionInfo describes a live session.
@@ -267,12 +282,6 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
-}
-
-func (s *Server) addTotals(c *counters) {
-	s.mu.Lock()
-	s.total.add(c.snapshot(""))
-	s.mu.Unlock()
 }
 
 // Stop closes every session and connection at once; calls under way fail.
@@ -379,6 +388,11 @@ func (s *Server) session(ctx context.Context, id string) (*serverSession, error)
 	if ss.owner != "" && connectionIdentity(ctx) != ss.owner {
 		return nil, status.Errorf(codes.PermissionDenied, "tensorrpc: session %q belongs to another connection", id)
 	}
+	// The call keeps the session from being idle until it returns (gRPC
+	// ends its context then).
+	ss.activity.Add(1)
+	ss.unary.Add(1)
+	context.AfterFunc(ctx, func() { ss.unary.Add(-1) })
 	return ss, nil
 }
 
@@ -397,9 +411,17 @@ func connectionIdentity(ctx context.Context) string {
 	return id
 }
 
+// peerAddr is the address of the peer of ctx's call, "" when unknown.
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
 func (s *Server) handler(method string) (Handler, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.hmu.RLock()
+	defer s.hmu.RUnlock()
 	h, ok := s.handlers[method]
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "tensorrpc: no handler for method %q", method)

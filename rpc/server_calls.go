@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,19 +13,29 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// Fetch implements the Fetch method.
+// Fetch implements the Fetch method: inline only (see offer).
 func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResponse, error) {
-	s.unaryFetches.Add(1)
 	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
-	return s.fetchFor(ctx, ss, ss.primary(), req.ClientRef, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+	var resp *pb.FetchResponse
+	err = s.intercept(ctx, ss, OpFetch, req.Key, PathUnary, 0, func(ctx context.Context, info *CallInfo) error {
+		var err error
+		resp, err = s.fetchFor(ctx, ss, nil, 0, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+		info.ResponseBytes = int64(resp.GetMeta().GetByteLength())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
-// fetchFor is a Fetch however it arrived (the Fetch method, a FETCH_REQ on
-// lane l): the tensor under key, waited for with wait, offered inline up
-// to inlineMax bytes, else as a transfer read on l; held as in offer.
+// fetchFor is a Fetch however it arrived (the Fetch method, l nil; a
+// FETCH_REQ on lane l): the tensor under key, waited for with wait,
+// offered inline up to inlineMax bytes, else as a transfer read on l;
+// held as in offer.
 func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
 	e, err := s.rv.fetch(ctx, key, false, wait)
 	if err != nil {
@@ -39,8 +50,8 @@ func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref u
 }
 
 // offer hands a tensor to a client: inline when it is at most inlineMax
-// bytes (or when the session has no data plane), else as a transfer the
-// client reads on the lane l (nil: no data plane). It takes over buf's
+// bytes (or when it goes in an answer of a method, l nil), else as a
+// transfer the client reads on the lane l. It takes over buf's
 // reference. Inline bytes are a copy,
 // or with held a view of buf, whose reference is added to *held for the
 // caller to release once the bytes are sent.
@@ -51,7 +62,7 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *link, ref uint
 		if n > s.opts.eagerThreshold {
 			buf.Release()
 			return nil, nil, 0, status.Errorf(codes.FailedPrecondition,
-				"tensorrpc: tensor %q of %d bytes is above the eager threshold (%d) and the session has no data plane: use the streaming methods", key, n, s.opts.eagerThreshold)
+				"tensorrpc: tensor %q of %d bytes is above the eager threshold (%d), the most the unary methods carry: use FetchStream (or CallStream for a call's reply)", key, n, s.opts.eagerThreshold)
 		}
 		var inline []byte
 		if held != nil {
@@ -103,114 +114,62 @@ func (s *Server) count(ss *serverSession, f func(*counters)) {
 		f(&ss.stats)
 		return
 	}
-	var c counters
-	f(&c)
-	s.addTotals(&c)
+	f(&s.total)
 }
 
-// Send implements the Send method.
+// Send implements the Send method: inline only.
 func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendResponse, error) {
 	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
+	var resp *pb.SendResponse
+	err = s.intercept(ctx, ss, OpSend, req.GetMeta().GetKey(), PathUnary, int64(req.GetMeta().GetByteLength()), func(ctx context.Context, _ *CallInfo) error {
+		var err error
+		resp, err = s.sendUnary(ctx, ss, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (s *Server) sendUnary(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return nil, err
 	}
 	if req.Meta.Location != nil {
 		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
 	}
-	if req.Hold && ss == nil {
-		return nil, status.Error(codes.FailedPrecondition, "tensorrpc: holding a tensor for a call needs a session")
+	if n := int(req.Meta.ByteLength); len(req.InlineData) == 0 && n > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes without inline data: the Send method carries tensors inline; use SendStream", req.Meta.Key, n)
 	}
-	n := int(req.Meta.ByteLength)
-	if len(req.InlineData) > 0 || n == 0 {
-		return s.receiveInline(ctx, ss, req)
-	}
-	if ss == nil || ss.link == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes needs inline data or a data plane", req.Meta.Key, n)
-	}
-	if err := ss.charge(int64(n), s.opts.sessionQuota); err != nil {
+	if err := s.receiveInline(ctx, ss, req); err != nil {
 		return nil, err
-	}
-	buf, err := allocBuffer(ctx, s.pool, n)
-	if err != nil {
-		ss.refund(int64(n))
-		return nil, err
-	}
-	if !ss.link.recvImmKey {
-		// The provider cannot say which destination a WriteImm wrote
-		// (ibv): a write through another grant with this immediate value
-		// would publish whatever the pool buffer held before. Clear it.
-		clear(buf.Bytes()[:n])
-	}
-	g, err := ss.link.grant(buf, n, verbs.AccessRemoteWrite)
-	if err != nil {
-		ss.refund(int64(n))
-		buf.Release()
-		return nil, unavailable(err)
-	}
-	remote := g.Remote()
-	tr := &transfer{buf: buf, grant: g, meta: req.Meta, hold: req.Hold, dest: true, done: make(chan struct{}), rv: s.rv, charged: int64(n), seq: s.rv.nextSeq()}
-	if err := ss.add(ctx, tr, req.ClientRef); err != nil {
-		ss.refund(int64(n))
-		tr.finish()
-		return nil, err
-	}
-	return &pb.SendResponse{
-		Destination: &pb.Location{
-			Transport: transportOf(ss.transport), RegionId: buf.Arena().ID(), RemoteKey: remote.Key,
-			Address: remote.Addr, Offset: uint64(buf.Offset()), Length: uint64(n),
-		},
-		Immediate:  tr.imm,
-		TransferId: tr.id,
-	}, nil
-}
-
-func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
-	n := int(req.Meta.ByteLength)
-	if len(req.InlineData) != n {
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
-	}
-	if err := verifySum(req.Meta, req.InlineData); err != nil {
-		return nil, err
-	}
-	var c counters
-	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
-	if err != nil {
-		return nil, err
-	}
-	c.transfers.Add(1)
-	c.inlineBytes.Add(int64(n))
-	s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
-	if req.Hold {
-		tr := &transfer{buf: buf, meta: req.Meta, hold: true, done: make(chan struct{})}
-		close(tr.done)
-		if err := ss.add(ctx, tr, req.ClientRef); err != nil {
-			buf.Release()
-			return nil, err
-		}
-		return &pb.SendResponse{TransferId: tr.id}, nil
-	}
-	dtype, shape := shapeOf(req.Meta)
-	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
-	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf}); err != nil {
-		return nil, rendezvousError(req.Meta.Key, err)
 	}
 	return &pb.SendResponse{}, nil
 }
 
-func mergeCounters(dst, src *counters) {
-	dst.transfers.Add(src.transfers.Load())
-	dst.dataPlaneBytes.Add(src.dataPlaneBytes.Load())
-	dst.inlineBytes.Add(src.inlineBytes.Load())
-	dst.streamBytes.Add(src.streamBytes.Load())
-	dst.copies.Add(src.copies.Load())
-	dst.copiedBytes.Add(src.copiedBytes.Load())
-	dst.leases.Add(src.leases.Load())
-	dst.errors.Add(src.errors.Load())
-	dst.direct.Add(src.direct.Load())
-	dst.staged.Add(src.staged.Load())
+// receiveInline publishes a Send's inline tensor.
+func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.SendRequest) error {
+	n := int(req.Meta.ByteLength)
+	if len(req.InlineData) != n {
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
+	}
+	if err := verifySum(req.Meta, req.InlineData); err != nil {
+		return err
+	}
+	var c counters
+	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
+	if err != nil {
+		return err
+	}
+	c.transfers.Add(1)
+	c.inlineBytes.Add(int64(n))
+	s.count(ss, func(sc *counters) { sc.merge(&c) })
+	dtype, shape := shapeOf(req.Meta)
+	return s.publish(req.Meta.Key, dtype, shape, buf, 0)
 }
 
 // Release implements the Release method.
@@ -242,6 +201,20 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	if err != nil {
 		return nil, err
 	}
+	var resp *pb.CallResponse
+	err = s.intercept(ctx, ss, OpCall, req.Method, PathUnary, metaBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
+		var err error
+		resp, err = s.callUnary(ctx, ss, req)
+		info.ResponseBytes = metaBytes(resp.GetTensors())
+		return err
+	})
+	if err != nil {
+		return nil, err // the unary methods make no transfers: nothing to take back
+	}
+	return resp, nil
+}
+
+func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallRequest) (*pb.CallResponse, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
 		return nil, err
@@ -265,7 +238,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 		return nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, ss.primary(), req.ClientRef, out, s.opts.eagerThreshold, nil)
+	resp, err := s.reply(ctx, ss, nil, 0, out, s.opts.eagerThreshold, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -273,8 +246,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 }
 
 // chargeCall counts the request tensors a call brings into the server's
-// pool, inline and located ones (a held destination was charged when it
-// was reserved), against the session's quota until the call ends, and
+// pool, inline and located ones, against the session's quota until the call ends, and
 // returns what refunds them. Several tensors may name the same inline
 // bytes, each copied into a buffer of its own: without the charge, a few
 // kilobytes of request could hold the pool's whole limit.
@@ -284,7 +256,7 @@ func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), err
 	}
 	var n int64
 	for _, m := range req.Tensors {
-		if m == nil || m.TransferId != 0 || (m.InlineIndex == nil && m.Location == nil) {
+		if m == nil || (m.InlineIndex == nil && m.Location == nil) {
 			continue
 		}
 		// A length past the limit fails checkMeta later; capped here so
@@ -312,6 +284,9 @@ func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *M
 		if _, ok := status.FromError(err); ok {
 			return nil, err
 		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return nil, status.FromContextError(err).Err() // as gRPC reports a handler's context error
+		}
 		return nil, status.Error(codes.Unknown, err.Error())
 	}
 	if out == nil {
@@ -332,7 +307,7 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, l *link, ref uint
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, status.Errorf(codes.Internal, "tensorrpc: reply tensor %d: %v", i, err)
 		}
-		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
+		s.count(ss, func(sc *counters) { sc.merge(&c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
 		meta, inline, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
@@ -359,66 +334,32 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 	}
 }
 
-// callTensor materializes one request tensor of a Call: from the inline
-// data, or from a held destination the client has written.
+// callTensor materializes one inline request tensor of a Call.
 func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline [][]byte) (*Tensor, error) {
 	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
 		return nil, err
 	}
+	if m.TransferId != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q names a transfer, which only an indirect answer does", m.Key)
+	}
+	if m.InlineIndex == nil {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q has no inline data", m.Key)
+	}
 	dtype, shape := shapeOf(m)
-	if m.InlineIndex != nil {
-		i := int(*m.InlineIndex)
-		if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
-			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
-		}
-		if err := verifySum(m, inline[i]); err != nil {
-			return nil, err
-		}
-		var c counters
-		buf, err := copyToPool(ctx, s.pool, inline[i], &c)
-		if err != nil {
-			return nil, err
-		}
-		c.transfers.Add(1)
-		c.inlineBytes.Add(int64(len(inline[i])))
-		s.count(ss, func(sc *counters) { mergeCounters(sc, &c) })
-		return newPoolTensor(dtype, shape, buf)
+	i := int(*m.InlineIndex)
+	if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
 	}
-	if ss == nil {
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q has neither inline data nor a session", m.Key)
-	}
-	ss.mu.Lock()
-	t, ok := ss.transfers[m.TransferId]
-	ss.mu.Unlock()
-	if !ok || !t.hold {
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: unknown transfer %d", m.Key, m.TransferId)
-	}
-	var dead <-chan struct{}
-	if ss.link != nil {
-		dead = ss.link.dead
-	}
-	select {
-	case <-t.done:
-	case <-dead:
-		return nil, unavailable(ss.link.failure)
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	if t = ss.remove(m.TransferId); t == nil {
-		return nil, status.Error(codes.Unavailable, "tensorrpc: session ended")
-	}
-	t.revoke() // done already when the WriteImm landed; a no-op then
-	if t.short {
-		t.buf.Release()
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: the write its immediate value names did not fill its destination", m.Key)
-	}
-	if t.meta.ByteLength != m.ByteLength || t.meta.Dtype != m.Dtype {
-		t.buf.Release()
-		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q does not match its transfer", m.Key)
-	}
-	if err := verifySum(m, t.buf.Bytes()); err != nil {
-		t.buf.Release()
+	if err := verifySum(m, inline[i]); err != nil {
 		return nil, err
 	}
-	return newPoolTensor(dtype, shape, t.buf)
+	var c counters
+	buf, err := copyToPool(ctx, s.pool, inline[i], &c)
+	if err != nil {
+		return nil, err
+	}
+	c.transfers.Add(1)
+	c.inlineBytes.Add(int64(len(inline[i])))
+	s.count(ss, func(sc *counters) { sc.merge(&c) })
+	return newPoolTensor(dtype, shape, buf)
 }

@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -67,47 +67,97 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 			finishAll(done)
 		}
 		return
+	case frameFetchReq, frameSendReq, frameCallReq:
+	default:
+		return
+	}
+	// The caller's metadata and deadline, when it sent any.
+	var hdr *pb.CallHeaders
+	var bad error
+	if h.Flags&frameHeaders != 0 {
+		if hdr, body, bad = splitHeaders(body); bad != nil {
+			bad = status.Error(codes.InvalidArgument, bad.Error())
+		}
+	}
+	switch h.Type {
 	case frameFetchReq:
-		key := string(body)
-		if h.Flags&frameWait == 0 && s.fetchNow(ss, l, h, key) {
+		var key string
+		// fetchNow answers in the polling goroutine; interceptors run
+		// where every other call's work runs.
+		if bad == nil && h.Flags&(frameWait|frameIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
 		}
-		s.runFrameCall(ss, l, h.Ref, frameFetchResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		// An indirect key is pulled up to one byte past the longest, so
+		// that one too long fails as one inline does.
+		load := s.takeRequest(ss, l, h, body, bad, wire.MaxKeyLen+1, func(b []byte) error {
+			if len(b) > wire.MaxKeyLen {
+				return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
+			}
+			key = string(b)
+			return nil
+		})
+		s.runFrameCall(ss, l, h.Ref, frameFetchResp, hdr, OpFetch, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
 	case frameSendReq:
-		// Decoded here, which copies what it keeps: the slot is reposted
-		// when serveFrame returns.
 		req := &pb.SendRequest{}
-		err := unmarshalFrame(body, req)
-		s.runFrameCall(ss, l, h.Ref, frameSendResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			if err != nil {
-				return 0, nil, err
-			}
+		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
+		s.runFrameCall(ss, l, h.Ref, frameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return 0, nil, s.sendForFrame(ctx, ss, l, req)
 		})
 	case frameCallReq:
 		req := &pb.CallRequest{}
-		err := unmarshalFrame(body, req)
-		s.runFrameCall(ss, l, h.Ref, frameCallResp, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			if err != nil {
-				return 0, nil, err
-			}
+		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
+		s.runFrameCall(ss, l, h.Ref, frameCallResp, hdr, OpCall, load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
 }
 
+// takeRequest decodes a request frame's body with decode: at once, in the
+// polling goroutine (decode copies what it keeps: the slot is reposted
+// when serveFrame returns), or for an INDIRECT frame, whose body is a
+// TensorMeta naming where the client holds the body (at most limit
+// bytes), once the call's goroutine has pulled it. The call runs the
+// returned func first; its error is the call's. bad, when not nil, is the
+// error of the frame's headers: the call fails with it.
+func (s *Server) takeRequest(ss *serverSession, l *link, h frameHeader, body []byte, bad error, limit int, decode func([]byte) error) func(context.Context) error {
+	if bad != nil {
+		return func(context.Context) error { return bad }
+	}
+	if h.Flags&frameIndirect == 0 {
+		err := decode(body)
+		return func(context.Context) error { return err }
+	}
+	m := &pb.TensorMeta{}
+	err := unmarshalFrame(body, m)
+	return func(ctx context.Context) error {
+		switch {
+		case err != nil:
+			return err
+		case m.Dtype != pb.DType(zerocopy.Uint8) || m.Location == nil || len(m.Shape) != 1:
+			return status.Error(codes.InvalidArgument, "tensorrpc: an indirect request names no byte tensor in the client's memory")
+		}
+		if err := checkMeta(m, int64(limit)); err != nil {
+			return err
+		}
+		buf, err := s.pull(ctx, ss, l, m, false)
+		if err != nil {
+			return err
+		}
+		defer buf.Release()
+		return decode(buf.Bytes())
+	}
+}
+
 // fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
 // that needs no waiting: the session is open and not draining, the key is
-// published with no Send of it under way (or is not published at all), and
-// a credit and a buffer are at hand. It reports whether it answered; if
+// published (or is not published at all, without WaitForKey), the answer
+// fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
 func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
-	s.mu.Lock()
-	opened := slices.Contains(ss.lanes, l)
-	s.mu.Unlock()
+	opened := l.opened.Load()
 	ss.mu.Lock()
 	quiet := !ss.draining && !ss.closed && !ss.released[h.Ref]
 	ss.mu.Unlock()
@@ -169,6 +219,17 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	return true
 }
 
+// responseBytes is the tensor bytes a frame call's answer offers.
+func responseBytes(body proto.Message) int64 {
+	switch m := body.(type) {
+	case *pb.FetchResponse:
+		return int64(m.GetMeta().GetByteLength())
+	case *pb.CallResponse:
+		return metaBytes(m.Tensors)
+	}
+	return 0
+}
+
 // unmarshalFrame decodes a request frame's body.
 func unmarshalFrame(body []byte, m proto.Message) error {
 	if err := proto.Unmarshal(body, m); err != nil {
@@ -198,13 +259,15 @@ func finishAll(ts []*transfer) {
 }
 
 // runFrameCall runs one request frame's work in its own goroutine, under a
-// context that a RELEASE of ref or the session's end cancels, and answers
+// context with the caller's metadata and deadline (hdr) that a RELEASE of
+// ref or the session's end also cancels: load reads the request, desc
+// names it for the interceptors, which then wrap work. It answers
 // it with exactly one response frame of type resp: the work's status and,
 // on success, its flags and body (which may view the pool buffers the
 // work adds to held until it is sent). A response that cannot be sent frees
 // what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
-	ctx, cancel := context.WithCancel(ss.ctx)
+func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, hdr *pb.CallHeaders, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+	ctx, cancel := withHeaders(ss.ctx, hdr)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
 	if ss.closed {
@@ -266,11 +329,9 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 			ss.mu.Unlock()
 			cancel()
 		}()
-		// The session is open on l once open (Session) has set its lanes
-		// under s.mu; a client that sends before it heard so is refused.
-		s.mu.Lock()
-		opened := slices.Contains(ss.lanes, l)
-		s.mu.Unlock()
+		// The session is open on l once open (Session) has set its lanes;
+		// a client that sends before it heard so is refused.
+		opened := l.opened.Load()
 		var flags uint16
 		var body proto.Message
 		var held []*mempool.Buffer // what body views, until it is sent
@@ -286,7 +347,28 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		case refusal != nil:
 			err = refusal
 		default:
-			flags, body, err = work(ctx, &held)
+			// The request is read first (an indirect one is pulled): a
+			// request that cannot be read fails before interceptors see it.
+			if err = load(ctx); err != nil {
+				break
+			}
+			name, reqBytes := desc()
+			worked := false
+			err = s.intercept(ctx, ss, op, name, PathFrame, reqBytes, func(ctx context.Context, info *CallInfo) error {
+				var err error
+				flags, body, err = work(ctx, &held)
+				worked = err == nil
+				info.ResponseBytes = responseBytes(body)
+				return err
+			})
+			if err != nil && worked {
+				// An interceptor failed a call whose work was done: what
+				// it made for the client goes now.
+				finishAll(ss.releaseRef(ref))
+			}
+			if err != nil && ctx.Err() == context.DeadlineExceeded {
+				err = status.Error(codes.DeadlineExceeded, "tensorrpc: the call's deadline passed")
+			}
 		}
 		if ss.ctx.Err() != nil {
 			// The session is ending (the server stops, the client left):
@@ -306,20 +388,47 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	}()
 }
 
-// fetchForFrame is the Fetch method's work for a FETCH_REQ: a FetchResponse,
-// or the frameFallback flag when that does not fit a slot.
+// fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
+// fit a slot (a long key, a large shape).
 func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&frameWait != 0, frameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
-	if frameHeaderLen+4+proto.Size(resp) > l.fr.slotSize {
-		// The answer does not fit a slot (a long key or shape): the client
-		// asks again with the Fetch method.
-		s.releaseTransfers(ss, []uint64{resp.TransferId})
-		return frameFallback, nil, nil
+	var ids []uint64
+	if resp.TransferId != 0 {
+		ids = append(ids, resp.TransferId)
 	}
-	return 0, resp, nil
+	return s.answer(ctx, ss, l, h.Ref, resp, ids)
+}
+
+// answer is a response frame's flags and body for resp: resp itself when
+// it fits a slot, else with frameIndirect a TensorMeta naming a transfer
+// that holds it, which the client reads like a tensor. ids are the
+// transfers resp names, released if the answer cannot be made.
+func (s *Server) answer(ctx context.Context, ss *serverSession, l *link, ref uint64, resp proto.Message, ids []uint64) (uint16, proto.Message, error) {
+	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
+		return 0, resp, nil
+	}
+	body, err := proto.Marshal(resp)
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: answer: %v", err)
+	}
+	buf, err := allocBuffer(ctx, s.pool, len(body))
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, err
+	}
+	copy(buf.Bytes(), body)
+	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
+	meta, _, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, -1, nil)
+	if err != nil {
+		s.releaseTransfers(ss, ids)
+		return 0, nil, err
+	}
+	meta.TransferId = id
+	return frameIndirect, meta, nil
 }
 
 // sendForFrame is a SEND_REQ: the tensor inline, or read from where the
@@ -329,12 +438,8 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return err
 	}
-	if req.Hold {
-		return status.Error(codes.InvalidArgument, "tensorrpc: SEND_REQ holds nothing (a Call carries its tensors)")
-	}
 	if req.Meta.Location == nil {
-		_, err := s.receiveInline(ctx, ss, req)
-		return err
+		return s.receiveInline(ctx, ss, req)
 	}
 	if len(req.InlineData) > 0 {
 		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
@@ -348,11 +453,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return err
 	}
 	dtype, shape := shapeOf(req.Meta)
-	zt, _ := zerocopy.New(dtype, shape, buf.Bytes())
-	if err := s.rv.publish(req.Meta.Key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
-		return rendezvousError(req.Meta.Key, err)
-	}
-	return nil
+	return s.publish(req.Meta.Key, dtype, shape, buf, seq)
 }
 
 // pull reads a tensor the client granted the server (m.Location) into a
@@ -404,7 +505,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 
 // callForFrame is a CALL_REQ: its tensors are taken in (the located ones
 // read all at once), the handler runs, and the reply is a CallResponse,
-// or with frameIndirect a TensorMeta naming a transfer that holds it.
+// indirect when it does not fit a slot.
 func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
@@ -459,27 +560,5 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err != nil {
 		return 0, nil, err
 	}
-	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
-		return 0, resp, nil
-	}
-	// Too large for a slot: the client reads it like a reply tensor.
-	body, err := proto.Marshal(resp)
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
-	}
-	buf, err := allocBuffer(ctx, s.pool, len(body))
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, err
-	}
-	copy(buf.Bytes(), body)
-	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(len(body))}, buf.Bytes())
-	meta, _, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, -1, nil)
-	if err != nil {
-		s.releaseTransfers(ss, resp.TransferIds)
-		return 0, nil, err
-	}
-	meta.TransferId = id
-	return frameIndirect, meta, nil
+	return s.answer(ctx, ss, l, ref, resp, resp.TransferIds)
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // serverSession is the server's side of one client session.
@@ -29,25 +28,35 @@ type serverSession struct {
 	id        string
 	client    string
 	owner     string // connectionIdentity of the Session stream
+	peer      string // peerIdentity: whose budgets the session counts against
+	addr      string // the client's address, for interceptors
+	lanesHeld int    // lanes admitted (admission.lanes) for the session's plane
 	transport string
 	link      *link   // lane 0; nil for the grpc transport
 	lanes     []*link // every lane, link first
 	stats     counters
 
+	// maxTransfers bounds transfers (Admission.TransfersPerSession; 0: no
+	// bound); refused logs the first transfer refused over it.
+	maxTransfers int
+	refused      func(error)
+	// activity counts the calls that named the session (reapIdle);
+	// unary, those of them on gRPC methods still under way.
+	activity atomic.Uint64
+	unary    atomic.Int64
+
 	mu        sync.Mutex
 	transfers map[uint64]*transfer
-	byImm     map[uint32]*transfer
 	byRef     map[uint64][]uint64 // client_ref → transfer ids
 	released  map[uint64]bool     // client_refs released before (or after) their call
 	order     []uint64            // released refs, oldest first, to bound the set
 	next      uint64
 	closed    bool
-	reserved  int64 // bytes of destinations charged to the session
+	reserved  int64 // bytes charged to the session while they come in
 
-	// Calls that arrived as frames (frames set): each runs in its own
-	// goroutine under ctx, which ends with the session; calls names the
-	// running ones by client_ref so that a Release of the ref cancels one.
-	frames   bool
+	// Calls (frames): each runs in its own goroutine under ctx, which ends
+	// with the session; calls names the running ones by client_ref so that
+	// a Release of the ref cancels one.
 	ctx      context.Context
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
@@ -89,15 +98,19 @@ func (ss *serverSession) finishCalls(ctx context.Context, timeout time.Duration)
 	}
 }
 
-// primary is the session's lane 0, nil without a session or data plane.
-func (ss *serverSession) primary() *link {
-	if ss == nil {
-		return nil
+// busy reports whether the session has a call under way or holds
+// anything: then it is not idle, however long since its last call.
+func (ss *serverSession) busy() bool {
+	if ss.unary.Load() > 0 {
+		return true
 	}
-	return ss.link
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.transfers) > 0 || ss.inFlight > 0 || ss.refusing > 0 || len(ss.pulls) > 0 || ss.reserved > 0
 }
 
-// charge counts n bytes of a new destination against the session's quota.
+// charge counts n bytes coming into the server's pool for the session
+// (pulled, or a call's inline tensors) against the session's quota.
 func (ss *serverSession) charge(n, quota int64) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -114,17 +127,11 @@ func (ss *serverSession) refund(n int64) {
 	ss.mu.Unlock()
 }
 
-// staleReservation reports a destination that has stayed unwritten, or a
-// Read of the client's memory that has stayed unanswered, for longer than
-// timeout.
+// staleReservation reports a Read of the client's memory that has stayed
+// unanswered for longer than timeout.
 func (ss *serverSession) staleReservation(timeout time.Duration) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	for _, t := range ss.byImm {
-		if time.Since(t.created) > timeout {
-			return true
-		}
-	}
 	for _, started := range ss.pulls {
 		if time.Since(started) > timeout {
 			return true
@@ -155,37 +162,18 @@ func (ss *serverSession) pulling() func() {
 // releases is missed, and the session's end frees the transfer.
 const maxReleasedRefs = 4096
 
-// transfer is a buffer the server holds for a client: a tensor the client
-// reads (fetch, call reply) until it releases it, or a destination the
-// client writes into (send) until the immediate value completes it.
+// transfer is a buffer the server holds for a client to read (a fetched
+// tensor, a call's reply tensor, an indirect answer) until it releases it.
 type transfer struct {
-	id   uint64
-	imm  uint32
-	ref  uint64 // the client's name for the call that made it, or 0
-	buf  *mempool.Buffer
-	meta *pb.TensorMeta // for destinations
-	hold bool           // a destination for a Call, not the rendezvous
-	done chan struct{}  // closed when a destination is complete
-	dest bool
-	// rv is the rendezvous a destination for it (dest && !hold) is
-	// reserved in until it lands or goes; landed is set once it landed.
-	rv     *rendezvous
-	landed bool
-	// charged is what the transfer counts against the session's quota;
-	// created is when it was made.
-	charged int64
-	created time.Time
-	seq     uint64 // the Send's place in its key's order (rendezvous.nextSeq)
-	// grant is the peer's only access to buf: read for a tensor it
-	// fetches, write for a destination; revoked when the transfer ends.
+	id  uint64
+	ref uint64 // the client's name for the call that made it, or 0
+	buf *mempool.Buffer
+	// grant is the peer's only access to buf, to read it; revoked when the
+	// transfer ends.
 	grant verbs.Grant
 	// stripes are grants of buf on the session's other lanes, for a read
 	// striped across them (see grantLanes).
 	stripes []verbs.Grant
-	// short is set when the WriteImm that named a destination did not fill
-	// it (fewer bytes, or written through another destination's grant):
-	// nothing of it is used.
-	short bool
 }
 
 // revoke ends the peer's access to the transfer's buffer. Call it, outside
@@ -204,14 +192,6 @@ func (t *transfer) finish() {
 	t.buf.Release()
 }
 
-// unreserve ends a rendezvous destination's reservation, if it has one.
-func (t *transfer) unreserve() {
-	if t.rv != nil {
-		t.rv.unreserve(t.meta.Key)
-		t.rv = nil
-	}
-}
-
 // add registers a transfer made by the call the client named ref. It fails
 // when the session has ended or the client has already released ref (the
 // call was cancelled); the caller then still owns t.buf.
@@ -227,20 +207,17 @@ func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
+	if ss.maxTransfers > 0 && len(ss.transfers) >= ss.maxTransfers {
+		err := status.Errorf(codes.ResourceExhausted, "tensorrpc: transfer refused: the session holds %d unreleased transfers, the server's TransfersPerSession budget (release fetched tensors; rpc.WithAdmission raises it)", len(ss.transfers))
+		if ss.stats.refusedTransfers.Add(1) == 1 && ss.refused != nil {
+			ss.refused(err)
+		}
+		return err
+	}
 	ss.next++
 	t.id = ss.next
-	t.created = time.Now()
-	t.imm = uint32(t.id)
 	t.ref = ref
 	ss.transfers[t.id] = t
-	if t.dest {
-		ss.byImm[t.imm] = t
-		if !t.hold && t.rv != nil {
-			t.rv.reserve(t.meta.Key)
-		} else {
-			t.rv = nil
-		}
-	}
 	if ref != 0 {
 		ss.byRef[ref] = append(ss.byRef[ref], t.id)
 	}
@@ -260,14 +237,6 @@ func (ss *serverSession) removeLocked(id uint64) *transfer {
 		return nil
 	}
 	delete(ss.transfers, id)
-	ss.reserved -= t.charged
-	t.charged = 0
-	if t.dest {
-		delete(ss.byImm, t.imm)
-		if !t.landed {
-			t.unreserve()
-		}
-	}
 	if t.ref != 0 {
 		ids := ss.byRef[t.ref]
 		for i, x := range ids {
@@ -364,18 +333,33 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	if hs == nil {
 		return status.Error(codes.InvalidArgument, "tensorrpc: a session starts with a handshake")
 	}
-	// Version 1 differs only in how data planes connect, so a client that
-	// offers none speaks both.
-	if hs.ProtocolVersion != ProtocolVersion && !(hs.ProtocolVersion == 1 && len(hs.Offers) == 0) {
-		return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d", hs.ProtocolVersion, ProtocolVersion)
+	// Versions 1 and 2 differ only in how data planes connect and carry
+	// calls, so a client that offers none speaks all three; it is answered
+	// in its own version.
+	version := uint32(ProtocolVersion)
+	if hs.ProtocolVersion != ProtocolVersion {
+		if hs.ProtocolVersion < 1 || hs.ProtocolVersion > ProtocolVersion || offersDataPlane(hs.Offers) {
+			return status.Errorf(codes.FailedPrecondition, "tensorrpc: protocol version %d, server speaks %d (and 1 or 2 from a client that offers no data plane)", hs.ProtocolVersion, ProtocolVersion)
+		}
+		version = hs.ProtocolVersion
 	}
+	peerID := peerIdentity(ctx)
+	endAdmission, err := s.adm.session(peerID)
+	if err != nil {
+		return s.refuse(&s.refused.refusedSessions, 1, peerID, err)
+	}
+	defer endAdmission()
 	ss := &serverSession{
-		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx),
-		transfers: map[uint64]*transfer{}, byImm: map[uint32]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
-		frames: hs.DataPlaneCalls && !s.opts.noFrames && s.own, calls: map[uint64]*frameCall{},
+		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerID, addr: peerAddr(ctx),
+		maxTransfers: s.adm.limits.TransfersPerSession,
+		transfers:    map[uint64]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
+		calls: map[uint64]*frameCall{},
 	}
 	ss.ctx, ss.cancel = context.WithCancel(ctx)
 	defer ss.cancel()
+	ss.refused = func(err error) {
+		s.log.Info("tensorrpc: refused over budget", "peer", peerID, "session", ss.id, "reason", status.Convert(err).Message())
+	}
 
 	// Make a queue pair for every offer the server can use, by priority;
 	// reject the rest. The tcp plane listens on the address this session's
@@ -421,8 +405,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		return priority(transportName(a.offer.Transport)) - priority(transportName(b.offer.Transport))
 	})
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
-		ProtocolVersion: ProtocolVersion, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
-		DataPlaneCalls: ss.frames,
+		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
 	}}}); err != nil {
 		return err
 	}
@@ -440,6 +423,11 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		}
 		ss.transport = transport
 		s.sessions[ss.id] = ss
+		// Last: a frame call that sees its lane opened sees the fields
+		// above (an atomic store orders the writes before it).
+		for _, l := range lanes {
+			l.opened.Store(true)
+		}
 		return nil
 	}
 	opened := false
@@ -492,6 +480,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		dead, failure = anyDead(ss.lanes, &ss.handlers)
 	}
 	var result error
+	var idle <-chan time.Time
+	lastActivity, lastActive := ss.activity.Load(), time.Now()
+	if d := s.adm.limits.IdleSession; d > 0 {
+		tick := time.NewTicker(max(d/4, time.Millisecond))
+		defer tick.Stop()
+		idle = tick.C
+	}
 	var stale <-chan time.Time
 	if s.opts.reserveTimeout > 0 {
 		tick := time.NewTicker(max(s.opts.reserveTimeout/4, time.Millisecond))
@@ -501,10 +496,18 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 wait:
 	for {
 		select {
+		case <-idle:
+			if n := ss.activity.Load(); n != lastActivity || ss.busy() {
+				lastActivity, lastActive = n, time.Now()
+			} else if d := s.adm.limits.IdleSession; time.Since(lastActive) > d {
+				result = status.Errorf(codes.Unavailable, "tensorrpc: the session made no call and held nothing for %v (the server's Admission.IdleSession) and was ended; the next call opens a new one", d)
+				s.log.Info("tensorrpc: ending an idle session", "peer", ss.peer, "session", ss.id, "idle", d)
+				break wait
+			}
 		case <-stale:
 			if ss.staleReservation(s.opts.reserveTimeout) {
-				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a destination reserved for the session stayed unwritten, or a read of the client's tensor unanswered, for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
-				s.log.Info("tensorrpc: ending a session that holds unwritten destinations", "session", ss.id, "timeout", s.opts.reserveTimeout)
+				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a read of the client's memory stayed unanswered for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
+				s.log.Info("tensorrpc: ending a session whose client leaves a read unanswered", "session", ss.id, "timeout", s.opts.reserveTimeout)
 				break wait
 			}
 		case _, ok := <-in:
@@ -530,12 +533,19 @@ wait:
 		}
 	}
 	s.closeSession(ss) // before it leaves Sessions, so its buffers are back by then
+	s.adm.freeLanes(ss.peer, ss.lanesHeld)
 	s.mu.Lock()
 	delete(s.sessions, ss.id)
-	s.total.add(ss.stats.snapshot(""))
+	s.total.merge(&ss.stats)
 	s.mu.Unlock()
 	s.log.Info("tensorrpc: session closed", "session", ss.id, "reason", result)
 	return result
+}
+
+// offersDataPlane reports whether offers name a data plane (an offer of
+// TRANSPORT_GRPC names none).
+func offersDataPlane(offers []*pb.TransportOffer) bool {
+	return slices.ContainsFunc(offers, func(o *pb.TransportOffer) bool { return o.Transport != pb.Transport_TRANSPORT_GRPC })
 }
 
 // deadPlaneLinger is how long a session outlives its dead data plane.
@@ -580,16 +590,42 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		}
 	}()
 	want := min(1+len(offer.Lanes), s.opts.lanesFor(name))
-	if ss.frames {
-		want = lanesAllowed(s.ctl, want, slotSizeFor(s.opts.eagerThreshold))
+	granted, err := s.adm.lanes(ss.peer, want)
+	if err != nil {
+		return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, err)
 	}
-	for len(lanes) < want {
+	defer func() {
+		if opened {
+			ss.lanesHeld = granted
+		} else {
+			s.adm.freeLanes(ss.peer, granted)
+		}
+	}()
+	// Slots are allocated without waiting (postSlots): a session gets only
+	// the lanes whose slots the control pool holds now.
+	if n := lanesAllowed(s.ctl, granted, slotSizeFor(s.opts.eagerThreshold)); n < granted {
+		s.adm.freeLanes(ss.peer, granted-n)
+		granted = n
+	}
+	if granted == 0 {
+		return "", s.refuse(&s.refused.refusedLanes, want, ss.peer, status.Errorf(codes.ResourceExhausted,
+			"tensorrpc: data plane lane refused: the control pool has no room for another lane's receive slots (%d lanes held in all; the server's rpc.WithAdmission Admission.Lanes should be set below what the pool holds)", s.adm.heldLanes()))
+	}
+	if granted < want {
+		s.refused.refusedLanes.Add(int64(want - granted))
+		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
+	}
+	for len(lanes) < granted {
 		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
 		if err != nil {
 			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
 			break
 		}
 		lanes = append(lanes, x)
+	}
+	if len(lanes) < granted {
+		s.adm.freeLanes(ss.peer, granted-len(lanes))
+		granted = len(lanes)
 	}
 	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
 	report := func(ok, verify bool, err error) error {
@@ -616,22 +652,19 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		return "", err
 	}
 
-	if ss.frames {
-		for i, x := range lanes {
-			serve := func(h frameHeader, body []byte) { s.serveFrame(ss, x, h, body) }
-			if s.opts.frameServe != nil {
-				serve = s.opts.frameServe(ss, i, serve)
-			}
-			x.enableFrames(slotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
+	for i, x := range lanes {
+		serve := func(h frameHeader, body []byte) {
+			ss.activity.Add(1)
+			s.serveFrame(ss, x, h, body)
 		}
+		if s.opts.frameServe != nil {
+			serve = s.opts.frameServe(ss, i, serve)
+		}
+		x.enableFrames(slotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
 	}
 
 	// Step 1: connect, report at once, give up as soon as the client fails.
-	connect := func(ctx context.Context) error {
-		return connectLanes(ctx, lanes, remotes, func(*link) func(verbs.Completion) {
-			return func(c verbs.Completion) { s.completeDestination(ss, c) }
-		})
-	}
+	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes) }
 	o, err := connectBoth(ctx, s.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
 	if err != nil {
@@ -693,66 +726,6 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	return reason, nil
 }
 
-// completeDestination handles a received WriteImm: the immediate value
-// names the destination that is now complete. The write grant is revoked
-// first, so the sender cannot change the bytes once they are used; a
-// WriteImm that carried fewer bytes than the destination holds publishes
-// nothing and fails the call that held it.
-func (s *Server) completeDestination(ss *serverSession, c verbs.Completion) {
-	if c.Op != verbs.OpRecvImm || !c.HasImm {
-		return
-	}
-	ss.mu.Lock()
-	t, ok := ss.byImm[c.Imm]
-	if ok {
-		delete(ss.byImm, c.Imm)
-		if !t.hold {
-			t.landed = true // its reservation ends after the publish below
-			ss.removeLocked(t.id)
-		}
-	}
-	ss.mu.Unlock()
-	if !ok {
-		s.log.Warn("tensorrpc: write with an unknown immediate value", "session", ss.id, "imm", c.Imm)
-		return
-	}
-	t.revoke()
-	n := int(t.meta.ByteLength)
-	misdirected := c.Key != 0 && c.Key != t.grant.Remote().Key
-	if c.Len != n || misdirected {
-		// Either would publish bytes the client never wrote there (stale
-		// pool memory): nothing of the destination is used.
-		s.log.Warn("tensorrpc: a WriteImm did not fill the destination its immediate value names; nothing of it is used",
-			"session", ss.id, "key", t.meta.Key, "bytes", c.Len, "want", n, "misdirected", misdirected)
-		if t.hold {
-			t.short = true
-			close(t.done)
-			return
-		}
-		t.buf.Release()
-		t.unreserve()
-		return
-	}
-	ss.stats.transfers.Add(1)
-	ss.stats.dataPlaneBytes.Add(int64(n))
-	if t.hold {
-		close(t.done)
-		return
-	}
-	if err := verifySum(t.meta, t.buf.Bytes()); err != nil {
-		// The sender's WriteImm has completed; it is not told. The key is
-		// not published (a Fetch of it finds nothing) and the data dropped.
-		s.log.Warn("tensorrpc: a sent tensor failed its checksum; not published", "session", ss.id, "err", err)
-		t.buf.Release()
-		t.unreserve()
-		return
-	}
-	dtype, shape := shapeOf(t.meta)
-	zt, _ := zerocopy.New(dtype, shape, t.buf.Bytes())
-	s.rv.publish(t.meta.Key, entry{tensor: zt, buf: t.buf, seq: t.seq})
-	t.unreserve()
-}
-
 // closeSession closes the data plane first, so nothing writes into the
 // session's buffers any more, then releases them.
 func (s *Server) closeSession(ss *serverSession) {
@@ -763,10 +736,9 @@ func (s *Server) closeSession(ss *serverSession) {
 	ss.mu.Lock()
 	ss.closed = true
 	transfers := ss.transfers
-	ss.transfers, ss.byImm = map[uint64]*transfer{}, map[uint32]*transfer{}
+	ss.transfers = map[uint64]*transfer{}
 	ss.mu.Unlock()
 	for _, t := range transfers {
-		t.unreserve()
 		t.finish()
 	}
 	// Calls that arrived as frames end now (their link is closed and their

@@ -8,7 +8,7 @@ type Stats struct {
 	Transport string
 	// Transfers is the number of tensors sent or received.
 	Transfers int64
-	// DataPlaneBytes moved over the data plane (Read, WriteImm or lease);
+	// DataPlaneBytes moved over the data plane (Read or lease);
 	// InlineBytes inside control messages (tensors up to the eager
 	// threshold); StreamBytes through the plain-gRPC fallback streams.
 	DataPlaneBytes, InlineBytes, StreamBytes int64
@@ -25,6 +25,12 @@ type Stats struct {
 	// (SendDevice, FetchToDevice) moved directly by the NIC and through
 	// host memory.
 	DirectTransfers, StagedTransfers int64
+	// RefusedSessions, RefusedLanes, RefusedStreams and RefusedTransfers
+	// count what a Server refused over its budgets (WithAdmission):
+	// sessions, lanes a session asked for and did not get, fallback
+	// streams (over their count or byte budget) and transfers past a
+	// session's TransfersPerSession.
+	RefusedSessions, RefusedLanes, RefusedStreams, RefusedTransfers int64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -32,6 +38,27 @@ type counters struct {
 	transfers, dataPlaneBytes, inlineBytes, streamBytes atomic.Int64
 	copies, copiedBytes, leases, errors                 atomic.Int64
 	direct, staged                                      atomic.Int64
+	refusedSessions, refusedLanes                       atomic.Int64
+	refusedStreams, refusedTransfers                    atomic.Int64
+}
+
+// each calls f with every counter and its field of st: the one list of
+// the counters that snapshot and merge go through.
+func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
+	f(&c.transfers, &st.Transfers)
+	f(&c.dataPlaneBytes, &st.DataPlaneBytes)
+	f(&c.inlineBytes, &st.InlineBytes)
+	f(&c.streamBytes, &st.StreamBytes)
+	f(&c.copies, &st.Copies)
+	f(&c.copiedBytes, &st.CopiedBytes)
+	f(&c.leases, &st.Leases)
+	f(&c.errors, &st.Errors)
+	f(&c.direct, &st.DirectTransfers)
+	f(&c.staged, &st.StagedTransfers)
+	f(&c.refusedSessions, &st.RefusedSessions)
+	f(&c.refusedLanes, &st.RefusedLanes)
+	f(&c.refusedStreams, &st.RefusedStreams)
+	f(&c.refusedTransfers, &st.RefusedTransfers)
 }
 
 func (c *counters) copied(n int) {
@@ -40,32 +67,13 @@ func (c *counters) copied(n int) {
 }
 
 func (c *counters) snapshot(transport string) Stats {
-	return Stats{
-		Transport:      transport,
-		Transfers:      c.transfers.Load(),
-		DataPlaneBytes: c.dataPlaneBytes.Load(),
-		InlineBytes:    c.inlineBytes.Load(),
-		StreamBytes:    c.streamBytes.Load(),
-		Copies:         c.copies.Load(),
-		CopiedBytes:    c.copiedBytes.Load(),
-		Leases:         c.leases.Load(),
-		Errors:         c.errors.Load(),
-
-		DirectTransfers: c.direct.Load(),
-		StagedTransfers: c.staged.Load(),
-	}
+	st := Stats{Transport: transport}
+	c.each(&st, func(c *atomic.Int64, field *int64) { *field = c.Load() })
+	return st
 }
 
-// add accumulates s into t (for server totals).
-func (t *Stats) add(s Stats) {
-	t.Transfers += s.Transfers
-	t.DataPlaneBytes += s.DataPlaneBytes
-	t.InlineBytes += s.InlineBytes
-	t.StreamBytes += s.StreamBytes
-	t.Copies += s.Copies
-	t.CopiedBytes += s.CopiedBytes
-	t.Leases += s.Leases
-	t.Errors += s.Errors
-	t.DirectTransfers += s.DirectTransfers
-	t.StagedTransfers += s.StagedTransfers
+// merge adds src's counts to c.
+func (c *counters) merge(src *counters) {
+	st := src.snapshot("")
+	c.each(&st, func(c *atomic.Int64, field *int64) { c.Add(*field) })
 }

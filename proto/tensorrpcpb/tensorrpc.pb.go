@@ -1,16 +1,17 @@
 // The tensorrpc control plane.
 //
-// gRPC carries small, typed control messages: sessions, transport
-// negotiation, descriptors of tensors and their release. Tensor bytes move
-// over a negotiated data plane (RDMA verbs, shared memory or TCP), described
-// here by Location, and never through protobuf, except inline (small
-// tensors, in the unary methods) and in the plain-gRPC fallback at the end
-// of the service, which streams them in Chunk messages.
+// gRPC carries the sessions and their negotiation, and the whole protocol
+// for clients without tensorrpc's data planes: small tensors inline in the
+// unary methods, any tensor in the plain-gRPC streams at the end of the
+// service (Chunk messages). On a session with a data plane (RDMA verbs,
+// shared memory or TCP) every Fetch, Send and Call travels as frames on
+// the data plane instead (proto/header.fbs), whose bodies are messages of
+// this file; tensor bytes there move one-sided, described by Location.
 //
-// This file is the complete contract of the fallback: a client generated
-// from it alone, in any language, can fetch, send and call (see
+// This file is the complete contract of the gRPC methods: a client
+// generated from it alone, in any language, can fetch, send and call (see
 // proto/clients/python for one, and "A client with only this file" below).
-// The data planes also need tensorrpc's own transports.
+// The data planes also need tensorrpc's own transports and header.fbs.
 //
 // This is a first draft; field numbers are not yet frozen.
 //
@@ -50,8 +51,8 @@
 //
 // # Sessions
 //
-// A session (see Session) is needed for the data planes, for Release and
-// for SendRequest.hold; nothing else needs one. Every session_id may be
+// A session (see Session) is needed for the data planes and for Release;
+// nothing else needs one. Every session_id may be
 // empty: the call then runs without a session, over plain gRPC. A
 // non-empty session_id must name an open session, one whose Session stream
 // is still open, else the call fails with UNAVAILABLE (open a new session);
@@ -72,13 +73,12 @@
 //     eager_threshold bytes, or CallStream.
 //
 // Such a client leaves unset, and may ignore in answers: Location (never
-// set in answers to it), TensorMeta.crc32c (optional: verified when set,
-// see TensorMeta), every transfer_id and transfer_ids (0 and empty for it),
-// TransportOffer.info and description, HandshakeResponse.rejected (for
-// diagnostics only), ConnectResult (never sent to a client that offers no
-// data plane), FetchRequest.lease, every client_ref and SendRequest.hold
-// (which needs a session). It never needs Release: it holds nothing on the
-// server.
+// set in answers of the methods), TensorMeta.crc32c (optional: verified
+// when set, see TensorMeta), every transfer_id and transfer_ids (used only
+// in frames), TransportOffer.info and description,
+// HandshakeResponse.rejected (for diagnostics only) and ConnectResult
+// (never sent to a client that offers no data plane). It never needs
+// Release: it holds nothing on the server.
 //
 // # Status codes
 //
@@ -435,14 +435,15 @@ type TensorMeta struct {
 	// one-sided). A receiver that finds it set verifies it and fails the
 	// transfer with DATA_LOSS on a mismatch; unset means unchecked.
 	Crc32C *uint32 `protobuf:"varint,5,opt,name=crc32c,proto3,oneof" json:"crc32c,omitempty"`
-	// Set for rendezvous transfers; unset when bytes are inline.
+	// Set in frames for bytes the receiver reads one-sided; unset when bytes
+	// are inline, and always in the methods.
 	Location *Location `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`
 	// In CallRequest and CallResponse: index into the enclosing message's
 	// inline_data, when the tensor is inline. Unused elsewhere (FetchResponse
 	// and SendRequest have one inline_data; streams carry bytes in Chunks).
 	InlineIndex *uint32 `protobuf:"varint,7,opt,name=inline_index,json=inlineIndex,proto3,oneof" json:"inline_index,omitempty"`
-	// In a CallRequest: the transfer (from a Send with hold set) whose
-	// destination holds this tensor's bytes.
+	// Only in the TensorMeta body of an INDIRECT response frame
+	// (header.fbs): the transfer whose bytes are the response.
 	TransferId    uint64 `protobuf:"varint,8,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -916,19 +917,12 @@ func (x *ConnectResult) GetVerify() bool {
 
 type HandshakeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// 2 for this version of the file.
+	// 3 for this version of the file.
 	ProtocolVersion uint32            `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	Offers          []*TransportOffer `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
 	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
-	// The client can carry Fetch, Send, Call and Release as frames over the
-	// session's data plane instead of the methods: receive slots posted as
-	// Recvs, credits returned in-band; header.fbs specifies the frames.
-	// Frames are used only when both handshakes set it; a client that leaves
-	// it unset (every client that has only this file) uses the methods below
-	// exactly as described, and nothing about the session changes.
-	DataPlaneCalls bool `protobuf:"varint,4,opt,name=data_plane_calls,json=dataPlaneCalls,proto3" json:"data_plane_calls,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HandshakeRequest) Reset() {
@@ -982,28 +976,18 @@ func (x *HandshakeRequest) GetClientName() string {
 	return ""
 }
 
-func (x *HandshakeRequest) GetDataPlaneCalls() bool {
-	if x != nil {
-		return x.DataPlaneCalls
-	}
-	return false
-}
-
 type HandshakeResponse struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	SessionId       string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version the session speaks: 3, or the client's 1 or 2 (see
+	// Session).
+	ProtocolVersion uint32 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	SessionId       string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Offers the server cannot use, and why.
 	Rejected []*TransportRejection `protobuf:"bytes,3,rep,name=rejected,proto3" json:"rejected,omitempty"`
 	// Tensors up to this many bytes travel inline: the largest tensor that
 	// Fetch and Call return inline (16384 unless the server is configured
 	// otherwise). Larger ones need a data plane or the streaming methods.
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
-	// The server accepts data_plane_calls for this session: set only when the
-	// client's handshake set it. When set, the session's data plane, once
-	// connected and verified, carries the client's calls as frames; the
-	// methods still work for it.
-	DataPlaneCalls bool `protobuf:"varint,5,opt,name=data_plane_calls,json=dataPlaneCalls,proto3" json:"data_plane_calls,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1066,24 +1050,11 @@ func (x *HandshakeResponse) GetEagerThreshold() uint64 {
 	return 0
 }
 
-func (x *HandshakeResponse) GetDataPlaneCalls() bool {
-	if x != nil {
-		return x.DataPlaneCalls
-	}
-	return false
-}
-
 type FetchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// May be empty: see Sessions at the top.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Key       string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	// Ask for a shared-memory lease (zero copy on one host) instead of a copy.
-	Lease bool `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
-	// A number the client picks to name the transfers this call creates, so
-	// that it can release them (ReleaseRequest.client_refs) even when the
-	// call fails or is cancelled before the client learns their ids.
-	ClientRef uint64 `protobuf:"varint,4,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
 	// Wait until the key is published (or the deadline passes) instead of
 	// failing at once with NOT_FOUND. Fetch and FetchStream wait only when
 	// it is set; set a deadline on the call when you set it.
@@ -1136,20 +1107,6 @@ func (x *FetchRequest) GetKey() string {
 	return ""
 }
 
-func (x *FetchRequest) GetLease() bool {
-	if x != nil {
-		return x.Lease
-	}
-	return false
-}
-
-func (x *FetchRequest) GetClientRef() uint64 {
-	if x != nil {
-		return x.ClientRef
-	}
-	return 0
-}
-
 func (x *FetchRequest) GetWait() bool {
 	if x != nil {
 		return x.Wait
@@ -1163,7 +1120,8 @@ type FetchResponse struct {
 	// The tensor's bytes when it is inline (meta.location unset); empty for
 	// a tensor of 0 bytes.
 	InlineData []byte `protobuf:"bytes,2,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
-	// Names the producer-side buffer to Release after a rendezvous read.
+	// In a FETCH_RESP frame: names the server's buffer that meta.location
+	// grants, to release once read. 0 in answers of the methods.
 	TransferId    uint64 `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1226,12 +1184,7 @@ type SendRequest struct {
 	SessionId string      `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Meta      *TensorMeta `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	// The tensor's bytes, meta.byte_length of them, when it goes inline.
-	InlineData []byte `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
-	// Hold the tensor for a following Call (named by transfer_id in the
-	// CallRequest) instead of publishing it under meta.key.
-	Hold bool `protobuf:"varint,4,opt,name=hold,proto3" json:"hold,omitempty"`
-	// As in FetchRequest.
-	ClientRef     uint64 `protobuf:"varint,5,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
+	InlineData    []byte `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1287,28 +1240,9 @@ func (x *SendRequest) GetInlineData() []byte {
 	return nil
 }
 
-func (x *SendRequest) GetHold() bool {
-	if x != nil {
-		return x.Hold
-	}
-	return false
-}
-
-func (x *SendRequest) GetClientRef() uint64 {
-	if x != nil {
-		return x.ClientRef
-	}
-	return 0
-}
-
+// SendResponse is empty: the tensor is published when it arrives.
 type SendResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// For rendezvous sends: where to write, and the immediate value that
-	// completes the transfer. Unset for inline and streamed sends, which
-	// get an empty SendResponse (but a transfer_id for hold).
-	Destination   *Location `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
-	Immediate     uint32    `protobuf:"varint,2,opt,name=immediate,proto3" json:"immediate,omitempty"`
-	TransferId    uint64    `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1343,38 +1277,15 @@ func (*SendResponse) Descriptor() ([]byte, []int) {
 	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
 }
 
-func (x *SendResponse) GetDestination() *Location {
-	if x != nil {
-		return x.Destination
-	}
-	return nil
-}
-
-func (x *SendResponse) GetImmediate() uint32 {
-	if x != nil {
-		return x.Immediate
-	}
-	return 0
-}
-
-func (x *SendResponse) GetTransferId() uint64 {
-	if x != nil {
-		return x.TransferId
-	}
-	return 0
-}
-
 type CallRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// May be empty: see Sessions at the top.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Method    string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// Opaque to tensorrpc: the method reads it.
-	Metadata   []byte        `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors    []*TensorMeta `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	InlineData [][]byte      `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
-	// As in FetchRequest: names the reply's transfers.
-	ClientRef     uint64 `protobuf:"varint,6,opt,name=client_ref,json=clientRef,proto3" json:"client_ref,omitempty"`
+	Metadata      []byte        `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors       []*TensorMeta `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	InlineData    [][]byte      `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1444,19 +1355,15 @@ func (x *CallRequest) GetInlineData() [][]byte {
 	return nil
 }
 
-func (x *CallRequest) GetClientRef() uint64 {
-	if x != nil {
-		return x.ClientRef
-	}
-	return 0
-}
-
 type CallResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Metadata      []byte                 `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors       []*TensorMeta          `protobuf:"bytes,2,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	InlineData    [][]byte               `protobuf:"bytes,3,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
-	TransferIds   []uint64               `protobuf:"varint,4,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Metadata   []byte                 `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors    []*TensorMeta          `protobuf:"bytes,2,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	InlineData [][]byte               `protobuf:"bytes,3,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	// In a CALL_RESP frame: the server's buffers that the located tensors'
+	// locations grant, in order, to release once read. Empty in answers of
+	// the methods.
+	TransferIds   []uint64 `protobuf:"varint,4,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1618,6 +1525,121 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
 }
 
+// CallHeaders is what a call carries besides its request when it travels
+// as a frame on a data plane (FrameHeader flag HEADERS, see header.fbs):
+// the caller's metadata and the time left to its deadline. A call over
+// gRPC (the unary methods, the streams) carries them as the call's own
+// gRPC metadata and deadline instead.
+type CallHeaders struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Metadata entries, in order; a key may repeat. Keys are lower case and,
+	// as in gRPC, a key whose value is binary ends in "-bin". At most 8 KiB
+	// (8192 bytes) of CallHeaders encoded.
+	Metadata []*Header `protobuf:"bytes,1,rep,name=metadata,proto3" json:"metadata,omitempty"`
+	// Microseconds left to the caller's deadline when the request was sent;
+	// 0: no deadline. The server cancels the call once they have passed.
+	TimeoutMicros uint64 `protobuf:"varint,2,opt,name=timeout_micros,json=timeoutMicros,proto3" json:"timeout_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallHeaders) Reset() {
+	*x = CallHeaders{}
+	mi := &file_tensorrpc_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallHeaders) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallHeaders) ProtoMessage() {}
+
+func (x *CallHeaders) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallHeaders.ProtoReflect.Descriptor instead.
+func (*CallHeaders) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CallHeaders) GetMetadata() []*Header {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *CallHeaders) GetTimeoutMicros() uint64 {
+	if x != nil {
+		return x.TimeoutMicros
+	}
+	return 0
+}
+
+// Header is one metadata entry.
+type Header struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Header) Reset() {
+	*x = Header{}
+	mi := &file_tensorrpc_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Header) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Header) ProtoMessage() {}
+
+func (x *Header) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Header.ProtoReflect.Descriptor instead.
+func (*Header) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Header) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Header) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // ChunkHeader opens a fallback stream: what follows and in which order.
 type ChunkHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1631,7 +1653,7 @@ type ChunkHeader struct {
 
 func (x *ChunkHeader) Reset() {
 	*x = ChunkHeader{}
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1665,7 @@ func (x *ChunkHeader) String() string {
 func (*ChunkHeader) ProtoMessage() {}
 
 func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1678,7 @@ func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHeader.ProtoReflect.Descriptor instead.
 func (*ChunkHeader) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChunkHeader) GetMethod() string {
@@ -1693,7 +1715,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1727,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1740,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Chunk) GetHeader() *ChunkHeader {
@@ -1789,48 +1811,38 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
-	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xbe\x01\n" +
+	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xac\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
-	"clientName\x12(\n" +
-	"\x10data_plane_calls\x18\x04 \x01(\bR\x0edataPlaneCalls\"\xee\x01\n" +
+	"clientNameJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xdc\x01\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12(\n" +
-	"\x10data_plane_calls\x18\x05 \x01(\bR\x0edataPlaneCalls\"\x88\x01\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThresholdJ\x04\b\x05\x10\x06R\x10data_plane_calls\"r\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05lease\x18\x03 \x01(\bR\x05lease\x12\x1d\n" +
-	"\n" +
-	"client_ref\x18\x04 \x01(\x04R\tclientRef\x12\x12\n" +
-	"\x04wait\x18\x05 \x01(\bR\x04wait\"\x7f\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04waitJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
+	"client_ref\"\x7f\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"\xae\x01\n" +
+	"transferId\"\x99\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x01(\fR\n" +
-	"inlineData\x12\x12\n" +
-	"\x04hold\x18\x04 \x01(\bR\x04hold\x12\x1d\n" +
-	"\n" +
-	"client_ref\x18\x05 \x01(\x04R\tclientRef\"\x87\x01\n" +
-	"\fSendResponse\x128\n" +
-	"\vdestination\x18\x01 \x01(\v2\x16.tensorrpc.v1.LocationR\vdestination\x12\x1c\n" +
-	"\timmediate\x18\x02 \x01(\rR\timmediate\x12\x1f\n" +
-	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"\xd4\x01\n" +
+	"inlineDataJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x04holdR\n" +
+	"client_ref\"E\n" +
+	"\fSendResponseJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\xc7\x01\n" +
 	"\vCallRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
@@ -1838,9 +1850,8 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x04 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x1f\n" +
 	"\vinline_data\x18\x05 \x03(\fR\n" +
-	"inlineData\x12\x1d\n" +
-	"\n" +
-	"client_ref\x18\x06 \x01(\x04R\tclientRef\"\xa2\x01\n" +
+	"inlineDataJ\x04\b\x06\x10\aR\n" +
+	"client_ref\"\xa2\x01\n" +
 	"\fCallResponse\x12\x1a\n" +
 	"\bmetadata\x18\x01 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x02 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x1f\n" +
@@ -1853,7 +1864,13 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ftransfer_ids\x18\x02 \x03(\x04R\vtransferIds\x12\x1f\n" +
 	"\vclient_refs\x18\x03 \x03(\x04R\n" +
 	"clientRefs\"\x11\n" +
-	"\x0fReleaseResponse\"u\n" +
+	"\x0fReleaseResponse\"f\n" +
+	"\vCallHeaders\x120\n" +
+	"\bmetadata\x18\x01 \x03(\v2\x14.tensorrpc.v1.HeaderR\bmetadata\x12%\n" +
+	"\x0etimeout_micros\x18\x02 \x01(\x04R\rtimeoutMicros\"0\n" +
+	"\x06Header\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"u\n" +
 	"\vChunkHeader\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1a\n" +
 	"\bmetadata\x18\x02 \x01(\fR\bmetadata\x122\n" +
@@ -1912,7 +1929,7 @@ func file_tensorrpc_proto_rawDescGZIP() []byte {
 }
 
 var file_tensorrpc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_tensorrpc_proto_goTypes = []any{
 	(DType)(0),                 // 0: tensorrpc.v1.DType
 	(Transport)(0),             // 1: tensorrpc.v1.Transport
@@ -1934,8 +1951,10 @@ var file_tensorrpc_proto_goTypes = []any{
 	(*CallResponse)(nil),       // 17: tensorrpc.v1.CallResponse
 	(*ReleaseRequest)(nil),     // 18: tensorrpc.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),    // 19: tensorrpc.v1.ReleaseResponse
-	(*ChunkHeader)(nil),        // 20: tensorrpc.v1.ChunkHeader
-	(*Chunk)(nil),              // 21: tensorrpc.v1.Chunk
+	(*CallHeaders)(nil),        // 20: tensorrpc.v1.CallHeaders
+	(*Header)(nil),             // 21: tensorrpc.v1.Header
+	(*ChunkHeader)(nil),        // 22: tensorrpc.v1.ChunkHeader
+	(*Chunk)(nil),              // 23: tensorrpc.v1.Chunk
 }
 var file_tensorrpc_proto_depIdxs = []int32{
 	1,  // 0: tensorrpc.v1.Location.transport:type_name -> tensorrpc.v1.Transport
@@ -1954,27 +1973,27 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	6,  // 13: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
 	4,  // 14: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
 	4,  // 15: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	2,  // 16: tensorrpc.v1.SendResponse.destination:type_name -> tensorrpc.v1.Location
-	4,  // 17: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 18: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 16: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 17: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	21, // 18: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
 	4,  // 19: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	20, // 20: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	22, // 20: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
 	7,  // 21: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
 	12, // 22: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
 	14, // 23: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
 	16, // 24: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
 	18, // 25: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
 	12, // 26: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	21, // 27: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	21, // 28: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	23, // 27: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	23, // 28: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
 	8,  // 29: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
 	13, // 30: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
 	15, // 31: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
 	17, // 32: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
 	19, // 33: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	21, // 34: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	23, // 34: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
 	15, // 35: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	21, // 36: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	23, // 36: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
 	29, // [29:37] is the sub-list for method output_type
 	21, // [21:29] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
@@ -2003,7 +2022,7 @@ func file_tensorrpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tensorrpc_proto_rawDesc), len(file_tensorrpc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

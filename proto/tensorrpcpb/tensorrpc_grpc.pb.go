@@ -1,16 +1,17 @@
 // The tensorrpc control plane.
 //
-// gRPC carries small, typed control messages: sessions, transport
-// negotiation, descriptors of tensors and their release. Tensor bytes move
-// over a negotiated data plane (RDMA verbs, shared memory or TCP), described
-// here by Location, and never through protobuf, except inline (small
-// tensors, in the unary methods) and in the plain-gRPC fallback at the end
-// of the service, which streams them in Chunk messages.
+// gRPC carries the sessions and their negotiation, and the whole protocol
+// for clients without tensorrpc's data planes: small tensors inline in the
+// unary methods, any tensor in the plain-gRPC streams at the end of the
+// service (Chunk messages). On a session with a data plane (RDMA verbs,
+// shared memory or TCP) every Fetch, Send and Call travels as frames on
+// the data plane instead (proto/header.fbs), whose bodies are messages of
+// this file; tensor bytes there move one-sided, described by Location.
 //
-// This file is the complete contract of the fallback: a client generated
-// from it alone, in any language, can fetch, send and call (see
+// This file is the complete contract of the gRPC methods: a client
+// generated from it alone, in any language, can fetch, send and call (see
 // proto/clients/python for one, and "A client with only this file" below).
-// The data planes also need tensorrpc's own transports.
+// The data planes also need tensorrpc's own transports and header.fbs.
 //
 // This is a first draft; field numbers are not yet frozen.
 //
@@ -50,8 +51,8 @@
 //
 // # Sessions
 //
-// A session (see Session) is needed for the data planes, for Release and
-// for SendRequest.hold; nothing else needs one. Every session_id may be
+// A session (see Session) is needed for the data planes and for Release;
+// nothing else needs one. Every session_id may be
 // empty: the call then runs without a session, over plain gRPC. A
 // non-empty session_id must name an open session, one whose Session stream
 // is still open, else the call fails with UNAVAILABLE (open a new session);
@@ -72,13 +73,12 @@
 //     eager_threshold bytes, or CallStream.
 //
 // Such a client leaves unset, and may ignore in answers: Location (never
-// set in answers to it), TensorMeta.crc32c (optional: verified when set,
-// see TensorMeta), every transfer_id and transfer_ids (0 and empty for it),
-// TransportOffer.info and description, HandshakeResponse.rejected (for
-// diagnostics only), ConnectResult (never sent to a client that offers no
-// data plane), FetchRequest.lease, every client_ref and SendRequest.hold
-// (which needs a session). It never needs Release: it holds nothing on the
-// server.
+// set in answers of the methods), TensorMeta.crc32c (optional: verified
+// when set, see TensorMeta), every transfer_id and transfer_ids (used only
+// in frames), TransportOffer.info and description,
+// HandshakeResponse.rejected (for diagnostics only) and ConnectResult
+// (never sent to a client that offers no data plane). It never needs
+// Release: it holds nothing on the server.
 //
 // # Status codes
 //
@@ -133,7 +133,7 @@ type TensorRPCClient interface {
 	// UNAVAILABLE when it stops or the session's data plane fails. Messages
 	// the client sends once the session is open are ignored.
 	//
-	// The client first sends a handshake (protocol_version 2) offering every
+	// The client first sends a handshake (protocol_version 3) offering every
 	// data plane it can use, each with its connection info; an offer of
 	// TRANSPORT_GRPC is ignored, since the fallback needs none. The server
 	// answers with a handshake (session id, rejected offers and why, eager
@@ -155,9 +155,13 @@ type TensorRPCClient interface {
 	//     when the echo arrived and matched. The server answers with a
 	//     connect_result with verify set, ok when it received the session id,
 	//     sent its echo and the client's result was ok. When ok, the session
-	//     is open on that plane (the server accepts calls naming it before it
-	//     sends this result); otherwise the server goes on to the next data
-	//     plane.
+	//     is open on that plane (the server accepts calls before it sends
+	//     this result); otherwise the server goes on to the next data plane.
+	//
+	// A session open on a data plane carries the client's Fetch, Send and
+	// Call as frames on it (header.fbs: receive slots posted as Recvs,
+	// credits returned in-band), from the verifying round trip on; every
+	// lane does, from the first frame on.
 	//
 	// With lanes (TransportOffer.lanes), step 1 connects every lane, each
 	// side reporting once for all of them, and in step 2 the client Sends,
@@ -174,55 +178,57 @@ type TensorRPCClient interface {
 	//
 	// Errors: INVALID_ARGUMENT when the first message is not a handshake or a
 	// connect_result is not the one expected (wrong transport or verify);
-	// FAILED_PRECONDITION for a protocol_version other than 2 (1 is still
-	// accepted from a client that offers no data plane: its negotiation did
-	// not change), or no data plane and the fallback disabled; UNAVAILABLE
+	// FAILED_PRECONDITION for a protocol_version other than 3 (1 and 2 are
+	// still accepted, and answered in kind, from a client that offers no
+	// data plane: for it nothing changed), or no data plane and the fallback
+	// disabled; UNAVAILABLE
 	// when the server is stopping.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 	// Fetch asks for a published tensor by key. A key that is not published
 	// fails with NOT_FOUND naming it, unless the request sets wait: then the
-	// call waits until it is published or the deadline passes. Small tensors
-	// (at most eager_threshold bytes) come back inline, with meta.location
-	// unset; larger ones as a Location the client reads with one remote
-	// Read, after which it calls Release. Without a data plane (no session,
-	// or a TRANSPORT_GRPC one) a larger tensor fails with
-	// FAILED_PRECONDITION: use FetchStream.
+	// call waits until it is published or the deadline passes. The tensor
+	// comes back inline (meta.location unset) when it is at most
+	// eager_threshold bytes; a larger one fails with FAILED_PRECONDITION:
+	// use FetchStream. (On a data-plane session the client fetches with a
+	// FETCH_REQ frame instead, header.fbs.)
 	//
 	// Errors: NOT_FOUND, FAILED_PRECONDITION as above; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id (see Sessions); with wait,
 	// DEADLINE_EXCEEDED or CANCELLED while waiting, and UNAVAILABLE when the
 	// server stops.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
-	// Send announces a tensor for the server's rendezvous: the server
-	// publishes it under meta.key, replacing what the key held. Small tensors
-	// go inline (inline_data of exactly meta.byte_length bytes; a 0-byte
-	// tensor needs none); for larger ones the server allocates the
-	// destination and returns its Location, the client writes the bytes with
-	// WriteImm, and the immediate value completes the transfer. The server
-	// accepts inline tensors of any size that fits a message, but without a
-	// data plane use SendStream for anything larger than eager_threshold.
+	// Send puts a tensor into the server's rendezvous: the server publishes
+	// it under meta.key, replacing what the key held, before it answers. The
+	// tensor goes inline (inline_data of exactly meta.byte_length bytes; a
+	// 0-byte tensor needs none). The server accepts inline tensors of any
+	// size that fits a message, but use SendStream for anything larger than
+	// eager_threshold. (On a data-plane session the client sends with a
+	// SEND_REQ frame instead, header.fbs.)
 	//
 	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits), a location,
 	// or inline_data whose length is not byte_length; RESOURCE_EXHAUSTED over
-	// the tensor limit; FAILED_PRECONDITION for hold without a session, or
-	// for a tensor with no inline data and no data plane; UNAVAILABLE or
+	// the tensor limit; FAILED_PRECONDITION for a tensor of more than 0
+	// bytes without inline data (use SendStream); UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id.
 	Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error)
-	// Call invokes a server method with metadata and tensors; tensors travel
-	// as in Send (inline: TensorMeta.inline_index names their entry of
-	// inline_data), and the reply's as in Fetch (inline ones with
-	// inline_index set).
+	// Call invokes a server method with metadata and tensors. Tensors travel
+	// inline both ways: TensorMeta.inline_index names their entry of
+	// inline_data. (On a data-plane session the client calls with a
+	// CALL_REQ frame instead, header.fbs.)
 	//
 	// Errors: UNIMPLEMENTED for a method the server has no handler for;
 	// INVALID_ARGUMENT for an invalid meta, an inline_index out of range or
-	// whose data is not byte_length long, or a tensor with neither inline
-	// data nor a transfer; RESOURCE_EXHAUSTED over the tensor limit;
-	// FAILED_PRECONDITION for a reply tensor above eager_threshold without a
-	// data plane (use CallStream); the method's own status code when it
+	// whose data is not byte_length long, or a tensor without inline data;
+	// RESOURCE_EXHAUSTED over the tensor limit; FAILED_PRECONDITION for a
+	// reply tensor above eager_threshold (use CallStream); the method's own
+	// status code when it
 	// returns one, else UNKNOWN for its errors; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id.
 	Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*CallResponse, error)
-	// Release gives back producer-side buffers of finished transfers.
+	// Release gives back producer-side buffers of finished transfers. Only
+	// frames make transfers, and frames carry releases of their own
+	// (header.fbs), so tensorrpc's client does not use it; it releases the
+	// same transfers and calls (client_refs: a frame's ref).
 	//
 	// Errors: INVALID_ARGUMENT without a session; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id. Unknown ids are ignored.
@@ -262,7 +268,8 @@ type TensorRPCClient interface {
 	// CallStream streams a call's request and its reply. The client sends a
 	// header (method, metadata, and zero or more tensors, whose keys are not
 	// used), the tensors' bytes, then closes its side: the server runs the
-	// method once it has the last byte and reads nothing more. The server
+	// method once the client has closed its side after the last byte (bytes
+	// past the last tensor fail with INVALID_ARGUMENT, as above). The server
 	// answers with a header (method empty, the reply's metadata and tensors,
 	// whose keys are empty), their bytes, then status OK. Errors come as the
 	// stream's status instead: UNIMPLEMENTED for a method the server has no
@@ -390,7 +397,7 @@ type TensorRPCServer interface {
 	// UNAVAILABLE when it stops or the session's data plane fails. Messages
 	// the client sends once the session is open are ignored.
 	//
-	// The client first sends a handshake (protocol_version 2) offering every
+	// The client first sends a handshake (protocol_version 3) offering every
 	// data plane it can use, each with its connection info; an offer of
 	// TRANSPORT_GRPC is ignored, since the fallback needs none. The server
 	// answers with a handshake (session id, rejected offers and why, eager
@@ -412,9 +419,13 @@ type TensorRPCServer interface {
 	//     when the echo arrived and matched. The server answers with a
 	//     connect_result with verify set, ok when it received the session id,
 	//     sent its echo and the client's result was ok. When ok, the session
-	//     is open on that plane (the server accepts calls naming it before it
-	//     sends this result); otherwise the server goes on to the next data
-	//     plane.
+	//     is open on that plane (the server accepts calls before it sends
+	//     this result); otherwise the server goes on to the next data plane.
+	//
+	// A session open on a data plane carries the client's Fetch, Send and
+	// Call as frames on it (header.fbs: receive slots posted as Recvs,
+	// credits returned in-band), from the verifying round trip on; every
+	// lane does, from the first frame on.
 	//
 	// With lanes (TransportOffer.lanes), step 1 connects every lane, each
 	// side reporting once for all of them, and in step 2 the client Sends,
@@ -431,55 +442,57 @@ type TensorRPCServer interface {
 	//
 	// Errors: INVALID_ARGUMENT when the first message is not a handshake or a
 	// connect_result is not the one expected (wrong transport or verify);
-	// FAILED_PRECONDITION for a protocol_version other than 2 (1 is still
-	// accepted from a client that offers no data plane: its negotiation did
-	// not change), or no data plane and the fallback disabled; UNAVAILABLE
+	// FAILED_PRECONDITION for a protocol_version other than 3 (1 and 2 are
+	// still accepted, and answered in kind, from a client that offers no
+	// data plane: for it nothing changed), or no data plane and the fallback
+	// disabled; UNAVAILABLE
 	// when the server is stopping.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	// Fetch asks for a published tensor by key. A key that is not published
 	// fails with NOT_FOUND naming it, unless the request sets wait: then the
-	// call waits until it is published or the deadline passes. Small tensors
-	// (at most eager_threshold bytes) come back inline, with meta.location
-	// unset; larger ones as a Location the client reads with one remote
-	// Read, after which it calls Release. Without a data plane (no session,
-	// or a TRANSPORT_GRPC one) a larger tensor fails with
-	// FAILED_PRECONDITION: use FetchStream.
+	// call waits until it is published or the deadline passes. The tensor
+	// comes back inline (meta.location unset) when it is at most
+	// eager_threshold bytes; a larger one fails with FAILED_PRECONDITION:
+	// use FetchStream. (On a data-plane session the client fetches with a
+	// FETCH_REQ frame instead, header.fbs.)
 	//
 	// Errors: NOT_FOUND, FAILED_PRECONDITION as above; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id (see Sessions); with wait,
 	// DEADLINE_EXCEEDED or CANCELLED while waiting, and UNAVAILABLE when the
 	// server stops.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
-	// Send announces a tensor for the server's rendezvous: the server
-	// publishes it under meta.key, replacing what the key held. Small tensors
-	// go inline (inline_data of exactly meta.byte_length bytes; a 0-byte
-	// tensor needs none); for larger ones the server allocates the
-	// destination and returns its Location, the client writes the bytes with
-	// WriteImm, and the immediate value completes the transfer. The server
-	// accepts inline tensors of any size that fits a message, but without a
-	// data plane use SendStream for anything larger than eager_threshold.
+	// Send puts a tensor into the server's rendezvous: the server publishes
+	// it under meta.key, replacing what the key held, before it answers. The
+	// tensor goes inline (inline_data of exactly meta.byte_length bytes; a
+	// 0-byte tensor needs none). The server accepts inline tensors of any
+	// size that fits a message, but use SendStream for anything larger than
+	// eager_threshold. (On a data-plane session the client sends with a
+	// SEND_REQ frame instead, header.fbs.)
 	//
 	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits), a location,
 	// or inline_data whose length is not byte_length; RESOURCE_EXHAUSTED over
-	// the tensor limit; FAILED_PRECONDITION for hold without a session, or
-	// for a tensor with no inline data and no data plane; UNAVAILABLE or
+	// the tensor limit; FAILED_PRECONDITION for a tensor of more than 0
+	// bytes without inline data (use SendStream); UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id.
 	Send(context.Context, *SendRequest) (*SendResponse, error)
-	// Call invokes a server method with metadata and tensors; tensors travel
-	// as in Send (inline: TensorMeta.inline_index names their entry of
-	// inline_data), and the reply's as in Fetch (inline ones with
-	// inline_index set).
+	// Call invokes a server method with metadata and tensors. Tensors travel
+	// inline both ways: TensorMeta.inline_index names their entry of
+	// inline_data. (On a data-plane session the client calls with a
+	// CALL_REQ frame instead, header.fbs.)
 	//
 	// Errors: UNIMPLEMENTED for a method the server has no handler for;
 	// INVALID_ARGUMENT for an invalid meta, an inline_index out of range or
-	// whose data is not byte_length long, or a tensor with neither inline
-	// data nor a transfer; RESOURCE_EXHAUSTED over the tensor limit;
-	// FAILED_PRECONDITION for a reply tensor above eager_threshold without a
-	// data plane (use CallStream); the method's own status code when it
+	// whose data is not byte_length long, or a tensor without inline data;
+	// RESOURCE_EXHAUSTED over the tensor limit; FAILED_PRECONDITION for a
+	// reply tensor above eager_threshold (use CallStream); the method's own
+	// status code when it
 	// returns one, else UNKNOWN for its errors; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id.
 	Call(context.Context, *CallRequest) (*CallResponse, error)
-	// Release gives back producer-side buffers of finished transfers.
+	// Release gives back producer-side buffers of finished transfers. Only
+	// frames make transfers, and frames carry releases of their own
+	// (header.fbs), so tensorrpc's client does not use it; it releases the
+	// same transfers and calls (client_refs: a frame's ref).
 	//
 	// Errors: INVALID_ARGUMENT without a session; UNAVAILABLE or
 	// PERMISSION_DENIED for the session_id. Unknown ids are ignored.
@@ -519,7 +532,8 @@ type TensorRPCServer interface {
 	// CallStream streams a call's request and its reply. The client sends a
 	// header (method, metadata, and zero or more tensors, whose keys are not
 	// used), the tensors' bytes, then closes its side: the server runs the
-	// method once it has the last byte and reads nothing more. The server
+	// method once the client has closed its side after the last byte (bytes
+	// past the last tensor fail with INVALID_ARGUMENT, as above). The server
 	// answers with a header (method empty, the reply's metadata and tensors,
 	// whose keys are empty), their bytes, then status OK. Errors come as the
 	// stream's status instead: UNIMPLEMENTED for a method the server has no

@@ -31,10 +31,18 @@ const (
 
 // Flags, FrameHeader.Flags; their meaning depends on the type.
 const (
-	FlagWait     uint16 = 1 << 0 // FETCH_REQ: wait for an unpublished key
-	FlagLease    uint16 = 1 << 1 // FETCH_REQ: lease (shm mapping)
-	FlagFallback uint16 = 1 << 0 // FETCH_RESP: ask again with the Fetch method
-	FlagIndirect uint16 = 1 << 1 // CALL_RESP: the body names a transfer holding the response
+	FlagWait  uint16 = 1 << 0 // FETCH_REQ: wait for an unpublished key
+	FlagLease uint16 = 1 << 1 // FETCH_REQ: lease (shm mapping)
+	// FlagIndirect: the body, too large for a receive slot, is elsewhere:
+	// on a request, the body is a TensorMeta naming the client's grant of
+	// the bytes the body would have been; on a response, a status and a
+	// TensorMeta naming a transfer whose bytes are the response's protobuf.
+	FlagIndirect uint16 = 1 << 2
+	// FlagHeaders (FETCH_REQ, SEND_REQ, CALL_REQ): the frame's body starts
+	// with a u32 length and a protobuf CallHeaders (the caller's metadata
+	// and deadline); the type's body (or, with FlagIndirect, the
+	// TensorMeta naming it) follows.
+	FlagHeaders uint16 = 1 << 3
 )
 
 // ErrInvalidFrame wraps every frame decoding error.
@@ -43,8 +51,10 @@ var ErrInvalidFrame = errors.New("wire: invalid frame")
 // frameFlags are the flags each type allows; index 0 and the types past
 // FrameRelease are unknown.
 var frameFlags = [...]uint16{
-	FrameFetchReq:  FlagWait | FlagLease,
-	FrameFetchResp: FlagFallback,
+	FrameFetchReq:  FlagWait | FlagLease | FlagIndirect | FlagHeaders,
+	FrameFetchResp: FlagIndirect,
+	FrameSendReq:   FlagIndirect | FlagHeaders,
+	FrameCallReq:   FlagIndirect | FlagHeaders,
 	FrameCallResp:  FlagIndirect,
 	FrameRelease:   0,
 }
