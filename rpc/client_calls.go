@@ -51,7 +51,7 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 		var err error
 		t, err = s.calls.fetch(ctx, key, fo)
 		if t != nil {
-			info.ResponseBytes = int64(len(t.Bytes()))
+			info.setResponse(int64(len(t.Bytes())))
 		}
 		return err
 	})
@@ -63,12 +63,13 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 }
 
 // intercept runs a call's work through the Client's interceptors. work
-// sets what came back in info.
+// sets what came back in info (nil, and nothing allocated, without
+// interceptors).
 func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, name string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
-	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
 	if len(c.opts.interceptors) == 0 {
-		return work(ctx, info)
+		return work(ctx, nil)
 	}
+	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
 	return intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 
@@ -218,7 +219,7 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		var err error
 		reply, err = s.calls.call(ctx, method, req)
 		if reply != nil {
-			info.ResponseBytes = tensorBytes(reply.Tensors)
+			info.setResponse(tensorBytes(reply.Tensors))
 		}
 		return err
 	})

@@ -124,7 +124,7 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 			dtype, shape, err = c.fetchDirect(ctx, e, key, dst, offset)
 			if err == nil {
 				n, _ := zerocopy.ByteSize(dtype, shape)
-				info.ResponseBytes = int64(n)
+				info.setResponse(int64(n))
 			}
 			return err
 		})

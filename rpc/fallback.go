@@ -229,7 +229,7 @@ func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string
 	var c counters
 	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
 	c.transfers.Add(1)
-	info.ResponseBytes = int64(len(e.tensor.Bytes()))
+	info.setResponse(int64(len(e.tensor.Bytes())))
 	refs := newChunkRefs()
 	defer refs.settle(ctx)
 	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c, refs)
@@ -338,8 +338,9 @@ func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
 	}
 	defer releaseAll(bufs)
-	info.ResponseBytes = metaBytes(metas)
-	refundReply, err := s.chargeBytes(peer, info.ResponseBytes)
+	replyBytes := metaBytes(metas)
+	info.setResponse(replyBytes)
+	refundReply, err := s.chargeBytes(peer, replyBytes)
 	if err != nil {
 		return err
 	}

@@ -3,13 +3,14 @@ package rpc
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
@@ -82,6 +83,14 @@ type CallInfo struct {
 	RequestBytes, ResponseBytes int64
 }
 
+// setResponse sets ResponseBytes of info, which is nil where no
+// interceptor looks.
+func (info *CallInfo) setResponse(n int64) {
+	if info != nil {
+		info.ResponseBytes = n
+	}
+}
+
 // Interceptor wraps a call: it runs next, which makes (on a client) or
 // serves (on a server) the call, and returns next's error or one of its
 // own, a gRPC status. It may change the context next gets (add outgoing
@@ -130,73 +139,143 @@ func callHeaders(ctx context.Context) ([]byte, error) {
 
 // appendHeaders appends to b what a request frame carries besides its
 // body (frameHeaders): a u32 length and a CallHeaders with the outgoing
-// metadata and the time left to ctx's deadline. It reports false (and
-// appends nothing) when there is nothing to carry.
+// metadata and the time left to ctx's deadline, encoded by hand (the
+// common case, a deadline alone, costs no allocation but b's). It reports
+// false (and appends nothing) when there is nothing to carry.
 func appendHeaders(b []byte, ctx context.Context) ([]byte, bool, error) {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	dl, hasDeadline := ctx.Deadline()
 	if len(md) == 0 && !hasDeadline {
 		return b, false, nil
 	}
-	h := &pb.CallHeaders{}
+	off := len(b)
+	b = binary.LittleEndian.AppendUint32(b, 0)
 	for k, vs := range md {
 		for _, v := range vs {
-			h.Metadata = append(h.Metadata, &pb.Header{Key: k, Value: []byte(v)})
+			// Header{key = 1, value = 2} as CallHeaders.metadata = 1.
+			n := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(n))
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendString(b, v)
 		}
 	}
-	if n := proto.Size(h); n > MaxFrameMetadataBytes {
-		return b, false, status.Errorf(codes.ResourceExhausted, "tensorrpc: call metadata of %d bytes encoded, over the %d a call may carry (rpc.MaxFrameMetadataBytes)", n, MaxFrameMetadataBytes)
+	if n := len(b) - off - 4; n > MaxFrameMetadataBytes {
+		return b[:off], false, status.Errorf(codes.ResourceExhausted, "tensorrpc: call metadata of %d bytes encoded, over the %d a call may carry (rpc.MaxFrameMetadataBytes)", n, MaxFrameMetadataBytes)
 	}
 	if hasDeadline {
 		left := time.Until(dl)
 		if left <= 0 {
-			return b, false, status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+			return b[:off], false, status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
 		}
-		h.TimeoutMicros = uint64(max(left.Microseconds(), 1))
-	}
-	off := len(b)
-	b = binary.LittleEndian.AppendUint32(b, 0)
-	b, err := proto.MarshalOptions{}.MarshalAppend(b, h)
-	if err != nil {
-		return b[:off], false, status.Errorf(codes.Internal, "tensorrpc: encoding call headers: %v", err)
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(max(left.Microseconds(), 1)))
 	}
 	binary.LittleEndian.PutUint32(b[off:], uint32(len(b)-off-4))
 	return b, true, nil
 }
 
+// headers is a request's decoded CallHeaders.
+type headers struct {
+	md      metadata.MD // nil: none
+	timeout time.Duration
+}
+
 // splitHeaders splits a request frame's body that carries headers into
-// them and the rest.
-func splitHeaders(body []byte) (*pb.CallHeaders, []byte, error) {
+// them and the rest. It decodes CallHeaders with protowire: unknown
+// fields are skipped, as protobuf would.
+func splitHeaders(body []byte) (headers, []byte, error) {
+	var h headers
 	if len(body) < 4 {
-		return nil, nil, fmt.Errorf("%w: headers in a body of %d bytes", errFrame, len(body))
+		return h, nil, fmt.Errorf("%w: headers in a body of %d bytes", errFrame, len(body))
 	}
 	n := binary.LittleEndian.Uint32(body)
 	if uint64(n) > uint64(len(body)-4) || n > MaxFrameMetadataBytes+16 {
-		return nil, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", errFrame, n, len(body))
+		return h, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", errFrame, n, len(body))
 	}
-	h := &pb.CallHeaders{}
-	if err := proto.Unmarshal(body[4:4+n], h); err != nil {
-		return nil, nil, fmt.Errorf("%w: headers: %v", errFrame, err)
+	p, rest := body[4:4+n], body[4+n:]
+	bad := func(what string) (headers, []byte, error) {
+		return headers{}, nil, fmt.Errorf("%w: headers: %s", errFrame, what)
 	}
-	return h, body[4+n:], nil
+	for len(p) > 0 {
+		num, typ, k := protowire.ConsumeTag(p)
+		if k < 0 {
+			return bad("a bad tag")
+		}
+		p = p[k:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			e, k := protowire.ConsumeBytes(p)
+			if k < 0 {
+				return bad("a bad metadata entry")
+			}
+			p = p[k:]
+			key, value, err := decodeHeader(e)
+			if err != nil {
+				return bad(err.Error())
+			}
+			if h.md == nil {
+				h.md = metadata.MD{}
+			}
+			h.md.Append(key, value)
+		case num == 2 && typ == protowire.VarintType:
+			v, k := protowire.ConsumeVarint(p)
+			if k < 0 {
+				return bad("a bad timeout")
+			}
+			p = p[k:]
+			h.timeout = time.Duration(min(v, uint64(1<<62)/1000)) * time.Microsecond
+		default:
+			k := protowire.ConsumeFieldValue(num, typ, p)
+			if k < 0 {
+				return bad("a bad field")
+			}
+			p = p[k:]
+		}
+	}
+	return h, rest, nil
+}
+
+// decodeHeader decodes one Header (key = 1, value = 2).
+func decodeHeader(e []byte) (key, value string, err error) {
+	for len(e) > 0 {
+		num, typ, k := protowire.ConsumeTag(e)
+		if k < 0 {
+			return "", "", errors.New("a bad metadata tag")
+		}
+		e = e[k:]
+		if typ != protowire.BytesType || (num != 1 && num != 2) {
+			if k = protowire.ConsumeFieldValue(num, typ, e); k < 0 {
+				return "", "", errors.New("a bad metadata field")
+			}
+			e = e[k:]
+			continue
+		}
+		v, k := protowire.ConsumeBytes(e)
+		if k < 0 {
+			return "", "", errors.New("a bad metadata string")
+		}
+		e = e[k:]
+		if num == 1 {
+			key = string(v)
+		} else {
+			value = string(v)
+		}
+	}
+	return key, value, nil
 }
 
 // withHeaders is the context a frame call runs under: parent with the
 // caller's metadata and deadline, and the function that ends it.
-func withHeaders(parent context.Context, h *pb.CallHeaders) (context.Context, context.CancelFunc) {
-	if h == nil {
-		return context.WithCancel(parent)
-	}
+func withHeaders(parent context.Context, h headers) (context.Context, context.CancelFunc) {
 	ctx := parent
-	if len(h.Metadata) > 0 {
-		md := metadata.MD{}
-		for _, e := range h.Metadata {
-			md.Append(e.Key, string(e.Value))
-		}
-		ctx = metadata.NewIncomingContext(ctx, md)
+	if h.md != nil {
+		ctx = metadata.NewIncomingContext(ctx, h.md)
 	}
-	if h.TimeoutMicros > 0 {
-		return context.WithTimeout(ctx, time.Duration(min(h.TimeoutMicros, uint64(1<<62)/1000))*time.Microsecond)
+	if h.timeout > 0 {
+		return context.WithTimeout(ctx, h.timeout)
 	}
 	return context.WithCancel(ctx)
 }
@@ -216,10 +295,10 @@ func tensorBytes(ts []*Tensor) int64 {
 // interceptors. ss is the call's session (nil for a call without one);
 // work sets what came back in info.
 func (s *Server) intercept(ctx context.Context, ss *serverSession, op Operation, name, path string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
-	info := &CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC}
 	if len(s.opts.interceptors) == 0 {
-		return work(ctx, info)
+		return work(ctx, nil)
 	}
+	info := &CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC}
 	if ss != nil {
 		info.Session, info.Transport, info.Peer = ss.id, ss.transport, ss.addr
 	} else {

@@ -2,11 +2,16 @@ package rpc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
 // TestFrameHeadersRoundTrip: what a client puts before a request frame's
@@ -68,5 +73,43 @@ func TestSplitHeadersRefusesBadInput(t *testing.T) {
 	}
 	if _, rest, err := splitHeaders([]byte{0, 0, 0, 0, 'x'}); err != nil || string(rest) != "x" {
 		t.Errorf("empty headers: %q, %v", rest, err)
+	}
+}
+
+// TestFrameHeadersAreCallHeaders: the hand-made encoding is
+// tensorrpc.proto's CallHeaders, both ways: protobuf decodes what
+// appendHeaders writes, and splitHeaders decodes what protobuf writes
+// (with a field it does not know, which it skips).
+func TestFrameHeadersAreCallHeaders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "a", "1", "b-bin", "\x00\xff")
+	b, _, err := appendHeaders(nil, ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ch pb.CallHeaders
+	if err := proto.Unmarshal(b[4:], &ch); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, e := range ch.Metadata {
+		got[e.Key] = string(e.Value)
+	}
+	if len(got) != 2 || got["a"] != "1" || got["b-bin"] != "\x00\xff" || ch.TimeoutMicros < uint64(59*time.Minute/time.Microsecond) || ch.TimeoutMicros > uint64(time.Hour/time.Microsecond) {
+		t.Errorf("protobuf read %v, timeout %d µs", got, ch.TimeoutMicros)
+	}
+
+	enc, err := proto.Marshal(&pb.CallHeaders{Metadata: []*pb.Header{{Key: "k", Value: []byte("v")}}, TimeoutMicros: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc = protowire.AppendTag(enc, 9, protowire.VarintType) // a field from a later version
+	enc = protowire.AppendVarint(enc, 1)
+	body := binary.LittleEndian.AppendUint32(nil, uint32(len(enc)))
+	body = append(append(body, enc...), "rest"...)
+	h, rest, err := splitHeaders(body)
+	if err != nil || string(rest) != "rest" || h.timeout != 5*time.Microsecond || h.md.Get("k")[0] != "v" {
+		t.Errorf("splitHeaders of protobuf's encoding: %+v, %q, %v", h, rest, err)
 	}
 }

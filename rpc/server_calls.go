@@ -23,7 +23,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	err = s.intercept(ctx, ss, OpFetch, req.Key, PathUnary, 0, func(ctx context.Context, info *CallInfo) error {
 		var err error
 		resp, err = s.fetchFor(ctx, ss, nil, 0, req.Key, req.Wait, s.opts.eagerThreshold, nil)
-		info.ResponseBytes = int64(resp.GetMeta().GetByteLength())
+		info.setResponse(int64(resp.GetMeta().GetByteLength()))
 		return err
 	})
 	if err != nil {
@@ -205,7 +205,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	err = s.intercept(ctx, ss, OpCall, req.Method, PathUnary, metaBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
 		var err error
 		resp, err = s.callUnary(ctx, ss, req)
-		info.ResponseBytes = metaBytes(resp.GetTensors())
+		info.setResponse(metaBytes(resp.GetTensors()))
 		return err
 	})
 	if err != nil {

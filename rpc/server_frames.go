@@ -72,7 +72,7 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 		return
 	}
 	// The caller's metadata and deadline, when it sent any.
-	var hdr *pb.CallHeaders
+	var hdr headers
 	var bad error
 	if h.Flags&frameHeaders != 0 {
 		if hdr, body, bad = splitHeaders(body); bad != nil {
@@ -266,7 +266,7 @@ func finishAll(ts []*transfer) {
 // on success, its flags and body (which may view the pool buffers the
 // work adds to held until it is sent). A response that cannot be sent frees
 // what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, hdr *pb.CallHeaders, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	ctx, cancel := withHeaders(ss.ctx, hdr)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
@@ -358,7 +358,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 				var err error
 				flags, body, err = work(ctx, &held)
 				worked = err == nil
-				info.ResponseBytes = responseBytes(body)
+				info.setResponse(responseBytes(body))
 				return err
 			})
 			if err != nil && worked {
