@@ -157,15 +157,15 @@ func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 }
 
 // executeInlineLocked runs a request in the caller's goroutine, with qp.Mu
-// released during the copy: all of a Write or Read; the copy and doorbell
-// of a Send or WriteImm, whose completion the receiver queues when the ack
-// comes. It reports false, having done nothing, when the peer's region is
-// not mapped yet: asking the peer for it is the sender goroutine's job.
+// released during the copy (see start): all of a Write or Read; the copy
+// and doorbell of a Send or WriteImm, whose completion the receiver queues
+// when the ack comes. It reports false, having done nothing, when the
+// peer's region is not mapped yet.
 func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	qp.executing = true
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
-	c, ran, doorbell := qp.startInline(wr)
+	st, err, ran, doorbell := qp.start(wr, false)
 	qp.Mu.Lock()
 	qp.inline.Done()
 	if !ran {
@@ -174,39 +174,45 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	}
 	if qp.StateLocked() == verbs.QPError {
 		// Failed or closed while we copied; the peer never heard of it.
-		c.Status, c.Err = qp.FailureLocked()
+		st, err = qp.FailureLocked()
 		doorbell = nil
 	}
-	if doorbell != nil && c.Status == verbs.StatusSuccess {
-		// The request waits on the core's Inflight for the ack that the
-		// receiver completes it with (onAck).
-		qp.nextSeq++
-		wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
-		qp.Inflight = append(qp.Inflight, wr)
-		qp.Mu.Unlock()
-		err := qp.send(doorbell, -1)
-		qp.Mu.Lock()
-		if err != nil {
-			acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
-			qp.Mu.Unlock()
-			qp.sendAll(acks)
-			qp.Mu.Lock()
-		}
-		return true
-	}
-	qp.executing = false
-	qp.finishSendLocked(c, wr.Unsignaled)
+	qp.ringLocked(wr, st, err, doorbell)
 	return true
 }
 
-// finishSendLocked queues the completion of the request that was
-// executing, fails the queue pair if it failed and otherwise wakes the
-// sender for the requests queued behind it. It may release qp.Mu for a
-// while.
-func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
-	qp.completeSend(c, unsignaled)
-	if c.Status != verbs.StatusSuccess {
-		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(c))
+// ringLocked ends the start of wr, the request executing: with a doorbell
+// to ring, wr waits on the core's Inflight for the ack that the receiver
+// completes it with (onAck); otherwise it completes now (finishSendLocked).
+// The caller holds Mu, which ringLocked may release for a while.
+func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, doorbell *message) {
+	if doorbell == nil {
+		qp.executing = false
+		qp.finishSendLocked(wr, st, err)
+		return
+	}
+	qp.nextSeq++
+	wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
+	qp.Inflight = append(qp.Inflight, wr)
+	qp.Mu.Unlock()
+	err = qp.send(doorbell, -1)
+	qp.Mu.Lock()
+	if err != nil {
+		acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+		qp.Mu.Unlock()
+		qp.sendAll(acks)
+		qp.Mu.Lock()
+	}
+}
+
+// finishSendLocked queues the completion of wr, the request that was
+// executing, with status st and cause err, fails the queue pair if it
+// failed and otherwise wakes the sender for the requests queued behind it.
+// It may release qp.Mu for a while.
+func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err error) {
+	qp.SendCQ.Push(qp.CompleteSend(nil, wr, st, err)...)
+	if st != verbs.StatusSuccess {
+		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(wr, st, err)))
 		qp.Mu.Unlock()
 		qp.sendAll(acks)
 		qp.Mu.Lock()
@@ -233,7 +239,7 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	}
 	qp.executing = false
 	st, why := softrc.Refused(m.status)
-	qp.finishSendLocked(softrc.CompletionOf(w, st, why), w.Unsignaled)
+	qp.finishSendLocked(w, st, why)
 	return true, nil
 }
 
@@ -286,15 +292,6 @@ func (qp *queuePair) FailedLocked() {
 			qp.completeRecv(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
 		}
 		qp.owed = append(qp.owed, message{typ: msgAck, seq: in.seq, status: verbs.StatusTransport})
-	}
-}
-
-// completeSend queues a send completion. In ERR the first one that is
-// not a success carries the failure (see softrc.WorkQueue.Fail). The
-// caller holds Mu.
-func (qp *queuePair) completeSend(c verbs.Completion, unsignaled bool) {
-	if e, ok := qp.SendQ.Complete(c, unsignaled); ok {
-		qp.SendCQ.Push(e)
 	}
 }
 
