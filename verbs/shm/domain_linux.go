@@ -94,22 +94,16 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 // pair it names if it presents that queue pair's secret; otherwise the
 // connection is closed.
 func (pd *domain) handshake(nc net.Conn) bool {
-	c := nc.(*net.UnixConn)
-	c.SetReadDeadline(time.Now().Add(pd.opts.handshakeTimeout))
-	m, fds, err := readMessageFDs(c, newMsgBuffers())
-	if err != nil {
-		return false
-	}
-	if m.typ != msgHello || fds[0] < 0 {
-		fds.close()
-		return false
-	}
-	c.SetReadDeadline(time.Time{})
-	if !pd.Offer(m.seq, m.secret[0], dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
-		fds.close()
-		return false
-	}
-	return true
+	return pd.Admit(nc, pd.opts.handshakeTimeout, func(nc net.Conn) (softrc.Offer, error) {
+		c := nc.(*net.UnixConn)
+		m, fds, err := readMessageFDs(c, newMsgBuffers())
+		if err == nil && (m.typ != msgHello || fds[0] < 0) {
+			fds.close()
+			err = fmt.Errorf("shm: a data connection began with message type %d, not a hello with its staging buffer", m.typ)
+		}
+		c.SetDeadline(time.Time{})
+		return dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}, err
+	}) == nil
 }
 
 // RegisterMemory registers memfd-backed memory. It refuses memory without

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
@@ -226,18 +225,14 @@ func advertised(la *net.TCPAddr, adv string) (string, error) {
 // handshake reads the dialer's hello and offers the connection to the
 // queue pair that issued the secret it presents, or refuses it.
 func (d *domain) handshake(c net.Conn) bool {
-	c.SetDeadline(time.Now().Add(d.opts.handshakeTimeout))
-	h, err := readHello(c)
+	err := d.Admit(c, d.opts.handshakeTimeout, func(c net.Conn) (softrc.Offer, error) {
+		h, err := readHello(c)
+		return offered{c, h}, err
+	})
 	if err != nil {
 		d.opts.logger.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
-		return false
 	}
-	if !d.Offer(h.qpID, h.acceptor, offered{c, h}) {
-		d.opts.logger.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
-		c.Write(replyBytes(handshakeRefused))
-		return false
-	}
-	return true
+	return err == nil
 }
 
 // Close closes the listeners, the queue pairs, the regions and the

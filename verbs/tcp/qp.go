@@ -77,6 +77,8 @@ type offered struct {
 	hello hello
 }
 
+func (o offered) Hello() softrc.Hello { return o.hello }
+
 // Close refuses the connection.
 func (o offered) Close() {
 	o.conn.Write(replyBytes(handshakeRefused))
@@ -135,14 +137,8 @@ func (q *queuePair) start(conn net.Conn) {
 
 // dial connects to the peer's listener and presents both secrets.
 func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error) {
-	d := net.Dialer{Timeout: q.pd.opts.dialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", peer.Addr)
-	if err != nil {
-		return nil, q.Errorf("dialing the peer at %s: %w", peer.Addr, err)
-	}
-	err = softrc.Bounded(ctx, conn, func() error {
-		h := hello{acceptor: peer.Secret, dialer: q.Secret, qpID: peer.QPID}
-		if _, err := conn.Write(h.encode()); err != nil {
+	return q.Dial(ctx, "tcp", peer.Addr, q.pd.opts.dialTimeout, func(conn net.Conn) error {
+		if _, err := conn.Write(encodeHello(hello{Acceptor: peer.Secret, Dialer: q.Secret, QPID: peer.QPID})); err != nil {
 			return err
 		}
 		status, err := readReply(conn)
@@ -151,17 +147,12 @@ func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error
 		}
 		return err
 	})
-	if err != nil {
-		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.Addr, err)
-	}
-	return conn, nil
 }
 
 // accept waits for the peer's connection, checks that it presents the
 // peer's secret as well as ours, and accepts it.
 func (q *queuePair) accept(ctx context.Context, peer softrc.Info) (net.Conn, error) {
-	o, err := q.AcceptOffer(ctx, peer.Secret, func(o softrc.Offer) softrc.Secret { return o.(offered).hello.dialer })
+	o, err := q.AcceptOffer(ctx, peer.Secret)
 	if err != nil {
 		return nil, err
 	}

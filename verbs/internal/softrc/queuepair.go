@@ -34,8 +34,19 @@ type Wire interface {
 }
 
 // Offer is a data connection a peer opened to a queue pair, waiting for
-// its Connect. The core closes the offers nobody takes.
-type Offer interface{ Close() }
+// its Connect, with the hello it presented. The core closes the offers
+// nobody takes.
+type Offer interface {
+	Hello() Hello
+	Close()
+}
+
+// Hello is what a dialer presents on its data connection: the id of the
+// queue pair it wants, the secret that queue pair issued and its own.
+type Hello struct {
+	QPID             uint64
+	Acceptor, Dialer Secret
+}
 
 // SendWR is a posted send queue request whose local memory was checked at
 // post time: Vec replaces the request's Local and Segments.
@@ -454,14 +465,13 @@ func (q *QP) Offer(o Offer) bool {
 func (q *QP) Incoming() <-chan Offer { return q.incoming }
 
 // AcceptOffer waits for the data connection offered by the peer whose
-// secret is peer (whose says which secret an offer presents as the
-// dialer's), closes any other, and once it has the peer's takes no more
-// offers. It ends with ctx.
-func (q *QP) AcceptOffer(ctx context.Context, peer Secret, whose func(Offer) Secret) (Offer, error) {
+// secret is peer (its hello's Dialer), closes any other, and once it has
+// the peer's takes no more offers. It ends with ctx.
+func (q *QP) AcceptOffer(ctx context.Context, peer Secret) (Offer, error) {
 	for {
 		select {
 		case o := <-q.incoming:
-			if dialer := whose(o); !dialer.Equal(peer) {
+			if dialer := o.Hello().Dialer; !dialer.Equal(peer) {
 				o.Close()
 				continue
 			}
