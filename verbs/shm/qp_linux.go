@@ -221,26 +221,27 @@ func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err er
 	}
 }
 
-// onAck completes the inline request awaiting this ack, on Inflight (see
-// softrc.QP.AckLocked). It reports false when none is: the ack is for the
-// sender goroutine.
+// onAck completes the request awaiting this ack on Inflight (see
+// softrc.QP.Ack), and wakes the sender for the requests queued behind it.
+// It reports false when none is: the ack of a Send's earlier chunk, for
+// the sender goroutine.
 func (qp *queuePair) onAck(m message) (bool, error) {
 	qp.Mu.Lock()
-	defer qp.Mu.Unlock()
-	if len(qp.Inflight) == 0 {
+	mine := len(qp.Inflight) > 0
+	qp.Mu.Unlock()
+	if !mine {
 		return false, nil
 	}
-	done, w, err := qp.AckLocked(m.seq, m.status)
-	if err != nil {
-		return true, err
+	failed, err := qp.Ack(m.seq, m.status, func([]*softrc.SendWR, *softrc.SendWR) {
+		qp.executing = false // one request at a time
+		if len(qp.Sendq) > 0 && m.status == verbs.StatusSuccess {
+			softrc.Signal(qp.sqSignal)
+		}
+	})
+	if failed {
+		qp.fail(0, nil) // in ERR already: sends the acks owed
 	}
-	if w == nil {
-		w = done[0] // one request at a time
-	}
-	qp.executing = false
-	st, why := softrc.Refused(m.status)
-	qp.finishSendLocked(w, st, why)
-	return true, nil
+	return true, err
 }
 
 // PostRecvUnlock hands a Send or WriteImm that waits for a receive the
@@ -264,12 +265,11 @@ func (qp *queuePair) fail(inflight verbs.Status, cause error) {
 }
 
 // failLocked moves the queue pair to the error state (see
-// softrc.QP.FailLocked and FailedLocked) and returns the acks owed to the
-// peer, for the caller to send after unlocking.
+// softrc.QP.FailLocked and FailedLocked), unless it is there already, and
+// returns the acks owed to the peer, for the caller to send after
+// unlocking.
 func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
-	if !qp.FailLocked(inflight, cause) {
-		return nil
-	}
+	qp.FailLocked(inflight, cause)
 	acks := qp.owed
 	qp.owed = nil
 	return acks

@@ -580,33 +580,14 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 }
 
 // applyAck completes the requests an acknowledgement covers (see
-// softrc.QP.AckLocked). A negative acknowledgement fails its request and
-// moves the queue pair to ERR.
+// softrc.QP.Ack). A negative acknowledgement fails its request and moves
+// the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
-	q.Mu.Lock()
-	done, failed, err := q.AckLocked(h.seq, verbs.Status(h.status))
-	for _, w := range done {
-		q.unackedBytes -= payloadBytes(w)
-	}
-	q.Mu.Unlock()
-	if err != nil {
-		return false, err
-	}
-	var cause error
-	st, why := softrc.Refused(verbs.Status(h.status))
-	if failed != nil {
-		cause = fmt.Errorf("the peer refused %v %d: %w", failed.Op, failed.ID, why)
-		q.enterError(verbs.StatusFlushed, q.Errorf("%w", cause))
-	}
-	es := make([]softrc.Entry, 0, len(done)+1)
-	for _, w := range done {
-		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
-	}
-	if failed != nil {
-		es = q.CompleteSend(es, failed, st, cause)
-	}
-	q.SendCQ.Push(es...)
-	return failed != nil, nil
+	return q.Ack(h.seq, verbs.Status(h.status), func(done []*softrc.SendWR, _ *softrc.SendWR) {
+		for _, w := range done {
+			q.unackedBytes -= payloadBytes(w)
+		}
+	})
 }
 
 // refuse reports a failed request to the peer and moves the queue pair to

@@ -326,6 +326,37 @@ func (q *QP) AckLocked(seq uint64, status verbs.Status) (done []*SendWR, refused
 	return done, refused, nil
 }
 
+// Ack applies the peer's acknowledgement of request seq, with the status
+// it sent (see AckLocked): the requests it covers complete, oldest first,
+// and one it refuses fails with what the refusal means (Refused) and
+// moves the queue pair to ERR. took, when not nil, sees what it took off
+// Inflight, with Mu held. Ack reports whether the queue pair failed, or a
+// protocol violation.
+func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refused *SendWR)) (failed bool, err error) {
+	q.Mu.Lock()
+	done, refused, err := q.AckLocked(seq, status)
+	if err != nil {
+		q.Mu.Unlock()
+		return false, err
+	}
+	if took != nil {
+		took(done, refused)
+	}
+	es := make([]Entry, 0, len(done)+1)
+	for _, w := range done {
+		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
+	}
+	if refused != nil {
+		st, why := Refused(status)
+		cause := fmt.Errorf("the peer refused %v %d: %w", refused.Op, refused.ID, why)
+		q.FailLocked(verbs.StatusFlushed, q.Errorf("%w", cause))
+		es = q.CompleteSend(es, refused, st, cause)
+	}
+	q.Mu.Unlock()
+	q.SendCQ.Push(es...)
+	return refused != nil, nil
+}
+
 // CompleteRecv is the completion entry of r with c's outcome.
 func (q *QP) CompleteRecv(r *RecvWR, c verbs.Completion) Entry {
 	c.ID = r.ID
