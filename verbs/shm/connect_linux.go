@@ -104,14 +104,12 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
 		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
 		qp.rx, qp.tx = l.rx, l.tx
-		qp.workerDone = make(chan struct{})
 		qp.readerDone = make(chan struct{})
-		go qp.runSender()
+		receive := qp.runReceiver
 		if qp.rx != nil {
-			go qp.runRingReceiver()
-		} else {
-			go qp.runReceiver()
+			receive = qp.runRingReceiver
 		}
+		qp.Start(l.conn, qp.runSender, receive)
 	}
 	abort = func() {
 		l.release()

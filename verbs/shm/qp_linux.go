@@ -36,8 +36,6 @@ type queuePair struct {
 	// owed holds the acks FailedLocked owes the peer, for failLocked to
 	// return.
 	owed []message
-	// closing is set by Shutdown: receivers stop draining the ring.
-	closing atomic.Bool
 	// inline counts PostSend calls copying outside mu; Close waits for
 	// them before it unmaps the staging buffer.
 	inline sync.WaitGroup
@@ -52,8 +50,7 @@ type queuePair struct {
 	mapWanted    mapRequest
 	unmapWaiters map[uint64]chan struct{}
 	nextToken    uint64
-	workerDone   chan struct{} // nil until connected
-	readerDone   chan struct{} // nil until connected
+	readerDone   chan struct{} // closed as the receiver returns; nil until connected
 
 	sqSignal chan struct{} // a token when the send queue may be non-empty
 
@@ -389,21 +386,13 @@ func writeMessage(c *net.UnixConn, m *message, fds ...int) error {
 	return err
 }
 
-// Shutdown closes the connection (the peer sees the queue pair as gone),
-// stops its goroutines and unmaps everything it mapped (Close).
+// Shutdown unmaps everything the queue pair mapped (Close; the core
+// closed the connection, so the peer sees the queue pair as gone, and its
+// goroutines returned).
 func (qp *queuePair) Shutdown() {
-	qp.closing.Store(true)
 	qp.Mu.Lock()
 	qp.owed = nil // the peer learns from the closed socket
-	conn, workerDone, readerDone := qp.conn, qp.workerDone, qp.readerDone
 	qp.Mu.Unlock()
-	if conn != nil {
-		conn.Close()
-	}
-	if workerDone != nil {
-		<-workerDone
-		<-readerDone
-	}
 	qp.inline.Wait()
 	qp.remoteMu.Lock()
 	for key, rr := range qp.remote {

@@ -315,7 +315,7 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 	for {
 		// A peer that keeps the ring full would keep us here: Close
 		// must not wait for it.
-		if qp.closing.Load() {
+		if qp.Closing() {
 			return n, errQueuePairClosed
 		}
 		b, ok := rx.ring.Read()

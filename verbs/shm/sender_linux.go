@@ -14,7 +14,6 @@ import (
 // before the peer sees it, and no later request runs after one that
 // failed.
 func (qp *queuePair) runSender() {
-	defer close(qp.workerDone)
 	for {
 		wr, ok := qp.nextSend()
 		if !ok {

@@ -30,7 +30,6 @@ import (
 // responses still queued (the error report to the peer among them), shuts
 // down its half of the connection and stops.
 func (q *queuePair) writer(conn net.Conn) {
-	defer q.wg.Done()
 	for {
 		q.writeMu.Lock()
 		wrote, failed, err := q.writeQueued(conn, false)
@@ -293,7 +292,6 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // and read the error report, until the peer closes or the linger timeout
 // passes.
 func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
-	defer q.wg.Done()
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -657,8 +655,8 @@ func (q *queuePair) enterError(status verbs.Status, cause error) { q.Fail(status
 // FailedLocked gives the connection the linger timeout to deliver what is
 // queued for the peer.
 func (q *queuePair) FailedLocked() {
-	if q.conn != nil {
-		q.conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
+	if conn := q.ConnLocked(); conn != nil {
+		conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
 	}
 }
 

@@ -35,9 +35,8 @@ type queuePair struct {
 	advertise string // the listener address in info; "" for RoleDial
 	maxInline int
 
-	wakeWriter chan struct{}  // one slot
-	ctrlTaken  chan struct{}  // one slot: the writer took the queued control frames
-	wg         sync.WaitGroup // writer and receiver
+	wakeWriter chan struct{} // one slot
+	ctrlTaken  chan struct{} // one slot: the writer took the queued control frames
 
 	// writeMu is held by whoever writes frames to the connection: the
 	// writer goroutine or, on the direct path, a poster. batch belongs to
@@ -48,7 +47,6 @@ type queuePair struct {
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet taken by the writer, its Inflight those taken and waiting for
 	// their response.
-	conn          net.Conn
 	nextSeq       uint64
 	ctrl          []ctrlFrame
 	spareReqs     []*softrc.SendWR // recycled by writeQueued
@@ -128,11 +126,8 @@ func (q *queuePair) start(conn net.Conn) {
 			tc.SetWriteBuffer(n)
 		}
 	}
-	q.conn = conn
 	q.active, q.running = 2, 2
-	q.wg.Add(2)
-	go q.writer(conn)
-	go q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize))
+	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize)) })
 }
 
 // dial connects to the peer's listener and presents both secrets.
@@ -176,7 +171,7 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.sendqBytes += payloadBytes(w)
 		q.Sendq = append(q.Sendq, w)
 	}
-	conn := q.conn
+	conn := q.ConnLocked()
 	q.Mu.Unlock()
 	if q.writeMu.TryLock() {
 		wrote, _, err := q.writeQueued(conn, true)
@@ -205,24 +200,10 @@ func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access 
 		// from it still leaving, RevokeWait after Revoke: end them with the
 		// connection.
 		q.enterError(verbs.StatusTransport, q.Errorf("a transfer through a revoked grant did not end within %v", softrc.RevokeWait))
-		q.Mu.Lock()
-		conn := q.conn
-		q.Mu.Unlock()
-		if conn != nil {
-			conn.Close()
-		}
+		q.CloseConn()
 	})
 }
 
-// Shutdown closes the connection and waits for the writer and the
-// receiver (Close).
-func (q *queuePair) Shutdown() {
-	q.Mu.Lock()
-	conn := q.conn
-	q.Mu.Unlock()
-	if conn != nil {
-		conn.Close()
-	}
-	q.wg.Wait()
-	q.releaseCtrl()
-}
+// Shutdown drops the control frames still queued (Close; the writer and
+// the receiver have returned).
+func (q *queuePair) Shutdown() { q.releaseCtrl() }

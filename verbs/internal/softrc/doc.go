@@ -17,7 +17,9 @@
 //	Connect         QP.Connect: own-info check, who dials,     link: dial or
 //	                RESET→INIT→RTS, ctx and Close              AcceptOffer, start
 //	ERR             QP.FailLocked: state, cause, flush order   FailedLocked
-//	Close           QP.Close: ERR, flush, grants, CQ room      Shutdown
+//	Connect's start QP.Start: the connection, goroutines       its goroutines
+//	Close           QP.Close: ERR, the connection closed and   Shutdown
+//	                goroutines ended, flush, grants, CQ room
 //	Domain.Close    accept loops, queue pairs, regions, CQs    (its regions)
 //
 // tcp's wire is its frame writer and reader over one TCP connection; shm's

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -27,9 +29,10 @@ type Wire interface {
 	// once its state, cause and flush status are set.
 	FailedLocked()
 	// Shutdown is called by Close without Mu, the queue pair closed and
-	// in ERR. It ends the connection and returns once the wire's
-	// goroutines no longer touch memory or the queues; Close then
-	// flushes what is left on them.
+	// in ERR, once the core closed the wire's connection and its
+	// goroutines returned (see Start). It stops what else of the wire
+	// touches memory or the queues, and releases the wire's resources;
+	// Close then flushes what is left on the queues.
 	Shutdown()
 }
 
@@ -106,6 +109,8 @@ type QP struct {
 
 	wire     Wire
 	incoming chan Offer
+	wg       sync.WaitGroup // the wire's goroutines (Start)
+	closing  atomic.Bool    // Close has begun
 
 	// Mu guards the fields below, and those a wire keeps with them.
 	Mu          sync.Mutex
@@ -123,7 +128,41 @@ type QP struct {
 	Sendq    []*SendWR
 	Inflight []*SendWR
 	Recvq    []*RecvWR
+	conn     net.Conn // the wire's connection (Start)
 }
+
+// Start records conn, the connection Connect's link made, and runs the
+// wire's goroutines fs on it; the caller holds Mu (Connect's start).
+// Close closes conn and waits for fs to return.
+func (q *QP) Start(conn net.Conn, fs ...func()) {
+	q.conn = conn
+	for _, f := range fs {
+		q.wg.Add(1)
+		go func() {
+			defer q.wg.Done()
+			f()
+		}()
+	}
+}
+
+// ConnLocked is the wire's connection, nil before Start; the caller holds
+// Mu.
+func (q *QP) ConnLocked() net.Conn { return q.conn }
+
+// CloseConn closes the wire's connection, if it has one, which ends its
+// goroutines.
+func (q *QP) CloseConn() {
+	q.Mu.Lock()
+	conn := q.conn
+	q.Mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+// Closing reports, without Mu, whether Close has begun: a wire's goroutine
+// that its peer could keep busy looks at it so as not to hold Close.
+func (q *QP) Closing() bool { return q.closing.Load() }
 
 // Errorf is an error of the queue pair: "provider: queue pair id: " and
 // the formatted text.
@@ -464,8 +503,11 @@ func (q *QP) Close() error {
 		return nil
 	}
 	q.closed, q.accepting = true, false
+	q.closing.Store(true)
 	q.FailLocked(verbs.StatusFlushed, fmt.Errorf("%s: queue pair %d closed", q.Domain.Name, q.ID))
 	q.Mu.Unlock()
+	q.CloseConn()
+	q.wg.Wait()
 	q.wire.Shutdown()
 	q.DrainOffers()
 	q.Flush()
