@@ -35,7 +35,7 @@ func (q *queuePair) writer(conn net.Conn) {
 		wrote, failed, err := q.writeQueued(conn, false)
 		q.writeMu.Unlock()
 		if err != nil {
-			q.enterError(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
+			q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
 			conn.Close()
 			break
 		}
@@ -71,7 +71,6 @@ func (q *queuePair) writer(conn net.Conn) {
 		tc.CloseWrite()
 	}
 	q.quiesce()
-	q.leave(conn)
 }
 
 // directMaxQueued bounds the direct path, on which PostSend writes small
@@ -135,7 +134,7 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		q.Mu.Lock()
 		bad.LocalErr = true
 		q.Mu.Unlock()
-		q.enterError(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
+		q.Fail(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
 	}
 	clear(ctrl)
 	clear(reqs)
@@ -291,7 +290,7 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // keeps reading and discarding frames, so that the peer can finish writing
 // and read the error report, until the peer closes or the linger timeout
 // passes.
-func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
+func (q *queuePair) receiver(br *bufio.Reader) {
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -327,11 +326,10 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 	if errors.Is(err, io.EOF) {
 		err = fmt.Errorf("the peer closed the connection: %w", err)
 	}
-	q.enterError(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
+	q.Fail(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
 	if !draining {
 		q.quiesce()
 	}
-	q.leave(conn)
 }
 
 // apply executes one frame. fatal reports that the queue pair entered ERR
@@ -561,7 +559,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 			}
 			status, fatal = st, true
 			cause = q.Errorf("READ %d: %w", w.ID, why)
-			q.enterError(verbs.StatusFlushed, cause)
+			q.Fail(verbs.StatusFlushed, cause)
 		}
 	}
 	q.Mu.Lock()
@@ -647,11 +645,6 @@ func payloadBytes(w *softrc.SendWR) int {
 	return w.N
 }
 
-// enterError moves the queue pair to ERR (see softrc.QP.FailLocked):
-// the oldest request outstanding completes with status, the others with
-// StatusFlushed.
-func (q *queuePair) enterError(status verbs.Status, cause error) { q.Fail(status, cause) }
-
 // FailedLocked gives the connection the linger timeout to deliver what is
 // queued for the peer.
 func (q *queuePair) FailedLocked() {
@@ -661,34 +654,17 @@ func (q *queuePair) FailedLocked() {
 }
 
 // quiesce records that one goroutine no longer touches memory; the last
-// one flushes what is left.
+// one completes every request still queued with an error status (see
+// softrc.QP.Flush) and drops the queued responses.
 func (q *queuePair) quiesce() {
 	q.Mu.Lock()
 	q.active--
 	last := q.active == 0
 	q.Mu.Unlock()
 	if last {
-		q.flush()
+		q.Flush()
+		q.releaseCtrl()
 	}
-}
-
-// leave records that one goroutine no longer uses the connection; the last
-// one closes it.
-func (q *queuePair) leave(conn net.Conn) {
-	q.Mu.Lock()
-	q.running--
-	last := q.running == 0
-	q.Mu.Unlock()
-	if last {
-		conn.Close()
-	}
-}
-
-// flush completes every request still queued with an error status (see
-// softrc.QP.Flush) and drops the queued responses.
-func (q *queuePair) flush() {
-	q.Flush()
-	q.releaseCtrl()
 }
 
 // releaseCtrl drops the responses still queued for the writer.

@@ -58,7 +58,6 @@ type queuePair struct {
 	delayedAcks   int              // acknowledgements queued without waking the writer
 	ackYield      bool             // delayable acknowledgements are queued (queueAck)
 	active        int              // goroutines that may still touch memory
-	running       int              // goroutines still using the connection
 }
 
 // ctrlFrame is a response the receiver queues for the writer: an
@@ -126,8 +125,8 @@ func (q *queuePair) start(conn net.Conn) {
 			tc.SetWriteBuffer(n)
 		}
 	}
-	q.active, q.running = 2, 2
-	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize)) })
+	q.active = 2
+	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(bufio.NewReaderSize(conn, readBufferSize)) })
 }
 
 // dial connects to the peer's listener and presents both secrets.
@@ -178,7 +177,7 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.writeMu.Unlock()
 		if err != nil {
 			// The requests are posted; the flush completes them.
-			q.enterError(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
+			q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
 			conn.Close()
 			return
 		}
@@ -199,7 +198,7 @@ func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access 
 		// A Write through the grant is still arriving, or a Read response
 		// from it still leaving, RevokeWait after Revoke: end them with the
 		// connection.
-		q.enterError(verbs.StatusTransport, q.Errorf("a transfer through a revoked grant did not end within %v", softrc.RevokeWait))
+		q.Fail(verbs.StatusTransport, q.Errorf("a transfer through a revoked grant did not end within %v", softrc.RevokeWait))
 		q.CloseConn()
 	})
 }

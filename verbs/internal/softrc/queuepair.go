@@ -132,15 +132,20 @@ type QP struct {
 }
 
 // Start records conn, the connection Connect's link made, and runs the
-// wire's goroutines fs on it; the caller holds Mu (Connect's start).
-// Close closes conn and waits for fs to return.
+// wire's goroutines fs on it; the caller holds Mu (Connect's start). The
+// last of them to return closes conn; Close closes it and waits for them.
 func (q *QP) Start(conn net.Conn, fs ...func()) {
 	q.conn = conn
+	var running atomic.Int32
+	running.Store(int32(len(fs)))
 	for _, f := range fs {
 		q.wg.Add(1)
 		go func() {
 			defer q.wg.Done()
 			f()
+			if running.Add(-1) == 0 {
+				conn.Close()
+			}
 		}()
 	}
 }
