@@ -156,8 +156,10 @@ type announcement struct {
 // announce looks up the remote key a request of qp's peer names (a region
 // with remote rights, or a grant made on qp) and records that the peer is
 // about to map it (for a grant: its region, whole), so that Deregister or
-// Revoke will tell that peer.
-func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
+// Revoke will tell that peer. With exposed set it answers only for a grant
+// whose region is already exposed to the peer, and records nothing for
+// any other key.
+func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcement, error) {
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
 	w, err := pd.Table.Window(key, qp.QP)
@@ -168,11 +170,10 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 	if r == nil || r.Region != w.Region {
 		return announcement{}, fmt.Errorf("region of remote key %#x is deregistered", key)
 	}
-	qp.announced[key] = r
 	a := announcement{w: w, r: r}
 	if w.Grant {
 		id, ok := qp.exposures[r]
-		if !ok {
+		if !ok && !exposed {
 			qp.nextExposure++
 			id = qp.nextExposure
 			qp.exposures[r] = id
@@ -180,29 +181,28 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 		}
 		a.exposure = id
 	}
+	if exposed && a.exposure == 0 {
+		return announcement{}, fmt.Errorf("remote key %#x is not a grant on an exposed region", key)
+	}
+	qp.announced[key] = r
 	return a, nil
 }
 
-// announceExposed is announce for a grant of qp whose region is already
-// exposed to qp's peer; it reports false, recording nothing, for any
-// other key.
-func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool) {
-	pd.Mu.Lock()
-	defer pd.Mu.Unlock()
-	w, err := pd.Table.Window(key, qp.QP)
-	if err != nil || !w.Grant {
-		return announcement{}, false
+// message is the announcement as a message of type typ (a msgMapReply or
+// a msgGrant) about key, and the fd that goes along (-1 for none).
+func (a announcement) message(typ msgType, key uint32, seq uint64) (message, int) {
+	m := message{typ: typ, flags: flagFound, key: key, seq: seq, addr: a.w.Addr, length: a.w.Len, access: a.w.Access}
+	if !a.w.Grant {
+		m.offset = a.r.fdOffset + a.w.Off
+		return m, a.r.fd
 	}
-	r := pd.regions[w.Region.LocalKey()]
-	if r == nil || r.Region != w.Region {
-		return announcement{}, false
+	m.flags |= flagRegion
+	m.offset, m.total = a.w.Off, a.exposure
+	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
+	if a.fresh {
+		return m, a.r.fd
 	}
-	id, ok := qp.exposures[r]
-	if !ok {
-		return announcement{}, false
-	}
-	qp.announced[key] = r
-	return announcement{w: w, r: r, exposure: id}, true
+	return m, -1
 }
 
 // NewQueuePair makes a queue pair in RESET; its completion queues must

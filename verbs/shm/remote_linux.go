@@ -374,14 +374,10 @@ func (qp *queuePair) pushGrant(key uint32) {
 	}
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
-	a, ok := qp.pd.announceExposed(qp, key)
-	if !ok {
-		return
+	if a, err := qp.pd.announce(qp, key, true); err == nil {
+		m, _ := a.message(msgGrant, key, 0) // never an fd: the region is exposed
+		qp.send(&m, -1)
 	}
-	m := message{typ: msgGrant, flags: flagFound | flagRegion, key: key,
-		addr: a.w.Addr, length: a.w.Len, access: a.w.Access, offset: a.w.Off, total: a.exposure}
-	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
-	qp.send(&m, -1)
 }
 
 // onMapRequest announces our region, or the grant made on this queue pair,
@@ -392,26 +388,9 @@ func (qp *queuePair) pushGrant(key uint32) {
 func (qp *queuePair) onMapRequest(m message) {
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
-	reply := message{typ: msgMapReply, key: m.key, seq: m.seq}
-	fd := -1
-	if a, err := qp.pd.announce(qp, m.key); err == nil {
-		w, r := a.w, a.r
-		reply.flags = flagFound
-		reply.addr = w.Addr
-		reply.length = w.Len
-		reply.access = w.Access
-		if w.Grant {
-			reply.flags |= flagRegion
-			reply.offset = w.Off
-			reply.total = a.exposure
-			reply.setRegionRange(r.fdOffset, uint64(r.Len()))
-			if a.fresh {
-				fd = r.fd
-			}
-		} else {
-			reply.offset = r.fdOffset + w.Off
-			fd = r.fd
-		}
+	reply, fd := message{typ: msgMapReply, key: m.key, seq: m.seq}, -1
+	if a, err := qp.pd.announce(qp, m.key, false); err == nil {
+		reply, fd = a.message(msgMapReply, m.key, m.seq)
 	}
 	qp.send(&reply, fd)
 }
