@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -41,21 +40,8 @@ var attributes = verbs.Attributes{
 	RecvImmKey:          true,
 }
 
-func randomUint32() uint32 {
-	var b [4]byte
-	randomBytes(b[:])
-	return binary.LittleEndian.Uint32(b[:])
-}
-
-func randomBytes(b []byte) {
-	// crypto/rand.Read never fails on Linux (getrandom), and panics rather
-	// than return short output.
-	rand.Read(b)
-}
-
 func openDomain(opts options, hostID [16]byte) (*domain, error) {
-	var suffix [16]byte
-	randomBytes(suffix[:])
+	suffix := softrc.NewSecret() // random
 	name := opts.socketPrefix + hex.EncodeToString(suffix[:])
 	if opts.socketDir != "" {
 		name = filepath.Join(opts.socketDir, name+".sock")
@@ -76,10 +62,9 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: listen on %s: %w", name, err)
 	}
-	var qpStart [8]byte
-	randomBytes(qpStart[:])
+	qpStart := softrc.NewSecret() // random
 	pd := &domain{
-		Domain:  softrc.NewDomain("shm", attributes, binary.LittleEndian.Uint64(qpStart[:])),
+		Domain:  softrc.NewDomain("shm", attributes, binary.LittleEndian.Uint64(qpStart[:8])),
 		opts:    opts,
 		hostID:  hostID,
 		ln:      ln,

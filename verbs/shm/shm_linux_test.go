@@ -218,8 +218,7 @@ func TestAcceptorChecksSecrets(t *testing.T) {
 	if string(acc.qp.Secret[:]) < string(dia.qp.Secret[:]) {
 		acc, dia = b, a
 	}
-	var wrong [16]byte
-	randomBytes(wrong[:])
+	wrong := softrc.NewSecret()
 	if hello(t, acc.pd.addr, acc.qp.ID, wrong, dia.qp.Secret) {
 		t.Fatal("a hello with the wrong acceptor secret was welcomed")
 	}
