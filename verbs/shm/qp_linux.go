@@ -468,8 +468,7 @@ func (qp *queuePair) unmapAtPeer(m message) {
 		if m.flags&flagRegion != 0 {
 			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
 		}
-		qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
-		qp.conn.Close()
+		qp.failAndClose(fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
 	}
 }
 

@@ -35,15 +35,22 @@ func (qp *queuePair) runReceiver() {
 	for {
 		m, fd, err := readMessage(qp.conn, bufs)
 		if err != nil {
-			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+			qp.failAndClose(fmt.Errorf("shm: connection to the peer lost: %w", err))
 			return
 		}
 		if err := qp.handle(m, fd); err != nil {
-			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer broke the protocol: %w", err))
-			qp.conn.Close()
+			qp.failAndClose(fmt.Errorf("shm: peer broke the protocol: %w", err))
 			return
 		}
 	}
+}
+
+// failAndClose fails the queue pair and closes its connection: the peer
+// is gone, broke the protocol or stopped answering, and nothing is to wait
+// on it any more.
+func (qp *queuePair) failAndClose(err error) {
+	qp.fail(verbs.StatusTransport, err)
+	qp.conn.Close()
 }
 
 func (qp *queuePair) handle(m message, fd int) error {
