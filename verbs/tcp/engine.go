@@ -350,20 +350,6 @@ func (q *queuePair) apply(h *header, br *bufio.Reader) (fatal bool, err error) {
 	return false, fmt.Errorf("unexpected frame opcode %d", h.op)
 }
 
-func opName(op uint8) string {
-	switch op {
-	case frameWrite:
-		return "WRITE"
-	case frameWriteImm:
-		return "WRITE_IMM"
-	case frameSend:
-		return "SEND"
-	case frameReadReq:
-		return "READ"
-	}
-	return fmt.Sprintf("frame %d", op)
-}
-
 // readPayload reads a payload from the connection straight into dst.
 func readPayload(br *bufio.Reader, dst []byte) error {
 	if raceEnabled {
@@ -593,7 +579,7 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 	// yet in ERR, and the writer, woken by ERR, still finds the NAK.
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, status: uint8(status), seq: h.seq}})
-	q.FailLocked(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
+	q.FailLocked(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", requestOps[h.op], h.seq, cause))
 	q.Mu.Unlock()
 	softrc.Signal(q.wakeWriter)
 	return true
