@@ -64,7 +64,7 @@ func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 	if f.stagingFD, f.staging, err = newSealedMemfd("attack-staging", stagingHeader+4096); err != nil {
 		fail("%v", err)
 	}
-	stateWord(f.staging).Store(stateUp)
+	wordAt(f.staging, 0).Store(stateUp)
 	if f.c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: acc.pd.addr, Net: "unixpacket"}); err != nil {
 		fail("%v", err)
 	}

@@ -83,7 +83,7 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 	if err != nil {
 		return nil, nil, err
 	}
-	stateWord(staging).Store(stateUp)
+	wordAt(staging, 0).Store(stateUp)
 	// The mapping keeps the file alive; the peer gets its own fd.
 	defer unix.Close(stagingFD)
 
@@ -101,8 +101,8 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 	l.rx.closeFD() // the peer has its own
 	start = func() {
 		qp.conn = l.conn
-		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
-		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
+		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], wordAt(staging, 0)
+		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], wordAt(l.peerStaging, 0)
 		qp.rx, qp.tx = l.rx, l.tx
 		qp.readerDone = make(chan struct{})
 		receive := qp.runReceiver

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net"
 	"path/filepath"
 	"time"
@@ -31,7 +32,7 @@ type domain struct {
 // attributes are the shm device's limits: requests run one at a time, so
 // one Read is under way at most.
 var attributes = verbs.Attributes{
-	MaxMessageBytes:     maxInt64,
+	MaxMessageBytes:     math.MaxInt64,
 	MaxSegments:         softrc.MaxSegments,
 	MaxInline:           0,
 	MaxOutstandingReads: 1,

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -106,7 +107,7 @@ func (qp *queuePair) onRequest(m message) error {
 		switch {
 		case m.length > uint64(len(qp.peerStaging)):
 			return fmt.Errorf("Send chunk of %d bytes exceeds the %d-byte staging buffer", m.length, len(qp.peerStaging))
-		case m.total > uint64(maxInt) || m.offset > m.total || m.length > m.total-m.offset:
+		case m.total > uint64(math.MaxInt) || m.offset > m.total || m.length > m.total-m.offset:
 			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message", m.offset, m.length, m.total)
 		case last != (m.offset+m.length == m.total):
 			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message is marked last=%v", m.offset, m.length, m.total, last)
@@ -199,7 +200,7 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 		}
 		qp.holdRecvLocked(c)
 	} else {
-		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(maxInt))), Imm: m.imm, HasImm: true, Key: m.key})
+		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(math.MaxInt))), Imm: m.imm, HasImm: true, Key: m.key})
 	}
 	qp.inbound = nil
 	return ack

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"golang.org/x/sys/unix"
@@ -91,12 +90,6 @@ func (rx *ringRx) release() {
 		unix.Munmap(rx.mapping)
 		rx.mapping, rx.ring, rx.sleeping = nil, nil, nil
 	}
-}
-
-// wordAt is the 32-bit word at off in a page-aligned mapping, which keeps
-// it aligned for atomic access.
-func wordAt(mapping []byte, off int) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&mapping[off]))
 }
 
 // ringTx is our end of the peer's ring, which we produce into. mu makes us

@@ -531,7 +531,7 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	}
 	defer unix.Munmap(staging)
 	defer unix.Close(fd)
-	stateWord(staging).Store(stateUp)
+	wordAt(staging, 0).Store(stateUp)
 	m := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(staging))}
 	m.secret[0], m.secret[1] = acc.qp.Secret, fakeSecret
 	if err := writeMessage(c, &m, fd); err != nil {

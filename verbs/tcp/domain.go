@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -87,7 +88,7 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		}
 		return nil
 	}, cfg.Role != verbs.RoleDial, func(core *softrc.QP) softrc.Wire {
-		q = newQueuePair(d, core, cmpOr(cfg.MaxInline, defaultMaxInline))
+		q = newQueuePair(d, core, cmp.Or(cfg.MaxInline, defaultMaxInline))
 		q.role, q.advertise = cfg.Role, advertise
 		q.Info = softrc.Info{Role: q.role, Secret: q.Secret, QPID: q.ID, Addr: q.advertise}.Encode(infoMagic)
 		return q
@@ -96,13 +97,6 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		return nil, err
 	}
 	return q, nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // listener is one of a domain's listeners.
