@@ -190,7 +190,7 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 		// The peer reads its ring all the time and we never have more
 		// than a few messages in flight, so a full ring means a peer
 		// that stopped reading. Give it a moment, then give up.
-		if waited >= ringFullLimit || qp.isFailed() {
+		if waited >= ringFullLimit || qp.InError() {
 			err = fmt.Errorf("shm: the peer's control ring stayed full for %v: it does not read its control messages", waited)
 			break
 		}
@@ -220,15 +220,6 @@ func (qp *queuePair) wakePeerLocked() error {
 		return nil
 	}
 	return qp.writeConn(&message{typ: msgWake}, -1)
-}
-
-func (qp *queuePair) isFailed() bool {
-	select {
-	case <-qp.Errored:
-		return true
-	default:
-		return false
-	}
 }
 
 // runRingReceiver is the receiver of a queue pair whose control messages

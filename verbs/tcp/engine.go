@@ -302,7 +302,7 @@ func (q *queuePair) receiver(br *bufio.Reader) {
 		if h, err = parseHeader(hb[:]); err != nil {
 			break
 		}
-		if !draining && q.State() == verbs.QPError {
+		if !draining && q.InError() {
 			draining = true
 			q.quiesce()
 		}

@@ -165,6 +165,17 @@ func (q *QP) CloseConn() {
 	}
 }
 
+// InError reports, without Mu, whether the queue pair is in ERR (Errored
+// is closed).
+func (q *QP) InError() bool {
+	select {
+	case <-q.Errored:
+		return true
+	default:
+		return false
+	}
+}
+
 // Closing reports, without Mu, whether Close has begun: a wire's goroutine
 // that its peer could keep busy looks at it so as not to hold Close.
 func (q *QP) Closing() bool { return q.closing.Load() }
