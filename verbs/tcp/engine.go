@@ -35,8 +35,6 @@ func (q *queuePair) writer(conn net.Conn) {
 		wrote, failed, err := q.writeQueued(conn, false)
 		q.writeMu.Unlock()
 		if err != nil {
-			q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
-			conn.Close()
 			break
 		}
 		if wrote {
@@ -85,6 +83,7 @@ const directMaxQueued = 16 << 10
 // writeMu. With direct set it does nothing unless the batch is small and
 // the queue pair is not in ERR. It reports whether it wrote anything and
 // whether the queue pair is in ERR (then requests are left for the flush).
+// A failed write moves the queue pair to ERR and closes conn.
 func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool, err error) {
 	q.Mu.Lock()
 	failed = q.StateLocked() == verbs.QPError
@@ -135,6 +134,10 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		bad.LocalErr = true
 		q.Mu.Unlock()
 		q.Fail(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
+	}
+	if err != nil {
+		q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
+		conn.Close()
 	}
 	clear(ctrl)
 	clear(reqs)
