@@ -207,7 +207,9 @@ func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, d
 // failed and otherwise wakes the sender for the requests queued behind it.
 // It may release qp.Mu for a while.
 func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err error) {
-	qp.SendCQ.Push(qp.CompleteSend(nil, wr, st, err)...)
+	if e, ok := qp.SendQ.Complete(softrc.CompletionOf(wr, st, err), wr.Unsignaled); ok {
+		qp.SendCQ.Push(e) // not through CompleteSend, whose slice would cost an allocation
+	}
 	if st != verbs.StatusSuccess {
 		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(wr, st, err)))
 		qp.Mu.Unlock()

@@ -397,7 +397,8 @@ func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refu
 	if took != nil {
 		took(done, refused)
 	}
-	es := make([]Entry, 0, len(done)+1)
+	var buf [4]Entry // on the stack: most acknowledgements cover a few requests
+	es := buf[:0]
 	for _, w := range done {
 		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
 	}
