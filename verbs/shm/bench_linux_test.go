@@ -198,7 +198,7 @@ func benchSendRecvRoundTrip(b *testing.B, opts ...Option) {
 // and back over a unixpacket socket between two goroutines. A Send/Recv
 // round trip costs two Sends, each a doorbell and an ack.
 func BenchmarkUnixSocketRoundTrip(b *testing.B) {
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@tensorrpc-shm-bench-" + fmt.Sprint(randomUint32()), Net: "unixpacket"})
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@tensorrpc-shm-bench-" + fmt.Sprint(time.Now().UnixNano()), Net: "unixpacket"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,6 +21,10 @@ type dialIn struct {
 	ringFD    int // the dialer's control ring, -1 if it offers none
 }
 
+func (d dialIn) Hello() softrc.Hello {
+	return softrc.Hello{QPID: d.hello.seq, Acceptor: d.hello.secret[0], Dialer: d.hello.secret[1]}
+}
+
 func (d dialIn) Close() {
 	d.conn.Close()
 	closeFD(d.stagingFD)
@@ -79,7 +83,7 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 	if err != nil {
 		return nil, nil, err
 	}
-	stateWord(staging).Store(stateUp)
+	wordAt(staging, 0).Store(stateUp)
 	// The mapping keeps the file alive; the peer gets its own fd.
 	defer unix.Close(stagingFD)
 
@@ -97,17 +101,15 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 	l.rx.closeFD() // the peer has its own
 	start = func() {
 		qp.conn = l.conn
-		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], stateWord(staging)
-		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], stateWord(l.peerStaging)
+		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], wordAt(staging, 0)
+		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], wordAt(l.peerStaging, 0)
 		qp.rx, qp.tx = l.rx, l.tx
-		qp.workerDone = make(chan struct{})
 		qp.readerDone = make(chan struct{})
-		go qp.runSender()
+		receive := qp.runReceiver
 		if qp.rx != nil {
-			go qp.runRingReceiver()
-		} else {
-			go qp.runReceiver()
+			receive = qp.runRingReceiver
 		}
+		qp.Start(l.conn, qp.runSender, receive)
 	}
 	abort = func() {
 		l.release()
@@ -121,58 +123,50 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 // waits for the welcome that carries the peer's staging buffer and, if it
 // takes up the rings, its control ring.
 func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", ri.Addr)
-	if err != nil {
-		return fmt.Errorf("shm: dial the peer's socket %s: %w", ri.Addr, err)
-	}
-	l.conn = c.(*net.UnixConn)
 	hello := message{typ: msgHello, seq: ri.QPID, length: uint64(size)}
 	hello.secret[0], hello.secret[1] = ri.Secret, qp.Secret
 	ringFD := -1
 	if !qp.pd.opts.socketControl {
+		var err error
 		if l.rx, err = newRingRx(); err != nil {
 			return err
 		}
 		hello.flags |= flagRing
 		ringFD = l.rx.fd
 	}
-	var m message
-	fds := passedFDs{-1, -1}
-	err = softrc.Bounded(ctx, l.conn, func() error {
-		if err := writeMessage(l.conn, &hello, stagingFD, ringFD); err != nil {
+	c, err := qp.Dial(ctx, "unixpacket", ri.Addr, 0, func(c net.Conn) error {
+		if err := writeMessage(c.(*net.UnixConn), &hello, stagingFD, ringFD); err != nil {
 			return fmt.Errorf("send hello: %w", err)
 		}
-		m, fds, err = readMessageFDs(l.conn, newMsgBuffers())
-		return err
-	})
-	defer fds.close()
-	if errors.Is(err, io.EOF) {
-		return errRefused
-	}
-	if err != nil {
-		return qp.Errorf("handshake: %w", err)
-	}
-	if m.typ != msgWelcome {
-		return fmt.Errorf("shm: peer answered hello with message type %d", m.typ)
-	}
-	l.peerMapping, l.peerStaging, err = mapPeerStaging(fds[0], m.length)
-	if err != nil {
-		return err
-	}
-	switch {
-	case m.flags&flagRing == 0:
-		// The peer keeps control messages on the socket.
-		l.rx.release()
-		l.rx = nil
-	case l.rx == nil:
-		return errors.New("shm: the peer took up control rings we did not offer")
-	default:
-		if l.tx, err = attachRingTx(fds[1]); err != nil {
+		m, fds, err := readMessageFDs(c.(*net.UnixConn), newMsgBuffers())
+		defer fds.close()
+		switch {
+		case errors.Is(err, io.EOF):
+			return errRefused
+		case err != nil:
+			return err
+		case m.typ != msgWelcome:
+			return fmt.Errorf("shm: peer answered hello with message type %d", m.typ)
+		}
+		if l.peerMapping, l.peerStaging, err = mapPeerStaging(fds[0], m.length); err != nil {
 			return err
 		}
+		switch {
+		case m.flags&flagRing == 0:
+			// The peer keeps control messages on the socket.
+			l.rx.release()
+			l.rx = nil
+		case l.rx == nil:
+			return errors.New("shm: the peer took up control rings we did not offer")
+		default:
+			l.tx, err = attachRingTx(fds[1])
+		}
+		return err
+	})
+	if err == nil {
+		l.conn = c.(*net.UnixConn)
 	}
-	return nil
+	return err
 }
 
 // accept waits for the dialer that presents the peer's secret, maps its
@@ -180,7 +174,7 @@ func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size i
 // told to keep to the socket) and welcomes it. Connections with any other
 // secret are closed; once one is welcomed, no other is accepted.
 func (qp *queuePair) accept(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
-	o, err := qp.AcceptOffer(ctx, ri.Secret, func(o softrc.Offer) softrc.Secret { return o.(dialIn).hello.secret[1] })
+	o, err := qp.AcceptOffer(ctx, ri.Secret)
 	if err != nil {
 		return err
 	}

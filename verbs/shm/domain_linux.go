@@ -1,10 +1,10 @@
 package shm
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net"
 	"path/filepath"
 	"time"
@@ -32,7 +32,7 @@ type domain struct {
 // attributes are the shm device's limits: requests run one at a time, so
 // one Read is under way at most.
 var attributes = verbs.Attributes{
-	MaxMessageBytes:     maxInt64,
+	MaxMessageBytes:     math.MaxInt64,
 	MaxSegments:         softrc.MaxSegments,
 	MaxInline:           0,
 	MaxOutstandingReads: 1,
@@ -41,21 +41,8 @@ var attributes = verbs.Attributes{
 	RecvImmKey:          true,
 }
 
-func randomUint32() uint32 {
-	var b [4]byte
-	randomBytes(b[:])
-	return binary.LittleEndian.Uint32(b[:])
-}
-
-func randomBytes(b []byte) {
-	// crypto/rand.Read never fails on Linux (getrandom), and panics rather
-	// than return short output.
-	rand.Read(b)
-}
-
 func openDomain(opts options, hostID [16]byte) (*domain, error) {
-	var suffix [16]byte
-	randomBytes(suffix[:])
+	suffix := softrc.NewSecret() // random
 	name := opts.socketPrefix + hex.EncodeToString(suffix[:])
 	if opts.socketDir != "" {
 		name = filepath.Join(opts.socketDir, name+".sock")
@@ -76,10 +63,9 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: listen on %s: %w", name, err)
 	}
-	var qpStart [8]byte
-	randomBytes(qpStart[:])
+	qpStart := softrc.NewSecret() // random
 	pd := &domain{
-		Domain:  softrc.NewDomain("shm", attributes, binary.LittleEndian.Uint64(qpStart[:])),
+		Domain:  softrc.NewDomain("shm", attributes, binary.LittleEndian.Uint64(qpStart[:8])),
 		opts:    opts,
 		hostID:  hostID,
 		ln:      ln,
@@ -94,22 +80,16 @@ func openDomain(opts options, hostID [16]byte) (*domain, error) {
 // pair it names if it presents that queue pair's secret; otherwise the
 // connection is closed.
 func (pd *domain) handshake(nc net.Conn) bool {
-	c := nc.(*net.UnixConn)
-	c.SetReadDeadline(time.Now().Add(pd.opts.handshakeTimeout))
-	m, fds, err := readMessageFDs(c, newMsgBuffers())
-	if err != nil {
-		return false
-	}
-	if m.typ != msgHello || fds[0] < 0 {
-		fds.close()
-		return false
-	}
-	c.SetReadDeadline(time.Time{})
-	if !pd.Offer(m.seq, m.secret[0], dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}) {
-		fds.close()
-		return false
-	}
-	return true
+	return pd.Admit(nc, pd.opts.handshakeTimeout, func(nc net.Conn) (softrc.Offer, error) {
+		c := nc.(*net.UnixConn)
+		m, fds, err := readMessageFDs(c, newMsgBuffers())
+		if err == nil && (m.typ != msgHello || fds[0] < 0) {
+			fds.close()
+			err = fmt.Errorf("shm: a data connection began with message type %d, not a hello with its staging buffer", m.typ)
+		}
+		c.SetDeadline(time.Time{})
+		return dialIn{conn: c, hello: m, stagingFD: fds[0], ringFD: fds[1]}, err
+	}) == nil
 }
 
 // RegisterMemory registers memfd-backed memory. It refuses memory without
@@ -162,8 +142,10 @@ type announcement struct {
 // announce looks up the remote key a request of qp's peer names (a region
 // with remote rights, or a grant made on qp) and records that the peer is
 // about to map it (for a grant: its region, whole), so that Deregister or
-// Revoke will tell that peer.
-func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
+// Revoke will tell that peer. With exposed set it answers only for a grant
+// whose region is already exposed to the peer, and records nothing for
+// any other key.
+func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcement, error) {
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
 	w, err := pd.Table.Window(key, qp.QP)
@@ -174,11 +156,10 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 	if r == nil || r.Region != w.Region {
 		return announcement{}, fmt.Errorf("region of remote key %#x is deregistered", key)
 	}
-	qp.announced[key] = r
 	a := announcement{w: w, r: r}
 	if w.Grant {
 		id, ok := qp.exposures[r]
-		if !ok {
+		if !ok && !exposed {
 			qp.nextExposure++
 			id = qp.nextExposure
 			qp.exposures[r] = id
@@ -186,29 +167,28 @@ func (pd *domain) announce(qp *queuePair, key uint32) (announcement, error) {
 		}
 		a.exposure = id
 	}
+	if exposed && a.exposure == 0 {
+		return announcement{}, fmt.Errorf("remote key %#x is not a grant on an exposed region", key)
+	}
+	qp.announced[key] = r
 	return a, nil
 }
 
-// announceExposed is announce for a grant of qp whose region is already
-// exposed to qp's peer; it reports false, recording nothing, for any
-// other key.
-func (pd *domain) announceExposed(qp *queuePair, key uint32) (announcement, bool) {
-	pd.Mu.Lock()
-	defer pd.Mu.Unlock()
-	w, err := pd.Table.Window(key, qp.QP)
-	if err != nil || !w.Grant {
-		return announcement{}, false
+// message is the announcement as a message of type typ (a msgMapReply or
+// a msgGrant) about key, and the fd that goes along (-1 for none).
+func (a announcement) message(typ msgType, key uint32, seq uint64) (message, int) {
+	m := message{typ: typ, flags: flagFound, key: key, seq: seq, addr: a.w.Addr, length: a.w.Len, access: a.w.Access}
+	if !a.w.Grant {
+		m.offset = a.r.fdOffset + a.w.Off
+		return m, a.r.fd
 	}
-	r := pd.regions[w.Region.LocalKey()]
-	if r == nil || r.Region != w.Region {
-		return announcement{}, false
+	m.flags |= flagRegion
+	m.offset, m.total = a.w.Off, a.exposure
+	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
+	if a.fresh {
+		return m, a.r.fd
 	}
-	id, ok := qp.exposures[r]
-	if !ok {
-		return announcement{}, false
-	}
-	qp.announced[key] = r
-	return announcement{w: w, r: r, exposure: id}, true
+	return m, -1
 }
 
 // NewQueuePair makes a queue pair in RESET; its completion queues must

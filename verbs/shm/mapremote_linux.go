@@ -40,42 +40,27 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, 
 	case length == 0:
 		return &mapping{}, nil
 	}
-	for asked := false; ; asked = true {
-		qp.remoteMu.RLock()
-		if rr := qp.remote[remote.Key]; rr != nil {
-			_, err := rr.span(remote.Addr, length, verbs.AccessRemoteRead)
-			var m *mapping
-			if err == nil {
-				if m, err = rr.mem.view(rr.off+(remote.Addr-rr.addr), length); err != nil {
-					err = fmt.Errorf("peer region %#x: %v", rr.key, err)
-				}
+	var m *mapping
+	st, err, _ := qp.withRemote(remote.Key, true, func(rr *remoteRegion) (err error) {
+		if _, err = rr.span(remote.Addr, length, verbs.AccessRemoteRead); err == nil {
+			if m, err = rr.mem.view(rr.off+(remote.Addr-rr.addr), length); err != nil {
+				err = fmt.Errorf("peer region %#x: %v", rr.key, err)
 			}
-			qp.remoteMu.RUnlock()
-			if err != nil {
-				return nil, fmt.Errorf("shm: MapRemote refused: %w", err)
-			}
-			return m, nil
 		}
-		qp.remoteMu.RUnlock()
-		if asked {
-			return nil, fmt.Errorf("shm: MapRemote refused: remote key %#x was deregistered by the peer", remote.Key)
-		}
-		st, err := qp.ensureRemote(remote.Key)
-		switch {
-		case st == verbs.StatusSuccess:
-		case st == verbs.StatusRemoteAccess:
-			return nil, fmt.Errorf("shm: MapRemote refused: %w", err)
-		default:
-			// The queue pair failed or closed while we asked.
-			if qp.Closed() {
-				return nil, qp.Errorf("MapRemote: %w", verbs.ErrClosed)
-			}
-			if err == nil {
-				err = errors.New("shm: the queue pair failed")
-			}
-			return nil, qp.Errorf("MapRemote: %w: %w", verbs.ErrQPError, err)
-		}
+		return err
+	})
+	switch {
+	case st == verbs.StatusSuccess:
+		return m, nil
+	case st == verbs.StatusRemoteAccess:
+		return nil, fmt.Errorf("shm: MapRemote refused: %w", err)
+	case qp.Closed():
+		// The queue pair failed or closed while we asked.
+		return nil, qp.Errorf("MapRemote: %w", verbs.ErrClosed)
+	case err == nil:
+		err = errors.New("shm: the queue pair failed")
 	}
+	return nil, qp.Errorf("MapRemote: %w: %w", verbs.ErrQPError, err)
 }
 
 // roMapping is a read-only mapping of a peer's memory, shared by its

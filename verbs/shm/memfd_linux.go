@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"math"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -73,7 +74,7 @@ func mapFD(fd int, offset uint64, length uint64, writable bool) (mapping, data [
 	page := uint64(os.Getpagesize())
 	start := offset &^ (page - 1)
 	span := offset - start + length
-	if length == 0 || span < length || span > uint64(maxInt) || start > uint64(maxInt64) {
+	if length == 0 || span < length || span > uint64(math.MaxInt) || start > uint64(math.MaxInt64) {
 		return nil, nil, fmt.Errorf("cannot map %d bytes at offset %d", length, offset)
 	}
 	prot := unix.PROT_READ
@@ -87,8 +88,3 @@ func mapFD(fd int, offset uint64, length uint64, writable bool) (mapping, data [
 	d := offset - start
 	return mapping, mapping[d : d+length : d+length], nil
 }
-
-const (
-	maxInt   = int(^uint(0) >> 1)
-	maxInt64 = 1<<63 - 1
-)

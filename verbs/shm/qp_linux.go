@@ -36,8 +36,6 @@ type queuePair struct {
 	// owed holds the acks FailedLocked owes the peer, for failLocked to
 	// return.
 	owed []message
-	// closing is set by Shutdown: receivers stop draining the ring.
-	closing atomic.Bool
 	// inline counts PostSend calls copying outside mu; Close waits for
 	// them before it unmaps the staging buffer.
 	inline sync.WaitGroup
@@ -52,8 +50,7 @@ type queuePair struct {
 	mapWanted    mapRequest
 	unmapWaiters map[uint64]chan struct{}
 	nextToken    uint64
-	workerDone   chan struct{} // nil until connected
-	readerDone   chan struct{} // nil until connected
+	readerDone   chan struct{} // closed as the receiver returns; nil until connected
 
 	sqSignal chan struct{} // a token when the send queue may be non-empty
 
@@ -157,15 +154,15 @@ func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 }
 
 // executeInlineLocked runs a request in the caller's goroutine, with qp.Mu
-// released during the copy: all of a Write or Read; the copy and doorbell
-// of a Send or WriteImm, whose completion the receiver queues when the ack
-// comes. It reports false, having done nothing, when the peer's region is
-// not mapped yet: asking the peer for it is the sender goroutine's job.
+// released during the copy (see start): all of a Write or Read; the copy
+// and doorbell of a Send or WriteImm, whose completion the receiver queues
+// when the ack comes. It reports false, having done nothing, when the
+// peer's region is not mapped yet.
 func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	qp.executing = true
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
-	c, ran, doorbell := qp.startInline(wr)
+	st, err, ran, doorbell := qp.start(wr, false)
 	qp.Mu.Lock()
 	qp.inline.Done()
 	if !ran {
@@ -174,39 +171,47 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	}
 	if qp.StateLocked() == verbs.QPError {
 		// Failed or closed while we copied; the peer never heard of it.
-		c.Status, c.Err = qp.FailureLocked()
+		st, err = qp.FailureLocked()
 		doorbell = nil
 	}
-	if doorbell != nil && c.Status == verbs.StatusSuccess {
-		// The request waits on the core's Inflight for the ack that the
-		// receiver completes it with (onAck).
-		qp.nextSeq++
-		wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
-		qp.Inflight = append(qp.Inflight, wr)
-		qp.Mu.Unlock()
-		err := qp.send(doorbell, -1)
-		qp.Mu.Lock()
-		if err != nil {
-			acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
-			qp.Mu.Unlock()
-			qp.sendAll(acks)
-			qp.Mu.Lock()
-		}
-		return true
-	}
-	qp.executing = false
-	qp.finishSendLocked(c, wr.Unsignaled)
+	qp.ringLocked(wr, st, err, doorbell)
 	return true
 }
 
-// finishSendLocked queues the completion of the request that was
-// executing, fails the queue pair if it failed and otherwise wakes the
-// sender for the requests queued behind it. It may release qp.Mu for a
-// while.
-func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
-	qp.completeSend(c, unsignaled)
-	if c.Status != verbs.StatusSuccess {
-		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(c))
+// ringLocked ends the start of wr, the request executing: with a doorbell
+// to ring, wr waits on the core's Inflight for the ack that the receiver
+// completes it with (onAck); otherwise it completes now (finishSendLocked).
+// The caller holds Mu, which ringLocked may release for a while.
+func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, doorbell *message) {
+	if doorbell == nil {
+		qp.executing = false
+		qp.finishSendLocked(wr, st, err)
+		return
+	}
+	qp.nextSeq++
+	wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
+	qp.Inflight = append(qp.Inflight, wr)
+	qp.Mu.Unlock()
+	err = qp.send(doorbell, -1)
+	qp.Mu.Lock()
+	if err != nil {
+		acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+		qp.Mu.Unlock()
+		qp.sendAll(acks)
+		qp.Mu.Lock()
+	}
+}
+
+// finishSendLocked queues the completion of wr, the request that was
+// executing, with status st and cause err, fails the queue pair if it
+// failed and otherwise wakes the sender for the requests queued behind it.
+// It may release qp.Mu for a while.
+func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err error) {
+	if e, ok := qp.SendQ.Complete(softrc.CompletionOf(wr, st, err), wr.Unsignaled); ok {
+		qp.SendCQ.Push(e) // not through CompleteSend, whose slice would cost an allocation
+	}
+	if st != verbs.StatusSuccess {
+		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(wr, st, err)))
 		qp.Mu.Unlock()
 		qp.sendAll(acks)
 		qp.Mu.Lock()
@@ -215,26 +220,27 @@ func (qp *queuePair) finishSendLocked(c verbs.Completion, unsignaled bool) {
 	}
 }
 
-// onAck completes the inline request awaiting this ack, on Inflight (see
-// softrc.QP.AckLocked). It reports false when none is: the ack is for the
-// sender goroutine.
+// onAck completes the request awaiting this ack on Inflight (see
+// softrc.QP.Ack), and wakes the sender for the requests queued behind it.
+// It reports false when none is: the ack of a Send's earlier chunk, for
+// the sender goroutine.
 func (qp *queuePair) onAck(m message) (bool, error) {
 	qp.Mu.Lock()
-	defer qp.Mu.Unlock()
-	if len(qp.Inflight) == 0 {
+	mine := len(qp.Inflight) > 0
+	qp.Mu.Unlock()
+	if !mine {
 		return false, nil
 	}
-	done, w, err := qp.AckLocked(m.seq, m.status)
-	if err != nil {
-		return true, err
+	failed, err := qp.Ack(m.seq, m.status, func([]*softrc.SendWR, *softrc.SendWR) {
+		qp.executing = false // one request at a time
+		if len(qp.Sendq) > 0 && m.status == verbs.StatusSuccess {
+			softrc.Signal(qp.sqSignal)
+		}
+	})
+	if failed {
+		qp.fail(0, nil) // in ERR already: sends the acks owed
 	}
-	if w == nil {
-		w = done[0] // one request at a time
-	}
-	qp.executing = false
-	st, why := softrc.Refused(m.status)
-	qp.finishSendLocked(softrc.CompletionOf(w, st, why), w.Unsignaled)
-	return true, nil
+	return true, err
 }
 
 // PostRecvUnlock hands a Send or WriteImm that waits for a receive the
@@ -258,12 +264,11 @@ func (qp *queuePair) fail(inflight verbs.Status, cause error) {
 }
 
 // failLocked moves the queue pair to the error state (see
-// softrc.QP.FailLocked and FailedLocked) and returns the acks owed to the
-// peer, for the caller to send after unlocking.
+// softrc.QP.FailLocked and FailedLocked), unless it is there already, and
+// returns the acks owed to the peer, for the caller to send after
+// unlocking.
 func (qp *queuePair) failLocked(inflight verbs.Status, cause error) []message {
-	if !qp.FailLocked(inflight, cause) {
-		return nil
-	}
+	qp.FailLocked(inflight, cause)
 	acks := qp.owed
 	qp.owed = nil
 	return acks
@@ -286,15 +291,6 @@ func (qp *queuePair) FailedLocked() {
 			qp.completeRecv(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecv, Status: verbs.StatusFlushed, Err: cause})
 		}
 		qp.owed = append(qp.owed, message{typ: msgAck, seq: in.seq, status: verbs.StatusTransport})
-	}
-}
-
-// completeSend queues a send completion. In ERR the first one that is
-// not a success carries the failure (see softrc.WorkQueue.Fail). The
-// caller holds Mu.
-func (qp *queuePair) completeSend(c verbs.Completion, unsignaled bool) {
-	if e, ok := qp.SendQ.Complete(c, unsignaled); ok {
-		qp.SendCQ.Push(e)
 	}
 }
 
@@ -392,21 +388,13 @@ func writeMessage(c *net.UnixConn, m *message, fds ...int) error {
 	return err
 }
 
-// Shutdown closes the connection (the peer sees the queue pair as gone),
-// stops its goroutines and unmaps everything it mapped (Close).
+// Shutdown unmaps everything the queue pair mapped (Close; the core
+// closed the connection, so the peer sees the queue pair as gone, and its
+// goroutines returned).
 func (qp *queuePair) Shutdown() {
-	qp.closing.Store(true)
 	qp.Mu.Lock()
 	qp.owed = nil // the peer learns from the closed socket
-	conn, workerDone, readerDone := qp.conn, qp.workerDone, qp.readerDone
 	qp.Mu.Unlock()
-	if conn != nil {
-		conn.Close()
-	}
-	if workerDone != nil {
-		<-workerDone
-		<-readerDone
-	}
 	qp.inline.Wait()
 	qp.remoteMu.Lock()
 	for key, rr := range qp.remote {
@@ -482,8 +470,7 @@ func (qp *queuePair) unmapAtPeer(m message) {
 		if m.flags&flagRegion != 0 {
 			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
 		}
-		qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
-		qp.conn.Close()
+		qp.failAndClose(fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
 	}
 }
 

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -35,15 +36,22 @@ func (qp *queuePair) runReceiver() {
 	for {
 		m, fd, err := readMessage(qp.conn, bufs)
 		if err != nil {
-			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
+			qp.failAndClose(fmt.Errorf("shm: connection to the peer lost: %w", err))
 			return
 		}
 		if err := qp.handle(m, fd); err != nil {
-			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: peer broke the protocol: %w", err))
-			qp.conn.Close()
+			qp.failAndClose(fmt.Errorf("shm: peer broke the protocol: %w", err))
 			return
 		}
 	}
+}
+
+// failAndClose fails the queue pair and closes its connection: the peer
+// is gone, broke the protocol or stopped answering, and nothing is to wait
+// on it any more.
+func (qp *queuePair) failAndClose(err error) {
+	qp.fail(verbs.StatusTransport, err)
+	qp.conn.Close()
 }
 
 func (qp *queuePair) handle(m message, fd int) error {
@@ -99,7 +107,7 @@ func (qp *queuePair) onRequest(m message) error {
 		switch {
 		case m.length > uint64(len(qp.peerStaging)):
 			return fmt.Errorf("Send chunk of %d bytes exceeds the %d-byte staging buffer", m.length, len(qp.peerStaging))
-		case m.total > uint64(maxInt) || m.offset > m.total || m.length > m.total-m.offset:
+		case m.total > uint64(math.MaxInt) || m.offset > m.total || m.length > m.total-m.offset:
 			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message", m.offset, m.length, m.total)
 		case last != (m.offset+m.length == m.total):
 			return fmt.Errorf("Send chunk [%d, +%d) of a %d-byte message is marked last=%v", m.offset, m.length, m.total, last)
@@ -192,7 +200,7 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 		}
 		qp.holdRecvLocked(c)
 	} else {
-		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(maxInt))), Imm: m.imm, HasImm: true, Key: m.key})
+		qp.holdRecvLocked(verbs.Completion{ID: in.recv.ID, Op: verbs.OpRecvImm, Len: int(min(m.length, uint64(math.MaxInt))), Imm: m.imm, HasImm: true, Key: m.key})
 	}
 	qp.inbound = nil
 	return ack

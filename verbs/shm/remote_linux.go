@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -35,7 +36,7 @@ type peerMemory struct {
 // fd.
 func mapPeerMemory(fd int, offset, length uint64, writable bool) (*peerMemory, error) {
 	end := offset + length
-	if length == 0 || length > uint64(maxInt) || end < offset || end > maxInt64 {
+	if length == 0 || length > uint64(math.MaxInt) || end < offset || end > math.MaxInt64 {
 		return nil, fmt.Errorf("bad file range [%d, +%d)", offset, length)
 	}
 	if err := checkSealedFD(fd, end); err != nil {
@@ -137,7 +138,7 @@ func mapAnnounced(m message, fd int) (*remoteRegion, error) {
 	if m.access&^knownAccess != 0 {
 		return nil, fmt.Errorf("shm: peer region %#x has unknown access bits %v", m.key, m.access)
 	}
-	if m.length == 0 || m.length > uint64(maxInt) || m.addr+m.length < m.addr {
+	if m.length == 0 || m.length > uint64(math.MaxInt) || m.addr+m.length < m.addr {
 		return nil, fmt.Errorf("shm: peer region %#x has bad bounds [%#x, +%d)", m.key, m.addr, m.length)
 	}
 	pm, err := mapPeerMemory(fd, m.offset, m.length, m.access&verbs.AccessRemoteWrite != 0)
@@ -284,7 +285,7 @@ func (qp *queuePair) mapGrant(m message, fd int) (err, broken error) {
 	switch {
 	case m.access != verbs.AccessRemoteRead && m.access != verbs.AccessRemoteWrite:
 		err = fmt.Errorf("shm: peer grant %#x has access %v, want one remote right", m.key, m.access)
-	case regLen == 0 || regLen > uint64(maxInt) || regOff+regLen < regOff || regOff+regLen > maxInt64:
+	case regLen == 0 || regLen > uint64(math.MaxInt) || regOff+regLen < regOff || regOff+regLen > math.MaxInt64:
 		err = fmt.Errorf("shm: peer grant %#x lies in a region with bad file range [%d, +%d)", m.key, regOff, regLen)
 	case m.length == 0 || m.offset > regLen || m.length > regLen-m.offset || m.addr+m.length < m.addr:
 		err = fmt.Errorf("shm: peer grant %#x has bad bounds [%#x, +%d) at %d of a %d-byte region", m.key, m.addr, m.length, m.offset, regLen)
@@ -374,14 +375,10 @@ func (qp *queuePair) pushGrant(key uint32) {
 	}
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
-	a, ok := qp.pd.announceExposed(qp, key)
-	if !ok {
-		return
+	if a, err := qp.pd.announce(qp, key, true); err == nil {
+		m, _ := a.message(msgGrant, key, 0) // never an fd: the region is exposed
+		qp.send(&m, -1)
 	}
-	m := message{typ: msgGrant, flags: flagFound | flagRegion, key: key,
-		addr: a.w.Addr, length: a.w.Len, access: a.w.Access, offset: a.w.Off, total: a.exposure}
-	m.setRegionRange(a.r.fdOffset, uint64(a.r.Len()))
-	qp.send(&m, -1)
 }
 
 // onMapRequest announces our region, or the grant made on this queue pair,
@@ -392,26 +389,9 @@ func (qp *queuePair) pushGrant(key uint32) {
 func (qp *queuePair) onMapRequest(m message) {
 	qp.announceMu.Lock()
 	defer qp.announceMu.Unlock()
-	reply := message{typ: msgMapReply, key: m.key, seq: m.seq}
-	fd := -1
-	if a, err := qp.pd.announce(qp, m.key); err == nil {
-		w, r := a.w, a.r
-		reply.flags = flagFound
-		reply.addr = w.Addr
-		reply.length = w.Len
-		reply.access = w.Access
-		if w.Grant {
-			reply.flags |= flagRegion
-			reply.offset = w.Off
-			reply.total = a.exposure
-			reply.setRegionRange(r.fdOffset, uint64(r.Len()))
-			if a.fresh {
-				fd = r.fd
-			}
-		} else {
-			reply.offset = r.fdOffset + w.Off
-			fd = r.fd
-		}
+	reply, fd := message{typ: msgMapReply, key: m.key, seq: m.seq}, -1
+	if a, err := qp.pd.announce(qp, m.key, false); err == nil {
+		reply, fd = a.message(msgMapReply, m.key, m.seq)
 	}
 	qp.send(&reply, fd)
 }

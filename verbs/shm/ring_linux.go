@@ -7,10 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
-	"github.com/tensorrpc/tensorrpc/verbs"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,12 +90,6 @@ func (rx *ringRx) release() {
 		unix.Munmap(rx.mapping)
 		rx.mapping, rx.ring, rx.sleeping = nil, nil, nil
 	}
-}
-
-// wordAt is the 32-bit word at off in a page-aligned mapping, which keeps
-// it aligned for atomic access.
-func wordAt(mapping []byte, off int) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&mapping[off]))
 }
 
 // ringTx is our end of the peer's ring, which we produce into. mu makes us
@@ -198,7 +190,7 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 		// The peer reads its ring all the time and we never have more
 		// than a few messages in flight, so a full ring means a peer
 		// that stopped reading. Give it a moment, then give up.
-		if waited >= ringFullLimit || qp.isFailed() {
+		if waited >= ringFullLimit || qp.InError() {
 			err = fmt.Errorf("shm: the peer's control ring stayed full for %v: it does not read its control messages", waited)
 			break
 		}
@@ -210,8 +202,7 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 		tx.broken = fmt.Errorf("shm: peer control ring: %w", err)
 		err = tx.broken
 		tx.mu.Unlock()
-		qp.fail(verbs.StatusTransport, err)
-		qp.conn.Close()
+		qp.failAndClose(err)
 		return err
 	}
 	err = qp.wakePeerLocked()
@@ -231,15 +222,6 @@ func (qp *queuePair) wakePeerLocked() error {
 	return qp.writeConn(&message{typ: msgWake}, -1)
 }
 
-func (qp *queuePair) isFailed() bool {
-	select {
-	case <-qp.Errored:
-		return true
-	default:
-		return false
-	}
-}
-
 // runRingReceiver is the receiver of a queue pair whose control messages
 // come through the ring: it handles records as they come, polls the ring
 // for a while when it runs dry (WithRingSpin), then sleeps on the socket
@@ -248,62 +230,43 @@ func (qp *queuePair) runRingReceiver() {
 	defer close(qp.readerDone)
 	bufs := newMsgBuffers()
 	rx := qp.rx
-	spin := qp.pd.opts.ringSpin
-	fail := func(err error) {
-		qp.fail(verbs.StatusTransport, err)
-		qp.conn.Close()
-	}
 	for {
 		n, err := qp.drainRing(bufs)
-		if err != nil {
-			fail(err)
-			return
+		// Poll for a while before sleeping, which costs the peer a
+		// wake-up message and us a trip through the netpoller. Yield to
+		// our goroutines (the one our last record woke, usually) and to
+		// the other threads of the host (the peer's, which has the answer
+		// to compute) between looks.
+		for start := time.Now(); n == 0 && err == nil && time.Since(start) < qp.pd.opts.ringSpin; {
+			runtime.Gosched()
+			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			n, err = qp.drainRing(bufs)
 		}
-		if n > 0 {
-			continue
-		}
-		if spin > 0 {
-			// Poll for a while before sleeping, which costs the peer a
-			// wake-up message and us a trip through the netpoller. Yield
-			// to our goroutines (the one our last record woke, usually)
-			// and to the other threads of the host (the peer's, which
-			// has the answer to compute) between looks.
-			start := time.Now()
-			for n == 0 && err == nil && time.Since(start) < spin {
-				runtime.Gosched()
-				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-				n, err = qp.drainRing(bufs)
+		if n == 0 && err == nil {
+			rx.sleeping.Store(1)
+			if n, err = qp.drainRing(bufs); n == 0 && err == nil {
+				err = qp.awaitWake(bufs)
 			}
-			if err != nil {
-				fail(err)
-				return
-			}
-			if n > 0 {
-				continue
-			}
-		}
-		rx.sleeping.Store(1)
-		n, err = qp.drainRing(bufs)
-		if err != nil {
-			fail(err)
-			return
-		}
-		if n > 0 {
 			rx.sleeping.Store(0)
-			continue
 		}
-		m, fds, err := readMessageFDs(qp.conn, bufs)
-		rx.sleeping.Store(0)
 		if err != nil {
-			qp.fail(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
-			return
-		}
-		if m.typ != msgWake || fds[0] >= 0 {
-			fds.close()
-			fail(fmt.Errorf("shm: peer broke the protocol: message type %d on the socket while waiting for a wake-up", m.typ))
+			qp.failAndClose(err)
 			return
 		}
 	}
+}
+
+// awaitWake sleeps on the socket until the peer's wake-up.
+func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
+	m, fds, err := readMessageFDs(qp.conn, bufs)
+	if err != nil {
+		return fmt.Errorf("shm: connection to the peer lost: %w", err)
+	}
+	if m.typ != msgWake || fds[0] >= 0 {
+		fds.close()
+		return fmt.Errorf("shm: peer broke the protocol: message type %d on the socket while waiting for a wake-up", m.typ)
+	}
+	return nil
 }
 
 // drainRing handles every record in the ring and reports how many there
@@ -315,7 +278,7 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 	for {
 		// A peer that keeps the ring full would keep us here: Close
 		// must not wait for it.
-		if qp.closing.Load() {
+		if qp.Closing() {
 			return n, errQueuePairClosed
 		}
 		b, ok := rx.ring.Read()

@@ -9,68 +9,56 @@ import (
 
 // runSender executes the send queue in posting order. One-sided requests
 // are copies between our regions and the peer's mapped regions; a Send or
-// WriteImm waits for the peer's ack before the next request starts, so the
-// data of every earlier Write is in place before the peer sees it, and no
-// later request runs after one that failed.
+// WriteImm waits on Inflight for the peer's ack (see ringLocked) before the
+// next request starts, so the data of every earlier Write is in place
+// before the peer sees it, and no later request runs after one that
+// failed.
 func (qp *queuePair) runSender() {
-	defer close(qp.workerDone)
 	for {
 		wr, ok := qp.nextSend()
 		if !ok {
 			return
 		}
-		c, _ := qp.execute(wr, true)
+		st, err, _, doorbell := qp.start(wr, true)
 		qp.Mu.Lock()
-		qp.executing = false
 		qp.Sendq[0] = nil
 		qp.Sendq = qp.Sendq[1:]
-		qp.finishSendLocked(c, wr.Unsignaled)
+		if doorbell != nil && qp.StateLocked() == verbs.QPError {
+			st, err = qp.FailureLocked()
+			doorbell = nil
+		}
+		qp.ringLocked(wr, st, err, doorbell)
 		qp.Mu.Unlock()
 	}
 }
 
-// startInline runs the part of wr that needs no answer from the peer: all
-// of a Write or Read; the copy of a WriteImm or of a Send that fits the
-// staging buffer, returning the doorbell to ring. It reports false when
-// the remote region is not mapped yet.
-func (qp *queuePair) startInline(wr *softrc.SendWR) (c verbs.Completion, ran bool, doorbell *message) {
+// start runs the part of wr that needs no answer from the peer: all of a
+// Write or Read; the copy of a WriteImm, or of a Send through the staging
+// buffer, each chunk but the last taken by the peer before the next (only
+// the sender, with fetch set, runs Sends larger than the buffer). It
+// returns the doorbell to ring, the WriteImm's or the Send's last chunk,
+// or, with fetch false (PostSend running wr itself), ran false when the
+// remote region is not mapped yet: asking the peer for it is the sender's
+// job.
+func (qp *queuePair) start(wr *softrc.SendWR, fetch bool) (st verbs.Status, err error, ran bool, doorbell *message) {
 	if qp.peerDown() {
-		return verbs.Completion{ID: wr.ID, Op: wr.Op, Status: verbs.StatusTransport, Err: errPeerDown}, true, nil
+		return verbs.StatusTransport, errPeerDown, true, nil
 	}
 	switch wr.Op {
-	case verbs.OpWrite, verbs.OpRead:
-		c, ran = qp.execute(wr, false)
-		return c, ran, nil
-	case verbs.OpWriteImm:
-		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
-		st, err, ran := qp.write(wr, false)
-		if !ran {
-			return c, false, nil
+	case verbs.OpWrite, verbs.OpWriteImm:
+		st, err, ran = qp.write(wr, fetch)
+		if ran && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
+			doorbell = &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}
 		}
-		if st != verbs.StatusSuccess {
-			c.Status, c.Err = st, err
-			return c, true, nil
-		}
-		c.Len, c.Imm, c.HasImm = wr.N, wr.Imm, true
-		return c, true, &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}
+		return st, err, ran, doorbell
+	case verbs.OpRead:
+		st, err, ran = qp.read(wr, fetch)
+		return st, err, ran, nil
 	case verbs.OpSend:
-		c = verbs.Completion{ID: wr.ID, Op: wr.Op}
-		if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
-			c.Status, c.Err = st, err
-			return c, true, nil
-		}
-		n := wr.Vec.Gather(qp.staging, 0)
-		wr.Vec.Release()
-		m := &message{typ: msgSend, flags: flagLast, length: uint64(n), total: uint64(n)}
-		c.Len = n
-		if wr.HasImm {
-			m.flags |= flagHasImm
-			m.imm = wr.Imm
-			c.Imm, c.HasImm = wr.Imm, true
-		}
-		return c, true, m
+		st, err, doorbell = qp.sendMessage(wr)
+		return st, err, true, doorbell
 	}
-	return c, false, nil
+	return 0, nil, false, nil
 }
 
 // nextSend waits for the next request. Once the queue pair is in the
@@ -95,42 +83,6 @@ func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 		case <-qp.Errored:
 		}
 	}
-}
-
-// execute runs one request and returns its completion. With fetch false
-// (inline execution in PostSend) it only runs Writes and Reads whose remote
-// region is mapped already, and reports false for anything else.
-func (qp *queuePair) execute(wr *softrc.SendWR, fetch bool) (verbs.Completion, bool) {
-	c := verbs.Completion{ID: wr.ID, Op: wr.Op}
-	if qp.peerDown() {
-		c.Status, c.Err = verbs.StatusTransport, errPeerDown
-		return c, true
-	}
-	var st verbs.Status
-	var err error
-	done := true
-	switch wr.Op {
-	case verbs.OpWrite, verbs.OpWriteImm:
-		st, err, done = qp.write(wr, fetch)
-		if done && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
-			st, err = qp.request(message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)})
-		}
-	case verbs.OpRead:
-		st, err, done = qp.read(wr, fetch)
-	case verbs.OpSend:
-		st, err = qp.sendMessage(wr)
-	}
-	if !done {
-		return c, false
-	}
-	c.Status, c.Err = st, err
-	if st == verbs.StatusSuccess {
-		c.Len = wr.N
-		if wr.Op == verbs.OpWriteImm || (wr.Op == verbs.OpSend && wr.HasImm) {
-			c.Imm, c.HasImm = wr.Imm, true
-		}
-	}
-	return c, true
 }
 
 // write copies the local buffer straight into the peer's mapped region:
@@ -172,26 +124,25 @@ func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, b
 
 // sendMessage moves a Send through our staging buffer, in chunks of its
 // size: we copy each chunk in, the peer copies it out into its Recv buffer
-// and acks.
-func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error) {
+// and acks. It returns the last chunk's message, for the caller to ring.
+func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error, *message) {
 	if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
-		return st, err
+		return st, err, nil
 	}
 	defer wr.Vec.Release()
-	total := wr.N
 	for off := 0; ; {
-		n := wr.Vec.Gather(qp.staging[:min(len(qp.staging), total-off)], off)
-		m := message{typ: msgSend, offset: uint64(off), length: uint64(n), total: uint64(total)}
+		n := wr.Vec.Gather(qp.staging[:min(len(qp.staging), wr.N-off)], off)
+		m := message{typ: msgSend, offset: uint64(off), length: uint64(n), total: uint64(wr.N)}
 		if wr.HasImm {
 			m.flags |= flagHasImm
 			m.imm = wr.Imm
 		}
-		off += n
-		if off == total {
+		if off += n; off == wr.N {
 			m.flags |= flagLast
+			return verbs.StatusSuccess, nil, &m
 		}
-		if st, err := qp.request(m); st != verbs.StatusSuccess || off == total {
-			return st, err
+		if st, err := qp.request(m); st != verbs.StatusSuccess {
+			return st, err, nil
 		}
 	}
 }

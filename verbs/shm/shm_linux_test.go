@@ -218,8 +218,7 @@ func TestAcceptorChecksSecrets(t *testing.T) {
 	if string(acc.qp.Secret[:]) < string(dia.qp.Secret[:]) {
 		acc, dia = b, a
 	}
-	var wrong [16]byte
-	randomBytes(wrong[:])
+	wrong := softrc.NewSecret()
 	if hello(t, acc.pd.addr, acc.qp.ID, wrong, dia.qp.Secret) {
 		t.Fatal("a hello with the wrong acceptor secret was welcomed")
 	}
@@ -532,7 +531,7 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	}
 	defer unix.Munmap(staging)
 	defer unix.Close(fd)
-	stateWord(staging).Store(stateUp)
+	wordAt(staging, 0).Store(stateUp)
 	m := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(staging))}
 	m.secret[0], m.secret[1] = acc.qp.Secret, fakeSecret
 	if err := writeMessage(c, &m, fd); err != nil {

@@ -20,12 +20,12 @@ const (
 
 var errPeerDown = errors.New("shm: the peer's queue pair is closed or in the error state")
 
-// stateWord returns the state word at the start of a staging mapping. The
-// mapping is page-aligned, so the word is aligned for atomic access, and
-// callers keep the mapping until every goroutine that uses the word has
-// stopped (Close unmaps it last).
-func stateWord(mapping []byte) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(unsafe.SliceData(mapping)))
+// wordAt is the 32-bit word at off in a page-aligned mapping, which keeps
+// it aligned for atomic access: the state word at 0 of a staging mapping,
+// the sleeping word of a control ring. Callers keep the mapping until
+// every goroutine that uses the word has stopped (Close unmaps it last).
+func wordAt(mapping []byte, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&mapping[off]))
 }
 
 // peerDown reports whether the peer's queue pair has gone down. The peer

@@ -70,7 +70,7 @@ func connectPair(t *testing.T, a, b *queuePair) {
 func dialed(q, peer *queuePair) bool {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	return peer.advertise != "" && q.conn.RemoteAddr().String() == peer.advertise
+	return peer.advertise != "" && q.ConnLocked().RemoteAddr().String() == peer.advertise
 }
 
 // exchange sends 8 bytes from a to b and checks they arrive.
@@ -275,7 +275,7 @@ func TestLocalAddress(t *testing.T) {
 	}
 	connectPair(t, a, b)
 	a.Mu.Lock()
-	local := a.conn.LocalAddr().String()
+	local := a.ConnLocked().LocalAddr().String()
 	a.Mu.Unlock()
 	if local != a.advertise {
 		t.Fatalf("the data connection reached %s, want %s", local, a.advertise)

@@ -1,12 +1,12 @@
 package tcp
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
@@ -88,7 +88,7 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		}
 		return nil
 	}, cfg.Role != verbs.RoleDial, func(core *softrc.QP) softrc.Wire {
-		q = newQueuePair(d, core, cmpOr(cfg.MaxInline, defaultMaxInline))
+		q = newQueuePair(d, core, cmp.Or(cfg.MaxInline, defaultMaxInline))
 		q.role, q.advertise = cfg.Role, advertise
 		q.Info = softrc.Info{Role: q.role, Secret: q.Secret, QPID: q.ID, Addr: q.advertise}.Encode(infoMagic)
 		return q
@@ -97,13 +97,6 @@ func (d *domain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error
 		return nil, err
 	}
 	return q, nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // listener is one of a domain's listeners.
@@ -226,18 +219,14 @@ func advertised(la *net.TCPAddr, adv string) (string, error) {
 // handshake reads the dialer's hello and offers the connection to the
 // queue pair that issued the secret it presents, or refuses it.
 func (d *domain) handshake(c net.Conn) bool {
-	c.SetDeadline(time.Now().Add(d.opts.handshakeTimeout))
-	h, err := readHello(c)
+	err := d.Admit(c, d.opts.handshakeTimeout, func(c net.Conn) (softrc.Offer, error) {
+		h, err := readHello(c)
+		return offered{c, h}, err
+	})
 	if err != nil {
 		d.opts.logger.Debug("tcp: refusing a data connection", "remote", c.RemoteAddr().String(), "err", err)
-		return false
 	}
-	if !d.Offer(h.qpID, h.acceptor, offered{c, h}) {
-		d.opts.logger.Debug("tcp: refusing a data connection with an unknown or used secret", "remote", c.RemoteAddr().String())
-		c.Write(replyBytes(handshakeRefused))
-		return false
-	}
-	return true
+	return err == nil
 }
 
 // Close closes the listeners, the queue pairs, the regions and the

@@ -30,14 +30,11 @@ import (
 // responses still queued (the error report to the peer among them), shuts
 // down its half of the connection and stops.
 func (q *queuePair) writer(conn net.Conn) {
-	defer q.wg.Done()
 	for {
 		q.writeMu.Lock()
 		wrote, failed, err := q.writeQueued(conn, false)
 		q.writeMu.Unlock()
 		if err != nil {
-			q.enterError(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
-			conn.Close()
 			break
 		}
 		if wrote {
@@ -72,7 +69,6 @@ func (q *queuePair) writer(conn net.Conn) {
 		tc.CloseWrite()
 	}
 	q.quiesce()
-	q.leave(conn)
 }
 
 // directMaxQueued bounds the direct path, on which PostSend writes small
@@ -87,6 +83,7 @@ const directMaxQueued = 16 << 10
 // writeMu. With direct set it does nothing unless the batch is small and
 // the queue pair is not in ERR. It reports whether it wrote anything and
 // whether the queue pair is in ERR (then requests are left for the flush).
+// A failed write moves the queue pair to ERR and closes conn.
 func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool, err error) {
 	q.Mu.Lock()
 	failed = q.StateLocked() == verbs.QPError
@@ -136,7 +133,11 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		q.Mu.Lock()
 		bad.LocalErr = true
 		q.Mu.Unlock()
-		q.enterError(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
+		q.Fail(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
+	}
+	if err != nil {
+		q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
+		conn.Close()
 	}
 	clear(ctrl)
 	clear(reqs)
@@ -292,8 +293,7 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // keeps reading and discarding frames, so that the peer can finish writing
 // and read the error report, until the peer closes or the linger timeout
 // passes.
-func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
-	defer q.wg.Done()
+func (q *queuePair) receiver(br *bufio.Reader) {
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -305,7 +305,7 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 		if h, err = parseHeader(hb[:]); err != nil {
 			break
 		}
-		if !draining && q.State() == verbs.QPError {
+		if !draining && q.InError() {
 			draining = true
 			q.quiesce()
 		}
@@ -329,11 +329,10 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 	if errors.Is(err, io.EOF) {
 		err = fmt.Errorf("the peer closed the connection: %w", err)
 	}
-	q.enterError(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
+	q.Fail(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
 	if !draining {
 		q.quiesce()
 	}
-	q.leave(conn)
 }
 
 // apply executes one frame. fatal reports that the queue pair entered ERR
@@ -352,20 +351,6 @@ func (q *queuePair) apply(h *header, br *bufio.Reader) (fatal bool, err error) {
 		return q.applyAck(h)
 	}
 	return false, fmt.Errorf("unexpected frame opcode %d", h.op)
-}
-
-func opName(op uint8) string {
-	switch op {
-	case frameWrite:
-		return "WRITE"
-	case frameWriteImm:
-		return "WRITE_IMM"
-	case frameSend:
-		return "SEND"
-	case frameReadReq:
-		return "READ"
-	}
-	return fmt.Sprintf("frame %d", op)
 }
 
 // readPayload reads a payload from the connection straight into dst.
@@ -563,7 +548,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 			}
 			status, fatal = st, true
 			cause = q.Errorf("READ %d: %w", w.ID, why)
-			q.enterError(verbs.StatusFlushed, cause)
+			q.Fail(verbs.StatusFlushed, cause)
 		}
 	}
 	q.Mu.Lock()
@@ -580,33 +565,14 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 }
 
 // applyAck completes the requests an acknowledgement covers (see
-// softrc.QP.AckLocked). A negative acknowledgement fails its request and
-// moves the queue pair to ERR.
+// softrc.QP.Ack). A negative acknowledgement fails its request and moves
+// the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
-	q.Mu.Lock()
-	done, failed, err := q.AckLocked(h.seq, verbs.Status(h.status))
-	for _, w := range done {
-		q.unackedBytes -= payloadBytes(w)
-	}
-	q.Mu.Unlock()
-	if err != nil {
-		return false, err
-	}
-	var cause error
-	st, why := softrc.Refused(verbs.Status(h.status))
-	if failed != nil {
-		cause = fmt.Errorf("the peer refused %v %d: %w", failed.Op, failed.ID, why)
-		q.enterError(verbs.StatusFlushed, q.Errorf("%w", cause))
-	}
-	es := make([]softrc.Entry, 0, len(done)+1)
-	for _, w := range done {
-		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
-	}
-	if failed != nil {
-		es = q.CompleteSend(es, failed, st, cause)
-	}
-	q.SendCQ.Push(es...)
-	return failed != nil, nil
+	return q.Ack(h.seq, verbs.Status(h.status), func(done []*softrc.SendWR, _ *softrc.SendWR) {
+		for _, w := range done {
+			q.unackedBytes -= payloadBytes(w)
+		}
+	})
 }
 
 // refuse reports a failed request to the peer and moves the queue pair to
@@ -616,7 +582,7 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 	// yet in ERR, and the writer, woken by ERR, still finds the NAK.
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, status: uint8(status), seq: h.seq}})
-	q.FailLocked(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", opName(h.op), h.seq, cause))
+	q.FailLocked(verbs.StatusFlushed, q.Errorf("refused the peer's %s %d: %w", requestOps[h.op], h.seq, cause))
 	q.Mu.Unlock()
 	softrc.Signal(q.wakeWriter)
 	return true
@@ -668,48 +634,26 @@ func payloadBytes(w *softrc.SendWR) int {
 	return w.N
 }
 
-// enterError moves the queue pair to ERR (see softrc.QP.FailLocked):
-// the oldest request outstanding completes with status, the others with
-// StatusFlushed.
-func (q *queuePair) enterError(status verbs.Status, cause error) { q.Fail(status, cause) }
-
 // FailedLocked gives the connection the linger timeout to deliver what is
 // queued for the peer.
 func (q *queuePair) FailedLocked() {
-	if q.conn != nil {
-		q.conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
+	if conn := q.ConnLocked(); conn != nil {
+		conn.SetDeadline(time.Now().Add(q.pd.opts.lingerTimeout))
 	}
 }
 
 // quiesce records that one goroutine no longer touches memory; the last
-// one flushes what is left.
+// one completes every request still queued with an error status (see
+// softrc.QP.Flush) and drops the queued responses.
 func (q *queuePair) quiesce() {
 	q.Mu.Lock()
 	q.active--
 	last := q.active == 0
 	q.Mu.Unlock()
 	if last {
-		q.flush()
+		q.Flush()
+		q.releaseCtrl()
 	}
-}
-
-// leave records that one goroutine no longer uses the connection; the last
-// one closes it.
-func (q *queuePair) leave(conn net.Conn) {
-	q.Mu.Lock()
-	q.running--
-	last := q.running == 0
-	q.Mu.Unlock()
-	if last {
-		conn.Close()
-	}
-}
-
-// flush completes every request still queued with an error status (see
-// softrc.QP.Flush) and drops the queued responses.
-func (q *queuePair) flush() {
-	q.Flush()
-	q.releaseCtrl()
 }
 
 // releaseCtrl drops the responses still queued for the writer.

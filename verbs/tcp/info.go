@@ -60,18 +60,14 @@ const (
 )
 
 // hello is the dialer's first message.
-type hello struct {
-	acceptor secret // the secret the accepting queue pair issued
-	dialer   secret // the dialing queue pair's own secret
-	qpID     uint64 // the accepting queue pair's id
-}
+type hello = softrc.Hello
 
-func (h *hello) encode() []byte {
+func encodeHello(h hello) []byte {
 	b := make([]byte, 0, helloSize)
 	b = append(b, handshakeMagic[:]...)
-	b = append(b, h.acceptor[:]...)
-	b = append(b, h.dialer[:]...)
-	return binary.LittleEndian.AppendUint64(b, h.qpID)
+	b = append(b, h.Acceptor[:]...)
+	b = append(b, h.Dialer[:]...)
+	return binary.LittleEndian.AppendUint64(b, h.QPID)
 }
 
 func readHello(r io.Reader) (hello, error) {
@@ -83,9 +79,9 @@ func readHello(r io.Reader) (hello, error) {
 	if !bytes.Equal(b[:8], handshakeMagic[:]) {
 		return h, fmt.Errorf("tcp: handshake has a bad magic %x", b[:8])
 	}
-	copy(h.acceptor[:], b[8:])
-	copy(h.dialer[:], b[8+secretSize:])
-	h.qpID = binary.LittleEndian.Uint64(b[8+2*secretSize:])
+	copy(h.Acceptor[:], b[8:])
+	copy(h.Dialer[:], b[8+secretSize:])
+	h.QPID = binary.LittleEndian.Uint64(b[8+2*secretSize:])
 	return h, nil
 }
 

@@ -6,30 +6,37 @@ import (
 	"net/netip"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
 
 // Name is the provider's name.
 const Name = "tcp"
-
-// provider implements verbs.Provider.
-type provider struct {
-	opts options
-	err  error // a configuration error from the environment
-}
 
 // New returns the tcp provider. It is safe for concurrent use; every domain
 // it opens has its own listeners. New reads TENSORRPC_TCP_ADDR and
 // TENSORRPC_SOCKET_IFNAME (see EnvAddr and EnvSocketIfname) once; an
 // invalid value, or an interface list that matches no interface, makes
 // Devices and Open fail with an error that names the variable.
+//
+// Its one device, "tcp", is described with where its queue pairs listen;
+// Open's domain creates its listeners with the queue pairs that use them.
 func New(opts ...Option) verbs.Provider {
 	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
 	}
-	p := &provider{opts: o}
-	p.err = p.opts.resolve(EnvSettings())
-	return p
+	err := o.resolve(EnvSettings())
+	return &softrc.Provider{
+		ProviderName: Name,
+		Describe: func() (string, error) {
+			desc := "software RC queue pairs over TCP, listening on " + o.describeListen()
+			if o.advertiseAddress != "" {
+				desc += ", advertised as " + o.advertiseAddress
+			}
+			return desc, err
+		},
+		OpenDomain: func() (verbs.ProtectionDomain, error) { return newDomain(o), nil },
+	}
 }
 
 // resolve settles the listen address and interface from the options and
@@ -98,31 +105,4 @@ func (o *options) describeListen() string {
 		return "each queue pair's local address, else " + o.listenAddress + " (" + o.listenFrom + ")"
 	}
 	return "each queue pair's local address, else 127.0.0.1, " + port
-}
-
-func (p *provider) Name() string { return Name }
-
-// Devices returns the single device "tcp", described with where its queue
-// pairs listen.
-func (p *provider) Devices() ([]verbs.Device, error) {
-	if p.err != nil {
-		return nil, fmt.Errorf("%w: %w", p.err, verbs.ErrNoDevice)
-	}
-	desc := "software RC queue pairs over TCP, listening on " + p.opts.describeListen()
-	if p.opts.advertiseAddress != "" {
-		desc += ", advertised as " + p.opts.advertiseAddress
-	}
-	return []verbs.Device{{Provider: Name, Name: Name, Description: desc}}, nil
-}
-
-// Open opens the device "tcp" (or "") and returns a protection domain. The
-// domain's listeners are created with the queue pairs that use them.
-func (p *provider) Open(name string) (verbs.ProtectionDomain, error) {
-	if p.err != nil {
-		return nil, fmt.Errorf("%w: %w", p.err, verbs.ErrNoDevice)
-	}
-	if name != "" && name != Name {
-		return nil, fmt.Errorf("tcp: open device %q: the only device is %q: %w", name, Name, verbs.ErrNoDevice)
-	}
-	return newDomain(p.opts), nil
 }

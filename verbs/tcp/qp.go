@@ -35,9 +35,8 @@ type queuePair struct {
 	advertise string // the listener address in info; "" for RoleDial
 	maxInline int
 
-	wakeWriter chan struct{}  // one slot
-	ctrlTaken  chan struct{}  // one slot: the writer took the queued control frames
-	wg         sync.WaitGroup // writer and receiver
+	wakeWriter chan struct{} // one slot
+	ctrlTaken  chan struct{} // one slot: the writer took the queued control frames
 
 	// writeMu is held by whoever writes frames to the connection: the
 	// writer goroutine or, on the direct path, a poster. batch belongs to
@@ -48,7 +47,6 @@ type queuePair struct {
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet taken by the writer, its Inflight those taken and waiting for
 	// their response.
-	conn          net.Conn
 	nextSeq       uint64
 	ctrl          []ctrlFrame
 	spareReqs     []*softrc.SendWR // recycled by writeQueued
@@ -60,7 +58,6 @@ type queuePair struct {
 	delayedAcks   int              // acknowledgements queued without waking the writer
 	ackYield      bool             // delayable acknowledgements are queued (queueAck)
 	active        int              // goroutines that may still touch memory
-	running       int              // goroutines still using the connection
 }
 
 // ctrlFrame is a response the receiver queues for the writer: an
@@ -76,6 +73,8 @@ type offered struct {
 	conn  net.Conn
 	hello hello
 }
+
+func (o offered) Hello() softrc.Hello { return o.hello }
 
 // Close refuses the connection.
 func (o offered) Close() {
@@ -126,23 +125,14 @@ func (q *queuePair) start(conn net.Conn) {
 			tc.SetWriteBuffer(n)
 		}
 	}
-	q.conn = conn
-	q.active, q.running = 2, 2
-	q.wg.Add(2)
-	go q.writer(conn)
-	go q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize))
+	q.active = 2
+	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(bufio.NewReaderSize(conn, readBufferSize)) })
 }
 
 // dial connects to the peer's listener and presents both secrets.
 func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error) {
-	d := net.Dialer{Timeout: q.pd.opts.dialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", peer.Addr)
-	if err != nil {
-		return nil, q.Errorf("dialing the peer at %s: %w", peer.Addr, err)
-	}
-	err = softrc.Bounded(ctx, conn, func() error {
-		h := hello{acceptor: peer.Secret, dialer: q.Secret, qpID: peer.QPID}
-		if _, err := conn.Write(h.encode()); err != nil {
+	return q.Dial(ctx, "tcp", peer.Addr, q.pd.opts.dialTimeout, func(conn net.Conn) error {
+		if _, err := conn.Write(encodeHello(hello{Acceptor: peer.Secret, Dialer: q.Secret, QPID: peer.QPID})); err != nil {
 			return err
 		}
 		status, err := readReply(conn)
@@ -151,17 +141,12 @@ func (q *queuePair) dial(ctx context.Context, peer softrc.Info) (net.Conn, error
 		}
 		return err
 	})
-	if err != nil {
-		conn.Close()
-		return nil, q.Errorf("handshake with %s: %w", peer.Addr, err)
-	}
-	return conn, nil
 }
 
 // accept waits for the peer's connection, checks that it presents the
 // peer's secret as well as ours, and accepts it.
 func (q *queuePair) accept(ctx context.Context, peer softrc.Info) (net.Conn, error) {
-	o, err := q.AcceptOffer(ctx, peer.Secret, func(o softrc.Offer) softrc.Secret { return o.(offered).hello.dialer })
+	o, err := q.AcceptOffer(ctx, peer.Secret)
 	if err != nil {
 		return nil, err
 	}
@@ -185,19 +170,13 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.sendqBytes += payloadBytes(w)
 		q.Sendq = append(q.Sendq, w)
 	}
-	conn := q.conn
+	conn := q.ConnLocked()
 	q.Mu.Unlock()
 	if q.writeMu.TryLock() {
-		wrote, _, err := q.writeQueued(conn, true)
+		wrote, _, _ := q.writeQueued(conn, true)
 		q.writeMu.Unlock()
-		if err != nil {
-			// The requests are posted; the flush completes them.
-			q.enterError(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
-			conn.Close()
-			return
-		}
 		if wrote {
-			return
+			return // or failed: the requests are posted, the flush completes them
 		}
 	}
 	softrc.Signal(q.wakeWriter)
@@ -213,25 +192,11 @@ func (q *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access 
 		// A Write through the grant is still arriving, or a Read response
 		// from it still leaving, RevokeWait after Revoke: end them with the
 		// connection.
-		q.enterError(verbs.StatusTransport, q.Errorf("a transfer through a revoked grant did not end within %v", softrc.RevokeWait))
-		q.Mu.Lock()
-		conn := q.conn
-		q.Mu.Unlock()
-		if conn != nil {
-			conn.Close()
-		}
+		q.Fail(verbs.StatusTransport, q.Errorf("a transfer through a revoked grant did not end within %v", softrc.RevokeWait))
+		q.CloseConn()
 	})
 }
 
-// Shutdown closes the connection and waits for the writer and the
-// receiver (Close).
-func (q *queuePair) Shutdown() {
-	q.Mu.Lock()
-	conn := q.conn
-	q.Mu.Unlock()
-	if conn != nil {
-		conn.Close()
-	}
-	q.wg.Wait()
-	q.releaseCtrl()
-}
+// Shutdown drops the control frames still queued (Close; the writer and
+// the receiver have returned).
+func (q *queuePair) Shutdown() { q.releaseCtrl() }

@@ -48,7 +48,7 @@ func dialWith(t *testing.T, qp *queuePair, h hello) (net.Conn, byte, error) {
 		t.Fatal(err)
 	}
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write(h.encode()); err != nil {
+	if _, err := c.Write(encodeHello(h)); err != nil {
 		c.Close()
 		return nil, 0, err
 	}
@@ -76,10 +76,10 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 
 	var wrong secret
 	wrong[0] = 1
-	if c, st, err := dialWith(t, qp, hello{acceptor: wrong, dialer: wrong, qpID: qp.ID}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, qp, hello{Acceptor: wrong, Dialer: wrong, QPID: qp.ID}); !refused(c, st, err) {
 		t.Fatal("a connection presenting a wrong secret was accepted")
 	}
-	if c, st, err := dialWith(t, qp, hello{acceptor: qp.Secret, dialer: wrong, qpID: qp.ID + 1}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, qp, hello{Acceptor: qp.Secret, Dialer: wrong, QPID: qp.ID + 1}); !refused(c, st, err) {
 		t.Fatal("a connection naming the wrong queue pair was accepted")
 	}
 
@@ -91,7 +91,7 @@ func TestHandshakeRejectsWrongSecret(t *testing.T) {
 	forged[0] = 0xfe
 	forgedDone := make(chan bool, 1)
 	go func() {
-		c, st, err := dialWith(t, qp, hello{acceptor: qp.Secret, dialer: forged, qpID: qp.ID})
+		c, st, err := dialWith(t, qp, hello{Acceptor: qp.Secret, Dialer: forged, QPID: qp.ID})
 		forgedDone <- refused(c, st, err)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -130,7 +130,7 @@ func TestHandshakeSecretIsOneTime(t *testing.T) {
 	if bytes.Compare(a.Secret[:], b.Secret[:]) < 0 {
 		acceptor, dialer = b, a
 	}
-	if c, st, err := dialWith(t, acceptor, hello{acceptor: acceptor.Secret, dialer: dialer.Secret, qpID: acceptor.ID}); !refused(c, st, err) {
+	if c, st, err := dialWith(t, acceptor, hello{Acceptor: acceptor.Secret, Dialer: dialer.Secret, QPID: acceptor.ID}); !refused(c, st, err) {
 		t.Fatal("a replayed handshake was accepted")
 	}
 	if err := a.Connect(ctx, b.LocalInfo()); err == nil {
@@ -244,7 +244,7 @@ func fakePeer(t *testing.T, qp *queuePair) net.Conn {
 			return
 		}
 		h, err := readHello(c)
-		if err != nil || h.acceptor != s || h.dialer != qp.Secret || h.qpID != 99 {
+		if err != nil || h.Acceptor != s || h.Dialer != qp.Secret || h.QPID != 99 {
 			c.Close()
 			accepted <- nil
 			return
@@ -492,7 +492,7 @@ func TestDeregisterWithPostedReceive(t *testing.T) {
 // FuzzReadHello decodes the first bytes a dialer sends an accepting queue
 // pair, before any secret is checked.
 func FuzzReadHello(f *testing.F) {
-	f.Add((&hello{acceptor: secret{1}, dialer: secret{2}, qpID: 3}).encode())
+	f.Add(encodeHello(hello{Acceptor: secret{1}, Dialer: secret{2}, QPID: 3}))
 	f.Add([]byte{})
 	f.Add(make([]byte, helloSize))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -500,7 +500,7 @@ func FuzzReadHello(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if enc := h.encode(); !bytes.Equal(enc, b[:len(enc)]) {
+		if enc := encodeHello(h); !bytes.Equal(enc, b[:len(enc)]) {
 			t.Fatalf("readHello(%x) = %+v, which encodes as %x", b, h, enc)
 		}
 	})

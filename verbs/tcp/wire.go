@@ -3,6 +3,8 @@ package tcp
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // A frame is a fixed header, in little endian, optionally followed by a
@@ -30,6 +32,9 @@ const (
 	frameReadResp = 5 // response: payload is the data a read asked for
 	frameAck      = 6 // response: requests up to seq done; status != 0 fails seq
 )
+
+// requestOps are the requests that request frames carry.
+var requestOps = [...]verbs.Opcode{frameWrite: verbs.OpWrite, frameWriteImm: verbs.OpWriteImm, frameSend: verbs.OpSend, frameReadReq: verbs.OpRead}
 
 const flagImm = 1
 

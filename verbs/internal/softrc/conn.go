@@ -51,6 +51,23 @@ func Bounded(ctx context.Context, conn net.Conn, f func() error) error {
 	return err
 }
 
+// Dial opens the dialer's data connection to the peer at addr, within
+// timeout (zero: none) and ctx, and runs hello, its side of the
+// handshake, on it, bounded by ctx (see Bounded). On failure the
+// connection is closed.
+func (q *QP) Dial(ctx context.Context, network, addr string, timeout time.Duration, hello func(net.Conn) error) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, q.Errorf("dialing the peer at %s: %w", addr, err)
+	}
+	if err := Bounded(ctx, conn, func() error { return hello(conn) }); err != nil {
+		conn.Close()
+		return nil, q.Errorf("handshake with %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
 // ShouldDial says whether a queue pair with role mine and secret opens the
 // data connection to a peer with role peer and secret theirs: RoleDial
 // dials and RoleAccept accepts; RoleAny does the opposite of a peer with a

@@ -1,6 +1,7 @@
 package softrc
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -61,18 +62,11 @@ func QueueSizes(cfg verbs.QueuePairConfig, depth int) (maxSend, maxRecv int, err
 	if cfg.MaxSend < 0 || cfg.MaxRecv < 0 || cfg.MaxInline < 0 {
 		return 0, 0, fmt.Errorf("negative queue sizes (MaxSend %d, MaxRecv %d, MaxInline %d)", cfg.MaxSend, cfg.MaxRecv, cfg.MaxInline)
 	}
-	maxSend, maxRecv = cmpOr(cfg.MaxSend, DefaultQueueDepth), cmpOr(cfg.MaxRecv, DefaultQueueDepth)
+	maxSend, maxRecv = cmp.Or(cfg.MaxSend, DefaultQueueDepth), cmp.Or(cfg.MaxRecv, DefaultQueueDepth)
 	if maxSend > depth || maxRecv > depth {
 		return 0, 0, fmt.Errorf("MaxSend %d or MaxRecv %d exceeds the device's MaxQueueDepth %d: %w", maxSend, maxRecv, depth, verbs.ErrTooLarge)
 	}
 	return maxSend, maxRecv, nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // CheckOpcode checks the opcode of a send queue request (else

@@ -17,7 +17,9 @@
 //	Connect         QP.Connect: own-info check, who dials,     link: dial or
 //	                RESET→INIT→RTS, ctx and Close              AcceptOffer, start
 //	ERR             QP.FailLocked: state, cause, flush order   FailedLocked
-//	Close           QP.Close: ERR, flush, grants, CQ room      Shutdown
+//	Connect's start QP.Start: the connection, goroutines       its goroutines
+//	Close           QP.Close: ERR, the connection closed and   Shutdown
+//	                goroutines ended, flush, grants, CQ room
 //	Domain.Close    accept loops, queue pairs, regions, CQs    (its regions)
 //
 // tcp's wire is its frame writer and reader over one TCP connection; shm's
@@ -48,16 +50,22 @@
 //   - CheckSends, CheckRecvs, Vec: post-time validation of work requests
 //     (opcode, segments, rights, bounds, limits), and the gather/scatter
 //     copies of their local segments.
-//   - RecvWR.Fit, Vec.Hold, Refused, QP.AckLocked, InWindow: the
+//   - RecvWR.Fit, Vec.Hold, Refused, QP.AckLocked, QP.Ack, InWindow: the
 //     responder's and requester's rules for a Send landing in a receive,
 //     memory deregistered under a request, what a responder's refusal
 //     means, the in-order completion of started requests by cumulative
-//     acknowledgements, and the bounds and rights of every remote access
-//     (checked at tcp's target, and at shm's initiator against what the
-//     peer announced).
-//   - Info, Secret, ShouldDial, Bounded, Acceptor: the connection info
-//     (LocalInfo) and the handshake's rules: one-time secrets, who dials,
-//     a dialer's exchange bounded by its context, accept loops.
+//     acknowledgements (and the failure a refusal brings), and the bounds
+//     and rights of every remote access (checked at tcp's target, and at
+//     shm's initiator against what the peer announced).
+//   - Info, Secret, Hello, ShouldDial, QP.Dial, Bounded, Acceptor,
+//     Domain.Admit: the connection info (LocalInfo) and the handshake:
+//     one-time secrets, the dialer's hello, who dials, a dialer's exchange
+//     bounded by its context, accept loops and the admission of an
+//     accepted connection to the queue pair it names.
+//   - QP.Start, CloseConn, Closing, InError: the wire's connection and
+//     goroutines, which Close ends (and the last goroutine to return
+//     closes the connection), and lock-free looks at Close and ERR.
+//   - Provider: the provider and its one device (Devices, Open).
 //   - contract.go: the checks and errors that do not depend on how queues
 //     or memory are kept (PostError, QPErrorf, QueueSizes, CheckOpcode,
 //     ...), which ibv uses too, so that all three providers refuse the

@@ -1,8 +1,11 @@
 package softrc
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -142,13 +145,32 @@ func (d *Domain) NewQP(cfg verbs.QueuePairConfig, check func() error, takesOffer
 	return q, nil
 }
 
-// Offer hands a data connection to queue pair id if secret is the one it
-// issued (compared in constant time) and it takes offers now.
-func (d *Domain) Offer(id uint64, secret Secret, o Offer) bool {
+// Offer hands a data connection to the queue pair its hello names if it
+// presents the secret that queue pair issued (compared in constant time)
+// and the queue pair takes offers now.
+func (d *Domain) Offer(o Offer) bool {
+	h := o.Hello()
 	d.Mu.Lock()
-	q := d.qps[id]
+	q := d.qps[h.QPID]
 	d.Mu.Unlock()
-	return q != nil && q.Secret.Equal(secret) && q.Offer(o)
+	return q != nil && q.Secret.Equal(h.Acceptor) && q.Offer(o)
+}
+
+// Admit is an accepted connection's handshake (see Acceptor): read takes
+// the dialer's hello from c, within timeout, and the connection is offered
+// to the queue pair it names (Offer), or closed (the offer's Close) with
+// an error that says why.
+func (d *Domain) Admit(c net.Conn, timeout time.Duration, read func(net.Conn) (Offer, error)) error {
+	c.SetDeadline(time.Now().Add(timeout))
+	o, err := read(c)
+	if err != nil {
+		return err
+	}
+	if !d.Offer(o) {
+		o.Close()
+		return errors.New("an unknown or used secret")
+	}
+	return nil
 }
 
 // QPsLocked calls f on each queue pair of the domain; the caller holds Mu.

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -27,15 +29,27 @@ type Wire interface {
 	// once its state, cause and flush status are set.
 	FailedLocked()
 	// Shutdown is called by Close without Mu, the queue pair closed and
-	// in ERR. It ends the connection and returns once the wire's
-	// goroutines no longer touch memory or the queues; Close then
-	// flushes what is left on them.
+	// in ERR, once the core closed the wire's connection and its
+	// goroutines returned (see Start). It stops what else of the wire
+	// touches memory or the queues, and releases the wire's resources;
+	// Close then flushes what is left on the queues.
 	Shutdown()
 }
 
 // Offer is a data connection a peer opened to a queue pair, waiting for
-// its Connect. The core closes the offers nobody takes.
-type Offer interface{ Close() }
+// its Connect, with the hello it presented. The core closes the offers
+// nobody takes.
+type Offer interface {
+	Hello() Hello
+	Close()
+}
+
+// Hello is what a dialer presents on its data connection: the id of the
+// queue pair it wants, the secret that queue pair issued and its own.
+type Hello struct {
+	QPID             uint64
+	Acceptor, Dialer Secret
+}
 
 // SendWR is a posted send queue request whose local memory was checked at
 // post time: Vec replaces the request's Local and Segments.
@@ -95,6 +109,8 @@ type QP struct {
 
 	wire     Wire
 	incoming chan Offer
+	wg       sync.WaitGroup // the wire's goroutines (Start)
+	closing  atomic.Bool    // Close has begun
 
 	// Mu guards the fields below, and those a wire keeps with them.
 	Mu          sync.Mutex
@@ -112,7 +128,57 @@ type QP struct {
 	Sendq    []*SendWR
 	Inflight []*SendWR
 	Recvq    []*RecvWR
+	conn     net.Conn // the wire's connection (Start)
 }
+
+// Start records conn, the connection Connect's link made, and runs the
+// wire's goroutines fs on it; the caller holds Mu (Connect's start). The
+// last of them to return closes conn; Close closes it and waits for them.
+func (q *QP) Start(conn net.Conn, fs ...func()) {
+	q.conn = conn
+	var running atomic.Int32
+	running.Store(int32(len(fs)))
+	for _, f := range fs {
+		q.wg.Add(1)
+		go func() {
+			defer q.wg.Done()
+			f()
+			if running.Add(-1) == 0 {
+				conn.Close()
+			}
+		}()
+	}
+}
+
+// ConnLocked is the wire's connection, nil before Start; the caller holds
+// Mu.
+func (q *QP) ConnLocked() net.Conn { return q.conn }
+
+// CloseConn closes the wire's connection, if it has one, which ends its
+// goroutines.
+func (q *QP) CloseConn() {
+	q.Mu.Lock()
+	conn := q.conn
+	q.Mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+// InError reports, without Mu, whether the queue pair is in ERR (Errored
+// is closed).
+func (q *QP) InError() bool {
+	select {
+	case <-q.Errored:
+		return true
+	default:
+		return false
+	}
+}
+
+// Closing reports, without Mu, whether Close has begun: a wire's goroutine
+// that its peer could keep busy looks at it so as not to hold Close.
+func (q *QP) Closing() bool { return q.closing.Load() }
 
 // Errorf is an error of the queue pair: "provider: queue pair id: " and
 // the formatted text.
@@ -315,6 +381,38 @@ func (q *QP) AckLocked(seq uint64, status verbs.Status) (done []*SendWR, refused
 	return done, refused, nil
 }
 
+// Ack applies the peer's acknowledgement of request seq, with the status
+// it sent (see AckLocked): the requests it covers complete, oldest first,
+// and one it refuses fails with what the refusal means (Refused) and
+// moves the queue pair to ERR. took, when not nil, sees what it took off
+// Inflight, with Mu held. Ack reports whether the queue pair failed, or a
+// protocol violation.
+func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refused *SendWR)) (failed bool, err error) {
+	q.Mu.Lock()
+	done, refused, err := q.AckLocked(seq, status)
+	if err != nil {
+		q.Mu.Unlock()
+		return false, err
+	}
+	if took != nil {
+		took(done, refused)
+	}
+	var buf [4]Entry // on the stack: most acknowledgements cover a few requests
+	es := buf[:0]
+	for _, w := range done {
+		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
+	}
+	if refused != nil {
+		st, why := Refused(status)
+		cause := fmt.Errorf("the peer refused %v %d: %w", refused.Op, refused.ID, why)
+		q.FailLocked(verbs.StatusFlushed, q.Errorf("%w", cause))
+		es = q.CompleteSend(es, refused, st, cause)
+	}
+	q.Mu.Unlock()
+	q.SendCQ.Push(es...)
+	return refused != nil, nil
+}
+
 // CompleteRecv is the completion entry of r with c's outcome.
 func (q *QP) CompleteRecv(r *RecvWR, c verbs.Completion) Entry {
 	c.ID = r.ID
@@ -422,8 +520,11 @@ func (q *QP) Close() error {
 		return nil
 	}
 	q.closed, q.accepting = true, false
+	q.closing.Store(true)
 	q.FailLocked(verbs.StatusFlushed, fmt.Errorf("%s: queue pair %d closed", q.Domain.Name, q.ID))
 	q.Mu.Unlock()
+	q.CloseConn()
+	q.wg.Wait()
 	q.wire.Shutdown()
 	q.DrainOffers()
 	q.Flush()
@@ -454,14 +555,13 @@ func (q *QP) Offer(o Offer) bool {
 func (q *QP) Incoming() <-chan Offer { return q.incoming }
 
 // AcceptOffer waits for the data connection offered by the peer whose
-// secret is peer (whose says which secret an offer presents as the
-// dialer's), closes any other, and once it has the peer's takes no more
-// offers. It ends with ctx.
-func (q *QP) AcceptOffer(ctx context.Context, peer Secret, whose func(Offer) Secret) (Offer, error) {
+// secret is peer (its hello's Dialer), closes any other, and once it has
+// the peer's takes no more offers. It ends with ctx.
+func (q *QP) AcceptOffer(ctx context.Context, peer Secret) (Offer, error) {
 	for {
 		select {
 		case o := <-q.incoming:
-			if dialer := whose(o); !dialer.Equal(peer) {
+			if dialer := o.Hello().Dialer; !dialer.Equal(peer) {
 				o.Close()
 				continue
 			}
