@@ -156,12 +156,12 @@ func (hs *hostileServer) answerRef(lane int, typ uint8, flags uint16, ref uint64
 // server's Fetch does: its FetchResponse.
 func (hs *hostileServer) offer(i int, ref uint64, key string) *pb.FetchResponse {
 	hs.t.Helper()
-	e, err := hs.s.rv.tryFetch(key)
+	e, err := hs.s.rv.TryFetch(key)
 	if err != nil {
 		hs.t.Fatal(err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.ctx, hs.ss, hs.ss.lanes[i], ref, key, e.tensor, e.buf, -1, nil)
+	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.ctx, hs.ss, hs.ss.lanes[i], ref, key, e.Tensor, e.Buf, -1, nil)
 	if err != nil {
 		hs.t.Fatal(err)
 	}

@@ -215,13 +215,13 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 }
 
 func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
-	e, err := s.rv.fetch(ctx, req.Key, false, req.Wait)
+	e, err := s.rv.Fetch(ctx, req.Key, false, req.Wait)
 	if err != nil {
 		return rendezvousError(req.Key, err)
 	}
-	defer e.buf.Release()
+	defer e.Buf.Release()
 	// An unread reply holds gRPC's buffers (and the tensor) until sent.
-	refund, err := s.chargeBytes(peer, int64(len(e.tensor.Bytes())))
+	refund, err := s.chargeBytes(peer, int64(len(e.Tensor.Bytes())))
 	if err != nil {
 		return err
 	}
@@ -229,10 +229,10 @@ func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string
 	var c counters
 	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
 	c.transfers.Add(1)
-	info.ResponseBytes = int64(len(e.tensor.Bytes()))
+	info.ResponseBytes = int64(len(e.Tensor.Bytes()))
 	refs := newChunkRefs()
 	defer refs.settle(ctx)
-	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.tensor, s.opts.checksums)}}, []*mempool.Buffer{e.buf}, &c, refs)
+	return sendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c, refs)
 }
 
 // SendStream implements the SendStream method.

@@ -37,12 +37,12 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 // offered inline up to inlineMax bytes, else as a transfer read on l;
 // held as in offer.
 func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
-	e, err := s.rv.fetch(ctx, key, false, wait)
+	e, err := s.rv.Fetch(ctx, key, false, wait)
 	if err != nil {
 		return nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.tensor, e.buf, inlineMax, held)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
 	if err != nil {
 		return nil, err
 	}

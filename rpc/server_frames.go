@@ -12,6 +12,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -165,9 +166,9 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 		return false
 	}
 	var st [4]byte
-	e, err := s.rv.tryFetch(key)
+	e, err := s.rv.TryFetch(key)
 	switch {
-	case errors.Is(err, errNotPublished):
+	case errors.Is(err, rendezvous.ErrNotPublished):
 		raw := appendStatus(st[:0], rendezvousError(key, err), l.fr.slotSize-frameHeaderLen)
 		// Counted before the answer goes, so that a client holding its
 		// answer sees it counted; taken back if the answer cannot go.
@@ -180,17 +181,17 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	case err != nil:
 		return false
 	}
-	n := len(e.tensor.Bytes())
+	n := len(e.Tensor.Bytes())
 	if n > frameInline(s.opts.eagerThreshold) {
 		if s.opts.checksums {
-			e.buf.Release()
+			e.Buf.Release()
 			return false // its CRC takes the call path, off the polling goroutine
 		}
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
 		resp := &pb.FetchResponse{}
-		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.tensor, e.buf, -1, nil)
+		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.Tensor, e.Buf, -1, nil)
 		if err != nil {
 			return false
 		}
@@ -204,8 +205,8 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 		}
 		return true
 	}
-	defer e.buf.Release()
-	resp := &pb.FetchResponse{Meta: metaOf(key, e.tensor, s.opts.checksums), InlineData: e.tensor.Bytes()[:n:n]}
+	defer e.Buf.Release()
+	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
 	ss.answeredNow.Add(1)
 	if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
 		ss.answeredNow.Add(-1)
@@ -447,7 +448,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err() // released before it started
 	}
-	seq := s.rv.nextSeq()
+	seq := s.rv.NextSeq()
 	buf, err := s.pull(ctx, ss, l, req.Meta, false)
 	if err != nil {
 		return err
