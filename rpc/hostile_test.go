@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/internal/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
