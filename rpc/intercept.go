@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 // Calls carry what a gRPC call carries, on every path (a frame on the data
@@ -38,7 +40,7 @@ import (
 
 // MaxFrameMetadataBytes bounds the encoded metadata a call carries as a
 // frame; a call with more fails with ResourceExhausted before it is sent.
-const MaxFrameMetadataBytes = 8 << 10
+const MaxFrameMetadataBytes = engine.MaxFrameMetadataBytes
 
 // Operation names what a call does.
 type Operation string
@@ -168,15 +170,15 @@ func appendHeaders(b []byte, ctx context.Context) ([]byte, bool, error) {
 // them and the rest.
 func splitHeaders(body []byte) (*pb.CallHeaders, []byte, error) {
 	if len(body) < 4 {
-		return nil, nil, fmt.Errorf("%w: headers in a body of %d bytes", errFrame, len(body))
+		return nil, nil, fmt.Errorf("%w: headers in a body of %d bytes", wire.ErrInvalidFrame, len(body))
 	}
 	n := binary.LittleEndian.Uint32(body)
 	if uint64(n) > uint64(len(body)-4) || n > MaxFrameMetadataBytes+16 {
-		return nil, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", errFrame, n, len(body))
+		return nil, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", wire.ErrInvalidFrame, n, len(body))
 	}
 	h := &pb.CallHeaders{}
 	if err := proto.Unmarshal(body[4:4+n], h); err != nil {
-		return nil, nil, fmt.Errorf("%w: headers: %v", errFrame, err)
+		return nil, nil, fmt.Errorf("%w: headers: %v", wire.ErrInvalidFrame, err)
 	}
 	return h, body[4+n:], nil
 }

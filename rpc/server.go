@@ -21,6 +21,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -57,7 +58,7 @@ type Server struct {
 	ctl     *mempool.Pool // the links' own buffers
 	grpc    *grpc.Server
 	rv      *rendezvous.Rendezvous
-	devices map[string]*device
+	devices map[string]*engine.Device
 	missing map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
@@ -91,7 +92,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	s := &Server{
 		opts: o, log: o.logger, rv: rendezvous.New(),
-		devices: map[string]*device{}, missing: map[string]string{},
+		devices: map[string]*engine.Device{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
 		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
@@ -102,7 +103,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if s.ownPool {
 		s.stopTrim = trimmer(s.pool, o.trimInterval, s.log)
 	}
-	ctl, err := newControlPool()
+	ctl, err := engine.NewControlPool()
 	if err != nil {
 		s.stopTrim()
 		if s.ownPool {
@@ -344,10 +345,10 @@ func (s *Server) Close() error {
 	s.rv.Close()
 	s.mu.Lock()
 	devices := s.devices
-	s.devices = map[string]*device{}
+	s.devices = map[string]*engine.Device{}
 	s.mu.Unlock()
 	for _, d := range devices {
-		d.close()
+		d.Close()
 	}
 	if s.ctl != nil {
 		s.ctl.Close()
