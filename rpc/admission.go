@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
@@ -358,26 +357,4 @@ func (s *Server) chargeBytes(peer string, n int64) (refund func(), err error) {
 		return nil, s.refuse(&s.refused.refusedStreams, 1, peer, err)
 	}
 	return refund, nil
-}
-
-// slotsMu serialises the allocation of receive slots. TryAlloc does not
-// wait for an arena another allocation is mapping: it maps one more, and
-// the lanes of a session connect at once, so without it a burst of them
-// would map arenas of doubling sizes up to the control pool's limit and
-// refuse one another with the pool nearly empty.
-var slotsMu sync.Mutex
-
-// allocSlots allocates f's receive slots from ctl without waiting for
-// memory (postSlots): a full control pool refuses the lane.
-func allocSlots(ctl *mempool.Pool, f *framing) error {
-	slotsMu.Lock()
-	defer slotsMu.Unlock()
-	for range frameSlots {
-		b, err := ctl.TryAlloc(f.slotSize)
-		if err != nil {
-			return status.Errorf(codes.ResourceExhausted, "tensorrpc: receive slots: control pool: %v", err)
-		}
-		f.slots = append(f.slots, b)
-	}
-	return nil
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 // abuserAddr is the loopback address the abusive clients of these tests
@@ -169,7 +171,7 @@ func TestAdmissionSessionsPerPeer(t *testing.T) {
 func TestAdmissionControlPoolFull(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP))
-	hog, err := s.ctl.Alloc(ctxT(t), controlPoolLimit-(1<<20))
+	hog, err := s.ctl.Alloc(ctxT(t), engine.ControlPoolLimit-(1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +338,7 @@ func TestAdmissionTransfersPerSession(t *testing.T) {
 	a := newAttacker(t, thief)
 	ss := serverSessionByID(t, s, thief.SessionID())
 	for i := range limit + 1 {
-		pc, err := a.request(ctx, frameFetchReq, 0, uint64(100+i), []byte("big"), nil)
+		pc, err := a.request(ctx, wire.FrameFetchReq, 0, uint64(100+i), []byte("big"), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,10 +347,10 @@ func TestAdmissionTransfersPerSession(t *testing.T) {
 			t.Fatalf("fetch %d: no answer", i)
 		}
 		switch {
-		case i < limit && r.status != nil:
-			t.Fatalf("fetch %d of %d: %v", i, limit, r.status)
-		case i == limit && status.Code(r.status) != codes.ResourceExhausted:
-			t.Fatalf("fetch %d past the session's %d transfers: %v, want ResourceExhausted", i, limit, r.status)
+		case i < limit && r.Status != nil:
+			t.Fatalf("fetch %d of %d: %v", i, limit, r.Status)
+		case i == limit && status.Code(r.Status) != codes.ResourceExhausted:
+			t.Fatalf("fetch %d past the session's %d transfers: %v, want ResourceExhausted", i, limit, r.Status)
 		}
 	}
 	ss.mu.Lock()
@@ -399,12 +401,12 @@ func TestAdmissionIdleSessionReaped(t *testing.T) {
 	// periods.
 	holder := dial()
 	a := newAttacker(t, holder)
-	pc, err := a.request(ctx, frameFetchReq, 0, 7, []byte("later"), nil)
+	pc, err := a.request(ctx, wire.FrameFetchReq, 0, 7, []byte("later"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, ok := a.replyCrediting(ctx, pc, 10*time.Second); !ok || r.status != nil {
-		t.Fatalf("the holder's fetch: %v", r.status)
+	if r, ok := a.replyCrediting(ctx, pc, 10*time.Second); !ok || r.Status != nil {
+		t.Fatalf("the holder's fetch: %v", r.Status)
 	}
 
 	// Nothing held: ended.
@@ -446,7 +448,7 @@ func slicesIndexFunc[T any](s []T, f func(T) bool) int {
 func TestHostileServerWithholdsCreditsBoundsReleases(t *testing.T) {
 	hs := newHostileServer(t, TransportTCP, nil, nil)
 	c := hs.c
-	hs.ss.lanes[0].fr.cancel() // the server's creditor: no CREDIT frames
+	hs.ss.lanes[0].Frames.Cancel() // the server's creditor: no CREDIT frames
 	s := c.last
 	for i := range 2 * maxQueuedReleases {
 		c.releaseRef(s, uint64(2*i+1))
@@ -455,16 +457,13 @@ func TestHostileServerWithholdsCreditsBoundsReleases(t *testing.T) {
 	for !sessionGone(c) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	f := s.link.fr
-	f.mu.Lock()
-	queued := len(f.relIDs) + len(f.relRefs)
-	f.mu.Unlock()
+	queued := s.link.Frames.QueuedReleases()
 	if !sessionGone(c) {
 		t.Fatalf("the session goes on with %d releases queued", queued)
 	}
 	// (A RELEASE frame that could not go once the lane failed puts its
 	// releases back: up to maxReleases more.)
-	if queued > maxQueuedReleases+1+maxReleases {
+	if queued > maxQueuedReleases+1+engine.MaxReleases {
 		t.Errorf("%d releases queued, over the bound of %d", queued, maxQueuedReleases)
 	}
 	hs.serve.Store(true)

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -31,7 +33,7 @@ import (
 // hostileReq is a request frame the hostile server took.
 type hostileReq struct {
 	lane int
-	h    frameHeader
+	h    wire.FrameHeader
 	body []byte
 }
 
@@ -56,16 +58,16 @@ func newHostileServer(t *testing.T, transport string, serverOpts []ServerOption,
 	// The hook is in place before the session's lanes poll: only the
 	// first session's lanes are hostile; later ones serve as usual.
 	hook := serverOption(func(o *options) {
-		o.frameServe = func(ss *serverSession, i int, orig func(frameHeader, []byte)) func(frameHeader, []byte) {
+		o.frameServe = func(ss *serverSession, i int, orig func(wire.FrameHeader, []byte)) func(wire.FrameHeader, []byte) {
 			if !first.CompareAndSwap(nil, ss) && first.Load() != ss {
 				return orig
 			}
-			return func(h frameHeader, body []byte) {
+			return func(h wire.FrameHeader, body []byte) {
 				if hs.serve.Load() {
 					orig(h, body)
 					return
 				}
-				if h.Flags&frameHeaders != 0 { // the hostile server reads the body alone
+				if h.Flags&wire.FlagHeaders != 0 { // the hostile server reads the body alone
 					if _, rest, err := splitHeaders(body); err == nil {
 						body = rest
 					}
@@ -78,7 +80,7 @@ func newHostileServer(t *testing.T, transport string, serverOpts []ServerOption,
 		}
 	})
 	s, c := pair(t, transport, append(slices.Clone(serverOpts), hook), clientOpts)
-	if c.last.link == nil || c.last.link.fr == nil {
+	if c.last.link == nil || c.last.link.Frames == nil {
 		t.Fatal("no frames")
 	}
 	hs.s, hs.c, hs.ss = s, c, serverSessionOf(t, s)
@@ -121,7 +123,7 @@ func (hs *hostileServer) next(within time.Duration) hostileReq {
 	for {
 		select {
 		case r := <-hs.reqs:
-			if r.h.Type == frameRelease {
+			if r.h.Type == wire.FrameRelease {
 				continue
 			}
 			return r
@@ -147,7 +149,7 @@ func (hs *hostileServer) answerRef(lane int, typ uint8, flags uint16, ref uint64
 	hs.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := hs.lane(lane).send(ctx, frameHeader{Type: typ, Flags: flags, Ref: ref}, body, nil); err != nil {
+	if err := hs.lane(lane).send(ctx, wire.FrameHeader{Type: typ, Flags: flags, Ref: ref}, body, nil); err != nil {
 		hs.t.Logf("sending a frame of type %d: %v", typ, err)
 	}
 }
@@ -156,12 +158,12 @@ func (hs *hostileServer) answerRef(lane int, typ uint8, flags uint16, ref uint64
 // server's Fetch does: its FetchResponse.
 func (hs *hostileServer) offer(i int, ref uint64, key string) *pb.FetchResponse {
 	hs.t.Helper()
-	e, err := hs.s.rv.tryFetch(key)
+	e, err := hs.s.rv.TryFetch(key)
 	if err != nil {
 		hs.t.Fatal(err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.ctx, hs.ss, hs.ss.lanes[i], ref, key, e.tensor, e.buf, -1, nil)
+	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.ctx, hs.ss, hs.ss.lanes[i], ref, key, e.Tensor, e.Buf, -1, nil)
 	if err != nil {
 		hs.t.Fatal(err)
 	}
@@ -181,7 +183,7 @@ func eventuallyGone(c *Client) bool {
 }
 
 // statusBody is a response body with an error status.
-func statusBody(err error) []byte { return appendStatus(nil, err, 1<<20) }
+func statusBody(err error) []byte { return engine.AppendStatus(nil, err, 1<<20) }
 
 // within runs f in a goroutine and returns its error, failing the test when
 // f does not return within d.
@@ -241,10 +243,10 @@ func TestHostileServerSanity(t *testing.T) {
 		return nil
 	})
 	r := hs.next(5 * time.Second)
-	if r.h.Type != frameFetchReq || string(r.body) != "big" {
+	if r.h.Type != wire.FrameFetchReq || string(r.body) != "big" {
 		t.Fatalf("request %+v %q", r.h, r.body)
 	}
-	hs.answer(r, frameFetchResp, 0, okBody(hs.offer(r.lane, r.h.Ref, "big")))
+	hs.answer(r, wire.FrameFetchResp, 0, okBody(hs.offer(r.lane, r.h.Ref, "big")))
 	if err := waitErr(t, ch, 10*time.Second, "Fetch"); err != nil {
 		t.Fatal(err)
 	}
@@ -261,11 +263,11 @@ func TestHostileServerSanity(t *testing.T) {
 		return nil
 	})
 	r = hs.next(5 * time.Second)
-	if r.h.Type != frameCallReq {
+	if r.h.Type != wire.FrameCallReq {
 		t.Fatalf("request %+v", r.h)
 	}
 	idx := uint32(0)
-	hs.answer(r, frameCallResp, 0, okBody(&pb.CallResponse{Metadata: []byte("meta"), InlineData: [][]byte{{1, 2, 3}},
+	hs.answer(r, wire.FrameCallResp, 0, okBody(&pb.CallResponse{Metadata: []byte("meta"), InlineData: [][]byte{{1, 2, 3}},
 		Tensors: []*pb.TensorMeta{{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{3}, ByteLength: 3, InlineIndex: &idx}}}))
 	if err := waitErr(t, ch, 10*time.Second, "Call"); err != nil {
 		t.Fatal(err)
@@ -310,13 +312,13 @@ func TestHostileServerStrayAndDuplicateAnswers(t *testing.T) {
 	if string(ra.body) != "a" || string(rb.body) != "b" {
 		t.Fatalf("requests %q, %q", ra.body, rb.body)
 	}
-	for _, typ := range []uint8{frameFetchResp, frameSendResp, frameCallResp} {
+	for _, typ := range []uint8{wire.FrameFetchResp, wire.FrameSendResp, wire.FrameCallResp} {
 		hs.answerRef(ra.lane, typ, 0, ra.h.Ref^rb.h.Ref|1, statusBody(status.Error(codes.Internal, "stray")))
 	}
-	hs.answer(ra, frameFetchResp, 0, fetchInline("a", []byte("AAAA")))
-	hs.answer(ra, frameFetchResp, 0, fetchInline("a", []byte("XXXX")))
-	hs.answer(ra, frameFetchResp, 0, statusBody(status.Error(codes.NotFound, "late")))
-	hs.answer(rb, frameFetchResp, 0, fetchInline("b", []byte("BB")))
+	hs.answer(ra, wire.FrameFetchResp, 0, fetchInline("a", []byte("AAAA")))
+	hs.answer(ra, wire.FrameFetchResp, 0, fetchInline("a", []byte("XXXX")))
+	hs.answer(ra, wire.FrameFetchResp, 0, statusBody(status.Error(codes.NotFound, "late")))
+	hs.answer(rb, wire.FrameFetchResp, 0, fetchInline("b", []byte("BB")))
 	ga, gb := <-a, <-b
 	if ga.err != nil || string(ga.b) != "AAAA" {
 		t.Fatalf("fetch a: %q, %v", ga.b, ga.err)
@@ -325,7 +327,7 @@ func TestHostileServerStrayAndDuplicateAnswers(t *testing.T) {
 		t.Fatalf("fetch b: %q, %v", gb.b, gb.err)
 	}
 	// A duplicate that arrives after the call returned is dropped too.
-	hs.answer(rb, frameFetchResp, 0, fetchInline("b", []byte("ZZ")))
+	hs.answer(rb, wire.FrameFetchResp, 0, fetchInline("b", []byte("ZZ")))
 	ch := started(func() error {
 		x, err := fetchBytes(ctx, c, "c")
 		if err == nil && string(x) != "C" {
@@ -334,7 +336,7 @@ func TestHostileServerStrayAndDuplicateAnswers(t *testing.T) {
 		return err
 	})
 	rc := hs.next(5 * time.Second)
-	hs.answer(rc, frameFetchResp, 0, fetchInline("c", []byte("C")))
+	hs.answer(rc, wire.FrameFetchResp, 0, fetchInline("c", []byte("C")))
 	if err := waitErr(t, ch, 10*time.Second, "fetch c"); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +365,7 @@ func TestHostileServerAnswerOfAnotherType(t *testing.T) {
 		return err
 	})
 	hs.next(5 * time.Second)
-	hs.answer(r1, frameCallResp, 0, okBody(&pb.CallResponse{}))
+	hs.answer(r1, wire.FrameCallResp, 0, okBody(&pb.CallResponse{}))
 	for what, ch := range map[string]<-chan error{"fetch": fetch, "call": call} {
 		if err := waitErr(t, ch, 10*time.Second, what); status.Code(err) != codes.Unavailable {
 			t.Errorf("%s: %v, want Unavailable", what, err)
@@ -407,8 +409,8 @@ func TestHostileServerFetchLies(t *testing.T) {
 			return nil
 		}, []codes.Code{codes.OK}}, // one lane: the lanes are not read
 		"no meta":         {func(r *pb.FetchResponse) []byte { r.Meta = nil; return nil }, []codes.Code{codes.InvalidArgument}},
-		"empty body":      {func(r *pb.FetchResponse) []byte { return appendStatus(nil, nil, 0) }, []codes.Code{codes.InvalidArgument}},
-		"garbage body":    {func(r *pb.FetchResponse) []byte { return append(appendStatus(nil, nil, 0), 0xff, 0xff, 0xff) }, []codes.Code{codes.Internal}},
+		"empty body":      {func(r *pb.FetchResponse) []byte { return engine.AppendStatus(nil, nil, 0) }, []codes.Code{codes.InvalidArgument}},
+		"garbage body":    {func(r *pb.FetchResponse) []byte { return append(engine.AppendStatus(nil, nil, 0), 0xff, 0xff, 0xff) }, []codes.Code{codes.Internal}},
 		"short status":    {func(r *pb.FetchResponse) []byte { return []byte{1} }, []codes.Code{codes.Internal}},
 		"status and body": {func(r *pb.FetchResponse) []byte { return append(statusBody(status.Error(codes.NotFound, "x")), 1) }, []codes.Code{codes.Internal}},
 		"status length":   {func(r *pb.FetchResponse) []byte { return []byte{0xff, 0xff, 0xff, 0xff, 1} }, []codes.Code{codes.Internal}},
@@ -445,14 +447,14 @@ func TestHostileServerFetchLies(t *testing.T) {
 			r := hs.next(5 * time.Second)
 			if name == "indirect, not bytes" {
 				meta := &pb.TensorMeta{Dtype: pb.DType_DTYPE_FLOAT32, Shape: []int64{4}, ByteLength: 16, TransferId: 5, Location: &pb.Location{Transport: pb.Transport_TRANSPORT_TCP, Length: 16}}
-				hs.answer(r, frameFetchResp, frameIndirect, append(appendStatus(nil, nil, 0), marshal(t, meta)...))
+				hs.answer(r, wire.FrameFetchResp, wire.FlagIndirect, append(engine.AppendStatus(nil, nil, 0), marshal(t, meta)...))
 			} else {
 				resp := hs.offer(r.lane, r.h.Ref, "k")
 				body := tc.mutate(resp)
 				if body == nil {
 					body = okBody(resp)
 				}
-				hs.answer(r, frameFetchResp, 0, body)
+				hs.answer(r, wire.FrameFetchResp, 0, body)
 			}
 			err := waitErr(t, ch, 10*time.Second, "Fetch")
 			if !slicesContains(tc.codes, status.Code(err)) {
@@ -535,21 +537,21 @@ func TestHostileServerCallLies(t *testing.T) {
 			return nil
 		}},
 		"indirect without transfer": {func(*hostileServer, hostileReq) (uint16, []byte) {
-			return frameIndirect, okBody(bytesMeta(100))
+			return wire.FlagIndirect, okBody(bytesMeta(100))
 		}, codes.Internal, nil},
 		"indirect of another dtype": {func(*hostileServer, hostileReq) (uint16, []byte) {
 			m := &pb.TensorMeta{Dtype: pb.DType(zerocopy.Float32), Shape: []int64{1}, ByteLength: 4, TransferId: 9}
-			return frameIndirect, okBody(m)
+			return wire.FlagIndirect, okBody(m)
 		}, codes.Internal, nil},
 		"indirect without location": {func(*hostileServer, hostileReq) (uint16, []byte) {
 			m := bytesMeta(100)
 			m.TransferId = 9
-			return frameIndirect, okBody(m)
+			return wire.FlagIndirect, okBody(m)
 		}, codes.InvalidArgument, nil},
 		"indirect empty": {func(*hostileServer, hostileReq) (uint16, []byte) {
 			m := bytesMeta(0)
 			m.TransferId = 9
-			return frameIndirect, okBody(m)
+			return wire.FlagIndirect, okBody(m)
 		}, codes.OK, func(m *Message) error {
 			if len(m.Tensors) != 0 {
 				return errors.New("tensors from nothing")
@@ -559,13 +561,13 @@ func TestHostileServerCallLies(t *testing.T) {
 		"indirect garbage": {func(hs *hostileServer, r hostileReq) (uint16, []byte) {
 			f := hs.offer(r.lane, r.h.Ref, "garbage")
 			f.Meta.TransferId = f.TransferId
-			return frameIndirect, okBody(f.Meta)
+			return wire.FlagIndirect, okBody(f.Meta)
 		}, codes.Internal, nil},
 		"indirect with a bad key": {func(hs *hostileServer, r hostileReq) (uint16, []byte) {
 			f := hs.offer(r.lane, r.h.Ref, "k")
 			f.Meta.TransferId = f.TransferId
 			f.Meta.Location.RemoteKey ^= 0x5a5a
-			return frameIndirect, okBody(f.Meta)
+			return wire.FlagIndirect, okBody(f.Meta)
 		}, codes.PermissionDenied, nil},
 		"indirect naming itself": {func(hs *hostileServer, r hostileReq) (uint16, []byte) {
 			// An indirect answer whose CallResponse is again a TensorMeta:
@@ -573,7 +575,7 @@ func TestHostileServerCallLies(t *testing.T) {
 			m := bytesMeta(3)
 			m.TransferId = 1
 			m.InlineIndex = u32(0)
-			return frameIndirect, okBody(m)
+			return wire.FlagIndirect, okBody(m)
 		}, codes.InvalidArgument, nil},
 	}
 	for name, tc := range cases {
@@ -601,7 +603,7 @@ func TestHostileServerCallLies(t *testing.T) {
 			})
 			r := hs.next(5 * time.Second)
 			flags, body := tc.answer(hs, r)
-			hs.answer(r, frameCallResp, flags, body)
+			hs.answer(r, wire.FrameCallResp, flags, body)
 			err := waitErr(t, ch, 10*time.Second, "Call")
 			// A transfer named twice is read twice; the client releases it
 			// after one of the reads, and the other may then be refused.
@@ -626,13 +628,13 @@ func (hs *hostileServer) readFrom(i int, remote verbs.Remote, n int) ([]byte, er
 		hs.t.Fatal(err)
 	}
 	defer buf.Release()
-	local, err := l.dev.reg.Local(buf)
+	local, err := l.Dev.Reg.Local(buf)
 	if err != nil {
 		hs.t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, nil); err != nil {
+	if err := l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, nil); err != nil {
 		return nil, err
 	}
 	return bytes.Clone(buf.Bytes()[:n]), nil
@@ -684,7 +686,7 @@ func TestHostileServerGrantOutlivesCancel(t *testing.T) {
 			start := time.Now()
 			ch := started(func() error { return c.Send(shortCtx(t, 300*time.Millisecond), "k", src) })
 			r := hs.next(5 * time.Second)
-			if r.h.Type != frameSendReq {
+			if r.h.Type != wire.FrameSendReq {
 				t.Fatalf("request %+v", r.h)
 			}
 			req := &pb.SendRequest{}
@@ -726,7 +728,7 @@ func TestHostileServerGrantOutlivesCancel(t *testing.T) {
 			}
 			// The late answer ends the grants.
 			before := c.Pool().Stats().InUse
-			hs.answer(r, frameSendResp, 0, appendStatus(nil, nil, 0))
+			hs.answer(r, wire.FrameSendResp, 0, engine.AppendStatus(nil, nil, 0))
 			deadline := time.Now().Add(5 * time.Second)
 			for c.Pool().Stats().InUse == before && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
@@ -754,9 +756,9 @@ func TestHostileServerGrantOutlivesCancel(t *testing.T) {
 func TestHostileServerWithholdsCredits(t *testing.T) {
 	hs := newHostileServer(t, TransportTCP, nil, nil)
 	c := hs.c
-	hs.ss.lanes[0].fr.cancel() // the server's creditor: no CREDIT frames
+	hs.ss.lanes[0].Frames.Cancel() // the server's creditor: no CREDIT frames
 	big := wrapped(t, 1<<20, 1)
-	for i := range frameSlots + 8 {
+	for i := range engine.FrameSlots + 8 {
 		start := time.Now()
 		ctx := shortCtx(t, 50*time.Millisecond)
 		var err error
@@ -779,8 +781,8 @@ func TestHostileServerWithholdsCredits(t *testing.T) {
 			t.Fatalf("call %d took %v, its deadline was 50ms", i, el)
 		}
 	}
-	if f := hs.c.last.link.fr; f.credits != 0 {
-		t.Logf("%d credits left", f.credits)
+	if f := hs.c.last.link.Frames; f.Credits != 0 {
+		t.Logf("%d credits left", f.Credits)
 	}
 	if sessionGone(c) {
 		t.Fatal("the session ended")
@@ -792,21 +794,23 @@ func TestHostileServerWithholdsCredits(t *testing.T) {
 // end the session: a call under way returns Unavailable at once.
 func TestHostileServerBreaksTheProtocol(t *testing.T) {
 	cases := map[string]func(hs *hostileServer, r hostileReq){
-		"fetch request": func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, frameFetchReq, 0, 5, []byte("k")) },
-		"send request":  func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, frameSendReq, 0, 5, nil) },
-		"call request":  func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, frameCallReq, 0, 5, nil) },
-		"release":       func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, frameRelease, 0, 0, refsBody(r.h.Ref)) },
+		"fetch request": func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, wire.FrameFetchReq, 0, 5, []byte("k")) },
+		"send request":  func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, wire.FrameSendReq, 0, 5, nil) },
+		"call request":  func(hs *hostileServer, r hostileReq) { hs.answerRef(r.lane, wire.FrameCallReq, 0, 5, nil) },
+		"release": func(hs *hostileServer, r hostileReq) {
+			hs.answerRef(r.lane, wire.FrameRelease, 0, 0, refsBody(r.h.Ref))
+		},
 		"releases on a response": func(hs *hostileServer, r hostileReq) {
 			ctx := shortCtx(hs.t, 5*time.Second)
-			hs.lane(r.lane).send(ctx, frameHeader{Type: frameFetchResp, Ref: r.h.Ref}, fetchInline("k", []byte{1}), []uint64{1})
+			hs.lane(r.lane).send(ctx, wire.FrameHeader{Type: wire.FrameFetchResp, Ref: r.h.Ref}, fetchInline("k", []byte{1}), []uint64{1})
 		},
 		"credits never taken": func(hs *hostileServer, r hostileReq) {
 			ctx := shortCtx(hs.t, 5*time.Second)
-			hs.lane(r.lane).send(ctx, frameHeader{Type: frameCredit, Credits: 1000}, nil, nil)
+			hs.lane(r.lane).send(ctx, wire.FrameHeader{Type: wire.FrameCredit, Credits: 1000}, nil, nil)
 		},
 		"credits never taken on a response": func(hs *hostileServer, r hostileReq) {
 			ctx := shortCtx(hs.t, 5*time.Second)
-			hs.lane(r.lane).send(ctx, frameHeader{Type: frameFetchResp, Ref: r.h.Ref, Credits: frameSlots}, fetchInline("k", []byte{1}), nil)
+			hs.lane(r.lane).send(ctx, wire.FrameHeader{Type: wire.FrameFetchResp, Ref: r.h.Ref, Credits: engine.FrameSlots}, fetchInline("k", []byte{1}), nil)
 		},
 	}
 	for name, attack := range cases {
@@ -904,7 +908,7 @@ func TestHostileServerCloseDuringHandshake(t *testing.T) {
 	}
 	s, c := pair(t, TransportTCP, []ServerOption{WithGRPCServerOptions(grpc.StreamInterceptor(stall))}, nil)
 	// The server ends the first session (its data plane closes).
-	closeLanes(serverSessionOf(t, s).lanes, errors.New("the test ends the session"))
+	engine.CloseLanes(serverSessionOf(t, s).lanes, errors.New("the test ends the session"))
 	for deadline := time.Now().Add(10 * time.Second); !sessionGone(c); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the session did not end")
@@ -935,16 +939,16 @@ func TestHostileServerStripedLies(t *testing.T) {
 				hs.t.Fatalf("%d lanes in the location", len(f.Meta.Location.Lanes))
 			}
 			f.Meta.Location.Lanes[1].RemoteKey ^= 0x5a5a
-			hs.answer(r, frameFetchResp, 0, okBody(f))
+			hs.answer(r, wire.FrameFetchResp, 0, okBody(f))
 		},
 		"end mid-read": func(hs *hostileServer, r hostileReq) {
-			hs.answer(r, frameFetchResp, 0, okBody(hs.offer(r.lane, r.h.Ref, "k")))
-			closeLanes(hs.ss.lanes, errors.New("the test ends the session"))
+			hs.answer(r, wire.FrameFetchResp, 0, okBody(hs.offer(r.lane, r.h.Ref, "k")))
+			engine.CloseLanes(hs.ss.lanes, errors.New("the test ends the session"))
 		},
 		"lane gone before the answer": func(hs *hostileServer, r hostileReq) {
 			f := hs.offer(r.lane, r.h.Ref, "k")
-			hs.ss.lanes[1-r.lane].close(errors.New("the test closes a lane"))
-			hs.answer(r, frameFetchResp, 0, okBody(f))
+			hs.ss.lanes[1-r.lane].Close(errors.New("the test closes a lane"))
+			hs.answer(r, wire.FrameFetchResp, 0, okBody(f))
 		},
 	}
 	for name, attack := range cases {
@@ -980,24 +984,24 @@ func TestHostileServerOverrunsSlots(t *testing.T) {
 	ch := started(func() error { _, err := fetchBytes(shortCtx(t, 3*time.Second), c, "k"); return err })
 	r := hs.next(5 * time.Second)
 	l := hs.ss.lanes[r.lane]
-	l.fr.cancel()
+	l.Frames.Cancel()
 	body := statusBody(status.Error(codes.Internal, "stray"))
 	ctx := shortCtx(t, 5*time.Second)
 	sent := 0
-	for i := range 3 * frameSlots {
-		buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+len(body))
+	for i := range 3 * engine.FrameSlots {
+		buf, err := l.CtlPool.Alloc(ctx, wire.FrameHeaderLen+len(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		b := buf.Bytes()[:frameHeaderLen+len(body)]
-		putFrameHeader(b, frameHeader{Type: frameFetchResp, Ref: uint64(2*i + 2)}, len(body))
-		copy(b[frameHeaderLen:], body)
-		local, _ := l.dev.ctl.Local(buf)
+		b := buf.Bytes()[:wire.FrameHeaderLen+len(body)]
+		engine.PutFrameHeader(b, wire.FrameHeader{Type: wire.FrameFetchResp, Ref: uint64(2*i + 2)}, len(body))
+		copy(b[wire.FrameHeaderLen:], body)
+		local, _ := l.Dev.Ctl.Local(buf)
 		local.Length = len(b)
-		l.fr.mu.Lock()
-		l.fr.outstanding++ // taken, as if it had a credit, so the client's returns are good
-		l.fr.mu.Unlock()
-		err = l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, nil)
+		l.Frames.Mu.Lock()
+		l.Frames.Outstanding++ // taken, as if it had a credit, so the client's returns are good
+		l.Frames.Mu.Unlock()
+		err = l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, nil)
 		if err != nil {
 			t.Logf("frame %d: %v", i, err)
 			break
@@ -1045,7 +1049,7 @@ func TestHostileServerCallCancelled(t *testing.T) {
 		}
 	}
 	f := hs.offer(r.lane, r.h.Ref, "k")
-	hs.answer(r, frameCallResp, 0, okBody(&pb.CallResponse{Tensors: []*pb.TensorMeta{f.Meta}, TransferIds: []uint64{f.TransferId}}))
+	hs.answer(r, wire.FrameCallResp, 0, okBody(&pb.CallResponse{Tensors: []*pb.TensorMeta{f.Meta}, TransferIds: []uint64{f.TransferId}}))
 	waitInUse(t, c, 0, 5*time.Second)
 	m := req.Tensors[0]
 	if _, err := hs.readFrom(r.lane, verbs.Remote{Addr: m.Location.Address, Key: m.Location.RemoteKey}, n); err == nil {
@@ -1087,12 +1091,12 @@ func TestHostileServerLeaseLies(t *testing.T) {
 				return err
 			})
 			r := hs.next(5 * time.Second)
-			if r.h.Flags&frameLease == 0 {
+			if r.h.Flags&wire.FlagLease == 0 {
 				t.Fatalf("request flags %#x", r.h.Flags)
 			}
 			f := hs.offer(r.lane, r.h.Ref, "k")
 			tc.mutate(f)
-			hs.answer(r, frameFetchResp, 0, okBody(f))
+			hs.answer(r, wire.FrameFetchResp, 0, okBody(f))
 			if err := waitErr(t, ch, 10*time.Second, "Fetch"); status.Code(err) != tc.code {
 				t.Fatalf("Fetch: %v, want %v", err, tc.code)
 			}
@@ -1111,9 +1115,9 @@ func TestHostileServerLeavesCancelledCallsUnanswered(t *testing.T) {
 	c := hs.c
 	const bound = 8
 	for _, l := range c.last.lanes {
-		l.fr.mu.Lock()
-		l.fr.maxAbandon = bound
-		l.fr.mu.Unlock()
+		l.Frames.Mu.Lock()
+		l.Frames.MaxAbandon = bound
+		l.Frames.Mu.Unlock()
 	}
 	first := c.SessionID()
 	before := c.Pool().Stats().InUse

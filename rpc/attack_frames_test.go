@@ -16,6 +16,8 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -31,7 +33,7 @@ type attacker struct {
 	t *testing.T
 	c *Client
 	s *clientSession
-	l *link
+	l *engine.Link
 }
 
 func newAttacker(t *testing.T, c *Client) *attacker {
@@ -40,66 +42,66 @@ func newAttacker(t *testing.T, c *Client) *attacker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.link == nil || s.link.fr == nil {
+	if s.link == nil || s.link.Frames == nil {
 		t.Fatal("no frames on the attacker's session")
 	}
 	return newAttackerOn(t, c, s, s.link)
 }
 
 // newAttackerOn is an attacker on lane l of session s.
-func newAttackerOn(t *testing.T, c *Client, s *clientSession, l *link) *attacker {
-	l.fr.cancel() // no credit-only frames, no RELEASE frames: only ours
+func newAttackerOn(t *testing.T, c *Client, s *clientSession, l *engine.Link) *attacker {
+	l.Frames.Cancel() // no credit-only frames, no RELEASE frames: only ours
 	return &attacker{t: t, c: c, s: s, l: l}
 }
 
 // owed takes n of the credits the client owes the server (all with n < 0).
 func (a *attacker) owed(n int) uint32 {
-	f := a.l.fr
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k := f.unreturned
+	f := a.l.Frames
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	k := f.Unreturned
 	if n >= 0 && uint32(n) < k {
 		k = uint32(n)
 	}
-	f.unreturned -= k
+	f.Unreturned -= k
 	return k
 }
 
 // credits is how many frames the attacker may send now (its reserve not
 // counted).
 func (a *attacker) credits() int {
-	f := a.l.fr
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.credits
+	f := a.l.Frames
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	return f.Credits
 }
 
 // send sends one frame of h with body and releases, as given: it takes a
 // credit of its own (the reserve for a CREDIT frame), so the server's
 // slots are never overrun, and waits for the Send's completion.
-func (a *attacker) send(ctx context.Context, h frameHeader, body []byte, releases []uint64) error {
+func (a *attacker) send(ctx context.Context, h wire.FrameHeader, body []byte, releases []uint64) error {
 	l := a.l
-	if err := l.acquire(ctx, h.Type == frameCredit); err != nil {
+	if err := l.Acquire(ctx, h.Type == wire.FrameCredit); err != nil {
 		return err
 	}
-	payload := appendReleases(slices.Clone(body), releases)
+	payload := engine.AppendReleases(slices.Clone(body), releases)
 	h.Releases = uint16(len(releases))
-	buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+len(payload))
+	buf, err := l.CtlPool.Alloc(ctx, wire.FrameHeaderLen+len(payload))
 	if err != nil {
-		l.fr.refund(0, nil, nil)
+		l.Frames.Refund(0, nil, nil)
 		return err
 	}
-	b := buf.Bytes()[:frameHeaderLen+len(payload)]
-	putFrameHeader(b, h, len(payload))
-	copy(b[frameHeaderLen:], payload)
-	local, err := l.dev.ctl.Local(buf)
+	b := buf.Bytes()[:wire.FrameHeaderLen+len(payload)]
+	engine.PutFrameHeader(b, h, len(payload))
+	copy(b[wire.FrameHeaderLen:], payload)
+	local, err := l.Dev.Ctl.Local(buf)
 	if err != nil {
 		buf.Release()
-		l.fr.refund(0, nil, nil)
+		l.Frames.Refund(0, nil, nil)
 		return err
 	}
 	local.Length = len(b)
-	err = l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() { l.fr.refund(0, nil, nil) })
+	err = l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() { l.Frames.Refund(0, nil, nil) })
 	if err == nil {
 		buf.Release()
 	}
@@ -108,51 +110,51 @@ func (a *attacker) send(ctx context.Context, h frameHeader, body []byte, release
 
 // request sends a request frame returning every credit owed, with a
 // pending entry for its response.
-func (a *attacker) request(ctx context.Context, typ uint8, flags uint16, ref uint64, body []byte, releases []uint64) (*pendingCall, error) {
-	pc := a.l.fr.expect(ref, responseTo[typ], func(flags uint16) proto.Message {
+func (a *attacker) request(ctx context.Context, typ uint8, flags uint16, ref uint64, body []byte, releases []uint64) (*engine.PendingCall, error) {
+	pc := a.l.Frames.Expect(ref, responseTo[typ], func(flags uint16) proto.Message {
 		switch {
-		case typ == frameFetchReq:
+		case typ == wire.FrameFetchReq:
 			return &pb.FetchResponse{}
-		case typ == frameSendReq:
+		case typ == wire.FrameSendReq:
 			return &pb.SendResponse{}
-		case flags&frameIndirect != 0:
+		case flags&wire.FlagIndirect != 0:
 			return &pb.TensorMeta{}
 		}
 		return &pb.CallResponse{}
 	})
-	err := a.send(ctx, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: a.owed(-1)}, body, releases)
+	err := a.send(ctx, wire.FrameHeader{Type: typ, Flags: flags, Ref: ref, Credits: a.owed(-1)}, body, releases)
 	if err != nil {
-		a.l.fr.forget(ref)
+		a.l.Frames.Forget(ref)
 	}
 	return pc, err
 }
 
 // reply waits for a response.
-func (a *attacker) reply(pc *pendingCall, within time.Duration) (frameReply, bool) {
+func (a *attacker) reply(pc *engine.PendingCall, within time.Duration) (engine.FrameReply, bool) {
 	select {
-	case r := <-pc.ch:
+	case r := <-pc.Ch:
 		return r, true
 	case <-time.After(within):
-		return frameReply{}, false
+		return engine.FrameReply{}, false
 	}
 }
 
 // replyCrediting is reply by an attacker that, while it waits, returns
 // the server the credits it owes (a CREDIT frame), as a client that takes
 // its answers does.
-func (a *attacker) replyCrediting(ctx context.Context, pc *pendingCall, within time.Duration) (frameReply, bool) {
+func (a *attacker) replyCrediting(ctx context.Context, pc *engine.PendingCall, within time.Duration) (engine.FrameReply, bool) {
 	deadline := time.After(within)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
-		case r := <-pc.ch:
+		case r := <-pc.Ch:
 			return r, true
 		case <-deadline:
-			return frameReply{}, false
+			return engine.FrameReply{}, false
 		case <-tick.C:
 			if n := a.owed(-1); n > 0 {
-				if err := a.send(ctx, frameHeader{Type: frameCredit, Credits: n}, nil, nil); err != nil {
+				if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameCredit, Credits: n}, nil, nil); err != nil {
 					a.t.Fatalf("returning %d credits: %v", n, err)
 				}
 			}
@@ -183,13 +185,13 @@ func frameCallGoroutines() int {
 // credit-only frames keep giving the client credits back) and never one
 // for a response keeps sending requests: the calls that cannot answer
 // pile up on the server, and their number must stay bounded (the calls
-// under way, maxFrameCalls, and as many refusals), whatever the client
+// under way, MaxFrameCalls, and as many refusals), whatever the client
 // sends: past that the server ends the session.
 func TestAttackWithheldCreditsBoundGoroutines(t *testing.T) {
 	_, c, _ := framedPair(t, TransportTCP)
 	a := newAttacker(t, c)
 	ctx := ctxT(t)
-	const requests = maxFrameCalls + 3000
+	const requests = engine.MaxFrameCalls + 3000
 	sent := 0
 	deadline := time.Now().Add(30 * time.Second)
 	for sent < requests && time.Now().Before(deadline) {
@@ -197,7 +199,7 @@ func TestAttackWithheldCreditsBoundGoroutines(t *testing.T) {
 			// A Fetch of a key nobody publishes: NotFound at once, if it
 			// could answer.
 			ref := uint64(sent + 1)
-			if err := a.send(ctx, frameHeader{Type: frameFetchReq, Ref: ref}, []byte("absent"), nil); err != nil {
+			if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameFetchReq, Ref: ref}, []byte("absent"), nil); err != nil {
 				if sessionGone(c) {
 					break // the server ended the session: a defence too
 				}
@@ -210,7 +212,7 @@ func TestAttackWithheldCreditsBoundGoroutines(t *testing.T) {
 		// reserved slot, restores the server's reserved slot, on which its
 		// creditor sends us the credits it owes.
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := a.send(cctx, frameHeader{Type: frameCredit, Credits: a.owed(1)}, nil, nil)
+		err := a.send(cctx, wire.FrameHeader{Type: wire.FrameCredit, Credits: a.owed(1)}, nil, nil)
 		cancel()
 		if err != nil {
 			if sessionGone(c) {
@@ -224,11 +226,11 @@ func TestAttackWithheldCreditsBoundGoroutines(t *testing.T) {
 	}
 	n := frameCallGoroutines()
 	t.Logf("%d requests sent; %d frame-call goroutines on the server", sent, n)
-	if n > 2*maxFrameCalls+64 {
-		t.Fatalf("%d requests whose answers wait for credits hold %d goroutines on the server; want at most about 2×maxFrameCalls (%d)", sent, n, 2*maxFrameCalls)
+	if n > 2*engine.MaxFrameCalls+64 {
+		t.Fatalf("%d requests whose answers wait for credits hold %d goroutines on the server; want at most about 2×MaxFrameCalls (%d)", sent, n, 2*engine.MaxFrameCalls)
 	}
 	if !sessionGone(c) {
-		t.Fatalf("%d requests without taking an answer (more than 2×maxFrameCalls), and the session goes on", sent)
+		t.Fatalf("%d requests without taking an answer (more than 2×MaxFrameCalls), and the session goes on", sent)
 	}
 }
 
@@ -247,9 +249,9 @@ func serverSessionByID(t *testing.T, s *Server, id string) *serverSession {
 // alive fails the test when the attacker's session has ended.
 func (a *attacker) alive(what string) {
 	a.t.Helper()
-	a.l.mu.Lock()
-	failure := a.l.failure
-	a.l.mu.Unlock()
+	a.l.Mu.Lock()
+	failure := a.l.Failure
+	a.l.Mu.Unlock()
 	if failure != nil || sessionGone(a.c) {
 		a.t.Fatalf("%s: the session ended: %v", what, failure)
 	}
@@ -257,19 +259,19 @@ func (a *attacker) alive(what string) {
 
 // answer waits for pc's response and returns its status (nil for OK),
 // failing the test when none comes or the server broke the format.
-func (a *attacker) answer(what string, pc *pendingCall) (frameReply, error) {
+func (a *attacker) answer(what string, pc *engine.PendingCall) (engine.FrameReply, error) {
 	a.t.Helper()
 	r, ok := a.reply(pc, 20*time.Second)
 	if !ok {
 		a.t.Fatalf("%s: no response", what)
 	}
-	if r.bad != nil {
-		a.t.Fatalf("%s: a broken response: %v", what, r.bad)
+	if r.Bad != nil {
+		a.t.Fatalf("%s: a broken response: %v", what, r.Bad)
 	}
-	return r, r.status
+	return r, r.Status
 }
 
-func refsBody(refs ...uint64) []byte { return appendReleases(nil, refs) }
+func refsBody(refs ...uint64) []byte { return engine.AppendReleases(nil, refs) }
 
 // TestAttackReleaseStorm: RELEASE frames full of refs, and frames whose
 // piggybacked releases name transfer ids the attacker does not hold (the
@@ -290,7 +292,7 @@ func TestAttackReleaseStorm(t *testing.T) {
 		t.Fatalf("victim's fetch: %v, transfer %d", err, vresp.GetTransferId())
 	}
 	a := newAttacker(t, thief)
-	pc, err := a.request(ctx, frameFetchReq, 0, 7, []byte("secret"), nil)
+	pc, err := a.request(ctx, wire.FrameFetchReq, 0, 7, []byte("secret"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +300,7 @@ func TestAttackReleaseStorm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := r.msg.(*pb.FetchResponse).TransferId
+	own := r.Msg.(*pb.FetchResponse).TransferId
 	if own == 0 {
 		t.Fatal("the attacker's fetch made no transfer")
 	}
@@ -309,18 +311,18 @@ func TestAttackReleaseStorm(t *testing.T) {
 	for i := range 59 {
 		ids = append(ids, uint64(i+1))
 	}
-	maxRefs := (a.l.fr.slotSize - frameHeaderLen - 8*len(ids)) / 8
+	maxRefs := (a.l.Frames.SlotSize - wire.FrameHeaderLen - 8*len(ids)) / 8
 	for i := range 100 {
 		refs := make([]uint64, maxRefs)
 		for j := range refs {
 			refs[j] = uint64(i*maxRefs + j)
 		}
 		refs[0] = 7
-		if err := a.send(ctx, frameHeader{Type: frameRelease, Credits: a.owed(-1)}, refsBody(refs...), ids); err != nil {
+		if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, refsBody(refs...), ids); err != nil {
 			t.Fatalf("RELEASE frame %d: %v", i, err)
 		}
 		// And on a request.
-		pc, err := a.request(ctx, frameFetchReq, 0, uint64(1<<40+i), []byte("absent"), ids)
+		pc, err := a.request(ctx, wire.FrameFetchReq, 0, uint64(1<<40+i), []byte("absent"), ids)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -370,10 +372,10 @@ func TestAttackRefReuse(t *testing.T) {
 	ss := serverSessionOf(t, s)
 
 	// Released before it was ever used, then used.
-	if err := a.send(ctx, frameHeader{Type: frameRelease, Credits: a.owed(-1)}, refsBody(99), nil); err != nil {
+	if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, refsBody(99), nil); err != nil {
 		t.Fatal(err)
 	}
-	pc, err := a.request(ctx, frameFetchReq, frameWait, 99, []byte("never"), nil)
+	pc, err := a.request(ctx, wire.FrameFetchReq, wire.FlagWait, 99, []byte("never"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,10 +386,10 @@ func TestAttackRefReuse(t *testing.T) {
 	// Two waiting calls under one ref; the client expects one answer per
 	// request, so count what comes.
 	const ref = 1234
-	answers := make(chan frameReply, 8)
-	pcs := make([]*pendingCall, 0, 3)
+	answers := make(chan engine.FrameReply, 8)
+	pcs := make([]*engine.PendingCall, 0, 3)
 	for i := range 3 {
-		pc, err := a.request(ctx, frameFetchReq, frameWait, ref, fmt.Appendf(nil, "never%d", i), nil)
+		pc, err := a.request(ctx, wire.FrameFetchReq, wire.FlagWait, ref, fmt.Appendf(nil, "never%d", i), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -400,7 +402,7 @@ func TestAttackRefReuse(t *testing.T) {
 		defer ss.mu.Unlock()
 		return ss.inFlight == 3
 	})
-	if err := a.send(ctx, frameHeader{Type: frameRelease, Credits: a.owed(-1)}, refsBody(ref), nil); err != nil {
+	if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, refsBody(ref), nil); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
@@ -410,8 +412,8 @@ func TestAttackRefReuse(t *testing.T) {
 	}()
 	select {
 	case r := <-answers:
-		if status.Code(r.status) != codes.Canceled {
-			t.Fatalf("a released call: %v, want Canceled", r.status)
+		if status.Code(r.Status) != codes.Canceled {
+			t.Fatalf("a released call: %v, want Canceled", r.Status)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the released call was not answered")
@@ -463,7 +465,7 @@ func TestAttackMalformedRequests(t *testing.T) {
 		return m
 	}
 	// A transfer the attacker holds (a fetch's), to name as a held one.
-	pc, err := a.request(ctx, frameFetchReq, 0, 5, []byte("big"), nil)
+	pc, err := a.request(ctx, wire.FrameFetchReq, 0, 5, []byte("big"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +473,7 @@ func TestAttackMalformedRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fetched := r.msg.(*pb.FetchResponse).TransferId
+	fetched := r.Msg.(*pb.FetchResponse).TransferId
 	idx := func(i uint32) *uint32 { return &i }
 	small := metaOf("", wrapped(t, 8, 1).Tensor, false)
 	small.InlineIndex = idx(0)
@@ -482,29 +484,29 @@ func TestAttackMalformedRequests(t *testing.T) {
 		body []byte
 		want codes.Code
 	}{
-		{"send/garbage", frameSendReq, []byte{0xff, 0xff, 0xff}, codes.InvalidArgument},
-		{"send/no-meta", frameSendReq, nil, codes.InvalidArgument},
-		{"send/location-length", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Length = 2 * n })}), codes.InvalidArgument},
-		{"send/location-short", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Length = 1 })}), codes.InvalidArgument},
-		{"send/shape", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Shape = []int64{10} })}), codes.InvalidArgument},
-		{"send/negative-shape", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Shape = []int64{-n} })}), codes.InvalidArgument},
-		{"send/transport", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Transport = pb.Transport_TRANSPORT_SHM })}), codes.InvalidArgument},
-		{"send/huge", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) {
+		{"send/garbage", wire.FrameSendReq, []byte{0xff, 0xff, 0xff}, codes.InvalidArgument},
+		{"send/no-meta", wire.FrameSendReq, nil, codes.InvalidArgument},
+		{"send/location-length", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Length = 2 * n })}), codes.InvalidArgument},
+		{"send/location-short", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Length = 1 })}), codes.InvalidArgument},
+		{"send/shape", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Shape = []int64{10} })}), codes.InvalidArgument},
+		{"send/negative-shape", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Shape = []int64{-n} })}), codes.InvalidArgument},
+		{"send/transport", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) { m.Location.Transport = pb.Transport_TRANSPORT_SHM })}), codes.InvalidArgument},
+		{"send/huge", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) {
 			m.Shape, m.ByteLength, m.Location.Length = []int64{1 << 50}, 1<<50, 1<<50
 		})}), codes.ResourceExhausted},
-		{"send/inline-and-location", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(nil), InlineData: []byte{1}}), codes.InvalidArgument},
-		{"send/inline-length", frameSendReq, marshal(t, &pb.SendRequest{Meta: metaOf("k", wrapped(t, 100, 1).Tensor, false), InlineData: make([]byte, 10)}), codes.InvalidArgument},
-		{"send/lanes-on-one-lane", frameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) {
+		{"send/inline-and-location", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(nil), InlineData: []byte{1}}), codes.InvalidArgument},
+		{"send/inline-length", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: metaOf("k", wrapped(t, 100, 1).Tensor, false), InlineData: make([]byte, 10)}), codes.InvalidArgument},
+		{"send/lanes-on-one-lane", wire.FrameSendReq, marshal(t, &pb.SendRequest{Meta: located(func(m *pb.TensorMeta) {
 			m.Location.Lanes = []*pb.LaneRemote{{Address: 1, RemoteKey: 2}, {Address: ^uint64(0), RemoteKey: 3}, {}}
 		})}), codes.OK},
-		{"call/garbage", frameCallReq, []byte{0x0a, 0xff}, codes.InvalidArgument},
-		{"call/unknown-method", frameCallReq, marshal(t, &pb.CallRequest{Method: "nope"}), codes.Unimplemented},
-		{"call/inline-index", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{small}}), codes.InvalidArgument},
-		{"call/location-length", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{located(func(m *pb.TensorMeta) { m.Location.Length = n - 1 })}}), codes.InvalidArgument},
-		{"call/unknown-transfer", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n, TransferId: 12345}}}), codes.InvalidArgument},
-		{"call/fetched-transfer", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n, TransferId: fetched}}}), codes.InvalidArgument},
-		{"call/location-and-transfer", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{located(func(m *pb.TensorMeta) { m.TransferId = fetched })}}), codes.InvalidArgument},
-		{"call/nil-tensor", frameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{nil}}), codes.InvalidArgument},
+		{"call/garbage", wire.FrameCallReq, []byte{0x0a, 0xff}, codes.InvalidArgument},
+		{"call/unknown-method", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "nope"}), codes.Unimplemented},
+		{"call/inline-index", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{small}}), codes.InvalidArgument},
+		{"call/location-length", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{located(func(m *pb.TensorMeta) { m.Location.Length = n - 1 })}}), codes.InvalidArgument},
+		{"call/unknown-transfer", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n, TransferId: 12345}}}), codes.InvalidArgument},
+		{"call/fetched-transfer", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n, TransferId: fetched}}}), codes.InvalidArgument},
+		{"call/location-and-transfer", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{located(func(m *pb.TensorMeta) { m.TransferId = fetched })}}), codes.InvalidArgument},
+		{"call/nil-tensor", wire.FrameCallReq, marshal(t, &pb.CallRequest{Method: "count", Tensors: []*pb.TensorMeta{nil}}), codes.InvalidArgument},
 	}
 	for i, tc := range cases {
 		pc, err := a.request(ctx, tc.typ, 0, uint64(100+i), tc.body, nil)
@@ -517,7 +519,7 @@ func TestAttackMalformedRequests(t *testing.T) {
 		}
 		a.alive(tc.name)
 	}
-	a.send(ctx, frameHeader{Type: frameRelease, Credits: a.owed(-1)}, nil, []uint64{fetched})
+	a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, nil, []uint64{fetched})
 	ss := serverSessionOf(t, s)
 	waitFor(t, "the attacker's transfers to go", func() bool {
 		ss.mu.Lock()
@@ -603,7 +605,7 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 				if mode == "stopped-reader" {
 					credits = a.owed(-1)
 				}
-				if err := a.send(ctx, frameHeader{Type: frameFetchReq, Flags: frameWait, Ref: uint64(i + 1), Credits: credits}, []byte("later"), nil); err != nil {
+				if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameFetchReq, Flags: wire.FlagWait, Ref: uint64(i + 1), Credits: credits}, []byte("later"), nil); err != nil {
 					t.Fatalf("request %d: %v", i, err)
 				}
 			}
@@ -615,26 +617,26 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 			if mode == "stopped-reader" {
 				// The client's polling goroutine blocks on the answer to
 				// this one: from then on it reads and reposts nothing.
-				block := &pendingCall{ch: make(chan frameReply), want: frameFetchResp, into: func(uint16) proto.Message { return &pb.FetchResponse{} }}
-				a.l.fr.mu.Lock()
-				a.l.fr.pending[1<<50] = block
-				a.l.fr.mu.Unlock()
+				block := &engine.PendingCall{Ch: make(chan engine.FrameReply), Want: wire.FrameFetchResp, Into: func(uint16) proto.Message { return &pb.FetchResponse{} }}
+				a.l.Frames.Mu.Lock()
+				a.l.Frames.Pending[1<<50] = block
+				a.l.Frames.Mu.Unlock()
 				t.Cleanup(func() {
 					select {
-					case <-block.ch: // let it go before the client closes
+					case <-block.Ch: // let it go before the client closes
 					case <-time.After(10 * time.Second):
 					}
 				})
-				if err := a.send(ctx, frameHeader{Type: frameFetchReq, Ref: 1 << 50, Credits: a.owed(-1)}, []byte("big"), nil); err != nil {
+				if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameFetchReq, Ref: 1 << 50, Credits: a.owed(-1)}, []byte("big"), nil); err != nil {
 					t.Fatal(err)
 				}
 			}
 			publishBytes(t, s, "later", 100, 1)
 			waitFor(t, "the server to run out of credits", func() bool {
 				l := ss.lanes[0]
-				l.fr.mu.Lock()
-				defer l.fr.mu.Unlock()
-				return l.fr.credits == 0
+				l.Frames.Mu.Lock()
+				defer l.Frames.Mu.Unlock()
+				return l.Frames.Credits == 0
 			})
 			victimWorks(t, s, victim, "while a client stalls")
 			ss.mu.Lock()
@@ -668,7 +670,7 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 // allocated, and another session goes on.
 func TestAttackSessionEndsMidPull(t *testing.T) {
 	for _, mode := range []string{"close", "revoke", "kill-lane"} {
-		for _, typ := range []uint8{frameSendReq, frameCallReq} {
+		for _, typ := range []uint8{wire.FrameSendReq, wire.FrameCallReq} {
 			t.Run(fmt.Sprintf("%s/%d", mode, typ), func(t *testing.T) {
 				s, dial := attackServer(t)
 				ran := make(chan struct{}, 1)
@@ -692,7 +694,7 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 				}
 				meta.Location = loc
 				body := marshal(t, &pb.SendRequest{Meta: meta})
-				if typ == frameCallReq {
+				if typ == wire.FrameCallReq {
 					body = marshal(t, &pb.CallRequest{Method: "echo", Tensors: []*pb.TensorMeta{meta}})
 				}
 				ss := serverSessionByID(t, s, thief.SessionID())
@@ -700,7 +702,7 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, "the server's Read", func() bool { return ss.lanes[0].reads.Load() > 0 })
+				waitFor(t, "the server's Read", func() bool { return ss.lanes[0].Reads.Load() > 0 })
 				switch mode {
 				case "close":
 					thief.Close()
@@ -708,7 +710,7 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 				case "revoke":
 					free()
 				case "kill-lane":
-					a.l.close(fmt.Errorf("the attacker pulls the plug"))
+					a.l.Close(fmt.Errorf("the attacker pulls the plug"))
 					free()
 				}
 				// The session ends, or (a Read done before the revocation took)
@@ -717,7 +719,7 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 				if answer != nil {
 					// What the answer holds (a Call's reply) goes with the
 					// session.
-					t.Logf("answered: %v", answer.status)
+					t.Logf("answered: %v", answer.Status)
 					thief.Close()
 					waitFor(t, "the session's end", func() bool {
 						s.mu.Lock()
@@ -750,17 +752,17 @@ func TestAttackSessionEndsMidPull(t *testing.T) {
 // that returns credits never taken, end the attacker's session (the
 // frame protocol's rule) and nothing else: its next call opens a new one.
 func TestAttackServerOnlyFrames(t *testing.T) {
-	ok := appendStatus(nil, nil, 64)
+	ok := engine.AppendStatus(nil, nil, 64)
 	cases := []struct {
 		name string
-		h    frameHeader
+		h    wire.FrameHeader
 		body []byte
 	}{
-		{"fetch-resp-indirect", frameHeader{Type: frameFetchResp, Flags: frameIndirect, Ref: 1}, ok},
-		{"send-resp", frameHeader{Type: frameSendResp, Ref: 1}, ok},
-		{"call-resp", frameHeader{Type: frameCallResp, Ref: 1}, ok},
-		{"call-resp-indirect", frameHeader{Type: frameCallResp, Flags: frameIndirect, Ref: 1}, ok},
-		{"request-overpays", frameHeader{Type: frameFetchReq, Ref: 1, Credits: 1 << 31}, []byte("big")},
+		{"fetch-resp-indirect", wire.FrameHeader{Type: wire.FrameFetchResp, Flags: wire.FlagIndirect, Ref: 1}, ok},
+		{"send-resp", wire.FrameHeader{Type: wire.FrameSendResp, Ref: 1}, ok},
+		{"call-resp", wire.FrameHeader{Type: wire.FrameCallResp, Ref: 1}, ok},
+		{"call-resp-indirect", wire.FrameHeader{Type: wire.FrameCallResp, Flags: wire.FlagIndirect, Ref: 1}, ok},
+		{"request-overpays", wire.FrameHeader{Type: wire.FrameFetchReq, Ref: 1, Credits: 1 << 31}, []byte("big")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -818,12 +820,12 @@ func TestAttackForeignLane(t *testing.T) {
 			}
 			meta.Location = loc
 			ss := serverSessionByID(t, s, thief.SessionID())
-			pc, err := a.request(ctx, frameSendReq, 0, 1, marshal(t, &pb.SendRequest{Meta: meta}), nil)
+			pc, err := a.request(ctx, wire.FrameSendReq, 0, 1, marshal(t, &pb.SendRequest{Meta: meta}), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			answer := endedOrAnswered(t, s, ss, pc, "the server to refuse")
-			if answer != nil && answer.status == nil {
+			if answer != nil && answer.Status == nil {
 				t.Fatal("a Read through another lane's grant succeeded")
 			}
 			if got, err := s.Fetch(ctx, "foreign"); err == nil {
@@ -861,7 +863,7 @@ func manyTensors(t *testing.T) (*Server, *attacker, []byte, int, []byte, int) {
 		for i := 0; ; i++ {
 			req.Tensors = append(req.Tensors, next(i))
 			b := marshal(t, req)
-			if frameHeaderLen+len(b) > a.l.fr.slotSize {
+			if wire.FrameHeaderLen+len(b) > a.l.Frames.SlotSize {
 				req.Tensors = req.Tensors[:len(req.Tensors)-1]
 				return req, body
 			}
@@ -896,7 +898,7 @@ func TestAttackManyTensors(t *testing.T) {
 		if i%2 == 1 {
 			want = ni
 		}
-		pc, err := a.request(ctx, frameCallReq, 0, uint64(i+1), body, nil)
+		pc, err := a.request(ctx, wire.FrameCallReq, 0, uint64(i+1), body, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -904,7 +906,7 @@ func TestAttackManyTensors(t *testing.T) {
 		if err != nil {
 			t.Fatalf("a call of %d tensors: %v", want, err)
 		}
-		if got := string(r.msg.(*pb.CallResponse).Metadata); got != fmt.Sprint(want) {
+		if got := string(r.Msg.(*pb.CallResponse).Metadata); got != fmt.Sprint(want) {
 			t.Fatalf("the handler got %s tensors, want %d", got, want)
 		}
 	}
@@ -922,7 +924,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 	ctx := ctxT(t)
 	before := s.Pool().Stats().InUse
 	ss := serverSessionOf(t, s)
-	var pcs []*pendingCall
+	var pcs []*engine.PendingCall
 	var want []int
 	empty := marshal(t, &pb.CallRequest{Method: "count"})
 	calls := 48
@@ -937,7 +939,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 		case 1:
 			body, k = ibody, ni
 		}
-		pc, err := a.request(ctx, frameCallReq, 0, uint64(i+1), body, nil)
+		pc, err := a.request(ctx, wire.FrameCallReq, 0, uint64(i+1), body, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -952,7 +954,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 			ss.mu.Unlock()
 			t.Fatalf("call %d (of %d tensors) was never answered (still running on the server: %v)", i, want[i], running)
 		}
-		err := r.status
+		err := r.Status
 		if status.Code(err) == codes.ResourceExhausted && i%3 == 0 {
 			exhausted++ // the located calls' Reads may fill the send queue
 			continue
@@ -960,7 +962,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
-		if got := string(r.msg.(*pb.CallResponse).Metadata); got != fmt.Sprint(want[i]) {
+		if got := string(r.Msg.(*pb.CallResponse).Metadata); got != fmt.Sprint(want[i]) {
 			t.Fatalf("call %d: the handler got %s tensors, want %d", i, got, want[i])
 		}
 	}
@@ -971,12 +973,12 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 
 // endedOrAnswered waits until the server has ended ss or pc's response
 // has come, and returns the response, nil when the session ended first.
-func endedOrAnswered(t *testing.T, s *Server, ss *serverSession, pc *pendingCall, what string) *frameReply {
+func endedOrAnswered(t *testing.T, s *Server, ss *serverSession, pc *engine.PendingCall, what string) *engine.FrameReply {
 	t.Helper()
-	var answer *frameReply
+	var answer *engine.FrameReply
 	waitFor(t, what, func() bool {
 		select {
-		case r := <-pc.ch:
+		case r := <-pc.Ch:
 			answer = &r
 		default:
 		}

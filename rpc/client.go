@@ -19,6 +19,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -37,7 +38,7 @@ type Client struct {
 	cc      *grpc.ClientConn
 	ownConn bool
 	api     pb.TensorRPCClient
-	devices map[string]*device
+	devices map[string]*engine.Device
 	missing []Rejection // data planes this side could not open
 	stats   counters
 	topo    topology
@@ -131,7 +132,7 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	if c.ownPool {
 		c.stopTrim = trimmer(c.pool, o.trimInterval, c.log)
 	}
-	ctl, err := newControlPool()
+	ctl, err := engine.NewControlPool()
 	if err != nil {
 		c.stopTrim()
 		if c.ownPool {
@@ -397,13 +398,6 @@ func (c *Client) releaseRef(s *clientSession, ref uint64) {
 // session ends, which frees everything it held on the server.
 const maxQueuedReleases = 1 << 14
 
-// queuedReleases is how many releases f holds unsent.
-func (f *framing) queuedReleases() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.relIDs) + len(f.relRefs)
-}
-
 // queueRelease queues a release on the session's frames: it rides the
 // next frame on a lane taken in turn, as calls take them, so that
 // releases spread over the lanes' frames (the server takes a session's
@@ -414,17 +408,17 @@ func (c *Client) queueRelease(r release) {
 		return // the session's end released it on the server
 	}
 	l := r.sess.lane()
-	if l == nil || l.fr == nil {
+	if l == nil || l.Frames == nil {
 		return
 	}
 	select {
-	case <-l.dead:
+	case <-l.Dead:
 		return // the session ends with its lane, and that releases it
 	default:
 	}
-	l.fr.queueRelease(r.id, r.ref)
-	if n := l.fr.queuedReleases(); n > maxQueuedReleases {
-		l.fail(status.Errorf(codes.Unavailable, "tensorrpc: %d releases wait for credits the server does not return; the session is ended, which frees what they name", n))
+	l.Frames.QueueRelease(r.id, r.ref)
+	if n := l.Frames.QueuedReleases(); n > maxQueuedReleases {
+		l.Fail(status.Errorf(codes.Unavailable, "tensorrpc: %d releases wait for credits the server does not return; the session is ended, which frees what they name", n))
 	}
 }
 
@@ -528,7 +522,7 @@ func (c *Client) teardown() error {
 		e.close(errors.New("client closed"))
 	}
 	for _, d := range c.devices {
-		d.close()
+		d.Close()
 	}
 	if c.ownConn {
 		c.cc.Close()

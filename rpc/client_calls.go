@@ -11,6 +11,8 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -75,7 +77,7 @@ func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, 
 
 // receive materializes a tensor the server offered: inline bytes, or a
 // transfer to read (or lease) and then release.
-func (c *Client) receive(ctx context.Context, s *clientSession, l *link, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
+func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
 	if err := checkMeta(meta, c.opts.maxTensorBytes); err != nil {
 		c.releaseTransfer(s, transferID)
 		return nil, err
@@ -104,7 +106,7 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *link, meta *p
 	}
 	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 	if lease {
-		if m, ok := l.qp.(verbs.RemoteMapper); ok {
+		if m, ok := l.QP.(verbs.RemoteMapper); ok {
 			mapping, err := m.MapRemote(remote, n)
 			if err != nil {
 				c.releaseTransfer(s, transferID)
@@ -146,17 +148,17 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *link, meta *p
 // read reads len(buf) bytes from remote into buf over l, or striped over
 // the session's lanes. On failure buf is released; if ctx ends while a
 // Read is under way, buf and done run only once the Reads complete.
-func (c *Client) read(ctx context.Context, s *clientSession, l *link, buf *mempool.Buffer, remote verbs.Remote, striped []*pb.LaneRemote, done func()) error {
+func (c *Client) read(ctx context.Context, s *clientSession, l *engine.Link, buf *mempool.Buffer, remote verbs.Remote, striped []*pb.LaneRemote, done func()) error {
 	if buf.Len() == 0 {
 		return nil
 	}
-	local, err := l.dev.reg.Local(buf)
+	local, err := l.Dev.Reg.Local(buf)
 	if err != nil {
 		buf.Release()
 		done()
 		return status.Error(codes.Internal, err.Error())
 	}
-	err = readLanes(ctx, l, s.lanes, local, remote, striped, func() {
+	err = engine.ReadLanes(ctx, l, s.lanes, local, remote, striped, func() {
 		buf.Release()
 		done()
 	})
@@ -230,7 +232,7 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 	return reply, err
 }
 
-func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
+func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *engine.Link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
 	reply := &Message{Metadata: metadata}
 	next := 0
 	fail := func(err error) (*Message, error) {
@@ -297,22 +299,22 @@ func isSessionGone(err error) bool {
 // a RELEASE of its ref). A body too large for a slot goes indirect. The
 // caller's metadata and deadline (ctx) go before the body (frameHeaders);
 // slots always have room for them and an indirect body's TensorMeta.
-func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (frameReply, uint64, error) {
+func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link, typ uint8, flags uint16, raw []byte, msg proto.Message, into func(uint16) proto.Message, hold func()) (engine.FrameReply, uint64, error) {
 	if hold == nil {
 		hold = func() {}
 	}
 	pre, err := callHeaders(ctx)
 	if err != nil {
 		hold()
-		return frameReply{}, 0, err
+		return engine.FrameReply{}, 0, err
 	}
-	if frameHeaderLen+len(pre)+len(raw)+protoSize(msg) > l.fr.slotSize {
+	if wire.FrameHeaderLen+len(pre)+len(raw)+protoSize(msg) > l.Frames.SlotSize {
 		meta, free, err := c.indirect(ctx, s, l, raw, msg)
 		if err != nil {
 			hold()
-			return frameReply{}, 0, err
+			return engine.FrameReply{}, 0, err
 		}
-		flags |= frameIndirect
+		flags |= wire.FlagIndirect
 		raw, msg = nil, meta
 		held := hold
 		hold = func() {
@@ -321,33 +323,33 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *link, typ u
 		}
 	}
 	if len(pre) > 0 {
-		flags |= frameHeaders
+		flags |= wire.FlagHeaders
 		raw = append(pre, raw...)
 	}
 	ref := c.newRef()
-	pc := l.fr.expect(ref, responseTo[typ], into)
-	posted, err := l.sendFrame(ctx, typ, flags, ref, raw, msg)
+	pc := l.Frames.Expect(ref, responseTo[typ], into)
+	posted, err := l.SendFrame(ctx, typ, flags, ref, raw, msg)
 	if err != nil {
 		if !posted {
-			l.fr.forget(ref)
+			l.Frames.Forget(ref)
 			hold()
 		} else {
-			l.abandon(ref, pc, hold)
+			l.Abandon(ref, pc, hold)
 			c.releaseRef(s, ref)
 		}
-		return frameReply{}, ref, sessionError(s, err)
+		return engine.FrameReply{}, ref, sessionError(s, err)
 	}
 	select {
-	case r := <-pc.ch:
+	case r := <-pc.Ch:
 		hold()
 		return r, ref, nil
 	case <-ctx.Done():
-		l.abandon(ref, pc, hold)
+		l.Abandon(ref, pc, hold)
 		c.releaseRef(s, ref) // cancels the server's call and frees what it made
-		return frameReply{}, ref, sessionError(s, status.FromContextError(ctx.Err()).Err())
-	case <-l.dead:
-		l.abandon(ref, pc, hold) // runs when the link closes
-		return frameReply{}, ref, sessionError(s, unavailable(l.failure))
+		return engine.FrameReply{}, ref, sessionError(s, status.FromContextError(ctx.Err()).Err())
+	case <-l.Dead:
+		l.Abandon(ref, pc, hold) // runs when the link closes
+		return engine.FrameReply{}, ref, sessionError(s, engine.Unavailable(l.Failure))
 	}
 }
 
@@ -362,7 +364,7 @@ func protoSize(m proto.Message) int {
 // a pool buffer and grants the server read access to it: the TensorMeta
 // that an INDIRECT request frame carries instead, and what ends the grant
 // and drops the buffer.
-func (c *Client) indirect(ctx context.Context, s *clientSession, l *link, raw []byte, msg proto.Message) (*pb.TensorMeta, func(), error) {
+func (c *Client) indirect(ctx context.Context, s *clientSession, l *engine.Link, raw []byte, msg proto.Message) (*pb.TensorMeta, func(), error) {
 	n := len(raw) + protoSize(msg)
 	if n > MaxRecvMsgBytes {
 		return nil, nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: a request of %d bytes exceeds the %d bytes a server takes (MaxRecvMsgBytes)", n, MaxRecvMsgBytes)
@@ -397,7 +399,7 @@ func (c *Client) indirect(ctx context.Context, s *clientSession, l *link, raw []
 // what m returns, or with frameIndirect into the TensorMeta naming it.
 func answerOr(m func() proto.Message) func(uint16) proto.Message {
 	return func(flags uint16) proto.Message {
-		if flags&frameIndirect != 0 {
+		if flags&wire.FlagIndirect != 0 {
 			return &pb.TensorMeta{}
 		}
 		return m()
@@ -406,11 +408,11 @@ func answerOr(m func() proto.Message) func(uint16) proto.Message {
 
 // answer is an OK response's message: its body, or for an INDIRECT one
 // the transfer it names, read, released and decoded into m.
-func (c *Client) answer(ctx context.Context, s *clientSession, l *link, ref uint64, r frameReply, m proto.Message) (proto.Message, error) {
-	if r.flags&frameIndirect == 0 {
-		return r.msg, nil
+func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, ref uint64, r engine.FrameReply, m proto.Message) (proto.Message, error) {
+	if r.Flags&wire.FlagIndirect == 0 {
+		return r.Msg, nil
 	}
-	meta := r.msg.(*pb.TensorMeta)
+	meta := r.Msg.(*pb.TensorMeta)
 	if meta.Dtype != pb.DType(zerocopy.Uint8) || meta.TransferId == 0 {
 		c.releaseRef(s, ref)
 		return nil, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
@@ -430,19 +432,19 @@ func (c *Client) answer(ctx context.Context, s *clientSession, l *link, ref uint
 }
 
 // responseTo is the response type of each request type.
-var responseTo = map[uint8]uint8{frameFetchReq: frameFetchResp, frameSendReq: frameSendResp, frameCallReq: frameCallResp}
+var responseTo = map[uint8]uint8{wire.FrameFetchReq: wire.FrameFetchResp, wire.FrameSendReq: wire.FrameSendResp, wire.FrameCallReq: wire.FrameCallResp}
 
 // askFrame is a Fetch's request as a FETCH_REQ frame on the session's
-// data plane, answered by a FETCH_RESP (see frame.go) on the lane l.
-func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key string, fo fetchOptions) (*pb.FetchResponse, error) {
+// data plane, answered by a FETCH_RESP (see rpc/internal/engine/frame.go) on the lane l.
+func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link, key string, fo fetchOptions) (*pb.FetchResponse, error) {
 	var flags uint16
 	if fo.wait {
-		flags |= frameWait
+		flags |= wire.FlagWait
 	}
 	if fo.lease {
-		flags |= frameLease
+		flags |= wire.FlagLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameFetchReq, flags, []byte(key), nil, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, []byte(key), nil, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -458,13 +460,13 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *link, key st
 
 // replyError is the error a response frame carries: the server's status,
 // or Internal when it broke the format (what the call made is freed).
-func (c *Client) replyError(s *clientSession, ref uint64, r frameReply) error {
-	if r.bad != nil {
+func (c *Client) replyError(s *clientSession, ref uint64, r engine.FrameReply) error {
+	if r.Bad != nil {
 		c.releaseRef(s, ref)
-		return status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", r.bad)
+		return status.Errorf(codes.Internal, "tensorrpc: the server's answer: %v", r.Bad)
 	}
-	if r.status != nil {
-		return sessionError(s, r.status)
+	if r.Status != nil {
+		return sessionError(s, r.Status)
 	}
 	return nil
 }
@@ -474,10 +476,10 @@ func (c *Client) replyError(s *clientSession, ref uint64, r frameReply) error {
 // transfer), described as a Location. A host tensor is granted from a
 // pool buffer holding it (its own when it is pool memory). free ends the
 // grants and drops the buffer.
-func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, out outgoing) (loc *pb.Location, free func(), err error) {
+func (c *Client) grantSource(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free func(), err error) {
 	n := out.len()
-	grantOn := func(x *link) (verbs.Grant, error) {
-		return x.qp.Grant(out.region, out.offset, n, verbs.AccessRemoteRead)
+	grantOn := func(x *engine.Link) (verbs.Grant, error) {
+		return x.QP.Grant(out.region, out.offset, n, verbs.AccessRemoteRead)
 	}
 	release := func() {}
 	region := uint32(0)
@@ -486,26 +488,26 @@ func (c *Client) grantSource(ctx context.Context, s *clientSession, l *link, out
 		if err != nil {
 			return nil, nil, err
 		}
-		grantOn = func(x *link) (verbs.Grant, error) { return x.grant(src, n, verbs.AccessRemoteRead) }
+		grantOn = func(x *engine.Link) (verbs.Grant, error) { return x.Grant(src, n, verbs.AccessRemoteRead) }
 		release = func() { src.Release() }
 		region = src.Arena().ID()
 	}
 	g, err := grantOn(l)
 	if err != nil {
 		release()
-		return nil, nil, unavailable(err)
+		return nil, nil, engine.Unavailable(err)
 	}
-	extra, striped, err := grantLanes(s.lanes, l, g, n, grantOn)
+	extra, striped, err := engine.GrantLanes(s.lanes, l, g, n, grantOn)
 	if err != nil {
 		g.Revoke()
 		release()
-		return nil, nil, unavailable(err)
+		return nil, nil, engine.Unavailable(err)
 	}
 	r := g.Remote()
 	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: region, RemoteKey: r.Key, Address: r.Addr, Length: uint64(n), Lanes: striped}
 	return loc, func() {
 		g.Revoke()
-		revokeAll(extra)
+		engine.RevokeAll(extra)
 		release()
 	}, nil
 }
@@ -517,7 +519,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	req := &pb.SendRequest{Meta: out.meta}
 	n := out.len()
 	free := func() {}
-	if out.t != nil && n <= frameInline(s.eager) {
+	if out.t != nil && n <= engine.FrameInline(s.eager) {
 		req.InlineData = out.t.Bytes()
 	} else {
 		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, out); err != nil {
@@ -529,7 +531,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		free()
 		out.finish()
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
 	if err == nil {
 		err = c.replyError(s, ref, r)
 	}
@@ -559,7 +561,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			f()
 		}
 	}
-	budget := frameInline(s.eager)
+	budget := engine.FrameInline(s.eager)
 	for _, t := range req.Tensors {
 		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if n := len(t.Bytes()); n <= budget {
@@ -578,7 +580,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, frameCallReq, 0, nil, creq, answerOr(func() proto.Message { return &pb.CallResponse{} }), hold)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, creq, answerOr(func() proto.Message { return &pb.CallResponse{} }), hold)
 	if err != nil {
 		return nil, err
 	}
@@ -592,7 +594,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 	resp := m.(*pb.CallResponse)
 	for _, t := range req.Tensors {
 		c.stats.transfers.Add(1)
-		if n := int64(len(t.Bytes())); n <= int64(frameInline(s.eager)) {
+		if n := int64(len(t.Bytes())); n <= int64(engine.FrameInline(s.eager)) {
 			c.stats.inlineBytes.Add(n)
 		} else {
 			c.stats.dataPlaneBytes.Add(n)

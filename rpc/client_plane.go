@@ -4,6 +4,7 @@ import (
 	"context"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -13,7 +14,7 @@ import (
 //
 //   - engine, the data-plane engine (a session on ibv, shm or tcp): every
 //     call is frames on the session's lanes (a body too large for a slot
-//     goes indirect, see frame.go), and tensor bytes move one-sided, pulled
+//     goes indirect, see rpc/internal/engine/frame.go), and tensor bytes move one-sided, pulled
 //     by the receiver. Device tensors take the same path (SendDevice,
 //     FetchToDevice).
 //   - streams, the gRPC-stream fallback (a TRANSPORT_GRPC session).
@@ -43,13 +44,13 @@ func (o outgoing) finish() {
 	}
 }
 
-// engine is the data-plane engine's callPlane.
-type engine struct {
+// framePlane is the callPlane of a session on a data plane: every call is a frame.
+type framePlane struct {
 	c *Client
 	s *clientSession
 }
 
-func (e engine) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error) {
+func (e framePlane) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error) {
 	l, resp, err := e.ask(ctx, key, fo)
 	if err != nil {
 		return nil, err
@@ -63,22 +64,22 @@ func (e engine) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor
 
 // ask asks for the tensor published under key: the server's answer, and
 // the lane whose grants its location names.
-func (e engine) ask(ctx context.Context, key string, fo fetchOptions) (*link, *pb.FetchResponse, error) {
+func (e framePlane) ask(ctx context.Context, key string, fo fetchOptions) (*engine.Link, *pb.FetchResponse, error) {
 	l := e.s.lane()
 	resp, err := e.c.askFrame(ctx, e.s, l, key, fo)
 	return l, resp, err
 }
 
-func (e engine) send(ctx context.Context, key string, t *Tensor) error {
+func (e framePlane) send(ctx context.Context, key string, t *Tensor) error {
 	return e.sendOut(ctx, outgoing{meta: metaOf(key, t.Tensor, e.c.opts.checksums), t: t})
 }
 
 // sendOut sends a host or device tensor.
-func (e engine) sendOut(ctx context.Context, out outgoing) error {
+func (e framePlane) sendOut(ctx context.Context, out outgoing) error {
 	return e.c.sendFrame(ctx, e.s, out)
 }
 
-func (e engine) call(ctx context.Context, method string, req *Message) (*Message, error) {
+func (e framePlane) call(ctx context.Context, method string, req *Message) (*Message, error) {
 	return e.c.callFrame(ctx, e.s, method, req)
 }
 

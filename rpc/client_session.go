@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -23,8 +24,8 @@ import (
 type clientSession struct {
 	id         string
 	transport  string
-	link       *link   // lane 0; nil for the grpc transport
-	lanes      []*link // every lane, link first
+	link       *engine.Link   // lane 0; nil for the grpc transport
+	lanes      []*engine.Link // every lane, link first
 	next       atomic.Uint32
 	eager      int
 	calls      callPlane
@@ -62,7 +63,7 @@ func (s *clientSession) end(err error) {
 	}
 	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
-	closeLanes(lanes, broken)
+	engine.CloseLanes(lanes, broken)
 }
 
 // endByServer is end for a Session stream the server ended, after which
@@ -84,12 +85,12 @@ func (s *clientSession) endByServer(err error, onEnded func()) {
 wait:
 	for _, l := range lanes {
 		select {
-		case <-l.dead:
+		case <-l.Dead:
 		case <-t.C:
 			break wait
 		}
 	}
-	closeLanes(lanes, broken)
+	engine.CloseLanes(lanes, broken)
 }
 
 // closeFlushTimeout bounds how long closing a session waits to send the
@@ -103,7 +104,7 @@ const closeFlushTimeout = 2 * time.Second
 const answerLinger = time.Second
 
 // lane picks the lane for the next frame call, in turn.
-func (s *clientSession) lane() *link {
+func (s *clientSession) lane() *engine.Link {
 	if len(s.lanes) <= 1 {
 		return s.link
 	}
@@ -113,12 +114,12 @@ func (s *clientSession) lane() *link {
 // close ends the session from this side and waits for its reader and
 // lane watchers.
 func (s *clientSession) close(reason error) {
-	if s.err() == nil && s.link != nil && s.link.fr != nil {
+	if s.err() == nil && s.link != nil && s.link.Frames != nil {
 		// Releases still queued go first: the server frees those
 		// transfers now rather than when it notices the session's end.
 		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
 		for _, l := range s.lanes {
-			l.flushReleases(ctx)
+			l.FlushReleases(ctx)
 		}
 		cancel()
 	}
@@ -132,7 +133,7 @@ func (s *clientSession) close(reason error) {
 // stream ended meanwhile, its lanes are closed at once. A lane that fails
 // later (a broken frame, a lost connection) ends the session, and with it
 // the stream, so that the next call opens a new one; ended runs then.
-func (s *clientSession) open(lanes []*link, transport string, calls callPlane, ended func(error)) {
+func (s *clientSession) open(lanes []*engine.Link, transport string, calls callPlane, ended func(error)) {
 	s.mu.Lock()
 	if len(lanes) > 0 {
 		s.link, s.lanes = lanes[0], lanes
@@ -141,13 +142,13 @@ func (s *clientSession) open(lanes []*link, transport string, calls callPlane, e
 	broken := s.broken
 	s.mu.Unlock()
 	if broken != nil {
-		closeLanes(lanes, broken)
+		engine.CloseLanes(lanes, broken)
 		return
 	}
 	if len(lanes) == 0 {
 		return
 	}
-	dead, failure := anyDead(lanes, &s.watchers)
+	dead, failure := engine.AnyDead(lanes, &s.watchers)
 	s.watchers.Go(func() {
 		<-dead
 		err := failure()
@@ -218,11 +219,11 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		return nil, err
 	}
 
-	links := map[pb.Transport][]*link{} // each offer's lanes
+	links := map[pb.Transport][]*engine.Link{} // each offer's lanes
 	defer func() {
 		for _, lanes := range links {
 			if lanes[0] != s.link {
-				closeLanes(lanes, errors.New("not chosen"))
+				engine.CloseLanes(lanes, errors.New("not chosen"))
 			}
 		}
 	}()
@@ -232,14 +233,14 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		if name == TransportGRPC || dev == nil {
 			continue
 		}
-		l, err := newLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
+		l, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
 		if err != nil {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue
 		}
-		lanes := []*link{l}
+		lanes := []*engine.Link{l}
 		for len(lanes) < c.opts.lanesFor(name) {
-			x, err := newLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
+			x, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
 			if err != nil {
 				c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
 				break
@@ -247,7 +248,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			lanes = append(lanes, x)
 		}
 		links[transportOf(name)] = lanes
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.qp.LocalInfo(), Description: dev.name, Lanes: laneInfos(lanes[1:])})
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
 	}
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
@@ -288,25 +289,25 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		if n := 1 + len(choice.Lanes); n > len(lanes) {
 			return fail(status.Errorf(codes.Internal, "tensorrpc: server chose %d lanes of %s, %d were offered", n, choice.Transport, len(lanes)))
 		} else {
-			closeLanes(lanes[n:], errors.New("not chosen"))
+			engine.CloseLanes(lanes[n:], errors.New("not chosen"))
 			lanes = lanes[:n]
 			links[choice.Transport] = lanes
 		}
 		name := transportName(choice.Transport)
 		for _, l := range lanes {
-			l.enableFrames(slotSizeFor(s.eager), nil, nil)
+			l.EnableFrames(engine.SlotSizeFor(s.eager), nil, nil)
 		}
 		rej, err := c.tryConnect(ctx, stream.Send, next, s, lanes, choice)
 		if err != nil {
 			return fail(err)
 		}
 		if rej == nil {
-			s.open(lanes, name, engine{c: c, s: s}, func(err error) { c.sessionEnded(s, err) })
+			s.open(lanes, name, framePlane{c: c, s: s}, func(err error) { c.sessionEnded(s, err) })
 			break
 		}
 		s.rejections = append(s.rejections, *rej)
 		delete(links, choice.Transport)
-		closeLanes(lanes, errors.New("did not connect"))
+		engine.CloseLanes(lanes, errors.New("did not connect"))
 	}
 	for _, r := range s.rejections {
 		c.log.Info("tensorrpc: data plane not used", "transport", r.Transport, "side", r.Side, "reason", r.Reason, "fix", r.Fix)
@@ -317,7 +318,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 // tryConnect connects and verifies the data plane the server chose. It
 // returns the rejection when the plane is not usable, or an error when the
 // session itself failed.
-func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, lanes []*link, choice *pb.TransportOffer) (*Rejection, error) {
+func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, lanes []*engine.Link, choice *pb.TransportOffer) (*Rejection, error) {
 	name := transportName(choice.Transport)
 	report := func(ok bool, verify bool, err error) error {
 		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
@@ -341,13 +342,13 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	// Step 1: connect, report at once, and give up as soon as the server
 	// reports failure.
 	remotes := append([][]byte{choice.Info}, choice.Lanes...)
-	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes) }
-	o, err := connectBoth(ctx, c.opts.connectTimeout, connect,
+	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
+	o, err := engine.ConnectBoth(ctx, c.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
 	if err != nil {
 		return nil, negotiationError(ctx, err)
 	}
-	myErr, their, abandoned := o.mine, o.theirs, o.abandoned
+	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
 	switch {
 	case myErr != nil && !abandoned:
 		return rejectionPtr(name, "client", "connect: "+myErr.Error()), nil
@@ -360,7 +361,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	defer vcancel()
 	var verr error
 	for i, l := range lanes {
-		if verr = l.sendVerify(vctx, verifyMessage(s.id, i)); verr != nil {
+		if verr = l.SendVerify(vctx, engine.VerifyMessage(s.id, i)); verr != nil {
 			break
 		}
 	}
@@ -369,8 +370,8 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 			break
 		}
 		var echo []byte
-		echo, verr = l.recvVerify(vctx)
-		if verr == nil && !bytes.Equal(echo, verifyMessage(s.id, i)) {
+		echo, verr = l.RecvVerify(vctx)
+		if verr == nil && !bytes.Equal(echo, engine.VerifyMessage(s.id, i)) {
 			verr = fmt.Errorf("the server's verifying message %q is not the session id", echo)
 		}
 	}
@@ -391,7 +392,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 		return rejectionPtr(name, "server", their.Error), nil
 	}
 	for _, l := range lanes {
-		l.verified.Store(true)
+		l.Verified.Store(true)
 	}
 	return nil, nil
 }

@@ -19,9 +19,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/internal/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -333,7 +334,7 @@ func testPlainProtoClient(t *testing.T, opts []grpc.CallOption) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ch.Header != nil || len(ch.Data) == 0 || len(ch.Data) > streamChunkSize {
+		if ch.Header != nil || len(ch.Data) == 0 || len(ch.Data) > fallback.ChunkSize {
 			t.Fatalf("data chunk with header %v and %d bytes", ch.Header, len(ch.Data))
 		}
 		fetched = append(fetched, ch.Data...)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -71,7 +72,7 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 	}
 	defer c.leave()
 	d := c.plan(s, t.Buffer)
-	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct && n > s.eager {
+	if e, ok := s.calls.(framePlane); ok && d.Path == gpudirect.Direct && n > s.eager {
 		mr, _, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
 		if err == nil {
 			meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(t.DType), Shape: append([]int64(nil), t.Shape...), ByteLength: uint64(n)}
@@ -114,7 +115,7 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 	}
 	defer c.leave()
 	d := c.plan(s, dst)
-	if e, ok := s.calls.(engine); ok && d.Path == gpudirect.Direct {
+	if e, ok := s.calls.(framePlane); ok && d.Path == gpudirect.Direct {
 		var dtype zerocopy.DType
 		var shape []int64
 		// A direct Fetch that cannot register dst fails Unimplemented and
@@ -155,7 +156,7 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 // fetchDirect reads a published tensor straight into registered device
 // memory, asked for as any Fetch is (engine.ask). It fails with Unimplemented when the device memory cannot be
 // registered, so the caller can stage instead.
-func (c *Client) fetchDirect(ctx context.Context, e engine, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
+func (c *Client) fetchDirect(ctx context.Context, e framePlane, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
 	s := e.s
 	l, resp, err := e.ask(ctx, key, fetchOptions{})
 	if err != nil {
@@ -184,7 +185,7 @@ func (c *Client) fetchDirect(ctx context.Context, e engine, key string, dst gpud
 		return 0, nil, status.Errorf(codes.Unimplemented, "registering %s with %s failed: %v", dst.Device(), s.transport, err)
 	}
 	id := resp.TransferId
-	err = readLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, loc.Lanes, func() {
+	err = engine.ReadLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, loc.Lanes, func() {
 		mr.Deregister()
 		c.releaseTransfer(s, id)
 	})
@@ -207,7 +208,7 @@ func (c *Client) registerDevice(s *clientSession, buf gpudirect.DeviceBuffer, of
 	if !ok {
 		return nil, verbs.Local{}, fmt.Errorf("%s has no direct memory", buf.Device())
 	}
-	mr, err := s.link.dev.pd.RegisterMemory(m, access)
+	mr, err := s.link.Dev.PD.RegisterMemory(m, access)
 	if err != nil {
 		return nil, verbs.Local{}, err
 	}

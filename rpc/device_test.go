@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -125,7 +126,7 @@ func TestDeviceTensorsDirect(t *testing.T) {
 			switch mode {
 			case "lanes":
 				copts, sopts = append(copts, WithLanes(3)), append(sopts, WithLanes(3))
-				n = stripeMin + 2*stripePart
+				n = engine.StripeMin + 2*engine.StripePart
 			}
 			s, c := pair(t, TransportTCP, sopts, copts)
 			c.planFor = func(gpudirect.DeviceBuffer) gpudirect.Decision {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -193,7 +194,7 @@ func TestHostileServer(t *testing.T) {
 				r := hs.next(5 * time.Second)
 				resp := hs.offer(r.lane, r.h.Ref, "x")
 				tc.mutate(resp)
-				hs.answer(r, frameFetchResp, 0, okBody(resp))
+				hs.answer(r, wire.FrameFetchResp, 0, okBody(resp))
 				err := waitErr(t, ch, 10*time.Second, "Fetch")
 				if status.Code(err) != tc.want {
 					t.Fatalf("Fetch: %v, want %v", err, tc.want)
@@ -257,9 +258,9 @@ func TestHostileClient(t *testing.T) {
 	}
 	src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 	defer src.Release()
-	local, _ := sess.link.dev.reg.Local(src.buf)
+	local, _ := sess.link.Dev.Reg.Local(src.buf)
 	loc := resp.Meta.Location
-	err = sess.link.post(ctx, write(local, loc.Address, loc.RemoteKey), nil)
+	err = sess.link.Post(ctx, write(local, loc.Address, loc.RemoteKey), nil)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("write through a read grant: %v, want PermissionDenied", err)
 	}

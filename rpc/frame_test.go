@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -64,7 +66,7 @@ func TestFetchFrames(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/lanes=%d", tr, lanes), func(t *testing.T) {
 				var u unaryCounter
 				s, c := pair(t, tr, []ServerOption{u.options(), WithLanes(lanes)}, []DialOption{WithLanes(lanes)})
-				if c.last.link.fr == nil {
+				if c.last.link.Frames == nil {
 					t.Fatal("no frames")
 				}
 				ctx := ctxT(t)
@@ -94,7 +96,7 @@ func TestFetchFrames(t *testing.T) {
 				}
 				fetches++
 				// Sends share the server's slots with Fetches.
-				for i := range 3 * frameSlots {
+				for i := range 3 * engine.FrameSlots {
 					w := wrapped(t, 64<<10, byte(i))
 					want := append([]byte(nil), w.Bytes()...)
 					if err := c.Send(ctx, "sent", w); err != nil {
@@ -130,7 +132,7 @@ func TestFetchFramesWaitForKey(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
-			if c.last.link.fr == nil {
+			if c.last.link.Frames == nil {
 				t.Fatal("no frames")
 			}
 			ctx := ctxT(t)
@@ -173,10 +175,10 @@ func TestFetchFramesWaitForKey(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			f := c.last.link.fr
-			f.mu.Lock()
-			n := len(f.pending)
-			f.mu.Unlock()
+			f := c.last.link.Frames
+			f.Mu.Lock()
+			n := len(f.Pending)
+			f.Mu.Unlock()
 			if n != 0 {
 				t.Fatalf("%d pending frame fetches on the client", n)
 			}
@@ -210,12 +212,12 @@ func serverSessionOf(t *testing.T, s *Server) *serverSession {
 // leaked and the next call opens a new session.
 func TestFramesHostile(t *testing.T) {
 	bad := map[string][]byte{
-		"short":          {frameMagic, frameFetchReq},
-		"magic":          append([]byte{0x00}, make([]byte, frameHeaderLen-1)...),
-		"length":         hdr(frameFetchReq, 0, 0, 1, 100, nil),
+		"short":          {wire.FrameMagic, wire.FrameFetchReq},
+		"magic":          append([]byte{0x00}, make([]byte, wire.FrameHeaderLen-1)...),
+		"length":         hdr(wire.FrameFetchReq, 0, 0, 1, 100, nil),
 		"type":           hdr(99, 0, 0, 1, 0, nil),
-		"credits":        hdr(frameCredit, 0, 1000, 0, 0, nil),
-		"resp-to-server": hdr(frameFetchResp, 0, 0, 1, 8, make([]byte, 8)),
+		"credits":        hdr(wire.FrameCredit, 0, 1000, 0, 0, nil),
+		"resp-to-server": hdr(wire.FrameFetchResp, 0, 0, 1, 8, make([]byte, 8)),
 	}
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		for name, frame := range bad {
@@ -223,15 +225,15 @@ func TestFramesHostile(t *testing.T) {
 				s, c := pair(t, tr, nil, nil)
 				publishBytes(t, s, "k", 1<<20, 3)
 				l := c.last.link
-				buf, err := l.ctlPool.Alloc(ctxT(t), len(frame))
+				buf, err := l.CtlPool.Alloc(ctxT(t), len(frame))
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer buf.Release()
 				copy(buf.Bytes(), frame)
-				local, _ := l.dev.ctl.Local(buf)
+				local, _ := l.Dev.Ctl.Local(buf)
 				local.Length = len(frame)
-				l.post(ctxT(t), verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil) // may fail: the server ends the plane
+				l.Post(ctxT(t), verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil) // may fail: the server ends the plane
 				deadline := time.Now().Add(10 * time.Second)
 				for !sessionGone(c) {
 					if time.Now().After(deadline) {
@@ -257,7 +259,7 @@ func TestFetchFramesConcurrent(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			ctx := ctxT(t)
-			const waiters = 3 * frameSlots
+			const waiters = 3 * engine.FrameSlots
 			errs := make(chan error, 4*waiters)
 			for range waiters {
 				go func() {
@@ -295,9 +297,9 @@ func TestFetchFramesConcurrent(t *testing.T) {
 				}
 			}
 			l := c.last.link
-			l.mu.Lock()
-			failure := l.failure
-			l.mu.Unlock()
+			l.Mu.Lock()
+			failure := l.Failure
+			l.Mu.Unlock()
 			if failure != nil || sessionGone(c) {
 				t.Fatalf("the session ended: %v", failure)
 			}

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 // methodCounter counts the server's unary calls by method.
@@ -50,7 +52,7 @@ func framedPair(t *testing.T, transport string) (*Server, *Client, *methodCounte
 	t.Helper()
 	u := newMethodCounter()
 	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.intercept)})
-	if c.last.link == nil || c.last.link.fr == nil {
+	if c.last.link == nil || c.last.link.Frames == nil {
 		t.Fatal("no frames")
 	}
 	return s, c, u
@@ -252,7 +254,7 @@ func TestFramesPullForeignGrant(t *testing.T) {
 			defer free()
 			meta := metaOf("stolen", secret.Tensor, false)
 			meta.Location = loc
-			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, frameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
+			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, wire.FrameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
 			if err == nil {
 				err = thief.replyError(ts, ref, r)
 			}
@@ -310,7 +312,7 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 			}
 			// Releases spread over the lanes, as the calls do.
 			for i, l := range ss.lanes {
-				if l.fr.releasedIn.Load() == 0 {
+				if l.Frames.ReleasedIn.Load() == 0 {
 					t.Errorf("lane %d of %d carried no release", i, lanes)
 				}
 			}
@@ -357,13 +359,13 @@ func TestGracefulStopFinishesFrameCalls(t *testing.T) {
 	}
 }
 
-// TestFrameCallsBounded: a session may have maxFrameCalls calls under way
+// TestFrameCallsBounded: a session may have MaxFrameCalls calls under way
 // as frames; more are answered ResourceExhausted at once, and the session
 // goes on.
 func TestFrameCallsBounded(t *testing.T) {
 	s, c, _ := framedPair(t, TransportTCP)
 	ctx := ctxT(t)
-	const n = maxFrameCalls + 64
+	const n = engine.MaxFrameCalls + 64
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
@@ -375,7 +377,7 @@ func TestFrameCallsBounded(t *testing.T) {
 		}()
 	}
 	exhausted := 0
-	for exhausted < n-maxFrameCalls {
+	for exhausted < n-engine.MaxFrameCalls {
 		err := <-errs
 		if status.Code(err) != codes.ResourceExhausted {
 			t.Fatalf("a call past the bound: %v, want ResourceExhausted", err)
@@ -385,7 +387,7 @@ func TestFrameCallsBounded(t *testing.T) {
 	for i := range 8 {
 		publishBytes(t, s, fmt.Sprintf("never%d", i), 64, 1)
 	}
-	for range maxFrameCalls {
+	for range engine.MaxFrameCalls {
 		if err := <-errs; err != nil {
 			t.Fatalf("a waiting call within the bound: %v", err)
 		}
@@ -416,13 +418,13 @@ func TestStalePullEndsSession(t *testing.T) {
 func TestFrameResponseOfWrongType(t *testing.T) {
 	_, c, _ := framedPair(t, TransportTCP)
 	l := c.last.link
-	l.fr.expect(77, frameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
-	body := appendStatus(nil, nil, 64)
-	frame := hdr(frameCallResp, 0, 0, 77, len(body), body)
-	if err := l.handleFrame(frame); err == nil || !errors.Is(err, errFrame) {
+	l.Frames.Expect(77, wire.FrameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
+	body := engine.AppendStatus(nil, nil, 64)
+	frame := hdr(wire.FrameCallResp, 0, 0, 77, len(body), body)
+	if err := l.HandleFrame(frame); err == nil || !errors.Is(err, wire.ErrInvalidFrame) {
 		t.Fatalf("a CALL_RESP to a SEND_REQ: %v, want a frame error", err)
 	}
-	l.fr.forget(77)
+	l.Frames.Forget(77)
 }
 
 // TestFetchNow: a Fetch of a published key (inline or a transfer), and one

@@ -8,6 +8,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -32,20 +34,20 @@ func TestNoReadAfterRelease(t *testing.T) {
 	})
 	c := dial()
 	cs, api := rawSession(t, c)
-	r, _, err := c.roundTrip(ctx, cs, cs.link, frameCallReq, 0, nil, &pb.CallRequest{Method: "big"}, answerOr(func() proto.Message { return &pb.CallResponse{} }), nil)
-	resp, _ := r.msg.(*pb.CallResponse)
-	if err != nil || r.status != nil || len(resp.GetTransferIds()) != 1 {
+	r, _, err := c.roundTrip(ctx, cs, cs.link, wire.FrameCallReq, 0, nil, &pb.CallRequest{Method: "big"}, answerOr(func() proto.Message { return &pb.CallResponse{} }), nil)
+	resp, _ := r.Msg.(*pb.CallResponse)
+	if err != nil || r.Status != nil || len(resp.GetTransferIds()) != 1 {
 		t.Fatalf("Call: %+v, %v", r, err)
 	}
 	loc := resp.Tensors[0].Location
 	buf, local := scratch(t, c, cs, n, 3)
 	l := cs.link
-	w := &waiter{ch: make(chan verbs.Completion, 1)}
-	id := l.nextID.Add(1)
-	l.mu.Lock()
-	l.waiters[id] = w
-	l.mu.Unlock()
-	if err := l.qp.PostSend(verbs.SendRequest{ID: id, Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}); err != nil {
+	w := &engine.Waiter{Ch: make(chan verbs.Completion, 1)}
+	id := l.NextID.Add(1)
+	l.Mu.Lock()
+	l.Waiters[id] = w
+	l.Mu.Unlock()
+	if err := l.QP.PostSend(verbs.SendRequest{ID: id, Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := api.Release(ctx, &pb.ReleaseRequest{SessionId: cs.id, TransferIds: resp.TransferIds}); err != nil {
@@ -62,7 +64,7 @@ func TestNoReadAfterRelease(t *testing.T) {
 	for hi := len(ob); hi > 0; hi -= len(blk) { // from the end, to meet the writer
 		copy(ob[max(0, hi-len(blk)):hi], blk)
 	}
-	cpl := <-w.ch
+	cpl := <-w.Ch
 	other.Release()
 	if cpl.Status != verbs.StatusSuccess {
 		return // refused: the Release came before the Read's key check

@@ -71,7 +71,7 @@ func scratch(t *testing.T, c *Client, s *clientSession, n int, seed byte) (*memp
 	}
 	t.Cleanup(func() { buf.Release() })
 	pattern(buf.Bytes(), seed)
-	local, err := s.link.dev.reg.Local(buf)
+	local, err := s.link.Dev.Reg.Local(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			ts, _ := rawSession(t, thief)
 			buf, local := scratch(t, thief, ts, n, 5)
 			before := bytes.Clone(buf.Bytes())
-			err = ts.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil)
+			err = ts.link.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil)
 			if status.Code(err) != codes.PermissionDenied {
 				t.Errorf("another session's Read with the victim's grant: %v, want PermissionDenied", err)
 			}
@@ -125,7 +125,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			vandal := dial()
 			vds, _ := rawSession(t, vandal)
 			_, vlocal := scratch(t, vandal, vds, n, 9)
-			err = vds.link.post(ctx, write(vlocal, rloc.Address, rloc.RemoteKey), nil)
+			err = vds.link.Post(ctx, write(vlocal, rloc.Address, rloc.RemoteKey), nil)
 			if status.Code(err) != codes.PermissionDenied {
 				t.Errorf("another session's Write into the victim's tensor: %v, want PermissionDenied", err)
 			}
@@ -150,7 +150,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 				cbuf, clocal := scratch(t, c, cs, tc.bytes, 3)
 				cbefore := bytes.Clone(cbuf.Bytes())
 				remote := verbs.Remote{Addr: tc.addr(own.Meta.Location), Key: own.Meta.Location.RemoteKey}
-				err = cs.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: clocal, Remote: remote}, nil)
+				err = cs.link.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: clocal, Remote: remote}, nil)
 				if status.Code(err) != codes.PermissionDenied {
 					t.Errorf("own grant %s: %v, want PermissionDenied", tc.name, err)
 				}
@@ -165,7 +165,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 				t.Fatal("the victim's session ended because of another session's accesses")
 			}
 			rbuf, rlocal := scratch(t, victim, vs, n, 0)
-			if err := vs.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: rlocal, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil); err != nil {
+			if err := vs.link.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: rlocal, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil); err != nil {
 				t.Fatalf("the victim's own Read: %v", err)
 			}
 			if !bytes.Equal(rbuf.Bytes(), secret) {
@@ -185,7 +185,7 @@ func TestHostileClientGetsOnlyItsGrants(t *testing.T) {
 			if _, err := vapi.Release(ctx, &pb.ReleaseRequest{SessionId: vs.id, TransferIds: []uint64{fr.TransferId}}); err != nil {
 				t.Fatal(err)
 			}
-			err = vs.link.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: rlocal, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil)
+			err = vs.link.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: rlocal, Remote: verbs.Remote{Addr: rloc.Address, Key: rloc.RemoteKey}}, nil)
 			if status.Code(err) != codes.PermissionDenied {
 				t.Errorf("Read with a released grant: %v, want PermissionDenied", err)
 			}

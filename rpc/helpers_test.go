@@ -13,6 +13,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -153,7 +154,7 @@ func asDial(opts []Option) []DialOption {
 }
 
 // currentLink is the data plane of c's open session (nil on grpc).
-func currentLink(c *Client) *link {
+func currentLink(c *Client) *engine.Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sess == nil {

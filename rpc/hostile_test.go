@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/internal/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
@@ -218,9 +218,9 @@ func TestDeadDataPlaneEndsSession(t *testing.T) {
 			src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 			defer src.Release()
 			l := sess.link
-			local, _ := l.dev.reg.Local(src.buf)
+			local, _ := l.Dev.Reg.Local(src.buf)
 			loc := resp.Meta.Location
-			if err := l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey ^ 0xffff}}, nil); status.Code(err) != codes.PermissionDenied {
+			if err := l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey ^ 0xffff}}, nil); status.Code(err) != codes.PermissionDenied {
 				t.Fatalf("forged read: %v, want PermissionDenied", err)
 			}
 			waitFor(t, "the server to end the session", func() bool {

@@ -12,14 +12,15 @@ import (
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 // indirectIn counts the frames with frameIndirect that the lanes of c's
 // session (answers) or of the server's session (requests) received.
-func indirectIn(lanes []*link) uint64 {
+func indirectIn(lanes []*engine.Link) uint64 {
 	var n uint64
 	for _, l := range lanes {
-		n += l.fr.indirect.Load()
+		n += l.Frames.Indirect.Load()
 	}
 	return n
 }
@@ -67,8 +68,8 @@ func TestIndirectRequests(t *testing.T) {
 					if respIndirect := indirectIn(cs.lanes) != inBefore; respIndirect != (i == 0 && eager > 0) {
 						t.Errorf("the FETCH_RESP for a %d-byte key (%d bytes) indirect: %v", len(key), n, respIndirect)
 					}
-					if reqIndirect := indirectIn(ss.lanes) != outBefore; reqIndirect != (frameHeaderLen+len(key) > cs.link.fr.slotSize) {
-						t.Errorf("FETCH_REQ of %d bytes in slots of %d: indirect %v", frameHeaderLen+len(key), cs.link.fr.slotSize, reqIndirect)
+					if reqIndirect := indirectIn(ss.lanes) != outBefore; reqIndirect != (wire.FrameHeaderLen+len(key) > cs.link.Frames.SlotSize) {
+						t.Errorf("FETCH_REQ of %d bytes in slots of %d: indirect %v", wire.FrameHeaderLen+len(key), cs.link.Frames.SlotSize, reqIndirect)
 					}
 				}
 				// A key past the longest: refused, and the session goes on.

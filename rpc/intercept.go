@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 // Calls carry what a gRPC call carries, on every path (a frame on the data
@@ -39,7 +41,7 @@ import (
 
 // MaxFrameMetadataBytes bounds the encoded metadata a call carries as a
 // frame; a call with more fails with ResourceExhausted before it is sent.
-const MaxFrameMetadataBytes = 8 << 10
+const MaxFrameMetadataBytes = engine.MaxFrameMetadataBytes
 
 // Operation names what a call does.
 type Operation string
@@ -189,15 +191,15 @@ type headers struct {
 func splitHeaders(body []byte) (headers, []byte, error) {
 	var h headers
 	if len(body) < 4 {
-		return h, nil, fmt.Errorf("%w: headers in a body of %d bytes", errFrame, len(body))
+		return h, nil, fmt.Errorf("%w: headers in a body of %d bytes", wire.ErrInvalidFrame, len(body))
 	}
 	n := binary.LittleEndian.Uint32(body)
 	if uint64(n) > uint64(len(body)-4) || n > MaxFrameMetadataBytes+16 {
-		return h, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", errFrame, n, len(body))
+		return h, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", wire.ErrInvalidFrame, n, len(body))
 	}
 	p, rest := body[4:4+n], body[4+n:]
 	bad := func(what string) (headers, []byte, error) {
-		return headers{}, nil, fmt.Errorf("%w: headers: %s", errFrame, what)
+		return headers{}, nil, fmt.Errorf("%w: headers: %s", wire.ErrInvalidFrame, what)
 	}
 	for len(p) > 0 {
 		num, typ, k := protowire.ConsumeTag(p)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -67,7 +68,7 @@ func TestSplitHeadersRefusesBadInput(t *testing.T) {
 	for _, b := range [][]byte{
 		nil, {1, 0}, {9, 0, 0, 0, 1}, {0xff, 0xff, 0xff, 0xff}, {2, 0, 0, 0, 0xff, 0xff},
 	} {
-		if _, _, err := splitHeaders(b); !errors.Is(err, errFrame) {
+		if _, _, err := splitHeaders(b); !errors.Is(err, wire.ErrInvalidFrame) {
 			t.Errorf("splitHeaders(%x): %v, want a frame error", b, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -84,7 +85,7 @@ func TestLanes(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, l := range ss.lanes {
-				if l.fr.received.Load() == 0 {
+				if l.Frames.Received.Load() == 0 {
 					t.Errorf("server lane %d received no frame", i)
 				}
 			}
@@ -122,7 +123,7 @@ func TestLaneDeath(t *testing.T) {
 	publishBytes(t, s, "k", 1<<20, 1)
 	first := c.SessionID()
 	ss := serverSessionOf(t, s)
-	ss.lanes[2].qp.Close() // the server's end of lane 2 goes away
+	ss.lanes[2].QP.Close() // the server's end of lane 2 goes away
 	expectNewSession(t, c, first, "k")
 }
 
@@ -154,7 +155,7 @@ func expectNewSession(t *testing.T, c *Client, first, key string) {
 	}
 }
 
-// TestStripes: a transfer of stripeMin bytes or more on a session with
+// TestStripes: a transfer of engine.StripeMin bytes or more on a session with
 // several lanes is read in parts over every lane (Fetch: the client's
 // lanes read; Send and Call: the server's), and arrives whole.
 func TestStripes(t *testing.T) {
@@ -164,10 +165,10 @@ func TestStripes(t *testing.T) {
 			s.Handle("echo", echo(s))
 			ss := serverSessionOf(t, s)
 			ctx := ctxT(t)
-			reads := func(lanes []*link) []uint64 {
+			reads := func(lanes []*engine.Link) []uint64 {
 				var out []uint64
 				for _, l := range lanes {
-					out = append(out, l.reads.Load())
+					out = append(out, l.Reads.Load())
 				}
 				return out
 			}
@@ -179,7 +180,7 @@ func TestStripes(t *testing.T) {
 					}
 				}
 			}
-			n := stripeMin + 3*stripePart + 12345 // parts not a multiple of the page size
+			n := engine.StripeMin + 3*engine.StripePart + 12345 // parts not a multiple of the page size
 			want := publishBytes(t, s, "big", n, 7)
 			before := reads(c.last.lanes)
 			got, err := c.Fetch(ctx, "big")
@@ -228,7 +229,7 @@ func TestClientLaneDeath(t *testing.T) {
 	s, c := pair(t, TransportTCP, []ServerOption{WithLanes(3)}, []DialOption{WithLanes(3)})
 	publishBytes(t, s, "k", 1<<20, 1)
 	first := c.SessionID()
-	c.last.lanes[1].fail(errors.New("test: lane 1 broke"))
+	c.last.lanes[1].Fail(errors.New("test: lane 1 broke"))
 	expectNewSession(t, c, first, "k")
 }
 
@@ -236,31 +237,31 @@ func TestClientLaneDeath(t *testing.T) {
 // pool's slots stay within half its limit, and none past that (the
 // session is refused: slots are never waited for).
 func TestLanesAllowed(t *testing.T) {
-	ctl, err := newControlPool()
+	ctl, err := engine.NewControlPool()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ctl.Close()
-	slot := slotSizeFor(DefaultEagerThreshold)
-	if got := lanesAllowed(ctl, 8, slot); got != 8 {
+	slot := engine.SlotSizeFor(DefaultEagerThreshold)
+	if got := engine.LanesAllowed(ctl, 8, slot); got != 8 {
 		t.Fatalf("empty pool: %d lanes, want 8", got)
 	}
-	perLane := frameSlots * slot
-	hog, err := ctl.Alloc(ctxT(t), controlPoolLimit/2-3*perLane)
+	perLane := engine.FrameSlots * slot
+	hog, err := ctl.Alloc(ctxT(t), engine.ControlPoolLimit/2-3*perLane)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := lanesAllowed(ctl, 8, slot)
+	got := engine.LanesAllowed(ctl, 8, slot)
 	hog.Release()
 	if got < 1 || got > 3 {
 		t.Fatalf("pool near half full: %d lanes, want 1 to 3", got)
 	}
-	hog, err = ctl.Alloc(ctxT(t), controlPoolLimit/2+perLane)
+	hog, err = ctl.Alloc(ctxT(t), engine.ControlPoolLimit/2+perLane)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hog.Release()
-	if got := lanesAllowed(ctl, 8, slot); got != 0 {
+	if got := engine.LanesAllowed(ctl, 8, slot); got != 0 {
 		t.Fatalf("pool past half full: %d lanes, want 0", got)
 	}
 }

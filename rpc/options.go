@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -100,7 +101,7 @@ type options struct {
 	interceptors   []Interceptor
 	// frameServe, set by the package's tests, wraps the frame handler of
 	// each lane of a server's session as the session sets it up.
-	frameServe func(ss *serverSession, lane int, serve func(frameHeader, []byte)) func(frameHeader, []byte)
+	frameServe func(ss *serverSession, lane int, serve func(wire.FrameHeader, []byte)) func(wire.FrameHeader, []byte)
 }
 
 func defaultOptions() options {

@@ -121,7 +121,7 @@ func TestServerKilledMidRead(t *testing.T) {
 	killed := make(chan struct{})
 	go func() {
 		defer close(killed)
-		for deadline := time.Now().Add(10 * time.Second); l.reads.Load() == 0 && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(10 * time.Second); l.Reads.Load() == 0 && time.Now().Before(deadline); {
 			runtime.Gosched()
 		}
 		ch.Kill() // as the client's Read starts

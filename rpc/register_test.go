@@ -50,8 +50,8 @@ func TestRegisterOnExistingServer(t *testing.T) {
 		t.Fatal("data differs")
 	}
 	got.Release()
-	if c.Transport() != TransportSHM || c.last.link.fr == nil {
-		t.Fatalf("session on %s, frames %v", c.Transport(), c.last.link != nil && c.last.link.fr != nil)
+	if c.Transport() != TransportSHM || c.last.link.Frames == nil {
+		t.Fatalf("session on %s, frames %v", c.Transport(), c.last.link != nil && c.last.link.Frames != nil)
 	}
 	u.none(t)
 	if n := m.total(); n != 0 {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -55,8 +57,8 @@ type Server struct {
 	ownPool bool
 	ctl     *mempool.Pool // the links' own buffers
 	grpc    *grpc.Server
-	rv      *rendezvous
-	devices map[string]*device
+	rv      *rendezvous.Rendezvous
+	devices map[string]*engine.Device
 	missing map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
@@ -89,8 +91,8 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
 	s := &Server{
-		opts: o, log: o.logger, rv: newRendezvous(),
-		devices: map[string]*device{}, missing: map[string]string{},
+		opts: o, log: o.logger, rv: rendezvous.New(),
+		devices: map[string]*engine.Device{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
 		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
@@ -101,7 +103,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if s.ownPool {
 		s.stopTrim = trimmer(s.pool, o.trimInterval, s.log)
 	}
-	ctl, err := newControlPool()
+	ctl, err := engine.NewControlPool()
 	if err != nil {
 		s.stopTrim()
 		if s.ownPool {
@@ -196,7 +198,7 @@ func (s *Server) publish(key string, dtype zerocopy.DType, shape []int64, buf *m
 		buf.Release()
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := s.rv.publish(key, entry{tensor: zt, buf: buf, seq: seq}); err != nil {
+	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: zt, Buf: buf, Seq: seq}); err != nil {
 		return rendezvousError(key, err)
 	}
 	return nil
@@ -204,7 +206,7 @@ func (s *Server) publish(key string, dtype zerocopy.DType, shape []int64, buf *m
 
 // Unpublish removes key. It reports whether key was published. Transfers
 // of the tensor already under way finish.
-func (s *Server) Unpublish(key string) bool { return s.rv.remove(key) }
+func (s *Server) Unpublish(key string) bool { return s.rv.Remove(key) }
 
 // Fetch returns the tensor published (locally or by a client's Send) under
 // key. A key that is not published fails with NotFound, unless WaitForKey
@@ -225,18 +227,18 @@ func (s *Server) take(ctx context.Context, key string, remove bool, opts []Fetch
 	for _, o := range opts {
 		o(&fo)
 	}
-	e, err := s.rv.fetch(ctx, key, remove, fo.wait)
+	e, err := s.rv.Fetch(ctx, key, remove, fo.wait)
 	if err != nil {
 		return nil, rendezvousError(key, err)
 	}
-	return &Tensor{Tensor: e.tensor, buf: e.buf}, nil
+	return &Tensor{Tensor: e.Tensor, buf: e.Buf}, nil
 }
 
 func rendezvousError(key string, err error) error {
 	switch err {
-	case errClosed:
+	case rendezvous.ErrClosed:
 		return status.Error(codes.Unavailable, "tensorrpc: server stopped")
-	case errNotPublished:
+	case rendezvous.ErrNotPublished:
 		return status.Errorf(codes.NotFound, "tensorrpc: no tensor is published under key %q (to wait for it, fetch with rpc.WaitForKey, or set FetchRequest.wait)", key)
 	}
 	return status.FromContextError(err).Err()
@@ -321,7 +323,7 @@ func (s *Server) endSessions() {
 		close(s.drain)
 	}
 	s.mu.Unlock()
-	s.rv.stop()
+	s.rv.Stop()
 }
 
 // Close releases what the Server holds: sessions, published tensors,
@@ -340,13 +342,13 @@ func (s *Server) Close() error {
 	for _, ss := range sessions {
 		s.closeSession(ss)
 	}
-	s.rv.close()
+	s.rv.Close()
 	s.mu.Lock()
 	devices := s.devices
-	s.devices = map[string]*device{}
+	s.devices = map[string]*engine.Device{}
 	s.mu.Unlock()
 	for _, d := range devices {
-		d.close()
+		d.Close()
 	}
 	if s.ctl != nil {
 		s.ctl.Close()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -36,13 +37,13 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 // FETCH_REQ on lane l): the tensor under key, waited for with wait,
 // offered inline up to inlineMax bytes, else as a transfer read on l;
 // held as in offer.
-func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
-	e, err := s.rv.fetch(ctx, key, false, wait)
+func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+	e, err := s.rv.Fetch(ctx, key, false, wait)
 	if err != nil {
 		return nil, rendezvousError(key, err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.tensor, e.buf, inlineMax, held)
+	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +56,7 @@ func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *link, ref u
 // reference. Inline bytes are a copy,
 // or with held a view of buf, whose reference is added to *held for the
 // caller to release once the bytes are sent.
-func (s *Server) offer(ctx context.Context, ss *serverSession, l *link, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int, held *[]*mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
+func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, t zerocopy.Tensor, buf *mempool.Buffer, inlineMax int, held *[]*mempool.Buffer) (*pb.TensorMeta, []byte, uint64, error) {
 	meta := metaOf(key, t, s.opts.checksums)
 	n := len(t.Bytes())
 	if n <= inlineMax || l == nil {
@@ -81,16 +82,16 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *link, ref uint
 		})
 		return meta, inline, 0, nil
 	}
-	g, err := l.grant(buf, n, verbs.AccessRemoteRead)
+	g, err := l.Grant(buf, n, verbs.AccessRemoteRead)
 	if err != nil {
 		buf.Release()
-		return nil, nil, 0, unavailable(err)
+		return nil, nil, 0, engine.Unavailable(err)
 	}
-	extra, striped, err := grantLanes(ss.lanes, l, g, n, func(x *link) (verbs.Grant, error) { return x.grant(buf, n, verbs.AccessRemoteRead) })
+	extra, striped, err := engine.GrantLanes(ss.lanes, l, g, n, func(x *engine.Link) (verbs.Grant, error) { return x.Grant(buf, n, verbs.AccessRemoteRead) })
 	if err != nil {
 		g.Revoke()
 		buf.Release()
-		return nil, nil, 0, unavailable(err)
+		return nil, nil, 0, engine.Unavailable(err)
 	}
 	remote := g.Remote()
 	tr := &transfer{buf: buf, grant: g, stripes: extra}
@@ -298,7 +299,7 @@ func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *M
 // reply offers a handler's reply tensors to the client of the call named
 // ref: inline up to inlineMax bytes, else as transfers it reads; held as
 // in offer.
-func (s *Server) reply(ctx context.Context, ss *serverSession, l *link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
+func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
 	resp := &pb.CallResponse{Metadata: out.Metadata}
 	for i, t := range out.Tensors {
 		var c counters

@@ -12,14 +12,11 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
-
-// maxFrameCalls bounds the calls a session may have under way as frames
-// (each is a goroutine, and a waiting Fetch a rendezvous waiter); more
-// are answered ResourceExhausted.
-const maxFrameCalls = 1024
 
 // frameCall is a call that arrived as a frame and is running.
 type frameCall struct{ cancel context.CancelFunc }
@@ -53,13 +50,13 @@ func (ss *serverSession) spawn(f func()) bool {
 // serveFrame handles a request frame that arrived on the session's link l.
 // It runs in the polling goroutine, so it never blocks: calls run in their
 // own goroutines.
-func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []byte) {
+func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, body []byte) {
 	switch h.Type {
-	case frameRelease:
+	case wire.FrameRelease:
 		// Cancel at once, in order with the requests before it; freeing
 		// (revoking grants may wait for the peer) happens aside.
 		var done []*transfer
-		for _, ref := range readU64s(body) {
+		for _, ref := range engine.ReadU64s(body) {
 			ss.cancelCall(ref)
 			done = append(done, ss.releaseRef(ref)...)
 		}
@@ -67,24 +64,24 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 			finishAll(done)
 		}
 		return
-	case frameFetchReq, frameSendReq, frameCallReq:
+	case wire.FrameFetchReq, wire.FrameSendReq, wire.FrameCallReq:
 	default:
 		return
 	}
 	// The caller's metadata and deadline, when it sent any.
 	var hdr headers
 	var bad error
-	if h.Flags&frameHeaders != 0 {
+	if h.Flags&wire.FlagHeaders != 0 {
 		if hdr, body, bad = splitHeaders(body); bad != nil {
 			bad = status.Error(codes.InvalidArgument, bad.Error())
 		}
 	}
 	switch h.Type {
-	case frameFetchReq:
+	case wire.FrameFetchReq:
 		var key string
 		// fetchNow answers in the polling goroutine; interceptors run
 		// where every other call's work runs.
-		if bad == nil && h.Flags&(frameWait|frameIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
+		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
 		}
 		// An indirect key is pulled up to one byte past the longest, so
@@ -96,19 +93,19 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 			key = string(b)
 			return nil
 		})
-		s.runFrameCall(ss, l, h.Ref, frameFetchResp, hdr, OpFetch, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
-	case frameSendReq:
+	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, frameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return 0, nil, s.sendForFrame(ctx, ss, l, req)
 		})
-	case frameCallReq:
+	case wire.FrameCallReq:
 		req := &pb.CallRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, frameCallResp, hdr, OpCall, load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameCallResp, hdr, OpCall, load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
@@ -121,11 +118,11 @@ func (s *Server) serveFrame(ss *serverSession, l *link, h frameHeader, body []by
 // bytes), once the call's goroutine has pulled it. The call runs the
 // returned func first; its error is the call's. bad, when not nil, is the
 // error of the frame's headers: the call fails with it.
-func (s *Server) takeRequest(ss *serverSession, l *link, h frameHeader, body []byte, bad error, limit int, decode func([]byte) error) func(context.Context) error {
+func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHeader, body []byte, bad error, limit int, decode func([]byte) error) func(context.Context) error {
 	if bad != nil {
 		return func(context.Context) error { return bad }
 	}
-	if h.Flags&frameIndirect == 0 {
+	if h.Flags&wire.FlagIndirect == 0 {
 		err := decode(body)
 		return func(context.Context) error { return err }
 	}
@@ -156,8 +153,8 @@ func (s *Server) takeRequest(ss *serverSession, l *link, h frameHeader, body []b
 // fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
-func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string) bool {
-	opened := l.opened.Load()
+func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string) bool {
+	opened := l.Opened.Load()
 	ss.mu.Lock()
 	quiet := !ss.draining && !ss.closed && !ss.released[h.Ref]
 	ss.mu.Unlock()
@@ -165,14 +162,14 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 		return false
 	}
 	var st [4]byte
-	e, err := s.rv.tryFetch(key)
+	e, err := s.rv.TryFetch(key)
 	switch {
-	case errors.Is(err, errNotPublished):
-		raw := appendStatus(st[:0], rendezvousError(key, err), l.fr.slotSize-frameHeaderLen)
+	case errors.Is(err, rendezvous.ErrNotPublished):
+		raw := engine.AppendStatus(st[:0], rendezvousError(key, err), l.Frames.SlotSize-wire.FrameHeaderLen)
 		// Counted before the answer goes, so that a client holding its
 		// answer sees it counted; taken back if the answer cannot go.
 		ss.answeredNow.Add(1)
-		if !l.trySendFrame(frameFetchResp, 0, h.Ref, raw, nil) {
+		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, nil) {
 			ss.answeredNow.Add(-1)
 			return false
 		}
@@ -180,22 +177,22 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 	case err != nil:
 		return false
 	}
-	n := len(e.tensor.Bytes())
-	if n > frameInline(s.opts.eagerThreshold) {
+	n := len(e.Tensor.Bytes())
+	if n > engine.FrameInline(s.opts.eagerThreshold) {
 		if s.opts.checksums {
-			e.buf.Release()
+			e.Buf.Release()
 			return false // its CRC takes the call path, off the polling goroutine
 		}
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
 		resp := &pb.FetchResponse{}
-		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.tensor, e.buf, -1, nil)
+		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.Tensor, e.Buf, -1, nil)
 		if err != nil {
 			return false
 		}
 		ss.answeredNow.Add(1)
-		if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
 			ss.answeredNow.Add(-1)
 			if t := ss.remove(resp.TransferId); t != nil && !ss.spawn(t.finish) {
 				t.finish()
@@ -204,10 +201,10 @@ func (s *Server) fetchNow(ss *serverSession, l *link, h frameHeader, key string)
 		}
 		return true
 	}
-	defer e.buf.Release()
-	resp := &pb.FetchResponse{Meta: metaOf(key, e.tensor, s.opts.checksums), InlineData: e.tensor.Bytes()[:n:n]}
+	defer e.Buf.Release()
+	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
 	ss.answeredNow.Add(1)
-	if !l.trySendFrame(frameFetchResp, 0, h.Ref, appendStatus(st[:0], nil, 0), resp) {
+	if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
 		ss.answeredNow.Add(-1)
 		return false
 	}
@@ -266,7 +263,7 @@ func finishAll(ts []*transfer) {
 // on success, its flags and body (which may view the pool buffers the
 // work adds to held until it is sent). A response that cannot be sent frees
 // what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	ctx, cancel := withHeaders(ss.ctx, hdr)
 	fc := &frameCall{cancel: cancel}
 	ss.mu.Lock()
@@ -286,16 +283,16 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 	// answers ends its session.
 	var refusal error
 	switch {
-	case (ss.draining || ss.inFlight >= maxFrameCalls) && ss.refusing >= maxFrameCalls:
+	case (ss.draining || ss.inFlight >= engine.MaxFrameCalls) && ss.refusing >= engine.MaxFrameCalls:
 		delete(ss.calls, ref)
 		ss.mu.Unlock()
 		cancel()
-		l.fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: the client sent %d requests past the %d calls a session may have under way without taking their answers; the session is ended", maxFrameCalls, maxFrameCalls))
+		l.Fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: the client sent %d requests past the %d calls a session may have under way without taking their answers; the session is ended", engine.MaxFrameCalls, engine.MaxFrameCalls))
 		return
 	case ss.draining:
 		refusal = status.Error(codes.Unavailable, "tensorrpc: server stopping")
-	case ss.inFlight >= maxFrameCalls:
-		refusal = status.Errorf(codes.ResourceExhausted, "tensorrpc: %d calls of this session under way, the most a session may have", maxFrameCalls)
+	case ss.inFlight >= engine.MaxFrameCalls:
+		refusal = status.Errorf(codes.ResourceExhausted, "tensorrpc: %d calls of this session under way, the most a session may have", engine.MaxFrameCalls)
 	default:
 		ss.running.Add(1)
 		ss.inFlight++
@@ -331,7 +328,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 		}()
 		// The session is open on l once open (Session) has set its lanes;
 		// a client that sends before it heard so is refused.
-		opened := l.opened.Load()
+		opened := l.Opened.Load()
 		var flags uint16
 		var body proto.Message
 		var held []*mempool.Buffer // what body views, until it is sent
@@ -378,11 +375,11 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 			return
 		}
 		var st [4]byte
-		raw := appendStatus(st[:0], err, l.fr.slotSize-frameHeaderLen)
+		raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 		if err != nil {
 			body = nil
 		}
-		if _, err := l.sendFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
+		if _, err := l.SendFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
 			finishAll(ss.releaseRef(ref))
 		}
 	}()
@@ -390,8 +387,8 @@ func (s *Server) runFrameCall(ss *serverSession, l *link, ref uint64, resp uint8
 
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, h frameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&frameWait != 0, frameInline(s.opts.eagerThreshold), held)
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&wire.FlagWait != 0, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -406,8 +403,8 @@ func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *link, 
 // it fits a slot, else with frameIndirect a TensorMeta naming a transfer
 // that holds it, which the client reads like a tensor. ids are the
 // transfers resp names, released if the answer cannot be made.
-func (s *Server) answer(ctx context.Context, ss *serverSession, l *link, ref uint64, resp proto.Message, ids []uint64) (uint16, proto.Message, error) {
-	if frameHeaderLen+4+proto.Size(resp) <= l.fr.slotSize {
+func (s *Server) answer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, resp proto.Message, ids []uint64) (uint16, proto.Message, error) {
+	if wire.FrameHeaderLen+4+proto.Size(resp) <= l.Frames.SlotSize {
 		return 0, resp, nil
 	}
 	body, err := proto.Marshal(resp)
@@ -428,13 +425,13 @@ func (s *Server) answer(ctx context.Context, ss *serverSession, l *link, ref uin
 		return 0, nil, err
 	}
 	meta.TransferId = id
-	return frameIndirect, meta, nil
+	return wire.FlagIndirect, meta, nil
 }
 
 // sendForFrame is a SEND_REQ: the tensor inline, or read from where the
 // client's location names; it is published before the answer goes, so
 // the sender's next Fetch sees it.
-func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, req *pb.SendRequest) error {
+func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
 	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
 		return err
 	}
@@ -447,7 +444,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err() // released before it started
 	}
-	seq := s.rv.nextSeq()
+	seq := s.rv.NextSeq()
 	buf, err := s.pull(ctx, ss, l, req.Meta, false)
 	if err != nil {
 		return err
@@ -463,7 +460,7 @@ func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *link, r
 // each) are not abandoned when ctx ends (the client keeps its grants until
 // the answer), only when a lane dies; a client that never answers them
 // has its session ended after WithReservationTimeout.
-func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.TensorMeta, charged bool) (*mempool.Buffer, error) {
+func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m *pb.TensorMeta, charged bool) (*mempool.Buffer, error) {
 	loc, n := m.Location, int(m.ByteLength)
 	if loc.Length != m.ByteLength || loc.Transport != transportOf(ss.transport) {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: a location of %d bytes on %s for a %d-byte tensor on %s",
@@ -480,14 +477,14 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 		return nil, err
 	}
 	if n > 0 {
-		local, err := l.dev.reg.Local(buf)
+		local, err := l.Dev.Reg.Local(buf)
 		if err != nil {
 			buf.Release()
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 		done := ss.pulling() // WithReservationTimeout bounds it
-		err = readLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
+		err = engine.ReadLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
 		done()
 		if err != nil {
 			ss.stats.errors.Add(1)
@@ -506,7 +503,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *link, m *pb.Ten
 // callForFrame is a CALL_REQ: its tensors are taken in (the located ones
 // read all at once), the handler runs, and the reply is a CallResponse,
 // indirect when it does not fit a slot.
-func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	h, err := s.handler(req.Method)
 	if err != nil {
 		return 0, nil, err
@@ -556,7 +553,7 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *link, r
 		return 0, nil, err
 	}
 	defer out.Release()
-	resp, err := s.reply(ctx, ss, l, ref, out, frameInline(s.opts.eagerThreshold), held)
+	resp, err := s.reply(ctx, ss, l, ref, out, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}

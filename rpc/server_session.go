@@ -20,6 +20,8 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -32,8 +34,8 @@ type serverSession struct {
 	addr      string // the client's address, for interceptors
 	lanesHeld int    // lanes admitted (admission.lanes) for the session's plane
 	transport string
-	link      *link   // lane 0; nil for the grpc transport
-	lanes     []*link // every lane, link first
+	link      *engine.Link   // lane 0; nil for the grpc transport
+	lanes     []*engine.Link // every lane, link first
 	stats     counters
 
 	// maxTransfers bounds transfers (Admission.TransfersPerSession; 0: no
@@ -172,7 +174,7 @@ type transfer struct {
 	// transfer ends.
 	grant verbs.Grant
 	// stripes are grants of buf on the session's other lanes, for a read
-	// striped across them (see grantLanes).
+	// striped across them (see engine.GrantLanes).
 	stripes []verbs.Grant
 }
 
@@ -183,7 +185,7 @@ func (t *transfer) revoke() {
 	if t.grant != nil {
 		t.grant.Revoke()
 	}
-	revokeAll(t.stripes)
+	engine.RevokeAll(t.stripes)
 }
 
 // finish revokes the peer's access and releases the buffer.
@@ -370,7 +372,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	defer func() {
 		for _, c := range candidates {
 			if c.link != ss.link {
-				c.link.close(errors.New("not chosen"))
+				c.link.Close(errors.New("not chosen"))
 			}
 		}
 	}()
@@ -388,7 +390,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 				reason = "unknown transport"
 			}
 		default:
-			l, err := newLink(ctx, s.devices[name], s.ctl, local, verbs.RoleAccept)
+			l, err := engine.NewLink(ctx, s.devices[name], s.ctl, local, verbs.RoleAccept)
 			if err != nil {
 				reason = err.Error()
 				break
@@ -412,7 +414,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 
 	// open registers the session once its data plane is settled and before
 	// the client hears so: the client may call as soon as it does.
-	open := func(lanes []*link, transport string) error {
+	open := func(lanes []*engine.Link, transport string) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.stopping {
@@ -426,7 +428,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		// Last: a frame call that sees its lane opened sees the fields
 		// above (an atomic store orders the writes before it).
 		for _, l := range lanes {
-			l.opened.Store(true)
+			l.Opened.Store(true)
 		}
 		return nil
 	}
@@ -477,7 +479,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	var dead <-chan struct{}
 	var failure func() error
 	if ss.link != nil {
-		dead, failure = anyDead(ss.lanes, &ss.handlers)
+		dead, failure = engine.AnyDead(ss.lanes, &ss.handlers)
 	}
 	var result error
 	var idle <-chan time.Time
@@ -520,7 +522,7 @@ wait:
 			// request fails with the precise status, e.g. a remote access
 			// error, rather than with the session's end).
 			time.Sleep(deadPlaneLinger)
-			result = unavailable(failure())
+			result = engine.Unavailable(failure())
 			break wait
 		case <-s.drain:
 			result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
@@ -555,7 +557,7 @@ const deadPlaneLinger = 100 * time.Millisecond
 // with the server's queue pair for it.
 type candidate struct {
 	offer *pb.TransportOffer
-	link  *link
+	link  *engine.Link
 }
 
 // localAddress is this host's address on the gRPC connection of ctx's
@@ -577,16 +579,16 @@ func localAddress(ctx context.Context) netip.Addr {
 // it with a round trip (see the Session method in the .proto). It returns
 // why the plane is not used ("" when the session is open on it), or an
 // error when the session itself failed.
-func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func([]*link, string) error) (_ string, err error) {
+func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func([]*engine.Link, string) error) (_ string, err error) {
 	l, offer := c.link, c.offer
 	name := transportName(offer.Transport)
 	// Lanes: as many as the client offered and this side wants; fewer when
 	// making one fails (the first failure is logged, not fatal).
-	lanes := []*link{l}
+	lanes := []*engine.Link{l}
 	opened := false
 	defer func() {
 		if !opened {
-			closeLanes(lanes[1:], errors.New("not chosen"))
+			engine.CloseLanes(lanes[1:], errors.New("not chosen"))
 		}
 	}()
 	want := min(1+len(offer.Lanes), s.opts.lanesFor(name))
@@ -603,7 +605,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	}()
 	// Slots are allocated without waiting (postSlots): a session gets only
 	// the lanes whose slots the control pool holds now.
-	if n := lanesAllowed(s.ctl, granted, slotSizeFor(s.opts.eagerThreshold)); n < granted {
+	if n := engine.LanesAllowed(s.ctl, granted, engine.SlotSizeFor(s.opts.eagerThreshold)); n < granted {
 		s.adm.freeLanes(ss.peer, granted-n)
 		granted = n
 	}
@@ -616,7 +618,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
 	}
 	for len(lanes) < granted {
-		x, err := newLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
+		x, err := engine.NewLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
 		if err != nil {
 			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
 			break
@@ -647,30 +649,30 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		return r, nil
 	}
 	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
-		Transport: offer.Transport, Info: l.qp.LocalInfo(), Description: s.devices[name].name, Lanes: laneInfos(lanes[1:]),
+		Transport: offer.Transport, Info: l.QP.LocalInfo(), Description: s.devices[name].Name, Lanes: engine.LaneInfos(lanes[1:]),
 	}}}); err != nil {
 		return "", err
 	}
 
 	for i, x := range lanes {
-		serve := func(h frameHeader, body []byte) {
+		serve := func(h wire.FrameHeader, body []byte) {
 			ss.activity.Add(1)
 			s.serveFrame(ss, x, h, body)
 		}
 		if s.opts.frameServe != nil {
 			serve = s.opts.frameServe(ss, i, serve)
 		}
-		x.enableFrames(slotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
+		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
 	}
 
 	// Step 1: connect, report at once, give up as soon as the client fails.
-	connect := func(ctx context.Context) error { return connectLanes(ctx, lanes, remotes) }
-	o, err := connectBoth(ctx, s.opts.connectTimeout, connect,
+	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
+	o, err := engine.ConnectBoth(ctx, s.opts.connectTimeout, connect,
 		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
 	if err != nil {
 		return "", err
 	}
-	myErr, their, abandoned := o.mine, o.theirs, o.abandoned
+	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
 	switch {
 	case myErr != nil && !abandoned:
 		return "connect: " + myErr.Error(), nil
@@ -683,13 +685,13 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	defer vcancel()
 	var verr error
 	for i, x := range lanes {
-		msg, err := x.recvVerify(vctx)
-		if err == nil && !bytes.Equal(msg, verifyMessage(ss.id, i)) {
+		msg, err := x.RecvVerify(vctx)
+		if err == nil && !bytes.Equal(msg, engine.VerifyMessage(ss.id, i)) {
 			err = errors.New("the client's verifying message is not the session id")
 		}
 		if err == nil {
-			x.verified.Store(true)
-			err = x.sendVerify(vctx, msg)
+			x.Verified.Store(true)
+			err = x.SendVerify(vctx, msg)
 		}
 		if err != nil {
 			if len(lanes) > 1 {
@@ -732,7 +734,7 @@ func (s *Server) closeSession(ss *serverSession) {
 	if ss.cancel != nil {
 		ss.cancel() // calls that arrived as frames
 	}
-	closeLanes(ss.lanes, errors.New("session ended"))
+	engine.CloseLanes(ss.lanes, errors.New("session ended"))
 	ss.mu.Lock()
 	ss.closed = true
 	transfers := ss.transfers

@@ -77,3 +77,9 @@ func (c *counters) merge(src *counters) {
 	st := src.snapshot("")
 	c.each(&st, func(c *atomic.Int64, field *int64) { c.Add(*field) })
 }
+
+// AddStreamBytes, AddCopied and AddTransfer count a fallback stream's
+// work (fallback.Counters).
+func (c *counters) AddStreamBytes(n int64) { c.streamBytes.Add(n) }
+func (c *counters) AddCopied(n int)        { c.copied(n) }
+func (c *counters) AddTransfer()           { c.transfers.Add(1) }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/ibv"
 	"github.com/tensorrpc/tensorrpc/verbs/shm"
@@ -79,8 +80,8 @@ func rejectionFix(transport, reason string) string {
 
 // openDevices opens the device of every enabled verbs data plane. It
 // returns the opened devices and, for each that did not open, the reason.
-func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*device, map[string]string) {
-	devices := map[string]*device{}
+func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*engine.Device, map[string]string) {
+	devices := map[string]*engine.Device{}
 	missing := map[string]string{}
 	for _, name := range o.transports {
 		if name == TransportGRPC {
@@ -97,7 +98,7 @@ func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[str
 			missing[name] = "unknown transport"
 			continue
 		}
-		d, err := openDevice(p, pool, ctl)
+		d, err := engine.OpenDevice(p, pool, ctl)
 		if err != nil {
 			missing[name] = err.Error()
 			log.Info("tensorrpc: data plane unavailable", "transport", name, "reason", err)

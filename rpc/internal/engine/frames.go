@@ -1,4 +1,4 @@
-package rpc
+package engine
 
 import (
 	"context"
@@ -19,14 +19,14 @@ import (
 
 // Receive slots and credits of a link that carries frames (see frame.go).
 //
-// Each side posts frameSlots Recvs, each at its own slot of slotSize bytes
+// Each side posts FrameSlots Recvs, each at its own slot of slotSize bytes
 // from the control pool. Every Send (a frame) the peer posts consumes one
-// of them, so a side may post one only while it holds a credit: it starts with frameSlots-1 and one reserved slot that only a
+// of them, so a side may post one only while it holds a credit: it starts with FrameSlots-1 and one reserved slot that only a
 // credit-only frame may use, so returning credits never deadlocks. A side
 // returns the slots it reposted in the header of every frame it sends, and
-// sends a credit-only frame when it holds frameSlots/2 unreturned ones.
+// sends a credit-only frame when it holds FrameSlots/2 unreturned ones.
 const (
-	frameSlots = 32
+	FrameSlots = 32
 	// maxFrameInline bounds the tensors a FETCH_RESP carries inline, so a
 	// large eager threshold does not make every slot large.
 	maxFrameInline = 64 << 10
@@ -34,21 +34,21 @@ const (
 	frameSlack = 4 << 10
 )
 
-// slotSizeFor is the slot size both sides derive from the session's eager
+// SlotSizeFor is the slot size both sides derive from the session's eager
 // threshold (HandshakeResponse.eager_threshold): room for the inline
 // tensors, or at least for a request's metadata (MaxFrameMetadataBytes),
 // and the slack.
-func slotSizeFor(eager int) int {
+func SlotSizeFor(eager int) int {
 	n := max(min(max(eager, 0), maxFrameInline), MaxFrameMetadataBytes+16) + frameSlack
 	return (n + 255) &^ 255
 }
 
-// frameInline is the largest tensor a FETCH_RESP carries inline.
-func frameInline(eager int) int { return min(max(eager, 0), maxFrameInline) }
+// FrameInline is the largest tensor a FETCH_RESP carries inline.
+func FrameInline(eager int) int { return min(max(eager, 0), maxFrameInline) }
 
-// framing is a link's frame state.
-type framing struct {
-	slotSize int
+// Framing is a link's frame state.
+type Framing struct {
+	SlotSize int
 	slots    []*mempool.Buffer
 	// serve handles a request frame (server side; nil on a client, which
 	// refuses requests). It runs in the polling goroutine: it must copy
@@ -57,19 +57,19 @@ type framing struct {
 	serve    func(h frameHeader, body []byte)
 	releases func(ids []uint64)
 
-	received   atomic.Uint64 // frames received, for Stats and tests
-	indirect   atomic.Uint64 // of which with frameIndirect, for tests
-	releasedIn atomic.Uint64 // transfer ids released by the peer's frames on this lane, for tests
+	Received   atomic.Uint64 // frames received, for Stats and tests
+	Indirect   atomic.Uint64 // of which with frameIndirect, for tests
+	ReleasedIn atomic.Uint64 // transfer ids released by the peer's frames on this lane, for tests
 
-	mu          sync.Mutex
-	credits     int // Sends this side may post
+	Mu          sync.Mutex
+	Credits     int // Sends this side may post
 	reserve     int // 0 or 1: the slot kept for credit-only frames
-	outstanding int // posted and not yet returned by the peer
-	unreturned  uint32
+	Outstanding int // posted and not yet returned by the peer
+	Unreturned  uint32
 	wake        chan struct{} // closed when credits come back
-	pending     map[uint64]*pendingCall
+	Pending     map[uint64]*PendingCall
 	abandoned   int // pending requests whose callers stopped waiting
-	maxAbandon  int // maxAbandoned; tests lower it
+	MaxAbandon  int // maxAbandoned; tests lower it
 	// Client side: transfer ids to release and refs to cancel, sent with
 	// the next frame or, when none goes out soon, in a RELEASE frame.
 	relIDs  []uint64
@@ -77,65 +77,65 @@ type framing struct {
 
 	kick   chan struct{} // asks the creditor for a credit-only frame
 	flush  chan struct{} // asks the releaser for a RELEASE frame
-	cancel context.CancelFunc
+	Cancel context.CancelFunc
 }
 
-// frameReply is a response frame, decoded in the polling goroutine (so
+// FrameReply is a response frame, decoded in the polling goroutine (so
 // the slot's bytes are copied once, by protobuf): the status it carries
 // (nil for OK) and on OK the body, or bad when the server broke the format.
-type frameReply struct {
-	flags  uint16
-	status error
-	msg    proto.Message
-	bad    error
+type FrameReply struct {
+	Flags  uint16
+	Status error
+	Msg    proto.Message
+	Bad    error
 }
 
-// pendingCall is a request frame awaiting its response; into says what
+// PendingCall is a request frame awaiting its response; into says what
 // the response's body decodes into, by its flags. Once its caller has
 // stopped waiting, late holds what the caller leaves to do when the
 // response arrives or the link closes (revoke what it granted).
-type pendingCall struct {
-	ch   chan frameReply
-	want uint8 // the response's type
-	into func(flags uint16) proto.Message
+type PendingCall struct {
+	Ch   chan FrameReply
+	Want uint8 // the response's type
+	Into func(flags uint16) proto.Message
 	late func()
 }
 
 // decodeReply decodes a response frame's body for pc.
-func (pc *pendingCall) decodeReply(flags uint16, body []byte) frameReply {
-	r := frameReply{flags: flags}
-	st, rest, err := decodeStatus(body)
+func (pc *PendingCall) decodeReply(flags uint16, body []byte) FrameReply {
+	r := FrameReply{Flags: flags}
+	st, rest, err := DecodeStatus(body)
 	switch {
 	case err != nil:
-		r.bad = err
+		r.Bad = err
 	case st != nil:
-		r.status = st
+		r.Status = st
 	default:
-		m := pc.into(flags)
+		m := pc.Into(flags)
 		if err := proto.Unmarshal(rest, m); err != nil {
-			r.bad = fmt.Errorf("%w: %v", errFrame, err)
+			r.Bad = fmt.Errorf("%w: %v", errFrame, err)
 		}
-		r.msg = m
+		r.Msg = m
 	}
 	return r
 }
 
-// enableFrames makes the link carry frames with slots of slotSize bytes;
+// EnableFrames makes the link carry frames with slots of slotSize bytes;
 // serve and releases (server side) handle requests. Call it before
 // connect.
-func (l *link) enableFrames(slotSize int, serve func(frameHeader, []byte), releases func([]uint64)) {
-	l.fr = &framing{
-		slotSize: slotSize, serve: serve, releases: releases, credits: frameSlots - 1, reserve: 1, maxAbandon: maxAbandoned,
-		wake: make(chan struct{}), pending: map[uint64]*pendingCall{}, kick: make(chan struct{}, 1), flush: make(chan struct{}, 1),
+func (l *Link) EnableFrames(slotSize int, serve func(frameHeader, []byte), releases func([]uint64)) {
+	l.Frames = &Framing{
+		SlotSize: slotSize, serve: serve, releases: releases, Credits: FrameSlots - 1, reserve: 1, MaxAbandon: MaxAbandoned,
+		wake: make(chan struct{}), Pending: map[uint64]*PendingCall{}, kick: make(chan struct{}, 1), flush: make(chan struct{}, 1),
 	}
 }
 
 // postSlots allocates the slots and posts them; it starts the creditor.
 // It never waits for the control pool (a session gets only the lanes whose
 // slots fit: lanesAllowed), so a full one fails the link at once.
-func (l *link) postSlots(ctx context.Context) error {
-	f := l.fr
-	if err := allocSlots(l.ctlPool, f); err != nil {
+func (l *Link) postSlots(ctx context.Context) error {
+	f := l.Frames
+	if err := allocSlots(l.CtlPool, f); err != nil {
 		return err
 	}
 	for i := range f.slots {
@@ -144,7 +144,7 @@ func (l *link) postSlots(ctx context.Context) error {
 		}
 	}
 	cctx, cancel := context.WithCancel(context.Background())
-	f.cancel = cancel
+	f.Cancel = cancel
 	l.wg.Add(1)
 	go l.creditor(cctx)
 	if f.serve == nil {
@@ -154,18 +154,18 @@ func (l *link) postSlots(ctx context.Context) error {
 	return nil
 }
 
-func (l *link) postSlot(i uint64) error {
-	local, err := l.dev.ctl.Local(l.fr.slots[i])
+func (l *Link) postSlot(i uint64) error {
+	local, err := l.Dev.Ctl.Local(l.Frames.slots[i])
 	if err != nil {
 		return err
 	}
-	return l.qp.PostRecv(verbs.RecvRequest{ID: i, Local: local})
+	return l.QP.PostRecv(verbs.RecvRequest{ID: i, Local: local})
 }
 
 // releaseSlots frees the framing's buffers once the queue pair is closed.
-func (f *framing) releaseSlots() {
-	if f.cancel != nil {
-		f.cancel()
+func (f *Framing) releaseSlots() {
+	if f.Cancel != nil {
+		f.Cancel()
 	}
 	for _, b := range f.slots {
 		b.Release()
@@ -176,13 +176,13 @@ func (f *framing) releaseSlots() {
 // completeSlot handles a Recv completion, in the polling goroutine: the
 // verifying message or a frame; then it reposts the slot. A write with
 // immediate, which the protocol never sends, fails the link.
-func (l *link) completeSlot(c verbs.Completion) {
-	f := l.fr
-	if c.ID >= uint64(len(f.slots)) || (c.Op == verbs.OpRecv && (c.Len > f.slotSize || c.Len < 0)) {
-		l.fail(fmt.Errorf("receive completion for slot %d of %d bytes", c.ID, c.Len))
+func (l *Link) completeSlot(c verbs.Completion) {
+	f := l.Frames
+	if c.ID >= uint64(len(f.slots)) || (c.Op == verbs.OpRecv && (c.Len > f.SlotSize || c.Len < 0)) {
+		l.Fail(fmt.Errorf("receive completion for slot %d of %d bytes", c.ID, c.Len))
 		return
 	}
-	verified := l.verified.Load()
+	verified := l.Verified.Load()
 	var err error
 	switch {
 	case !verified && c.Op == verbs.OpRecv:
@@ -192,23 +192,23 @@ func (l *link) completeSlot(c verbs.Completion) {
 		default:
 		}
 	case verified && c.Op == verbs.OpRecv:
-		err = l.handleFrame(f.slots[c.ID].Bytes()[:c.Len])
+		err = l.HandleFrame(f.slots[c.ID].Bytes()[:c.Len])
 	case c.Op == verbs.OpRecvImm:
 		err = errors.New("a write with immediate, which frames never use")
 	}
 	if err != nil {
-		l.fail(fmt.Errorf("peer broke the frame protocol: %w", err))
+		l.Fail(fmt.Errorf("peer broke the frame protocol: %w", err))
 		return
 	}
 	if err := l.postSlot(c.ID); err != nil {
-		l.fail(fmt.Errorf("reposting a receive: %w", err))
+		l.Fail(fmt.Errorf("reposting a receive: %w", err))
 		return
 	}
 	if verified {
-		f.mu.Lock()
-		f.unreturned++
-		kick := f.unreturned >= frameSlots/2
-		f.mu.Unlock()
+		f.Mu.Lock()
+		f.Unreturned++
+		kick := f.Unreturned >= FrameSlots/2
+		f.Mu.Unlock()
 		if kick {
 			select {
 			case f.kick <- struct{}{}:
@@ -218,40 +218,40 @@ func (l *link) completeSlot(c verbs.Completion) {
 	}
 }
 
-// handleFrame decodes and dispatches one received frame.
-func (l *link) handleFrame(b []byte) error {
-	h, body, releases, err := decodeFrame(b)
+// HandleFrame decodes and dispatches one received frame.
+func (l *Link) HandleFrame(b []byte) error {
+	h, body, releases, err := DecodeFrame(b)
 	if err != nil {
 		return err
 	}
-	f := l.fr
-	f.received.Add(1)
+	f := l.Frames
+	f.Received.Add(1)
 	if h.Flags&frameIndirect != 0 {
-		f.indirect.Add(1)
+		f.Indirect.Add(1)
 	}
-	f.mu.Lock()
-	if int64(h.Credits) > int64(f.outstanding) {
-		f.mu.Unlock()
-		return fmt.Errorf("%d credits returned, %d outstanding", h.Credits, f.outstanding)
+	f.Mu.Lock()
+	if int64(h.Credits) > int64(f.Outstanding) {
+		f.Mu.Unlock()
+		return fmt.Errorf("%d credits returned, %d outstanding", h.Credits, f.Outstanding)
 	}
 	if h.Credits > 0 {
 		n := int(h.Credits)
-		f.outstanding -= n
+		f.Outstanding -= n
 		if f.reserve == 0 {
 			f.reserve, n = 1, n-1
 		}
-		f.credits += n
+		f.Credits += n
 		close(f.wake)
 		f.wake = make(chan struct{})
 	}
-	f.mu.Unlock()
+	f.Mu.Unlock()
 	server := f.serve != nil
 	if len(releases) > 0 || h.Type == frameRelease {
 		if !server {
 			return fmt.Errorf("%w: releases sent to the client", errFrame)
 		}
-		if ids := readU64s(releases); len(ids) > 0 {
-			f.releasedIn.Add(uint64(len(ids)))
+		if ids := ReadU64s(releases); len(ids) > 0 {
+			f.ReleasedIn.Add(uint64(len(ids)))
 			f.releases(ids)
 		}
 	}
@@ -265,17 +265,17 @@ func (l *link) handleFrame(b []byte) error {
 		if server {
 			return fmt.Errorf("%w: a response to the server", errFrame)
 		}
-		f.mu.Lock()
-		pc, ok := f.pending[h.Ref]
-		if ok && pc.want != h.Type {
-			f.mu.Unlock()
-			return fmt.Errorf("%w: a response of type %d to a request awaiting type %d", errFrame, h.Type, pc.want)
+		f.Mu.Lock()
+		pc, ok := f.Pending[h.Ref]
+		if ok && pc.Want != h.Type {
+			f.Mu.Unlock()
+			return fmt.Errorf("%w: a response of type %d to a request awaiting type %d", errFrame, h.Type, pc.Want)
 		}
-		delete(f.pending, h.Ref)
+		delete(f.Pending, h.Ref)
 		if ok && pc.late != nil {
 			f.abandoned--
 		}
-		f.mu.Unlock()
+		f.Mu.Unlock()
 		switch {
 		case !ok:
 		case pc.late != nil:
@@ -285,55 +285,55 @@ func (l *link) handleFrame(b []byte) error {
 				pc.late()
 			}()
 		default:
-			pc.ch <- pc.decodeReply(h.Flags, body) // buffered
+			pc.Ch <- pc.decodeReply(h.Flags, body) // buffered
 		}
 	}
 	return nil
 }
 
-// acquire takes a credit for one Send, waiting for one while
+// Acquire takes a credit for one Send, waiting for one while
 // none is left (until ctx ends or the link dies). reserve lets a
 // credit-only frame take the reserved slot.
-func (l *link) acquire(ctx context.Context, reserve bool) error {
-	f := l.fr
+func (l *Link) Acquire(ctx context.Context, reserve bool) error {
+	f := l.Frames
 	for {
-		f.mu.Lock()
+		f.Mu.Lock()
 		switch {
-		case f.credits > 0:
-			f.credits--
-			f.outstanding++
-			f.mu.Unlock()
+		case f.Credits > 0:
+			f.Credits--
+			f.Outstanding++
+			f.Mu.Unlock()
 			return nil
 		case reserve && f.reserve > 0:
 			f.reserve--
-			f.outstanding++
-			f.mu.Unlock()
+			f.Outstanding++
+			f.Mu.Unlock()
 			return nil
 		}
 		wake := f.wake
-		f.mu.Unlock()
+		f.Mu.Unlock()
 		select {
 		case <-wake:
-		case <-l.dead:
-			return unavailable(l.failure)
+		case <-l.Dead:
+			return Unavailable(l.Failure)
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
 }
 
-// refund gives back a credit taken for a frame that was never posted,
+// Refund gives back a credit taken for a frame that was never posted,
 // with the returns and releases it would have carried.
-func (f *framing) refund(returns uint32, ids, refs []uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.outstanding--
+func (f *Framing) Refund(returns uint32, ids, refs []uint64) {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	f.Outstanding--
 	if f.reserve == 0 {
 		f.reserve = 1
 	} else {
-		f.credits++
+		f.Credits++
 	}
-	f.unreturned += returns
+	f.Unreturned += returns
 	f.relIDs = append(f.relIDs, ids...)
 	f.relRefs = append(f.relRefs, refs...)
 	close(f.wake)
@@ -342,11 +342,11 @@ func (f *framing) refund(returns uint32, ids, refs []uint64) {
 
 // take takes the credits the next frame returns and up to room queued
 // releases; refs, the refs to cancel, only for a RELEASE frame.
-func (f *framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := f.unreturned
-	f.unreturned = 0
+func (f *Framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	n := f.Unreturned
+	f.Unreturned = 0
 	k := min(room, len(f.relIDs))
 	ids := slices.Clone(f.relIDs[:k])
 	f.relIDs = f.relIDs[k:]
@@ -359,35 +359,35 @@ func (f *framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 	return n, ids, rs
 }
 
-// sendFrame sends one frame, waiting for a credit first: its body is raw
+// SendFrame sends one frame, waiting for a credit first: its body is raw
 // and then msg, marshaled in place (either may be empty). A client's frame
 // also carries the releases queued so far. posted reports whether the
 // frame reached the queue pair (on error, the peer may or may not see it).
-func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
-	f := l.fr
+func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
+	f := l.Frames
 	size := len(raw)
 	if msg != nil {
 		size += proto.Size(msg)
 	}
-	if frameHeaderLen+size > f.slotSize {
-		return false, status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+size, f.slotSize)
+	if frameHeaderLen+size > f.SlotSize {
+		return false, status.Errorf(codes.Internal, "tensorrpc: frame of %d bytes exceeds the %d-byte slot", frameHeaderLen+size, f.SlotSize)
 	}
-	if err := l.acquire(ctx, typ == frameCredit); err != nil {
+	if err := l.Acquire(ctx, typ == frameCredit); err != nil {
 		return false, err
 	}
-	room := min((f.slotSize-frameHeaderLen-size)/8, maxReleases)
+	room := min((f.SlotSize-frameHeaderLen-size)/8, MaxReleases)
 	if typ == frameCredit {
 		room = 0
 	}
 	returns, ids, refs := f.take(room, typ == frameRelease)
 	if typ == frameRelease {
-		raw = appendReleases(raw, refs)
+		raw = AppendReleases(raw, refs)
 		size += 8 * len(refs)
 	}
 	n := size + 8*len(ids)
-	buf, err := l.ctlPool.Alloc(ctx, frameHeaderLen+n)
+	buf, err := l.CtlPool.Alloc(ctx, frameHeaderLen+n)
 	if err != nil {
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false, status.Errorf(codes.ResourceExhausted, "tensorrpc: frame buffer: %v", err)
 	}
 	b := buf.Bytes()[:frameHeaderLen+n]
@@ -397,22 +397,22 @@ func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	}
 	if err != nil || len(body) != size || (size > 0 && &body[0] != &b[frameHeaderLen]) {
 		buf.Release()
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false, status.Errorf(codes.Internal, "tensorrpc: encoding a frame: %d of %d bytes: %v", len(body), size, err)
 	}
-	appendReleases(body[len(body):len(body)], ids)
-	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
-	local, err := l.dev.ctl.Local(buf)
+	AppendReleases(body[len(body):len(body)], ids)
+	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
+	local, err := l.Dev.Ctl.Local(buf)
 	if err != nil {
 		buf.Release()
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false, status.Error(codes.Internal, err.Error())
 	}
 	local.Length = len(b)
 	posted = true
-	err = l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() {
+	err = l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() {
 		posted = false
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 	})
 	if err == nil {
 		buf.Release()
@@ -420,31 +420,31 @@ func (l *link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	return posted, err
 }
 
-// trySendFrame is sendFrame for the polling goroutine: it never waits. It
+// TrySendFrame is sendFrame for the polling goroutine: it never waits. It
 // sends only when a credit and a buffer are at hand, and it does not wait
 // for the Send's completion (the buffer goes back when it completes). It
 // reports whether the frame was posted; when not, nothing was taken.
-func (l *link) trySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) bool {
-	f := l.fr
+func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) bool {
+	f := l.Frames
 	size := len(raw)
 	if msg != nil {
 		size += proto.Size(msg)
 	}
-	if frameHeaderLen+size > f.slotSize {
+	if frameHeaderLen+size > f.SlotSize {
 		return false
 	}
-	f.mu.Lock()
-	if f.credits == 0 {
-		f.mu.Unlock()
+	f.Mu.Lock()
+	if f.Credits == 0 {
+		f.Mu.Unlock()
 		return false
 	}
-	f.credits--
-	f.outstanding++
-	f.mu.Unlock()
+	f.Credits--
+	f.Outstanding++
+	f.Mu.Unlock()
 	returns, ids, refs := f.take(0, false)
-	buf, err := l.ctlPool.TryAlloc(frameHeaderLen + size)
+	buf, err := l.CtlPool.TryAlloc(frameHeaderLen + size)
 	if err != nil {
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false
 	}
 	b := buf.Bytes()[:frameHeaderLen+size]
@@ -452,17 +452,17 @@ func (l *link) trySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	if msg != nil {
 		body, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(body, msg)
 	}
-	local, lerr := l.dev.ctl.Local(buf)
+	local, lerr := l.Dev.Ctl.Local(buf)
 	if err != nil || lerr != nil || len(body) != size || (size > 0 && &body[0] != &b[frameHeaderLen]) {
 		buf.Release()
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false
 	}
-	putFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
+	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
 	local.Length = len(b)
-	if err := l.postAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
+	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
 		buf.Release()
-		f.refund(returns, ids, refs)
+		f.Refund(returns, ids, refs)
 		return false
 	}
 	return true
@@ -470,38 +470,38 @@ func (l *link) trySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 
 // creditor sends a credit-only frame whenever the polling goroutine finds
 // half the slots unreturned, one at a time.
-func (l *link) creditor(ctx context.Context) {
+func (l *Link) creditor(ctx context.Context) {
 	defer l.wg.Done()
-	f := l.fr
+	f := l.Frames
 	for {
 		select {
 		case <-f.kick:
 		case <-ctx.Done():
 			return
 		}
-		f.mu.Lock()
-		enough := f.unreturned >= frameSlots/2
-		f.mu.Unlock()
+		f.Mu.Lock()
+		enough := f.Unreturned >= FrameSlots/2
+		f.Mu.Unlock()
 		if !enough {
 			continue // a frame returned them meanwhile
 		}
-		if _, err := l.sendFrame(ctx, frameCredit, 0, 0, nil, nil); err != nil && ctx.Err() == nil {
+		if _, err := l.SendFrame(ctx, frameCredit, 0, 0, nil, nil); err != nil && ctx.Err() == nil {
 			return
 		}
 	}
 }
 
-// queueRelease queues a transfer id to release or a ref to cancel (client
+// QueueRelease queues a transfer id to release or a ref to cancel (client
 // side); the next frame carries it, or a RELEASE frame soon.
-func (f *framing) queueRelease(id, ref uint64) {
-	f.mu.Lock()
+func (f *Framing) QueueRelease(id, ref uint64) {
+	f.Mu.Lock()
 	if id != 0 {
 		f.relIDs = append(f.relIDs, id)
 	}
 	if ref != 0 {
 		f.relRefs = append(f.relRefs, ref)
 	}
-	f.mu.Unlock()
+	f.Mu.Unlock()
 	select {
 	case f.flush <- struct{}{}:
 	default:
@@ -511,9 +511,9 @@ func (f *framing) queueRelease(id, ref uint64) {
 // releaser sends what is queued for release when no other frame took it
 // along: after letting the goroutines that may be about to send a frame
 // run first.
-func (l *link) releaser(ctx context.Context) {
+func (l *Link) releaser(ctx context.Context) {
 	defer l.wg.Done()
-	f := l.fr
+	f := l.Frames
 	for {
 		select {
 		case <-f.flush:
@@ -521,42 +521,42 @@ func (l *link) releaser(ctx context.Context) {
 			return
 		}
 		runtime.Gosched()
-		l.flushReleases(ctx) // on error the link is dead or closing: the session's end frees everything
+		l.FlushReleases(ctx) // on error the link is dead or closing: the session's end frees everything
 	}
 }
 
-// flushReleases sends what is queued for release now, in RELEASE frames,
+// FlushReleases sends what is queued for release now, in RELEASE frames,
 // until nothing is left or ctx ends or the link fails.
-func (l *link) flushReleases(ctx context.Context) {
-	f := l.fr
+func (l *Link) FlushReleases(ctx context.Context) {
+	f := l.Frames
 	for {
-		f.mu.Lock()
+		f.Mu.Lock()
 		left := len(f.relIDs) + len(f.relRefs)
-		f.mu.Unlock()
+		f.Mu.Unlock()
 		if left == 0 {
 			return
 		}
-		if _, err := l.sendFrame(ctx, frameRelease, 0, 0, nil, nil); err != nil {
+		if _, err := l.SendFrame(ctx, frameRelease, 0, 0, nil, nil); err != nil {
 			return
 		}
 	}
 }
 
-// expect registers a request awaiting the response frame of type want for
+// Expect registers a request awaiting the response frame of type want for
 // ref, whose body decodes into what into returns.
-func (f *framing) expect(ref uint64, want uint8, into func(flags uint16) proto.Message) *pendingCall {
-	pc := &pendingCall{ch: make(chan frameReply, 1), want: want, into: into}
-	f.mu.Lock()
-	f.pending[ref] = pc
-	f.mu.Unlock()
+func (f *Framing) Expect(ref uint64, want uint8, into func(flags uint16) proto.Message) *PendingCall {
+	pc := &PendingCall{Ch: make(chan FrameReply, 1), Want: want, Into: into}
+	f.Mu.Lock()
+	f.Pending[ref] = pc
+	f.Mu.Unlock()
 	return pc
 }
 
-// forget drops a request's registration.
-func (f *framing) forget(ref uint64) {
-	f.mu.Lock()
-	delete(f.pending, ref)
-	f.mu.Unlock()
+// Forget drops a request's registration.
+func (f *Framing) Forget(ref uint64) {
+	f.Mu.Lock()
+	delete(f.Pending, ref)
+	f.Mu.Unlock()
 }
 
 // abandon is for a caller that stops waiting for pc's response: late runs
@@ -568,47 +568,85 @@ func (f *framing) forget(ref uint64) {
 // abandoned request holds (its grants, its source buffers) stays until the
 // answer, so a server that leaves that many unanswered holds the client's
 // memory: the caller then ends the session, which frees it all.
-func (f *framing) abandon(ref uint64, pc *pendingCall, late func()) (tooMany bool) {
+func (f *Framing) abandon(ref uint64, pc *PendingCall, late func()) (tooMany bool) {
 	if late == nil {
-		f.forget(ref)
+		f.Forget(ref)
 		return false
 	}
-	f.mu.Lock()
-	if f.pending[ref] == pc {
+	f.Mu.Lock()
+	if f.Pending[ref] == pc {
 		pc.late = late
 		f.abandoned++
-		tooMany = f.abandoned > f.maxAbandon
-		f.mu.Unlock()
+		tooMany = f.abandoned > f.MaxAbandon
+		f.Mu.Unlock()
 		return tooMany
 	}
-	f.mu.Unlock()
+	f.Mu.Unlock()
 	late()
 	return false
 }
 
-// maxAbandoned bounds the requests a client abandoned (cancelled) whose
+// MaxAbandoned bounds the requests a client abandoned (cancelled) whose
 // answers have not come: more than a server may have under way and
-// refusing (2 × maxFrameCalls per session), with room to spare.
-const maxAbandoned = 4 * maxFrameCalls
+// refusing (2 × MaxFrameCalls per session), with room to spare.
+const MaxAbandoned = 4 * MaxFrameCalls
 
-// abandon is framing.abandon on l's requests; when the server has left
+// Abandon is framing.Abandon on l's requests; when the server has left
 // too many of them unanswered, it fails l, which ends the session.
-func (l *link) abandon(ref uint64, pc *pendingCall, late func()) {
-	if l.fr.abandon(ref, pc, late) {
-		l.fail(status.Errorf(codes.Unavailable, "tensorrpc: the server left more than %d cancelled calls unanswered, holding what they granted; the session is ended to free it", l.fr.maxAbandon))
+func (l *Link) Abandon(ref uint64, pc *PendingCall, late func()) {
+	if l.Frames.abandon(ref, pc, late) {
+		l.Fail(status.Errorf(codes.Unavailable, "tensorrpc: the server left more than %d cancelled calls unanswered, holding what they granted; the session is ended to free it", l.Frames.MaxAbandon))
 	}
 }
 
 // closePending runs the late work of every abandoned request, once the
 // link is closed.
-func (f *framing) closePending() {
-	f.mu.Lock()
-	left := f.pending
-	f.pending = map[uint64]*pendingCall{}
-	f.mu.Unlock()
+func (f *Framing) closePending() {
+	f.Mu.Lock()
+	left := f.Pending
+	f.Pending = map[uint64]*PendingCall{}
+	f.Mu.Unlock()
 	for _, pc := range left {
 		if pc.late != nil {
 			pc.late()
 		}
 	}
+}
+
+// slotsMu serialises the allocation of receive slots. TryAlloc does not
+// wait for an arena another allocation is mapping: it maps one more, and
+// the lanes of a session connect at once, so without it a burst of them
+// would map arenas of doubling sizes up to the control pool's limit and
+// refuse one another with the pool nearly empty.
+var slotsMu sync.Mutex
+
+// allocSlots allocates f's receive slots from ctl without waiting for
+// memory (postSlots): a full control pool refuses the lane.
+func allocSlots(ctl *mempool.Pool, f *Framing) error {
+	slotsMu.Lock()
+	defer slotsMu.Unlock()
+	for range FrameSlots {
+		b, err := ctl.TryAlloc(f.SlotSize)
+		if err != nil {
+			return status.Errorf(codes.ResourceExhausted, "tensorrpc: receive slots: control pool: %v", err)
+		}
+		f.slots = append(f.slots, b)
+	}
+	return nil
+}
+
+// MaxFrameCalls bounds the calls a session may have under way as frames
+// (each is a goroutine, and a waiting Fetch a rendezvous waiter); more
+// are answered ResourceExhausted.
+const MaxFrameCalls = 1024
+
+// MaxFrameMetadataBytes bounds the encoded metadata a call carries as a
+// frame (rpc.MaxFrameMetadataBytes).
+const MaxFrameMetadataBytes = 8 << 10
+
+// QueuedReleases is how many releases f holds unsent.
+func (f *Framing) QueuedReleases() int {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	return len(f.relIDs) + len(f.relRefs)
 }

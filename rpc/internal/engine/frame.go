@@ -1,4 +1,4 @@
-package rpc
+package engine
 
 import (
 	"encoding/binary"
@@ -66,8 +66,8 @@ const (
 	frameIndirect = wire.FlagIndirect // the body names where the body is
 	frameHeaders  = wire.FlagHeaders  // requests: the body starts with CallHeaders (metadata, deadline)
 
-	// maxReleases bounds the releases one frame carries.
-	maxReleases = 64
+	// MaxReleases bounds the releases one frame carries.
+	MaxReleases = 64
 )
 
 // frameHeader is a decoded header.
@@ -76,21 +76,21 @@ type frameHeader = wire.FrameHeader
 // errFrame wraps every error of a frame the peer got wrong.
 var errFrame = wire.ErrInvalidFrame
 
-// putFrameHeader writes h for n bytes after the header (releases
+// PutFrameHeader writes h for n bytes after the header (releases
 // included) into b[:frameHeaderLen].
-func putFrameHeader(b []byte, h frameHeader, n int) { wire.PutFrameHeader(b, h, n) }
+func PutFrameHeader(b []byte, h frameHeader, n int) { wire.PutFrameHeader(b, h, n) }
 
-// decodeFrame checks and decodes one received frame, b being exactly the
+// DecodeFrame checks and decodes one received frame, b being exactly the
 // bytes the Send carried. The body and releases alias b.
-func decodeFrame(b []byte) (frameHeader, []byte, []byte, error) {
+func DecodeFrame(b []byte) (frameHeader, []byte, []byte, error) {
 	h, body, releases, err := wire.DecodeFrame(b)
 	return h, body, releases, err
 }
 
-// appendStatus appends err as a frame's status: u32 length and a
+// AppendStatus appends err as a frame's status: u32 length and a
 // google.rpc.Status (details included), at most room bytes in all. A
 // status too large loses its details, then the end of its message.
-func appendStatus(b []byte, err error, room int) []byte {
+func AppendStatus(b []byte, err error, room int) []byte {
 	if err == nil {
 		return binary.LittleEndian.AppendUint32(b, 0)
 	}
@@ -112,9 +112,9 @@ func appendStatus(b []byte, err error, room int) []byte {
 	return append(b, enc...)
 }
 
-// decodeStatus splits a response body into its status (nil for OK) and
+// DecodeStatus splits a response body into its status (nil for OK) and
 // what follows.
-func decodeStatus(p []byte) (error, []byte, error) {
+func DecodeStatus(p []byte) (error, []byte, error) {
 	if len(p) < 4 {
 		return nil, nil, fmt.Errorf("%w: response of %d bytes", errFrame, len(p))
 	}
@@ -136,16 +136,16 @@ func decodeStatus(p []byte) (error, []byte, error) {
 	return status.FromProto(sp).Err(), nil, nil
 }
 
-// appendReleases appends transfer ids to a frame.
-func appendReleases(b []byte, ids []uint64) []byte {
+// AppendReleases appends transfer ids to a frame.
+func AppendReleases(b []byte, ids []uint64) []byte {
 	for _, id := range ids {
 		b = binary.LittleEndian.AppendUint64(b, id)
 	}
 	return b
 }
 
-// readU64s decodes a list of u64s (releases, a RELEASE body).
-func readU64s(b []byte) []uint64 {
+// ReadU64s decodes a list of u64s (releases, a RELEASE body).
+func ReadU64s(b []byte) []uint64 {
 	out := make([]uint64, 0, len(b)/8)
 	for ; len(b) >= 8; b = b[8:] {
 		out = append(out, binary.LittleEndian.Uint64(b))

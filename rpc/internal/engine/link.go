@@ -1,4 +1,4 @@
-package rpc
+package engine
 
 import (
 	"context"
@@ -23,18 +23,18 @@ import (
 // until the transfer ends.
 const poolAccess = verbs.AccessLocalWrite
 
-// device is one opened provider, shared by every session of a Server or
+// Device is one opened provider, shared by every session of a Server or
 // Client: its protection domain and the registration of the pool.
-type device struct {
-	name string
-	pd   verbs.ProtectionDomain
-	reg  *verbs.PoolRegistration
-	// ctl is the control pool's registration: the links' own small
+type Device struct {
+	Name string
+	PD   verbs.ProtectionDomain
+	Reg  *verbs.PoolRegistration
+	// Ctl is the control pool's registration: the links' own small
 	// buffers, local access only.
-	ctl *verbs.PoolRegistration
+	Ctl *verbs.PoolRegistration
 }
 
-func openDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*device, error) {
+func OpenDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*Device, error) {
 	if _, err := p.Devices(); err != nil {
 		return nil, err
 	}
@@ -53,56 +53,56 @@ func openDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*device, error) {
 		pd.Close()
 		return nil, err
 	}
-	return &device{name: p.Name(), pd: pd, reg: reg, ctl: ctlReg}, nil
+	return &Device{Name: p.Name(), PD: pd, Reg: reg, Ctl: ctlReg}, nil
 }
 
-// grant opens the first n bytes of buf to the link's peer with one right
+// Grant opens the first n bytes of buf to the link's peer with one right
 // (verbs.AccessRemoteRead: the receiver always pulls), on this link's
 // queue pair only.
-func (l *link) grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Grant, error) {
-	mr, ok := l.dev.reg.Region(buf.Arena())
+func (l *Link) Grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Grant, error) {
+	mr, ok := l.Dev.Reg.Region(buf.Arena())
 	if !ok {
-		return nil, fmt.Errorf("tensorrpc: buffer's arena %d is not registered with %s", buf.Arena().ID(), l.dev.name)
+		return nil, fmt.Errorf("tensorrpc: buffer's arena %d is not registered with %s", buf.Arena().ID(), l.Dev.Name)
 	}
-	return l.qp.Grant(mr, buf.Offset(), n, access)
+	return l.QP.Grant(mr, buf.Offset(), n, access)
 }
 
-func (d *device) close() {
-	d.ctl.Close()
-	d.reg.Close()
-	d.pd.Close()
+func (d *Device) Close() {
+	d.Ctl.Close()
+	d.Reg.Close()
+	d.PD.Close()
 }
 
-// newControlPool makes the pool of the links' own buffers (receive and
+// NewControlPool makes the pool of the links' own buffers (receive and
 // verifying-send buffers, 512 bytes a session; with frames, frameSlots
 // receive slots of slotSizeFor(eager threshold) bytes, 640 KiB by default,
 // and the frames being sent). It is separate from the
 // tensor pool so that a full tensor pool (a peer hoarding memory) never
 // stops new sessions from opening, and it is registered for local access
 // only.
-func newControlPool() (*mempool.Pool, error) {
+func NewControlPool() (*mempool.Pool, error) {
 	return mempool.NewPool(mempool.WithBacking(mempool.BackingMemfd), mempool.WithName("tensorrpc-control"),
-		mempool.WithArenaSize(1<<20), mempool.WithLimit(controlPoolLimit), mempool.WithPinning(false))
+		mempool.WithArenaSize(1<<20), mempool.WithLimit(ControlPoolLimit), mempool.WithPinning(false))
 }
 
-// controlPoolLimit bounds the control pool. Receive slots, which stay
+// ControlPoolLimit bounds the control pool. Receive slots, which stay
 // posted for a session's life, may take at most half of it (lanesAllowed):
 // the rest is for the frames being sent, so sending never waits on slots.
-const controlPoolLimit = 256 << 20
+const ControlPoolLimit = 256 << 20
 
-// lanesAllowed is how many of want lanes a new session may have while the
+// LanesAllowed is how many of want lanes a new session may have while the
 // control pool's posted slots stay within half its limit: possibly none,
 // since slots are never waited for (postSlots); the session is then
 // refused (ResourceExhausted).
-func lanesAllowed(ctl *mempool.Pool, want, slotSize int) int {
-	perLane := int64(frameSlots * slotSize)
-	room := controlPoolLimit/2 - ctl.Stats().InUse
+func LanesAllowed(ctl *mempool.Pool, want, slotSize int) int {
+	perLane := int64(FrameSlots * slotSize)
+	room := ControlPoolLimit/2 - ctl.Stats().InUse
 	return max(0, min(want, int(room/perLane)))
 }
 
-// sendDepth bounds a link's outstanding work requests (Reads and the
+// SendDepth bounds a link's outstanding work requests (Reads and the
 // Sends of frames); its receive queue holds the frameSlots receive slots.
-const sendDepth = 1024
+const SendDepth = 1024
 
 // sendRoom is how many of the send queue's sendDepth entries requests
 // that take no frame credit (Reads) may hold at once; beyond it they wait for one to complete. The
@@ -110,49 +110,49 @@ const sendDepth = 1024
 // outstanding, so that a burst of Reads (a Call naming hundreds of
 // tensors, many calls at once) never makes a response frame fail with a
 // full queue: every request gets its response.
-const sendRoom = sendDepth - 2*frameSlots
+const sendRoom = SendDepth - 2*FrameSlots
 
-// link is one session's connected queue pair. A single goroutine polls its
+// Link is one session's connected queue pair. A single goroutine polls its
 // completion queue and hands each completion to the waiter that posted the
 // work request, or, for a received frame, to the framing.
-type link struct {
-	dev *device
-	qp  verbs.QueuePair
+type Link struct {
+	Dev *Device
+	QP  verbs.QueuePair
 	cq  verbs.CompletionQueue
 	out *mempool.Buffer // a small buffer the verifying Send goes from
-	// ctlPool is the control pool the link's buffers come from; fr (set by
+	// CtlPool is the control pool the link's buffers come from; fr (set by
 	// enableFrames, before connect) carries the frames: its Recvs are
 	// receive slots and its Sends need credits.
-	ctlPool *mempool.Pool
-	fr      *framing
+	CtlPool *mempool.Pool
+	Frames  *Framing
 
-	// Until verified is set, received Sends are the negotiation's verifying
+	// Until Verified is set, received Sends are the negotiation's verifying
 	// round trip: their bytes go to verifyCh instead of the framing.
-	verified atomic.Bool
+	Verified atomic.Bool
 	verifyCh chan []byte
-	// opened is set (server side) once the session is open on this lane:
+	// Opened is set (server side) once the session is open on this lane:
 	// from then on its frame calls are served. Read without a lock on
 	// every frame call.
-	opened atomic.Bool
+	Opened atomic.Bool
 
-	nextID  atomic.Uint64
-	reads   atomic.Uint64 // Reads posted, for tests
-	mu      sync.Mutex
-	waiters map[uint64]*waiter
+	NextID  atomic.Uint64
+	Reads   atomic.Uint64 // Reads posted, for tests
+	Mu      sync.Mutex
+	Waiters map[uint64]*Waiter
 	closed  bool
-	failure error // the first fatal completion or closing reason
-	dead    chan struct{}
+	Failure error // the first fatal completion or closing reason
+	Dead    chan struct{}
 	wg      sync.WaitGroup
 	// room holds a token for each request under way that counts against
 	// sendRoom.
 	room chan struct{}
 }
 
-// waiter receives the completion of one work request. When its poster
+// Waiter receives the completion of one work request. When its poster
 // stops waiting (its context ended), abandoned runs instead, so buffers the
 // request still uses are freed only once the hardware is done with them.
-type waiter struct {
-	ch        chan verbs.Completion
+type Waiter struct {
+	Ch        chan verbs.Completion
 	abandoned func(verbs.Completion)
 }
 
@@ -160,16 +160,16 @@ type waiter struct {
 // message is the session id.
 const verifyBytes = 64
 
-// newLink makes a queue pair on dev. local is this host's address on the
+// NewLink makes a queue pair on dev. local is this host's address on the
 // session's gRPC connection (zero when unknown) and role who opens the data
 // connection: the server accepts, the client dials, so a server never
 // connects to an address a client named.
-func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*link, error) {
-	cq, err := dev.pd.NewCompletionQueue(2 * (frameSlots + sendDepth))
+func NewLink(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*Link, error) {
+	cq, err := dev.PD.NewCompletionQueue(2 * (FrameSlots + SendDepth))
 	if err != nil {
 		return nil, err
 	}
-	qp, err := dev.pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: sendDepth, MaxRecv: frameSlots, LocalAddress: local, Role: role})
+	qp, err := dev.PD.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: SendDepth, MaxRecv: FrameSlots, LocalAddress: local, Role: role})
 	if err != nil {
 		cq.Close()
 		return nil, err
@@ -182,43 +182,43 @@ func newLink(ctx context.Context, dev *device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &link{dev: dev, qp: qp, cq: cq, out: out, ctlPool: ctl, verifyCh: make(chan []byte, 1), waiters: make(map[uint64]*waiter), dead: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
+	return &Link{Dev: dev, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
 }
 
-// sendVerify Sends msg (at most verifyBytes) over the link and waits for
+// SendVerify Sends msg (at most verifyBytes) over the link and waits for
 // its completion.
-func (l *link) sendVerify(ctx context.Context, msg []byte) error {
+func (l *Link) SendVerify(ctx context.Context, msg []byte) error {
 	if len(msg) > verifyBytes {
 		return fmt.Errorf("verifying message of %d bytes", len(msg))
 	}
 	copy(l.out.Bytes(), msg)
-	local, err := l.dev.ctl.Local(l.out)
+	local, err := l.Dev.Ctl.Local(l.out)
 	if err != nil {
 		return err
 	}
 	local.Length = len(msg)
-	return l.postWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil, false, nil)
+	return l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil, false, nil)
 }
 
-// recvVerify waits for the peer's verifying message.
-func (l *link) recvVerify(ctx context.Context) ([]byte, error) {
+// RecvVerify waits for the peer's verifying message.
+func (l *Link) RecvVerify(ctx context.Context) ([]byte, error) {
 	select {
 	case msg := <-l.verifyCh:
 		return msg, nil
-	case <-l.dead:
-		return nil, l.failure
+	case <-l.Dead:
+		return nil, l.Failure
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 }
 
-// connect connects the queue pair, posts the receive slots (enableFrames
+// Connect connects the queue pair, posts the receive slots (enableFrames
 // comes first) and starts polling.
-func (l *link) connect(ctx context.Context, remote []byte) error {
-	if l.fr == nil {
+func (l *Link) Connect(ctx context.Context, remote []byte) error {
+	if l.Frames == nil {
 		return errors.New("tensorrpc: a link connected without frames")
 	}
-	if err := l.qp.Connect(ctx, remote); err != nil {
+	if err := l.QP.Connect(ctx, remote); err != nil {
 		return err
 	}
 	if err := l.postSlots(ctx); err != nil {
@@ -229,7 +229,7 @@ func (l *link) connect(ctx context.Context, remote []byte) error {
 	return nil
 }
 
-func (l *link) poll() {
+func (l *Link) poll() {
 	defer l.wg.Done()
 	batch := make([]verbs.Completion, 64)
 	for {
@@ -243,14 +243,14 @@ func (l *link) poll() {
 	}
 }
 
-func (l *link) complete(c verbs.Completion) {
+func (l *Link) complete(c verbs.Completion) {
 	// Any failure, a flushed Recv included, means the queue pair is in the
 	// error state: the peer refused one of our requests, or we refused one
 	// of its (the target's side sees only its Recvs flushed). Either way
 	// the plane is dead, and the session with it. (close marks the link
 	// failed before it flushes, so its own flushes change nothing.)
 	if c.Status != verbs.StatusSuccess {
-		l.fail(verbs.CompletionError(c))
+		l.Fail(verbs.CompletionError(c))
 	}
 	if c.Op == verbs.OpRecv || c.Op == verbs.OpRecvImm {
 		if c.Status == verbs.StatusSuccess {
@@ -258,10 +258,10 @@ func (l *link) complete(c verbs.Completion) {
 		}
 		return
 	}
-	l.mu.Lock()
-	w, ok := l.waiters[c.ID]
-	delete(l.waiters, c.ID)
-	l.mu.Unlock()
+	l.Mu.Lock()
+	w, ok := l.Waiters[c.ID]
+	delete(l.Waiters, c.ID)
+	l.Mu.Unlock()
 	if !ok {
 		return
 	}
@@ -269,35 +269,35 @@ func (l *link) complete(c verbs.Completion) {
 		w.abandoned(c)
 		return
 	}
-	w.ch <- c
+	w.Ch <- c
 }
 
-// fail records the link's first failure and marks it dead.
-func (l *link) fail(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.failure == nil {
-		l.failure = err
-		close(l.dead)
+// Fail records the link's first failure and marks it dead.
+func (l *Link) Fail(err error) {
+	l.Mu.Lock()
+	defer l.Mu.Unlock()
+	if l.Failure == nil {
+		l.Failure = err
+		close(l.Dead)
 	}
 }
 
-// post posts one work request and waits for its completion. onFail (if not
-// nil) runs exactly once if and only if post returns an error: at once, or,
+// Post posts one work request and waits for its completion. onFail (if not
+// nil) runs exactly once if and only if Post returns an error: at once, or,
 // when ctx ends while the request is under way, later, when the request
 // completes, so that the caller's buffers are freed only once the data
 // plane is done with them.
 //
-// A Send consumes one of the peer's receive slots: post takes a credit
+// A Send consumes one of the peer's receive slots: Post takes a credit
 // for it first (see framing).
-func (l *link) post(ctx context.Context, wr verbs.SendRequest, onFail func()) error {
-	return l.postWith(ctx, wr, onFail, true, nil)
+func (l *Link) Post(ctx context.Context, wr verbs.SendRequest, onFail func()) error {
+	return l.PostWith(ctx, wr, onFail, true, nil)
 }
 
-// postWith is post; credit false posts without taking a credit (the
+// PostWith is post; credit false posts without taking a credit (the
 // verifying round trip, and frames that took theirs already). unposted, if
 // not nil, runs when the request never reached the queue pair.
-func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func(), credit bool, unposted func()) error {
+func (l *Link) PostWith(ctx context.Context, wr verbs.SendRequest, onFail func(), credit bool, unposted func()) error {
 	fail := func(err error) error {
 		if onFail != nil {
 			onFail()
@@ -305,10 +305,10 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		return err
 	}
 	if credit && wr.Op == verbs.OpSend {
-		if err := l.acquire(ctx, false); err != nil {
+		if err := l.Acquire(ctx, false); err != nil {
 			return fail(err)
 		}
-		unposted = func() { l.fr.refund(0, nil, nil) }
+		unposted = func() { l.Frames.Refund(0, nil, nil) }
 	}
 	freeRoom := func() {}
 	if wr.Op != verbs.OpSend {
@@ -324,48 +324,48 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		}
 		return fail(err)
 	}
-	w := &waiter{ch: make(chan verbs.Completion, 1)}
-	wr.ID = l.nextID.Add(1)
+	w := &Waiter{Ch: make(chan verbs.Completion, 1)}
+	wr.ID = l.NextID.Add(1)
 	if wr.Op == verbs.OpRead {
-		l.reads.Add(1)
+		l.Reads.Add(1)
 	}
-	l.mu.Lock()
-	if l.closed || l.failure != nil {
-		err := l.failure
-		l.mu.Unlock()
-		return notPosted(unavailable(err))
+	l.Mu.Lock()
+	if l.closed || l.Failure != nil {
+		err := l.Failure
+		l.Mu.Unlock()
+		return notPosted(Unavailable(err))
 	}
-	l.waiters[wr.ID] = w
-	l.mu.Unlock()
-	if err := l.qp.PostSend(wr); err != nil {
-		l.mu.Lock()
-		delete(l.waiters, wr.ID)
-		l.mu.Unlock()
+	l.Waiters[wr.ID] = w
+	l.Mu.Unlock()
+	if err := l.QP.PostSend(wr); err != nil {
+		l.Mu.Lock()
+		delete(l.Waiters, wr.ID)
+		l.Mu.Unlock()
 		if errors.Is(err, verbs.ErrQueueFull) {
-			return notPosted(status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", sendDepth, err))
+			return notPosted(status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", SendDepth, err))
 		}
-		return notPosted(completionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
+		return notPosted(CompletionStatus(verbs.Completion{Op: wr.Op, Status: verbs.StatusFlushed, Err: err}))
 	}
 	var c verbs.Completion
 	select {
-	case c = <-w.ch:
+	case c = <-w.Ch:
 	case <-ctx.Done():
-		l.mu.Lock()
-		if _, pending := l.waiters[wr.ID]; pending {
+		l.Mu.Lock()
+		if _, pending := l.Waiters[wr.ID]; pending {
 			w.abandoned = func(verbs.Completion) {
 				freeRoom()
 				if onFail != nil {
 					onFail()
 				}
 			}
-			l.mu.Unlock()
+			l.Mu.Unlock()
 			return status.FromContextError(ctx.Err()).Err()
 		}
-		l.mu.Unlock()
-		c = <-w.ch // delivered just now
+		l.Mu.Unlock()
+		c = <-w.Ch // delivered just now
 	}
 	freeRoom()
-	if err := completionStatus(c); err != nil {
+	if err := CompletionStatus(c); err != nil {
 		return fail(err)
 	}
 	return nil
@@ -373,7 +373,7 @@ func (l *link) postWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 
 // takeRoom waits for room in the send queue for a request that takes no
 // frame credit (see sendRoom).
-func (l *link) takeRoom(ctx context.Context) error {
+func (l *Link) takeRoom(ctx context.Context) error {
 	select {
 	case l.room <- struct{}{}:
 		return nil
@@ -382,76 +382,76 @@ func (l *link) takeRoom(ctx context.Context) error {
 	select {
 	case l.room <- struct{}{}:
 		return nil
-	case <-l.dead:
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return unavailable(l.failure)
+	case <-l.Dead:
+		l.Mu.Lock()
+		defer l.Mu.Unlock()
+		return Unavailable(l.Failure)
 	case <-ctx.Done():
 		return status.FromContextError(ctx.Err()).Err()
 	}
 }
 
-// postAsync posts one work request without waiting for it: done runs
+// PostAsync posts one work request without waiting for it: done runs
 // with its completion (in the polling goroutine, or at close). On error
 // the request was not posted and done does not run.
-func (l *link) postAsync(wr verbs.SendRequest, done func(verbs.Completion)) error {
-	wr.ID = l.nextID.Add(1)
-	l.mu.Lock()
-	if l.closed || l.failure != nil {
-		err := l.failure
-		l.mu.Unlock()
-		return unavailable(err)
+func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) error {
+	wr.ID = l.NextID.Add(1)
+	l.Mu.Lock()
+	if l.closed || l.Failure != nil {
+		err := l.Failure
+		l.Mu.Unlock()
+		return Unavailable(err)
 	}
-	l.waiters[wr.ID] = &waiter{abandoned: done}
-	l.mu.Unlock()
-	if err := l.qp.PostSend(wr); err != nil {
-		l.mu.Lock()
-		delete(l.waiters, wr.ID)
-		l.mu.Unlock()
+	l.Waiters[wr.ID] = &Waiter{abandoned: done}
+	l.Mu.Unlock()
+	if err := l.QP.PostSend(wr); err != nil {
+		l.Mu.Lock()
+		delete(l.Waiters, wr.ID)
+		l.Mu.Unlock()
 		return err
 	}
 	return nil
 }
 
-// close flushes the queue pair, stops polling and fails every waiter that
+// Close flushes the queue pair, stops polling and fails every waiter that
 // is left, so every posted request's waiter hears exactly once.
-func (l *link) close(reason error) {
-	l.mu.Lock()
+func (l *Link) Close(reason error) {
+	l.Mu.Lock()
 	if l.closed {
-		l.mu.Unlock()
+		l.Mu.Unlock()
 		return
 	}
 	l.closed = true
-	l.mu.Unlock()
-	l.fail(reason)
-	if l.fr != nil && l.fr.cancel != nil {
-		l.fr.cancel() // the creditor
+	l.Mu.Unlock()
+	l.Fail(reason)
+	if l.Frames != nil && l.Frames.Cancel != nil {
+		l.Frames.Cancel() // the creditor
 	}
-	l.qp.Close()
+	l.QP.Close()
 	l.cq.Close()
 	l.wg.Wait()
-	l.mu.Lock()
-	left := l.waiters
-	l.waiters = map[uint64]*waiter{}
-	l.mu.Unlock()
+	l.Mu.Lock()
+	left := l.Waiters
+	l.Waiters = map[uint64]*Waiter{}
+	l.Mu.Unlock()
 	for _, w := range left {
 		c := verbs.Completion{Status: verbs.StatusFlushed, Err: reason}
 		if w.abandoned != nil {
 			w.abandoned(c)
 		} else {
-			w.ch <- c
+			w.Ch <- c
 		}
 	}
 	l.out.Release()
-	if l.fr != nil {
-		l.fr.closePending()
-		l.fr.releaseSlots()
+	if l.Frames != nil {
+		l.Frames.closePending()
+		l.Frames.releaseSlots()
 	}
 }
 
-// completionStatus maps a completion to a gRPC status error (nil on
+// CompletionStatus maps a completion to a gRPC status error (nil on
 // success).
-func completionStatus(c verbs.Completion) error {
+func CompletionStatus(c verbs.Completion) error {
 	switch c.Status {
 	case verbs.StatusSuccess:
 		return nil
@@ -464,62 +464,32 @@ func completionStatus(c verbs.Completion) error {
 	}
 }
 
-func unavailable(err error) error {
+func Unavailable(err error) error {
 	if err == nil {
-		err = errClosed
+		err = ErrClosed
 	}
 	return status.Errorf(codes.Unavailable, "tensorrpc: data plane down: %v", err)
 }
 
-var errClosed = errors.New("tensorrpc: closed")
+var ErrClosed = errors.New("tensorrpc: closed")
 
-// transportOf and transportName convert between transport names and the
-// control plane's enum.
-func transportOf(name string) pb.Transport {
-	switch name {
-	case TransportIBV:
-		return pb.Transport_TRANSPORT_IBV
-	case TransportSHM:
-		return pb.Transport_TRANSPORT_SHM
-	case TransportTCP:
-		return pb.Transport_TRANSPORT_TCP
-	case TransportGRPC:
-		return pb.Transport_TRANSPORT_GRPC
-	}
-	return pb.Transport_TRANSPORT_UNSPECIFIED
-}
-
-func transportName(t pb.Transport) string {
-	switch t {
-	case pb.Transport_TRANSPORT_IBV:
-		return TransportIBV
-	case pb.Transport_TRANSPORT_SHM:
-		return TransportSHM
-	case pb.Transport_TRANSPORT_TCP:
-		return TransportTCP
-	case pb.Transport_TRANSPORT_GRPC:
-		return TransportGRPC
-	}
-	return t.String()
-}
-
-// connectOutcome is how step 1 of a data plane's negotiation ended on one
+// ConnectOutcome is how step 1 of a data plane's negotiation ended on one
 // side: its own error (nil when it connected; abandoned when it gave up
 // because the peer had failed) and the peer's report.
-type connectOutcome struct {
-	mine      error
-	abandoned bool
-	theirs    *pb.ConnectResult
+type ConnectOutcome struct {
+	Mine      error
+	Abandoned bool
+	Theirs    *pb.ConnectResult
 }
 
-// connectBoth runs step 1 of a data plane's negotiation, the same on both
+// ConnectBoth runs step 1 of a data plane's negotiation, the same on both
 // sides: connect (within timeout; connectLanes), report the outcome at once with
 // report, and read the peer's report with theirResult; when the peer has
 // failed, stop waiting for our own attempt. peer names the other side in
 // the reason of an abandoned attempt. It returns an error only when the
 // session itself failed.
-func connectBoth(ctx context.Context, timeout time.Duration, connect func(context.Context) error,
-	report func(ok bool, err error) error, theirResult func() (*pb.ConnectResult, error), peer string) (connectOutcome, error) {
+func ConnectBoth(ctx context.Context, timeout time.Duration, connect func(context.Context) error,
+	report func(ok bool, err error) error, theirResult func() (*pb.ConnectResult, error), peer string) (ConnectOutcome, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	mine := make(chan error, 1)
@@ -534,20 +504,20 @@ func connectBoth(ctx context.Context, timeout time.Duration, connect func(contex
 		}
 		theirs <- r
 	}()
-	var out connectOutcome
+	var out ConnectOutcome
 	haveMine := false
-	for !haveMine || out.theirs == nil {
+	for !haveMine || out.Theirs == nil {
 		select {
-		case out.mine = <-mine:
+		case out.Mine = <-mine:
 			haveMine = true
-			if out.theirs != nil && !out.theirs.Ok && out.mine != nil {
-				out.mine, out.abandoned = fmt.Errorf("abandoned: the %s failed to connect", peer), true
+			if out.Theirs != nil && !out.Theirs.Ok && out.Mine != nil {
+				out.Mine, out.Abandoned = fmt.Errorf("abandoned: the %s failed to connect", peer), true
 			}
-			if err := report(out.mine == nil, out.mine); err != nil {
+			if err := report(out.Mine == nil, out.Mine); err != nil {
 				return out, err
 			}
-		case out.theirs = <-theirs:
-			if !out.theirs.Ok {
+		case out.Theirs = <-theirs:
+			if !out.Theirs.Ok {
 				cancel() // the peer failed: stop waiting for our side
 			}
 		case err := <-theirsErr:

@@ -1,4 +1,4 @@
-package rpc
+package engine
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 // reads) stays on its lane, because a grant opens a buffer to one queue
 // pair only (a striped transfer grants it on every lane).
 
-// connectLanes connects lanes[i] to remotes[i], all at once; the first
+// ConnectLanes connects lanes[i] to remotes[i], all at once; the first
 // failure ends the others' attempts.
-func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte) error {
+func ConnectLanes(ctx context.Context, lanes []*Link, remotes [][]byte) error {
 	if len(lanes) != len(remotes) {
 		return fmt.Errorf("%d lanes, %d remote infos", len(lanes), len(remotes))
 	}
@@ -28,7 +28,7 @@ func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte) error {
 	var wg sync.WaitGroup
 	for i, l := range lanes {
 		wg.Go(func() {
-			if errs[i] = l.connect(ctx, remotes[i]); errs[i] != nil {
+			if errs[i] = l.Connect(ctx, remotes[i]); errs[i] != nil {
 				cancel()
 			}
 		})
@@ -45,42 +45,42 @@ func connectLanes(ctx context.Context, lanes []*link, remotes [][]byte) error {
 	return nil
 }
 
-// verifyMessage is what the verifying round trip carries on lane i: the
+// VerifyMessage is what the verifying round trip carries on lane i: the
 // session id, and on lanes after the first the lane's number, so lanes
 // connected crosswise fail to verify.
-func verifyMessage(id string, i int) []byte {
+func VerifyMessage(id string, i int) []byte {
 	if i == 0 {
 		return []byte(id)
 	}
 	return fmt.Appendf(nil, "%s/%d", id, i)
 }
 
-// closeLanes closes every lane.
-func closeLanes(lanes []*link, reason error) {
+// CloseLanes closes every lane.
+func CloseLanes(lanes []*Link, reason error) {
 	for _, l := range lanes {
-		l.close(reason)
+		l.Close(reason)
 	}
 }
 
-// laneInfos is the connection info of lanes (for TransportOffer.lanes).
-func laneInfos(lanes []*link) [][]byte {
+// LaneInfos is the connection info of lanes (for TransportOffer.lanes).
+func LaneInfos(lanes []*Link) [][]byte {
 	var out [][]byte
 	for _, l := range lanes {
-		out = append(out, l.qp.LocalInfo())
+		out = append(out, l.QP.LocalInfo())
 	}
 	return out
 }
 
-// anyDead returns a channel closed once any of lanes has failed, and a
+// AnyDead returns a channel closed once any of lanes has failed, and a
 // function that returns the first failure; the watchers it starts end
 // when every lane has (closing a lane fails it).
-func anyDead(lanes []*link, wg *sync.WaitGroup) (<-chan struct{}, func() error) {
+func AnyDead(lanes []*Link, wg *sync.WaitGroup) (<-chan struct{}, func() error) {
 	dead := make(chan struct{})
 	var once sync.Once
-	var first *link
+	var first *Link
 	for _, l := range lanes {
 		wg.Go(func() {
-			<-l.dead
+			<-l.Dead
 			once.Do(func() {
 				first = l
 				close(dead)
@@ -89,37 +89,37 @@ func anyDead(lanes []*link, wg *sync.WaitGroup) (<-chan struct{}, func() error) 
 	}
 	return dead, func() error {
 		<-dead
-		first.mu.Lock()
-		defer first.mu.Unlock()
-		if first.failure == nil {
+		first.Mu.Lock()
+		defer first.Mu.Unlock()
+		if first.Failure == nil {
 			return errors.New("lane closed")
 		}
-		return first.failure
+		return first.Failure
 	}
 }
 
-// Stripes: a one-sided transfer of at least stripeMin bytes on a session
+// Stripes: a one-sided transfer of at least StripeMin bytes on a session
 // with several lanes is granted on every lane (Location.lanes), and its
-// reader splits it into parts of at least stripePart bytes, one per lane,
+// reader splits it into parts of at least StripePart bytes, one per lane,
 // read at once.
 const (
-	stripeMin  = 8 << 20
-	stripePart = 4 << 20
+	StripeMin  = 8 << 20
+	StripePart = 4 << 20
 )
 
-// stripes is how many lanes a transfer of n bytes is split across.
-func stripes(n, lanes int) int {
-	if lanes < 2 || n < stripeMin {
+// Stripes is how many lanes a transfer of n bytes is split across.
+func Stripes(n, lanes int) int {
+	if lanes < 2 || n < StripeMin {
 		return 1
 	}
-	return min(lanes, n/stripePart)
+	return min(lanes, n/StripePart)
 }
 
-// grantLanes grants a striped transfer's n bytes on every lane with
+// GrantLanes grants a striped transfer's n bytes on every lane with
 // grantOn (nil when it is not striped); lanes[at] reuses g, the grant on
 // the lane the location is sent on. On error nothing stays granted but g.
-func grantLanes(lanes []*link, at *link, g verbs.Grant, n int, grantOn func(*link) (verbs.Grant, error)) ([]verbs.Grant, []*pb.LaneRemote, error) {
-	if stripes(n, len(lanes)) < 2 {
+func GrantLanes(lanes []*Link, at *Link, g verbs.Grant, n int, grantOn func(*Link) (verbs.Grant, error)) ([]verbs.Grant, []*pb.LaneRemote, error) {
+	if Stripes(n, len(lanes)) < 2 {
 		return nil, nil, nil
 	}
 	var extra []verbs.Grant
@@ -129,7 +129,7 @@ func grantLanes(lanes []*link, at *link, g verbs.Grant, n int, grantOn func(*lin
 		if x != at {
 			var err error
 			if lg, err = grantOn(x); err != nil {
-				revokeAll(extra)
+				RevokeAll(extra)
 				return nil, nil, err
 			}
 			extra = append(extra, lg)
@@ -140,22 +140,22 @@ func grantLanes(lanes []*link, at *link, g verbs.Grant, n int, grantOn func(*lin
 	return extra, remotes, nil
 }
 
-func revokeAll(gs []verbs.Grant) {
+func RevokeAll(gs []verbs.Grant) {
 	for _, g := range gs {
 		g.Revoke()
 	}
 }
 
-// readLanes reads local.Length bytes into local: from remote over l, or,
+// ReadLanes reads local.Length bytes into local: from remote over l, or,
 // when striped names a remote on each of lanes, in parts over every lane
 // at once. On failure, or when ctx ends while reads are under way, failed
 // runs once every read has completed (so local's memory is freed only
-// then); it never runs after readLanes returns nil.
-func readLanes(ctx context.Context, l *link, lanes []*link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+// then); it never runs after ReadLanes returns nil.
+func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
 	n := local.Length
-	k := stripes(n, len(lanes))
+	k := Stripes(n, len(lanes))
 	if len(striped) != len(lanes) || k < 2 {
-		return l.post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)
+		return l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)
 	}
 	part := ((n+k-1)/k + 4095) &^ 4095 // k parts cover n
 	var mu sync.Mutex
@@ -183,7 +183,7 @@ func readLanes(ctx context.Context, l *link, lanes []*link, local verbs.Local, r
 			Local:  verbs.Local{Region: local.Region, Offset: local.Offset + off, Length: m},
 			Remote: verbs.Remote{Addr: striped[i].Address + uint64(off), Key: striped[i].RemoteKey}}
 		wg.Go(func() {
-			if errs[i] = lanes[i].post(ctx, wr, func() { done(false) }); errs[i] == nil {
+			if errs[i] = lanes[i].Post(ctx, wr, func() { done(false) }); errs[i] == nil {
 				done(true)
 			}
 		})

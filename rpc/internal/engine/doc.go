@@ -1,0 +1,25 @@
+// Package engine is the data-plane engine under package rpc: how a
+// session's calls travel over a connected queue pair of a verbs provider.
+// It never sees rpc.Tensor; it deals in pool buffers, grants and frames.
+//
+// It holds, from the bottom up:
+//
+//   - the Device (one opened provider and the registration of the tensor
+//     and control pools) and the Link (one connected queue pair, its
+//     polling goroutine, Post/PostWith/PostAsync and the send queue's room,
+//     the verifying round trip of the negotiation), in link.go;
+//   - the framing of frames on a link (frames.go, frame.go): receive
+//     slots and credits, SendFrame/TrySendFrame, the creditor and the
+//     releaser, pending calls and their replies, over proto/wire's header;
+//   - lanes (lanes.go): a session's several links, connected together,
+//     striped reads (ReadLanes) and grants on every lane (GrantLanes);
+//   - ConnectBoth, step 1 of a data plane's negotiation, the same on both
+//     sides.
+//
+// Sessions, the negotiation's other steps and the server's and client's
+// work per operation are still in rpc. Some fields of Link and Framing
+// (Mu, Credits, Unreturned, Outstanding, Pending, MaxAbandon, Cancel,
+// Received, Indirect, ReleasedIn, Reads, NextID, Waiters, CtlPool) are
+// exported only for rpc's white-box tests, which forge and withhold
+// frames; they are not for rpc's own code.
+package engine
