@@ -203,7 +203,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			}
 		}
 	}()
-	next := func() (*pb.SessionResponse, error) {
+	// next reads the server's next message, until ctx or the caller's
+	// rctx ends.
+	next := func(rctx context.Context) (*pb.SessionResponse, error) {
 		select {
 		case msg, ok := <-in:
 			if !ok {
@@ -212,6 +214,8 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			return msg, nil
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-rctx.Done():
+			return nil, status.FromContextError(rctx.Err()).Err()
 		}
 	}
 	fail := func(err error) (*clientSession, error) {
@@ -253,7 +257,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
 	}
-	msg, err := next()
+	msg, err := next(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -267,7 +271,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
 	for {
-		msg, err := next()
+		msg, err := next(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -318,7 +322,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 // tryConnect connects and verifies the data plane the server chose. It
 // returns the rejection when the plane is not usable, or an error when the
 // session itself failed.
-func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func() (*pb.SessionResponse, error), s *clientSession, lanes []*engine.Link, choice *pb.TransportOffer) (*Rejection, error) {
+func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func(context.Context) (*pb.SessionResponse, error), s *clientSession, lanes []*engine.Link, choice *pb.TransportOffer) (*Rejection, error) {
 	name := transportName(choice.Transport)
 	report := func(ok bool, verify bool, err error) error {
 		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
@@ -327,8 +331,8 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 		}
 		return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
 	}
-	theirResult := func() (*pb.ConnectResult, error) {
-		msg, err := next()
+	theirResult := func(ctx context.Context) (*pb.ConnectResult, error) {
+		msg, err := next(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -381,7 +385,7 @@ func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) e
 	if err := report(verr == nil, true, verr); err != nil {
 		return nil, negotiationError(ctx, err)
 	}
-	their, err = theirResult()
+	their, err = theirResult(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // methodCounter counts the server's unary calls by method.
@@ -573,5 +574,62 @@ func TestFrameCallsTakeNoServerLock(t *testing.T) {
 				t.Fatalf("calls with the server's lock held: %v", err)
 			}
 		})
+	}
+}
+
+// failOnceQP is a queue pair whose next PostSend, once armed, fails as a
+// full send queue does: a transient error.
+type failOnceQP struct {
+	verbs.QueuePair
+	armed atomic.Bool
+}
+
+func (q *failOnceQP) PostSend(wrs ...verbs.SendRequest) error {
+	if q.armed.CompareAndSwap(true, false) {
+		return verbs.ErrQueueFull
+	}
+	return q.QueuePair.PostSend(wrs...)
+}
+
+// TestCreditorOutlivesTransientError: a credit-only frame that fails to
+// post once (a full send queue) does not end the lane's creditor for
+// good. 40 Fetches wait for a key, so the server's 40 answers come with
+// no request between them: past its 31 credits the server needs the
+// client's credit-only frame, whose first try fails.
+func TestCreditorOutlivesTransientError(t *testing.T) {
+	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1)})
+	ctx := ctxT(t)
+	cs, err := c.session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp := &failOnceQP{QueuePair: cs.link.QP}
+	cs.link.QP = qp
+	const n = 40
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			got, err := c.Fetch(shortCtx(t, 20*time.Second), "later", WaitForKey())
+			if err == nil {
+				got.Release()
+			}
+			errs <- err
+		}()
+	}
+	ss := serverSessionOf(t, s)
+	waitFor(t, "the Fetches to wait on the server", func() bool {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		return ss.inFlight >= n
+	})
+	qp.armed.Store(true)
+	publishBytes(t, s, "later", 100, 1)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("a Fetch after the creditor's failed post: %v", err)
+		}
+	}
+	if qp.armed.Load() {
+		t.Error("the credit-only frame was never tried")
 	}
 }

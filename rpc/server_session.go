@@ -310,8 +310,12 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 			}
 		}
 	}()
-	next := func() (*pb.SessionRequest, error) {
+	// next reads the client's next message, until the stream, the server
+	// or the caller's rctx ends.
+	next := func(rctx context.Context) (*pb.SessionRequest, error) {
 		select {
+		case <-rctx.Done():
+			return nil, status.FromContextError(rctx.Err()).Err()
 		case msg, ok := <-in:
 			if !ok {
 				if readErr == nil || readErr == io.EOF {
@@ -327,7 +331,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		}
 	}
 
-	first, err := next()
+	first, err := next(ctx)
 	if err != nil {
 		return err
 	}
@@ -579,7 +583,7 @@ func localAddress(ctx context.Context) netip.Addr {
 // it with a round trip (see the Session method in the .proto). It returns
 // why the plane is not used ("" when the session is open on it), or an
 // error when the session itself failed.
-func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func() (*pb.SessionRequest, error), ss *serverSession, c candidate, open func([]*engine.Link, string) error) (_ string, err error) {
+func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) error, next func(context.Context) (*pb.SessionRequest, error), ss *serverSession, c candidate, open func([]*engine.Link, string) error) (_ string, err error) {
 	l, offer := c.link, c.offer
 	name := transportName(offer.Transport)
 	// Lanes: as many as the client offered and this side wants; fewer when
@@ -637,8 +641,8 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		}
 		return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
 	}
-	theirResult := func(verify bool) (*pb.ConnectResult, error) {
-		msg, err := next()
+	theirResult := func(ctx context.Context, verify bool) (*pb.ConnectResult, error) {
+		msg, err := next(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -668,7 +672,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 	// Step 1: connect, report at once, give up as soon as the client fails.
 	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
 	o, err := engine.ConnectBoth(ctx, s.opts.connectTimeout, connect,
-		func(ok bool, err error) error { return report(ok, false, err) }, func() (*pb.ConnectResult, error) { return theirResult(false) }, "client")
+		func(ok bool, err error) error { return report(ok, false, err) }, func(ctx context.Context) (*pb.ConnectResult, error) { return theirResult(ctx, false) }, "client")
 	if err != nil {
 		return "", err
 	}
@@ -701,7 +705,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 			break
 		}
 	}
-	their, err = theirResult(true)
+	their, err = theirResult(ctx, true)
 	if err != nil {
 		return "", err
 	}

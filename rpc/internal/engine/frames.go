@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -210,10 +211,7 @@ func (l *Link) completeSlot(c verbs.Completion) {
 		kick := f.Unreturned >= FrameSlots/2
 		f.Mu.Unlock()
 		if kick {
-			select {
-			case f.kick <- struct{}{}:
-			default:
-			}
+			f.kickCreditor()
 		}
 	}
 }
@@ -485,9 +483,30 @@ func (l *Link) creditor(ctx context.Context) {
 		if !enough {
 			continue // a frame returned them meanwhile
 		}
-		if _, err := l.SendFrame(ctx, frameCredit, 0, 0, nil, nil); err != nil && ctx.Err() == nil {
-			return
+		if _, err := l.SendFrame(ctx, frameCredit, 0, 0, nil, nil); err != nil {
+			select {
+			case <-l.Dead:
+				return // the session ends with its lane
+			case <-ctx.Done():
+				return
+			case <-time.After(creditRetry):
+				// A transient failure (a full send queue): the peer may
+				// be waiting for these credits, so try again.
+				f.kickCreditor()
+			}
 		}
+	}
+}
+
+// creditRetry is how long the creditor waits before it tries again a
+// credit-only frame that failed to post while the link lives.
+const creditRetry = time.Millisecond
+
+// kickCreditor asks the creditor for a credit-only frame.
+func (f *Framing) kickCreditor() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
 	}
 }
 

@@ -487,17 +487,26 @@ type ConnectOutcome struct {
 // report, and read the peer's report with theirResult; when the peer has
 // failed, stop waiting for our own attempt. peer names the other side in
 // the reason of an abandoned attempt. It returns an error only when the
-// session itself failed.
+// session itself failed. It leaves no goroutine behind: theirResult stops
+// reading when its context ends, and ConnectBoth waits for it to return
+// before it does, so no message of the session's stream is read after.
 func ConnectBoth(ctx context.Context, timeout time.Duration, connect func(context.Context) error,
-	report func(ok bool, err error) error, theirResult func() (*pb.ConnectResult, error), peer string) (ConnectOutcome, error) {
+	report func(ok bool, err error) error, theirResult func(context.Context) (*pb.ConnectResult, error), peer string) (ConnectOutcome, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	mine := make(chan error, 1)
 	go func() { mine <- connect(cctx) }()
 	theirs := make(chan *pb.ConnectResult, 1)
 	theirsErr := make(chan error, 1)
+	rctx, stopReading := context.WithCancel(ctx)
+	read := make(chan struct{})
+	defer func() {
+		stopReading()
+		<-read
+	}()
 	go func() {
-		r, err := theirResult()
+		defer close(read)
+		r, err := theirResult(rctx)
 		if err != nil {
 			theirsErr <- err
 			return
