@@ -169,33 +169,53 @@ func refusal(what, budget string, held, limit any) error {
 	return status.Errorf(codes.ResourceExhausted, "tensorrpc: %s refused: %v of the server's %s budget of %v are held (rpc.WithAdmission's Admission.%s raises it)", what, held, budget, limit, budget)
 }
 
-// session admits a new session of peer; done ends it.
-func (a *admission) session(peer string) (done func(), err error) {
+// budget is one of the budgets counted per peer and in total: the
+// counter of a usage it charges, its limits and the Admission fields that
+// set them (for the refusal's message).
+type budget[T int | int64] struct {
+	what             string
+	count            func(*usage) *T
+	perPeer, total   T
+	perName, totName string
+	format           func(T) any
+}
+
+// take charges n of b to peer; give (idempotent) takes them back.
+func take[T int | int64](a *admission, peer string, b budget[T], n T) (give func(), err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	u := a.peerLocked(peer)
+	held, total := b.count(u), b.count(&a.total)
 	switch {
-	case over(u.sessions, 1, a.limits.SessionsPerPeer):
-		err = refusal("session", "SessionsPerPeer", u.sessions, a.limits.SessionsPerPeer)
-	case over(a.total.sessions, 1, a.limits.Sessions):
-		err = refusal("session", "Sessions", a.total.sessions, a.limits.Sessions)
+	case over(*held, n, b.perPeer):
+		err = refusal(b.what, b.perName, b.format(*held), b.format(b.perPeer))
+	case over(*total, n, b.total):
+		err = refusal(b.what, b.totName, b.format(*total), b.format(b.total))
 	}
 	if err != nil {
 		a.dropLocked(peer, u)
 		return nil, err
 	}
-	u.sessions++
-	a.total.sessions++
+	*held += n
+	*total += n
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			u.sessions--
-			a.total.sessions--
+			*held -= n
+			*total -= n
 			a.dropLocked(peer, u)
 		})
 	}, nil
+}
+
+func asIs[T int | int64](n T) any { return n }
+
+// session admits a new session of peer; done ends it.
+func (a *admission) session(peer string) (done func(), err error) {
+	return take(a, peer, budget[int]{"session", func(u *usage) *int { return &u.sessions },
+		a.limits.SessionsPerPeer, a.limits.Sessions, "SessionsPerPeer", "Sessions", asIs[int]}, 1)
 }
 
 // lanes grants peer up to want lanes, fewer when a budget is nearly spent;
@@ -241,58 +261,15 @@ func (a *admission) freeLanes(peer string, n int) {
 
 // stream admits a fallback stream of peer; done ends it.
 func (a *admission) stream(peer string) (done func(), err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	u := a.peerLocked(peer)
-	switch {
-	case over(u.streams, 1, a.limits.StreamsPerPeer):
-		err = refusal("stream", "StreamsPerPeer", u.streams, a.limits.StreamsPerPeer)
-	case over(a.total.streams, 1, a.limits.Streams):
-		err = refusal("stream", "Streams", a.total.streams, a.limits.Streams)
-	}
-	if err != nil {
-		a.dropLocked(peer, u)
-		return nil, err
-	}
-	u.streams++
-	a.total.streams++
-	return func() {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		u.streams--
-		a.total.streams--
-		a.dropLocked(peer, u)
-	}, nil
+	return take(a, peer, budget[int]{"stream", func(u *usage) *int { return &u.streams },
+		a.limits.StreamsPerPeer, a.limits.Streams, "StreamsPerPeer", "Streams", asIs[int]}, 1)
 }
 
 // streamBytes charges n bytes a fallback stream of peer holds; refund
 // gives them back.
 func (a *admission) streamBytes(peer string, n int64) (refund func(), err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	u := a.peerLocked(peer)
-	switch {
-	case over(u.streamBytes, n, a.limits.StreamBytesPerPeer):
-		err = refusal("stream of "+byteCount(n).String(), "StreamBytesPerPeer", byteCount(u.streamBytes), byteCount(a.limits.StreamBytesPerPeer))
-	case over(a.total.streamBytes, n, a.limits.StreamBytes):
-		err = refusal("stream of "+byteCount(n).String(), "StreamBytes", byteCount(a.total.streamBytes), byteCount(a.limits.StreamBytes))
-	}
-	if err != nil {
-		a.dropLocked(peer, u)
-		return nil, err
-	}
-	u.streamBytes += n
-	a.total.streamBytes += n
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			u.streamBytes -= n
-			a.total.streamBytes -= n
-			a.dropLocked(peer, u)
-		})
-	}, nil
+	return take(a, peer, budget[int64]{"stream of " + byteCount(n).String(), func(u *usage) *int64 { return &u.streamBytes },
+		a.limits.StreamBytesPerPeer, a.limits.StreamBytes, "StreamBytesPerPeer", "StreamBytes", func(n int64) any { return byteCount(n) }}, n)
 }
 
 // byteCount prints n bytes for a message.
