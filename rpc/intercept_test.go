@@ -250,14 +250,17 @@ func TestInterceptorsSeeEveryCall(t *testing.T) {
 // TestInterceptorsSeeUnaryCalls: a client with only the .proto calls the
 // unary methods; the server's interceptors see each call once, as unary,
 // with the caller's gRPC metadata in its context, and the handler sees it
-// too.
+// and the caller's deadline too.
 func TestInterceptorsSeeUnaryCalls(t *testing.T) {
 	srvRec := newRecorders("s1", "s2")
 	e := start(t, rpc.TransportTCP, []rpc.ServerOption{interceptors(srvRec)}, nil)
 	handlerMD := make(chan metadata.MD, 1)
+	handlerDL := make(chan time.Time, 1)
 	e.srv.Handle("echo", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		handlerMD <- md
+		dl, _ := ctx.Deadline()
+		handlerDL <- dl
 		return &rpc.Message{Metadata: req.Metadata}, nil
 	})
 	cc, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -266,7 +269,10 @@ func TestInterceptorsSeeUnaryCalls(t *testing.T) {
 	}
 	defer cc.Close()
 	api := pb.NewTensorRPCClient(cc)
-	ctx := metadata.AppendToOutgoingContext(testCtx(t), "x-user", "ada")
+	deadline := time.Now().Add(40 * time.Second)
+	dctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	ctx := metadata.AppendToOutgoingContext(dctx, "x-user", "ada")
 	if _, err := api.Call(ctx, &pb.CallRequest{Method: "echo", Metadata: []byte("hi")}); err != nil {
 		t.Fatal(err)
 	}
@@ -278,6 +284,9 @@ func TestInterceptorsSeeUnaryCalls(t *testing.T) {
 	}
 	if md := <-handlerMD; len(md.Get("x-user")) != 1 || md.Get("x-user")[0] != "ada" {
 		t.Errorf("handler saw metadata %v", md)
+	}
+	if dl := <-handlerDL; dl.IsZero() || dl.After(deadline.Add(5*time.Second)) || dl.Before(deadline.Add(-20*time.Second)) {
+		t.Errorf("handler deadline %v, caller's %v", dl, deadline)
 	}
 	want := []struct {
 		op   rpc.Operation
