@@ -20,6 +20,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
 // methodCounter counts the server's unary calls by method.
@@ -591,20 +592,48 @@ func (q *failOnceQP) PostSend(wrs ...verbs.SendRequest) error {
 	return q.QueuePair.PostSend(wrs...)
 }
 
+// failOnceProvider wraps a provider so that its queue pairs are
+// failOnceQPs, each handed to qps as it is made.
+type failOnceProvider struct {
+	verbs.Provider
+	qps chan *failOnceQP
+}
+
+func (p failOnceProvider) Open(name string) (verbs.ProtectionDomain, error) {
+	pd, err := p.Provider.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return failOnceDomain{pd, p.qps}, nil
+}
+
+type failOnceDomain struct {
+	verbs.ProtectionDomain
+	qps chan *failOnceQP
+}
+
+func (d failOnceDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
+	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &failOnceQP{QueuePair: qp}
+	select {
+	case d.qps <- w:
+	default:
+	}
+	return w, nil
+}
+
 // TestCreditorOutlivesTransientError: a credit-only frame that fails to
 // post once (a full send queue) does not end the lane's creditor for
 // good. 40 Fetches wait for a key, so the server's 40 answers come with
 // no request between them: past its 31 credits the server needs the
 // client's credit-only frame, whose first try fails.
 func TestCreditorOutlivesTransientError(t *testing.T) {
-	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1)})
-	ctx := ctxT(t)
-	cs, err := c.session(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	qp := &failOnceQP{QueuePair: cs.link.QP}
-	cs.link.QP = qp
+	qps := make(chan *failOnceQP, 1)
+	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(failOnceProvider{tcp.New(), qps})})
+	qp := <-qps
 	const n = 40
 	errs := make(chan error, n)
 	for range n {
