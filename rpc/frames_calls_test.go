@@ -578,51 +578,46 @@ func TestFrameCallsTakeNoServerLock(t *testing.T) {
 	}
 }
 
-// failOnceQP is a queue pair whose next PostSend, once armed, fails as a
-// full send queue does: a transient error.
-type failOnceQP struct {
-	verbs.QueuePair
-	armed atomic.Bool
-}
-
-func (q *failOnceQP) PostSend(wrs ...verbs.SendRequest) error {
-	if q.armed.CompareAndSwap(true, false) {
-		return verbs.ErrQueueFull
-	}
-	return q.QueuePair.PostSend(wrs...)
-}
-
-// failOnceProvider wraps a provider so that its queue pairs are
-// failOnceQPs, each handed to qps as it is made.
-type failOnceProvider struct {
+// hookProvider wraps a provider so that every PostSend of its queue
+// pairs first runs onPost, which may fail it.
+type hookProvider struct {
 	verbs.Provider
-	qps chan *failOnceQP
+	onPost func(verbs.SendRequest) error
 }
 
-func (p failOnceProvider) Open(name string) (verbs.ProtectionDomain, error) {
+func (p hookProvider) Open(name string) (verbs.ProtectionDomain, error) {
 	pd, err := p.Provider.Open(name)
 	if err != nil {
 		return nil, err
 	}
-	return failOnceDomain{pd, p.qps}, nil
+	return hookDomain{pd, p.onPost}, nil
 }
 
-type failOnceDomain struct {
+type hookDomain struct {
 	verbs.ProtectionDomain
-	qps chan *failOnceQP
+	onPost func(verbs.SendRequest) error
 }
 
-func (d failOnceDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
+func (d hookDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
 	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
 	if err != nil {
 		return nil, err
 	}
-	w := &failOnceQP{QueuePair: qp}
-	select {
-	case d.qps <- w:
-	default:
+	return hookQP{qp, d.onPost}, nil
+}
+
+type hookQP struct {
+	verbs.QueuePair
+	onPost func(verbs.SendRequest) error
+}
+
+func (q hookQP) PostSend(wrs ...verbs.SendRequest) error {
+	for _, wr := range wrs {
+		if err := q.onPost(wr); err != nil {
+			return err
+		}
 	}
-	return w, nil
+	return q.QueuePair.PostSend(wrs...)
 }
 
 // TestCreditorOutlivesTransientError: a credit-only frame that fails to
@@ -631,9 +626,14 @@ func (d failOnceDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair
 // no request between them: past its 31 credits the server needs the
 // client's credit-only frame, whose first try fails.
 func TestCreditorOutlivesTransientError(t *testing.T) {
-	qps := make(chan *failOnceQP, 1)
-	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(failOnceProvider{tcp.New(), qps})})
-	qp := <-qps
+	var armed atomic.Bool // the next PostSend fails as a full send queue does
+	fail := func(verbs.SendRequest) error {
+		if armed.CompareAndSwap(true, false) {
+			return verbs.ErrQueueFull
+		}
+		return nil
+	}
+	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(hookProvider{tcp.New(), fail})})
 	const n = 40
 	errs := make(chan error, n)
 	for range n {
@@ -651,14 +651,14 @@ func TestCreditorOutlivesTransientError(t *testing.T) {
 		defer ss.mu.Unlock()
 		return ss.inFlight >= n
 	})
-	qp.armed.Store(true)
+	armed.Store(true)
 	publishBytes(t, s, "later", 100, 1)
 	for range n {
 		if err := <-errs; err != nil {
 			t.Fatalf("a Fetch after the creditor's failed post: %v", err)
 		}
 	}
-	if qp.armed.Load() {
+	if armed.Load() {
 		t.Error("the credit-only frame was never tried")
 	}
 }
