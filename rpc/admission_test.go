@@ -108,12 +108,7 @@ func TestAdmissionLanesPerPeer(t *testing.T) {
 	if st := s.Stats(); st.RefusedLanes < 12 {
 		t.Errorf("Stats.RefusedLanes = %d, want at least the 12 of the refused session", st.RefusedLanes)
 	}
-	victim, err := Dial(ctxT(t), addr, WithTransports(TransportTCP), testPool(), insecureCreds())
-	if err != nil {
-		t.Fatalf("a new client on tcp: %v", err)
-	}
-	defer victim.Close()
-	victimWorks(t, s, victim, "while a peer holds its lanes")
+	dialVictim(t, s, addr, TransportTCP, "while a peer holds its lanes")
 }
 
 // abuseSessions opens sessions on api (a handshake that offers no data
@@ -157,12 +152,7 @@ func TestAdmissionSessionsPerPeer(t *testing.T) {
 	if st := s.Stats(); st.RefusedSessions != 1 {
 		t.Errorf("Stats.RefusedSessions = %d, want 1", st.RefusedSessions)
 	}
-	victim, err := Dial(ctxT(t), addr, WithTransports(TransportTCP), testPool(), insecureCreds())
-	if err != nil {
-		t.Fatalf("a new client on tcp: %v", err)
-	}
-	defer victim.Close()
-	victimWorks(t, s, victim, "while a peer holds its sessions")
+	dialVictim(t, s, addr, TransportTCP, "while a peer holds its sessions")
 }
 
 // TestAdmissionControlPoolFull: when the control pool cannot hold a new
@@ -246,12 +236,7 @@ func TestAdmissionStalledStreams(t *testing.T) {
 	if want := streams - DefaultAdmission.StreamsPerPeer; got[codes.ResourceExhausted] != want || len(got) != 1 {
 		t.Fatalf("verdicts of %d stalled streams: %v, want %d ResourceExhausted and no other", streams, got, want)
 	}
-	victim, err := Dial(ctxT(t), addr, WithTransports(TransportGRPC), testPool(), insecureCreds())
-	if err != nil {
-		t.Fatalf("a new client on grpc: %v", err)
-	}
-	defer victim.Close()
-	victimWorks(t, s, victim, "while a peer stalls its streams")
+	dialVictim(t, s, addr, TransportGRPC, "while a peer stalls its streams")
 	stop()
 	waitFor(t, "the stalled streams' memory to be freed", func() bool { return s.Pool().Stats().InUse <= 1<<20 })
 }
@@ -291,12 +276,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 	if got[codes.ResourceExhausted] != 1 || len(got) != 1 {
 		t.Fatalf("verdicts of 5 stalled streams of 8 MiB under a 32 MiB budget: %v, want 1 ResourceExhausted", got)
 	}
-	victim, err := Dial(ctxT(t), addr, WithTransports(TransportGRPC), testPool(), insecureCreds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer victim.Close()
-	victimWorks(t, s, victim, "while a peer holds its stream bytes")
+	dialVictim(t, s, addr, TransportGRPC, "while a peer holds its stream bytes")
 	stop()
 	waitFor(t, "the stalled streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
 
@@ -316,7 +296,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a fifth unread FetchStream of 8 MiB under a 32 MiB budget: %v, want ResourceExhausted", err)
 	}
-	victimWorks(t, s, victim, "while a peer leaves its FetchStreams unread")
+	dialVictim(t, s, addr, TransportGRPC, "while a peer leaves its FetchStreams unread")
 	if st := s.Stats(); st.RefusedStreams != 2 {
 		t.Errorf("Stats.RefusedStreams = %d, want 2", st.RefusedStreams)
 	}
@@ -638,4 +618,17 @@ func TestDripStreamIsDropped(t *testing.T) {
 			t.Fatalf("a stream sending a byte every %v still runs after %v", idle/4, 20*idle)
 		}
 	}
+}
+
+// dialVictim dials a new, well-behaved client on plane from the test's
+// own address and checks with victimWorks that it can Send, Fetch and
+// Call (what: under which attack).
+func dialVictim(t *testing.T, s *Server, addr, plane, what string) {
+	t.Helper()
+	victim, err := Dial(ctxT(t), addr, WithTransports(plane), testPool(), insecureCreds())
+	if err != nil {
+		t.Fatalf("a new client on %s %s: %v", plane, what, err)
+	}
+	defer victim.Close()
+	victimWorks(t, s, victim, what)
 }

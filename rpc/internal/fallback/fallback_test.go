@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/pooltest"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
@@ -57,22 +58,7 @@ func (c *counts) AddStreamBytes(n int64) { c.stream.Add(n) }
 func (c *counts) AddCopied(n int)        { c.copied.Add(int64(n)) }
 func (c *counts) AddTransfer()           { c.transfers.Add(1) }
 
-func newPool(t *testing.T) *mempool.Pool {
-	t.Helper()
-	p, err := mempool.NewPool(mempool.WithArenaSize(8<<20), mempool.WithLimit(8<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if st := p.Stats(); st.Allocs != 0 {
-			t.Errorf("%d buffers outstanding", st.Allocs)
-		}
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p
-}
+func newPool(t *testing.T) *mempool.Pool { return pooltest.New(t, 8<<20) }
 
 func receiver(p *mempool.Pool, c Counters) Receiver {
 	return Receiver{

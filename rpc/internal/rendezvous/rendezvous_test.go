@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/pooltest"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -14,22 +15,7 @@ import (
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // newPool returns a pool that must hold no buffers when the test ends.
-func newPool(t *testing.T) *mempool.Pool {
-	t.Helper()
-	p, err := mempool.NewPool(mempool.WithArenaSize(1<<20), mempool.WithLimit(1<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if st := p.Stats(); st.Allocs != 0 {
-			t.Errorf("%d buffers outstanding", st.Allocs)
-		}
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p
-}
+func newPool(t *testing.T) *mempool.Pool { return pooltest.New(t, 1<<20) }
 
 // entry allocates a published tensor of n bytes, each b.
 func entry(t *testing.T, p *mempool.Pool, n int, b byte) Entry {
