@@ -140,7 +140,8 @@ type Link struct {
 	Mu      sync.Mutex
 	Waiters map[uint64]*Waiter
 	closed  bool
-	Failure error // the first fatal completion or closing reason
+	shut    chan struct{} // closed when Close has finished
+	Failure error         // the first fatal completion or closing reason
 	Dead    chan struct{}
 	wg      sync.WaitGroup
 	// room holds a token for each request under way that counts against
@@ -182,7 +183,7 @@ func NewLink(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &Link{Dev: dev, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
+	return &Link{Dev: dev, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
 }
 
 // SendVerify Sends msg (at most verifyBytes) over the link and waits for
@@ -414,15 +415,19 @@ func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) erro
 }
 
 // Close flushes the queue pair, stops polling and fails every waiter that
-// is left, so every posted request's waiter hears exactly once.
+// is left, so every posted request's waiter hears exactly once. A Close
+// that finds another under way waits for it: when any Close returns, what
+// the link held (its slots, what abandoned requests hold) is released.
 func (l *Link) Close(reason error) {
 	l.Mu.Lock()
 	if l.closed {
 		l.Mu.Unlock()
+		<-l.shut
 		return
 	}
 	l.closed = true
 	l.Mu.Unlock()
+	defer close(l.shut)
 	l.Fail(reason)
 	if l.Frames != nil && l.Frames.Cancel != nil {
 		l.Frames.Cancel() // the creditor
