@@ -15,18 +15,6 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// Transport names, in priority order: a session uses the first one both
-// sides can use.
-const (
-	TransportIBV  = "ibv"
-	TransportSHM  = "shm"
-	TransportTCP  = "tcp"
-	TransportGRPC = "grpc"
-)
-
-// allTransports is the default set, in priority order.
-var allTransports = []string{TransportIBV, TransportSHM, TransportTCP, TransportGRPC}
-
 // DefaultEagerThreshold is the largest tensor, in bytes, that travels inside
 // the control message instead of over the data plane. It is where the two
 // cost the same, measured with BenchmarkEagerThreshold (a Fetch inline
@@ -50,26 +38,9 @@ const DefaultPoolLimit = 4 * DefaultMaxTensorBytes
 // timeout matters only when packets vanish (a firewall that drops them).
 const DefaultConnectTimeout = 5 * time.Second
 
-// DefaultGracefulStopTimeout bounds how long GracefulStop waits for calls
-// under way before it stops the server like Stop.
-const DefaultGracefulStopTimeout = 10 * time.Second
-
 // DefaultTrimInterval is how often a Server or Client gives the memory of
 // pool arenas that stayed empty back to the system.
 const DefaultTrimInterval = 30 * time.Second
-
-// DefaultSessionQuota bounds the pool memory one session's Sends and Calls
-// may bring into the server at once: 2 GiB, two tensors of
-// DefaultMaxTensorBytes.
-const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
-
-// DefaultReservationTimeout is how long the server's read of a client's
-// memory may stay unanswered before the server ends the session.
-const DefaultReservationTimeout = time.Minute
-
-// DefaultStreamIdleTimeout is how long a client's fallback stream may make
-// no progress while the server waits for its tensor bytes.
-const DefaultStreamIdleTimeout = 30 * time.Second
 
 // options holds the settings of a Server or a Client. Each field's default
 // is set in defaultOptions, nowhere else.
@@ -234,46 +205,6 @@ func (o options) lanesFor(transport string) int {
 	return DefaultLanes(transport, runtime.NumCPU())
 }
 
-// WithEagerThreshold sets the largest tensor, in bytes, that travels inline
-// in control messages (default DefaultEagerThreshold). The server's value
-// is used for a session.
-func WithEagerThreshold(n int) ServerOption {
-	return serverOption(func(o *options) { o.eagerThreshold = n })
-}
-
-// WithGRPCServerOptions passes options to the grpc.Server that NewServer
-// makes. Its interceptors see the gRPC methods only (session setup, the
-// fallback's streams, gRPC-only clients): calls of a data-plane session
-// travel as frames on the data plane.
-func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
-	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
-}
-
-// WithCreds sets the transport credentials (TLS, mTLS) of the grpc.Server
-// that NewServer makes. Without it the server accepts plaintext
-// connections, as a grpc.Server does.
-func WithCreds(c credentials.TransportCredentials) ServerOption {
-	return serverOption(func(o *options) { o.creds = c })
-}
-
-// WithDataAddress sets the address the tcp data plane listens on and
-// advertises: "host" (a free port is chosen) or "host:port". By default it
-// is the local address of the gRPC connection each session arrived on,
-// which is an address the client could reach; the environment variables
-// TENSORRPC_SOCKET_IFNAME and TENSORRPC_TCP_ADDR also set it (see the
-// package documentation). Give a WithProvider tcp provider instead for
-// full control.
-func WithDataAddress(addr string) ServerOption {
-	return serverOption(func(o *options) { o.dataAddress = addr })
-}
-
-// WithGracefulStopTimeout bounds how long GracefulStop waits for calls
-// under way (default DefaultGracefulStopTimeout); after it, GracefulStop
-// ends them as Stop does.
-func WithGracefulStopTimeout(d time.Duration) ServerOption {
-	return serverOption(func(o *options) { o.gracefulStop = d })
-}
-
 // WithTrimInterval sets how often the Server or Client returns the memory
 // of pool arenas that were empty at the previous check to the system
 // (default DefaultTrimInterval; 0 never does). A spike of large tensors
@@ -292,76 +223,3 @@ func WithTrimInterval(d time.Duration) Option {
 // about 25 GB/s here), and TCP and the RDMA link layer already check what
 // they carry.
 func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.checksums = on }) }
-
-// WithSessionQuota bounds the pool memory one session's Sends and Calls
-// may bring into the server at once, counted while they come in (default
-// DefaultSessionQuota). A request past it fails with ResourceExhausted for
-// that session only; other sessions are not affected.
-func WithSessionQuota(bytes int64) ServerOption {
-	return serverOption(func(o *options) { o.sessionQuota = bytes })
-}
-
-// WithReservationTimeout sets how long the server's Read of a client's
-// tensor (a Send or Call, or an indirect request) may stay unanswered
-// (default DefaultReservationTimeout). A session that leaves one longer is
-// ended and its memory freed, so a client that stops answering holds the
-// server's memory only that long. 0 disables the check.
-func WithReservationTimeout(d time.Duration) ServerOption {
-	return serverOption(func(o *options) { o.reserveTimeout = d })
-}
-
-// WithStreamIdleTimeout sets how long a client's SendStream or CallStream
-// may make no progress (deliver less than 64 KiB of its tensors' bytes)
-// while the server waits for them (default DefaultStreamIdleTimeout); the
-// stream then fails with DeadlineExceeded and its memory is freed. 0 waits
-// as long as the stream lives.
-func WithStreamIdleTimeout(d time.Duration) ServerOption {
-	return serverOption(func(o *options) { o.streamIdle = d })
-}
-
-// WithTransportCredentials sets the credentials of the gRPC connection that
-// Dial makes: TLS credentials, or insecure.NewCredentials() for plaintext.
-// Dial requires them, as grpc.NewClient does; there is no silent insecure
-// default.
-func WithTransportCredentials(c credentials.TransportCredentials) DialOption {
-	return dialOption(func(o *options) { o.creds = c })
-}
-
-// WithGRPCDialOptions passes options to the gRPC client connection that
-// Dial makes. As with WithGRPCServerOptions, its interceptors see the gRPC
-// methods only: calls of a data-plane session travel as frames.
-func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
-	return dialOption(func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) })
-}
-
-// WithTopology gives the PCI topology that decides how device tensors
-// move (default: gpudirect.Discover on first use).
-func WithTopology(t *gpudirect.Topology) DialOption {
-	return dialOption(func(o *options) { o.topology = t })
-}
-
-// WithName names the Client in the server's logs.
-func WithName(name string) DialOption { return dialOption(func(o *options) { o.name = name }) }
-
-// WithBackoff sets how the Client waits between attempts to re-establish a
-// session that ended (default: gRPC's backoff.DefaultConfig: 1 s, growing
-// 1.6× with 20 % jitter up to 120 s).
-func WithBackoff(c backoff.Config) DialOption { return dialOption(func(o *options) { o.backoff = c }) }
-
-func buildServerOptions(opts []ServerOption) options {
-	o := defaultOptions()
-	o.applyEnv()
-	for _, opt := range opts {
-		opt.applyServer(&o)
-	}
-	return o
-}
-
-func buildDialOptions(opts []DialOption) options {
-	o := defaultOptions()
-	o.applyEnv()
-	for _, opt := range opts {
-		opt.applyDial(&o)
-	}
-	return o
-}

@@ -8,12 +8,25 @@ import (
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/ibv"
 	"github.com/tensorrpc/tensorrpc/verbs/shm"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
+
+// Transport names, in priority order: a session uses the first one both
+// sides can use.
+const (
+	TransportIBV  = "ibv"
+	TransportSHM  = "shm"
+	TransportTCP  = "tcp"
+	TransportGRPC = "grpc"
+)
+
+// allTransports is the default set, in priority order.
+var allTransports = []string{TransportIBV, TransportSHM, TransportTCP, TransportGRPC}
 
 // defaultProvider makes the provider of a data plane when no WithProvider
 // option gave one.
@@ -117,4 +130,34 @@ func withPort(addr string) string {
 		return addr
 	}
 	return net.JoinHostPort(strings.Trim(addr, "[]"), "0")
+}
+
+// transportOf and transportName convert between transport names and the
+// control plane's enum.
+func transportOf(name string) pb.Transport {
+	switch name {
+	case TransportIBV:
+		return pb.Transport_TRANSPORT_IBV
+	case TransportSHM:
+		return pb.Transport_TRANSPORT_SHM
+	case TransportTCP:
+		return pb.Transport_TRANSPORT_TCP
+	case TransportGRPC:
+		return pb.Transport_TRANSPORT_GRPC
+	}
+	return pb.Transport_TRANSPORT_UNSPECIFIED
+}
+
+func transportName(t pb.Transport) string {
+	switch t {
+	case pb.Transport_TRANSPORT_IBV:
+		return TransportIBV
+	case pb.Transport_TRANSPORT_SHM:
+		return TransportSHM
+	case pb.Transport_TRANSPORT_TCP:
+		return TransportTCP
+	case pb.Transport_TRANSPORT_GRPC:
+		return TransportGRPC
+	}
+	return t.String()
 }

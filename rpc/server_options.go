@@ -1,0 +1,103 @@
+package rpc
+
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// The options only a Server takes (NewServer). Options both sides take are
+// in options.go, a Client's in dial_options.go.
+
+// DefaultGracefulStopTimeout bounds how long GracefulStop waits for calls
+// under way before it stops the server like Stop.
+const DefaultGracefulStopTimeout = 10 * time.Second
+
+// DefaultSessionQuota bounds the pool memory one session's Sends and Calls
+// may bring into the server at once: 2 GiB, two tensors of
+// DefaultMaxTensorBytes.
+const DefaultSessionQuota = 2 * DefaultMaxTensorBytes
+
+// DefaultReservationTimeout is how long the server's read of a client's
+// memory may stay unanswered before the server ends the session.
+const DefaultReservationTimeout = time.Minute
+
+// DefaultStreamIdleTimeout is how long a client's fallback stream may make
+// no progress while the server waits for its tensor bytes.
+const DefaultStreamIdleTimeout = 30 * time.Second
+
+// WithEagerThreshold sets the largest tensor, in bytes, that travels inline
+// in control messages (default DefaultEagerThreshold). The server's value
+// is used for a session.
+func WithEagerThreshold(n int) ServerOption {
+	return serverOption(func(o *options) { o.eagerThreshold = n })
+}
+
+// WithGRPCServerOptions passes options to the grpc.Server that NewServer
+// makes. Its interceptors see the gRPC methods only (session setup, the
+// fallback's streams, gRPC-only clients): calls of a data-plane session
+// travel as frames on the data plane.
+func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
+	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
+}
+
+// WithCreds sets the transport credentials (TLS, mTLS) of the grpc.Server
+// that NewServer makes. Without it the server accepts plaintext
+// connections, as a grpc.Server does.
+func WithCreds(c credentials.TransportCredentials) ServerOption {
+	return serverOption(func(o *options) { o.creds = c })
+}
+
+// WithDataAddress sets the address the tcp data plane listens on and
+// advertises: "host" (a free port is chosen) or "host:port". By default it
+// is the local address of the gRPC connection each session arrived on,
+// which is an address the client could reach; the environment variables
+// TENSORRPC_SOCKET_IFNAME and TENSORRPC_TCP_ADDR also set it (see the
+// package documentation). Give a WithProvider tcp provider instead for
+// full control.
+func WithDataAddress(addr string) ServerOption {
+	return serverOption(func(o *options) { o.dataAddress = addr })
+}
+
+// WithGracefulStopTimeout bounds how long GracefulStop waits for calls
+// under way (default DefaultGracefulStopTimeout); after it, GracefulStop
+// ends them as Stop does.
+func WithGracefulStopTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.gracefulStop = d })
+}
+
+// WithSessionQuota bounds the pool memory one session's Sends and Calls
+// may bring into the server at once, counted while they come in (default
+// DefaultSessionQuota). A request past it fails with ResourceExhausted for
+// that session only; other sessions are not affected.
+func WithSessionQuota(bytes int64) ServerOption {
+	return serverOption(func(o *options) { o.sessionQuota = bytes })
+}
+
+// WithReservationTimeout sets how long the server's Read of a client's
+// tensor (a Send or Call, or an indirect request) may stay unanswered
+// (default DefaultReservationTimeout). A session that leaves one longer is
+// ended and its memory freed, so a client that stops answering holds the
+// server's memory only that long. 0 disables the check.
+func WithReservationTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.reserveTimeout = d })
+}
+
+// WithStreamIdleTimeout sets how long a client's SendStream or CallStream
+// may make no progress (deliver less than 64 KiB of its tensors' bytes)
+// while the server waits for them (default DefaultStreamIdleTimeout); the
+// stream then fails with DeadlineExceeded and its memory is freed. 0 waits
+// as long as the stream lives.
+func WithStreamIdleTimeout(d time.Duration) ServerOption {
+	return serverOption(func(o *options) { o.streamIdle = d })
+}
+
+func buildServerOptions(opts []ServerOption) options {
+	o := defaultOptions()
+	o.applyEnv()
+	for _, opt := range opts {
+		opt.applyServer(&o)
+	}
+	return o
+}
