@@ -458,6 +458,16 @@ func (c *Client) leave() {
 	}
 }
 
+// untilClose is ctx, also cancelled when Close begins; stop releases it.
+func (c *Client) untilClose(ctx context.Context) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(c.closing, cancel)
+	return ctx, func() {
+		unhook()
+		cancel()
+	}
+}
+
 // waitCalls waits up to d for the calls under way to return.
 func (c *Client) waitCalls(d time.Duration) {
 	c.mu.Lock()
@@ -521,15 +531,17 @@ func (c *Client) teardown() error {
 	for e := range ending {
 		e.close(errors.New("client closed"))
 	}
+	// Calls under way fail now that their session is closed (those on the
+	// fallback's streams when Close began: untilClose); they give back the
+	// pool buffers they hold as they return. Only then do the data planes'
+	// devices and the connection go, which those calls may still be using.
+	c.waitCalls(closeFlushTimeout)
 	for _, d := range c.devices {
 		d.Close()
 	}
 	if c.ownConn {
 		c.cc.Close()
 	}
-	// Calls under way fail now that their session is closed; they give
-	// back the pool buffers they hold as they return.
-	c.waitCalls(closeFlushTimeout)
 	c.ctl.Close()
 	var err error
 	c.stopTrim()

@@ -83,20 +83,28 @@ func (e framePlane) call(ctx context.Context, method string, req *Message) (*Mes
 	return e.c.callFrame(ctx, e.s, method, req)
 }
 
-// streams is the gRPC-stream fallback's callPlane.
+// streams is the gRPC-stream fallback's callPlane. Its calls are gRPC
+// streams of their own, which the session's end does not end: Close
+// cancels them (untilClose).
 type streams struct {
 	c *Client
 	s *clientSession
 }
 
 func (p streams) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error) {
+	ctx, stop := p.c.untilClose(ctx)
+	defer stop()
 	return p.c.fetchStream(ctx, p.s, key, fo.wait)
 }
 
 func (p streams) send(ctx context.Context, key string, t *Tensor) error {
+	ctx, stop := p.c.untilClose(ctx)
+	defer stop()
 	return p.c.sendStream(ctx, key, t)
 }
 
 func (p streams) call(ctx context.Context, method string, req *Message) (*Message, error) {
+	ctx, stop := p.c.untilClose(ctx)
+	defer stop()
 	return p.c.callStream(ctx, method, req)
 }

@@ -1,0 +1,139 @@
+package rpc_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/shm"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// closeWatch wraps a provider so that closing its protection domain (the
+// client's data-plane device) closes closed.
+type closeWatch struct {
+	verbs.Provider
+	closed chan struct{}
+	once   *sync.Once
+}
+
+func newCloseWatch(p verbs.Provider) closeWatch {
+	return closeWatch{Provider: p, closed: make(chan struct{}), once: new(sync.Once)}
+}
+
+func (p closeWatch) Open(name string) (verbs.ProtectionDomain, error) {
+	pd, err := p.Provider.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return closeWatchDomain{pd, p}, nil
+}
+
+type closeWatchDomain struct {
+	verbs.ProtectionDomain
+	w closeWatch
+}
+
+func (d closeWatchDomain) Close() error {
+	d.w.once.Do(func() { close(d.w.closed) })
+	return d.ProtectionDomain.Close()
+}
+
+// blockingHandler waits for its call's end, saying when it has begun.
+func blockingHandler(entered chan<- struct{}) rpc.Handler {
+	return func(ctx context.Context, _ *rpc.Message) (*rpc.Message, error) {
+		entered <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+}
+
+// TestCloseWaitsForCallsBeforeDevices: Client.Close ends the session, so a
+// call under way fails, and closes the data plane's device only once that
+// call has returned (the call may still use the device's memory). The
+// client's interceptor holds the failed call for a while after it failed;
+// the device must not close meanwhile.
+func TestCloseWaitsForCallsBeforeDevices(t *testing.T) {
+	for _, tc := range []struct {
+		plane    string
+		provider func() verbs.Provider
+	}{{rpc.TransportTCP, func() verbs.Provider { return tcp.New() }}, {rpc.TransportSHM, func() verbs.Provider { return shm.New() }}} {
+		t.Run(tc.plane, func(t *testing.T) {
+			w := newCloseWatch(tc.provider())
+			var closedDuringCall atomic.Bool
+			hold := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				err := next(ctx)
+				select {
+				case <-w.closed:
+					closedDuringCall.Store(true)
+				case <-time.After(200 * time.Millisecond):
+				}
+				return err
+			}
+			e := start(t, tc.plane, nil, []rpc.DialOption{rpc.WithProvider(w), rpc.WithInterceptors(hold)})
+			entered := make(chan struct{}, 1)
+			e.srv.Handle("block", blockingHandler(entered))
+			errc := make(chan error, 1)
+			go func() {
+				_, err := e.c.Call(testCtx(t), "block", &rpc.Message{})
+				errc <- err
+			}()
+			<-entered
+			if err := e.c.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if err := <-errc; status.Code(err) != codes.Unavailable && status.Code(err) != codes.Canceled {
+				t.Errorf("a call under way at Close: %v, want Unavailable or Canceled", err)
+			}
+			if closedDuringCall.Load() {
+				t.Error("Close closed the data plane's device while a call was still under way")
+			}
+			select {
+			case <-w.closed:
+			default:
+				t.Error("Close did not close the data plane's device")
+			}
+		})
+	}
+}
+
+// TestCloseCancelsStreamCalls: a call on the gRPC fallback travels on a
+// stream of its own, which the session's end does not end; Close cancels
+// it, and it has returned (with its buffers) by the time Close returns.
+func TestCloseCancelsStreamCalls(t *testing.T) {
+	e := start(t, rpc.TransportGRPC, nil, nil)
+	entered := make(chan struct{}, 1)
+	e.srv.Handle("block", blockingHandler(entered))
+	var returned atomic.Bool
+	errc := make(chan error, 1)
+	go func() {
+		// Caller memory: the call copies it into pool buffers it holds
+		// until it returns.
+		x, err := zerocopy.New(zerocopy.Uint8, []int64{64 << 10}, make([]byte, 64<<10))
+		if err != nil {
+			errc <- err
+			return
+		}
+		_, err = e.c.Call(testCtx(t), "block", &rpc.Message{Tensors: []*rpc.Tensor{rpc.WrapTensor(x)}})
+		returned.Store(true)
+		errc <- err
+	}()
+	<-entered
+	if err := e.c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if !returned.Load() {
+		t.Error("Close returned before the stream call under way did")
+	}
+	if err := <-errc; status.Code(err) != codes.Canceled && status.Code(err) != codes.Unavailable {
+		t.Errorf("a stream call under way at Close: %v, want Canceled or Unavailable", err)
+	}
+}
