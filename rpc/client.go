@@ -315,6 +315,9 @@ func (c *Client) session(ctx context.Context) (*clientSession, error) {
 			return nil, err
 		}
 		c.failures, c.retryAt = 0, time.Time{}
+		if old := c.sess; old != nil {
+			c.endingLocked(old) // ended, and perhaps still closing its lanes
+		}
 		c.sess, c.last = s, s
 		c.setStateLocked(connectivity.Ready)
 		c.mu.Unlock()
@@ -331,16 +334,27 @@ func (c *Client) sessionEnded(s *clientSession, err error) {
 	if c.sess != s {
 		return
 	}
-	if c.ending == nil {
-		c.ending = map[*clientSession]struct{}{}
-	}
-	c.ending[s] = struct{}{}
+	c.endingLocked(s)
 	c.sess = nil
 	c.lastErr = err
 	if !c.closed {
 		c.setStateLocked(connectivity.Idle)
 		c.log.Info("tensorrpc: session ended; the next call opens a new one", "session", s.id, "err", err)
 	}
+}
+
+// endingLocked keeps the ended session s in c.ending, for Close to wait
+// for, until its reader stops (ended), unless it already has.
+func (c *Client) endingLocked(s *clientSession) {
+	select {
+	case <-s.done: // its reader ran ended before it closed done
+		return
+	default:
+	}
+	if c.ending == nil {
+		c.ending = map[*clientSession]struct{}{}
+	}
+	c.ending[s] = struct{}{}
 }
 
 // ended is called by a session's stream reader as it stops.

@@ -2,6 +2,7 @@ package rpc_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,5 +136,107 @@ func TestCloseCancelsStreamCalls(t *testing.T) {
 	}
 	if err := <-errc; status.Code(err) != codes.Canceled && status.Code(err) != codes.Unavailable {
 		t.Errorf("a stream call under way at Close: %v, want Canceled or Unavailable", err)
+	}
+}
+
+// breakHook wraps a provider: armed, the next PostSend of its queue pairs
+// closes the queue pair under it (the data plane breaks) and that queue
+// pair's Close then waits for release.
+type breakHook struct {
+	verbs.Provider
+	armed   *atomic.Bool
+	closing chan struct{} // closed when the broken queue pair's Close begins
+	release chan struct{}
+}
+
+func newBreakHook(p verbs.Provider) breakHook {
+	return breakHook{Provider: p, armed: new(atomic.Bool), closing: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (p breakHook) Open(name string) (verbs.ProtectionDomain, error) {
+	pd, err := p.Provider.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return breakHookDomain{pd, p}, nil
+}
+
+type breakHookDomain struct {
+	verbs.ProtectionDomain
+	h breakHook
+}
+
+func (d breakHookDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
+	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &breakHookQP{QueuePair: qp, h: d.h}, nil
+}
+
+type breakHookQP struct {
+	verbs.QueuePair
+	h      breakHook
+	broken atomic.Bool
+}
+
+func (q *breakHookQP) PostSend(wrs ...verbs.SendRequest) error {
+	if q.h.armed.CompareAndSwap(true, false) {
+		q.broken.Store(true)
+		q.QueuePair.Close()
+		return errors.New("broken by the test")
+	}
+	return q.QueuePair.PostSend(wrs...)
+}
+
+func (q *breakHookQP) Close() error {
+	if q.broken.Load() {
+		close(q.h.closing)
+		<-q.h.release
+	}
+	return q.QueuePair.Close()
+}
+
+// TestCloseWaitsForReplacedSession: a session whose data plane broke is
+// replaced by a new one at the next call while the old one is still
+// closing its lanes; Client.Close waits for that old session too, so
+// that its lanes' memory is back when Close returns.
+func TestCloseWaitsForReplacedSession(t *testing.T) {
+	h := newBreakHook(tcp.New())
+	e := start(t, rpc.TransportTCP, nil, []rpc.DialOption{rpc.WithProvider(h), rpc.WithLanes(1)})
+	x, err := e.srv.NewTensor(testCtx(t), zerocopy.Uint8, []int64{100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Publish(testCtx(t), "k", x); err != nil {
+		t.Fatal(err)
+	}
+	x.Release()
+	h.armed.Store(true)
+	if _, err := e.c.Fetch(testCtx(t), "k"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a Fetch on a broken data plane: %v, want Unavailable", err)
+	}
+	<-h.closing // the old session's lane is closing, and stays so until release
+	var got *rpc.Tensor
+	for deadline := time.Now().Add(20 * time.Second); got == nil; {
+		if got, err = e.c.Fetch(testCtx(t), "k"); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("a Fetch on a new session: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	got.Release()
+	closed := make(chan error, 1)
+	go func() { closed <- e.c.Close() }()
+	select {
+	case err := <-closed:
+		close(h.release)
+		t.Fatalf("Close returned (%v) while an ended session was still closing its lanes", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(h.release)
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
 	}
 }
