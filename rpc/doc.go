@@ -26,6 +26,16 @@
 // Dial requires transport credentials (TLS, or insecure.NewCredentials()
 // for plaintext), as grpc.NewClient does.
 //
+// # Words
+//
+// A transport is one way tensor bytes move between two peers: ibv, shm,
+// tcp (TransportIBV, TransportSHM, TransportTCP), or grpc, the fallback
+// of plain gRPC streams (TransportGRPC). A provider (verbs.Provider,
+// WithProvider) is the code behind one of the first three. A session's
+// data plane is the transport it negotiated, connected: one or more lanes
+// (queue pairs, WithLanes). Device means GPU memory only (DeviceTensor,
+// SendDevice, FetchToDevice, PublishDevice).
+//
 // # Sessions and negotiation
 //
 // Dial opens a session: the client offers every data plane it can open,
