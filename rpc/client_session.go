@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -237,22 +236,16 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		if name == TransportGRPC || dev == nil {
 			continue
 		}
-		l, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
-		if err != nil {
+		lanes, err := engine.NewLanes(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial, max(1, c.opts.lanesFor(name)))
+		if len(lanes) == 0 {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue
 		}
-		lanes := []*engine.Link{l}
-		for len(lanes) < c.opts.lanesFor(name) {
-			x, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
-			if err != nil {
-				c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
-				break
-			}
-			lanes = append(lanes, x)
+		if err != nil {
+			c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
 		}
 		links[transportOf(name)] = lanes
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: lanes[0].QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
 	}
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
@@ -323,82 +316,26 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 // returns the rejection when the plane is not usable, or an error when the
 // session itself failed.
 func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func(context.Context) (*pb.SessionResponse, error), s *clientSession, lanes []*engine.Link, choice *pb.TransportOffer) (*Rejection, error) {
-	name := transportName(choice.Transport)
-	report := func(ok bool, verify bool, err error) error {
-		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
-	}
-	theirResult := func(ctx context.Context) (*pb.ConnectResult, error) {
-		msg, err := next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r := msg.GetConnectResult()
-		if r == nil || r.Transport != choice.Transport {
-			return nil, status.Error(codes.Internal, "tensorrpc: expected the server's connect result")
-		}
-		return r, nil
-	}
-
-	// Step 1: connect, report at once, and give up as soon as the server
-	// reports failure.
-	remotes := append([][]byte{choice.Info}, choice.Lanes...)
-	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
-	o, err := engine.ConnectBoth(ctx, c.opts.connectTimeout, connect,
-		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
-	if err != nil {
-		return nil, negotiationError(ctx, err)
-	}
-	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
+	o, err := engine.Negotiate(ctx, engine.Negotiation{
+		Role: verbs.RoleDial, Session: s.id, Transport: choice.Transport,
+		Lanes: lanes, Remotes: append([][]byte{choice.Info}, choice.Lanes...), Timeout: c.opts.connectTimeout,
+		Send: func(r *pb.ConnectResult) error {
+			return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
+		},
+		Recv: func(ctx context.Context) (*pb.ConnectResult, error) {
+			msg, err := next(ctx)
+			return msg.GetConnectResult(), err
+		},
+	})
 	switch {
-	case myErr != nil && !abandoned:
-		return rejectionPtr(name, "client", "connect: "+myErr.Error()), nil
-	case !their.Ok:
-		return rejectionPtr(name, "server", "connect: "+their.Error), nil
-	}
-
-	// Step 2: a round trip over the data plane, then both verdicts.
-	vctx, vcancel := context.WithTimeout(ctx, c.opts.connectTimeout)
-	defer vcancel()
-	var verr error
-	for i, l := range lanes {
-		if verr = l.SendVerify(vctx, engine.VerifyMessage(s.id, i)); verr != nil {
-			break
-		}
-	}
-	for i, l := range lanes {
-		if verr != nil {
-			break
-		}
-		var echo []byte
-		echo, verr = l.RecvVerify(vctx)
-		if verr == nil && !bytes.Equal(echo, engine.VerifyMessage(s.id, i)) {
-			verr = fmt.Errorf("the server's verifying message %q is not the session id", echo)
-		}
-	}
-	if verr != nil {
-		verr = fmt.Errorf("verifying round trip: %w", verr)
-	}
-	if err := report(verr == nil, true, verr); err != nil {
+	case err != nil:
 		return nil, negotiationError(ctx, err)
+	case o.Reason == "":
+		return nil, nil
+	case o.Theirs:
+		return rejectionPtr(transportName(choice.Transport), "server", o.Reason), nil
 	}
-	their, err = theirResult(ctx)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case verr != nil:
-		return rejectionPtr(name, "client", verr.Error()), nil
-	case !their.Ok || !their.Verify:
-		return rejectionPtr(name, "server", their.Error), nil
-	}
-	for _, l := range lanes {
-		l.Verified.Store(true)
-	}
-	return nil, nil
+	return rejectionPtr(transportName(choice.Transport), "client", o.Reason), nil
 }
 
 func rejectionPtr(transport, side, reason string) *Rejection {

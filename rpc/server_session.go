@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -621,36 +620,14 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		s.refused.refusedLanes.Add(int64(want - granted))
 		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
 	}
-	for len(lanes) < granted {
-		x, err := engine.NewLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
-		if err != nil {
-			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
-			break
-		}
-		lanes = append(lanes, x)
+	more, err := engine.NewLanes(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept, granted-1)
+	if err != nil {
+		s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", 1+len(more), "want", want, "err", err)
 	}
+	lanes = append(lanes, more...)
 	if len(lanes) < granted {
 		s.adm.freeLanes(ss.peer, granted-len(lanes))
 		granted = len(lanes)
-	}
-	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
-	report := func(ok, verify bool, err error) error {
-		r := &pb.ConnectResult{Transport: offer.Transport, Ok: ok, Verify: verify}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
-	}
-	theirResult := func(ctx context.Context, verify bool) (*pb.ConnectResult, error) {
-		msg, err := next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r := msg.GetConnectResult()
-		if r == nil || r.Transport != offer.Transport || r.Verify != verify {
-			return nil, status.Error(codes.InvalidArgument, "tensorrpc: expected the client's connect result")
-		}
-		return r, nil
 	}
 	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
 		Transport: offer.Transport, Info: l.QP.LocalInfo(), Description: s.devices[name].Name, Lanes: engine.LaneInfos(lanes[1:]),
@@ -669,67 +646,26 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
 	}
 
-	// Step 1: connect, report at once, give up as soon as the client fails.
-	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
-	o, err := engine.ConnectBoth(ctx, s.opts.connectTimeout, connect,
-		func(ok bool, err error) error { return report(ok, false, err) }, func(ctx context.Context) (*pb.ConnectResult, error) { return theirResult(ctx, false) }, "client")
+	o, err := engine.Negotiate(ctx, engine.Negotiation{
+		Role: verbs.RoleAccept, Session: ss.id, Transport: offer.Transport,
+		Lanes: lanes, Remotes: append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...), Timeout: s.opts.connectTimeout,
+		Send: func(r *pb.ConnectResult) error {
+			return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
+		},
+		Recv: func(ctx context.Context) (*pb.ConnectResult, error) {
+			msg, err := next(ctx)
+			return msg.GetConnectResult(), err
+		},
+		Open: func() error {
+			err := open(lanes, name)
+			opened = err == nil
+			return err
+		},
+	})
 	if err != nil {
-		return "", err
-	}
-	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
-	switch {
-	case myErr != nil && !abandoned:
-		return "connect: " + myErr.Error(), nil
-	case !their.Ok:
-		return "client: connect: " + their.Error, nil
-	}
-
-	// Step 2: the client's verifying message, our echo, then both verdicts.
-	vctx, vcancel := context.WithTimeout(ctx, s.opts.connectTimeout)
-	defer vcancel()
-	var verr error
-	for i, x := range lanes {
-		msg, err := x.RecvVerify(vctx)
-		if err == nil && !bytes.Equal(msg, engine.VerifyMessage(ss.id, i)) {
-			err = errors.New("the client's verifying message is not the session id")
-		}
-		if err == nil {
-			x.Verified.Store(true)
-			err = x.SendVerify(vctx, msg)
-		}
-		if err != nil {
-			if len(lanes) > 1 {
-				err = fmt.Errorf("lane %d: %w", i, err)
-			}
-			verr = err
-			break
-		}
-	}
-	their, err = theirResult(ctx, true)
-	if err != nil {
-		return "", err
-	}
-	reason := ""
-	switch {
-	case verr != nil:
-		reason = "verifying round trip: " + verr.Error()
-	case !their.Ok:
-		reason = "client: " + their.Error
-	default:
-		if err := open(lanes, name); err != nil {
-			reason = err.Error()
-		} else {
-			opened = true
-		}
-	}
-	var rerr error
-	if reason != "" {
-		rerr = errors.New(reason)
-	}
-	if err := report(reason == "", true, rerr); err != nil {
 		return "", err // if the session opened, the handler's cleanup closes it
 	}
-	return reason, nil
+	return o.String(), nil
 }
 
 // closeSession closes the data plane first, so nothing writes into the
