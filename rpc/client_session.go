@@ -31,7 +31,7 @@ type clientSession struct {
 	rejections []Rejection
 
 	cancel   context.CancelFunc // ends the Session stream
-	done     chan struct{}      // closed when the stream's reader has stopped
+	done     <-chan struct{}    // closed when the stream's reader has stopped
 	watchers sync.WaitGroup     // of the lanes (open)
 
 	mu     sync.Mutex
@@ -172,50 +172,28 @@ func (s *clientSession) check() error {
 // ctx bounds the negotiation only; the stream lives until the session ends.
 func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	sctx, cancel := context.WithCancel(context.Background())
-	s := &clientSession{cancel: cancel, done: make(chan struct{}), rejections: append([]Rejection(nil), c.missing...)}
+	s := &clientSession{cancel: cancel, rejections: append([]Rejection(nil), c.missing...)}
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
 	stream, err := c.api.Session(sctx)
 	if err != nil {
 		cancel()
-		close(s.done)
 		return nil, negotiationError(ctx, err)
 	}
-	// One reader for the stream's life: during negotiation its messages go
-	// to in; its end is the session's end.
-	in := make(chan *pb.SessionResponse, 4)
-	var readErr error
-	go func() {
-		defer close(s.done)
-		defer c.ended(s)
-		defer close(in)
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				readErr = err
-				s.endByServer(err, func() { c.sessionEnded(s, err) })
-				return
-			}
-			select {
-			case in <- msg:
-			default: // nothing is expected after negotiation; a full queue means a confused peer
-			}
-		}
-	}()
+	// The stream's end is the session's end.
+	reader := engine.ReadStream(stream.Recv, nil, func(err error) {
+		s.endByServer(err, func() { c.sessionEnded(s, err) })
+		c.ended(s)
+	})
+	s.done = reader.Ended()
 	// next reads the server's next message, until ctx or the caller's
-	// rctx ends.
+	// rctx (ctx or one under it) ends.
 	next := func(rctx context.Context) (*pb.SessionResponse, error) {
-		select {
-		case msg, ok := <-in:
-			if !ok {
-				return nil, negotiationError(ctx, readErr)
-			}
-			return msg, nil
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-rctx.Done():
-			return nil, status.FromContextError(rctx.Err()).Err()
+		msg, err := reader.Next(rctx)
+		if err != nil {
+			return nil, negotiationError(ctx, err)
 		}
+		return msg, nil
 	}
 	fail := func(err error) (*clientSession, error) {
 		s.close(err)

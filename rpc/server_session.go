@@ -290,44 +290,19 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	defer s.active.Done()
 	ctx := stream.Context()
 
-	// One reader for the stream's life: during negotiation its messages go
-	// to in; in is closed when the stream ends.
-	in := make(chan *pb.SessionRequest, 4)
-	var readErr error
-	go func() {
-		defer close(in)
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				readErr = err
-				return
-			}
-			select {
-			case in <- msg:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	// The stream's end is the session's end.
+	reader := engine.ReadStream(stream.Recv, s.drain, nil)
 	// next reads the client's next message, until the stream, the server
-	// or the caller's rctx ends.
+	// or the caller's rctx (ctx or one under it) ends.
 	next := func(rctx context.Context) (*pb.SessionRequest, error) {
-		select {
-		case <-rctx.Done():
-			return nil, status.FromContextError(rctx.Err()).Err()
-		case msg, ok := <-in:
-			if !ok {
-				if readErr == nil || readErr == io.EOF {
-					return nil, status.Error(codes.Canceled, "tensorrpc: the client ended the session stream")
-				}
-				return nil, readErr
-			}
-			return msg, nil
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-s.drain:
+		msg, err := reader.Next(rctx)
+		switch {
+		case err == io.EOF:
+			return nil, status.Error(codes.Canceled, "tensorrpc: the client ended the session stream")
+		case err == engine.ErrStopped:
 			return nil, status.Error(codes.Unavailable, "tensorrpc: server stopping")
 		}
+		return msg, err
 	}
 
 	first, err := next(ctx)
@@ -515,11 +490,8 @@ wait:
 				s.log.Info("tensorrpc: ending a session whose client leaves a read unanswered", "session", ss.id, "timeout", s.opts.reserveTimeout)
 				break wait
 			}
-		case _, ok := <-in:
-			if !ok {
-				break wait
-			}
-			// Nothing is expected from the client once the session is open.
+		case <-reader.Ended():
+			break wait
 		case <-dead:
 			// Let the error reach the peer over the data plane first (its
 			// request fails with the precise status, e.g. a remote access

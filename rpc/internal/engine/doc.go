@@ -17,7 +17,8 @@
 //   - a data plane's negotiation (negotiate.go): Negotiate runs steps 1
 //     and 2 of the Session method in the .proto, one function for both
 //     sides, parameterised by the side's role (verbs.RoleDial for the
-//     client, verbs.RoleAccept for the server).
+//     client, verbs.RoleAccept for the server);
+//   - the one reader of a session's gRPC stream (stream.go).
 //
 // Sessions, each side's policy in the negotiation (what it offers or
 // chooses, the server's admission, rejections and their logs, opening
