@@ -130,36 +130,35 @@ func Negotiate(ctx context.Context, n Negotiation) (Outcome, error) {
 	if verr != nil {
 		verr = fmt.Errorf("verifying round trip: %w", verr)
 	}
-	verdict := func(their *pb.ConnectResult) Outcome {
+	// hear reads the peer's verdict and weighs it with this side's.
+	hear := func() (Outcome, error) {
+		their, err := theirResult(ctx, true)
 		switch {
+		case err != nil:
+			return Outcome{}, err
 		case verr != nil:
-			return mine(verr.Error())
+			return mine(verr.Error()), nil
 		case !their.Ok || !their.Verify:
-			return theirs(their.Error)
+			return theirs(their.Error), nil
 		}
-		return Outcome{Peer: peer}
+		return Outcome{Peer: peer}, nil
 	}
 	if n.Role == verbs.RoleDial {
 		if err := report(verr == nil, true, verr); err != nil {
 			return Outcome{}, err
 		}
-		their, err := theirResult(ctx, true)
-		if err != nil {
-			return Outcome{}, err
-		}
-		out := verdict(their)
-		if out.Reason == "" {
+		out, err := hear()
+		if err == nil && out.Reason == "" {
 			for _, l := range n.Lanes {
 				l.Verified.Store(true)
 			}
 		}
-		return out, nil
+		return out, err
 	}
-	their, err := theirResult(ctx, true)
+	out, err := hear()
 	if err != nil {
 		return Outcome{}, err
 	}
-	out := verdict(their)
 	if out.Reason == "" && n.Open != nil {
 		if err := n.Open(); err != nil {
 			out = mine(err.Error())
