@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +31,7 @@ type clientSession struct {
 	rejections []Rejection
 
 	cancel   context.CancelFunc // ends the Session stream
-	done     chan struct{}      // closed when the stream's reader has stopped
+	done     <-chan struct{}    // closed when the stream's reader has stopped
 	watchers sync.WaitGroup     // of the lanes (open)
 
 	mu     sync.Mutex
@@ -173,50 +172,28 @@ func (s *clientSession) check() error {
 // ctx bounds the negotiation only; the stream lives until the session ends.
 func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	sctx, cancel := context.WithCancel(context.Background())
-	s := &clientSession{cancel: cancel, done: make(chan struct{}), rejections: append([]Rejection(nil), c.missing...)}
+	s := &clientSession{cancel: cancel, rejections: append([]Rejection(nil), c.missing...)}
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
 	stream, err := c.api.Session(sctx)
 	if err != nil {
 		cancel()
-		close(s.done)
 		return nil, negotiationError(ctx, err)
 	}
-	// One reader for the stream's life: during negotiation its messages go
-	// to in; its end is the session's end.
-	in := make(chan *pb.SessionResponse, 4)
-	var readErr error
-	go func() {
-		defer close(s.done)
-		defer c.ended(s)
-		defer close(in)
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				readErr = err
-				s.endByServer(err, func() { c.sessionEnded(s, err) })
-				return
-			}
-			select {
-			case in <- msg:
-			default: // nothing is expected after negotiation; a full queue means a confused peer
-			}
-		}
-	}()
+	// The stream's end is the session's end.
+	reader := engine.ReadStream(stream.Recv, nil, func(err error) {
+		s.endByServer(err, func() { c.sessionEnded(s, err) })
+		c.ended(s)
+	})
+	s.done = reader.Ended()
 	// next reads the server's next message, until ctx or the caller's
-	// rctx ends.
+	// rctx (ctx or one under it) ends.
 	next := func(rctx context.Context) (*pb.SessionResponse, error) {
-		select {
-		case msg, ok := <-in:
-			if !ok {
-				return nil, negotiationError(ctx, readErr)
-			}
-			return msg, nil
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-rctx.Done():
-			return nil, status.FromContextError(rctx.Err()).Err()
+		msg, err := reader.Next(rctx)
+		if err != nil {
+			return nil, negotiationError(ctx, err)
 		}
+		return msg, nil
 	}
 	fail := func(err error) (*clientSession, error) {
 		s.close(err)
@@ -237,22 +214,16 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		if name == TransportGRPC || dev == nil {
 			continue
 		}
-		l, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
-		if err != nil {
+		lanes, err := engine.NewLanes(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial, max(1, c.opts.lanesFor(name)))
+		if len(lanes) == 0 {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue
 		}
-		lanes := []*engine.Link{l}
-		for len(lanes) < c.opts.lanesFor(name) {
-			x, err := engine.NewLink(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial)
-			if err != nil {
-				c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
-				break
-			}
-			lanes = append(lanes, x)
+		if err != nil {
+			c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
 		}
 		links[transportOf(name)] = lanes
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: l.QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: lanes[0].QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
 	}
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
@@ -323,82 +294,26 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 // returns the rejection when the plane is not usable, or an error when the
 // session itself failed.
 func (c *Client) tryConnect(ctx context.Context, send func(*pb.SessionRequest) error, next func(context.Context) (*pb.SessionResponse, error), s *clientSession, lanes []*engine.Link, choice *pb.TransportOffer) (*Rejection, error) {
-	name := transportName(choice.Transport)
-	report := func(ok bool, verify bool, err error) error {
-		r := &pb.ConnectResult{Transport: choice.Transport, Ok: ok, Verify: verify}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
-	}
-	theirResult := func(ctx context.Context) (*pb.ConnectResult, error) {
-		msg, err := next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r := msg.GetConnectResult()
-		if r == nil || r.Transport != choice.Transport {
-			return nil, status.Error(codes.Internal, "tensorrpc: expected the server's connect result")
-		}
-		return r, nil
-	}
-
-	// Step 1: connect, report at once, and give up as soon as the server
-	// reports failure.
-	remotes := append([][]byte{choice.Info}, choice.Lanes...)
-	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
-	o, err := engine.ConnectBoth(ctx, c.opts.connectTimeout, connect,
-		func(ok bool, err error) error { return report(ok, false, err) }, theirResult, "server")
-	if err != nil {
-		return nil, negotiationError(ctx, err)
-	}
-	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
+	o, err := engine.Negotiate(ctx, engine.Negotiation{
+		Role: verbs.RoleDial, Session: s.id, Transport: choice.Transport,
+		Lanes: lanes, Remotes: append([][]byte{choice.Info}, choice.Lanes...), Timeout: c.opts.connectTimeout,
+		Send: func(r *pb.ConnectResult) error {
+			return send(&pb.SessionRequest{Msg: &pb.SessionRequest_ConnectResult{ConnectResult: r}})
+		},
+		Recv: func(ctx context.Context) (*pb.ConnectResult, error) {
+			msg, err := next(ctx)
+			return msg.GetConnectResult(), err
+		},
+	})
 	switch {
-	case myErr != nil && !abandoned:
-		return rejectionPtr(name, "client", "connect: "+myErr.Error()), nil
-	case !their.Ok:
-		return rejectionPtr(name, "server", "connect: "+their.Error), nil
-	}
-
-	// Step 2: a round trip over the data plane, then both verdicts.
-	vctx, vcancel := context.WithTimeout(ctx, c.opts.connectTimeout)
-	defer vcancel()
-	var verr error
-	for i, l := range lanes {
-		if verr = l.SendVerify(vctx, engine.VerifyMessage(s.id, i)); verr != nil {
-			break
-		}
-	}
-	for i, l := range lanes {
-		if verr != nil {
-			break
-		}
-		var echo []byte
-		echo, verr = l.RecvVerify(vctx)
-		if verr == nil && !bytes.Equal(echo, engine.VerifyMessage(s.id, i)) {
-			verr = fmt.Errorf("the server's verifying message %q is not the session id", echo)
-		}
-	}
-	if verr != nil {
-		verr = fmt.Errorf("verifying round trip: %w", verr)
-	}
-	if err := report(verr == nil, true, verr); err != nil {
+	case err != nil:
 		return nil, negotiationError(ctx, err)
+	case o.Reason == "":
+		return nil, nil
+	case o.Theirs:
+		return rejectionPtr(transportName(choice.Transport), "server", o.Reason), nil
 	}
-	their, err = theirResult(ctx)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case verr != nil:
-		return rejectionPtr(name, "client", verr.Error()), nil
-	case !their.Ok || !their.Verify:
-		return rejectionPtr(name, "server", their.Error), nil
-	}
-	for _, l := range lanes {
-		l.Verified.Store(true)
-	}
-	return nil, nil
+	return rejectionPtr(transportName(choice.Transport), "client", o.Reason), nil
 }
 
 func rejectionPtr(transport, side, reason string) *Rejection {

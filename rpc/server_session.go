@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -291,44 +290,19 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	defer s.active.Done()
 	ctx := stream.Context()
 
-	// One reader for the stream's life: during negotiation its messages go
-	// to in; in is closed when the stream ends.
-	in := make(chan *pb.SessionRequest, 4)
-	var readErr error
-	go func() {
-		defer close(in)
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				readErr = err
-				return
-			}
-			select {
-			case in <- msg:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	// The stream's end is the session's end.
+	reader := engine.ReadStream(stream.Recv, s.drain, nil)
 	// next reads the client's next message, until the stream, the server
-	// or the caller's rctx ends.
+	// or the caller's rctx (ctx or one under it) ends.
 	next := func(rctx context.Context) (*pb.SessionRequest, error) {
-		select {
-		case <-rctx.Done():
-			return nil, status.FromContextError(rctx.Err()).Err()
-		case msg, ok := <-in:
-			if !ok {
-				if readErr == nil || readErr == io.EOF {
-					return nil, status.Error(codes.Canceled, "tensorrpc: the client ended the session stream")
-				}
-				return nil, readErr
-			}
-			return msg, nil
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-s.drain:
+		msg, err := reader.Next(rctx)
+		switch {
+		case err == io.EOF:
+			return nil, status.Error(codes.Canceled, "tensorrpc: the client ended the session stream")
+		case err == engine.ErrStopped:
 			return nil, status.Error(codes.Unavailable, "tensorrpc: server stopping")
 		}
+		return msg, err
 	}
 
 	first, err := next(ctx)
@@ -516,11 +490,8 @@ wait:
 				s.log.Info("tensorrpc: ending a session whose client leaves a read unanswered", "session", ss.id, "timeout", s.opts.reserveTimeout)
 				break wait
 			}
-		case _, ok := <-in:
-			if !ok {
-				break wait
-			}
-			// Nothing is expected from the client once the session is open.
+		case <-reader.Ended():
+			break wait
 		case <-dead:
 			// Let the error reach the peer over the data plane first (its
 			// request fails with the precise status, e.g. a remote access
@@ -621,36 +592,14 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		s.refused.refusedLanes.Add(int64(want - granted))
 		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
 	}
-	for len(lanes) < granted {
-		x, err := engine.NewLink(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept)
-		if err != nil {
-			s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", len(lanes), "want", want, "err", err)
-			break
-		}
-		lanes = append(lanes, x)
+	more, err := engine.NewLanes(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept, granted-1)
+	if err != nil {
+		s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", 1+len(more), "want", want, "err", err)
 	}
+	lanes = append(lanes, more...)
 	if len(lanes) < granted {
 		s.adm.freeLanes(ss.peer, granted-len(lanes))
 		granted = len(lanes)
-	}
-	remotes := append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...)
-	report := func(ok, verify bool, err error) error {
-		r := &pb.ConnectResult{Transport: offer.Transport, Ok: ok, Verify: verify}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
-	}
-	theirResult := func(ctx context.Context, verify bool) (*pb.ConnectResult, error) {
-		msg, err := next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r := msg.GetConnectResult()
-		if r == nil || r.Transport != offer.Transport || r.Verify != verify {
-			return nil, status.Error(codes.InvalidArgument, "tensorrpc: expected the client's connect result")
-		}
-		return r, nil
 	}
 	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
 		Transport: offer.Transport, Info: l.QP.LocalInfo(), Description: s.devices[name].Name, Lanes: engine.LaneInfos(lanes[1:]),
@@ -669,67 +618,26 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
 	}
 
-	// Step 1: connect, report at once, give up as soon as the client fails.
-	connect := func(ctx context.Context) error { return engine.ConnectLanes(ctx, lanes, remotes) }
-	o, err := engine.ConnectBoth(ctx, s.opts.connectTimeout, connect,
-		func(ok bool, err error) error { return report(ok, false, err) }, func(ctx context.Context) (*pb.ConnectResult, error) { return theirResult(ctx, false) }, "client")
+	o, err := engine.Negotiate(ctx, engine.Negotiation{
+		Role: verbs.RoleAccept, Session: ss.id, Transport: offer.Transport,
+		Lanes: lanes, Remotes: append([][]byte{offer.Info}, offer.Lanes[:len(lanes)-1]...), Timeout: s.opts.connectTimeout,
+		Send: func(r *pb.ConnectResult) error {
+			return send(&pb.SessionResponse{Msg: &pb.SessionResponse_ConnectResult{ConnectResult: r}})
+		},
+		Recv: func(ctx context.Context) (*pb.ConnectResult, error) {
+			msg, err := next(ctx)
+			return msg.GetConnectResult(), err
+		},
+		Open: func() error {
+			err := open(lanes, name)
+			opened = err == nil
+			return err
+		},
+	})
 	if err != nil {
-		return "", err
-	}
-	myErr, their, abandoned := o.Mine, o.Theirs, o.Abandoned
-	switch {
-	case myErr != nil && !abandoned:
-		return "connect: " + myErr.Error(), nil
-	case !their.Ok:
-		return "client: connect: " + their.Error, nil
-	}
-
-	// Step 2: the client's verifying message, our echo, then both verdicts.
-	vctx, vcancel := context.WithTimeout(ctx, s.opts.connectTimeout)
-	defer vcancel()
-	var verr error
-	for i, x := range lanes {
-		msg, err := x.RecvVerify(vctx)
-		if err == nil && !bytes.Equal(msg, engine.VerifyMessage(ss.id, i)) {
-			err = errors.New("the client's verifying message is not the session id")
-		}
-		if err == nil {
-			x.Verified.Store(true)
-			err = x.SendVerify(vctx, msg)
-		}
-		if err != nil {
-			if len(lanes) > 1 {
-				err = fmt.Errorf("lane %d: %w", i, err)
-			}
-			verr = err
-			break
-		}
-	}
-	their, err = theirResult(ctx, true)
-	if err != nil {
-		return "", err
-	}
-	reason := ""
-	switch {
-	case verr != nil:
-		reason = "verifying round trip: " + verr.Error()
-	case !their.Ok:
-		reason = "client: " + their.Error
-	default:
-		if err := open(lanes, name); err != nil {
-			reason = err.Error()
-		} else {
-			opened = true
-		}
-	}
-	var rerr error
-	if reason != "" {
-		rerr = errors.New(reason)
-	}
-	if err := report(reason == "", true, rerr); err != nil {
 		return "", err // if the session opened, the handler's cleanup closes it
 	}
-	return reason, nil
+	return o.String(), nil
 }
 
 // closeSession closes the data plane first, so nothing writes into the

@@ -11,9 +11,9 @@ import (
 )
 
 // TestConnectBothLeavesNoReader: when reporting our outcome fails (the
-// session's stream broke), ConnectBoth returns that error, and the
+// session's stream broke), connectBoth returns that error, and the
 // reader of the peer's report has stopped by then: it reads nothing of
-// the stream after ConnectBoth returned.
+// the stream after connectBoth returned.
 func TestConnectBothLeavesNoReader(t *testing.T) {
 	var reading atomic.Bool
 	broken := errors.New("stream broken")
@@ -27,26 +27,26 @@ func TestConnectBothLeavesNoReader(t *testing.T) {
 			return nil, errors.New("never stopped")
 		}
 	}
-	_, err := ConnectBoth(context.Background(), 5*time.Second,
+	_, err := connectBoth(context.Background(), 5*time.Second,
 		func(context.Context) error { return nil },
 		func(bool, error) error { return broken },
 		theirResult, "peer")
 	if !errors.Is(err, broken) {
-		t.Fatalf("ConnectBoth: %v, want the report's error", err)
+		t.Fatalf("connectBoth: %v, want the report's error", err)
 	}
 	if reading.Load() {
-		t.Fatal("the peer's report is still being read after ConnectBoth returned")
+		t.Fatal("the peer's report is still being read after connectBoth returned")
 	}
 }
 
 // TestConnectBothBothReport: the usual case, both sides connect and
 // report.
 func TestConnectBothBothReport(t *testing.T) {
-	o, err := ConnectBoth(context.Background(), 5*time.Second,
+	o, err := connectBoth(context.Background(), 5*time.Second,
 		func(context.Context) error { return nil },
 		func(bool, error) error { return nil },
 		func(context.Context) (*pb.ConnectResult, error) { return &pb.ConnectResult{Ok: true}, nil }, "peer")
 	if err != nil || o.Mine != nil || o.Theirs == nil || !o.Theirs.Ok {
-		t.Fatalf("ConnectBoth: %+v, %v", o, err)
+		t.Fatalf("connectBoth: %+v, %v", o, err)
 	}
 }

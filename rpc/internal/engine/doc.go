@@ -11,13 +11,19 @@
 //   - the framing of frames on a link (frames.go, frame.go): receive
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the
 //     releaser, pending calls and their replies, over proto/wire's header;
-//   - lanes (lanes.go): a session's several links, connected together,
-//     striped reads (ReadLanes) and grants on every lane (GrantLanes);
-//   - ConnectBoth, step 1 of a data plane's negotiation, the same on both
-//     sides.
+//   - lanes (lanes.go): a session's several links, made (NewLanes) and
+//     connected together, striped reads (ReadLanes) and grants on every
+//     lane (GrantLanes);
+//   - a data plane's negotiation (negotiate.go): Negotiate runs steps 1
+//     and 2 of the Session method in the .proto, one function for both
+//     sides, parameterised by the side's role (verbs.RoleDial for the
+//     client, verbs.RoleAccept for the server);
+//   - the one reader of a session's gRPC stream (stream.go).
 //
-// Sessions, the negotiation's other steps and the server's and client's
-// work per operation are still in rpc. Some fields of Link and Framing
+// Sessions, each side's policy in the negotiation (what it offers or
+// chooses, the server's admission, rejections and their logs, opening
+// the session) and the server's and client's work per operation are
+// still in rpc. Some fields of Link and Framing
 // (Mu, Credits, Unreturned, Outstanding, Pending, MaxAbandon, Cancel,
 // Received, Indirect, ReleasedIn, Reads, NextID, Waiters, CtlPool) are
 // exported only for rpc's white-box tests, which forge and withhold

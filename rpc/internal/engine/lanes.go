@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 
+	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -45,14 +47,19 @@ func ConnectLanes(ctx context.Context, lanes []*Link, remotes [][]byte) error {
 	return nil
 }
 
-// VerifyMessage is what the verifying round trip carries on lane i: the
-// session id, and on lanes after the first the lane's number, so lanes
-// connected crosswise fail to verify.
-func VerifyMessage(id string, i int) []byte {
-	if i == 0 {
-		return []byte(id)
+// NewLanes makes n links on dev for a session's lanes (see NewLink), or
+// fewer when making one fails: it returns those it made and why it
+// stopped.
+func NewLanes(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole, n int) ([]*Link, error) {
+	var lanes []*Link
+	for len(lanes) < n {
+		l, err := NewLink(ctx, dev, ctl, local, role)
+		if err != nil {
+			return lanes, err
+		}
+		lanes = append(lanes, l)
 	}
-	return fmt.Appendf(nil, "%s/%d", id, i)
+	return lanes, nil
 }
 
 // CloseLanes closes every lane.

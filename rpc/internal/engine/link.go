@@ -7,13 +7,11 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -477,70 +475,3 @@ func Unavailable(err error) error {
 }
 
 var ErrClosed = errors.New("tensorrpc: closed")
-
-// ConnectOutcome is how step 1 of a data plane's negotiation ended on one
-// side: its own error (nil when it connected; abandoned when it gave up
-// because the peer had failed) and the peer's report.
-type ConnectOutcome struct {
-	Mine      error
-	Abandoned bool
-	Theirs    *pb.ConnectResult
-}
-
-// ConnectBoth runs step 1 of a data plane's negotiation, the same on both
-// sides: connect (within timeout; connectLanes), report the outcome at once with
-// report, and read the peer's report with theirResult; when the peer has
-// failed, stop waiting for our own attempt. peer names the other side in
-// the reason of an abandoned attempt. It returns an error only when the
-// session itself failed. It leaves no goroutine behind: theirResult stops
-// reading when its context ends, and ConnectBoth waits for it to return
-// before it does, so no message of the session's stream is read after.
-func ConnectBoth(ctx context.Context, timeout time.Duration, connect func(context.Context) error,
-	report func(ok bool, err error) error, theirResult func(context.Context) (*pb.ConnectResult, error), peer string) (ConnectOutcome, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	mine := make(chan error, 1)
-	go func() { mine <- connect(cctx) }()
-	theirs := make(chan *pb.ConnectResult, 1)
-	theirsErr := make(chan error, 1)
-	rctx, stopReading := context.WithCancel(ctx)
-	read := make(chan struct{})
-	defer func() {
-		stopReading()
-		<-read
-	}()
-	go func() {
-		defer close(read)
-		r, err := theirResult(rctx)
-		if err != nil {
-			theirsErr <- err
-			return
-		}
-		theirs <- r
-	}()
-	var out ConnectOutcome
-	haveMine := false
-	for !haveMine || out.Theirs == nil {
-		select {
-		case out.Mine = <-mine:
-			haveMine = true
-			if out.Theirs != nil && !out.Theirs.Ok && out.Mine != nil {
-				out.Mine, out.Abandoned = fmt.Errorf("abandoned: the %s failed to connect", peer), true
-			}
-			if err := report(out.Mine == nil, out.Mine); err != nil {
-				return out, err
-			}
-		case out.Theirs = <-theirs:
-			if !out.Theirs.Ok {
-				cancel() // the peer failed: stop waiting for our side
-			}
-		case err := <-theirsErr:
-			cancel()
-			if !haveMine {
-				<-mine
-			}
-			return out, err
-		}
-	}
-	return out, nil
-}
