@@ -21,7 +21,6 @@ import (
 	"io"
 	"runtime/trace"
 	"slices"
-	"strings"
 	"time"
 
 	xtrace "golang.org/x/exp/trace"
@@ -256,10 +255,12 @@ func Count(r io.Reader) (Totals, error) {
 }
 
 // isTraceReader reports whether stack is that of runtime/trace's goroutine
-// that reads the trace out of the runtime, blocking.
+// that reads the trace out of the runtime, blocking in runtime.ReadTrace.
+// (Not any stack under runtime/trace.Start: the caller of Start blocks
+// there too while tracing starts.)
 func isTraceReader(stack xtrace.Stack) bool {
 	for f := range stack.Frames() {
-		if f.Func == "runtime.ReadTrace" || strings.HasPrefix(f.Func, "runtime/trace.Start") {
+		if f.Func == "runtime.ReadTrace" {
 			return true
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 
+	xtrace "golang.org/x/exp/trace"
+
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 )
 
@@ -139,5 +141,26 @@ func TestCountNeedsWindow(t *testing.T) {
 func TestMeasureRejectsNoCalls(t *testing.T) {
 	if _, err := Measure(context.Background(), 0, Options{}, func() error { return nil }); err == nil {
 		t.Error("Measure of 0 calls: no error")
+	}
+}
+
+// TestTraceReader: only the goroutine blocked reading the trace is left
+// out, not the caller of trace.Start, which blocks under Start while
+// tracing starts (when it was, a run now and then counted none of the
+// caller's syscalls).
+func TestTraceReader(t *testing.T) {
+	stack := func(funcs ...string) xtrace.Stack {
+		var frames []xtrace.StackFrame
+		for i, f := range funcs {
+			// MakeStack keys frames by PC: each needs its own.
+			frames = append(frames, xtrace.StackFrame{PC: uint64(0x1000 + i), Func: f})
+		}
+		return xtrace.MakeStack(frames)
+	}
+	if !isTraceReader(stack("runtime.gopark", "runtime.ReadTrace", "runtime/trace.(*traceMultiplexer).startLocked.func1")) {
+		t.Error("the trace reader's stack is not recognised")
+	}
+	if isTraceReader(stack("runtime.gopark", "runtime.StartTrace", "runtime/trace.(*traceMultiplexer).startLocked", "runtime/trace.Start", "main.main")) {
+		t.Error("the caller of trace.Start is taken for the trace reader")
 	}
 }
