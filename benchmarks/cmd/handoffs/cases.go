@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// size is the bytes of every case's request or reply tensor.
+const size = 4 << 10
+
+const (
+	tensorKey  = "weights"
+	echoMethod = "echo"
+)
+
+// A caseDef opens a case: call makes one call, close ends what open
+// started.
+type caseDef struct {
+	name string
+	what string
+	open func(ctx context.Context) (call func() error, close func() error, err error)
+}
+
+var allCases = []caseDef{
+	{"fetch-tcp", "rpc Fetch of a published 4 KiB tensor, tcp data plane", openFetch(rpc.TransportTCP)},
+	{"fetch-shm", "rpc Fetch of a published 4 KiB tensor, shm data plane", openFetch(rpc.TransportSHM)},
+	{"call-tcp", "rpc Call, 4 KiB tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP)},
+	{"call-shm", "rpc Call, 4 KiB tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM)},
+	{"pingpong-tcp", "raw loopback TCP: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("tcp")},
+	{"pingpong-unix", "raw unix socket: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("unix")},
+}
+
+// pair is a server and a client of one data plane (and the gRPC fallback,
+// which both sides offer as the cases do) in this process.
+type pair struct {
+	server *rpc.Server
+	client *rpc.Client
+}
+
+func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error) (*pair, error) {
+	transports := rpc.WithTransports(plane, rpc.TransportGRPC)
+	p := &pair{}
+	var err error
+	if p.server, err = rpc.NewServer(transports); err != nil {
+		return nil, err
+	}
+	if err := setup(p.server); err != nil {
+		p.server.Close()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		p.server.Close()
+		return nil, err
+	}
+	go p.server.Serve(lis)
+	if p.client, err = rpc.Dial(ctx, lis.Addr().String(), transports, rpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		p.server.Stop()
+		return nil, err
+	}
+	if got := p.client.Transport(); got != plane {
+		p.close()
+		return nil, fmt.Errorf("negotiated %s, not %s (%v)", got, plane, p.client.Rejections())
+	}
+	return p, nil
+}
+
+func (p *pair) close() error {
+	err := p.client.Close()
+	p.server.Stop()
+	return err
+}
+
+func openFetch(plane string) func(context.Context) (func() error, func() error, error) {
+	return func(ctx context.Context) (func() error, func() error, error) {
+		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
+			t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{size})
+			if err != nil {
+				return err
+			}
+			defer t.Release()
+			return s.Publish(ctx, tensorKey, t)
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		call := func() error {
+			t, err := p.client.Fetch(ctx, tensorKey)
+			if err != nil {
+				return err
+			}
+			defer t.Release()
+			if n := len(t.Bytes()); n != size {
+				return fmt.Errorf("fetched %d bytes, want %d", n, size)
+			}
+			return nil
+		}
+		return call, p.close, nil
+	}
+}
+
+// echo returns the request's tensor as the reply (tensorrpc releases it
+// once the client has it).
+func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
+	if len(req.Tensors) != 1 {
+		return nil, fmt.Errorf("echo: %d tensors, want 1", len(req.Tensors))
+	}
+	return &rpc.Message{Tensors: req.Tensors}, nil
+}
+
+func openCall(plane string) func(context.Context) (func() error, func() error, error) {
+	return func(ctx context.Context) (func() error, func() error, error) {
+		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
+			s.Handle(echoMethod, echo)
+			return nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{size})
+		if err != nil {
+			p.close()
+			return nil, nil, err
+		}
+		req := &rpc.Message{Tensors: []*rpc.Tensor{t}}
+		call := func() error {
+			reply, err := p.client.Call(ctx, echoMethod, req)
+			if err != nil {
+				return err
+			}
+			defer reply.Release()
+			if len(reply.Tensors) != 1 || len(reply.Tensors[0].Bytes()) != size {
+				return fmt.Errorf("reply of %d tensors, want one of %d bytes", len(reply.Tensors), size)
+			}
+			return nil
+		}
+		closeAll := func() error {
+			req.Release()
+			return p.close()
+		}
+		return call, closeAll, nil
+	}
+}
+
+// openPingPong is the ceiling: one connection, a goroutine that reads a
+// request and writes the reply, and the caller's goroutine that writes the
+// request and reads the reply.
+func openPingPong(network string) func(context.Context) (func() error, func() error, error) {
+	return func(ctx context.Context) (func() error, func() error, error) {
+		addr, cleanup := "127.0.0.1:0", func() {}
+		if network == "unix" {
+			dir, err := os.MkdirTemp("", "handoffs")
+			if err != nil {
+				return nil, nil, err
+			}
+			addr, cleanup = filepath.Join(dir, "s"), func() { os.RemoveAll(dir) }
+		}
+		lis, err := net.Listen(network, addr)
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		conns := make(chan net.Conn, 1)
+		go func() {
+			c, err := lis.Accept()
+			if err != nil {
+				close(conns)
+				return
+			}
+			conns <- c
+		}()
+		client, err := net.Dial(network, lis.Addr().String())
+		if err != nil {
+			lis.Close() // ends the Accept
+		}
+		server, accepted := <-conns
+		lis.Close()
+		cleanup()
+		switch {
+		case err != nil:
+			if accepted {
+				server.Close()
+			}
+			return nil, nil, err
+		case !accepted:
+			client.Close()
+			return nil, nil, fmt.Errorf("%s ping-pong: the listener accepted no connection", network)
+		}
+		served := make(chan error, 1)
+		go func() {
+			buf := make([]byte, size)
+			for {
+				if _, err := io.ReadFull(server, buf); err != nil {
+					server.Close()
+					if errors.Is(err, io.EOF) {
+						err = nil
+					}
+					served <- err
+					return
+				}
+				if _, err := server.Write(buf); err != nil {
+					server.Close()
+					served <- err
+					return
+				}
+			}
+		}()
+		req, reply := make([]byte, size), make([]byte, size)
+		call := func() error {
+			if _, err := client.Write(req); err != nil {
+				return err
+			}
+			_, err := io.ReadFull(client, reply)
+			return err
+		}
+		closeAll := func() error {
+			err := client.Close()
+			return errors.Join(err, <-served)
+		}
+		return call, closeAll, nil
+	}
+}

@@ -1,0 +1,145 @@
+// Command handoffs counts how often the Go scheduler hands work between
+// goroutines per 4 KiB call: tensorrpc Fetch and Call on the tcp and shm
+// data planes, through the public API, and raw TCP and unix-socket
+// ping-pongs beside them as the ceiling (about two hand-offs per round
+// trip: the server's goroutine woken by the request, the caller's by the
+// reply).
+//
+// Each case runs its calls sequentially, warms up, times -n calls
+// untraced for the median, then traces -n calls with runtime/trace and
+// counts per call (see package benchmarks/internal/handoff): hand-offs by
+// goroutine unblock, by the netpoller (no goroutine running), by a
+// syscall's return without a P, and goroutine creations; idle Ps started
+// and of those the ones that ran nothing before stopping; syscalls. Server
+// and client run in this one process, so the counts are both sides'
+// together.
+//
+// Usage:
+//
+//	go run ./benchmarks/cmd/handoffs                     # Markdown table, -n 2000
+//	GOMAXPROCS=16 go run ./benchmarks/cmd/handoffs       # as on a 16-core machine
+//	go run ./benchmarks/cmd/handoffs -json -cases fetch-shm,pingpong-unix
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/tensorrpc/tensorrpc/benchmarks/internal/handoff"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "handoffs:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+// result is one case's line of -json output.
+type result struct {
+	Case       string `json:"case"`
+	What       string `json:"what"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	CPUs       int    `json:"cpus"`
+	// OneProcess says the server and the client ran in this process, so
+	// the counts are both sides' together.
+	OneProcess bool `json:"one_process"`
+	handoff.Counts
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("handoffs", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var names []string
+	for _, c := range allCases {
+		names = append(names, c.name)
+	}
+	var (
+		n      = fs.Int("n", 2000, "calls traced per case (and as many timed untraced for the median)")
+		warmup = fs.Int("warmup", 200, "untraced calls per case before anything is measured")
+		cases  = fs.String("cases", "", "comma-separated cases (default all: "+strings.Join(names, ",")+")")
+		asJSON = fs.Bool("json", false, "print one JSON object per case instead of a Markdown table")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *n <= 0 {
+		return fmt.Errorf("-n %d: want at least one call", *n)
+	}
+	if *warmup <= 0 {
+		*warmup = -1 // handoff.Options: negative for none
+	}
+	selected := allCases
+	if *cases != "" {
+		selected = nil
+		for _, name := range strings.Split(*cases, ",") {
+			i := slices.IndexFunc(allCases, func(c caseDef) bool { return c.name == strings.TrimSpace(name) })
+			if i < 0 {
+				return fmt.Errorf("-cases: unknown case %q (have %s)", name, strings.Join(names, ", "))
+			}
+			selected = append(selected, allCases[i])
+		}
+	}
+
+	var results []result
+	for _, c := range selected {
+		fmt.Fprintf(stderr, "%s: %d calls\n", c.name, *n)
+		counts, err := measure(ctx, c, *n, *warmup)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		r := result{Case: c.name, What: c.what, GOMAXPROCS: runtime.GOMAXPROCS(0), CPUs: runtime.NumCPU(), OneProcess: true, Counts: counts}
+		if *asJSON {
+			line, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s\n", line)
+		}
+		results = append(results, r)
+	}
+	if !*asJSON {
+		printTable(stdout, results)
+	}
+	return nil
+}
+
+func measure(ctx context.Context, c caseDef, n, warmup int) (handoff.Counts, error) {
+	call, closeCase, err := c.open(ctx)
+	if err != nil {
+		return handoff.Counts{}, err
+	}
+	counts, err := handoff.Measure(ctx, n, handoff.Options{Warmup: warmup}, call)
+	return counts, errors.Join(err, closeCase())
+}
+
+func printTable(w io.Writer, rs []result) {
+	if len(rs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "Per call, sequential, %d calls traced per case; GOMAXPROCS=%d on %d CPUs. "+
+		"Server and client in one process: the counts are both sides' together.\n\n", rs[0].Calls, rs[0].GOMAXPROCS, rs[0].CPUs)
+	fmt.Fprintln(w, "| case | hand-offs | by goroutine | by netpoller | by syscall return | created | P starts | empty P starts | syscalls | p50 µs |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", r.Case,
+			r.Handoffs, r.ByGoroutine, r.ByNetpoller, r.BySyscallReturn, r.Created,
+			r.PStarts, r.EmptyPStarts, r.Syscalls, float64(r.P50.Nanoseconds())/1e3)
+	}
+}

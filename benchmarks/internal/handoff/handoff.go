@@ -1,0 +1,268 @@
+// Package handoff counts, per call, how often the Go scheduler hands work
+// from one goroutine to another while a function runs: it traces N calls
+// with runtime/trace into memory and reads the trace back with
+// golang.org/x/exp/trace.
+//
+// A hand-off is a goroutine made runnable by something other than itself:
+// unblocked by another goroutine (a channel send, a mutex or a sync.Cond
+// release), by the runtime with no goroutine running (the netpoller, a
+// timer), by its own return from a system call that lost its P, or
+// created. A P start is an idle P set running on a thread; an empty P
+// start is one whose P stops again without running a goroutine. Both
+// sides of a call count when they run in the same process: the numbers
+// are totals per call, not one side's.
+package handoff
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime/trace"
+	"slices"
+	"time"
+
+	xtrace "golang.org/x/exp/trace"
+)
+
+// Counts are the per-call averages of one traced run, and the wall-clock
+// median of one untraced run of the same calls.
+type Counts struct {
+	Calls int `json:"calls"`
+
+	// Handoffs is ByGoroutine + ByNetpoller + BySyscallReturn + Created.
+	Handoffs float64 `json:"handoffs"`
+	// ByGoroutine counts goroutines unblocked (waiting to runnable) by a
+	// running goroutine.
+	ByGoroutine float64 `json:"by_goroutine"`
+	// ByNetpoller counts goroutines unblocked while no goroutine ran: by
+	// the netpoller in the scheduler or sysmon, or by a timer.
+	ByNetpoller float64 `json:"by_netpoller"`
+	// BySyscallReturn counts goroutines that came back from a system call
+	// without a P and had to be scheduled again.
+	BySyscallReturn float64 `json:"by_syscall_return"`
+	// Created counts goroutines created.
+	Created float64 `json:"created"`
+
+	// PStarts counts idle Ps set running; EmptyPStarts those of them that
+	// stopped again without running a goroutine (a thread woken to look
+	// for work that found none).
+	PStarts      float64 `json:"p_starts"`
+	EmptyPStarts float64 `json:"empty_p_starts"`
+	// Syscalls counts goroutines entering a system call (those the
+	// runtime traces: not the raw ones such as futex from the scheduler).
+	Syscalls float64 `json:"syscalls"`
+
+	// P50 is the median wall-clock time of one call, from an untraced run
+	// of Calls calls: tracing slows calls down.
+	P50 time.Duration `json:"p50_ns"`
+}
+
+// Options tune Measure.
+type Options struct {
+	// Warmup calls run untraced before anything is measured (default 200;
+	// negative for none).
+	Warmup int
+}
+
+// logCategory marks the traced window in the trace.
+const logCategory = "handoff"
+
+// Measure warms call up, times n calls untraced for the median, then
+// traces n more calls and counts what happened between the first and the
+// last of them, in every goroutine of the process. call's error stops
+// the measurement.
+func Measure(ctx context.Context, n int, opts Options, call func() error) (Counts, error) {
+	if n <= 0 {
+		return Counts{}, fmt.Errorf("handoff: %d calls, want at least one", n)
+	}
+	if trace.IsEnabled() {
+		return Counts{}, errors.New("handoff: runtime/trace is already tracing")
+	}
+	warmup := opts.Warmup
+	if warmup == 0 {
+		warmup = 200
+	}
+	for range warmup {
+		if err := call(); err != nil {
+			return Counts{}, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	times := make([]time.Duration, n)
+	for i := range n {
+		start := time.Now()
+		if err := call(); err != nil {
+			return Counts{}, fmt.Errorf("timed call %d: %w", i, err)
+		}
+		times[i] = time.Since(start)
+	}
+	slices.Sort(times)
+
+	var buf bytes.Buffer
+	if err := trace.Start(&buf); err != nil {
+		return Counts{}, err
+	}
+	trace.Log(ctx, logCategory, "begin")
+	var callErr error
+	for i := range n {
+		if err := call(); err != nil {
+			callErr = fmt.Errorf("traced call %d: %w", i, err)
+			break
+		}
+	}
+	trace.Log(ctx, logCategory, "end")
+	trace.Stop()
+	if callErr != nil {
+		return Counts{}, callErr
+	}
+	t, err := Count(&buf)
+	if err != nil {
+		return Counts{}, err
+	}
+	c := t.PerCall(n)
+	c.P50 = times[n/2]
+	return c, nil
+}
+
+// Totals are the counts of one traced window.
+type Totals struct {
+	ByGoroutine, ByNetpoller, BySyscallReturn, Created int
+	PStarts, EmptyPStarts                              int
+	Syscalls                                           int
+}
+
+// Handoffs is the sum of the four kinds of hand-off.
+func (t Totals) Handoffs() int {
+	return t.ByGoroutine + t.ByNetpoller + t.BySyscallReturn + t.Created
+}
+
+// PerCall divides the totals by n calls.
+func (t Totals) PerCall(n int) Counts {
+	per := func(x int) float64 { return float64(x) / float64(n) }
+	return Counts{
+		Calls:           n,
+		Handoffs:        per(t.Handoffs()),
+		ByGoroutine:     per(t.ByGoroutine),
+		ByNetpoller:     per(t.ByNetpoller),
+		BySyscallReturn: per(t.BySyscallReturn),
+		Created:         per(t.Created),
+		PStarts:         per(t.PStarts),
+		EmptyPStarts:    per(t.EmptyPStarts),
+		Syscalls:        per(t.Syscalls),
+	}
+}
+
+// procState follows one P through the trace.
+type procState struct {
+	started bool // set running inside the window, and not stopped since
+	ran     bool // a goroutine ran on it since it started
+}
+
+// Count reads a trace written by runtime/trace and counts the events
+// between the "handoff" log messages "begin" and "end" that Measure
+// writes. The goroutine that copies the trace out of the runtime is left
+// out: it runs because of tracing, not because of the calls.
+func Count(r io.Reader) (Totals, error) {
+	rd, err := xtrace.NewReader(r)
+	if err != nil {
+		return Totals{}, err
+	}
+	var (
+		t       Totals
+		in      bool
+		seenEnd bool
+		procs   = map[xtrace.ProcID]*procState{}
+		tracer  = map[xtrace.GoID]bool{}
+	)
+	proc := func(id xtrace.ProcID) *procState {
+		p := procs[id]
+		if p == nil {
+			p = &procState{}
+			procs[id] = p
+		}
+		return p
+	}
+	for {
+		ev, err := rd.ReadEvent()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return Totals{}, err
+		}
+		switch ev.Kind() {
+		case xtrace.EventLog:
+			if l := ev.Log(); l.Category == logCategory {
+				switch l.Message {
+				case "begin":
+					in = true
+				case "end":
+					in, seenEnd = false, true
+				}
+			}
+		case xtrace.EventStateTransition:
+			st := ev.StateTransition()
+			switch st.Resource.Kind {
+			case xtrace.ResourceGoroutine:
+				id := st.Resource.Goroutine()
+				from, to := st.Goroutine()
+				if to == xtrace.GoWaiting && isTraceReader(ev.Stack()) {
+					tracer[id] = true
+				}
+				if to.Executing() && ev.Proc() != xtrace.NoProc {
+					proc(ev.Proc()).ran = true
+				}
+				if !in || tracer[id] {
+					continue
+				}
+				switch {
+				case from == xtrace.GoNotExist && to == xtrace.GoRunnable:
+					t.Created++
+				case from == xtrace.GoWaiting && to == xtrace.GoRunnable:
+					if ev.Goroutine() != xtrace.NoGoroutine {
+						t.ByGoroutine++
+					} else {
+						t.ByNetpoller++
+					}
+				case from == xtrace.GoSyscall && to == xtrace.GoRunnable:
+					t.BySyscallReturn++
+				case from == xtrace.GoRunning && to == xtrace.GoSyscall:
+					t.Syscalls++
+				}
+			case xtrace.ResourceProc:
+				p := proc(st.Resource.Proc())
+				from, to := st.Proc()
+				switch {
+				case from == xtrace.ProcIdle && to == xtrace.ProcRunning:
+					*p = procState{started: in}
+					if in {
+						t.PStarts++
+					}
+				case from == xtrace.ProcRunning && to == xtrace.ProcIdle:
+					if p.started && !p.ran {
+						t.EmptyPStarts++
+					}
+					*p = procState{}
+				}
+			}
+		}
+	}
+	if !seenEnd {
+		return Totals{}, errors.New("handoff: the trace has no end mark of the measured window")
+	}
+	return t, nil
+}
+
+// isTraceReader reports whether stack is that of runtime/trace's goroutine
+// that reads the trace out of the runtime, blocking in runtime.ReadTrace.
+// (Not any stack under runtime/trace.Start: the caller of Start blocks
+// there too while tracing starts.)
+func isTraceReader(stack xtrace.Stack) bool {
+	for f := range stack.Frames() {
+		if f.Func == "runtime.ReadTrace" {
+			return true
+		}
+	}
+	return false
+}

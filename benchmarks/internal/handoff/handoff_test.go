@@ -1,0 +1,166 @@
+package handoff
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"testing"
+
+	xtrace "golang.org/x/exp/trace"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+)
+
+// The tests assert what the scheduler must do, never how fast: every
+// interleaving of the goroutines gives counts inside the ranges.
+
+// TestChannelPingPong: each round of an unbuffered ping-pong is two
+// rendezvous, and at each one the party that came first is blocked and
+// the other unblocks it, so a round is two hand-offs by goroutine
+// whichever side runs first.
+func TestChannelPingPong(t *testing.T) {
+	defer leakcheck.Check(t)
+	const n = 1000
+	ping, pong := make(chan int), make(chan int)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v := range ping {
+			pong <- v
+		}
+	}()
+	defer func() { close(ping); <-done }()
+	c, err := Measure(context.Background(), n, Options{Warmup: 10}, func() error {
+		ping <- 1
+		<-pong
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", c)
+	if c.Calls != n {
+		t.Errorf("Calls = %d, want %d", c.Calls, n)
+	}
+	if c.ByGoroutine < 1.5 || c.ByGoroutine > 2.5 {
+		t.Errorf("%.2f hand-offs by goroutine per round, want about 2", c.ByGoroutine)
+	}
+	if c.Handoffs < c.ByGoroutine || c.Handoffs > 2.5 {
+		t.Errorf("%.2f hand-offs per round (%.2f by goroutine), want about 2", c.Handoffs, c.ByGoroutine)
+	}
+	if c.EmptyPStarts > c.PStarts {
+		t.Errorf("%.2f empty P starts of %.2f", c.EmptyPStarts, c.PStarts)
+	}
+	if c.P50 <= 0 {
+		t.Errorf("p50 = %v, want > 0", c.P50)
+	}
+}
+
+// TestCreations: a call that starts a goroutine and waits for it creates
+// one and is unblocked by it once.
+func TestCreations(t *testing.T) {
+	defer leakcheck.Check(t)
+	const n = 500
+	c, err := Measure(context.Background(), n, Options{Warmup: 10}, func() error {
+		done := make(chan struct{})
+		go close(done)
+		<-done
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", c)
+	if c.Created < 1 || c.Created > 1.05 {
+		t.Errorf("%.3f goroutines created per call, want 1", c.Created)
+	}
+	// The creator may find done closed before it waits: at most one
+	// unblock per call.
+	if c.ByGoroutine > 1.1 {
+		t.Errorf("%.2f hand-offs by goroutine per call, want at most 1", c.ByGoroutine)
+	}
+}
+
+// TestNoInteraction: a loop that touches no other goroutine hands nothing
+// off. The runtime may wake something now and then (a GC worker, sysmon's
+// netpoll), so the test allows a few in the whole run, not one per call.
+func TestNoInteraction(t *testing.T) {
+	defer leakcheck.Check(t)
+	const n = 2000
+	var sink uint64
+	c, err := Measure(context.Background(), n, Options{Warmup: 10}, func() error {
+		for i := range uint64(100) {
+			sink = sink*31 + i
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v (sink %d)", c, sink)
+	if total := c.Handoffs * n; total > 20 {
+		t.Errorf("%.0f hand-offs in %d calls that touch no other goroutine, want about none", total, n)
+	}
+	if total := c.Syscalls * n; total > 20 {
+		t.Errorf("%.0f syscalls in %d calls that make none", total, n)
+	}
+}
+
+// TestSyscalls: a write to /dev/null is one system call the runtime
+// traces.
+func TestSyscalls(t *testing.T) {
+	defer leakcheck.Check(t)
+	f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := []byte("x")
+	const n = 500
+	c, err := Measure(context.Background(), n, Options{Warmup: 10}, func() error {
+		_, err := f.Write(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", c)
+	if c.Syscalls < 1 || c.Syscalls > 1.5 {
+		t.Errorf("%.2f syscalls per write, want 1", c.Syscalls)
+	}
+}
+
+// TestCountNeedsWindow: a trace without Measure's marks is an error, not
+// zero counts.
+func TestCountNeedsWindow(t *testing.T) {
+	if _, err := Count(bytes.NewReader(nil)); err == nil {
+		t.Error("Count of an empty trace: no error")
+	}
+}
+
+func TestMeasureRejectsNoCalls(t *testing.T) {
+	if _, err := Measure(context.Background(), 0, Options{}, func() error { return nil }); err == nil {
+		t.Error("Measure of 0 calls: no error")
+	}
+}
+
+// TestTraceReader: only the goroutine blocked reading the trace is left
+// out, not the caller of trace.Start, which blocks under Start while
+// tracing starts (when it was, a run now and then counted none of the
+// caller's syscalls).
+func TestTraceReader(t *testing.T) {
+	stack := func(funcs ...string) xtrace.Stack {
+		var frames []xtrace.StackFrame
+		for i, f := range funcs {
+			// MakeStack keys frames by PC: each needs its own.
+			frames = append(frames, xtrace.StackFrame{PC: uint64(0x1000 + i), Func: f})
+		}
+		return xtrace.MakeStack(frames)
+	}
+	if !isTraceReader(stack("runtime.gopark", "runtime.ReadTrace", "runtime/trace.(*traceMultiplexer).startLocked.func1")) {
+		t.Error("the trace reader's stack is not recognised")
+	}
+	if isTraceReader(stack("runtime.gopark", "runtime.StartTrace", "runtime/trace.(*traceMultiplexer).startLocked", "runtime/trace.Start", "main.main")) {
+		t.Error("the caller of trace.Start is taken for the trace reader")
+	}
+}
