@@ -578,48 +578,6 @@ func TestFrameCallsTakeNoServerLock(t *testing.T) {
 	}
 }
 
-// hookProvider wraps a provider so that every PostSend of its queue
-// pairs first runs onPost, which may fail it.
-type hookProvider struct {
-	verbs.Provider
-	onPost func(verbs.SendRequest) error
-}
-
-func (p hookProvider) Open(name string) (verbs.ProtectionDomain, error) {
-	pd, err := p.Provider.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	return hookDomain{pd, p.onPost}, nil
-}
-
-type hookDomain struct {
-	verbs.ProtectionDomain
-	onPost func(verbs.SendRequest) error
-}
-
-func (d hookDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
-	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return hookQP{qp, d.onPost}, nil
-}
-
-type hookQP struct {
-	verbs.QueuePair
-	onPost func(verbs.SendRequest) error
-}
-
-func (q hookQP) PostSend(wrs ...verbs.SendRequest) error {
-	for _, wr := range wrs {
-		if err := q.onPost(wr); err != nil {
-			return err
-		}
-	}
-	return q.QueuePair.PostSend(wrs...)
-}
-
 // TestCreditorOutlivesTransientError: a credit-only frame that fails to
 // post once (a full send queue) does not end the lane's creditor for
 // good. 40 Fetches wait for a key, so the server's 40 answers come with
@@ -633,7 +591,7 @@ func TestCreditorOutlivesTransientError(t *testing.T) {
 		}
 		return nil
 	}
-	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(hookProvider{tcp.New(), fail})})
+	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(hookProvider{Provider: tcp.New(), OnPost: fail})})
 	const n = 40
 	errs := make(chan error, n)
 	for range n {
