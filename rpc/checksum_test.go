@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -117,7 +118,7 @@ func TestWrongChecksumIsRefusedOnStreams(t *testing.T) {
 // plane and for inline and data-plane sizes alike.
 func TestReadYourWrites(t *testing.T) {
 	pairs := 10000
-	if raceEnabled {
+	if rpctest.Race {
 		pairs = 1000
 	}
 	for _, tr := range []string{TransportTCP, TransportSHM, TransportGRPC} {

@@ -1,5 +1,6 @@
 // White-box helpers for the tests that look inside sessions, links and
 // frames; the black-box tests' helpers are in helpers_ext_test.go.
+
 package rpc
 
 import (

@@ -1,3 +1,5 @@
+// White-box: these tests count indirect frames on the lanes of both sides' sessions.
+
 package rpc
 
 import (

@@ -1,3 +1,5 @@
+// White-box: these tests check the frame protocol of calls through links, frame counters and server sessions.
+
 package rpc
 
 import (

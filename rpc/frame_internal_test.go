@@ -1,3 +1,5 @@
+// White-box: these tests read a session's links and frame counters to check what travels as frames.
+
 package rpc
 
 import (
