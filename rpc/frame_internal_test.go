@@ -6,48 +6,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
-
-// unaryCounter counts the server's gRPC calls: unary ones, and streams
-// other than Session.
-type unaryCounter struct{ unary, streams atomic.Int64 }
-
-func (u *unaryCounter) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	u.unary.Add(1)
-	return h(ctx, req)
-}
-
-func (u *unaryCounter) interceptStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if info.FullMethod != pb.TensorRPC_Session_FullMethodName {
-		u.streams.Add(1)
-	}
-	return h(srv, ss)
-}
-
-// options are the server options that install u.
-func (u *unaryCounter) options() ServerOption {
-	return WithGRPCServerOptions(grpc.UnaryInterceptor(u.intercept), grpc.StreamInterceptor(u.interceptStream))
-}
-
-// none fails t when the server saw a gRPC call besides Session.
-func (u *unaryCounter) none(t *testing.T) {
-	t.Helper()
-	if n, m := u.unary.Load(), u.streams.Load(); n != 0 || m != 0 {
-		t.Errorf("%d unary calls and %d streams over gRPC, want none (only Session)", n, m)
-	}
-}
 
 func publishBytes(t *testing.T, s *Server, key string, n int, seed byte) []byte {
 	t.Helper()
@@ -66,8 +35,8 @@ func TestFetchFrames(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		for _, lanes := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/lanes=%d", tr, lanes), func(t *testing.T) {
-				var u unaryCounter
-				s, c := pair(t, tr, []ServerOption{u.options(), WithLanes(lanes)}, []DialOption{WithLanes(lanes)})
+				var u rpctest.ServerCalls
+				s, c := pair(t, tr, []ServerOption{WithGRPCServerOptions(u.Options()...), WithLanes(lanes)}, []DialOption{WithLanes(lanes)})
 				if c.last.link.Frames == nil {
 					t.Fatal("no frames")
 				}
@@ -115,7 +84,7 @@ func TestFetchFrames(t *testing.T) {
 					got.Release()
 					fetches++
 				}
-				u.none(t)
+				u.None(t)
 				if got := int(s.Stats().Transfers); got < fetches {
 					t.Errorf("server counted %d transfers, want at least %d", got, fetches)
 				}

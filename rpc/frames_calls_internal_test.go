@@ -21,41 +21,16 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
-// methodCounter counts the server's unary calls by method.
-type methodCounter struct{ n map[string]*atomic.Int64 }
-
-func newMethodCounter() *methodCounter {
-	m := &methodCounter{n: map[string]*atomic.Int64{}}
-	for _, name := range []string{pb.TensorRPC_Fetch_FullMethodName, pb.TensorRPC_Send_FullMethodName, pb.TensorRPC_Call_FullMethodName, pb.TensorRPC_Release_FullMethodName} {
-		m.n[name] = new(atomic.Int64)
-	}
-	return m
-}
-
-func (m *methodCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if c := m.n[method]; c != nil {
-		c.Add(1)
-	}
-	return invoke(ctx, method, req, reply, cc, opts...)
-}
-
-func (m *methodCounter) total() int64 {
-	var n int64
-	for _, c := range m.n {
-		n += c.Load()
-	}
-	return n
-}
-
 // framedPair is a pair whose client counts the unary calls it makes.
-func framedPair(t *testing.T, transport string) (*Server, *Client, *methodCounter) {
+func framedPair(t *testing.T, transport string) (*Server, *Client, *rpctest.MethodCalls) {
 	t.Helper()
-	u := newMethodCounter()
-	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.intercept)})
+	u := rpctest.NewMethodCalls()
+	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.Intercept)})
 	if c.last.link == nil || c.last.link.Frames == nil {
 		t.Fatal("no frames")
 	}
@@ -144,7 +119,7 @@ func TestSendCallFrames(t *testing.T) {
 			}
 			reply.Release()
 			req.Release()
-			if n := u.total(); n != 0 {
+			if n := u.Total(); n != 0 {
 				t.Fatalf("%d unary calls on a data-plane session", n)
 			}
 		})
@@ -286,8 +261,8 @@ func TestFramesPullForeignGrant(t *testing.T) {
 func TestFramesReleasesPiggyback(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
-			u := newMethodCounter()
-			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.intercept)})
+			u := rpctest.NewMethodCalls()
+			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.Intercept)})
 			publishBytes(t, s, "big", 256<<10, 4)
 			ctx := ctxT(t)
 			for range 200 {
@@ -311,7 +286,7 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			if n := u.total(); n != 0 {
+			if n := u.Total(); n != 0 {
 				t.Fatalf("%d unary calls", n)
 			}
 			// Releases spread over the lanes, as the calls do.

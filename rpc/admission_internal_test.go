@@ -1,3 +1,5 @@
+// White-box: abusive peers speak the raw protocol and the tests read the server's admission accounting.
+
 package rpc
 
 import (
