@@ -20,6 +20,7 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
 // abuserAddr is the loopback address the abusive clients of these tests
@@ -38,7 +39,7 @@ func dialFrom(host string) grpc.DialOption {
 	})
 }
 
-// rawConnFrom is rawConn from the local address host.
+// rawConnFrom is rpctest.RawConn from the local address host.
 func rawConnFrom(t *testing.T, addr, host string) pb.TensorRPCClient {
 	api, _ := rawConnFromClosing(t, addr, host)
 	return api
@@ -592,7 +593,7 @@ func TestDripStreamIsDropped(t *testing.T) {
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithStreamIdleTimeout(idle))
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
-	stream, err := rawConn(t, addr).SendStream(ctx)
+	stream, err := rpctest.RawConn(t, addr).SendStream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,36 +4,19 @@ package rpc
 
 import (
 	"context"
-	"io"
-	"net"
-	"strings"
 
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
-
-// rawConn is a plain gRPC connection to addr, as an attacker's client
-// would open: the .proto and nothing else.
-func rawConn(t *testing.T, addr string) pb.TensorRPCClient {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return pb.NewTensorRPCClient(cc)
-}
 
 // TestSessionIsBoundToItsConnection: another gRPC connection that knows a
 // session's id (and guesses its client refs) can neither use nor release
@@ -52,7 +35,7 @@ func TestSessionIsBoundToItsConnection(t *testing.T) {
 			in := wrapped(t, 1<<20, 9)
 			s.Publish(ctx, "w", in)
 			victim := c.SessionID()
-			thief := rawConn(t, addr)
+			thief := rpctest.RawConn(t, addr)
 			denied := func(what string, err error) {
 				t.Helper()
 				if status.Code(err) != codes.PermissionDenied {
@@ -87,86 +70,6 @@ func TestSessionIsBoundToItsConnection(t *testing.T) {
 				t.Errorf("client refs %d, %d look sequential", a, b)
 			}
 		})
-	}
-}
-
-// TestGracefulStopWithStalledPeers: GracefulStop finishes within a bounded
-// time with peers that stall every way the protocol allows: a Fetch
-// waiting for a key nobody publishes, a Session stream that never sends
-// its handshake, a session that never answers the plane choice, and a
-// FetchStream whose reader never reads. Waiting calls fail Unavailable.
-func TestGracefulStopWithStalledPeers(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithGracefulStopTimeout(2*time.Second))
-	ctx := ctxT(t)
-	big, err := s.NewTensor(ctx, 6, []int64{64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Publish(ctx, "big", big)
-	big.Release()
-
-	c, err := Dial(ctx, addr, WithTransports(TransportTCP, TransportGRPC), testPool(), insecureCreds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waiting := make(chan error, 1)
-	go func() {
-		_, err := c.Fetch(ctx, "never", WaitForKey())
-		waiting <- err
-	}()
-
-	raw := rawConn(t, addr)
-	silent, err := raw.Session(ctx) // never sends its handshake
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = silent
-	mute, err := raw.Session(ctx) // offers tcp, then never answers the choice
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mute.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
-		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: []byte("junk that is never connected")}},
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	stuck, err := raw.FetchStream(ctx, &pb.FetchRequest{Key: "big"}) // never read
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = stuck
-	time.Sleep(100 * time.Millisecond) // let the server reach each stall
-
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { s.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("GracefulStop did not return within 60 s")
-	}
-	t.Logf("GracefulStop with stalled peers took %v", time.Since(start))
-	if err := <-waiting; status.Code(err) != codes.Unavailable {
-		t.Fatalf("Fetch waiting across GracefulStop: %v, want Unavailable", err)
-	}
-	for _, st := range []interface {
-		Recv() (*pb.SessionResponse, error)
-	}{silent, mute} {
-		for {
-			if _, err := st.Recv(); err != nil {
-				break
-			}
-		}
-	}
-	for {
-		if _, err := stuck.Recv(); err != nil {
-			if err != io.EOF && status.Code(err) == codes.OK {
-				t.Fatal(err)
-			}
-			break
-		}
 	}
 }
 
@@ -236,7 +139,7 @@ func TestSilentStreamIsDropped(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithStreamIdleTimeout(300*time.Millisecond))
 	ctx := ctxT(t)
-	api := rawConn(t, addr)
+	api := rpctest.RawConn(t, addr)
 	stream, err := api.SendStream(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -256,77 +159,6 @@ func TestSilentStreamIsDropped(t *testing.T) {
 	waitFor(t, "the silent stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
 }
 
-// TestServerNeverDialsClientAddresses: a client's tcp offer names another
-// host:port (and, as a RoleAny queue pair with the larger secret would
-// have, asks to be dialled): the server only accepts, so nothing ever
-// connects to that address, and the server's reasons name no address of
-// its own network view.
-func TestServerNeverDialsClientAddresses(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	victim, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer victim.Close()
-	dialled := make(chan struct{}, 1)
-	go func() {
-		if c, err := victim.Accept(); err == nil {
-			c.Close()
-			dialled <- struct{}{}
-		}
-	}()
-	_, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithConnectTimeout(500*time.Millisecond))
-	// A queue pair that advertises the victim's address.
-	pd, err := tcp.New(tcp.WithAdvertiseAddress(victim.Addr().String())).Open("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pd.Close()
-	cq, _ := pd.NewCompletionQueue(64)
-	qp, err := pd.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: 8, MaxRecv: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t)
-	st, err := rawConn(t, addr).Session(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
-		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: qp.LocalInfo()}},
-	}}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Recv(); err != nil { // handshake
-		t.Fatal(err)
-	}
-	choice, err := st.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if choice.GetChoice().GetTransport() != pb.Transport_TRANSPORT_TCP {
-		t.Fatalf("server chose %v", choice.GetChoice())
-	}
-	// We never connect; the server's attempt times out and it reports.
-	res, err := st.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := res.GetConnectResult()
-	if r == nil || r.Ok {
-		t.Fatalf("server's connect result: %v", res)
-	}
-	if strings.Contains(r.Error, victim.Addr().String()) {
-		t.Errorf("the server's reason echoes the address: %q", r.Error)
-	}
-	select {
-	case <-dialled:
-		t.Fatal("the server dialled the address the client named")
-	case <-time.After(200 * time.Millisecond):
-	}
-	st.CloseSend()
-}
-
 // TestCallStreamBytesPastTheEnd: a CallStream client that sends a Chunk
 // after the last byte of its tensors fails with InvalidArgument, as the
 // .proto's stream rules say, and the method never runs; its memory is
@@ -340,7 +172,7 @@ func TestCallStreamBytesPastTheEnd(t *testing.T) {
 		return nil, nil
 	})
 	ctx := ctxT(t)
-	stream, err := rawConn(t, addr).CallStream(ctx)
+	stream, err := rpctest.RawConn(t, addr).CallStream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

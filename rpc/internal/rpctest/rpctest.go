@@ -1,7 +1,8 @@
 // Package rpctest holds what rpc's white-box tests (package rpc) and its
 // black-box tests (package rpc_test) share and that does not need package
-// rpc itself: byte patterns, waiting, and a provider wrapper that hooks
-// the data plane's posts. It is for tests only.
+// rpc itself: byte patterns, waiting, a provider wrapper that hooks the
+// data plane's posts, gRPC call counters and a raw protocol client. It is
+// for tests only.
 package rpctest
 
 import (
@@ -10,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/ibv"
 	"github.com/tensorrpc/tensorrpc/verbs/shm"
@@ -119,4 +124,16 @@ func (q hookQP) PostSend(wrs ...verbs.SendRequest) error {
 		}
 	}
 	return q.QueuePair.PostSend(wrs...)
+}
+
+// RawConn is a plain gRPC connection to addr, as an attacker's client
+// would open: the .proto and nothing else. It closes when the test ends.
+func RawConn(t testing.TB, addr string) pb.TensorRPCClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pb.NewTensorRPCClient(cc)
 }
