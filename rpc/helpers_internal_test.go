@@ -14,7 +14,6 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -25,16 +24,11 @@ var (
 	ctxT              = rpctest.Context
 	pattern           = rpctest.Pattern
 	waitFor           = rpctest.WaitFor
-	fill              = rpctest.Fill
 	skipWithoutDevice = rpctest.SkipWithoutDevice
 	sessionGone       = SessionGone
 )
 
 type hookProvider = rpctest.HookProvider
-
-// testTransports are the data planes end-to-end tests run over. ibv tests
-// skip, naming the reason, where there is no RDMA device.
-var testTransports = []string{TransportIBV, TransportTCP, TransportSHM, TransportGRPC}
 
 // small pools keep the tests' memory modest.
 func testPool() Option {
@@ -133,15 +127,6 @@ func wrapped(t *testing.T, n int, seed byte) *Tensor {
 	return WrapTensor(zt)
 }
 
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lis
-}
-
 // write is a one-sided Write of local to the peer's addr through key: no
 // grant of tensorrpc's allows one, so the peer refuses it.
 func write(local verbs.Local, addr uint64, key uint32) verbs.SendRequest {
@@ -150,34 +135,3 @@ func write(local verbs.Local, addr uint64, key uint32) verbs.SendRequest {
 
 // insecureCreds is the plaintext credentials every test client passes.
 func insecureCreds() DialOption { return WithTransportCredentials(insecure.NewCredentials()) }
-
-// currentLink is the data plane of c's open session (nil on grpc).
-func currentLink(c *Client) *engine.Link {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sess == nil {
-		return nil
-	}
-	return c.sess.link
-}
-
-// linkPoolBytes is what a session's data plane holds of its tensor pool:
-// nothing (its own buffers come from the control pool).
-const linkPoolBytes = 0
-
-// asServer and asDial convert options that fit both sides.
-func asServer(opts []Option) []ServerOption {
-	out := make([]ServerOption, len(opts))
-	for i, o := range opts {
-		out[i] = o
-	}
-	return out
-}
-
-func asDial(opts []Option) []DialOption {
-	out := []DialOption{insecureCreds()}
-	for _, o := range opts {
-		out = append(out, o)
-	}
-	return out
-}

@@ -62,24 +62,28 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// SkipWithoutDevice skips the test when the provider of the data plane
-// named transport ("ibv", "shm", "tcp") has no device here, with the
-// provider's own explanation. Other names never skip.
-func SkipWithoutDevice(t testing.TB, transport string) {
-	t.Helper()
-	var p verbs.Provider
+// Provider is the default provider of the data plane named transport
+// ("ibv", "shm", "tcp"), as package rpc makes it; nil for other names.
+func Provider(transport string) verbs.Provider {
 	switch transport {
 	case "ibv":
-		p = ibv.New()
+		return ibv.New()
 	case "shm":
-		p = shm.New()
+		return shm.New()
 	case "tcp":
-		p = tcp.New(tcp.WithLogger(slog.New(slog.DiscardHandler)))
-	default:
-		return
+		return tcp.New(tcp.WithLogger(slog.New(slog.DiscardHandler)))
 	}
-	if _, err := p.Devices(); err != nil {
-		t.Skipf("no %s device: %v", transport, err)
+	return nil
+}
+
+// SkipWithoutDevice skips the test when transport's provider has no device
+// here, with the provider's own explanation. Other names never skip.
+func SkipWithoutDevice(t testing.TB, transport string) {
+	t.Helper()
+	if p := Provider(transport); p != nil {
+		if _, err := p.Devices(); err != nil {
+			t.Skipf("no %s device: %v", transport, err)
+		}
 	}
 }
 
