@@ -6,14 +6,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"runtime"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
@@ -23,40 +20,11 @@ import (
 	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
-// abuserAddr is the loopback address the abusive clients of these tests
-// connect from, so that the server tells them from the well-behaved
-// clients on 127.0.0.1: a peer is a host (and TLS identity).
-const abuserAddr = "127.0.0.2"
-
 // fromAddr makes a Client's gRPC connection leave from the local address
 // host (gRPC options keep calls on frames).
-func fromAddr(host string) DialOption { return WithGRPCDialOptions(dialFrom(host)) }
+func fromAddr(host string) DialOption { return WithGRPCDialOptions(rpctest.DialFrom(host)) }
 
-func dialFrom(host string) grpc.DialOption {
-	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(host)}}
-		return d.DialContext(ctx, "tcp", addr)
-	})
-}
-
-// rawConnFrom is rpctest.RawConn from the local address host.
-func rawConnFrom(t *testing.T, addr, host string) pb.TensorRPCClient {
-	api, _ := rawConnFromClosing(t, addr, host)
-	return api
-}
-
-// rawConnFromClosing is rawConnFrom with a func that closes it.
-func rawConnFromClosing(t *testing.T, addr, host string) (pb.TensorRPCClient, func()) {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), dialFrom(host))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return pb.NewTensorRPCClient(cc), func() { cc.Close() }
-}
-
-// abuseLanes dials clients from abuserAddr, each offering lanes lanes on
+// abuseLanes dials clients from rpctest.AbuserAddr, each offering lanes lanes on
 // tcp, until the server refuses one or max have opened; it returns the
 // clients that opened, a func that closes and drops them, and the
 // refusal. No dial may wait on anything: each
@@ -76,7 +44,7 @@ func abuseLanes(t *testing.T, addr string, lanes, max int) ([]*Client, func(), e
 	for range max {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		start := time.Now()
-		c, err := Dial(ctx, addr, WithTransports(TransportTCP), WithLanes(lanes), testPool(), insecureCreds(), fromAddr(abuserAddr))
+		c, err := Dial(ctx, addr, WithTransports(TransportTCP), WithLanes(lanes), testPool(), insecureCreds(), fromAddr(rpctest.AbuserAddr))
 		cancel()
 		if el := time.Since(start); el > 5*time.Second {
 			t.Errorf("dial %d took %v: a session waited", len(held), el)
@@ -87,75 +55,6 @@ func abuseLanes(t *testing.T, addr string, lanes, max int) ([]*Client, func(), e
 		held = append(held, c)
 	}
 	return held, drop, nil
-}
-
-// TestAdmissionLanesPerPeer: one peer opening sessions of many lanes gets
-// its lane budget (the last session fewer lanes), then ResourceExhausted
-// at once; a client from another host still connects on tcp and works.
-func TestAdmissionLanesPerPeer(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithLanes(MaxLanes))
-	s.Handle("echo", echo(s))
-	held, _, err := abuseLanes(t, addr, 12, 100)
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("after %d sessions of 12 lanes from one peer: %v, want ResourceExhausted", len(held), err)
-	}
-	t.Logf("refused after %d sessions: %v", len(held), err)
-	total := 0
-	for _, c := range held {
-		total += len(c.sess.lanes)
-	}
-	if total != DefaultAdmission.LanesPerPeer {
-		t.Errorf("one peer holds %d lanes, want its budget of %d (the last session fewer lanes)", total, DefaultAdmission.LanesPerPeer)
-	}
-	if st := s.Stats(); st.RefusedLanes < 12 {
-		t.Errorf("Stats.RefusedLanes = %d, want at least the 12 of the refused session", st.RefusedLanes)
-	}
-	dialVictim(t, s, addr, TransportTCP, "while a peer holds its lanes")
-}
-
-// abuseSessions opens sessions on api (a handshake that offers no data
-// plane) and holds them until one is refused or max are open; it returns
-// how many opened and the refusal.
-func abuseSessions(t *testing.T, api pb.TensorRPCClient, max int) (int, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	opened := 0
-	for opened < max {
-		st, err := api.Session(ctx)
-		if err == nil {
-			err = st.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion}}})
-		}
-		if err == nil {
-			_, err = st.Recv()
-		}
-		if err != nil {
-			return opened, err
-		}
-		opened++
-	}
-	return opened, nil
-}
-
-// TestAdmissionSessionsPerPeer: one peer opening sessions (no data plane)
-// until refused gets ResourceExhausted at once past its budget, and a
-// client from another host still connects.
-func TestAdmissionSessionsPerPeer(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC))
-	s.Handle("echo", echo(s))
-	opened, refused := abuseSessions(t, rawConnFrom(t, addr, abuserAddr), 200)
-	if status.Code(refused) != codes.ResourceExhausted {
-		t.Fatalf("after %d sessions from one peer: %v, want ResourceExhausted", opened, refused)
-	}
-	t.Logf("refused after %d sessions: %v", opened, refused)
-	if opened != DefaultAdmission.SessionsPerPeer {
-		t.Errorf("%d sessions opened, want the budget of %d", opened, DefaultAdmission.SessionsPerPeer)
-	}
-	if st := s.Stats(); st.RefusedSessions != 1 {
-		t.Errorf("Stats.RefusedSessions = %d, want 1", st.RefusedSessions)
-	}
-	dialVictim(t, s, addr, TransportTCP, "while a peer holds its sessions")
 }
 
 // TestAdmissionControlPoolFull: when the control pool cannot hold a new
@@ -234,7 +133,7 @@ func TestAdmissionStalledStreams(t *testing.T) {
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
 	s.Handle("echo", echo(s))
 	const streams = 80
-	verdicts, stop := stallSendStreams(t, rawConnFrom(t, addr, abuserAddr), streams, 8<<20)
+	verdicts, stop := stallSendStreams(t, rpctest.RawConnFrom(t, addr, rpctest.AbuserAddr), streams, 8<<20)
 	got := verdictsWithin(verdicts, 3*time.Second)
 	if want := streams - DefaultAdmission.StreamsPerPeer; got[codes.ResourceExhausted] != want || len(got) != 1 {
 		t.Fatalf("verdicts of %d stalled streams: %v, want %d ResourceExhausted and no other", streams, got, want)
@@ -273,7 +172,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithAdmission(Admission{StreamBytesPerPeer: 32 << 20}))
 	s.Handle("echo", echo(s))
 	publishBytes(t, s, "big", 8<<20, 3)
-	api := rawConnFrom(t, addr, abuserAddr)
+	api := rpctest.RawConnFrom(t, addr, rpctest.AbuserAddr)
 	verdicts, stop := stallSendStreams(t, api, 5, 8<<20)
 	got := verdictsWithin(verdicts, 2*time.Second)
 	if got[codes.ResourceExhausted] != 1 || len(got) != 1 {
@@ -281,7 +180,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 	}
 	dialVictim(t, s, addr, TransportGRPC, "while a peer holds its stream bytes")
 	stop()
-	waitFor(t, "the stalled streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
+	waitFor(t, "the stalled streams' charge to go", func() bool { return streamBytesOf(s, rpctest.AbuserAddr) == 0 })
 
 	// Unread FetchStreams of an 8 MiB tensor: four fit.
 	ctx, cancel := context.WithCancel(ctxT(t))
@@ -290,7 +189,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 		if _, err := api.FetchStream(ctx, &pb.FetchRequest{Key: "big"}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, fmt.Sprint("FetchStream ", i, " to be charged"), func() bool { return streamBytesOf(s, abuserAddr) == int64(i+1)<<23 })
+		waitFor(t, fmt.Sprint("FetchStream ", i, " to be charged"), func() bool { return streamBytesOf(s, rpctest.AbuserAddr) == int64(i+1)<<23 })
 	}
 	fs, err := api.FetchStream(ctx, &pb.FetchRequest{Key: "big"})
 	if err == nil {
@@ -304,7 +203,7 @@ func TestAdmissionStreamBytes(t *testing.T) {
 		t.Errorf("Stats.RefusedStreams = %d, want 2", st.RefusedStreams)
 	}
 	cancel()
-	waitFor(t, "the unread streams' charge to go", func() bool { return streamBytesOf(s, abuserAddr) == 0 })
+	waitFor(t, "the unread streams' charge to go", func() bool { return streamBytesOf(s, rpctest.AbuserAddr) == 0 })
 }
 
 // TestAdmissionTransfersPerSession: a session that fetches and never
@@ -492,14 +391,14 @@ func TestAdmissionAbusiveClient(t *testing.T) {
 		t.Fatalf("after %d sessions of %d lanes: %v, want ResourceExhausted", len(held), MaxLanes, err)
 	}
 	// Bare sessions until refused.
-	api, closeAPI := rawConnFromClosing(t, addr, abuserAddr)
-	if n, err := abuseSessions(t, api, 200); status.Code(err) != codes.ResourceExhausted || len(held)+n != DefaultAdmission.SessionsPerPeer {
+	api, closeAPI := rpctest.RawConnFromClosing(t, addr, rpctest.AbuserAddr)
+	if n, err := rpctest.AbuseSessions(t, api, ProtocolVersion, 200); status.Code(err) != codes.ResourceExhausted || len(held)+n != DefaultAdmission.SessionsPerPeer {
 		t.Fatalf("after %d more sessions: %v, want ResourceExhausted at %d in all", n, err, DefaultAdmission.SessionsPerPeer)
 	}
 	// Stalled SendStreams, then unread FetchStreams, until refused.
 	streams := DefaultAdmission.StreamsPerPeer - 8
 	verdicts, stopStreams := stallSendStreams(t, api, streams, 8<<20)
-	waitFor(t, "the stalled streams to be admitted", func() bool { return streamsOf(s, abuserAddr) == streams })
+	waitFor(t, "the stalled streams to be admitted", func() bool { return streamsOf(s, rpctest.AbuserAddr) == streams })
 	if got := verdictsWithin(verdicts, 100*time.Millisecond); len(got) != 0 {
 		t.Fatalf("stalled streams within the budget: %v", got)
 	}
@@ -518,7 +417,7 @@ func TestAdmissionAbusiveClient(t *testing.T) {
 			}
 			break
 		}
-		waitFor(t, "the unread stream to be admitted", func() bool { return streamsOf(s, abuserAddr) == streams+unread+1 })
+		waitFor(t, "the unread stream to be admitted", func() bool { return streamsOf(s, rpctest.AbuserAddr) == streams+unread+1 })
 	}
 	st := s.Stats()
 	t.Logf("the abuser holds %d sessions (%d with lanes), %d streams; refused: %d sessions, %d lanes, %d streams; control pool %d MiB, pool %d MiB",

@@ -207,3 +207,44 @@ func sessionGone(c *rpc.Client) bool { return rpc.SessionGone(c) }
 // linkPoolBytes is what a session's data plane holds of its tensor pool:
 // nothing (its own buffers come from the control pool).
 const linkPoolBytes = 0
+
+// dialVictim dials a new, well-behaved client on plane from the test's
+// own address and checks with victimWorks that it can Send, Fetch and
+// Call (what: under which attack).
+func dialVictim(t *testing.T, s *rpc.Server, addr, plane, what string) {
+	t.Helper()
+	victim, err := rpc.Dial(ctxT(t), addr, rpc.WithTransports(plane), testPool(), insecureCreds())
+	if err != nil {
+		t.Fatalf("a new client on %s %s: %v", plane, what, err)
+	}
+	defer victim.Close()
+	victimWorks(t, s, victim, what)
+}
+
+// victimWorks checks that another session's Fetch, Send and Call work.
+func victimWorks(t *testing.T, s *rpc.Server, v *rpc.Client, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	in := wrapped(t, 1<<20, 6)
+	defer in.Release()
+	if err := v.Send(ctx, "victim", in); err != nil {
+		t.Fatalf("%s: the victim's Send: %v", what, err)
+	}
+	got, err := v.Fetch(ctx, "victim")
+	if err != nil {
+		t.Fatalf("%s: the victim's Fetch: %v", what, err)
+	}
+	if !bytes.Equal(got.Bytes(), in.Bytes()) {
+		t.Fatalf("%s: the victim fetched other bytes", what)
+	}
+	got.Release()
+	reply, err := v.Call(ctx, "echo", &rpc.Message{Metadata: []byte("hi"), Tensors: []*rpc.Tensor{in}})
+	if err != nil {
+		t.Fatalf("%s: the victim's Call: %v", what, err)
+	}
+	if !bytes.Equal(reply.Tensors[0].Bytes(), in.Bytes()) {
+		t.Fatalf("%s: the victim's Call answered other bytes", what)
+	}
+	reply.Release()
+}
