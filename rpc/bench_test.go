@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -29,10 +30,10 @@ var benchSizes = []int{4 << 10, 1 << 20, 64 << 20, 1 << 30}
 
 func sizeName(n int) string { return strings.ReplaceAll(bytesize.Format(int64(n)), " ", "") }
 
-func benchPair(b *testing.B, transport string, opts ...ServerOption) (*Server, *Client, func()) {
+func benchPair(b *testing.B, transport string, opts ...rpc.ServerOption) (*rpc.Server, *rpc.Client, func()) {
 	skipWithoutDevice(b, transport)
 	ts := []string{transport}
-	s, err := NewServer(append([]ServerOption{WithTransports(ts...), testPool()}, opts...)...)
+	s, err := rpc.NewServer(append([]rpc.ServerOption{rpc.WithTransports(ts...), testPool()}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func benchPair(b *testing.B, transport string, opts ...ServerOption) (*Server, *
 		b.Fatal(err)
 	}
 	go s.Serve(lis)
-	c, err := Dial(context.Background(), lis.Addr().String(), WithTransports(ts...), testPool(), insecureCreds())
+	c, err := rpc.Dial(context.Background(), lis.Addr().String(), rpc.WithTransports(ts...), testPool(), insecureCreds())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,20 +78,20 @@ func BenchmarkFetch(b *testing.B) {
 	b.Run("shm-lease", func(b *testing.B) {
 		for _, n := range benchSizes {
 			b.Run(sizeName(n), func(b *testing.B) {
-				s, c, done := benchPair(b, TransportSHM)
+				s, c, done := benchPair(b, rpc.TransportSHM)
 				defer done()
 				ctx := context.Background()
 				t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
 				s.Publish(context.Background(), "x", t)
 				t.Release()
-				warmUp(b, func() error { return fetchOnce(c, "x", Lease()) })
+				warmUp(b, func() error { return fetchOnce(c, "x", rpc.Lease()) })
 				b.SetBytes(int64(n))
 				for b.Loop() {
-					got, err := c.Fetch(ctx, "x", Lease())
+					got, err := c.Fetch(ctx, "x", rpc.Lease())
 					if err != nil {
 						b.Fatal(err)
 					}
-					if n > DefaultEagerThreshold && !got.Leased() {
+					if n > rpc.DefaultEagerThreshold && !got.Leased() {
 						b.Fatal("not leased")
 					}
 					got.Release()
@@ -134,8 +135,8 @@ func BenchmarkCall(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%s/callers=%d", tr, sizeName(n), callers), func(b *testing.B) {
 					s, c, done := benchPair(b, tr)
 					defer done()
-					s.Handle("echo", func(ctx context.Context, in *Message) (*Message, error) {
-						out := &Message{Tensors: in.Tensors}
+					s.Handle("echo", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+						out := &rpc.Message{Tensors: in.Tensors}
 						in.Tensors = nil
 						return out, nil
 					})
@@ -146,7 +147,7 @@ func BenchmarkCall(b *testing.B) {
 					}
 					defer t.Release()
 					call := func() error {
-						reply, err := c.Call(ctx, "echo", &Message{Tensors: []*Tensor{t}})
+						reply, err := c.Call(ctx, "echo", &rpc.Message{Tensors: []*rpc.Tensor{t}})
 						reply.Release()
 						return err
 					}
@@ -178,7 +179,7 @@ func BenchmarkCall(b *testing.B) {
 // BenchmarkEagerThreshold fetches tensors around the threshold both inline
 // and over the data plane, to place the threshold where the two meet.
 func BenchmarkEagerThreshold(b *testing.B) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		for _, mode := range []string{"inline", "dataplane"} {
 			for _, n := range []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20} {
 				b.Run(fmt.Sprintf("%s/%s/%s", tr, mode, sizeName(n)), func(b *testing.B) {
@@ -186,7 +187,7 @@ func BenchmarkEagerThreshold(b *testing.B) {
 					if mode == "inline" {
 						threshold = 8 << 20
 					}
-					s, c, done := benchPair(b, tr, WithEagerThreshold(threshold))
+					s, c, done := benchPair(b, tr, rpc.WithEagerThreshold(threshold))
 					defer done()
 					ctx := context.Background()
 					t, _ := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
@@ -218,7 +219,7 @@ func warmUp(b *testing.B, op func() error) {
 	}
 }
 
-func fetchOnce(c *Client, key string, opts ...FetchOption) error {
+func fetchOnce(c *rpc.Client, key string, opts ...rpc.FetchOption) error {
 	got, err := c.Fetch(context.Background(), key, opts...)
 	if err == nil {
 		got.Release()

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -12,13 +12,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // echoReverse answers with the request's tensors in reverse order and its
 // metadata reversed.
-func echoReverse(ctx context.Context, req *Message) (*Message, error) {
-	out := &Message{Metadata: append([]byte(nil), req.Metadata...)}
+func echoReverse(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
+	out := &rpc.Message{Metadata: append([]byte(nil), req.Metadata...)}
 	for i, j := 0, len(out.Metadata)-1; i < j; i, j = i+1, j-1 {
 		out.Metadata[i], out.Metadata[j] = out.Metadata[j], out.Metadata[i]
 	}
@@ -26,7 +27,7 @@ func echoReverse(ctx context.Context, req *Message) (*Message, error) {
 		in := req.Tensors[i]
 		// Copy into a fresh tensor: request tensors are released when the
 		// handler returns.
-		t := WrapTensor(mustTensor(in.DType(), in.Shape(), append([]byte(nil), in.Bytes()...)))
+		t := rpc.WrapTensor(mustTensor(in.DType(), in.Shape(), append([]byte(nil), in.Bytes()...)))
 		out.Tensors = append(out.Tensors, t)
 	}
 	return out, nil
@@ -45,11 +46,11 @@ func TestCallEveryDTypeMultiTensor(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			s.Handle("reverse", echoReverse)
-			s.Handle("fail", func(context.Context, *Message) (*Message, error) {
+			s.Handle("fail", func(context.Context, *rpc.Message) (*rpc.Message, error) {
 				return nil, status.Error(codes.FailedPrecondition, "nope")
 			})
 			ctx := ctxT(t)
-			var req Message
+			var req rpc.Message
 			req.Metadata = []byte("metadata")
 			for i, d := range zerocopy.DTypes() {
 				// Alternate small (inline) and large (data plane) tensors.
@@ -64,7 +65,7 @@ func TestCallEveryDTypeMultiTensor(t *testing.T) {
 						b[j] &= 1
 					}
 				}
-				req.Tensors = append(req.Tensors, WrapTensor(mustTensor(d, []int64{n}, b)))
+				req.Tensors = append(req.Tensors, rpc.WrapTensor(mustTensor(d, []int64{n}, b)))
 			}
 			reply, err := c.Call(ctx, "reverse", &req)
 			if err != nil {
@@ -113,7 +114,7 @@ func TestConcurrentCalls(t *testing.T) {
 					key := fmt.Sprintf("c%d", i)
 					switch i % 3 {
 					case 0:
-						reply, err := c.Call(ctx, "reverse", &Message{Tensors: []*Tensor{in, in}})
+						reply, err := c.Call(ctx, "reverse", &rpc.Message{Tensors: []*rpc.Tensor{in, in}})
 						if err != nil {
 							errs <- err
 							return
@@ -164,11 +165,11 @@ func TestConcurrentCalls(t *testing.T) {
 }
 
 func TestFetchWaitsForPublish(t *testing.T) {
-	s, c := pair(t, TransportTCP, nil, nil)
+	s, c := pair(t, rpc.TransportTCP, nil, nil)
 	ctx := ctxT(t)
 	got := make(chan error, 1)
 	go func() {
-		tn, err := c.Fetch(ctx, "later", WaitForKey())
+		tn, err := c.Fetch(ctx, "later", rpc.WaitForKey())
 		if err == nil {
 			if len(tn.Bytes()) != 100000 {
 				err = errors.New("wrong size")
@@ -186,7 +187,7 @@ func TestFetchWaitsForPublish(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 50e6)
 	defer cancel()
-	if _, err := c.Fetch(short, "never", WaitForKey()); status.Code(err) != codes.DeadlineExceeded {
+	if _, err := c.Fetch(short, "never", rpc.WaitForKey()); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("Fetch of a missing key with WaitForKey: %v, want DeadlineExceeded", err)
 	}
 	_, err := c.Fetch(ctx, "never")

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"cmp"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -26,17 +27,17 @@ import (
 // of TENSORRPC_TEST_BYTES bytes until it is killed.
 func runChild(mode string) int {
 	size, _ := strconv.Atoi(os.Getenv("TENSORRPC_TEST_BYTES"))
-	opts := []Option{testPool()}
+	opts := []rpc.Option{testPool()}
 	if ts := os.Getenv("TENSORRPC_TEST_TRANSPORTS"); ts != "" { // else the defaults
-		opts = append(opts, WithTransports(strings.Split(ts, ",")...))
+		opts = append(opts, rpc.WithTransports(strings.Split(ts, ",")...))
 	}
 	switch mode {
 	case "server":
 		sopts := asServer(opts)
 		if a := os.Getenv("TENSORRPC_TEST_DATA_ADDR"); a != "" {
-			sopts = append(sopts, WithDataAddress(a))
+			sopts = append(sopts, rpc.WithDataAddress(a))
 		}
-		s, err := NewServer(sopts...)
+		s, err := rpc.NewServer(sopts...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -51,7 +52,7 @@ func runChild(mode string) int {
 		s.Publish(context.Background(), "big", big)
 		big.Release()
 		s.Handle("reverse", echoReverse)
-		s.Handle("block", func(ctx context.Context, _ *Message) (*Message, error) {
+		s.Handle("block", func(ctx context.Context, _ *rpc.Message) (*rpc.Message, error) {
 			fmt.Println("blocked")
 			<-ctx.Done()
 			return nil, ctx.Err()
@@ -65,7 +66,7 @@ func runChild(mode string) int {
 		return serveUntilStopped(s, lis)
 	case "client":
 		ctx := context.Background()
-		c, err := Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
+		c, err := rpc.Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -89,7 +90,7 @@ func runChild(mode string) int {
 // serveUntilStopped is the end of a server child: it serves s on lis,
 // prints the address for the parent, and serves until the parent closes
 // stdin. It returns the child's exit status.
-func serveUntilStopped(s *Server, lis net.Listener) int {
+func serveUntilStopped(s *rpc.Server, lis net.Listener) int {
 	go s.Serve(lis)
 	fmt.Println(lis.Addr().String())
 	childproc.WaitForStop()
@@ -97,22 +98,12 @@ func serveUntilStopped(s *Server, lis net.Listener) int {
 	return 0
 }
 
-// fill writes a pattern quickly, also under the race detector: a small
-// pattern block, then doubling copies.
-func fill(b []byte, seed byte) {
-	n := min(len(b), 1<<16)
-	pattern(b[:n], seed)
-	for n < len(b) {
-		n += copy(b[n:], b[:n])
-	}
-}
-
 func startChild(t *testing.T, mode, transport string, size int, env ...string) *childproc.Process {
 	t.Helper()
 	skipWithoutDevice(t, transport)
 	ts := transport
-	if transport != TransportGRPC {
-		ts += "," + TransportGRPC
+	if transport != rpc.TransportGRPC {
+		ts += "," + rpc.TransportGRPC
 	}
 	return startChildCmd(t, nil, mode, ts, size, env...)
 }

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -90,7 +91,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	}
 
 	var codecs streamCodecs
-	s, c := pair(t, TransportGRPC, []ServerOption{WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record))}, nil)
+	s, c := pair(t, rpc.TransportGRPC, []rpc.ServerOption{rpc.WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record))}, nil)
 	s.Handle("reverse", echoReverse)
 	ctx := ctxT(t)
 
@@ -141,7 +142,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	}
 	fetched.Release()
 	s.Unpublish("out")
-	reply, err := c.Call(ctx, "reverse", &Message{Metadata: []byte("ab"), Tensors: []*Tensor{in}})
+	reply, err := c.Call(ctx, "reverse", &rpc.Message{Metadata: []byte("ab"), Tensors: []*rpc.Tensor{in}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	}
 
 	// Health and tensorrpc on one grpc.Server, over one ClientConn.
-	s2, err := NewServer(WithTransports(TransportGRPC), testPool())
+	s2, err := rpc.NewServer(rpc.WithTransports(rpc.TransportGRPC), testPool())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func TestGRPCProtoCodecUntouched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, err := NewClient(ctx, cc2, WithTransports(TransportGRPC), testPool())
+	c2, err := rpc.NewClient(ctx, cc2, rpc.WithTransports(rpc.TransportGRPC), testPool())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestGRPCPlainProtoClient(t *testing.T) {
 
 func testPlainProtoClient(t *testing.T, opts []grpc.CallOption) {
 	var codecs streamCodecs
-	s, err := NewServer(WithTransports(TransportGRPC), testPool(), WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record)))
+	s, err := rpc.NewServer(rpc.WithTransports(rpc.TransportGRPC), testPool(), rpc.WithGRPCServerOptions(grpc.StreamInterceptor(codecs.record)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func testPlainProtoClient(t *testing.T, opts []grpc.CallOption) {
 		t.Fatal(err)
 	}
 	if err := sess.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
-		ProtocolVersion: ProtocolVersion, ClientName: "plain-proto"}}}); err != nil {
+		ProtocolVersion: rpc.ProtocolVersion, ClientName: "plain-proto"}}}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := sess.Recv()

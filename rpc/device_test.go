@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -32,7 +33,7 @@ func TestDeviceTensorsStaged(t *testing.T) {
 			if err := src.CopyFromHost(want, 64); err != nil {
 				t.Fatal(err)
 			}
-			d, err := c.SendDevice(ctx, "dev", DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n / 4}, Buffer: src, Offset: 64})
+			d, err := c.SendDevice(ctx, "dev", rpc.DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n / 4}, Buffer: src, Offset: 64})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +67,7 @@ func TestDeviceTensorsStaged(t *testing.T) {
 			if !bytes.Equal(back, want) {
 				t.Fatal("fetched device tensor differs")
 			}
-			if err := s.PublishDevice(context.Background(), "dev2", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: dst}); err != nil {
+			if err := s.PublishDevice(context.Background(), "dev2", rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: dst}); err != nil {
 				t.Fatal(err)
 			}
 			got, err = c.Fetch(ctx, "dev2")
@@ -77,7 +78,7 @@ func TestDeviceTensorsStaged(t *testing.T) {
 				t.Fatal("published device tensor differs")
 			}
 			got.Release()
-			if _, err := c.SendDevice(ctx, "bad", DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n}, Buffer: src}); err == nil {
+			if _, err := c.SendDevice(ctx, "bad", rpc.DeviceTensor{DType: zerocopy.Float32, Shape: []int64{n}, Buffer: src}); err == nil {
 				t.Fatal("a device tensor larger than its buffer was sent")
 			}
 			if st := c.Stats(); st.StagedTransfers != 2 || st.DirectTransfers != 0 {
@@ -120,22 +121,22 @@ func (d *directBuffer) Free() error                  { return nil }
 func TestDeviceTensorsDirect(t *testing.T) {
 	for _, mode := range []string{"frames", "lanes"} {
 		t.Run(mode, func(t *testing.T) {
-			var copts []DialOption
-			var sopts []ServerOption
+			var copts []rpc.DialOption
+			var sopts []rpc.ServerOption
 			n := 300000
 			switch mode {
 			case "lanes":
-				copts, sopts = append(copts, WithLanes(3)), append(sopts, WithLanes(3))
+				copts, sopts = append(copts, rpc.WithLanes(3)), append(sopts, rpc.WithLanes(3))
 				n = engine.StripeMin + 2*engine.StripePart
 			}
-			s, c := pair(t, TransportTCP, sopts, copts)
-			c.planFor = func(gpudirect.DeviceBuffer) gpudirect.Decision {
+			s, c := pair(t, rpc.TransportTCP, sopts, copts)
+			rpc.SetDevicePlan(c, func(gpudirect.DeviceBuffer) gpudirect.Decision {
 				return gpudirect.Decision{Path: gpudirect.Direct, Reason: "test"}
-			}
+			})
 			ctx := ctxT(t)
 			src := &directBuffer{b: make([]byte, n+64)}
 			pattern(src.b[64:], 5)
-			d, err := c.SendDevice(ctx, "dev", DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{int64(n)}, Buffer: src, Offset: 64})
+			d, err := c.SendDevice(ctx, "dev", rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{int64(n)}, Buffer: src, Offset: 64})
 			if err != nil || d.Path != gpudirect.Direct {
 				t.Fatalf("SendDevice: %+v, %v", d, err)
 			}

@@ -1,6 +1,6 @@
 //go:build fault
 
-package rpc
+package rpc_test
 
 // The fault suite kills peer processes (SIGKILL) while tensors move and
 // checks what the surviving side does. It is not part of the ordinary
@@ -55,7 +55,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -74,6 +73,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -118,7 +119,7 @@ func faultCRC(size, seed int) uint32 {
 
 var errCorrupt = errors.New("corrupt tensor")
 
-func faultCheck(t *Tensor, i, seed int) error {
+func faultCheck(t *rpc.Tensor, i, seed int) error {
 	if n := len(t.Bytes()); n != faultSizes[i] {
 		return fmt.Errorf("%w: %d bytes, want %d", errCorrupt, n, faultSizes[i])
 	}
@@ -132,16 +133,16 @@ func faultCheck(t *Tensor, i, seed int) error {
 // gRPC's connection backoff.
 var faultBackoff = backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 100 * time.Millisecond}
 
-func faultDialOpts(plane string) []DialOption {
-	return []DialOption{
-		WithTransports(plane), testPool(), insecureCreds(), WithChecksums(true), WithBackoff(faultBackoff),
-		WithGRPCDialOptions(grpc.WithConnectParams(grpc.ConnectParams{Backoff: faultBackoff, MinConnectTimeout: 5 * time.Second})),
+func faultDialOpts(plane string) []rpc.DialOption {
+	return []rpc.DialOption{
+		rpc.WithTransports(plane), testPool(), insecureCreds(), rpc.WithChecksums(true), rpc.WithBackoff(faultBackoff),
+		rpc.WithGRPCDialOptions(grpc.WithConnectParams(grpc.ConnectParams{Backoff: faultBackoff, MinConnectTimeout: 5 * time.Second})),
 	}
 }
 
 // faultOp does one transfer of op with the tensor of size index i, under
 // its own deadline, and verifies what arrives.
-func faultOp(c *Client, op string, i int, src []*Tensor) error {
+func faultOp(c *rpc.Client, op string, i int, src []*rpc.Tensor) error {
 	ctx, cancel := context.WithTimeout(context.Background(), faultCallTimeout)
 	defer cancel()
 	switch op {
@@ -155,7 +156,7 @@ func faultOp(c *Client, op string, i int, src []*Tensor) error {
 	case "send":
 		return c.Send(ctx, fmt.Sprintf("s%d", i), src[i])
 	case "call":
-		reply, err := c.Call(ctx, "echo", &Message{Tensors: []*Tensor{src[i]}})
+		reply, err := c.Call(ctx, "echo", &rpc.Message{Tensors: []*rpc.Tensor{src[i]}})
 		if err != nil {
 			return err
 		}
@@ -169,8 +170,8 @@ func faultOp(c *Client, op string, i int, src []*Tensor) error {
 }
 
 // faultSources allocates one pool tensor per size, filled for Send and Call.
-func faultSources(ctx context.Context, alloc func(context.Context, zerocopy.DType, []int64) (*Tensor, error)) ([]*Tensor, error) {
-	var src []*Tensor
+func faultSources(ctx context.Context, alloc func(context.Context, zerocopy.DType, []int64) (*rpc.Tensor, error)) ([]*rpc.Tensor, error) {
+	var src []*rpc.Tensor
 	for i, n := range faultSizes {
 		t, err := alloc(ctx, zerocopy.Uint8, []int64{int64(n)})
 		if err != nil {
@@ -186,7 +187,7 @@ func faultSources(ctx context.Context, alloc func(context.Context, zerocopy.DTyp
 }
 
 // faultServe publishes f<i> and handles "echo".
-func faultServe(ctx context.Context, s *Server) error {
+func faultServe(ctx context.Context, s *rpc.Server) error {
 	for i, n := range faultSizes {
 		t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
 		if err != nil {
@@ -199,12 +200,12 @@ func faultServe(ctx context.Context, s *Server) error {
 			return err
 		}
 	}
-	s.Handle("echo", func(_ context.Context, req *Message) (*Message, error) {
-		out := make([]*Tensor, len(req.Tensors))
+	s.Handle("echo", func(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
+		out := make([]*rpc.Tensor, len(req.Tensors))
 		for i, x := range req.Tensors {
-			out[i] = WrapTensor(x.Tensor) // copied by tensorrpc before the request is released
+			out[i] = rpc.WrapTensor(x.Tensor) // copied by tensorrpc before the request is released
 		}
-		return &Message{Tensors: out}, nil
+		return &rpc.Message{Tensors: out}, nil
 	})
 	return nil
 }
@@ -229,7 +230,7 @@ func runFaultChild(mode string) int {
 	ctx := context.Background()
 	switch mode {
 	case "fault-server":
-		s, err := NewServer(WithTransports(plane), testPool(), WithChecksums(true))
+		s, err := rpc.NewServer(rpc.WithTransports(plane), testPool(), rpc.WithChecksums(true))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "fault-server:", err)
 			return 1
@@ -256,7 +257,7 @@ func runFaultChild(mode string) int {
 		n, _ := strconv.Atoi(os.Getenv("TENSORRPC_FAULT_N"))
 		seed, _ := strconv.ParseUint(os.Getenv("TENSORRPC_FAULT_SEED"), 10, 64)
 		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		c, err := Dial(dctx, os.Getenv("TENSORRPC_TEST_ADDR"), faultDialOpts(plane)...)
+		c, err := rpc.Dial(dctx, os.Getenv("TENSORRPC_TEST_ADDR"), faultDialOpts(plane)...)
 		cancel()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "fault-client:", err)
@@ -336,14 +337,14 @@ func TestFault(t *testing.T) {
 	t.Logf("fault seed %d (rerun with -fault.seed=%d); %d kills and at least %d transfers per combination",
 		seed, seed, *faultKills, *faultTransfers)
 	var results []*faultResult
-	for pi, plane := range []string{TransportTCP, TransportSHM, TransportGRPC} {
+	for pi, plane := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
 		for oi, op := range faultOps {
 			for di, dies := range []string{"server", "client"} {
 				r := &faultResult{name: plane + "/" + op + "/" + dies + "-dies", failed: map[codes.Code]int{}}
 				results = append(results, r)
 				sched := rand.New(rand.NewPCG(seed, uint64(pi*100+oi*10+di)))
 				t.Run(plane+"/"+op+"/"+dies+"-dies", func(t *testing.T) {
-					if p := defaultProvider(plane, slog.New(slog.DiscardHandler)); p != nil {
+					if p := rpctest.Provider(plane); p != nil {
 						if _, err := p.Devices(); err != nil {
 							r.skipped = err.Error()
 						}
@@ -442,7 +443,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 	ch := start("127.0.0.1:0")
 	addr := childtest.Line(t, ch)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	c, err := Dial(ctx, addr, faultDialOpts(plane)...)
+	c, err := rpc.Dial(ctx, addr, faultDialOpts(plane)...)
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +451,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 	// The client's own tensors, released and allocated again after every
 	// kill: its pool must then be empty, so that a reference the kill
 	// leaked on one of them shows too.
-	srcs := make([][]*Tensor, faultWorkers)
+	srcs := make([][]*rpc.Tensor, faultWorkers)
 	allocSources := func() {
 		for w := range srcs {
 			if srcs[w], err = faultSources(context.Background(), c.NewTensor); err != nil {
@@ -589,7 +590,7 @@ func faultServerDies(t *testing.T, sched *rand.Rand, plane, op string, r *faultR
 // faultClientDies: the client is a child process, killed and started again;
 // one Server in this process survives every kill.
 func faultClientDies(t *testing.T, sched *rand.Rand, seed uint64, plane, op string, r *faultResult) {
-	s, addr, stop := serveOn(t, "127.0.0.1:0", WithTransports(plane), WithChecksums(true))
+	s, addr, stop := serveOn(t, "127.0.0.1:0", rpc.WithTransports(plane), rpc.WithChecksums(true))
 	if err := faultServe(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
@@ -696,7 +697,7 @@ func faultClientDies(t *testing.T, sched *rand.Rand, seed uint64, plane, op stri
 	// The server still serves every operation after all the kills.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, addr, faultDialOpts(plane)...)
+	c, err := rpc.Dial(ctx, addr, faultDialOpts(plane)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,72 +1,28 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
-	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
-
-// unaryCounter counts the server's gRPC calls: unary ones, and streams
-// other than Session.
-type unaryCounter struct{ unary, streams atomic.Int64 }
-
-func (u *unaryCounter) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	u.unary.Add(1)
-	return h(ctx, req)
-}
-
-func (u *unaryCounter) interceptStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if info.FullMethod != pb.TensorRPC_Session_FullMethodName {
-		u.streams.Add(1)
-	}
-	return h(srv, ss)
-}
-
-// options are the server options that install u.
-func (u *unaryCounter) options() ServerOption {
-	return WithGRPCServerOptions(grpc.UnaryInterceptor(u.intercept), grpc.StreamInterceptor(u.interceptStream))
-}
-
-// none fails t when the server saw a gRPC call besides Session.
-func (u *unaryCounter) none(t *testing.T) {
-	t.Helper()
-	if n, m := u.unary.Load(), u.streams.Load(); n != 0 || m != 0 {
-		t.Errorf("%d unary calls and %d streams over gRPC, want none (only Session)", n, m)
-	}
-}
-
-func publishBytes(t *testing.T, s *Server, key string, n int, seed byte) []byte {
-	t.Helper()
-	w := wrapped(t, n, seed)
-	defer w.Release()
-	if err := s.Publish(ctxT(t), key, w); err != nil {
-		t.Fatal(err)
-	}
-	return append([]byte(nil), w.Bytes()...)
-}
 
 // TestFetchFrames: a data-plane session fetches small (inline) and large
 // (read) tensors, leased and waited for, as frames: the server's gRPC
 // interceptors (WithGRPCServerOptions) see no call but Session.
 func TestFetchFrames(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		for _, lanes := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/lanes=%d", tr, lanes), func(t *testing.T) {
-				var u unaryCounter
-				s, c := pair(t, tr, []ServerOption{u.options(), WithLanes(lanes)}, []DialOption{WithLanes(lanes)})
-				if c.last.link.Frames == nil {
+				var u rpctest.ServerCalls
+				s, c := pair(t, tr, []rpc.ServerOption{rpc.WithGRPCServerOptions(u.Options()...), rpc.WithLanes(lanes)}, []rpc.DialOption{rpc.WithLanes(lanes)})
+				if !rpc.SessionHasFrames(c) {
 					t.Fatal("no frames")
 				}
 				ctx := ctxT(t)
@@ -77,8 +33,8 @@ func TestFetchFrames(t *testing.T) {
 					for _, k := range []struct {
 						key  string
 						want []byte
-						opts []FetchOption
-					}{{"small", small, nil}, {"large", large, nil}, {"large", large, []FetchOption{Lease()}}} {
+						opts []rpc.FetchOption
+					}{{"small", small, nil}, {"large", large, nil}, {"large", large, []rpc.FetchOption{rpc.Lease()}}} {
 						got, err := c.Fetch(ctx, k.key, k.opts...)
 						if err != nil {
 							t.Fatalf("fetch %d of %q: %v", i, k.key, err)
@@ -113,7 +69,7 @@ func TestFetchFrames(t *testing.T) {
 					got.Release()
 					fetches++
 				}
-				u.none(t)
+				u.None(t)
 				if got := int(s.Stats().Transfers); got < fetches {
 					t.Errorf("server counted %d transfers, want at least %d", got, fetches)
 				}
@@ -122,187 +78,5 @@ func TestFetchFrames(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// TestFetchFramesWaitForKey: a frame Fetch waits for its key; a cancelled
-// one frees everything (the pair's cleanup checks buffers and goroutines)
-// and the server's waiting call ends.
-func TestFetchFramesWaitForKey(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
-			if c.last.link.Frames == nil {
-				t.Fatal("no frames")
-			}
-			ctx := ctxT(t)
-			done := make(chan error, 1)
-			want := wrapped(t, 100<<10, 7)
-			defer want.Release()
-			go func() {
-				got, err := c.Fetch(ctx, "later", WaitForKey())
-				if err == nil {
-					if !bytes.Equal(got.Bytes(), want.Bytes()) {
-						err = status.Error(codes.Internal, "wrong bytes")
-					}
-					got.Release()
-				}
-				done <- err
-			}()
-			time.Sleep(50 * time.Millisecond)
-			publishBytes(t, s, "later", 100<<10, 7)
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-
-			// Cancelled while waiting.
-			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-			defer cancel()
-			if _, err := c.Fetch(cctx, "never", WaitForKey()); status.Code(err) != codes.DeadlineExceeded {
-				t.Fatalf("cancelled wait: %v, want DeadlineExceeded", err)
-			}
-			ss := serverSessionOf(t, s)
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				ss.mu.Lock()
-				n := len(ss.calls)
-				ss.mu.Unlock()
-				if n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d frame calls still running on the server", n)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			f := c.last.link.Frames
-			f.Mu.Lock()
-			n := len(f.Pending)
-			f.Mu.Unlock()
-			if n != 0 {
-				t.Fatalf("%d pending frame fetches on the client", n)
-			}
-
-			// The server stopping ends a waiting Fetch with Unavailable.
-			go func() {
-				_, err := c.Fetch(ctx, "never", WaitForKey())
-				done <- err
-			}()
-			time.Sleep(50 * time.Millisecond)
-			s.GracefulStop()
-			if err := <-done; status.Code(err) != codes.Unavailable {
-				t.Fatalf("fetch waiting through GracefulStop: %v, want Unavailable", err)
-			}
-		})
-	}
-}
-
-func serverSessionOf(t *testing.T, s *Server) *serverSession {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, ss := range s.sessions {
-		return ss
-	}
-	t.Fatal("no session")
-	return nil
-}
-
-// TestFramesHostile: a frame the peer breaks ends the session; nothing is
-// leaked and the next call opens a new session.
-func TestFramesHostile(t *testing.T) {
-	bad := map[string][]byte{
-		"short":          {wire.FrameMagic, wire.FrameFetchReq},
-		"magic":          append([]byte{0x00}, make([]byte, wire.FrameHeaderLen-1)...),
-		"length":         hdr(wire.FrameFetchReq, 0, 0, 1, 100, nil),
-		"type":           hdr(99, 0, 0, 1, 0, nil),
-		"credits":        hdr(wire.FrameCredit, 0, 1000, 0, 0, nil),
-		"resp-to-server": hdr(wire.FrameFetchResp, 0, 0, 1, 8, make([]byte, 8)),
-	}
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		for name, frame := range bad {
-			t.Run(tr+"/"+name, func(t *testing.T) {
-				s, c := pair(t, tr, nil, nil)
-				publishBytes(t, s, "k", 1<<20, 3)
-				l := c.last.link
-				buf, err := l.CtlPool.Alloc(ctxT(t), len(frame))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer buf.Release()
-				copy(buf.Bytes(), frame)
-				local, _ := l.Dev.Ctl.Local(buf)
-				local.Length = len(frame)
-				l.Post(ctxT(t), verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil) // may fail: the server ends the plane
-				deadline := time.Now().Add(10 * time.Second)
-				for !sessionGone(c) {
-					if time.Now().After(deadline) {
-						t.Fatal("the session survived a broken frame")
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				got, err := c.Fetch(ctxT(t), "k")
-				if err != nil {
-					t.Fatalf("fetch on a new session: %v", err)
-				}
-				got.Release()
-			})
-		}
-	}
-}
-
-// TestFetchFramesConcurrent runs more waiting Fetches than there are
-// receive slots, then small and large Fetches and Sends side by side: the
-// credits must keep every frame flowing without a receiver-not-ready.
-func TestFetchFramesConcurrent(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
-			ctx := ctxT(t)
-			const waiters = 3 * engine.FrameSlots
-			errs := make(chan error, 4*waiters)
-			for range waiters {
-				go func() {
-					got, err := c.Fetch(ctx, "late", WaitForKey())
-					if err == nil {
-						got.Release()
-					}
-					errs <- err
-				}()
-			}
-			time.Sleep(100 * time.Millisecond)
-			publishBytes(t, s, "late", 1<<10, 1)
-			publishBytes(t, s, "big", 256<<10, 2)
-			for i := range waiters {
-				go func() {
-					key := "late"
-					if i%2 == 0 {
-						key = "big"
-					}
-					got, err := c.Fetch(ctx, key)
-					if err == nil {
-						got.Release()
-					}
-					errs <- err
-				}()
-				go func() {
-					w := wrapped(t, 32<<10, byte(i))
-					defer w.Release()
-					errs <- c.Send(ctx, "sent", w)
-				}()
-			}
-			for range 3 * waiters {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
-				}
-			}
-			l := c.last.link
-			l.Mu.Lock()
-			failure := l.Failure
-			l.Mu.Unlock()
-			if failure != nil || sessionGone(c) {
-				t.Fatalf("the session ended: %v", failure)
-			}
-		})
 	}
 }

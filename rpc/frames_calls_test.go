@@ -1,12 +1,10 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,81 +14,32 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
-	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
-// methodCounter counts the server's unary calls by method.
-type methodCounter struct{ n map[string]*atomic.Int64 }
-
-func newMethodCounter() *methodCounter {
-	m := &methodCounter{n: map[string]*atomic.Int64{}}
-	for _, name := range []string{pb.TensorRPC_Fetch_FullMethodName, pb.TensorRPC_Send_FullMethodName, pb.TensorRPC_Call_FullMethodName, pb.TensorRPC_Release_FullMethodName} {
-		m.n[name] = new(atomic.Int64)
-	}
-	return m
-}
-
-func (m *methodCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if c := m.n[method]; c != nil {
-		c.Add(1)
-	}
-	return invoke(ctx, method, req, reply, cc, opts...)
-}
-
-func (m *methodCounter) total() int64 {
-	var n int64
-	for _, c := range m.n {
-		n += c.Load()
-	}
-	return n
-}
-
 // framedPair is a pair whose client counts the unary calls it makes.
-func framedPair(t *testing.T, transport string) (*Server, *Client, *methodCounter) {
+func framedPair(t *testing.T, transport string) (*rpc.Server, *rpc.Client, *rpctest.MethodCalls) {
 	t.Helper()
-	u := newMethodCounter()
-	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.intercept)})
-	if c.last.link == nil || c.last.link.Frames == nil {
+	u := rpctest.NewMethodCalls()
+	s, c := pair(t, transport, nil, []rpc.DialOption{rpc.WithGRPCDialOptions(grpc.WithUnaryInterceptor(u.Intercept))})
+	if !rpc.SessionHasFrames(c) {
 		t.Fatal("no frames")
 	}
 	return s, c, u
-}
-
-// echo returns its request, tensors copied into new pool tensors, and
-// metadata of replyMeta bytes when the request's metadata asks for it.
-func echo(s *Server) Handler {
-	return func(ctx context.Context, in *Message) (*Message, error) {
-		out := &Message{Metadata: in.Metadata}
-		if len(in.Metadata) > 0 && in.Metadata[0] == 'M' {
-			out.Metadata = bytes.Repeat([]byte{'r'}, 200<<10)
-		}
-		for _, t := range in.Tensors {
-			o, err := s.NewTensor(ctx, t.DType(), t.Shape())
-			if err != nil {
-				out.Release()
-				return nil, err
-			}
-			copy(o.Bytes(), t.Bytes())
-			out.Tensors = append(out.Tensors, o)
-		}
-		return out, nil
-	}
 }
 
 // TestSendCallFrames: on a data-plane session, Send and Call of every
 // size, and their releases, make no unary call; a request or a reply too
 // large for a slot goes indirect.
 func TestSendCallFrames(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			s, c, u := framedPair(t, tr)
 			s.Handle("echo", echo(s))
 			ctx := ctxT(t)
-			sizes := []int{0, 100, DefaultEagerThreshold, DefaultEagerThreshold + 1, 1 << 20, 3<<20 + 5}
+			sizes := []int{0, 100, rpc.DefaultEagerThreshold, rpc.DefaultEagerThreshold + 1, 1 << 20, 3<<20 + 5}
 			for i, n := range sizes {
 				w := wrapped(t, n, byte(i))
 				if err := c.Send(ctx, "k", w); err != nil {
@@ -106,7 +55,7 @@ func TestSendCallFrames(t *testing.T) {
 				got.Release()
 				w.Release()
 			}
-			var req Message
+			var req rpc.Message
 			for i, n := range sizes {
 				req.Tensors = append(req.Tensors, wrapped(t, n, byte(10+i)))
 			}
@@ -142,7 +91,7 @@ func TestSendCallFrames(t *testing.T) {
 			}
 			reply.Release()
 			req.Release()
-			if n := u.total(); n != 0 {
+			if n := u.Total(); n != 0 {
 				t.Fatalf("%d unary calls on a data-plane session", n)
 			}
 		})
@@ -153,23 +102,25 @@ func TestSendCallFrames(t *testing.T) {
 // caller over frames; a plain error is Unknown; an unknown method is
 // Unimplemented.
 func TestCallFrameErrors(t *testing.T) {
-	s, c, _ := framedPair(t, TransportTCP)
+	s, c, _ := framedPair(t, rpc.TransportTCP)
 	info := &errdetails.DebugInfo{StackEntries: []string{"frame 1", "frame 2"}, Detail: "boom"}
-	s.Handle("details", func(ctx context.Context, in *Message) (*Message, error) {
+	s.Handle("details", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
 		st, _ := status.New(codes.FailedPrecondition, "not ready").WithDetails(info)
 		return nil, st.Err()
 	})
-	s.Handle("plain", func(ctx context.Context, in *Message) (*Message, error) { return nil, errors.New("plain failure") })
+	s.Handle("plain", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+		return nil, errors.New("plain failure")
+	})
 	ctx := ctxT(t)
-	_, err := c.Call(ctx, "details", &Message{})
+	_, err := c.Call(ctx, "details", &rpc.Message{})
 	st := status.Convert(err)
 	if st.Code() != codes.FailedPrecondition || st.Message() != "not ready" || len(st.Details()) != 1 || !proto.Equal(st.Details()[0].(proto.Message), info) {
 		t.Fatalf("details call: %v, details %v", err, st.Details())
 	}
-	if _, err := c.Call(ctx, "plain", &Message{}); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "plain failure" {
+	if _, err := c.Call(ctx, "plain", &rpc.Message{}); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "plain failure" {
 		t.Fatalf("plain error: %v", err)
 	}
-	if _, err := c.Call(ctx, "nope", &Message{}); status.Code(err) != codes.Unimplemented {
+	if _, err := c.Call(ctx, "nope", &rpc.Message{}); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v", err)
 	}
 }
@@ -178,11 +129,11 @@ func TestCallFrameErrors(t *testing.T) {
 // handler's context; what the request granted is freed once the server
 // has answered; the session goes on.
 func TestCallFrameCancel(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			s, c, _ := framedPair(t, tr)
 			started, stopped := make(chan struct{}, 1), make(chan error, 1)
-			s.Handle("block", func(ctx context.Context, in *Message) (*Message, error) {
+			s.Handle("block", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
 				started <- struct{}{}
 				<-ctx.Done()
 				stopped <- ctx.Err()
@@ -194,7 +145,7 @@ func TestCallFrameCancel(t *testing.T) {
 			ctx, cancel := context.WithCancel(ctxT(t))
 			done := make(chan error, 1)
 			go func() {
-				_, err := c.Call(ctx, "block", &Message{Tensors: []*Tensor{in}})
+				_, err := c.Call(ctx, "block", &rpc.Message{Tensors: []*rpc.Tensor{in}})
 				done <- err
 			}()
 			<-started
@@ -210,7 +161,7 @@ func TestCallFrameCancel(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the handler's context was not cancelled")
 			}
-			reply, err := c.Call(ctxT(t), "echo", &Message{Tensors: []*Tensor{in}})
+			reply, err := c.Call(ctxT(t), "echo", &rpc.Message{Tensors: []*rpc.Tensor{in}})
 			if err != nil {
 				t.Fatalf("call after a cancelled one: %v", err)
 			}
@@ -231,118 +182,22 @@ func TestCallFrameCancel(t *testing.T) {
 	}
 }
 
-// TestFramesPullForeignGrant: a client that names, in its own SEND_REQ,
-// a location another session granted gets an error, and nothing is
-// published; the other session goes on.
-func TestFramesPullForeignGrant(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, _, dial := hostileSetup(t, tr, 1<<20)
-			victim, thief := dial(), dial()
-			vs, err := victim.session(ctxT(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts, err := thief.session(ctxT(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			secret := wrapped(t, 1<<20, 9)
-			defer secret.Release()
-			loc, free, err := victim.grantSource(ctxT(t), vs, vs.link, outgoing{meta: metaOf("stolen", secret.Tensor, false), t: secret})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer free()
-			meta := metaOf("stolen", secret.Tensor, false)
-			meta.Location = loc
-			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, wire.FrameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
-			if err == nil {
-				err = thief.replyError(ts, ref, r)
-			}
-			if err == nil {
-				t.Fatal("a SEND_REQ naming another session's grant succeeded")
-			}
-			if code := status.Code(err); code != codes.PermissionDenied && code != codes.Unavailable {
-				t.Fatalf("foreign grant: %v, want PermissionDenied or Unavailable", err)
-			}
-			if got, err := s.Fetch(ctxT(t), "stolen"); err == nil {
-				got.Release()
-				t.Fatal("the stolen tensor was published")
-			}
-			got, err := victim.Fetch(ctxT(t), "secret")
-			if err != nil {
-				t.Fatalf("victim's session after the attempt: %v", err)
-			}
-			got.Release()
-		})
-	}
-}
-
-// TestFramesReleasesPiggyback: the releases of many Fetches ride on frames
-// (no Release method) and every server transfer ends.
-func TestFramesReleasesPiggyback(t *testing.T) {
-	for _, lanes := range []int{1, 3} {
-		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
-			u := newMethodCounter()
-			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.intercept)})
-			publishBytes(t, s, "big", 256<<10, 4)
-			ctx := ctxT(t)
-			for range 200 {
-				got, err := c.Fetch(ctx, "big")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got.Release()
-			}
-			ss := serverSessionOf(t, s)
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				ss.mu.Lock()
-				n := len(ss.transfers)
-				ss.mu.Unlock()
-				if n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d transfers still held after every Fetch released", n)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			if n := u.total(); n != 0 {
-				t.Fatalf("%d unary calls", n)
-			}
-			// Releases spread over the lanes, as the calls do.
-			for i, l := range ss.lanes {
-				if l.Frames.ReleasedIn.Load() == 0 {
-					t.Errorf("lane %d of %d carried no release", i, lanes)
-				}
-			}
-		})
-	}
-}
-
-// withUnaryCounter makes the client's unary calls go through f.
-func withUnaryCounter(f grpc.UnaryClientInterceptor) DialOption {
-	return WithGRPCDialOptions(grpc.WithUnaryInterceptor(f))
-}
-
 // TestGracefulStopFinishesFrameCalls: GracefulStop lets calls that arrived
 // as frames finish and answer, as gRPC's lets unary calls finish, and the
 // client gets those answers although the session ends right after.
 func TestGracefulStopFinishesFrameCalls(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
 			s, c, _ := framedPair(t, tr)
 			started := make(chan struct{})
-			s.Handle("slow", func(ctx context.Context, in *Message) (*Message, error) {
+			s.Handle("slow", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
 				close(started)
 				time.Sleep(200 * time.Millisecond)
-				return &Message{Metadata: []byte("done")}, nil
+				return &rpc.Message{Metadata: []byte("done")}, nil
 			})
 			done := make(chan error, 1)
 			go func() {
-				reply, err := c.Call(ctxT(t), "slow", &Message{})
+				reply, err := c.Call(ctxT(t), "slow", &rpc.Message{})
 				if err == nil && string(reply.Metadata) != "done" {
 					err = errors.New("wrong reply")
 				}
@@ -354,7 +209,7 @@ func TestGracefulStopFinishesFrameCalls(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatalf("call under way through GracefulStop: %v", err)
 			}
-			if _, err := c.Call(ctxT(t), "slow", &Message{}); status.Code(err) != codes.Unavailable {
+			if _, err := c.Call(ctxT(t), "slow", &rpc.Message{}); status.Code(err) != codes.Unavailable {
 				t.Fatalf("call after GracefulStop: %v, want Unavailable", err)
 			}
 		})
@@ -365,13 +220,13 @@ func TestGracefulStopFinishesFrameCalls(t *testing.T) {
 // as frames; more are answered ResourceExhausted at once, and the session
 // goes on.
 func TestFrameCallsBounded(t *testing.T) {
-	s, c, _ := framedPair(t, TransportTCP)
+	s, c, _ := framedPair(t, rpc.TransportTCP)
 	ctx := ctxT(t)
 	const n = engine.MaxFrameCalls + 64
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			got, err := c.Fetch(ctx, fmt.Sprintf("never%d", i%8), WaitForKey())
+			got, err := c.Fetch(ctx, fmt.Sprintf("never%d", i%8), rpc.WaitForKey())
 			if err == nil {
 				got.Release()
 			}
@@ -393,272 +248,5 @@ func TestFrameCallsBounded(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("a waiting call within the bound: %v", err)
 		}
-	}
-}
-
-// TestStalePullEndsSession: a Read of the client's memory that stays
-// unanswered past the reservation timeout ends the session, as an
-// unwritten destination does.
-func TestStalePullEndsSession(t *testing.T) {
-	s, c := pair(t, TransportTCP, []ServerOption{WithReservationTimeout(50 * time.Millisecond)}, nil)
-	if _, err := c.session(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
-	done := serverSessionOf(t, s).pulling() // as pull does around its Reads
-	defer done()
-	deadline := time.Now().Add(10 * time.Second)
-	for !sessionGone(c) {
-		if time.Now().After(deadline) {
-			t.Fatal("the session outlived a stale read")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// TestFrameResponseOfWrongType: a response whose type is not the one its
-// request awaits fails the link.
-func TestFrameResponseOfWrongType(t *testing.T) {
-	_, c, _ := framedPair(t, TransportTCP)
-	l := c.last.link
-	l.Frames.Expect(77, wire.FrameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
-	body := engine.AppendStatus(nil, nil, 64)
-	frame := hdr(wire.FrameCallResp, 0, 0, 77, len(body), body)
-	if err := l.HandleFrame(frame); err == nil || !errors.Is(err, wire.ErrInvalidFrame) {
-		t.Fatalf("a CALL_RESP to a SEND_REQ: %v, want a frame error", err)
-	}
-	l.Frames.Forget(77)
-}
-
-// TestFetchNow: a Fetch of a published key (inline or a transfer), and one
-// of a key not published, are answered in the polling goroutine
-// (fetchNow) with what the call path answers; a waiting one takes the call
-// path. fetchNow declines when no credit or buffer is at hand at that
-// instant (the call path then answers), so the counts allow a few misses.
-func TestFetchNow(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, c, _ := framedPair(t, tr)
-			ctx := ctxT(t)
-			want := map[string][]byte{
-				"small": publishBytes(t, s, "small", 4<<10, 3),
-				"large": publishBytes(t, s, "large", 1<<20, 4),
-			}
-			ss := serverSessionOf(t, s)
-			for _, key := range []string{"small", "large"} {
-				before := ss.answeredNow.Load()
-				for range 20 {
-					got, err := c.Fetch(ctx, key)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(got.Bytes(), want[key]) {
-						t.Fatalf("%s fetch: wrong bytes", key)
-					}
-					got.Release()
-				}
-				if n := ss.answeredNow.Load() - before; n < 15 {
-					t.Fatalf("%d of 20 %s fetches answered at once", n, key)
-				}
-			}
-			_, errNow := c.Fetch(ctx, "absent")
-			_, errCall := pb.NewTensorRPCClient(c.cc).Fetch(ctx, &pb.FetchRequest{SessionId: c.SessionID(), Key: "absent"})
-			if status.Code(errNow) != codes.NotFound || status.Convert(errNow).Message() != status.Convert(errCall).Message() {
-				t.Fatalf("absent key: %v, the Fetch method says %v", errNow, errCall)
-			}
-			before := ss.answeredNow.Load()
-			done := make(chan error, 1)
-			go func() {
-				got, err := c.Fetch(ctx, "later", WaitForKey())
-				if err == nil {
-					got.Release()
-				}
-				done <- err
-			}()
-			time.Sleep(20 * time.Millisecond)
-			publishBytes(t, s, "later", 100, 5)
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-			if n := ss.answeredNow.Load(); n != before {
-				t.Fatalf("a waiting fetch was answered at once (%d -> %d)", before, n)
-			}
-		})
-	}
-}
-
-// TestCallRequestChargedToQuota: the request tensors a call brings into
-// the server's pool (here small ones, inline) count against the session's
-// quota while the call runs: a call past it is ResourceExhausted before
-// its handler runs, the session goes on, and nothing stays charged.
-func TestCallRequestChargedToQuota(t *testing.T) {
-	for _, mode := range []string{"frames"} {
-		t.Run(mode, func(t *testing.T) {
-			s, c := pair(t, TransportTCP, []ServerOption{WithSessionQuota(256 << 10)}, nil)
-			var ran atomic.Int64
-			s.Handle("count", func(ctx context.Context, in *Message) (*Message, error) {
-				ran.Add(1)
-				return &Message{Metadata: fmt.Appendf(nil, "%d", len(in.Tensors))}, nil
-			})
-			ctx := ctxT(t)
-			call := func(k int) (*Message, error) {
-				req := &Message{}
-				for i := range k {
-					req.Tensors = append(req.Tensors, wrapped(t, 4<<10, byte(i)))
-				}
-				return c.Call(ctx, "count", req)
-			}
-			first := c.SessionID()
-			_, err := call(100) // 400 KiB
-			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "quota") {
-				t.Fatalf("a call of 400 KiB with a 256 KiB quota: %v, want ResourceExhausted naming the quota", err)
-			}
-			if ran.Load() != 0 {
-				t.Fatal("the handler ran for a call past the quota")
-			}
-			reply, err := call(10)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(reply.Metadata) != "10" {
-				t.Fatalf("the handler got %s tensors, want 10", reply.Metadata)
-			}
-			reply.Release()
-			if c.SessionID() != first {
-				t.Fatal("the refused call ended the session")
-			}
-			ss := serverSessionOf(t, s)
-			ss.mu.Lock()
-			left := ss.reserved
-			ss.mu.Unlock()
-			if left != 0 {
-				t.Fatalf("%d bytes still charged after the calls", left)
-			}
-		})
-	}
-}
-
-// TestFrameCallsTakeNoServerLock: frame calls never take the server-wide
-// lock (a session opening or closing holds it): with it held, a Fetch, a
-// Send and a Call as frames complete.
-func TestFrameCallsTakeNoServerLock(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
-			s.Handle("nop", func(ctx context.Context, req *Message) (*Message, error) { return req, nil })
-			x := wrapped(t, 4<<10, 3)
-			defer x.Release()
-			ctx := ctxT(t)
-			if err := c.Send(ctx, "k", x); err != nil {
-				t.Fatal(err)
-			}
-			s.mu.Lock()
-			done := make(chan error, 1)
-			go func() {
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				got, err := c.Fetch(cctx, "k")
-				if err == nil {
-					got.Release()
-					err = c.Send(cctx, "k2", x)
-				}
-				if err == nil {
-					var m *Message
-					if m, err = c.Call(cctx, "nop", &Message{Tensors: []*Tensor{x}}); err == nil {
-						m.Release()
-					}
-				}
-				done <- err
-			}()
-			err := <-done
-			s.mu.Unlock()
-			if err != nil {
-				t.Fatalf("calls with the server's lock held: %v", err)
-			}
-		})
-	}
-}
-
-// hookProvider wraps a provider so that every PostSend of its queue
-// pairs first runs onPost, which may fail it.
-type hookProvider struct {
-	verbs.Provider
-	onPost func(verbs.SendRequest) error
-}
-
-func (p hookProvider) Open(name string) (verbs.ProtectionDomain, error) {
-	pd, err := p.Provider.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	return hookDomain{pd, p.onPost}, nil
-}
-
-type hookDomain struct {
-	verbs.ProtectionDomain
-	onPost func(verbs.SendRequest) error
-}
-
-func (d hookDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
-	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return hookQP{qp, d.onPost}, nil
-}
-
-type hookQP struct {
-	verbs.QueuePair
-	onPost func(verbs.SendRequest) error
-}
-
-func (q hookQP) PostSend(wrs ...verbs.SendRequest) error {
-	for _, wr := range wrs {
-		if err := q.onPost(wr); err != nil {
-			return err
-		}
-	}
-	return q.QueuePair.PostSend(wrs...)
-}
-
-// TestCreditorOutlivesTransientError: a credit-only frame that fails to
-// post once (a full send queue) does not end the lane's creditor for
-// good. 40 Fetches wait for a key, so the server's 40 answers come with
-// no request between them: past its 31 credits the server needs the
-// client's credit-only frame, whose first try fails.
-func TestCreditorOutlivesTransientError(t *testing.T) {
-	var armed atomic.Bool // the next PostSend fails as a full send queue does
-	fail := func(verbs.SendRequest) error {
-		if armed.CompareAndSwap(true, false) {
-			return verbs.ErrQueueFull
-		}
-		return nil
-	}
-	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(hookProvider{tcp.New(), fail})})
-	const n = 40
-	errs := make(chan error, n)
-	for range n {
-		go func() {
-			got, err := c.Fetch(shortCtx(t, 20*time.Second), "later", WaitForKey())
-			if err == nil {
-				got.Release()
-			}
-			errs <- err
-		}()
-	}
-	ss := serverSessionOf(t, s)
-	waitFor(t, "the Fetches to wait on the server", func() bool {
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		return ss.inFlight >= n
-	})
-	armed.Store(true)
-	publishBytes(t, s, "later", 100, 1)
-	for range n {
-		if err := <-errs; err != nil {
-			t.Fatalf("a Fetch after the creditor's failed post: %v", err)
-		}
-	}
-	if armed.Load() {
-		t.Error("the credit-only frame was never tried")
 	}
 }

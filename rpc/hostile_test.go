@@ -1,12 +1,10 @@
-package rpc
+package rpc_test
 
 import (
 	"context"
 	"io"
 	"net"
 	"strings"
-
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 	"testing"
 	"time"
 
@@ -18,76 +16,113 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// rawConn is a plain gRPC connection to addr, as an attacker's client
-// would open: the .proto and nothing else.
-func rawConn(t *testing.T, addr string) pb.TensorRPCClient {
-	t.Helper()
+var _ = context.Background
+
+// TestArenasShrinkAfterSpike: one 64 MiB request grows the server's pool;
+// once the tensor is gone, the trimmer gives the memory back.
+func TestArenasShrinkAfterSpike(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithTrimInterval(20 * time.Millisecond)}, nil)
+	ctx := ctxT(t)
+	before := s.Pool().Stats().Reserved
+	spike := wrapped(t, 64<<20, 5)
+	if err := c.Send(ctx, "spike", spike); err != nil {
+		t.Fatal(err)
+	}
+	grown := s.Pool().Stats().Reserved
+	if grown < 64<<20 {
+		t.Fatalf("reserved %d → %d: the spike did not grow the pool", before, grown)
+	}
+	got, err := s.Take(ctx, "spike")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Release()
+	waitFor(t, "the pool to shrink", func() bool { return s.Pool().Stats().Reserved < grown-32<<20 })
+	t.Logf("server pool reserved: %d before, %d at the spike, %d after", before, grown, s.Pool().Stats().Reserved)
+}
+
+// TestCrashedFallbackClientLeaksNothing: 20 FetchStreams of a 16 MiB
+// tensor that the client never reads, then the client's connection drops
+// without cancelling them: the server frees every chunk it had queued.
+func TestCrashedFallbackClientLeaksNothing(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, stop := serveOn(t, "127.0.0.1:0", rpc.WithTransports(rpc.TransportGRPC))
+	ctx := ctxT(t)
+	big, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Publish(ctx, "big", big)
+	big.Release()
+	published := s.Pool().Stats().InUse
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return pb.NewTensorRPCClient(cc)
+	api := pb.NewTensorRPCClient(cc)
+	for range 20 {
+		if _, err := api.FetchStream(context.Background(), &pb.FetchRequest{Key: "big"}, chunkcodec.CallOptions()...); err != nil { // zero-copy chunks, as our clients get
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the streams fill their flow-control windows
+	cc.Close()                         // the client "crashes": its connection goes, nothing is cancelled
+	s.Unpublish("big")
+	waitFor(t, "the server to free the streams' buffers", func() bool { return s.Pool().Stats().InUse == 0 })
+	t.Logf("published %d bytes; all freed", published)
+	stop()
 }
 
-// TestSessionIsBoundToItsConnection: another gRPC connection that knows a
-// session's id (and guesses its client refs) can neither use nor release
-// the session's transfers: PermissionDenied, and the victim's calls go on.
-func TestSessionIsBoundToItsConnection(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportGRPC} {
-		t.Run(tr, func(t *testing.T) {
-			t.Cleanup(func() { leakcheck.Check(t) })
-			s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(tr, TransportGRPC))
-			ctx := ctxT(t)
-			c, err := Dial(ctx, addr, WithTransports(tr, TransportGRPC), testPool(), insecureCreds())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			in := wrapped(t, 1<<20, 9)
-			s.Publish(ctx, "w", in)
-			victim := c.SessionID()
-			thief := rawConn(t, addr)
-			denied := func(what string, err error) {
-				t.Helper()
-				if status.Code(err) != codes.PermissionDenied {
-					t.Errorf("%s with another connection's session: %v, want PermissionDenied", what, err)
-				}
-			}
-			_, err = thief.Fetch(ctx, &pb.FetchRequest{SessionId: victim, Key: "w"})
-			denied("Fetch", err)
-			_, err = thief.Send(ctx, &pb.SendRequest{SessionId: victim, Meta: metaOf("x", in.Tensor, false), InlineData: nil})
-			denied("Send", err)
-			_, err = thief.Call(ctx, &pb.CallRequest{SessionId: victim, Method: "m"})
-			denied("Call", err)
-			refs := make([]uint64, 64)
-			for i := range refs {
-				refs[i] = uint64(i + 1)
-			}
-			_, err = thief.Release(ctx, &pb.ReleaseRequest{SessionId: victim, TransferIds: refs, ClientRefs: refs})
-			denied("Release", err)
-			fs, err := thief.FetchStream(ctx, &pb.FetchRequest{SessionId: victim, Key: "w"})
-			if err == nil {
-				_, err = fs.Recv()
-			}
-			denied("FetchStream", err)
-			// The victim is untouched.
-			got, err := c.Fetch(ctx, "w")
-			if err != nil {
-				t.Fatal(err)
-			}
-			got.Release()
-			// Refs are not a counter an attacker could follow.
-			if a, b := c.newRef(), c.newRef(); b == a+1 || a == 0 || b == 0 {
-				t.Errorf("client refs %d, %d look sequential", a, b)
-			}
-		})
+// TestSessionQuota: a session whose Send would bring more into the
+// server than its quota fails with ResourceExhausted, for it alone: its
+// session and other clients' Sends go on, and nothing stays allocated.
+// (A pull that stays unanswered, TestStalePullEndsSession, ends the
+// session.)
+func TestSessionQuota(t *testing.T) {
+	t.Cleanup(func() { leakcheck.Check(t) })
+	s, addr, _ := serveOn(t, "127.0.0.1:0", rpc.WithTransports(rpc.TransportTCP), rpc.WithPoolOptions(mempool.WithLimit(256<<20)),
+		rpc.WithSessionQuota(64<<20), rpc.WithReservationTimeout(time.Second))
+	ctx := ctxT(t)
+	dial := func() *rpc.Client {
+		c, err := rpc.Dial(ctx, addr, rpc.WithTransports(rpc.TransportTCP), testPool(), insecureCreds())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
+	hoarder := dial()
+	defer hoarder.Close()
+	first := hoarder.SessionID()
+	err := hoarder.Send(ctx, "hoard", wrapped(t, 80<<20, 1))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "WithSessionQuota") {
+		t.Fatalf("a Send past the quota: %v, want ResourceExhausted naming WithSessionQuota", err)
+	}
+	victim := dial() // a new session opens
+	defer victim.Close()
+	if err := victim.Send(ctx, "fine", wrapped(t, 16<<20, 2)); err != nil {
+		t.Fatalf("another client's Send: %v", err)
+	}
+	if err := hoarder.Send(ctx, "within", wrapped(t, 16<<20, 3)); err != nil || hoarder.SessionID() != first {
+		t.Fatalf("the refused session's next Send: %v (session %s, was %s)", err, hoarder.SessionID(), first)
+	}
+	if _, err := s.Fetch(ctx, "hoard"); status.Code(err) != codes.NotFound {
+		t.Fatalf("the refused tensor: %v, want NotFound", err)
+	}
+	s.Unpublish("within")
+	got, err := s.Take(ctx, "fine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Release()
+	waitFor(t, "the hoarded memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
 }
 
 // TestGracefulStopWithStalledPeers: GracefulStop finishes within a bounded
@@ -97,7 +132,7 @@ func TestSessionIsBoundToItsConnection(t *testing.T) {
 // FetchStream whose reader never reads. Waiting calls fail Unavailable.
 func TestGracefulStopWithStalledPeers(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithGracefulStopTimeout(2*time.Second))
+	s, addr, _ := serveOn(t, "127.0.0.1:0", rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC), rpc.WithGracefulStopTimeout(2*time.Second))
 	ctx := ctxT(t)
 	big, err := s.NewTensor(ctx, 6, []int64{64 << 20})
 	if err != nil {
@@ -106,18 +141,18 @@ func TestGracefulStopWithStalledPeers(t *testing.T) {
 	s.Publish(ctx, "big", big)
 	big.Release()
 
-	c, err := Dial(ctx, addr, WithTransports(TransportTCP, TransportGRPC), testPool(), insecureCreds())
+	c, err := rpc.Dial(ctx, addr, rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC), testPool(), insecureCreds())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	waiting := make(chan error, 1)
 	go func() {
-		_, err := c.Fetch(ctx, "never", WaitForKey())
+		_, err := c.Fetch(ctx, "never", rpc.WaitForKey())
 		waiting <- err
 	}()
 
-	raw := rawConn(t, addr)
+	raw := rpctest.RawConn(t, addr)
 	silent, err := raw.Session(ctx) // never sends its handshake
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +163,7 @@ func TestGracefulStopWithStalledPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := mute.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
-		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: []byte("junk that is never connected")}},
+		ProtocolVersion: rpc.ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: []byte("junk that is never connected")}},
 	}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,193 +205,6 @@ func TestGracefulStopWithStalledPeers(t *testing.T) {
 	}
 }
 
-var _ = context.Background
-
-// TestArenasShrinkAfterSpike: one 64 MiB request grows the server's pool;
-// once the tensor is gone, the trimmer gives the memory back.
-func TestArenasShrinkAfterSpike(t *testing.T) {
-	s, c := pair(t, TransportTCP, []ServerOption{WithTrimInterval(20 * time.Millisecond)}, nil)
-	ctx := ctxT(t)
-	before := s.Pool().Stats().Reserved
-	spike := wrapped(t, 64<<20, 5)
-	if err := c.Send(ctx, "spike", spike); err != nil {
-		t.Fatal(err)
-	}
-	grown := s.Pool().Stats().Reserved
-	if grown < 64<<20 {
-		t.Fatalf("reserved %d → %d: the spike did not grow the pool", before, grown)
-	}
-	got, err := s.Take(ctx, "spike")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got.Release()
-	waitFor(t, "the pool to shrink", func() bool { return s.Pool().Stats().Reserved < grown-32<<20 })
-	t.Logf("server pool reserved: %d before, %d at the spike, %d after", before, grown, s.Pool().Stats().Reserved)
-}
-
-// TestDeadDataPlaneEndsSession: a request the server's data plane refuses
-// (a Read with a forged key) kills the queue pairs; both sides notice, the server ends
-// the session instead of handing out locations on a dead plane, and the
-// Client's next call opens a new session.
-func TestDeadDataPlaneEndsSession(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
-		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
-			ctx := ctxT(t)
-			first := c.SessionID()
-			api := pb.NewTensorRPCClient(c.cc)
-			publishBytes(t, s, "w", 1<<20, 1)
-			sess, err := c.session(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := c.askFrame(ctx, sess, sess.link, "w", fetchOptions{})
-			if err != nil || resp.Meta.Location == nil {
-				t.Fatalf("askFrame: %v", err)
-			}
-			src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
-			defer src.Release()
-			l := sess.link
-			local, _ := l.Dev.Reg.Local(src.buf)
-			loc := resp.Meta.Location
-			if err := l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey ^ 0xffff}}, nil); status.Code(err) != codes.PermissionDenied {
-				t.Fatalf("forged read: %v, want PermissionDenied", err)
-			}
-			waitFor(t, "the server to end the session", func() bool {
-				for _, si := range s.Sessions() {
-					if si.ID == first {
-						return false
-					}
-				}
-				return true
-			})
-			if _, err := api.Fetch(ctx, &pb.FetchRequest{SessionId: first, Key: "w"}); status.Code(err) != codes.Unavailable {
-				t.Fatalf("a call on the dead session: %v, want Unavailable", err)
-			}
-			waitFor(t, "the client to notice", func() bool { return sessionGone(c) })
-			in := wrapped(t, 1<<20, 4)
-			var sendErr error
-			for range 100 { // the first attempt may race the old session's end
-				if sendErr = c.Send(ctx, "again", in); sendErr == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if sendErr != nil {
-				t.Fatal(sendErr)
-			}
-			if c.SessionID() == first || c.Transport() != tr {
-				t.Fatalf("after the dead plane: session %s (was %s) on %s", c.SessionID(), first, c.Transport())
-			}
-		})
-	}
-}
-
-// TestCrashedFallbackClientLeaksNothing: 20 FetchStreams of a 16 MiB
-// tensor that the client never reads, then the client's connection drops
-// without cancelling them: the server frees every chunk it had queued.
-func TestCrashedFallbackClientLeaksNothing(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, stop := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
-	ctx := ctxT(t)
-	big, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{16 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Publish(ctx, "big", big)
-	big.Release()
-	published := s.Pool().Stats().InUse
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := pb.NewTensorRPCClient(cc)
-	for range 20 {
-		if _, err := api.FetchStream(context.Background(), &pb.FetchRequest{Key: "big"}, chunkcodec.CallOptions()...); err != nil { // zero-copy chunks, as our clients get
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(200 * time.Millisecond) // the streams fill their flow-control windows
-	cc.Close()                         // the client "crashes": its connection goes, nothing is cancelled
-	s.Unpublish("big")
-	waitFor(t, "the server to free the streams' buffers", func() bool { return s.Pool().Stats().InUse == 0 })
-	t.Logf("published %d bytes; all freed", published)
-	stop()
-}
-
-// TestSessionQuota: a session whose Send would bring more into the
-// server than its quota fails with ResourceExhausted, for it alone: its
-// session and other clients' Sends go on, and nothing stays allocated.
-// (A pull that stays unanswered, TestStalePullEndsSession, ends the
-// session.)
-func TestSessionQuota(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP), WithPoolOptions(mempool.WithLimit(256<<20)),
-		WithSessionQuota(64<<20), WithReservationTimeout(time.Second))
-	ctx := ctxT(t)
-	dial := func() *Client {
-		c, err := Dial(ctx, addr, WithTransports(TransportTCP), testPool(), insecureCreds())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	hoarder := dial()
-	defer hoarder.Close()
-	first := hoarder.SessionID()
-	err := hoarder.Send(ctx, "hoard", wrapped(t, 80<<20, 1))
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "WithSessionQuota") {
-		t.Fatalf("a Send past the quota: %v, want ResourceExhausted naming WithSessionQuota", err)
-	}
-	victim := dial() // a new session opens
-	defer victim.Close()
-	if err := victim.Send(ctx, "fine", wrapped(t, 16<<20, 2)); err != nil {
-		t.Fatalf("another client's Send: %v", err)
-	}
-	if err := hoarder.Send(ctx, "within", wrapped(t, 16<<20, 3)); err != nil || hoarder.SessionID() != first {
-		t.Fatalf("the refused session's next Send: %v (session %s, was %s)", err, hoarder.SessionID(), first)
-	}
-	if _, err := s.Fetch(ctx, "hoard"); status.Code(err) != codes.NotFound {
-		t.Fatalf("the refused tensor: %v, want NotFound", err)
-	}
-	s.Unpublish("within")
-	got, err := s.Take(ctx, "fine")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got.Release()
-	waitFor(t, "the hoarded memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
-}
-
-// TestSilentStreamIsDropped: a sessionless SendStream that declares a
-// 64 MiB tensor and goes silent fails with DeadlineExceeded after the idle
-// timeout, and its memory is freed while the client still holds the
-// stream open.
-func TestSilentStreamIsDropped(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC), WithStreamIdleTimeout(300*time.Millisecond))
-	ctx := ctxT(t)
-	api := rawConn(t, addr)
-	stream, err := api.SendStream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := wrapped(t, 64<<20, 1)
-	if err := stream.Send(&pb.Chunk{Header: &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf("silent", in.Tensor, false)}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&pb.Chunk{Data: in.Bytes()[:1<<20]}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the server to allocate the tensor", func() bool { return s.Pool().Stats().InUse >= 64<<20 })
-	err = stream.RecvMsg(new(pb.SendResponse)) // the server's verdict, while our side stays open
-	if status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("silent stream: %v, want DeadlineExceeded", err)
-	}
-	waitFor(t, "the silent stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
-}
-
 // TestServerNeverDialsClientAddresses: a client's tcp offer names another
 // host:port (and, as a RoleAny queue pair with the larger secret would
 // have, asks to be dialled): the server only accepts, so nothing ever
@@ -376,7 +224,7 @@ func TestServerNeverDialsClientAddresses(t *testing.T) {
 			dialled <- struct{}{}
 		}
 	}()
-	_, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportTCP, TransportGRPC), WithConnectTimeout(500*time.Millisecond))
+	_, addr, _ := serveOn(t, "127.0.0.1:0", rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC), rpc.WithConnectTimeout(500*time.Millisecond))
 	// A queue pair that advertises the victim's address.
 	pd, err := tcp.New(tcp.WithAdvertiseAddress(victim.Addr().String())).Open("")
 	if err != nil {
@@ -389,12 +237,12 @@ func TestServerNeverDialsClientAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	st, err := rawConn(t, addr).Session(ctx)
+	st, err := rpctest.RawConn(t, addr).Session(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: &pb.HandshakeRequest{
-		ProtocolVersion: ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: qp.LocalInfo()}},
+		ProtocolVersion: rpc.ProtocolVersion, Offers: []*pb.TransportOffer{{Transport: pb.Transport_TRANSPORT_TCP, Info: qp.LocalInfo()}},
 	}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -426,45 +274,4 @@ func TestServerNeverDialsClientAddresses(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	st.CloseSend()
-}
-
-// TestCallStreamBytesPastTheEnd: a CallStream client that sends a Chunk
-// after the last byte of its tensors fails with InvalidArgument, as the
-// .proto's stream rules say, and the method never runs; its memory is
-// freed.
-func TestCallStreamBytesPastTheEnd(t *testing.T) {
-	t.Cleanup(func() { leakcheck.Check(t) })
-	s, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(TransportGRPC))
-	ran := make(chan struct{}, 1)
-	s.Handle("m", func(ctx context.Context, req *Message) (*Message, error) {
-		ran <- struct{}{}
-		return nil, nil
-	})
-	ctx := ctxT(t)
-	stream, err := rawConn(t, addr).CallStream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := wrapped(t, 8, 1)
-	for _, ch := range []*pb.Chunk{
-		{Header: &pb.ChunkHeader{Method: "m", Tensors: []*pb.TensorMeta{metaOf("", in.Tensor, false)}}},
-		{Data: in.Bytes()},
-		{Data: []byte{1}},
-	} {
-		if err := stream.Send(ch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("a Chunk past the last tensor: %v, want InvalidArgument", err)
-	}
-	select {
-	case <-ran:
-		t.Error("the method ran")
-	default:
-	}
-	waitFor(t, "the stream's memory to be freed", func() bool { return s.Pool().Stats().InUse == 0 })
 }

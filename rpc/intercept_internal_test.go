@@ -1,3 +1,5 @@
+// White-box: these tests check the unexported codec of frame call headers.
+
 package rpc
 
 import (

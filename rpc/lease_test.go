@@ -1,23 +1,24 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
 	"context"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"testing"
 )
 
 // TestLease fetches with Lease: on shm the tensor is the server's memory,
 // with no copy; on tcp it is an ordinary copy.
 func TestLease(t *testing.T) {
-	for _, tr := range []string{TransportSHM, TransportTCP} {
+	for _, tr := range []string{rpc.TransportSHM, rpc.TransportTCP} {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			ctx := ctxT(t)
 			in := wrapped(t, 1<<20, 6)
 			s.Publish(context.Background(), "x", in)
 			before := c.Stats()
-			got, err := c.Fetch(ctx, "x", Lease())
+			got, err := c.Fetch(ctx, "x", rpc.Lease())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -25,7 +26,7 @@ func TestLease(t *testing.T) {
 				t.Fatal("data differs")
 			}
 			after := c.Stats()
-			wantLease := tr == TransportSHM
+			wantLease := tr == rpc.TransportSHM
 			if got.Leased() != wantLease || (after.Leases-before.Leases == 1) != wantLease {
 				t.Fatalf("Leased() = %v, leases %d → %d; want lease %v", got.Leased(), before.Leases, after.Leases, wantLease)
 			}
@@ -56,9 +57,9 @@ func TestLease(t *testing.T) {
 // server process is killed; it keeps the bytes it had.
 func TestLeaseOutlivesClientAndServer(t *testing.T) {
 	const size = 8<<20 + 3
-	ch := startChild(t, "server", TransportSHM, size)
-	c := dialChild(t, ch, TransportSHM)
-	got, err := c.Fetch(ctxT(t), "big", Lease())
+	ch := startChild(t, "server", rpc.TransportSHM, size)
+	c := dialChild(t, ch, rpc.TransportSHM)
+	got, err := c.Fetch(ctxT(t), "big", rpc.Lease())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/internal/testenv"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -88,12 +89,12 @@ func TestTwoHostsDefaultOptions(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	ch, addr := h.serverIn(t, size)
 	ctx := ctxT(t)
-	c, err := Dial(ctx, addr, testPool(), insecureCreds())
+	c, err := rpc.Dial(ctx, addr, testPool(), insecureCreds())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeClient(t, c)
-	if c.Transport() != TransportTCP {
+	if c.Transport() != rpc.TransportTCP {
 		t.Fatalf("negotiated %s across hosts, want tcp: %v", c.Transport(), c.Rejections())
 	}
 	t.Logf("rejected across hosts, as expected: %v", c.Rejections())
@@ -147,14 +148,14 @@ func TestTwoHostsUnreachableDataPlane(t *testing.T) {
 	ch, addr := h.serverIn(t, 1<<20, "TENSORRPC_TEST_DATA_ADDR="+h.nsIP2)
 	ctx := ctxT(t)
 	start := time.Now()
-	c, err := Dial(ctx, addr, testPool(), insecureCreds(), WithConnectTimeout(time.Minute))
+	c, err := rpc.Dial(ctx, addr, testPool(), insecureCreds(), rpc.WithConnectTimeout(time.Minute))
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeClient(t, c)
 	t.Logf("Dial with the data address blackholed took %v and chose %s: %v", took, c.Transport(), c.Rejections())
-	if c.Transport() != TransportGRPC {
+	if c.Transport() != rpc.TransportGRPC {
 		t.Fatalf("negotiated %s, want the grpc fallback", c.Transport())
 	}
 	if took > 30*time.Second { // the one-minute connect timeout, not a slow machine
@@ -162,7 +163,7 @@ func TestTwoHostsUnreachableDataPlane(t *testing.T) {
 	}
 	found := false
 	for _, r := range c.Rejections() {
-		if r.Transport == TransportTCP && strings.Contains(r.Reason, h.nsIP2) && r.Fix != "" {
+		if r.Transport == rpc.TransportTCP && strings.Contains(r.Reason, h.nsIP2) && r.Fix != "" {
 			found = true
 		}
 	}

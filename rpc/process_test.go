@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -14,21 +14,22 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/childproc/childtest"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
 // dialChild dials a child server and checks the client ends clean.
-func dialChild(t *testing.T, ch *childproc.Process, transport string, opts ...DialOption) *Client {
+func dialChild(t *testing.T, ch *childproc.Process, transport string, opts ...rpc.DialOption) *rpc.Client {
 	t.Helper()
 	addr := childtest.Line(t, ch)
 	ts := []string{transport}
-	if transport != TransportGRPC {
-		ts = append(ts, TransportGRPC)
+	if transport != rpc.TransportGRPC {
+		ts = append(ts, rpc.TransportGRPC)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, addr, append([]DialOption{WithTransports(ts...), testPool(), insecureCreds()}, opts...)...)
+	c, err := rpc.Dial(ctx, addr, append([]rpc.DialOption{rpc.WithTransports(ts...), testPool(), insecureCreds()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func dialChild(t *testing.T, ch *childproc.Process, transport string, opts ...Di
 	return c
 }
 
-func closeClient(t *testing.T, c *Client) {
+func closeClient(t *testing.T, c *rpc.Client) {
 	t.Helper()
 	// Close fails when the pool still has buffers out.
 	if err := c.Close(); err != nil {
@@ -62,7 +63,7 @@ func TestPeerInAnotherProcess(t *testing.T) {
 			if !bytes.Equal(got.Bytes(), want) {
 				t.Fatal("fetched bytes differ")
 			}
-			reply, err := c.Call(ctx, "reverse", &Message{Tensors: []*Tensor{got, wrapped(t, 10, 1)}})
+			reply, err := c.Call(ctx, "reverse", &rpc.Message{Tensors: []*rpc.Tensor{got, wrapped(t, 10, 1)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +93,7 @@ func TestServerKilledMidCall(t *testing.T) {
 			ctx := ctxT(t)
 			errc := make(chan error, 1)
 			go func() {
-				_, err := c.Call(ctx, "block", &Message{Tensors: []*Tensor{wrapped(t, 200000, 3)}})
+				_, err := c.Call(ctx, "block", &rpc.Message{Tensors: []*rpc.Tensor{wrapped(t, 200000, 3)}})
 				errc <- err
 			}()
 			if l := childtest.Line(t, ch); l != "blocked" {
@@ -117,7 +118,7 @@ func TestServerKilledMidCall(t *testing.T) {
 // Read fails with Unavailable and the destination buffer is freed.
 func TestServerKilledMidRead(t *testing.T) {
 	const size = 64 << 20
-	ch := startChild(t, "server", TransportTCP, size)
+	ch := startChild(t, "server", rpc.TransportTCP, size)
 	// The server process is gone by the time the client's Read is posted.
 	var once sync.Once
 	kill := func(wr verbs.SendRequest) error {
@@ -126,7 +127,7 @@ func TestServerKilledMidRead(t *testing.T) {
 		}
 		return nil
 	}
-	c := dialChild(t, ch, TransportTCP, WithProvider(hookProvider{tcp.New(), kill}))
+	c := dialChild(t, ch, rpc.TransportTCP, rpc.WithProvider(hookProvider{Provider: tcp.New(), OnPost: kill}))
 	_, err := c.Fetch(ctxT(t), "big")
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Fetch from a server killed mid-read: %v, want Unavailable", err)
@@ -138,9 +139,9 @@ func TestServerKilledMidRead(t *testing.T) {
 // TestClientKilledMidSend kills a client process that keeps sending large
 // tensors: the server ends its session and frees every destination.
 func TestClientKilledMidSend(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
-			s, err := NewServer(WithTransports(tr, TransportGRPC), testPool())
+			s, err := rpc.NewServer(rpc.WithTransports(tr, rpc.TransportGRPC), testPool())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,16 +166,5 @@ func TestClientKilledMidSend(t *testing.T) {
 			<-served
 			leakcheck.Check(t)
 		})
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -10,31 +10,33 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
 // TestRegisterOnExistingServer serves tensorrpc from a grpc.Server the
 // application owns, and opens the session over an existing ClientConn.
 func TestRegisterOnExistingServer(t *testing.T) {
-	s, err := NewServer(WithTransports(TransportSHM, TransportGRPC), testPool())
+	s, err := rpc.NewServer(rpc.WithTransports(rpc.TransportSHM, rpc.TransportGRPC), testPool())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The grpc.Server's and the connection's interceptors see the gRPC
 	// methods only: the session's calls travel as frames.
-	var u unaryCounter
-	gs := grpc.NewServer(grpc.UnaryInterceptor(u.intercept), grpc.StreamInterceptor(u.interceptStream))
+	var u rpctest.ServerCalls
+	gs := grpc.NewServer(u.Options()...)
 	s.Register(gs)
 	lis := listen(t)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	m := newMethodCounter()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(m.intercept))
+	m := rpctest.NewMethodCalls()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(m.Intercept))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := NewClient(ctx, cc, WithTransports(TransportSHM, TransportGRPC), testPool())
+	c, err := rpc.NewClient(ctx, cc, rpc.WithTransports(rpc.TransportSHM, rpc.TransportGRPC), testPool())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,11 +52,11 @@ func TestRegisterOnExistingServer(t *testing.T) {
 		t.Fatal("data differs")
 	}
 	got.Release()
-	if c.Transport() != TransportSHM || c.last.link.Frames == nil {
-		t.Fatalf("session on %s, frames %v", c.Transport(), c.last.link != nil && c.last.link.Frames != nil)
+	if c.Transport() != rpc.TransportSHM || !rpc.SessionHasFrames(c) {
+		t.Fatalf("session on %s, frames %v", c.Transport(), rpc.SessionHasFrames(c))
 	}
-	u.none(t)
-	if n := m.total(); n != 0 {
+	u.None(t)
+	if n := m.Total(); n != 0 {
 		t.Errorf("%d unary calls from NewClient's connection, want none", n)
 	}
 	if err := c.Close(); err != nil {

@@ -1,10 +1,9 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -15,67 +14,32 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
-
-// serveOn starts a Server on addr (":0" style addresses pick a port) and
-// returns it with its listener's address and a stop function.
-func serveOn(t *testing.T, addr string, opts ...ServerOption) (*Server, string, func()) {
-	t.Helper()
-	s, err := NewServer(append([]ServerOption{testPool()}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lis net.Listener
-	for try := 0; ; try++ { // the port of a server just stopped may linger briefly
-		if lis, err = net.Listen("tcp", addr); err == nil || try == 100 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		s.Close()
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(lis) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			s.Stop()
-			<-served
-			if st := s.Pool().Stats(); st.InUse != 0 {
-				t.Errorf("server pool: %d bytes still in use", st.InUse)
-			}
-		}
-	}
-	t.Cleanup(stop)
-	return s, lis.Addr().String(), stop
-}
 
 // TestSessionRecoversAfterServerRestart restarts the server on the same
 // address: calls under way fail with Unavailable, the Client reports the
 // state changes, and the next calls open a new session that renegotiates
 // the data plane.
 func TestSessionRecoversAfterServerRestart(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportSHM, TransportGRPC} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
 		t.Run(tr, func(t *testing.T) {
 			t.Cleanup(func() { leakcheck.Check(t) })
-			ts := []string{tr, TransportGRPC}
-			s1, addr, stop1 := serveOn(t, "127.0.0.1:0", WithTransports(ts...))
+			ts := []string{tr, rpc.TransportGRPC}
+			s1, addr, stop1 := serveOn(t, "127.0.0.1:0", rpc.WithTransports(ts...))
 			in := wrapped(t, 1<<20, 3)
 			s1.Publish(context.Background(), "w", in)
 			blocked := make(chan struct{})
-			s1.Handle("block", func(ctx context.Context, _ *Message) (*Message, error) {
+			s1.Handle("block", func(ctx context.Context, _ *rpc.Message) (*rpc.Message, error) {
 				close(blocked)
 				<-ctx.Done()
 				return nil, ctx.Err()
 			})
 			ctx := ctxT(t)
 			fast := backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond}
-			c, err := Dial(ctx, addr, WithTransports(ts...), testPool(), insecureCreds(), WithBackoff(fast))
+			c, err := rpc.Dial(ctx, addr, rpc.WithTransports(ts...), testPool(), insecureCreds(), rpc.WithBackoff(fast))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +63,7 @@ func TestSessionRecoversAfterServerRestart(t *testing.T) {
 
 			inflight := make(chan error, 1)
 			go func() {
-				_, err := c.Call(ctx, "block", &Message{})
+				_, err := c.Call(ctx, "block", &rpc.Message{})
 				inflight <- err
 			}()
 			<-blocked
@@ -119,7 +83,7 @@ func TestSessionRecoversAfterServerRestart(t *testing.T) {
 				t.Fatalf("Fetch with the server down: %v, want Unavailable", err)
 			}
 
-			s2, _, _ := serveOn(t, addr, WithTransports(ts...))
+			s2, _, _ := serveOn(t, addr, rpc.WithTransports(ts...))
 			s2.Publish(context.Background(), "w", in)
 			deadline := time.Now().Add(20 * time.Second)
 			for {
@@ -161,12 +125,12 @@ func TestSessionRecoversAfterServerRestart(t *testing.T) {
 // waiting for any timeout, and the rejection names cause and fix.
 func TestFallbackIsFast(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
-	ts := []string{TransportTCP, TransportGRPC}
-	_, addr, _ := serveOn(t, "127.0.0.1:0", WithTransports(ts...), WithConnectTimeout(time.Minute),
-		WithProvider(tcp.New(tcp.WithAdvertiseAddress("127.0.0.1:1"))))
+	ts := []string{rpc.TransportTCP, rpc.TransportGRPC}
+	_, addr, _ := serveOn(t, "127.0.0.1:0", rpc.WithTransports(ts...), rpc.WithConnectTimeout(time.Minute),
+		rpc.WithProvider(tcp.New(tcp.WithAdvertiseAddress("127.0.0.1:1"))))
 	ctx := ctxT(t)
 	start := time.Now()
-	c, err := Dial(ctx, addr, WithTransports(ts...), testPool(), insecureCreds(), WithConnectTimeout(time.Minute))
+	c, err := rpc.Dial(ctx, addr, rpc.WithTransports(ts...), testPool(), insecureCreds(), rpc.WithConnectTimeout(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,12 +140,12 @@ func TestFallbackIsFast(t *testing.T) {
 	if took > 30*time.Second { // a wait for the one-minute timeout, not a slow machine
 		t.Fatalf("Dial took %v: it waited for a timeout", took)
 	}
-	if c.Transport() != TransportGRPC {
+	if c.Transport() != rpc.TransportGRPC {
 		t.Fatalf("transport %s, want grpc", c.Transport())
 	}
-	var why *Rejection
+	var why *rpc.Rejection
 	for _, r := range c.Rejections() {
-		if r.Transport == TransportTCP {
+		if r.Transport == rpc.TransportTCP {
 			why = &r
 		}
 	}
@@ -192,7 +156,7 @@ func TestFallbackIsFast(t *testing.T) {
 
 // TestNotFoundNamesKey: Fetch of a key nobody published fails at once.
 func TestNotFoundNamesKey(t *testing.T) {
-	for _, tr := range []string{TransportTCP, TransportGRPC} {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportGRPC} {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			ctx := ctxT(t)
@@ -205,7 +169,7 @@ func TestNotFoundNamesKey(t *testing.T) {
 			}
 			got := make(chan error, 1)
 			go func() {
-				tn, err := c.Fetch(ctx, "later", WaitForKey())
+				tn, err := c.Fetch(ctx, "later", rpc.WaitForKey())
 				if err == nil {
 					tn.Release()
 				}
@@ -224,7 +188,7 @@ func TestNotFoundNamesKey(t *testing.T) {
 func TestDialNeedsCredentials(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
 	_, addr, _ := serveOn(t, "127.0.0.1:0")
-	_, err := Dial(ctxT(t), addr, testPool())
+	_, err := rpc.Dial(ctxT(t), addr, testPool())
 	if err == nil || !strings.Contains(err.Error(), "WithTransportCredentials") {
 		t.Fatalf("Dial without credentials: %v, want an error naming WithTransportCredentials", err)
 	}
@@ -235,20 +199,20 @@ func TestDialNeedsCredentials(t *testing.T) {
 // naming the option that raises it.
 func TestLimitsAgree(t *testing.T) {
 	t.Cleanup(func() { leakcheck.Check(t) })
-	s, err := NewServer(WithTransports(TransportGRPC))
+	s, err := rpc.NewServer(rpc.WithTransports(rpc.TransportGRPC))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	big, err := s.NewTensor(ctxT(t), zerocopy.Uint8, []int64{DefaultMaxTensorBytes})
+	big, err := s.NewTensor(ctxT(t), zerocopy.Uint8, []int64{rpc.DefaultMaxTensorBytes})
 	if err != nil {
 		t.Fatalf("the default pool cannot hold a tensor of DefaultMaxTensorBytes: %v", err)
 	}
 	big.Release()
-	if DefaultPoolLimit < 2*DefaultMaxTensorBytes {
-		t.Fatalf("DefaultPoolLimit %d leaves no room beside one largest tensor", DefaultPoolLimit)
+	if rpc.DefaultPoolLimit < 2*rpc.DefaultMaxTensorBytes {
+		t.Fatalf("DefaultPoolLimit %d leaves no room beside one largest tensor", rpc.DefaultPoolLimit)
 	}
-	_, c := pair(t, TransportTCP, []ServerOption{WithMaxTensorBytes(1 << 20)}, nil)
+	_, c := pair(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithMaxTensorBytes(1 << 20)}, nil)
 	err = c.Send(ctxT(t), "x", wrapped(t, 2<<20, 1))
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "WithMaxTensorBytes") {
 		t.Fatalf("Send over the server's limit: %v, want ResourceExhausted naming WithMaxTensorBytes", err)

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -133,7 +134,7 @@ func thirdPartyPython(t *testing.T) string {
 
 // publishThirdPartyTensors publishes what the Python client fetches; the
 // client computes the same values.
-func publishThirdPartyTensors(t *testing.T, s *Server) {
+func publishThirdPartyTensors(t *testing.T, s *rpc.Server) {
 	t.Helper()
 	ctx := ctxT(t)
 	publish := func(key string, dtype zerocopy.DType, shape []int64, fill func(b []byte)) {
@@ -176,12 +177,12 @@ func publishThirdPartyTensors(t *testing.T, s *Server) {
 // thirdPartyScale is the method the client calls: it takes a float32
 // tensor x and a uint8 tensor y and returns 2x, the sum of y as an int64
 // scalar and an empty float64[0 3], with the metadata reversed.
-func thirdPartyScale(s *Server) Handler {
-	return func(ctx context.Context, req *Message) (*Message, error) {
+func thirdPartyScale(s *rpc.Server) rpc.Handler {
+	return func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 		if len(req.Tensors) != 2 || req.Tensors[0].DType() != zerocopy.Float32 || req.Tensors[1].DType() != zerocopy.Uint8 {
 			return nil, fmt.Errorf("want float32 x and uint8 y, got %d tensors", len(req.Tensors))
 		}
-		out := &Message{Metadata: append([]byte(nil), req.Metadata...)}
+		out := &rpc.Message{Metadata: append([]byte(nil), req.Metadata...)}
 		for i, j := 0, len(out.Metadata)-1; i < j; i, j = i+1, j-1 {
 			out.Metadata[i], out.Metadata[j] = out.Metadata[j], out.Metadata[i]
 		}

@@ -1,4 +1,4 @@
-package rpc
+package rpc_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 // testPKI is a certificate authority with a server and a client
@@ -80,9 +81,9 @@ func TestTLS(t *testing.T) {
 				serverConf.ClientCAs = pki.pool
 				clientConf.Certificates = []tls.Certificate{pki.client}
 			}
-			s, c := pair(t, TransportTCP,
-				[]ServerOption{WithCreds(credentials.NewTLS(serverConf))},
-				[]DialOption{WithTransportCredentials(credentials.NewTLS(clientConf))})
+			s, c := pair(t, rpc.TransportTCP,
+				[]rpc.ServerOption{rpc.WithCreds(credentials.NewTLS(serverConf))},
+				[]rpc.DialOption{rpc.WithTransportCredentials(credentials.NewTLS(clientConf))})
 			in := wrapped(t, 1<<20, 4)
 			s.Publish(context.Background(), "x", in)
 			got, err := c.Fetch(ctxT(t), "x")
@@ -97,7 +98,7 @@ func TestTLS(t *testing.T) {
 	}
 	t.Run("mtls-without-client-cert", func(t *testing.T) {
 		serverConf := &tls.Config{Certificates: []tls.Certificate{pki.server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pki.pool}
-		s, err := NewServer(WithTransports(TransportTCP, TransportGRPC), testPool(), WithCreds(credentials.NewTLS(serverConf)))
+		s, err := rpc.NewServer(rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC), testPool(), rpc.WithCreds(credentials.NewTLS(serverConf)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +107,7 @@ func TestTLS(t *testing.T) {
 		go func() { served <- s.Serve(lis) }()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := Dial(ctx, lis.Addr().String(), testPool(), WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool})))
+		c, err := rpc.Dial(ctx, lis.Addr().String(), testPool(), rpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool})))
 		if err == nil {
 			c.Close()
 			t.Fatal("a client without a certificate opened a session")

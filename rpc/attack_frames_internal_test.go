@@ -1,3 +1,5 @@
+// White-box: attackers send hand-made frames on a session's links and read the server's session state.
+
 package rpc
 
 import (
@@ -18,6 +20,7 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -928,7 +931,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 	var want []int
 	empty := marshal(t, &pb.CallRequest{Method: "count"})
 	calls := 48
-	if raceEnabled {
+	if rpctest.Race {
 		calls = 6 // 2 of them still post 1,318 Reads, past sendDepth
 	}
 	for i := range calls {

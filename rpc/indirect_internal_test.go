@@ -1,3 +1,5 @@
+// White-box: these tests count indirect frames on the lanes of both sides' sessions.
+
 package rpc
 
 import (
@@ -13,6 +15,7 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
 // indirectIn counts the frames with frameIndirect that the lanes of c's
@@ -36,8 +39,8 @@ func TestIndirectRequests(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
 		for _, eager := range []int{DefaultEagerThreshold, 0} {
 			t.Run(fmt.Sprintf("%s/eager=%d", tr, eager), func(t *testing.T) {
-				var u unaryCounter
-				s, c := pair(t, tr, []ServerOption{u.options(), WithEagerThreshold(eager)}, nil)
+				var u rpctest.ServerCalls
+				s, c := pair(t, tr, []ServerOption{WithGRPCServerOptions(u.Options()...), WithEagerThreshold(eager)}, nil)
 				s.Handle("echo", echo(s))
 				ctx := ctxT(t)
 				cs, err := c.session(ctx)
@@ -108,7 +111,7 @@ func TestIndirectRequests(t *testing.T) {
 				if c.SessionID() != cs.id {
 					t.Error("the session changed")
 				}
-				u.none(t)
+				u.None(t)
 			})
 		}
 	}

@@ -1,3 +1,5 @@
+// White-box: a hostile server speaks frames on the client's own links to attack the client.
+
 package rpc
 
 import (

@@ -1,3 +1,5 @@
+// White-box: helpers that build raw frames with the engine's codec.
+
 package rpc
 
 import (

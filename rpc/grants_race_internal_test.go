@@ -1,3 +1,5 @@
+// White-box: a hostile client posts one-sided operations on its session's link against grants.
+
 package rpc
 
 import (

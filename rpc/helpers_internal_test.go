@@ -1,33 +1,34 @@
+// White-box helpers for the tests that look inside sessions, links and
+// frames; the black-box tests' helpers are in helpers_ext_test.go.
+
 package rpc
 
 import (
 	"context"
-	"log/slog"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 
 	"google.golang.org/grpc/credentials/insecure"
 	"net"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/tensorrpc/tensorrpc/internal/childproc"
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-func TestMain(m *testing.M) {
-	if mode := childproc.Role(); mode != "" {
-		os.Exit(runChild(mode))
-	}
-	leakcheck.Main(m)
-}
+// Helpers that need no part of package rpc live in rpctest, shared with
+// the black-box tests.
+var (
+	ctxT              = rpctest.Context
+	pattern           = rpctest.Pattern
+	waitFor           = rpctest.WaitFor
+	skipWithoutDevice = rpctest.SkipWithoutDevice
+	sessionGone       = SessionGone
+)
 
-// testTransports are the data planes end-to-end tests run over. ibv tests
-// skip, naming the reason, where there is no RDMA device.
-var testTransports = []string{TransportIBV, TransportTCP, TransportSHM, TransportGRPC}
+type hookProvider = rpctest.HookProvider
 
 // small pools keep the tests' memory modest.
 func testPool() Option {
@@ -79,21 +80,40 @@ func pair(t *testing.T, transport string, serverOpts []ServerOption, clientOpts 
 	return s, c
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// pattern fills b with bytes that depend on seed and position.
-func pattern(b []byte, seed byte) {
-	x := uint32(seed)*2654435761 + 1
-	for i := range b {
-		x ^= x << 13
-		x ^= x >> 17
-		x ^= x << 5
-		b[i] = byte(x)
+// serveOn starts a Server on addr (":0" style addresses pick a port) and
+// returns it with its listener's address and a stop function.
+func serveOn(t *testing.T, addr string, opts ...ServerOption) (*Server, string, func()) {
+	t.Helper()
+	s, err := NewServer(append([]ServerOption{testPool()}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var lis net.Listener
+	for try := 0; ; try++ { // the port of a server just stopped may linger briefly
+		if lis, err = net.Listen("tcp", addr); err == nil || try == 100 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(lis) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			s.Stop()
+			<-served
+			if st := s.Pool().Stats(); st.InUse != 0 {
+				t.Errorf("server pool: %d bytes still in use", st.InUse)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	return s, lis.Addr().String(), stop
 }
 
 func wrapped(t *testing.T, n int, seed byte) *Tensor {
@@ -107,70 +127,11 @@ func wrapped(t *testing.T, n int, seed byte) *Tensor {
 	return WrapTensor(zt)
 }
 
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lis
-}
-
 // write is a one-sided Write of local to the peer's addr through key: no
 // grant of tensorrpc's allows one, so the peer refuses it.
 func write(local verbs.Local, addr uint64, key uint32) verbs.SendRequest {
 	return verbs.SendRequest{Op: verbs.OpWrite, Local: local, Remote: verbs.Remote{Addr: addr, Key: key}}
 }
 
-// skipWithoutDevice skips the test when transport's provider has no device
-// here, with the provider's own explanation.
-func skipWithoutDevice(t testing.TB, transport string) {
-	t.Helper()
-	if p := defaultProvider(transport, slog.New(slog.DiscardHandler)); p != nil {
-		if _, err := p.Devices(); err != nil {
-			t.Skipf("no %s device: %v", transport, err)
-		}
-	}
-}
-
 // insecureCreds is the plaintext credentials every test client passes.
 func insecureCreds() DialOption { return WithTransportCredentials(insecure.NewCredentials()) }
-
-// asServer and asDial convert options that fit both sides.
-func asServer(opts []Option) []ServerOption {
-	out := make([]ServerOption, len(opts))
-	for i, o := range opts {
-		out[i] = o
-	}
-	return out
-}
-
-func asDial(opts []Option) []DialOption {
-	out := []DialOption{insecureCreds()}
-	for _, o := range opts {
-		out = append(out, o)
-	}
-	return out
-}
-
-// currentLink is the data plane of c's open session (nil on grpc).
-func currentLink(c *Client) *engine.Link {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sess == nil {
-		return nil
-	}
-	return c.sess.link
-}
-
-// sessionGone reports whether c's latest session has ended.
-func sessionGone(c *Client) bool {
-	c.mu.Lock()
-	s := c.sess
-	c.mu.Unlock()
-	return s == nil || s.err() != nil
-}
-
-// linkPoolBytes is what a session's data plane holds of its tensor pool:
-// nothing (its own buffers come from the control pool).
-const linkPoolBytes = 0

@@ -1,0 +1,379 @@
+// White-box: these tests check the frame protocol of calls through links, frame counters and server sessions.
+
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+)
+
+// framedPair is a pair whose client counts the unary calls it makes.
+func framedPair(t *testing.T, transport string) (*Server, *Client, *rpctest.MethodCalls) {
+	t.Helper()
+	u := rpctest.NewMethodCalls()
+	s, c := pair(t, transport, nil, []DialOption{withUnaryCounter(u.Intercept)})
+	if c.last.link == nil || c.last.link.Frames == nil {
+		t.Fatal("no frames")
+	}
+	return s, c, u
+}
+
+// echo returns its request, tensors copied into new pool tensors, and
+// metadata of replyMeta bytes when the request's metadata asks for it.
+func echo(s *Server) Handler {
+	return func(ctx context.Context, in *Message) (*Message, error) {
+		out := &Message{Metadata: in.Metadata}
+		if len(in.Metadata) > 0 && in.Metadata[0] == 'M' {
+			out.Metadata = bytes.Repeat([]byte{'r'}, 200<<10)
+		}
+		for _, t := range in.Tensors {
+			o, err := s.NewTensor(ctx, t.DType(), t.Shape())
+			if err != nil {
+				out.Release()
+				return nil, err
+			}
+			copy(o.Bytes(), t.Bytes())
+			out.Tensors = append(out.Tensors, o)
+		}
+		return out, nil
+	}
+}
+
+// TestFramesPullForeignGrant: a client that names, in its own SEND_REQ,
+// a location another session granted gets an error, and nothing is
+// published; the other session goes on.
+func TestFramesPullForeignGrant(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, _, dial := hostileSetup(t, tr, 1<<20)
+			victim, thief := dial(), dial()
+			vs, err := victim.session(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts, err := thief.session(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			secret := wrapped(t, 1<<20, 9)
+			defer secret.Release()
+			loc, free, err := victim.grantSource(ctxT(t), vs, vs.link, outgoing{meta: metaOf("stolen", secret.Tensor, false), t: secret})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer free()
+			meta := metaOf("stolen", secret.Tensor, false)
+			meta.Location = loc
+			r, ref, err := thief.roundTrip(ctxT(t), ts, ts.link, wire.FrameSendReq, 0, nil, &pb.SendRequest{Meta: meta}, func(uint16) proto.Message { return &pb.SendResponse{} }, nil)
+			if err == nil {
+				err = thief.replyError(ts, ref, r)
+			}
+			if err == nil {
+				t.Fatal("a SEND_REQ naming another session's grant succeeded")
+			}
+			if code := status.Code(err); code != codes.PermissionDenied && code != codes.Unavailable {
+				t.Fatalf("foreign grant: %v, want PermissionDenied or Unavailable", err)
+			}
+			if got, err := s.Fetch(ctxT(t), "stolen"); err == nil {
+				got.Release()
+				t.Fatal("the stolen tensor was published")
+			}
+			got, err := victim.Fetch(ctxT(t), "secret")
+			if err != nil {
+				t.Fatalf("victim's session after the attempt: %v", err)
+			}
+			got.Release()
+		})
+	}
+}
+
+// TestFramesReleasesPiggyback: the releases of many Fetches ride on frames
+// (no Release method) and every server transfer ends.
+func TestFramesReleasesPiggyback(t *testing.T) {
+	for _, lanes := range []int{1, 3} {
+		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
+			u := rpctest.NewMethodCalls()
+			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.Intercept)})
+			publishBytes(t, s, "big", 256<<10, 4)
+			ctx := ctxT(t)
+			for range 200 {
+				got, err := c.Fetch(ctx, "big")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got.Release()
+			}
+			ss := serverSessionOf(t, s)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				ss.mu.Lock()
+				n := len(ss.transfers)
+				ss.mu.Unlock()
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d transfers still held after every Fetch released", n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := u.Total(); n != 0 {
+				t.Fatalf("%d unary calls", n)
+			}
+			// Releases spread over the lanes, as the calls do.
+			for i, l := range ss.lanes {
+				if l.Frames.ReleasedIn.Load() == 0 {
+					t.Errorf("lane %d of %d carried no release", i, lanes)
+				}
+			}
+		})
+	}
+}
+
+// withUnaryCounter makes the client's unary calls go through f.
+func withUnaryCounter(f grpc.UnaryClientInterceptor) DialOption {
+	return WithGRPCDialOptions(grpc.WithUnaryInterceptor(f))
+}
+
+// TestStalePullEndsSession: a Read of the client's memory that stays
+// unanswered past the reservation timeout ends the session, as an
+// unwritten destination does.
+func TestStalePullEndsSession(t *testing.T) {
+	s, c := pair(t, TransportTCP, []ServerOption{WithReservationTimeout(50 * time.Millisecond)}, nil)
+	if _, err := c.session(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	done := serverSessionOf(t, s).pulling() // as pull does around its Reads
+	defer done()
+	deadline := time.Now().Add(10 * time.Second)
+	for !sessionGone(c) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session outlived a stale read")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFrameResponseOfWrongType: a response whose type is not the one its
+// request awaits fails the link.
+func TestFrameResponseOfWrongType(t *testing.T) {
+	_, c, _ := framedPair(t, TransportTCP)
+	l := c.last.link
+	l.Frames.Expect(77, wire.FrameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
+	body := engine.AppendStatus(nil, nil, 64)
+	frame := hdr(wire.FrameCallResp, 0, 0, 77, len(body), body)
+	if err := l.HandleFrame(frame); err == nil || !errors.Is(err, wire.ErrInvalidFrame) {
+		t.Fatalf("a CALL_RESP to a SEND_REQ: %v, want a frame error", err)
+	}
+	l.Frames.Forget(77)
+}
+
+// TestFetchNow: a Fetch of a published key (inline or a transfer), and one
+// of a key not published, are answered in the polling goroutine
+// (fetchNow) with what the call path answers; a waiting one takes the call
+// path. fetchNow declines when no credit or buffer is at hand at that
+// instant (the call path then answers), so the counts allow a few misses.
+func TestFetchNow(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c, _ := framedPair(t, tr)
+			ctx := ctxT(t)
+			want := map[string][]byte{
+				"small": publishBytes(t, s, "small", 4<<10, 3),
+				"large": publishBytes(t, s, "large", 1<<20, 4),
+			}
+			ss := serverSessionOf(t, s)
+			for _, key := range []string{"small", "large"} {
+				before := ss.answeredNow.Load()
+				for range 20 {
+					got, err := c.Fetch(ctx, key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got.Bytes(), want[key]) {
+						t.Fatalf("%s fetch: wrong bytes", key)
+					}
+					got.Release()
+				}
+				if n := ss.answeredNow.Load() - before; n < 15 {
+					t.Fatalf("%d of 20 %s fetches answered at once", n, key)
+				}
+			}
+			_, errNow := c.Fetch(ctx, "absent")
+			_, errCall := pb.NewTensorRPCClient(c.cc).Fetch(ctx, &pb.FetchRequest{SessionId: c.SessionID(), Key: "absent"})
+			if status.Code(errNow) != codes.NotFound || status.Convert(errNow).Message() != status.Convert(errCall).Message() {
+				t.Fatalf("absent key: %v, the Fetch method says %v", errNow, errCall)
+			}
+			before := ss.answeredNow.Load()
+			done := make(chan error, 1)
+			go func() {
+				got, err := c.Fetch(ctx, "later", WaitForKey())
+				if err == nil {
+					got.Release()
+				}
+				done <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			publishBytes(t, s, "later", 100, 5)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if n := ss.answeredNow.Load(); n != before {
+				t.Fatalf("a waiting fetch was answered at once (%d -> %d)", before, n)
+			}
+		})
+	}
+}
+
+// TestCallRequestChargedToQuota: the request tensors a call brings into
+// the server's pool (here small ones, inline) count against the session's
+// quota while the call runs: a call past it is ResourceExhausted before
+// its handler runs, the session goes on, and nothing stays charged.
+func TestCallRequestChargedToQuota(t *testing.T) {
+	for _, mode := range []string{"frames"} {
+		t.Run(mode, func(t *testing.T) {
+			s, c := pair(t, TransportTCP, []ServerOption{WithSessionQuota(256 << 10)}, nil)
+			var ran atomic.Int64
+			s.Handle("count", func(ctx context.Context, in *Message) (*Message, error) {
+				ran.Add(1)
+				return &Message{Metadata: fmt.Appendf(nil, "%d", len(in.Tensors))}, nil
+			})
+			ctx := ctxT(t)
+			call := func(k int) (*Message, error) {
+				req := &Message{}
+				for i := range k {
+					req.Tensors = append(req.Tensors, wrapped(t, 4<<10, byte(i)))
+				}
+				return c.Call(ctx, "count", req)
+			}
+			first := c.SessionID()
+			_, err := call(100) // 400 KiB
+			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "quota") {
+				t.Fatalf("a call of 400 KiB with a 256 KiB quota: %v, want ResourceExhausted naming the quota", err)
+			}
+			if ran.Load() != 0 {
+				t.Fatal("the handler ran for a call past the quota")
+			}
+			reply, err := call(10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(reply.Metadata) != "10" {
+				t.Fatalf("the handler got %s tensors, want 10", reply.Metadata)
+			}
+			reply.Release()
+			if c.SessionID() != first {
+				t.Fatal("the refused call ended the session")
+			}
+			ss := serverSessionOf(t, s)
+			ss.mu.Lock()
+			left := ss.reserved
+			ss.mu.Unlock()
+			if left != 0 {
+				t.Fatalf("%d bytes still charged after the calls", left)
+			}
+		})
+	}
+}
+
+// TestFrameCallsTakeNoServerLock: frame calls never take the server-wide
+// lock (a session opening or closing holds it): with it held, a Fetch, a
+// Send and a Call as frames complete.
+func TestFrameCallsTakeNoServerLock(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			s.Handle("nop", func(ctx context.Context, req *Message) (*Message, error) { return req, nil })
+			x := wrapped(t, 4<<10, 3)
+			defer x.Release()
+			ctx := ctxT(t)
+			if err := c.Send(ctx, "k", x); err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			done := make(chan error, 1)
+			go func() {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				got, err := c.Fetch(cctx, "k")
+				if err == nil {
+					got.Release()
+					err = c.Send(cctx, "k2", x)
+				}
+				if err == nil {
+					var m *Message
+					if m, err = c.Call(cctx, "nop", &Message{Tensors: []*Tensor{x}}); err == nil {
+						m.Release()
+					}
+				}
+				done <- err
+			}()
+			err := <-done
+			s.mu.Unlock()
+			if err != nil {
+				t.Fatalf("calls with the server's lock held: %v", err)
+			}
+		})
+	}
+}
+
+// TestCreditorOutlivesTransientError: a credit-only frame that fails to
+// post once (a full send queue) does not end the lane's creditor for
+// good. 40 Fetches wait for a key, so the server's 40 answers come with
+// no request between them: past its 31 credits the server needs the
+// client's credit-only frame, whose first try fails.
+func TestCreditorOutlivesTransientError(t *testing.T) {
+	var armed atomic.Bool // the next PostSend fails as a full send queue does
+	fail := func(verbs.SendRequest) error {
+		if armed.CompareAndSwap(true, false) {
+			return verbs.ErrQueueFull
+		}
+		return nil
+	}
+	s, c := pair(t, TransportTCP, nil, []DialOption{WithLanes(1), WithProvider(hookProvider{Provider: tcp.New(), OnPost: fail})})
+	const n = 40
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			got, err := c.Fetch(shortCtx(t, 20*time.Second), "later", WaitForKey())
+			if err == nil {
+				got.Release()
+			}
+			errs <- err
+		}()
+	}
+	ss := serverSessionOf(t, s)
+	waitFor(t, "the Fetches to wait on the server", func() bool {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		return ss.inFlight >= n
+	})
+	armed.Store(true)
+	publishBytes(t, s, "later", 100, 1)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("a Fetch after the creditor's failed post: %v", err)
+		}
+	}
+	if armed.Load() {
+		t.Error("the credit-only frame was never tried")
+	}
+}

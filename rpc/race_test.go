@@ -1,5 +1,0 @@
-//go:build race
-
-package rpc
-
-const raceEnabled = true
