@@ -79,29 +79,33 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	}
 	defer done()
 	return s.intercept(ctx, ss, OpFetch, req.Key, PathStream, 0, func(ctx context.Context, info *CallInfo) error {
-		return s.fetchStream(ctx, ss, peer, req, stream, info)
+		e, err := s.fetch(ctx, req.Key, req.Wait)
+		if err != nil {
+			return err
+		}
+		defer e.Buf.Release()
+		// An unread reply holds gRPC's buffers (and the tensor) until sent.
+		n := int64(len(e.Tensor.Bytes()))
+		refund, err := s.chargeBytes(peer, n)
+		if err != nil {
+			return err
+		}
+		defer refund()
+		var c counters
+		defer s.count(ss, func(sc *counters) { sc.merge(&c) })
+		c.transfers.Add(1)
+		info.setResponse(n)
+		return sendChunks(ctx, chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c)
 	})
 }
 
-func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
-	e, err := s.rv.Fetch(ctx, req.Key, false, req.Wait)
-	if err != nil {
-		return rendezvousError(req.Key, err)
-	}
-	defer e.Buf.Release()
-	// An unread reply holds gRPC's buffers (and the tensor) until sent.
-	refund, err := s.chargeBytes(peer, int64(len(e.Tensor.Bytes())))
-	if err != nil {
-		return err
-	}
-	defer refund()
-	var c counters
-	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
-	c.transfers.Add(1)
-	info.setResponse(int64(len(e.Tensor.Bytes())))
+// sendChunks sends header and the tensors in bufs down a stream
+// (fallback.SendChunks), and takes back what the stream still holds of
+// them before it returns.
+func sendChunks(ctx context.Context, out fallback.MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters) error {
 	refs := fallback.NewChunkRefs()
 	defer refs.Settle(ctx)
-	return fallback.SendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c, refs)
+	return fallback.SendChunks(out, header, bufs, c, refs)
 }
 
 // SendStream implements the SendStream method.

@@ -10,6 +10,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -22,8 +23,11 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	}
 	var resp *pb.FetchResponse
 	err = s.intercept(ctx, ss, OpFetch, req.Key, PathUnary, 0, func(ctx context.Context, info *CallInfo) error {
-		var err error
-		resp, err = s.fetchFor(ctx, ss, nil, 0, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+		e, err := s.fetch(ctx, req.Key, req.Wait)
+		if err != nil {
+			return err
+		}
+		resp, err = s.fetchAnswer(ctx, ss, nil, 0, req.Key, e, s.opts.eagerThreshold, nil)
 		info.setResponse(int64(resp.GetMeta().GetByteLength()))
 		return err
 	})
@@ -33,21 +37,28 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	return resp, nil
 }
 
-// fetchFor is a Fetch however it arrived (the Fetch method, l nil; a
-// FETCH_REQ on lane l): the tensor under key, waited for with wait,
-// offered inline up to inlineMax bytes, else as a transfer read on l;
-// held as in offer.
-func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+// fetch is the work of every Fetch, whatever path it came by (a frame,
+// the Fetch method, FetchStream): the entry published under key, waited
+// for with wait. Without wait it never blocks, which lets the polling
+// goroutine's fetchNow use it too. The caller delivers the entry and
+// releases its reference.
+func (s *Server) fetch(ctx context.Context, key string, wait bool) (rendezvous.Entry, error) {
 	e, err := s.rv.Fetch(ctx, key, false, wait)
 	if err != nil {
-		return nil, rendezvousError(key, err)
+		return rendezvous.Entry{}, rendezvousError(key, err)
 	}
-	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
+	return e, nil
+}
+
+// fetchAnswer is a fetched entry offered to a session's client (l nil:
+// the Fetch method's) as a FetchResponse; it takes over e's reference,
+// offered and held as in offer.
+func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+	meta, inline, id, err := s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
 	if err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return &pb.FetchResponse{Meta: meta, InlineData: inline, TransferId: id}, nil
 }
 
 // offer hands a tensor to a client: inline when it is at most inlineMax
@@ -73,13 +84,7 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 			inline = append([]byte(nil), t.Bytes()...)
 			buf.Release()
 		}
-		s.count(ss, func(c *counters) {
-			c.transfers.Add(1)
-			c.inlineBytes.Add(int64(n))
-			if n > 0 {
-				c.copied(n)
-			}
-		})
+		s.countInline(ss, n)
 		return meta, inline, 0, nil
 	}
 	g, err := l.Grant(buf, n, verbs.AccessRemoteRead)
@@ -116,6 +121,18 @@ func (s *Server) count(ss *serverSession, f func(*counters)) {
 		return
 	}
 	f(&s.total)
+}
+
+// countInline counts a tensor of n bytes that went inline, in a control
+// message, either way: its bytes were copied into or out of it.
+func (s *Server) countInline(ss *serverSession, n int) {
+	s.count(ss, func(c *counters) {
+		c.transfers.Add(1)
+		c.inlineBytes.Add(int64(n))
+		if n > 0 {
+			c.copied(n)
+		}
+	})
 }
 
 // Send implements the Send method: inline only.

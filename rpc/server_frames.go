@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -13,7 +12,6 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -162,10 +160,10 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		return false
 	}
 	var st [4]byte
-	e, err := s.rv.TryFetch(key)
+	e, err := s.fetch(ss.ctx, key, false)
 	switch {
-	case errors.Is(err, rendezvous.ErrNotPublished):
-		raw := engine.AppendStatus(st[:0], rendezvousError(key, err), l.Frames.SlotSize-wire.FrameHeaderLen)
+	case status.Code(err) == codes.NotFound:
+		raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 		// Counted before the answer goes, so that a client holding its
 		// answer sees it counted; taken back if the answer cannot go.
 		ss.answeredNow.Add(1)
@@ -186,8 +184,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
-		resp := &pb.FetchResponse{}
-		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.Tensor, e.Buf, -1, nil)
+		resp, err := s.fetchAnswer(ss.ctx, ss, l, h.Ref, key, e, -1, nil)
 		if err != nil {
 			return false
 		}
@@ -201,6 +198,8 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		}
 		return true
 	}
+	// Inline: the answer views the published buffer, counted only once
+	// it has gone (if it cannot, the call path answers and counts it).
 	defer e.Buf.Release()
 	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
 	ss.answeredNow.Add(1)
@@ -208,11 +207,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		ss.answeredNow.Add(-1)
 		return false
 	}
-	ss.stats.transfers.Add(1)
-	ss.stats.inlineBytes.Add(int64(n))
-	if n > 0 {
-		ss.stats.copied(n)
-	}
+	s.countInline(ss, n)
 	return true
 }
 
@@ -388,7 +383,11 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
 func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&wire.FlagWait != 0, engine.FrameInline(s.opts.eagerThreshold), held)
+	e, err := s.fetch(ctx, key, h.Flags&wire.FlagWait != 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
