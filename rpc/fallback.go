@@ -165,8 +165,7 @@ func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader,
 		return err
 	}
 	defer refund()
-	t := ts[0]
-	if err := s.publish(h.Tensors[0].Key, t.DType(), t.Shape(), t.buf, 0); err != nil {
+	if err := s.send(h.Tensors[0].Key, ts[0], 0); err != nil {
 		return err
 	}
 	return stream.SendAndClose(&pb.SendResponse{})

@@ -141,53 +141,95 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 	if err != nil {
 		return nil, err
 	}
-	var resp *pb.SendResponse
 	err = s.intercept(ctx, ss, OpSend, req.GetMeta().GetKey(), PathUnary, int64(req.GetMeta().GetByteLength()), func(ctx context.Context, _ *CallInfo) error {
-		var err error
-		resp, err = s.sendUnary(ctx, ss, req)
-		return err
+		return s.sendRequest(ctx, ss, nil, req)
 	})
 	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-func (s *Server) sendUnary(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
-	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
-		return nil, err
-	}
-	if req.Meta.Location != nil {
-		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
-	}
-	if n := int(req.Meta.ByteLength); len(req.InlineData) == 0 && n > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes without inline data: the Send method carries tensors inline; use SendStream", req.Meta.Key, n)
-	}
-	if err := s.receiveInline(ctx, ss, req); err != nil {
 		return nil, err
 	}
 	return &pb.SendResponse{}, nil
 }
 
-// receiveInline publishes a Send's inline tensor.
-func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.SendRequest) error {
-	n := int(req.Meta.ByteLength)
-	if len(req.InlineData) != n {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
-	}
-	if err := verifySum(req.Meta, req.InlineData); err != nil {
-		return err
-	}
-	var c counters
-	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
+// sendRequest is a SendRequest however it arrived (the Send method, l
+// nil; a SEND_REQ on lane l): its tensor is taken in and sent. It is
+// published before the answer goes, so the sender's next Fetch sees it.
+func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
+	t, seq, err := s.sentTensor(ctx, ss, l, req)
 	if err != nil {
 		return err
 	}
-	c.transfers.Add(1)
-	c.inlineBytes.Add(int64(n))
-	s.count(ss, func(sc *counters) { sc.merge(&c) })
-	dtype, shape := shapeOf(req.Meta)
-	return s.publish(req.Meta.Key, dtype, shape, buf, 0)
+	return s.send(req.Meta.Key, t, seq)
+}
+
+// send is the work of every Send, whatever path it came by (a frame, the
+// Send method, SendStream), and of Publish: t, which the path brought
+// into the pool, is published under key, ordered by seq (0: now) among
+// the Sends and Publishes of key. It takes over t.
+func (s *Server) send(key string, t *Tensor, seq uint64) error {
+	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: t.Tensor, Buf: t.buf, Seq: seq}); err != nil {
+		return rendezvousError(key, err)
+	}
+	return nil
+}
+
+// sentTensor takes a SendRequest's tensor into the pool: its inline
+// bytes, or on a frame (l not nil) the bytes read from where its location
+// names, with seq, the place in key's order of its arrival, taken before
+// the read. The Send method carries tensors inline only.
+func (s *Server) sentTensor(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) (*Tensor, uint64, error) {
+	m := req.Meta
+	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
+		return nil, 0, err
+	}
+	n := int(m.ByteLength)
+	switch {
+	case m.Location == nil && l == nil && len(req.InlineData) == 0 && n > 0:
+		return nil, 0, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes without inline data: the Send method carries tensors inline; use SendStream", m.Key, n)
+	case m.Location == nil:
+		if len(req.InlineData) != n {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", m.Key, len(req.InlineData), n)
+		}
+		t, err := s.inlineTensor(ctx, ss, m, req.InlineData)
+		return t, 0, err
+	case l == nil:
+		return nil, 0, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
+	case len(req.InlineData) > 0:
+		return nil, 0, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, status.FromContextError(err).Err() // released before it started
+	}
+	seq := s.rv.NextSeq()
+	buf, err := s.pull(ctx, ss, l, m, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	t, err := tensorOf(m, buf)
+	return t, seq, err
+}
+
+// inlineTensor copies a request tensor's inline bytes into the pool.
+func (s *Server) inlineTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline []byte) (*Tensor, error) {
+	if err := verifySum(m, inline); err != nil {
+		return nil, err
+	}
+	buf, err := allocBuffer(ctx, s.pool, len(inline))
+	if err != nil {
+		return nil, err
+	}
+	copy(buf.Bytes(), inline)
+	s.countInline(ss, len(inline))
+	return tensorOf(m, buf)
+}
+
+// tensorOf is the tensor m describes over buf, which it takes over.
+func tensorOf(m *pb.TensorMeta, buf *mempool.Buffer) (*Tensor, error) {
+	dtype, shape := shapeOf(m)
+	t, err := newPoolTensor(dtype, shape, buf)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return t, nil
 }
 
 // Release implements the Release method.
@@ -352,7 +394,7 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 	}
 }
 
-// callTensor materializes one inline request tensor of a Call.
+// callTensor takes in one inline request tensor of a Call.
 func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline [][]byte) (*Tensor, error) {
 	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
 		return nil, err
@@ -363,21 +405,9 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	if m.InlineIndex == nil {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q has no inline data", m.Key)
 	}
-	dtype, shape := shapeOf(m)
 	i := int(*m.InlineIndex)
 	if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
 	}
-	if err := verifySum(m, inline[i]); err != nil {
-		return nil, err
-	}
-	var c counters
-	buf, err := copyToPool(ctx, s.pool, inline[i], &c)
-	if err != nil {
-		return nil, err
-	}
-	c.transfers.Add(1)
-	c.inlineBytes.Add(int64(len(inline[i])))
-	s.count(ss, func(sc *counters) { sc.merge(&c) })
-	return newPoolTensor(dtype, shape, buf)
+	return s.inlineTensor(ctx, ss, m, inline[i])
 }

@@ -98,7 +98,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			return 0, nil, s.sendForFrame(ctx, ss, l, req)
+			return 0, nil, s.sendRequest(ctx, ss, l, req)
 		})
 	case wire.FrameCallReq:
 		req := &pb.CallRequest{}
@@ -427,31 +427,6 @@ func (s *Server) answer(ctx context.Context, ss *serverSession, l *engine.Link, 
 	return wire.FlagIndirect, meta, nil
 }
 
-// sendForFrame is a SEND_REQ: the tensor inline, or read from where the
-// client's location names; it is published before the answer goes, so
-// the sender's next Fetch sees it.
-func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
-	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
-		return err
-	}
-	if req.Meta.Location == nil {
-		return s.receiveInline(ctx, ss, req)
-	}
-	if len(req.InlineData) > 0 {
-		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
-	}
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err() // released before it started
-	}
-	seq := s.rv.NextSeq()
-	buf, err := s.pull(ctx, ss, l, req.Meta, false)
-	if err != nil {
-		return err
-	}
-	dtype, shape := shapeOf(req.Meta)
-	return s.publish(req.Meta.Key, dtype, shape, buf, seq)
-}
-
 // pull reads a tensor the client granted the server (m.Location) into a
 // new pool buffer, counted against the session's quota while it is read
 // (unless charged: a call's tensors are counted for the whole call).
@@ -534,8 +509,7 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.
 				errs[i] = err
 				return
 			}
-			dtype, shape := shapeOf(m)
-			in.Tensors[i], errs[i] = newPoolTensor(dtype, shape, buf)
+			in.Tensors[i], errs[i] = tensorOf(m, buf)
 		})
 	}
 	wg.Wait()
