@@ -48,22 +48,6 @@ func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool
 	return out, nil
 }
 
-// recvRequest receives a client stream's tensors and then its end: bytes
-// past the last tensor, in a further Chunk too, fail InvalidArgument.
-func (s *Server) recvRequest(ctx context.Context, r fallback.MsgReceiver, metas []*pb.TensorMeta, c *counters) ([]*Tensor, error) {
-	ts, err := recvTensors(ctx, r, s.pool, metas, s.opts.maxTensorBytes, c)
-	if err != nil {
-		return nil, err
-	}
-	if err := fallback.ExpectEnd(r); err != nil {
-		for _, t := range ts {
-			t.Release()
-		}
-		return nil, err
-	}
-	return ts, nil
-}
-
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
 	s.streams.Add(1)
@@ -110,116 +94,110 @@ func sendChunks(ctx context.Context, out fallback.MsgSender, header *pb.ChunkHea
 
 // SendStream implements the SendStream method.
 func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
-	s.streams.Add(1)
-	defer s.streams.Done()
-	ctx := stream.Context()
-	peer, cs, h, done, err := s.openStream(stream)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if len(h.Tensors) != 1 {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
-	}
-	return s.intercept(ctx, nil, OpSend, h.Tensors[0].GetKey(), PathStream, metaBytes(h.Tensors), func(ctx context.Context, _ *CallInfo) error {
-		return s.sendStream(ctx, peer, h, cs, stream)
+	return s.clientStream(stream, OpSend, func(h *pb.ChunkHeader) (string, error) {
+		if len(h.Tensors) != 1 {
+			return "", status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
+		}
+		return h.Tensors[0].GetKey(), nil
+	}, func(ctx context.Context, in *streamRequest, _ *CallInfo) error {
+		ts, err := in.receive(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.send(in.header.Tensors[0].Key, ts[0], 0); err != nil {
+			return err
+		}
+		return stream.SendAndClose(&pb.SendResponse{})
 	})
-}
-
-// openStream admits a client stream (SendStream, CallStream) of the
-// caller's peer and reads its header; done ends the admission.
-func (s *Server) openStream(stream grpc.ServerStream) (peer string, cs grpc.ServerStream, h *pb.ChunkHeader, done func(), err error) {
-	peer, done, err = s.admitStream(stream.Context())
-	if err != nil {
-		return "", nil, nil, nil, err
-	}
-	cs = chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	if h, err = fallback.RecvHeader(cs); err != nil {
-		done()
-		return "", nil, nil, nil, err
-	}
-	return peer, cs, h, done, nil
-}
-
-// receiveStream receives a client stream's tensors, charged to peer's
-// stream budget until refund, counted in c.
-func (s *Server) receiveStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs fallback.MsgReceiver, c *counters) (ts []*Tensor, refund func(), err error) {
-	if refund, err = s.chargeStream(peer, h.Tensors); err != nil {
-		return nil, nil, err
-	}
-	ts, err = s.receiveIdle(cs, func(r fallback.MsgReceiver) ([]*Tensor, error) {
-		return s.recvRequest(ctx, r, h.Tensors, c)
-	})
-	if err != nil {
-		refund()
-		return nil, nil, err
-	}
-	return ts, refund, nil
-}
-
-func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs fallback.MsgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
-	if err != nil {
-		return err
-	}
-	defer refund()
-	if err := s.send(h.Tensors[0].Key, ts[0], 0); err != nil {
-		return err
-	}
-	return stream.SendAndClose(&pb.SendResponse{})
 }
 
 // CallStream implements the CallStream method.
 func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk]) error {
+	return s.clientStream(stream, OpCall, func(h *pb.ChunkHeader) (string, error) { return h.Method, nil }, func(ctx context.Context, in *streamRequest, info *CallInfo) error {
+		return s.call(ctx, nil, in.header.Method, in.header.Metadata, in.header.Tensors, in.receive, func(out *Message) error {
+			bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &in.counters, s.opts.checksums)
+			if err != nil {
+				return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
+			}
+			defer releaseAll(bufs)
+			replyBytes := metaBytes(metas)
+			info.setResponse(replyBytes)
+			refund, err := s.chargeBytes(in.peer, replyBytes)
+			if err != nil {
+				return err
+			}
+			defer refund()
+			return sendChunks(ctx, in.stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &in.counters)
+		})
+	})
+}
+
+// streamRequest is a client stream (SendStream, CallStream) whose header
+// has come: receive takes in its tensors.
+type streamRequest struct {
+	s        *Server
+	peer     string
+	stream   grpc.ServerStream // OutChunk/InChunk whatever the client's codec
+	header   *pb.ChunkHeader
+	counters counters // what the stream moved, merged into the server's totals at its end
+	refund   func()   // gives back the stream bytes of the received tensors
+}
+
+// clientStream serves a client stream: it admits it, reads its header,
+// and runs serve under the interceptors, which see op and what name says
+// of the header (name's error fails the stream first).
+func (s *Server) clientStream(stream grpc.ServerStream, op Operation, name func(*pb.ChunkHeader) (string, error), serve func(context.Context, *streamRequest, *CallInfo) error) error {
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	peer, cs, h, done, err := s.openStream(stream)
+	peer, done, err := s.admitStream(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
-		return s.callStream(ctx, peer, h, cs, info)
+	in := &streamRequest{s: s, peer: peer, stream: chunkcodec.ServerStream(stream), refund: func() {}}
+	if in.header, err = fallback.RecvHeader(in.stream); err != nil {
+		return err
+	}
+	key, err := name(in.header)
+	if err != nil {
+		return err
+	}
+	return s.intercept(ctx, nil, op, key, PathStream, metaBytes(in.header.Tensors), func(ctx context.Context, info *CallInfo) error {
+		defer s.count(nil, func(sc *counters) { sc.merge(&in.counters) })
+		defer func() { in.refund() }()
+		return serve(ctx, in, info)
 	})
 }
 
-func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
-	handler, err := s.handler(h.Method)
+// receive takes in the stream's tensors, charged to its peer's stream
+// byte budget until the stream ends, then its end: bytes past the last
+// tensor, in a further Chunk too, fail InvalidArgument.
+func (in *streamRequest) receive(ctx context.Context) ([]*Tensor, error) {
+	s := in.s
+	refund, err := s.chargeStream(in.peer, in.header.Tensors)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
+	ts, err := s.receiveIdle(in.stream, func(r fallback.MsgReceiver) ([]*Tensor, error) {
+		ts, err := recvTensors(ctx, r, s.pool, in.header.Tensors, s.opts.maxTensorBytes, &in.counters)
+		if err != nil {
+			return nil, err
+		}
+		if err := fallback.ExpectEnd(r); err != nil {
+			for _, t := range ts {
+				t.Release()
+			}
+			return nil, err
+		}
+		return ts, nil
+	})
 	if err != nil {
-		return err
+		refund()
+		return nil, err
 	}
-	defer refund()
-	in := &Message{Metadata: h.Metadata, Tensors: ts}
-	defer in.Release()
-	out, err := s.invoke(ctx, nil, handler, in)
-	if err != nil {
-		return err
-	}
-	defer out.Release()
-	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c, s.opts.checksums)
-	if err != nil {
-		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
-	}
-	defer releaseAll(bufs)
-	replyBytes := metaBytes(metas)
-	info.setResponse(replyBytes)
-	refundReply, err := s.chargeBytes(peer, replyBytes)
-	if err != nil {
-		return err
-	}
-	defer refundReply()
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx)
-	return fallback.SendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
+	in.refund = refund
+	return ts, nil
 }
 
 // poolBuffers returns pool buffer references and descriptions for ts.

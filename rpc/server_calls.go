@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -264,7 +265,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	var resp *pb.CallResponse
 	err = s.intercept(ctx, ss, OpCall, req.Method, PathUnary, metaBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
 		var err error
-		resp, err = s.callUnary(ctx, ss, req)
+		resp, err = s.callRequest(ctx, ss, nil, 0, req, s.opts.eagerThreshold, nil)
 		info.setResponse(metaBytes(resp.GetTensors()))
 		return err
 	})
@@ -274,35 +275,73 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	return resp, nil
 }
 
-func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallRequest) (*pb.CallResponse, error) {
-	h, err := s.handler(req.Method)
-	if err != nil {
-		return nil, err
-	}
-	refund, err := s.chargeCall(ss, req)
-	if err != nil {
-		return nil, err
-	}
-	defer refund()
-	in := &Message{Metadata: req.Metadata}
-	defer in.Release()
-	for _, m := range req.Tensors {
-		t, err := s.callTensor(ctx, ss, m, req.InlineData)
-		if err != nil {
-			return nil, err
-		}
-		in.Tensors = append(in.Tensors, t)
-	}
-	out, err := s.invoke(ctx, ss, h, in)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Release()
-	resp, err := s.reply(ctx, ss, nil, 0, out, s.opts.eagerThreshold, nil)
+// callRequest is a CallRequest however it arrived (the Call method, l
+// nil; a CALL_REQ named ref on lane l): its tensors are taken in, and the
+// reply offered as a CallResponse, as in reply.
+func (s *Server) callRequest(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
+	var resp *pb.CallResponse
+	err := s.call(ctx, ss, req.Method, req.Metadata, req.Tensors, func(ctx context.Context) ([]*Tensor, error) {
+		return s.requestTensors(ctx, ss, l, req)
+	}, func(out *Message) error {
+		var err error
+		resp, err = s.reply(ctx, ss, l, ref, out, inlineMax, held)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// call is the work of every Call, whatever path it came by (a frame, the
+// Call method, CallStream): method's handler is looked up, the request's
+// tensors (metas) are charged to the session's quota until the call ends
+// (see chargeCall), load takes them in as the path carries them, the
+// handler runs on them, and deliver gives its reply to the client. The
+// request and the reply are released once deliver returns. A handler's
+// error that is not a gRPC status becomes Unknown; a nil reply an empty
+// one.
+func (s *Server) call(ctx context.Context, ss *serverSession, method string, metadata []byte, metas []*pb.TensorMeta, load func(context.Context) ([]*Tensor, error), deliver func(*Message) error) error {
+	h, err := s.handler(method)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err() // released before it started
+	}
+	refund, err := s.chargeCall(ss, metas)
+	if err != nil {
+		return err
+	}
+	defer refund()
+	ts, err := load(ctx)
+	in := &Message{Metadata: metadata, Tensors: ts}
+	defer in.Release()
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err() // cancelled while its tensors came
+	}
+	out, err := h(ctx, in)
+	if err != nil {
+		s.count(ss, func(c *counters) { c.errors.Add(1) })
+		if out != nil {
+			out.Release()
+		}
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return status.FromContextError(err).Err() // as gRPC reports a handler's context error
+		}
+		return status.Error(codes.Unknown, err.Error())
+	}
+	if out == nil {
+		out = &Message{}
+	}
+	defer out.Release()
+	return deliver(out)
 }
 
 // chargeCall counts the request tensors a call brings into the server's
@@ -310,12 +349,12 @@ func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallR
 // returns what refunds them. Several tensors may name the same inline
 // bytes, each copied into a buffer of its own: without the charge, a few
 // kilobytes of request could hold the pool's whole limit.
-func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), error) {
+func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), error) {
 	if ss == nil {
 		return func() {}, nil
 	}
 	var n int64
-	for _, m := range req.Tensors {
+	for _, m := range metas {
 		if m == nil || (m.InlineIndex == nil && m.Location == nil) {
 			continue
 		}
@@ -330,29 +369,6 @@ func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), err
 		return nil, err
 	}
 	return func() { ss.refund(n) }, nil
-}
-
-// invoke runs a handler, the same for every way a call arrives: an error
-// that is not a gRPC status becomes Unknown; a nil reply an empty one.
-func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *Message) (*Message, error) {
-	out, err := h(ctx, in)
-	if err != nil {
-		s.count(ss, func(c *counters) { c.errors.Add(1) })
-		if out != nil {
-			out.Release()
-		}
-		if _, ok := status.FromError(err); ok {
-			return nil, err
-		}
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return nil, status.FromContextError(err).Err() // as gRPC reports a handler's context error
-		}
-		return nil, status.Error(codes.Unknown, err.Error())
-	}
-	if out == nil {
-		out = &Message{}
-	}
-	return out, nil
 }
 
 // reply offers a handler's reply tensors to the client of the call named
@@ -392,6 +408,43 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 			t.finish()
 		}
 	}
+}
+
+// requestTensors takes a CallRequest's tensors into the pool: inline
+// ones, and on a frame (l not nil) located ones, read all at once from
+// the client's memory. It stops at the first tensor it cannot take; the
+// tensors returned, taken or nil, are the caller's to release, on error
+// too.
+func (s *Server) requestTensors(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.CallRequest) ([]*Tensor, error) {
+	ts := make([]*Tensor, len(req.Tensors))
+	errs := make([]error, len(req.Tensors))
+	var wg sync.WaitGroup
+	for i, m := range req.Tensors {
+		var err error
+		if l == nil || m.GetLocation() == nil || m.TransferId != 0 {
+			ts[i], err = s.callTensor(ctx, ss, m, req.InlineData)
+		} else if err = checkMeta(m, s.opts.maxTensorBytes); err == nil {
+			wg.Go(func() {
+				buf, err := s.pull(ctx, ss, l, m, true)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				ts[i], errs[i] = tensorOf(m, buf)
+			})
+		}
+		if err != nil {
+			errs[i] = err
+			break
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return ts, err
+		}
+	}
+	return ts, nil
 }
 
 // callTensor takes in one inline request tensor of a Call.

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -474,59 +473,10 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m 
 	return buf, nil
 }
 
-// callForFrame is a CALL_REQ: its tensors are taken in (the located ones
-// read all at once), the handler runs, and the reply is a CallResponse,
-// indirect when it does not fit a slot.
+// callForFrame is a CALL_REQ: a CallResponse (see callRequest), indirect
+// when it does not fit a slot.
 func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	h, err := s.handler(req.Method)
-	if err != nil {
-		return 0, nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, nil, status.FromContextError(err).Err() // released before it started
-	}
-	refund, err := s.chargeCall(ss, req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer refund()
-	in := &Message{Metadata: req.Metadata, Tensors: make([]*Tensor, len(req.Tensors))}
-	defer in.Release()
-	errs := make([]error, len(req.Tensors))
-	var wg sync.WaitGroup
-	for i, m := range req.Tensors {
-		if m.GetLocation() == nil || m.TransferId != 0 {
-			in.Tensors[i], errs[i] = s.callTensor(ctx, ss, m, req.InlineData)
-			continue
-		}
-		if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
-			errs[i] = err
-			continue
-		}
-		wg.Go(func() {
-			buf, err := s.pull(ctx, ss, l, m, true)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			in.Tensors[i], errs[i] = tensorOf(m, buf)
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return 0, nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, nil, status.FromContextError(err).Err() // cancelled while its tensors came
-	}
-	out, err := s.invoke(ctx, ss, h, in)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer out.Release()
-	resp, err := s.reply(ctx, ss, l, ref, out, engine.FrameInline(s.opts.eagerThreshold), held)
+	resp, err := s.callRequest(ctx, ss, l, ref, req, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
