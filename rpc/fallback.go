@@ -250,22 +250,44 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	return ts[0], nil
 }
 
+// chunksOut is what a client stream of the fallback (SendStream,
+// CallStream) sends: its tensors' pool buffers and descriptions, and the
+// references to the chunks gRPC holds of them.
+type chunksOut struct {
+	bufs  []*mempool.Buffer
+	metas []*pb.TensorMeta
+	refs  *fallback.ChunkRefs
+}
+
+// chunksOut readies ts to be sent down a stream made under the returned
+// child of ctx. done cancels that context, then takes back what a dead
+// connection never freed of the chunks and releases the buffers.
+func (c *Client) chunksOut(ctx context.Context, ts []*Tensor) (_ context.Context, _ *chunksOut, done func(), _ error) {
+	bufs, metas, err := poolBuffers(ctx, c.pool, ts, &c.stats, c.opts.checksums)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	out := &chunksOut{bufs: bufs, metas: metas, refs: fallback.NewChunkRefs()}
+	return ctx, out, func() {
+		cancel()
+		out.refs.Settle(ctx)
+		releaseAll(bufs)
+	}, nil
+}
+
 // sendStream is Send over the fallback.
 func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
-	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats, c.opts.checksums)
+	ctx, out, done, err := c.chunksOut(ctx, []*Tensor{t})
 	if err != nil {
 		return err
 	}
-	defer releaseAll(bufs)
-	ctx, cancel := context.WithCancel(ctx)
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx) // after cancel: takes back what a dead connection never freed
-	defer cancel()
+	defer done()
 	stream, err := c.api.SendStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return err
 	}
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats, refs); err != nil {
+	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, out.bufs, &c.stats, out.refs); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -282,21 +304,17 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 
 // callStream is Call over the fallback.
 func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
-	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats, c.opts.checksums)
+	ctx, out, done, err := c.chunksOut(ctx, req.Tensors)
 	if err != nil {
 		return nil, err
 	}
-	defer releaseAll(bufs)
-	ctx, cancel := context.WithCancel(ctx)
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx) // after cancel: takes back what a dead connection never freed
-	defer cancel()
+	defer done()
 	stream, err := c.api.CallStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats, refs); err != nil && !errors.Is(err, io.EOF) {
+	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: out.metas}, out.bufs, &c.stats, out.refs); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := stream.CloseSend(); err != nil {
