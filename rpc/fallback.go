@@ -48,22 +48,6 @@ func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool
 	return out, nil
 }
 
-// recvRequest receives a client stream's tensors and then its end: bytes
-// past the last tensor, in a further Chunk too, fail InvalidArgument.
-func (s *Server) recvRequest(ctx context.Context, r fallback.MsgReceiver, metas []*pb.TensorMeta, c *counters) ([]*Tensor, error) {
-	ts, err := recvTensors(ctx, r, s.pool, metas, s.opts.maxTensorBytes, c)
-	if err != nil {
-		return nil, err
-	}
-	if err := fallback.ExpectEnd(r); err != nil {
-		for _, t := range ts {
-			t.Release()
-		}
-		return nil, err
-	}
-	return ts, nil
-}
-
 // FetchStream implements the FetchStream method.
 func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk]) error {
 	s.streams.Add(1)
@@ -79,144 +63,141 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 	}
 	defer done()
 	return s.intercept(ctx, ss, OpFetch, req.Key, PathStream, 0, func(ctx context.Context, info *CallInfo) error {
-		return s.fetchStream(ctx, ss, peer, req, stream, info)
+		e, err := s.fetch(ctx, req.Key, req.Wait)
+		if err != nil {
+			return err
+		}
+		defer e.Buf.Release()
+		// An unread reply holds gRPC's buffers (and the tensor) until sent.
+		n := int64(len(e.Tensor.Bytes()))
+		refund, err := s.chargeBytes(peer, n)
+		if err != nil {
+			return err
+		}
+		defer refund()
+		var c counters
+		defer s.count(ss, func(sc *counters) { sc.merge(&c) })
+		c.transfers.Add(1)
+		info.setResponse(n)
+		return sendChunks(ctx, chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c)
 	})
 }
 
-func (s *Server) fetchStream(ctx context.Context, ss *serverSession, peer string, req *pb.FetchRequest, stream grpc.ServerStreamingServer[pb.Chunk], info *CallInfo) error {
-	e, err := s.rv.Fetch(ctx, req.Key, false, req.Wait)
-	if err != nil {
-		return rendezvousError(req.Key, err)
-	}
-	defer e.Buf.Release()
-	// An unread reply holds gRPC's buffers (and the tensor) until sent.
-	refund, err := s.chargeBytes(peer, int64(len(e.Tensor.Bytes())))
-	if err != nil {
-		return err
-	}
-	defer refund()
-	var c counters
-	defer s.count(ss, func(sc *counters) { sc.merge(&c) })
-	c.transfers.Add(1)
-	info.setResponse(int64(len(e.Tensor.Bytes())))
+// sendChunks sends header and the tensors in bufs down a stream
+// (fallback.SendChunks), and takes back what the stream still holds of
+// them before it returns.
+func sendChunks(ctx context.Context, out fallback.MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters) error {
 	refs := fallback.NewChunkRefs()
 	defer refs.Settle(ctx)
-	return fallback.SendChunks(chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c, refs)
+	return fallback.SendChunks(out, header, bufs, c, refs)
 }
 
 // SendStream implements the SendStream method.
 func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
-	s.streams.Add(1)
-	defer s.streams.Done()
-	ctx := stream.Context()
-	peer, cs, h, done, err := s.openStream(stream)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if len(h.Tensors) != 1 {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
-	}
-	return s.intercept(ctx, nil, OpSend, h.Tensors[0].GetKey(), PathStream, metaBytes(h.Tensors), func(ctx context.Context, _ *CallInfo) error {
-		return s.sendStream(ctx, peer, h, cs, stream)
+	return s.clientStream(stream, OpSend, func(h *pb.ChunkHeader) (string, error) {
+		if len(h.Tensors) != 1 {
+			return "", status.Errorf(codes.InvalidArgument, "tensorrpc: SendStream carries one tensor, header has %d", len(h.Tensors))
+		}
+		return h.Tensors[0].GetKey(), nil
+	}, func(ctx context.Context, in *streamRequest, _ *CallInfo) error {
+		ts, err := in.receive(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.send(in.header.Tensors[0].Key, ts[0], 0); err != nil {
+			return err
+		}
+		return stream.SendAndClose(&pb.SendResponse{})
 	})
-}
-
-// openStream admits a client stream (SendStream, CallStream) of the
-// caller's peer and reads its header; done ends the admission.
-func (s *Server) openStream(stream grpc.ServerStream) (peer string, cs grpc.ServerStream, h *pb.ChunkHeader, done func(), err error) {
-	peer, done, err = s.admitStream(stream.Context())
-	if err != nil {
-		return "", nil, nil, nil, err
-	}
-	cs = chunkcodec.ServerStream(stream) // OutChunk/InChunk whatever the client's codec
-	if h, err = fallback.RecvHeader(cs); err != nil {
-		done()
-		return "", nil, nil, nil, err
-	}
-	return peer, cs, h, done, nil
-}
-
-// receiveStream receives a client stream's tensors, charged to peer's
-// stream budget until refund, counted in c.
-func (s *Server) receiveStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs fallback.MsgReceiver, c *counters) (ts []*Tensor, refund func(), err error) {
-	if refund, err = s.chargeStream(peer, h.Tensors); err != nil {
-		return nil, nil, err
-	}
-	ts, err = s.receiveIdle(cs, func(r fallback.MsgReceiver) ([]*Tensor, error) {
-		return s.recvRequest(ctx, r, h.Tensors, c)
-	})
-	if err != nil {
-		refund()
-		return nil, nil, err
-	}
-	return ts, refund, nil
-}
-
-func (s *Server) sendStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs fallback.MsgReceiver, stream grpc.ClientStreamingServer[pb.Chunk, pb.SendResponse]) error {
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
-	if err != nil {
-		return err
-	}
-	defer refund()
-	t := ts[0]
-	if err := s.publish(h.Tensors[0].Key, t.DType(), t.Shape(), t.buf, 0); err != nil {
-		return err
-	}
-	return stream.SendAndClose(&pb.SendResponse{})
 }
 
 // CallStream implements the CallStream method.
 func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk]) error {
+	return s.clientStream(stream, OpCall, func(h *pb.ChunkHeader) (string, error) { return h.Method, nil }, func(ctx context.Context, in *streamRequest, info *CallInfo) error {
+		return s.call(ctx, nil, in.header.Method, in.header.Metadata, in.header.Tensors, in.receive, func(out *Message) error {
+			bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &in.counters, s.opts.checksums)
+			if err != nil {
+				return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
+			}
+			defer releaseAll(bufs)
+			replyBytes := metaBytes(metas)
+			info.setResponse(replyBytes)
+			refund, err := s.chargeBytes(in.peer, replyBytes)
+			if err != nil {
+				return err
+			}
+			defer refund()
+			return sendChunks(ctx, in.stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &in.counters)
+		})
+	})
+}
+
+// streamRequest is a client stream (SendStream, CallStream) whose header
+// has come: receive takes in its tensors.
+type streamRequest struct {
+	s        *Server
+	peer     string
+	stream   grpc.ServerStream // OutChunk/InChunk whatever the client's codec
+	header   *pb.ChunkHeader
+	counters counters // what the stream moved, merged into the server's totals at its end
+	refund   func()   // gives back the stream bytes of the received tensors
+}
+
+// clientStream serves a client stream: it admits it, reads its header,
+// and runs serve under the interceptors, which see op and what name says
+// of the header (name's error fails the stream first).
+func (s *Server) clientStream(stream grpc.ServerStream, op Operation, name func(*pb.ChunkHeader) (string, error), serve func(context.Context, *streamRequest, *CallInfo) error) error {
 	s.streams.Add(1)
 	defer s.streams.Done()
 	ctx := stream.Context()
-	peer, cs, h, done, err := s.openStream(stream)
+	peer, done, err := s.admitStream(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	return s.intercept(ctx, nil, OpCall, h.Method, PathStream, metaBytes(h.Tensors), func(ctx context.Context, info *CallInfo) error {
-		return s.callStream(ctx, peer, h, cs, info)
+	in := &streamRequest{s: s, peer: peer, stream: chunkcodec.ServerStream(stream), refund: func() {}}
+	if in.header, err = fallback.RecvHeader(in.stream); err != nil {
+		return err
+	}
+	key, err := name(in.header)
+	if err != nil {
+		return err
+	}
+	return s.intercept(ctx, nil, op, key, PathStream, metaBytes(in.header.Tensors), func(ctx context.Context, info *CallInfo) error {
+		defer s.count(nil, func(sc *counters) { sc.merge(&in.counters) })
+		defer func() { in.refund() }()
+		return serve(ctx, in, info)
 	})
 }
 
-func (s *Server) callStream(ctx context.Context, peer string, h *pb.ChunkHeader, cs grpc.ServerStream, info *CallInfo) error {
-	handler, err := s.handler(h.Method)
+// receive takes in the stream's tensors, charged to its peer's stream
+// byte budget until the stream ends, then its end: bytes past the last
+// tensor, in a further Chunk too, fail InvalidArgument.
+func (in *streamRequest) receive(ctx context.Context) ([]*Tensor, error) {
+	s := in.s
+	refund, err := s.chargeStream(in.peer, in.header.Tensors)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var c counters
-	defer s.count(nil, func(sc *counters) { sc.merge(&c) })
-	ts, refund, err := s.receiveStream(ctx, peer, h, cs, &c)
+	ts, err := s.receiveIdle(in.stream, func(r fallback.MsgReceiver) ([]*Tensor, error) {
+		ts, err := recvTensors(ctx, r, s.pool, in.header.Tensors, s.opts.maxTensorBytes, &in.counters)
+		if err != nil {
+			return nil, err
+		}
+		if err := fallback.ExpectEnd(r); err != nil {
+			for _, t := range ts {
+				t.Release()
+			}
+			return nil, err
+		}
+		return ts, nil
+	})
 	if err != nil {
-		return err
+		refund()
+		return nil, err
 	}
-	defer refund()
-	in := &Message{Metadata: h.Metadata, Tensors: ts}
-	defer in.Release()
-	out, err := s.invoke(ctx, nil, handler, in)
-	if err != nil {
-		return err
-	}
-	defer out.Release()
-	bufs, metas, err := poolBuffers(ctx, s.pool, out.Tensors, &c, s.opts.checksums)
-	if err != nil {
-		return status.Errorf(codes.Internal, "tensorrpc: reply: %v", err)
-	}
-	defer releaseAll(bufs)
-	replyBytes := metaBytes(metas)
-	info.setResponse(replyBytes)
-	refundReply, err := s.chargeBytes(peer, replyBytes)
-	if err != nil {
-		return err
-	}
-	defer refundReply()
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx)
-	return fallback.SendChunks(cs, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &c, refs)
+	in.refund = refund
+	return ts, nil
 }
 
 // poolBuffers returns pool buffer references and descriptions for ts.
@@ -269,22 +250,44 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	return ts[0], nil
 }
 
+// chunksOut is what a client stream of the fallback (SendStream,
+// CallStream) sends: its tensors' pool buffers and descriptions, and the
+// references to the chunks gRPC holds of them.
+type chunksOut struct {
+	bufs  []*mempool.Buffer
+	metas []*pb.TensorMeta
+	refs  *fallback.ChunkRefs
+}
+
+// chunksOut readies ts to be sent down a stream made under the returned
+// child of ctx. done cancels that context, then takes back what a dead
+// connection never freed of the chunks and releases the buffers.
+func (c *Client) chunksOut(ctx context.Context, ts []*Tensor) (_ context.Context, _ *chunksOut, done func(), _ error) {
+	bufs, metas, err := poolBuffers(ctx, c.pool, ts, &c.stats, c.opts.checksums)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	out := &chunksOut{bufs: bufs, metas: metas, refs: fallback.NewChunkRefs()}
+	return ctx, out, func() {
+		cancel()
+		out.refs.Settle(ctx)
+		releaseAll(bufs)
+	}, nil
+}
+
 // sendStream is Send over the fallback.
 func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
-	bufs, _, err := poolBuffers(ctx, c.pool, []*Tensor{t}, &c.stats, c.opts.checksums)
+	ctx, out, done, err := c.chunksOut(ctx, []*Tensor{t})
 	if err != nil {
 		return err
 	}
-	defer releaseAll(bufs)
-	ctx, cancel := context.WithCancel(ctx)
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx) // after cancel: takes back what a dead connection never freed
-	defer cancel()
+	defer done()
 	stream, err := c.api.SendStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return err
 	}
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, bufs, &c.stats, refs); err != nil {
+	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, out.bufs, &c.stats, out.refs); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -301,21 +304,17 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 
 // callStream is Call over the fallback.
 func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
-	bufs, metas, err := poolBuffers(ctx, c.pool, req.Tensors, &c.stats, c.opts.checksums)
+	ctx, out, done, err := c.chunksOut(ctx, req.Tensors)
 	if err != nil {
 		return nil, err
 	}
-	defer releaseAll(bufs)
-	ctx, cancel := context.WithCancel(ctx)
-	refs := fallback.NewChunkRefs()
-	defer refs.Settle(ctx) // after cancel: takes back what a dead connection never freed
-	defer cancel()
+	defer done()
 	stream, err := c.api.CallStream(ctx, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: metas}, bufs, &c.stats, refs); err != nil && !errors.Is(err, io.EOF) {
+	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: out.metas}, out.bufs, &c.stats, out.refs); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := stream.CloseSend(); err != nil {

@@ -185,23 +185,11 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
 	if err != nil {
 		return err
 	}
-	return s.publish(key, t.DType(), t.Shape(), buf, 0)
-}
-
-// publish puts buf, holding a tensor of dtype and shape, under key in the
-// rendezvous: how Publish and every Send, however it arrived, hand a tensor
-// over. It takes over buf's reference. seq (0: now) orders it among the
-// Sends and Publishes of key.
-func (s *Server) publish(key string, dtype zerocopy.DType, shape []int64, buf *mempool.Buffer, seq uint64) error {
-	zt, err := zerocopy.New(dtype, shape, buf.Bytes())
+	own, err := newPoolTensor(t.DType(), t.Shape(), buf)
 	if err != nil {
-		buf.Release()
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: zt, Buf: buf, Seq: seq}); err != nil {
-		return rendezvousError(key, err)
-	}
-	return nil
+	return s.send(key, own, 0)
 }
 
 // Unpublish removes key. It reports whether key was published. Transfers

@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -10,6 +11,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -22,8 +24,11 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	}
 	var resp *pb.FetchResponse
 	err = s.intercept(ctx, ss, OpFetch, req.Key, PathUnary, 0, func(ctx context.Context, info *CallInfo) error {
-		var err error
-		resp, err = s.fetchFor(ctx, ss, nil, 0, req.Key, req.Wait, s.opts.eagerThreshold, nil)
+		e, err := s.fetch(ctx, req.Key, req.Wait)
+		if err != nil {
+			return err
+		}
+		resp, err = s.fetchAnswer(ctx, ss, nil, 0, req.Key, e, s.opts.eagerThreshold, nil)
 		info.setResponse(int64(resp.GetMeta().GetByteLength()))
 		return err
 	})
@@ -33,21 +38,28 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 	return resp, nil
 }
 
-// fetchFor is a Fetch however it arrived (the Fetch method, l nil; a
-// FETCH_REQ on lane l): the tensor under key, waited for with wait,
-// offered inline up to inlineMax bytes, else as a transfer read on l;
-// held as in offer.
-func (s *Server) fetchFor(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, wait bool, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+// fetch is the work of every Fetch, whatever path it came by (a frame,
+// the Fetch method, FetchStream): the entry published under key, waited
+// for with wait. Without wait it never blocks, which lets the polling
+// goroutine's fetchNow use it too. The caller delivers the entry and
+// releases its reference.
+func (s *Server) fetch(ctx context.Context, key string, wait bool) (rendezvous.Entry, error) {
 	e, err := s.rv.Fetch(ctx, key, false, wait)
 	if err != nil {
-		return nil, rendezvousError(key, err)
+		return rendezvous.Entry{}, rendezvousError(key, err)
 	}
-	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
+	return e, nil
+}
+
+// fetchAnswer is a fetched entry offered to a session's client (l nil:
+// the Fetch method's) as a FetchResponse; it takes over e's reference,
+// offered and held as in offer.
+func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+	meta, inline, id, err := s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
 	if err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return &pb.FetchResponse{Meta: meta, InlineData: inline, TransferId: id}, nil
 }
 
 // offer hands a tensor to a client: inline when it is at most inlineMax
@@ -73,13 +85,7 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 			inline = append([]byte(nil), t.Bytes()...)
 			buf.Release()
 		}
-		s.count(ss, func(c *counters) {
-			c.transfers.Add(1)
-			c.inlineBytes.Add(int64(n))
-			if n > 0 {
-				c.copied(n)
-			}
-		})
+		s.countInline(ss, n)
 		return meta, inline, 0, nil
 	}
 	g, err := l.Grant(buf, n, verbs.AccessRemoteRead)
@@ -118,59 +124,113 @@ func (s *Server) count(ss *serverSession, f func(*counters)) {
 	f(&s.total)
 }
 
+// countInline counts a tensor of n bytes that went inline, in a control
+// message, either way: its bytes were copied into or out of it.
+func (s *Server) countInline(ss *serverSession, n int) {
+	s.count(ss, func(c *counters) {
+		c.transfers.Add(1)
+		c.inlineBytes.Add(int64(n))
+		if n > 0 {
+			c.copied(n)
+		}
+	})
+}
+
 // Send implements the Send method: inline only.
 func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendResponse, error) {
 	ss, err := s.session(ctx, req.SessionId)
 	if err != nil {
 		return nil, err
 	}
-	var resp *pb.SendResponse
 	err = s.intercept(ctx, ss, OpSend, req.GetMeta().GetKey(), PathUnary, int64(req.GetMeta().GetByteLength()), func(ctx context.Context, _ *CallInfo) error {
-		var err error
-		resp, err = s.sendUnary(ctx, ss, req)
-		return err
+		return s.sendRequest(ctx, ss, nil, req)
 	})
 	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-func (s *Server) sendUnary(ctx context.Context, ss *serverSession, req *pb.SendRequest) (*pb.SendResponse, error) {
-	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
-		return nil, err
-	}
-	if req.Meta.Location != nil {
-		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
-	}
-	if n := int(req.Meta.ByteLength); len(req.InlineData) == 0 && n > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes without inline data: the Send method carries tensors inline; use SendStream", req.Meta.Key, n)
-	}
-	if err := s.receiveInline(ctx, ss, req); err != nil {
 		return nil, err
 	}
 	return &pb.SendResponse{}, nil
 }
 
-// receiveInline publishes a Send's inline tensor.
-func (s *Server) receiveInline(ctx context.Context, ss *serverSession, req *pb.SendRequest) error {
-	n := int(req.Meta.ByteLength)
-	if len(req.InlineData) != n {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", req.Meta.Key, len(req.InlineData), n)
-	}
-	if err := verifySum(req.Meta, req.InlineData); err != nil {
-		return err
-	}
-	var c counters
-	buf, err := copyToPool(ctx, s.pool, req.InlineData, &c)
+// sendRequest is a SendRequest however it arrived (the Send method, l
+// nil; a SEND_REQ on lane l): its tensor is taken in and sent. It is
+// published before the answer goes, so the sender's next Fetch sees it.
+func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
+	t, seq, err := s.sentTensor(ctx, ss, l, req)
 	if err != nil {
 		return err
 	}
-	c.transfers.Add(1)
-	c.inlineBytes.Add(int64(n))
-	s.count(ss, func(sc *counters) { sc.merge(&c) })
-	dtype, shape := shapeOf(req.Meta)
-	return s.publish(req.Meta.Key, dtype, shape, buf, 0)
+	return s.send(req.Meta.Key, t, seq)
+}
+
+// send is the work of every Send, whatever path it came by (a frame, the
+// Send method, SendStream), and of Publish: t, which the path brought
+// into the pool, is published under key, ordered by seq (0: now) among
+// the Sends and Publishes of key. It takes over t.
+func (s *Server) send(key string, t *Tensor, seq uint64) error {
+	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: t.Tensor, Buf: t.buf, Seq: seq}); err != nil {
+		return rendezvousError(key, err)
+	}
+	return nil
+}
+
+// sentTensor takes a SendRequest's tensor into the pool: its inline
+// bytes, or on a frame (l not nil) the bytes read from where its location
+// names, with seq, the place in key's order of its arrival, taken before
+// the read. The Send method carries tensors inline only.
+func (s *Server) sentTensor(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) (*Tensor, uint64, error) {
+	m := req.Meta
+	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
+		return nil, 0, err
+	}
+	n := int(m.ByteLength)
+	switch {
+	case m.Location == nil && l == nil && len(req.InlineData) == 0 && n > 0:
+		return nil, 0, status.Errorf(codes.FailedPrecondition, "tensorrpc: tensor %q of %d bytes without inline data: the Send method carries tensors inline; use SendStream", m.Key, n)
+	case m.Location == nil:
+		if len(req.InlineData) != n {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: %d inline bytes for a %d-byte tensor", m.Key, len(req.InlineData), n)
+		}
+		t, err := s.inlineTensor(ctx, ss, m, req.InlineData)
+		return t, 0, err
+	case l == nil:
+		return nil, 0, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor has no location")
+	case len(req.InlineData) > 0:
+		return nil, 0, status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, status.FromContextError(err).Err() // released before it started
+	}
+	seq := s.rv.NextSeq()
+	buf, err := s.pull(ctx, ss, l, m, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	t, err := tensorOf(m, buf)
+	return t, seq, err
+}
+
+// inlineTensor copies a request tensor's inline bytes into the pool.
+func (s *Server) inlineTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline []byte) (*Tensor, error) {
+	if err := verifySum(m, inline); err != nil {
+		return nil, err
+	}
+	buf, err := allocBuffer(ctx, s.pool, len(inline))
+	if err != nil {
+		return nil, err
+	}
+	copy(buf.Bytes(), inline)
+	s.countInline(ss, len(inline))
+	return tensorOf(m, buf)
+}
+
+// tensorOf is the tensor m describes over buf, which it takes over.
+func tensorOf(m *pb.TensorMeta, buf *mempool.Buffer) (*Tensor, error) {
+	dtype, shape := shapeOf(m)
+	t, err := newPoolTensor(dtype, shape, buf)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return t, nil
 }
 
 // Release implements the Release method.
@@ -205,7 +265,7 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	var resp *pb.CallResponse
 	err = s.intercept(ctx, ss, OpCall, req.Method, PathUnary, metaBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
 		var err error
-		resp, err = s.callUnary(ctx, ss, req)
+		resp, err = s.callRequest(ctx, ss, nil, 0, req, s.opts.eagerThreshold, nil)
 		info.setResponse(metaBytes(resp.GetTensors()))
 		return err
 	})
@@ -215,35 +275,73 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 	return resp, nil
 }
 
-func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallRequest) (*pb.CallResponse, error) {
-	h, err := s.handler(req.Method)
-	if err != nil {
-		return nil, err
-	}
-	refund, err := s.chargeCall(ss, req)
-	if err != nil {
-		return nil, err
-	}
-	defer refund()
-	in := &Message{Metadata: req.Metadata}
-	defer in.Release()
-	for _, m := range req.Tensors {
-		t, err := s.callTensor(ctx, ss, m, req.InlineData)
-		if err != nil {
-			return nil, err
-		}
-		in.Tensors = append(in.Tensors, t)
-	}
-	out, err := s.invoke(ctx, ss, h, in)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Release()
-	resp, err := s.reply(ctx, ss, nil, 0, out, s.opts.eagerThreshold, nil)
+// callRequest is a CallRequest however it arrived (the Call method, l
+// nil; a CALL_REQ named ref on lane l): its tensors are taken in, and the
+// reply offered as a CallResponse, as in reply.
+func (s *Server) callRequest(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
+	var resp *pb.CallResponse
+	err := s.call(ctx, ss, req.Method, req.Metadata, req.Tensors, func(ctx context.Context) ([]*Tensor, error) {
+		return s.requestTensors(ctx, ss, l, req)
+	}, func(out *Message) error {
+		var err error
+		resp, err = s.reply(ctx, ss, l, ref, out, inlineMax, held)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// call is the work of every Call, whatever path it came by (a frame, the
+// Call method, CallStream): method's handler is looked up, the request's
+// tensors (metas) are charged to the session's quota until the call ends
+// (see chargeCall), load takes them in as the path carries them, the
+// handler runs on them, and deliver gives its reply to the client. The
+// request and the reply are released once deliver returns. A handler's
+// error that is not a gRPC status becomes Unknown; a nil reply an empty
+// one.
+func (s *Server) call(ctx context.Context, ss *serverSession, method string, metadata []byte, metas []*pb.TensorMeta, load func(context.Context) ([]*Tensor, error), deliver func(*Message) error) error {
+	h, err := s.handler(method)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err() // released before it started
+	}
+	refund, err := s.chargeCall(ss, metas)
+	if err != nil {
+		return err
+	}
+	defer refund()
+	ts, err := load(ctx)
+	in := &Message{Metadata: metadata, Tensors: ts}
+	defer in.Release()
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err() // cancelled while its tensors came
+	}
+	out, err := h(ctx, in)
+	if err != nil {
+		s.count(ss, func(c *counters) { c.errors.Add(1) })
+		if out != nil {
+			out.Release()
+		}
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return status.FromContextError(err).Err() // as gRPC reports a handler's context error
+		}
+		return status.Error(codes.Unknown, err.Error())
+	}
+	if out == nil {
+		out = &Message{}
+	}
+	defer out.Release()
+	return deliver(out)
 }
 
 // chargeCall counts the request tensors a call brings into the server's
@@ -251,12 +349,12 @@ func (s *Server) callUnary(ctx context.Context, ss *serverSession, req *pb.CallR
 // returns what refunds them. Several tensors may name the same inline
 // bytes, each copied into a buffer of its own: without the charge, a few
 // kilobytes of request could hold the pool's whole limit.
-func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), error) {
+func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), error) {
 	if ss == nil {
 		return func() {}, nil
 	}
 	var n int64
-	for _, m := range req.Tensors {
+	for _, m := range metas {
 		if m == nil || (m.InlineIndex == nil && m.Location == nil) {
 			continue
 		}
@@ -271,29 +369,6 @@ func (s *Server) chargeCall(ss *serverSession, req *pb.CallRequest) (func(), err
 		return nil, err
 	}
 	return func() { ss.refund(n) }, nil
-}
-
-// invoke runs a handler, the same for every way a call arrives: an error
-// that is not a gRPC status becomes Unknown; a nil reply an empty one.
-func (s *Server) invoke(ctx context.Context, ss *serverSession, h Handler, in *Message) (*Message, error) {
-	out, err := h(ctx, in)
-	if err != nil {
-		s.count(ss, func(c *counters) { c.errors.Add(1) })
-		if out != nil {
-			out.Release()
-		}
-		if _, ok := status.FromError(err); ok {
-			return nil, err
-		}
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return nil, status.FromContextError(err).Err() // as gRPC reports a handler's context error
-		}
-		return nil, status.Error(codes.Unknown, err.Error())
-	}
-	if out == nil {
-		out = &Message{}
-	}
-	return out, nil
 }
 
 // reply offers a handler's reply tensors to the client of the call named
@@ -335,7 +410,44 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 	}
 }
 
-// callTensor materializes one inline request tensor of a Call.
+// requestTensors takes a CallRequest's tensors into the pool: inline
+// ones, and on a frame (l not nil) located ones, read all at once from
+// the client's memory. It stops at the first tensor it cannot take; the
+// tensors returned, taken or nil, are the caller's to release, on error
+// too.
+func (s *Server) requestTensors(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.CallRequest) ([]*Tensor, error) {
+	ts := make([]*Tensor, len(req.Tensors))
+	errs := make([]error, len(req.Tensors))
+	var wg sync.WaitGroup
+	for i, m := range req.Tensors {
+		var err error
+		if l == nil || m.GetLocation() == nil || m.TransferId != 0 {
+			ts[i], err = s.callTensor(ctx, ss, m, req.InlineData)
+		} else if err = checkMeta(m, s.opts.maxTensorBytes); err == nil {
+			wg.Go(func() {
+				buf, err := s.pull(ctx, ss, l, m, true)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				ts[i], errs[i] = tensorOf(m, buf)
+			})
+		}
+		if err != nil {
+			errs[i] = err
+			break
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return ts, err
+		}
+	}
+	return ts, nil
+}
+
+// callTensor takes in one inline request tensor of a Call.
 func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.TensorMeta, inline [][]byte) (*Tensor, error) {
 	if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
 		return nil, err
@@ -346,21 +458,9 @@ func (s *Server) callTensor(ctx context.Context, ss *serverSession, m *pb.Tensor
 	if m.InlineIndex == nil {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q has no inline data", m.Key)
 	}
-	dtype, shape := shapeOf(m)
 	i := int(*m.InlineIndex)
 	if i >= len(inline) || len(inline[i]) != int(m.ByteLength) {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: bad inline index %d", m.Key, i)
 	}
-	if err := verifySum(m, inline[i]); err != nil {
-		return nil, err
-	}
-	var c counters
-	buf, err := copyToPool(ctx, s.pool, inline[i], &c)
-	if err != nil {
-		return nil, err
-	}
-	c.transfers.Add(1)
-	c.inlineBytes.Add(int64(len(inline[i])))
-	s.count(ss, func(sc *counters) { sc.merge(&c) })
-	return newPoolTensor(dtype, shape, buf)
+	return s.inlineTensor(ctx, ss, m, inline[i])
 }

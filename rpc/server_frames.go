@@ -2,8 +2,6 @@ package rpc
 
 import (
 	"context"
-	"errors"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -13,7 +11,6 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/rendezvous"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -100,7 +97,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			return 0, nil, s.sendForFrame(ctx, ss, l, req)
+			return 0, nil, s.sendRequest(ctx, ss, l, req)
 		})
 	case wire.FrameCallReq:
 		req := &pb.CallRequest{}
@@ -162,10 +159,10 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		return false
 	}
 	var st [4]byte
-	e, err := s.rv.TryFetch(key)
+	e, err := s.fetch(ss.ctx, key, false)
 	switch {
-	case errors.Is(err, rendezvous.ErrNotPublished):
-		raw := engine.AppendStatus(st[:0], rendezvousError(key, err), l.Frames.SlotSize-wire.FrameHeaderLen)
+	case status.Code(err) == codes.NotFound:
+		raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 		// Counted before the answer goes, so that a client holding its
 		// answer sees it counted; taken back if the answer cannot go.
 		ss.answeredNow.Add(1)
@@ -186,8 +183,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
-		resp := &pb.FetchResponse{}
-		resp.Meta, resp.InlineData, resp.TransferId, err = s.offer(ss.ctx, ss, l, h.Ref, key, e.Tensor, e.Buf, -1, nil)
+		resp, err := s.fetchAnswer(ss.ctx, ss, l, h.Ref, key, e, -1, nil)
 		if err != nil {
 			return false
 		}
@@ -201,6 +197,8 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		}
 		return true
 	}
+	// Inline: the answer views the published buffer, counted only once
+	// it has gone (if it cannot, the call path answers and counts it).
 	defer e.Buf.Release()
 	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
 	ss.answeredNow.Add(1)
@@ -208,11 +206,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		ss.answeredNow.Add(-1)
 		return false
 	}
-	ss.stats.transfers.Add(1)
-	ss.stats.inlineBytes.Add(int64(n))
-	if n > 0 {
-		ss.stats.copied(n)
-	}
+	s.countInline(ss, n)
 	return true
 }
 
@@ -388,7 +382,11 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
 func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	resp, err := s.fetchFor(ctx, ss, l, h.Ref, key, h.Flags&wire.FlagWait != 0, engine.FrameInline(s.opts.eagerThreshold), held)
+	e, err := s.fetch(ctx, key, h.Flags&wire.FlagWait != 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -426,31 +424,6 @@ func (s *Server) answer(ctx context.Context, ss *serverSession, l *engine.Link, 
 	}
 	meta.TransferId = id
 	return wire.FlagIndirect, meta, nil
-}
-
-// sendForFrame is a SEND_REQ: the tensor inline, or read from where the
-// client's location names; it is published before the answer goes, so
-// the sender's next Fetch sees it.
-func (s *Server) sendForFrame(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
-	if err := checkMeta(req.Meta, s.opts.maxTensorBytes); err != nil {
-		return err
-	}
-	if req.Meta.Location == nil {
-		return s.receiveInline(ctx, ss, req)
-	}
-	if len(req.InlineData) > 0 {
-		return status.Error(codes.InvalidArgument, "tensorrpc: a sent tensor with both inline data and a location")
-	}
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err() // released before it started
-	}
-	seq := s.rv.NextSeq()
-	buf, err := s.pull(ctx, ss, l, req.Meta, false)
-	if err != nil {
-		return err
-	}
-	dtype, shape := shapeOf(req.Meta)
-	return s.publish(req.Meta.Key, dtype, shape, buf, seq)
 }
 
 // pull reads a tensor the client granted the server (m.Location) into a
@@ -500,60 +473,10 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m 
 	return buf, nil
 }
 
-// callForFrame is a CALL_REQ: its tensors are taken in (the located ones
-// read all at once), the handler runs, and the reply is a CallResponse,
-// indirect when it does not fit a slot.
+// callForFrame is a CALL_REQ: a CallResponse (see callRequest), indirect
+// when it does not fit a slot.
 func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-	h, err := s.handler(req.Method)
-	if err != nil {
-		return 0, nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, nil, status.FromContextError(err).Err() // released before it started
-	}
-	refund, err := s.chargeCall(ss, req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer refund()
-	in := &Message{Metadata: req.Metadata, Tensors: make([]*Tensor, len(req.Tensors))}
-	defer in.Release()
-	errs := make([]error, len(req.Tensors))
-	var wg sync.WaitGroup
-	for i, m := range req.Tensors {
-		if m.GetLocation() == nil || m.TransferId != 0 {
-			in.Tensors[i], errs[i] = s.callTensor(ctx, ss, m, req.InlineData)
-			continue
-		}
-		if err := checkMeta(m, s.opts.maxTensorBytes); err != nil {
-			errs[i] = err
-			continue
-		}
-		wg.Go(func() {
-			buf, err := s.pull(ctx, ss, l, m, true)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			dtype, shape := shapeOf(m)
-			in.Tensors[i], errs[i] = newPoolTensor(dtype, shape, buf)
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return 0, nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, nil, status.FromContextError(err).Err() // cancelled while its tensors came
-	}
-	out, err := s.invoke(ctx, ss, h, in)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer out.Release()
-	resp, err := s.reply(ctx, ss, l, ref, out, engine.FrameInline(s.opts.eagerThreshold), held)
+	resp, err := s.callRequest(ctx, ss, l, ref, req, engine.FrameInline(s.opts.eagerThreshold), held)
 	if err != nil {
 		return 0, nil, err
 	}
