@@ -630,7 +630,7 @@ func (hs *hostileServer) readFrom(i int, remote verbs.Remote, n int) ([]byte, er
 		hs.t.Fatal(err)
 	}
 	defer buf.Release()
-	local, err := l.Dev.Reg.Local(buf)
+	local, err := l.Domain.Reg.Local(buf)
 	if err != nil {
 		hs.t.Fatal(err)
 	}
@@ -998,7 +998,7 @@ func TestHostileServerOverrunsSlots(t *testing.T) {
 		b := buf.Bytes()[:wire.FrameHeaderLen+len(body)]
 		engine.PutFrameHeader(b, wire.FrameHeader{Type: wire.FrameFetchResp, Ref: uint64(2*i + 2)}, len(body))
 		copy(b[wire.FrameHeaderLen:], body)
-		local, _ := l.Dev.Ctl.Local(buf)
+		local, _ := l.Domain.Ctl.Local(buf)
 		local.Length = len(b)
 		l.Frames.Mu.Lock()
 		l.Frames.Outstanding++ // taken, as if it had a credit, so the client's returns are good

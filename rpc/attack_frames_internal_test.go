@@ -97,7 +97,7 @@ func (a *attacker) send(ctx context.Context, h wire.FrameHeader, body []byte, re
 	b := buf.Bytes()[:wire.FrameHeaderLen+len(payload)]
 	engine.PutFrameHeader(b, h, len(payload))
 	copy(b[wire.FrameHeaderLen:], payload)
-	local, err := l.Dev.Ctl.Local(buf)
+	local, err := l.Domain.Ctl.Local(buf)
 	if err != nil {
 		buf.Release()
 		l.Frames.Refund(0, nil, nil)

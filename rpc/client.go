@@ -38,7 +38,7 @@ type Client struct {
 	cc      *grpc.ClientConn
 	ownConn bool
 	api     pb.TensorRPCClient
-	devices map[string]*engine.Device
+	domains map[string]*engine.Domain
 	missing []Rejection // data planes this side could not open
 	stats   counters
 	topo    topology
@@ -142,7 +142,7 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	}
 	c.ctl = ctl
 	var missing map[string]string
-	c.devices, missing = openDevices(&c.opts, c.pool, c.ctl, c.log)
+	c.domains, missing = openDomains(&c.opts, c.pool, c.ctl, c.log)
 	for _, name := range o.transports {
 		if reason, ok := missing[name]; ok {
 			c.missing = append(c.missing, newRejection(name, "client", reason))
@@ -548,9 +548,9 @@ func (c *Client) teardown() error {
 	// Calls under way fail now that their session is closed (those on the
 	// fallback's streams when Close began: untilClose); they give back the
 	// pool buffers they hold as they return. Only then do the data planes'
-	// devices and the connection go, which those calls may still be using.
+	// opened transports and the connection go, which those calls may still be using.
 	c.waitCalls(closeFlushTimeout)
-	for _, d := range c.devices {
+	for _, d := range c.domains {
 		d.Close()
 	}
 	if c.ownConn {

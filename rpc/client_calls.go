@@ -152,7 +152,7 @@ func (c *Client) read(ctx context.Context, s *clientSession, l *engine.Link, buf
 	if buf.Len() == 0 {
 		return nil
 	}
-	local, err := l.Dev.Reg.Local(buf)
+	local, err := l.Domain.Reg.Local(buf)
 	if err != nil {
 		buf.Release()
 		done()

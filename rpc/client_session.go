@@ -210,11 +210,11 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}()
 	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
 	for _, name := range c.opts.transports {
-		dev := c.devices[name]
-		if name == TransportGRPC || dev == nil {
+		dom := c.domains[name]
+		if name == TransportGRPC || dom == nil {
 			continue
 		}
-		lanes, err := engine.NewLanes(ctx, dev, c.ctl, netip.Addr{}, verbs.RoleDial, max(1, c.opts.lanesFor(name)))
+		lanes, err := engine.NewLanes(ctx, dom, c.ctl, netip.Addr{}, verbs.RoleDial, max(1, c.opts.lanesFor(name)))
 		if len(lanes) == 0 {
 			s.rejections = append(s.rejections, newRejection(name, "client", err.Error()))
 			continue
@@ -223,7 +223,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			c.log.Info("tensorrpc: fewer lanes", "transport", name, "lanes", len(lanes), "err", err)
 		}
 		links[transportOf(name)] = lanes
-		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: lanes[0].QP.LocalInfo(), Description: dev.Name, Lanes: engine.LaneInfos(lanes[1:])})
+		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: lanes[0].QP.LocalInfo(), Description: dom.Name, Lanes: engine.LaneInfos(lanes[1:])})
 	}
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))

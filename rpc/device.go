@@ -208,7 +208,7 @@ func (c *Client) registerDevice(s *clientSession, buf gpudirect.DeviceBuffer, of
 	if !ok {
 		return nil, verbs.Local{}, fmt.Errorf("%s has no direct memory", buf.Device())
 	}
-	mr, err := s.link.Dev.PD.RegisterMemory(m, access)
+	mr, err := s.link.Domain.PD.RegisterMemory(m, access)
 	if err != nil {
 		return nil, verbs.Local{}, err
 	}

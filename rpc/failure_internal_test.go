@@ -119,7 +119,7 @@ func TestHostileClient(t *testing.T) {
 	}
 	src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 	defer src.Release()
-	local, _ := sess.link.Dev.Reg.Local(src.buf)
+	local, _ := sess.link.Domain.Reg.Local(src.buf)
 	loc := resp.Meta.Location
 	err = sess.link.Post(ctx, write(local, loc.Address, loc.RemoteKey), nil)
 	if status.Code(err) != codes.PermissionDenied {

@@ -132,7 +132,7 @@ func TestFramesHostile(t *testing.T) {
 				}
 				defer buf.Release()
 				copy(buf.Bytes(), frame)
-				local, _ := l.Dev.Ctl.Local(buf)
+				local, _ := l.Domain.Ctl.Local(buf)
 				local.Length = len(frame)
 				l.Post(ctxT(t), verbs.SendRequest{Op: verbs.OpSend, Local: local}, nil) // may fail: the server ends the plane
 				deadline := time.Now().Add(10 * time.Second)

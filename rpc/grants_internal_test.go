@@ -73,7 +73,7 @@ func scratch(t *testing.T, c *Client, s *clientSession, n int, seed byte) (*memp
 	}
 	t.Cleanup(func() { buf.Release() })
 	pattern(buf.Bytes(), seed)
-	local, err := s.link.Dev.Reg.Local(buf)
+	local, err := s.link.Domain.Reg.Local(buf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func TestDeadDataPlaneEndsSession(t *testing.T) {
 			src, _ := c.NewTensor(ctx, zerocopy.Uint8, []int64{1 << 20})
 			defer src.Release()
 			l := sess.link
-			local, _ := l.Dev.Reg.Local(src.buf)
+			local, _ := l.Domain.Reg.Local(src.buf)
 			loc := resp.Meta.Location
 			if err := l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey ^ 0xffff}}, nil); status.Code(err) != codes.PermissionDenied {
 				t.Fatalf("forged read: %v, want PermissionDenied", err)

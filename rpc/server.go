@@ -58,7 +58,7 @@ type Server struct {
 	ctl     *mempool.Pool // the links' own buffers
 	grpc    *grpc.Server
 	rv      *rendezvous.Rendezvous
-	devices map[string]*engine.Device
+	domains map[string]*engine.Domain
 	missing map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
@@ -83,7 +83,7 @@ type Server struct {
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
-// the devices of every enabled data plane. A data plane whose device cannot
+// the opened transport of every enabled data plane. A transport that cannot
 // open is left out and reported to clients during negotiation.
 func NewServer(opts ...ServerOption) (*Server, error) {
 	o := buildServerOptions(opts)
@@ -92,7 +92,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	s := &Server{
 		opts: o, log: o.logger, rv: rendezvous.New(),
-		devices: map[string]*engine.Device{}, missing: map[string]string{},
+		domains: map[string]*engine.Domain{}, missing: map[string]string{},
 		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
 		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
@@ -112,7 +112,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("tensorrpc: making the control pool: %w", err)
 	}
 	s.ctl = ctl
-	s.devices, s.missing = openDevices(&s.opts, s.pool, s.ctl, s.log)
+	s.domains, s.missing = openDomains(&s.opts, s.pool, s.ctl, s.log)
 	// The receive limit first, so that WithGRPCServerOptions can change
 	// it: tensorrpc.proto promises Chunks of up to MaxChunkBytes.
 	gopts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgBytes)}, o.grpcServerOpts...)
@@ -275,7 +275,7 @@ func cmpString(a, b string) int {
 }
 
 // Stop closes every session and connection at once; calls under way fail.
-// It then releases the Server's memory and devices.
+// It then releases the Server's memory and opened transports.
 func (s *Server) Stop() {
 	s.endSessions()
 	s.grpc.Stop()
@@ -315,7 +315,7 @@ func (s *Server) endSessions() {
 }
 
 // Close releases what the Server holds: sessions, published tensors,
-// devices and its own pool. Stop and GracefulStop call it; call it yourself
+// opened transports and its own pool. Stop and GracefulStop call it; call it yourself
 // only after stopping a grpc.Server you registered the Server on. It
 // returns the pool's error when buffers are still outstanding (tensors the
 // application did not release).
@@ -332,10 +332,10 @@ func (s *Server) Close() error {
 	}
 	s.rv.Close()
 	s.mu.Lock()
-	devices := s.devices
-	s.devices = map[string]*engine.Device{}
+	domains := s.domains
+	s.domains = map[string]*engine.Domain{}
 	s.mu.Unlock()
-	for _, d := range devices {
+	for _, d := range domains {
 		d.Close()
 	}
 	if s.ctl != nil {

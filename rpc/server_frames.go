@@ -450,7 +450,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m 
 		return nil, err
 	}
 	if n > 0 {
-		local, err := l.Dev.Reg.Local(buf)
+		local, err := l.Domain.Reg.Local(buf)
 		if err != nil {
 			buf.Release()
 			return nil, status.Error(codes.Internal, err.Error())

@@ -362,13 +362,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 			continue
 		case !enabled(&s.opts, name):
 			reason = "not enabled on the server"
-		case s.devices[name] == nil:
+		case s.domains[name] == nil:
 			reason = s.missing[name]
 			if reason == "" {
 				reason = "unknown transport"
 			}
 		default:
-			l, err := engine.NewLink(ctx, s.devices[name], s.ctl, local, verbs.RoleAccept)
+			l, err := engine.NewLink(ctx, s.domains[name], s.ctl, local, verbs.RoleAccept)
 			if err != nil {
 				reason = err.Error()
 				break
@@ -592,7 +592,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		s.refused.refusedLanes.Add(int64(want - granted))
 		s.log.Info("tensorrpc: fewer lanes than asked, over budget", "peer", ss.peer, "session", ss.id, "transport", name, "lanes", granted, "want", want)
 	}
-	more, err := engine.NewLanes(ctx, s.devices[name], s.ctl, localAddress(ctx), verbs.RoleAccept, granted-1)
+	more, err := engine.NewLanes(ctx, s.domains[name], s.ctl, localAddress(ctx), verbs.RoleAccept, granted-1)
 	if err != nil {
 		s.log.Info("tensorrpc: fewer lanes", "session", ss.id, "transport", name, "lanes", 1+len(more), "want", want, "err", err)
 	}
@@ -602,7 +602,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		granted = len(lanes)
 	}
 	if err := send(&pb.SessionResponse{Msg: &pb.SessionResponse_Choice{Choice: &pb.TransportOffer{
-		Transport: offer.Transport, Info: l.QP.LocalInfo(), Description: s.devices[name].Name, Lanes: engine.LaneInfos(lanes[1:]),
+		Transport: offer.Transport, Info: l.QP.LocalInfo(), Description: s.domains[name].Name, Lanes: engine.LaneInfos(lanes[1:]),
 	}}}); err != nil {
 		return "", err
 	}

@@ -91,10 +91,11 @@ func rejectionFix(transport, reason string) string {
 	return ""
 }
 
-// openDevices opens the device of every enabled verbs data plane. It
-// returns the opened devices and, for each that did not open, the reason.
-func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*engine.Device, map[string]string) {
-	devices := map[string]*engine.Device{}
+// openDomains opens every enabled verbs transport (its provider's
+// protection domain, the pools registered). It returns them and, for
+// each that did not open, the reason.
+func openDomains(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*engine.Domain, map[string]string) {
+	domains := map[string]*engine.Domain{}
 	missing := map[string]string{}
 	for _, name := range o.transports {
 		if name == TransportGRPC {
@@ -111,15 +112,15 @@ func openDevices(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[str
 			missing[name] = "unknown transport"
 			continue
 		}
-		d, err := engine.OpenDevice(p, pool, ctl)
+		d, err := engine.OpenDomain(p, pool, ctl)
 		if err != nil {
 			missing[name] = err.Error()
 			log.Info("tensorrpc: data plane unavailable", "transport", name, "reason", err)
 			continue
 		}
-		devices[name] = d
+		domains[name] = d
 	}
-	return devices, missing
+	return domains, missing
 }
 
 func enabled(o *options, name string) bool { return slices.Contains(o.transports, name) }

@@ -20,7 +20,7 @@ import (
 // lanes while a lane watcher is closing them relies on it.
 func TestCloseWaitsForCloseUnderWay(t *testing.T) {
 	ctl := pooltest.New(t, 1<<20)
-	dev, err := OpenDevice(tcp.New(), pooltest.New(t, 1<<20), ctl)
+	dev, err := OpenDomain(tcp.New(), pooltest.New(t, 1<<20), ctl)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,8 @@
 //
 // It holds, from the bottom up:
 //
-//   - the Device (one opened provider and the registration of the tensor
-//     and control pools) and the Link (one connected queue pair, its
+//   - the Domain (one opened transport: its provider's protection domain
+//     and the registration of the tensor and control pools) and the Link (one connected queue pair, its
 //     polling goroutine, Post/PostWith/PostAsync and the send queue's room,
 //     the verifying round trip of the negotiation), in link.go;
 //   - the framing of frames on a link (frames.go, frame.go): receive

@@ -156,7 +156,7 @@ func (l *Link) postSlots(ctx context.Context) error {
 }
 
 func (l *Link) postSlot(i uint64) error {
-	local, err := l.Dev.Ctl.Local(l.Frames.slots[i])
+	local, err := l.Domain.Ctl.Local(l.Frames.slots[i])
 	if err != nil {
 		return err
 	}
@@ -400,7 +400,7 @@ func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	}
 	AppendReleases(body[len(body):len(body)], ids)
 	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
-	local, err := l.Dev.Ctl.Local(buf)
+	local, err := l.Domain.Ctl.Local(buf)
 	if err != nil {
 		buf.Release()
 		f.Refund(returns, ids, refs)
@@ -450,7 +450,7 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	if msg != nil {
 		body, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(body, msg)
 	}
-	local, lerr := l.Dev.Ctl.Local(buf)
+	local, lerr := l.Domain.Ctl.Local(buf)
 	if err != nil || lerr != nil || len(body) != size || (size > 0 && &body[0] != &b[frameHeaderLen]) {
 		buf.Release()
 		f.Refund(returns, ids, refs)

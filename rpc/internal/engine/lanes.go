@@ -47,13 +47,13 @@ func ConnectLanes(ctx context.Context, lanes []*Link, remotes [][]byte) error {
 	return nil
 }
 
-// NewLanes makes n links on dev for a session's lanes (see NewLink), or
+// NewLanes makes n links on dom for a session's lanes (see NewLink), or
 // fewer when making one fails: it returns those it made and why it
 // stopped.
-func NewLanes(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole, n int) ([]*Link, error) {
+func NewLanes(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole, n int) ([]*Link, error) {
 	var lanes []*Link
 	for len(lanes) < n {
-		l, err := NewLink(ctx, dev, ctl, local, role)
+		l, err := NewLink(ctx, dom, ctl, local, role)
 		if err != nil {
 			return lanes, err
 		}

@@ -21,9 +21,10 @@ import (
 // until the transfer ends.
 const poolAccess = verbs.AccessLocalWrite
 
-// Device is one opened provider, shared by every session of a Server or
-// Client: its protection domain and the registration of the pool.
-type Device struct {
+// Domain is one opened transport, shared by every session of a Server or
+// Client: its provider's protection domain and the registrations of the
+// tensor and control pools.
+type Domain struct {
 	Name string
 	PD   verbs.ProtectionDomain
 	Reg  *verbs.PoolRegistration
@@ -32,7 +33,7 @@ type Device struct {
 	Ctl *verbs.PoolRegistration
 }
 
-func OpenDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*Device, error) {
+func OpenDomain(p verbs.Provider, pool, ctl *mempool.Pool) (*Domain, error) {
 	if _, err := p.Devices(); err != nil {
 		return nil, err
 	}
@@ -51,21 +52,21 @@ func OpenDevice(p verbs.Provider, pool, ctl *mempool.Pool) (*Device, error) {
 		pd.Close()
 		return nil, err
 	}
-	return &Device{Name: p.Name(), PD: pd, Reg: reg, Ctl: ctlReg}, nil
+	return &Domain{Name: p.Name(), PD: pd, Reg: reg, Ctl: ctlReg}, nil
 }
 
 // Grant opens the first n bytes of buf to the link's peer with one right
 // (verbs.AccessRemoteRead: the receiver always pulls), on this link's
 // queue pair only.
 func (l *Link) Grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Grant, error) {
-	mr, ok := l.Dev.Reg.Region(buf.Arena())
+	mr, ok := l.Domain.Reg.Region(buf.Arena())
 	if !ok {
-		return nil, fmt.Errorf("tensorrpc: buffer's arena %d is not registered with %s", buf.Arena().ID(), l.Dev.Name)
+		return nil, fmt.Errorf("tensorrpc: buffer's arena %d is not registered with %s", buf.Arena().ID(), l.Domain.Name)
 	}
 	return l.QP.Grant(mr, buf.Offset(), n, access)
 }
 
-func (d *Device) Close() {
+func (d *Domain) Close() {
 	d.Ctl.Close()
 	d.Reg.Close()
 	d.PD.Close()
@@ -114,10 +115,10 @@ const sendRoom = SendDepth - 2*FrameSlots
 // completion queue and hands each completion to the waiter that posted the
 // work request, or, for a received frame, to the framing.
 type Link struct {
-	Dev *Device
-	QP  verbs.QueuePair
-	cq  verbs.CompletionQueue
-	out *mempool.Buffer // a small buffer the verifying Send goes from
+	Domain *Domain
+	QP     verbs.QueuePair
+	cq     verbs.CompletionQueue
+	out    *mempool.Buffer // a small buffer the verifying Send goes from
 	// CtlPool is the control pool the link's buffers come from; fr (set by
 	// enableFrames, before connect) carries the frames: its Recvs are
 	// receive slots and its Sends need credits.
@@ -159,16 +160,16 @@ type Waiter struct {
 // message is the session id.
 const verifyBytes = 64
 
-// NewLink makes a queue pair on dev. local is this host's address on the
+// NewLink makes a queue pair on dom. local is this host's address on the
 // session's gRPC connection (zero when unknown) and role who opens the data
 // connection: the server accepts, the client dials, so a server never
 // connects to an address a client named.
-func NewLink(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*Link, error) {
-	cq, err := dev.PD.NewCompletionQueue(2 * (FrameSlots + SendDepth))
+func NewLink(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Addr, role verbs.ConnectRole) (*Link, error) {
+	cq, err := dom.PD.NewCompletionQueue(2 * (FrameSlots + SendDepth))
 	if err != nil {
 		return nil, err
 	}
-	qp, err := dev.PD.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: SendDepth, MaxRecv: FrameSlots, LocalAddress: local, Role: role})
+	qp, err := dom.PD.NewQueuePair(verbs.QueuePairConfig{SendCQ: cq, RecvCQ: cq, MaxSend: SendDepth, MaxRecv: FrameSlots, LocalAddress: local, Role: role})
 	if err != nil {
 		cq.Close()
 		return nil, err
@@ -181,7 +182,7 @@ func NewLink(ctx context.Context, dev *Device, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &Link{Dev: dev, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
+	return &Link{Domain: dom, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
 }
 
 // SendVerify Sends msg (at most verifyBytes) over the link and waits for
@@ -191,7 +192,7 @@ func (l *Link) SendVerify(ctx context.Context, msg []byte) error {
 		return fmt.Errorf("verifying message of %d bytes", len(msg))
 	}
 	copy(l.out.Bytes(), msg)
-	local, err := l.Dev.Ctl.Local(l.out)
+	local, err := l.Domain.Ctl.Local(l.out)
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ const testSession = "session-1"
 func testLanes(t *testing.T, role verbs.ConnectRole, n int) []*Link {
 	t.Helper()
 	ctl := pooltest.New(t, 1<<20)
-	dev, err := OpenDevice(tcp.New(), pooltest.New(t, 1<<20), ctl)
+	dev, err := OpenDomain(tcp.New(), pooltest.New(t, 1<<20), ctl)
 	if err != nil {
 		t.Fatal(err)
 	}
