@@ -2,7 +2,7 @@
 // waiting for them: a key maps to one tensor and one reference to its pool
 // buffer, and a fetch of a key not yet published waits until it is, its
 // context ends or the server stops. It knows nothing of sessions, planes
-// or rpc.Tensor; rpc's Server.publish is the one way tensors come in.
+// or rpc.Tensor; rpc's Server.send is the one way tensors come in.
 package rendezvous
 
 import (
