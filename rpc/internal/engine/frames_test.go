@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/pooltest"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+)
+
+// Protocol tests of the framing on a bare pair of links: a client link
+// (no serve function) and a server link whose serve function the test
+// gives. Nothing of package rpc is involved.
+
+// framedPair connects a client link to a server link over tcp, frames
+// enabled on both, and marks both verified (the negotiation's round trip
+// is negotiate_test's). serve gets the server link and every request.
+func framedPair(t *testing.T, serve func(srv *Link, h frameHeader, body []byte)) (client, server *Link) {
+	t.Helper()
+	t.Cleanup(func() { leakcheck.Check(t) }) // last: after the links close
+	open := func(role verbs.ConnectRole) *Link {
+		ctl := pooltest.New(t, 1<<20)
+		dom, err := OpenDomain(tcp.New(), pooltest.New(t, 1<<20), ctl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dom.Close)
+		l, err := NewLink(context.Background(), dom, ctl, netip.AddrFrom4([4]byte{127, 0, 0, 1}), role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close(errors.New("test over")) })
+		return l
+	}
+	client, server = open(verbs.RoleDial), open(verbs.RoleAccept)
+	client.EnableFrames(SlotSizeFor(0), nil, nil)
+	server.EnableFrames(SlotSizeFor(0), func(h frameHeader, body []byte) { serve(server, h, body) }, func([]uint64) {})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var cerr, serr error
+	wg.Go(func() { cerr = client.Connect(ctx, server.QP.LocalInfo()) })
+	wg.Go(func() { serr = server.Connect(ctx, client.QP.LocalInfo()) })
+	wg.Wait()
+	if cerr != nil || serr != nil {
+		t.Fatalf("connect: client %v, server %v", cerr, serr)
+	}
+	client.Verified.Store(true)
+	server.Verified.Store(true)
+	return client, server
+}
+
+// okAnswer is an answer body: an OK status, then m.
+func okAnswer(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(AppendStatus(nil, nil, 0), b...)
+}
+
+func fetchAnswer() func(uint16) proto.Message {
+	return func(uint16) proto.Message { return &pb.FetchResponse{} }
+}
+
+// TestFramesRoundTrip: a request frame reaches the server's serve
+// function with its ref and body, and the answer the server sends with
+// that ref reaches the pending call, decoded.
+func TestFramesRoundTrip(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		if h.Type != frameFetchReq || string(body) != "key" {
+			srv.Fail(errors.New("unexpected request"))
+			return
+		}
+		answers.Go(func() {
+			srv.SendFrame(context.Background(), frameFetchResp, 0, h.Ref, okAnswer(t, &pb.FetchResponse{InlineData: []byte("bytes")}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait) // before the links close
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc := client.Frames.Expect(7, frameFetchResp, fetchAnswer())
+	if _, err := client.SendFrame(ctx, frameFetchReq, 0, 7, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-pc.Ch:
+		if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "bytes" {
+			t.Fatalf("answer: %+v", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("no answer")
+	}
+}
+
+// TestFramesWrongTypeAnswerFailsLink: an answer of another type than the
+// pending request awaits breaks the protocol: the client's link fails
+// (its session ends), and the pending call hears it through Dead.
+func TestFramesWrongTypeAnswerFailsLink(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		answers.Go(func() {
+			srv.SendFrame(context.Background(), frameCallResp, 0, h.Ref, okAnswer(t, &pb.CallResponse{}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc := client.Frames.Expect(1, frameFetchResp, fetchAnswer())
+	if _, err := client.SendFrame(ctx, frameFetchReq, 0, 1, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-pc.Ch:
+		t.Fatalf("the pending Fetch got an answer of another type: %+v", r)
+	case <-client.Dead:
+	case <-ctx.Done():
+		t.Fatal("the link survived an answer of another type")
+	}
+	if err := client.Failure; err == nil || !strings.Contains(err.Error(), "a response of type") {
+		t.Fatalf("failure: %v, want the protocol error", err)
+	}
+}
+
+// TestFramesStrayAnswerIgnored: an answer to a ref no request awaits (a
+// late answer to a forgotten call) is dropped; the link lives on and the
+// next call gets its own answer.
+func TestFramesStrayAnswerIgnored(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		answers.Go(func() {
+			ctx := context.Background()
+			srv.SendFrame(ctx, frameFetchResp, 0, h.Ref+1000, okAnswer(t, &pb.FetchResponse{InlineData: []byte("stray")}), nil)
+			srv.SendFrame(ctx, frameFetchResp, 0, h.Ref, okAnswer(t, &pb.FetchResponse{InlineData: []byte("mine")}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc := client.Frames.Expect(3, frameFetchResp, fetchAnswer())
+	if _, err := client.SendFrame(ctx, frameFetchReq, 0, 3, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-pc.Ch:
+		if r.Msg == nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "mine" {
+			t.Fatalf("answer: %+v", r)
+		}
+	case <-client.Dead:
+		t.Fatalf("a stray answer failed the link: %v", client.Failure)
+	case <-ctx.Done():
+		t.Fatal("no answer")
+	}
+}
+
+// TestFramesRequestToClientFailsLink: a server that sends the client a
+// request breaks the protocol: the client's link fails.
+func TestFramesRequestToClientFailsLink(t *testing.T) {
+	client, server := framedPair(t, func(*Link, frameHeader, []byte) {})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := server.SendFrame(ctx, frameFetchReq, 0, 1, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-client.Dead:
+	case <-ctx.Done():
+		t.Fatal("the client's link survived a request from the server")
+	}
+	if err := client.Failure; err == nil || !strings.Contains(err.Error(), "a request to the client") {
+		t.Fatalf("failure: %v, want the protocol error", err)
+	}
+}
