@@ -72,6 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		warmup = fs.Int("warmup", 200, "untraced calls per case before anything is measured")
 		cases  = fs.String("cases", "", "comma-separated cases (default all: "+strings.Join(names, ",")+")")
 		asJSON = fs.Bool("json", false, "print one JSON object per case instead of a Markdown table")
+		sites  = fs.Int("sites", 0, "also list, per case, the N places with the most hand-offs (who woke whom); the JSON has them all")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -116,8 +117,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if !*asJSON {
 		printTable(stdout, results)
+		if *sites > 0 {
+			printSites(stdout, results, *sites)
+		}
 	}
 	return nil
+}
+
+// printSites lists the top n hand-off sites of each case.
+func printSites(w io.Writer, rs []result, n int) {
+	for _, r := range rs {
+		fmt.Fprintf(w, "\n%s: where the hand-offs happen (per call)\n\n| from | to | per call |\n|---|---|--:|\n", r.Case)
+		for _, s := range r.Sites[:min(n, len(r.Sites))] {
+			fmt.Fprintf(w, "| %s | %s | %.2f |\n", s.From, s.To, s.PerCall)
+		}
+	}
 }
 
 func measure(ctx context.Context, c caseDef, n, warmup int) (handoff.Counts, error) {

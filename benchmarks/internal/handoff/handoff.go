@@ -21,6 +21,7 @@ import (
 	"io"
 	"runtime/trace"
 	"slices"
+	"strings"
 	"time"
 
 	xtrace "golang.org/x/exp/trace"
@@ -57,6 +58,22 @@ type Counts struct {
 	// P50 is the median wall-clock time of one call, from an untraced run
 	// of Calls calls: tracing slows calls down.
 	P50 time.Duration `json:"p50_ns"`
+
+	// Sites are where the hand-offs happen, most frequent first: who made
+	// a goroutine runnable and where that goroutine was waiting.
+	Sites []Site `json:"sites,omitempty"`
+}
+
+// Site is one place hand-offs happen: From (the function of the
+// goroutine that made another runnable, or "netpoller" or "created by"
+// for the runtime and for goroutine creation) and To (the function the
+// goroutine waited in, or was created to run), each the innermost frame
+// outside the runtime and the standard library's synchronisation, and
+// PerCall, how often per call.
+type Site struct {
+	From    string  `json:"from"`
+	To      string  `json:"to"`
+	PerCall float64 `json:"per_call"`
 }
 
 // Options tune Measure.
@@ -122,6 +139,18 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	}
 	c := t.PerCall(n)
 	c.P50 = times[n/2]
+	for k, v := range t.Sites {
+		c.Sites = append(c.Sites, Site{From: k[0], To: k[1], PerCall: float64(v) / float64(n)})
+	}
+	slices.SortFunc(c.Sites, func(a, b Site) int {
+		if a.PerCall != b.PerCall {
+			if a.PerCall > b.PerCall {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.From+a.To, b.From+b.To)
+	})
 	return c, nil
 }
 
@@ -130,6 +159,8 @@ type Totals struct {
 	ByGoroutine, ByNetpoller, BySyscallReturn, Created int
 	PStarts, EmptyPStarts                              int
 	Syscalls                                           int
+	// Sites counts the hand-offs by {from, to} (see Site).
+	Sites map[[2]string]int
 }
 
 // Handoffs is the sum of the four kinds of hand-off.
@@ -169,11 +200,12 @@ func Count(r io.Reader) (Totals, error) {
 		return Totals{}, err
 	}
 	var (
-		t       Totals
+		t       = Totals{Sites: map[[2]string]int{}}
 		in      bool
 		seenEnd bool
 		procs   = map[xtrace.ProcID]*procState{}
 		tracer  = map[xtrace.GoID]bool{}
+		waitsIn = map[xtrace.GoID]string{} // where each waiting goroutine blocked
 	)
 	proc := func(id xtrace.ProcID) *procState {
 		p := procs[id]
@@ -207,8 +239,11 @@ func Count(r io.Reader) (Totals, error) {
 			case xtrace.ResourceGoroutine:
 				id := st.Resource.Goroutine()
 				from, to := st.Goroutine()
-				if to == xtrace.GoWaiting && isTraceReader(ev.Stack()) {
-					tracer[id] = true
+				if to == xtrace.GoWaiting {
+					if isTraceReader(ev.Stack()) {
+						tracer[id] = true
+					}
+					waitsIn[id] = site(ev.Stack())
 				}
 				if to.Executing() && ev.Proc() != xtrace.NoProc {
 					proc(ev.Proc()).ran = true
@@ -219,11 +254,14 @@ func Count(r io.Reader) (Totals, error) {
 				switch {
 				case from == xtrace.GoNotExist && to == xtrace.GoRunnable:
 					t.Created++
+					t.Sites[[2]string{"created by " + site(ev.Stack()), site(st.Stack)}]++
 				case from == xtrace.GoWaiting && to == xtrace.GoRunnable:
 					if ev.Goroutine() != xtrace.NoGoroutine {
 						t.ByGoroutine++
+						t.Sites[[2]string{site(ev.Stack()), waiting(waitsIn, id)}]++
 					} else {
 						t.ByNetpoller++
+						t.Sites[[2]string{"netpoller", waiting(waitsIn, id)}]++
 					}
 				case from == xtrace.GoSyscall && to == xtrace.GoRunnable:
 					t.BySyscallReturn++
@@ -252,6 +290,44 @@ func Count(r io.Reader) (Totals, error) {
 		return Totals{}, errors.New("handoff: the trace has no end mark of the measured window")
 	}
 	return t, nil
+}
+
+// waiting is where goroutine id blocked, as far as the trace says.
+func waiting(waitsIn map[xtrace.GoID]string, id xtrace.GoID) string {
+	if w, ok := waitsIn[id]; ok {
+		return w
+	}
+	return "?"
+}
+
+// site names the innermost frame of stack outside the runtime and the
+// standard library's synchronisation and I/O plumbing ("?" when the
+// trace has no stack).
+func site(stack xtrace.Stack) string {
+	first := ""
+	for f := range stack.Frames() {
+		if first == "" {
+			first = f.Func
+		}
+		if !plumbing(f.Func) {
+			return f.Func
+		}
+	}
+	if first == "" {
+		return "?"
+	}
+	return first
+}
+
+// plumbing reports whether fn is runtime or library code that every
+// blocking or waking path goes through.
+func plumbing(fn string) bool {
+	for _, p := range []string{"runtime.", "sync.", "internal/", "context.", "time.", "net.", "os.", "io.", "bufio.", "syscall.", "golang.org/x/sys/"} {
+		if strings.HasPrefix(fn, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // isTraceReader reports whether stack is that of runtime/trace's goroutine
