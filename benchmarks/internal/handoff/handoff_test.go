@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"strings"
 	"testing"
 
 	xtrace "golang.org/x/exp/trace"
@@ -53,6 +54,18 @@ func TestChannelPingPong(t *testing.T) {
 	}
 	if c.P50 <= 0 {
 		t.Errorf("p50 = %v, want > 0", c.P50)
+	}
+	// Both hand-offs are between this test's two functions: the caller
+	// wakes the echo goroutine, which wakes the caller.
+	var sum float64
+	for _, s := range c.Sites {
+		sum += s.PerCall
+		if !strings.Contains(s.From, "TestChannelPingPong") && s.PerCall > 0.1 {
+			t.Errorf("site %+v: a hand-off from outside the test", s)
+		}
+	}
+	if len(c.Sites) == 0 || sum < c.Handoffs-0.01 || sum > c.Handoffs+0.01 {
+		t.Errorf("sites %+v add up to %.2f per call, hand-offs %.2f", c.Sites, sum, c.Handoffs)
 	}
 }
 
