@@ -41,10 +41,5 @@ func WithName(name string) DialOption { return dialOption(func(o *options) { o.n
 func WithBackoff(c backoff.Config) DialOption { return dialOption(func(o *options) { o.backoff = c }) }
 
 func buildDialOptions(opts []DialOption) options {
-	o := defaultOptions()
-	o.applyEnv()
-	for _, opt := range opts {
-		opt.applyDial(&o)
-	}
-	return o
+	return buildOptions(opts, DialOption.applyDial)
 }

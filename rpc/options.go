@@ -223,3 +223,13 @@ func WithTrimInterval(d time.Duration) Option {
 // about 25 GB/s here), and TCP and the RDMA link layer already check what
 // they carry.
 func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.checksums = on }) }
+
+// buildOptions is the defaults, then the environment, then opts in order.
+func buildOptions[T any](opts []T, apply func(T, *options)) options {
+	o := defaultOptions()
+	o.applyEnv()
+	for _, opt := range opts {
+		apply(opt, &o)
+	}
+	return o
+}

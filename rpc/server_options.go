@@ -94,10 +94,5 @@ func WithStreamIdleTimeout(d time.Duration) ServerOption {
 }
 
 func buildServerOptions(opts []ServerOption) options {
-	o := defaultOptions()
-	o.applyEnv()
-	for _, opt := range opts {
-		opt.applyServer(&o)
-	}
-	return o
+	return buildOptions(opts, ServerOption.applyServer)
 }
