@@ -12,8 +12,10 @@
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the
 //     releaser, pending calls and their replies, over proto/wire's header;
 //   - lanes (lanes.go): a session's several links, made (NewLanes) and
-//     connected together, striped reads (ReadLanes) and grants on every
-//     lane (GrantLanes);
+//     connected together, taken in turn by frame calls (Turn), watched
+//     (AnyDead, OnDead, AwaitDead), flushed of their releases
+//     (FlushLanes), striped reads (ReadLanes) and grants on every lane
+//     (GrantLanes);
 //   - a data plane's negotiation (negotiate.go): Negotiate runs steps 1
 //     and 2 of the Session method in the .proto, one function for both
 //     sides, parameterised by the side's role (verbs.RoleDial for the
