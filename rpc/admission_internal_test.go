@@ -235,9 +235,7 @@ func TestAdmissionTransfersPerSession(t *testing.T) {
 			t.Fatalf("fetch %d past the session's %d transfers: %v, want ResourceExhausted", i, limit, r.Status)
 		}
 	}
-	ss.mu.Lock()
-	held := len(ss.transfers)
-	ss.mu.Unlock()
+	held := ss.Holding().Transfers
 	if held != limit {
 		t.Errorf("the session holds %d transfers, want %d", held, limit)
 	}

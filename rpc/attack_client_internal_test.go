@@ -165,7 +165,7 @@ func (hs *hostileServer) offer(i int, ref uint64, key string) *pb.FetchResponse 
 		hs.t.Fatal(err)
 	}
 	resp := &pb.FetchResponse{}
-	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.ctx, hs.ss, hs.ss.lanes[i], ref, key, e.Tensor, e.Buf, -1, nil)
+	resp.Meta, resp.InlineData, resp.TransferId, err = hs.s.offer(hs.ss.Context(), hs.ss, hs.ss.lanes[i], ref, key, e.Tensor, e.Buf, -1, nil)
 	if err != nil {
 		hs.t.Fatal(err)
 	}

@@ -334,19 +334,15 @@ func TestAttackReleaseStorm(t *testing.T) {
 		}
 	}
 	a.alive("after the storm")
-	tss.mu.Lock()
-	_, kept := tss.transfers[own]
-	remembered := len(tss.released)
-	tss.mu.Unlock()
+	kept := tss.Has(own)
+	remembered := tss.Holding().Released
 	if kept {
 		t.Error("the attacker's own released transfer is still held")
 	}
-	if remembered > maxReleasedRefs {
-		t.Errorf("the server remembers %d released refs, want at most %d", remembered, maxReleasedRefs)
+	if remembered > engine.MaxReleasedRefs {
+		t.Errorf("the server remembers %d released refs, want at most %d", remembered, engine.MaxReleasedRefs)
 	}
-	vss.mu.Lock()
-	_, kept = vss.transfers[vresp.TransferId]
-	vss.mu.Unlock()
+	kept = vss.Has(vresp.TransferId)
 	if !kept {
 		t.Fatal("another session's releases freed the victim's transfer")
 	}
@@ -401,9 +397,7 @@ func TestAttackRefReuse(t *testing.T) {
 	// The pending entry is the last one's; answers to the others are
 	// dropped by the client, so watch the server's calls instead.
 	waitFor(t, "three calls under one ref", func() bool {
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		return ss.inFlight == 3
+		return ss.Holding().InFlight == 3
 	})
 	if err := a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, refsBody(ref), nil); err != nil {
 		t.Fatal(err)
@@ -427,13 +421,10 @@ func TestAttackRefReuse(t *testing.T) {
 		publishBytes(t, s, fmt.Sprintf("never%d", i), 1<<20, byte(i))
 	}
 	waitFor(t, "every call under the reused ref to end", func() bool {
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		return ss.inFlight == 0 && len(ss.calls) == 0
+		h := ss.Holding()
+		return h.InFlight == 0 && h.Calls == 0
 	})
-	ss.mu.Lock()
-	held := len(ss.transfers)
-	ss.mu.Unlock()
+	held := ss.Holding().Transfers
 	if held != 0 {
 		t.Fatalf("%d transfers made under a released ref", held)
 	}
@@ -525,9 +516,12 @@ func TestAttackMalformedRequests(t *testing.T) {
 	a.send(ctx, wire.FrameHeader{Type: wire.FrameRelease, Credits: a.owed(-1)}, nil, []uint64{fetched})
 	ss := serverSessionOf(t, s)
 	waitFor(t, "the attacker's transfers to go", func() bool {
+		if ss.Holding().Transfers != 0 {
+			return false
+		}
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		return len(ss.transfers) == 0 && ss.reserved == 0
+		return ss.reserved == 0
 	})
 }
 
@@ -613,9 +607,7 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 				}
 			}
 			waitFor(t, "the waiting calls", func() bool {
-				ss.mu.Lock()
-				defer ss.mu.Unlock()
-				return ss.inFlight == waiting
+				return ss.Holding().InFlight == waiting
 			})
 			if mode == "stopped-reader" {
 				// The client's polling goroutine blocks on the answer to
@@ -642,9 +634,7 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 				return l.Frames.Credits == 0
 			})
 			victimWorks(t, s, victim, "while a client stalls")
-			ss.mu.Lock()
-			stuck := ss.inFlight
-			ss.mu.Unlock()
+			stuck := ss.Holding().InFlight
 			if stuck == 0 {
 				t.Fatal("no call waits for credits: the attack did not take")
 			}
@@ -952,9 +942,7 @@ func TestAttackFullSendQueueLosesAnswers(t *testing.T) {
 	for i, pc := range pcs {
 		r, ok := a.replyCrediting(ctx, pc, 20*time.Second)
 		if !ok {
-			ss.mu.Lock()
-			_, running := ss.calls[uint64(i+1)]
-			ss.mu.Unlock()
+			running := ss.Running(uint64(i + 1))
 			t.Fatalf("call %d (of %d tensors) was never answered (still running on the server: %v)", i, want[i], running)
 		}
 		err := r.Status

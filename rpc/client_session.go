@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -25,7 +24,7 @@ type clientSession struct {
 	transport  string
 	link       *engine.Link   // lane 0; nil for the grpc transport
 	lanes      []*engine.Link // every lane, link first
-	next       atomic.Uint32
+	turn       engine.Turn    // picks the lane of each frame call
 	eager      int
 	calls      callPlane
 	rejections []Rejection
@@ -79,16 +78,7 @@ func (s *clientSession) endByServer(err error, onEnded func()) {
 	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
 	onEnded()
-	t := time.NewTimer(answerLinger)
-	defer t.Stop()
-wait:
-	for _, l := range lanes {
-		select {
-		case <-l.Dead:
-		case <-t.C:
-			break wait
-		}
-	}
+	engine.AwaitDead(lanes, answerLinger)
 	engine.CloseLanes(lanes, broken)
 }
 
@@ -104,10 +94,7 @@ const answerLinger = time.Second
 
 // lane picks the lane for the next frame call, in turn.
 func (s *clientSession) lane() *engine.Link {
-	if len(s.lanes) <= 1 {
-		return s.link
-	}
-	return s.lanes[s.next.Add(1)%uint32(len(s.lanes))]
+	return s.turn.Next(s.lanes)
 }
 
 // close ends the session from this side and waits for its reader and
@@ -117,9 +104,7 @@ func (s *clientSession) close(reason error) {
 		// Releases still queued go first: the server frees those
 		// transfers now rather than when it notices the session's end.
 		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
-		for _, l := range s.lanes {
-			l.FlushReleases(ctx)
-		}
+		engine.FlushLanes(ctx, s.lanes)
 		cancel()
 	}
 	s.end(reason)
@@ -147,10 +132,7 @@ func (s *clientSession) open(lanes []*engine.Link, transport string, calls callP
 	if len(lanes) == 0 {
 		return
 	}
-	dead, failure := engine.AnyDead(lanes, &s.watchers)
-	s.watchers.Go(func() {
-		<-dead
-		err := failure()
+	engine.OnDead(lanes, &s.watchers, func(err error) {
 		if s.err() == nil {
 			s.end(err)
 			s.cancel()

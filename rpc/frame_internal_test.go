@@ -65,9 +65,7 @@ func TestFetchFramesWaitForKey(t *testing.T) {
 			ss := serverSessionOf(t, s)
 			deadline := time.Now().Add(5 * time.Second)
 			for {
-				ss.mu.Lock()
-				n := len(ss.calls)
-				ss.mu.Unlock()
+				n := ss.Holding().Calls
 				if n == 0 {
 					break
 				}

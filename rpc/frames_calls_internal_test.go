@@ -124,9 +124,7 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 			ss := serverSessionOf(t, s)
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				ss.mu.Lock()
-				n := len(ss.transfers)
-				ss.mu.Unlock()
+				n := ss.Holding().Transfers
 				if n == 0 {
 					break
 				}
@@ -161,7 +159,7 @@ func TestStalePullEndsSession(t *testing.T) {
 	if _, err := c.session(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	done := serverSessionOf(t, s).pulling() // as pull does around its Reads
+	done := serverSessionOf(t, s).Pulling() // as pull does around its Reads
 	defer done()
 	deadline := time.Now().Add(10 * time.Second)
 	for !sessionGone(c) {
@@ -362,9 +360,7 @@ func TestCreditorOutlivesTransientError(t *testing.T) {
 	}
 	ss := serverSessionOf(t, s)
 	waitFor(t, "the Fetches to wait on the server", func() bool {
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		return ss.inFlight >= n
+		return ss.Holding().InFlight >= n
 	})
 	armed.Store(true)
 	publishBytes(t, s, "later", 100, 1)

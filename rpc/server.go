@@ -70,7 +70,7 @@ type Server struct {
 	stopping bool
 	drain    chan struct{} // closed when sessions must end
 	// graceful is set by GracefulStop before drain closes: sessions then
-	// let the calls that arrived as frames finish (finishCalls).
+	// let the calls that arrived as frames finish (engine.Session.FinishCalls).
 	graceful atomic.Bool
 	active   sync.WaitGroup // running Session handlers
 	streams  sync.WaitGroup // running fallback stream handlers

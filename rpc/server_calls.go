@@ -100,9 +100,9 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 		return nil, nil, 0, engine.Unavailable(err)
 	}
 	remote := g.Remote()
-	tr := &transfer{buf: buf, grant: g, stripes: extra}
-	if err := ss.add(ctx, tr, ref); err != nil {
-		tr.finish()
+	tr := &engine.Transfer{Buf: buf, Grant: g, Stripes: extra}
+	if err := ss.Add(ctx, tr, ref); err != nil {
+		tr.Finish()
 		return nil, nil, 0, err
 	}
 	meta.Location = &pb.Location{
@@ -111,7 +111,7 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 	}
 	ss.stats.transfers.Add(1)
 	ss.stats.dataPlaneBytes.Add(int64(n))
-	return meta, nil, tr.id, nil
+	return meta, nil, tr.ID, nil
 }
 
 // count applies f to the session's counters, or to the server's totals for
@@ -242,16 +242,10 @@ func (s service) Release(ctx context.Context, req *pb.ReleaseRequest) (*pb.Relea
 	if ss == nil {
 		return nil, status.Error(codes.InvalidArgument, "tensorrpc: Release needs a session")
 	}
-	for _, id := range req.TransferIds {
-		if t := ss.remove(id); t != nil {
-			t.finish()
-		}
-	}
+	engine.FinishAll(ss.RemoveAll(req.TransferIds))
 	for _, ref := range req.ClientRefs {
-		ss.cancelCall(ref) // a Fetch frame still waiting for its key
-		for _, t := range ss.releaseRef(ref) {
-			t.finish()
-		}
+		ss.CancelCall(ref) // a Fetch frame still waiting for its key
+		engine.FinishAll(ss.ReleaseRef(ref))
 	}
 	return &pb.ReleaseResponse{}, nil
 }
@@ -403,11 +397,7 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, r
 }
 
 func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
-	for _, id := range ids {
-		if t := ss.remove(id); t != nil {
-			t.finish()
-		}
-	}
+	engine.FinishAll(ss.RemoveAll(ids))
 }
 
 // requestTensors takes a CallRequest's tensors into the pool: inline

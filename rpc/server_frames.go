@@ -15,35 +15,6 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// frameCall is a call that arrived as a frame and is running.
-type frameCall struct{ cancel context.CancelFunc }
-
-// cancelCall cancels the running frame call named ref, if any.
-func (ss *serverSession) cancelCall(ref uint64) {
-	ss.mu.Lock()
-	fc := ss.calls[ref]
-	ss.mu.Unlock()
-	if fc != nil {
-		fc.cancel()
-	}
-}
-
-// spawn runs f in its own goroutine, counted in the session's handlers,
-// unless the session has ended.
-func (ss *serverSession) spawn(f func()) bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return false
-	}
-	ss.handlers.Add(1)
-	go func() {
-		defer ss.handlers.Done()
-		f()
-	}()
-	return true
-}
-
 // serveFrame handles a request frame that arrived on the session's link l.
 // It runs in the polling goroutine, so it never blocks: calls run in their
 // own goroutines.
@@ -52,14 +23,12 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	case wire.FrameRelease:
 		// Cancel at once, in order with the requests before it; freeing
 		// (revoking grants may wait for the peer) happens aside.
-		var done []*transfer
+		var done []*engine.Transfer
 		for _, ref := range engine.ReadU64s(body) {
-			ss.cancelCall(ref)
-			done = append(done, ss.releaseRef(ref)...)
+			ss.CancelCall(ref)
+			done = append(done, ss.ReleaseRef(ref)...)
 		}
-		if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
-			finishAll(done)
-		}
+		ss.FinishAside(done)
 		return
 	case wire.FrameFetchReq, wire.FrameSendReq, wire.FrameCallReq:
 	default:
@@ -151,15 +120,11 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
 func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string) bool {
-	opened := l.Opened.Load()
-	ss.mu.Lock()
-	quiet := !ss.draining && !ss.closed && !ss.released[h.Ref]
-	ss.mu.Unlock()
-	if !opened || !quiet {
+	if !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
 	var st [4]byte
-	e, err := s.fetch(ss.ctx, key, false)
+	e, err := s.fetch(ss.Context(), key, false)
 	switch {
 	case status.Code(err) == codes.NotFound:
 		raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
@@ -183,15 +148,15 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
-		resp, err := s.fetchAnswer(ss.ctx, ss, l, h.Ref, key, e, -1, nil)
+		resp, err := s.fetchAnswer(ss.Context(), ss, l, h.Ref, key, e, -1, nil)
 		if err != nil {
 			return false
 		}
 		ss.answeredNow.Add(1)
 		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
 			ss.answeredNow.Add(-1)
-			if t := ss.remove(resp.TransferId); t != nil && !ss.spawn(t.finish) {
-				t.finish()
+			if t := ss.Remove(resp.TransferId); t != nil {
+				ss.FinishAside([]*engine.Transfer{t})
 			}
 			return false
 		}
@@ -232,94 +197,21 @@ func unmarshalFrame(body []byte, m proto.Message) error {
 // releaseFramed frees the transfers whose ids a client's frame carried,
 // aside from the polling goroutine.
 func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
-	var done []*transfer
-	for _, id := range ids {
-		if t := ss.remove(id); t != nil {
-			done = append(done, t)
-		}
-	}
-	if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
-		finishAll(done)
-	}
+	ss.FinishAside(ss.RemoveAll(ids))
 }
 
-func finishAll(ts []*transfer) {
-	for _, t := range ts {
-		t.finish()
-	}
-}
-
-// runFrameCall runs one request frame's work in its own goroutine, under a
+// runFrameCall runs one request frame's work in its own goroutine (the
+// engine's Session.Run, which counts, bounds or refuses it), under a
 // context with the caller's metadata and deadline (hdr) that a RELEASE of
 // ref or the session's end also cancels: load reads the request, desc
 // names it for the interceptors, which then wrap work. It answers
-// it with exactly one response frame of type resp: the work's status and,
-// on success, its flags and body (which may view the pool buffers the
-// work adds to held until it is sent). A response that cannot be sent frees
-// what the call made for the client.
+// it with exactly one response frame of type resp: the work's status (a
+// refusal's, if refused) and, on success, its flags and body (which may
+// view the pool buffers the work adds to held until it is sent). A
+// response that cannot be sent frees what the call made for the client.
 func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
-	ctx, cancel := withHeaders(ss.ctx, hdr)
-	fc := &frameCall{cancel: cancel}
-	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		cancel()
-		return
-	}
-	ss.calls[ref] = fc
-	if ss.released[ref] {
-		cancel() // a RELEASE on another lane overtook the request
-	}
-	// A refused call (draining: GracefulStop waits on running already;
-	// too many under way) still answers, without being counted in running;
-	// its answer may wait for a credit, so refusals under way are bounded
-	// too: a client that keeps sending requests without taking their
-	// answers ends its session.
-	var refusal error
-	switch {
-	case (ss.draining || ss.inFlight >= engine.MaxFrameCalls) && ss.refusing >= engine.MaxFrameCalls:
-		delete(ss.calls, ref)
-		ss.mu.Unlock()
-		cancel()
-		l.Fail(status.Errorf(codes.ResourceExhausted, "tensorrpc: the client sent %d requests past the %d calls a session may have under way without taking their answers; the session is ended", engine.MaxFrameCalls, engine.MaxFrameCalls))
-		return
-	case ss.draining:
-		refusal = status.Error(codes.Unavailable, "tensorrpc: server stopping")
-	case ss.inFlight >= engine.MaxFrameCalls:
-		refusal = status.Errorf(codes.ResourceExhausted, "tensorrpc: %d calls of this session under way, the most a session may have", engine.MaxFrameCalls)
-	default:
-		ss.running.Add(1)
-		ss.inFlight++
-	}
-	if refusal != nil {
-		ss.refusing++
-	}
-	ss.handlers.Add(1)
-	ss.mu.Unlock()
-	go func() {
-		defer ss.handlers.Done()
-		if refusal == nil {
-			defer func() {
-				ss.mu.Lock()
-				ss.inFlight--
-				ss.mu.Unlock()
-				ss.running.Done()
-			}()
-		} else {
-			defer func() {
-				ss.mu.Lock()
-				ss.refusing--
-				ss.mu.Unlock()
-			}()
-		}
-		defer func() {
-			ss.mu.Lock()
-			if ss.calls[ref] == fc {
-				delete(ss.calls, ref)
-			}
-			ss.mu.Unlock()
-			cancel()
-		}()
+	ctx, cancel := withHeaders(ss.Context(), hdr)
+	ss.Run(l, ref, cancel, func(refusal error) {
 		// The session is open on l once open (Session) has set its lanes;
 		// a client that sends before it heard so is refused.
 		opened := l.Opened.Load()
@@ -355,17 +247,17 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 			if err != nil && worked {
 				// An interceptor failed a call whose work was done: what
 				// it made for the client goes now.
-				finishAll(ss.releaseRef(ref))
+				engine.FinishAll(ss.ReleaseRef(ref))
 			}
 			if err != nil && ctx.Err() == context.DeadlineExceeded {
 				err = status.Error(codes.DeadlineExceeded, "tensorrpc: the call's deadline passed")
 			}
 		}
-		if ss.ctx.Err() != nil {
+		if ss.Context().Err() != nil {
 			// The session is ending (the server stops, the client left):
 			// the link closes next, and the caller hears Unavailable from
 			// that rather than the handler's cancellation.
-			finishAll(ss.releaseRef(ref))
+			engine.FinishAll(ss.ReleaseRef(ref))
 			return
 		}
 		var st [4]byte
@@ -373,10 +265,10 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		if err != nil {
 			body = nil
 		}
-		if _, err := l.SendFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
-			finishAll(ss.releaseRef(ref))
+		if _, err := l.SendFrame(ss.Context(), resp, flags, ref, raw, body); err != nil {
+			engine.FinishAll(ss.ReleaseRef(ref))
 		}
-	}()
+	})
 }
 
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
@@ -456,7 +348,7 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m 
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
-		done := ss.pulling() // WithReservationTimeout bounds it
+		done := ss.Pulling() // WithReservationTimeout bounds it
 		err = engine.ReadLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
 		done()
 		if err != nil {

@@ -17,15 +17,18 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// serverSession is the server's side of one client session.
+// serverSession is the server's side of one client session: its policy
+// (who the client is, its admission, quota and statistics) over the
+// engine's session, which holds its transfers, pulls and frame calls.
 type serverSession struct {
+	*engine.Session
+
 	id        string
 	client    string
 	owner     string // connectionIdentity of the Session stream
@@ -37,77 +40,27 @@ type serverSession struct {
 	lanes     []*engine.Link // every lane, link first
 	stats     counters
 
-	// maxTransfers bounds transfers (Admission.TransfersPerSession; 0: no
-	// bound); refused logs the first transfer refused over it.
-	maxTransfers int
-	refused      func(error)
 	// activity counts the calls that named the session (reapIdle);
 	// unary, those of them on gRPC methods still under way.
 	activity atomic.Uint64
 	unary    atomic.Int64
-
-	mu        sync.Mutex
-	transfers map[uint64]*transfer
-	byRef     map[uint64][]uint64 // client_ref → transfer ids
-	released  map[uint64]bool     // client_refs released before (or after) their call
-	order     []uint64            // released refs, oldest first, to bound the set
-	next      uint64
-	closed    bool
-	reserved  int64 // bytes charged to the session while they come in
-
-	// Calls (frames): each runs in its own goroutine under ctx, which ends
-	// with the session; calls names the running ones by client_ref so that
-	// a Release of the ref cancels one.
-	ctx      context.Context
-	cancel   context.CancelFunc
-	handlers sync.WaitGroup
-	calls    map[uint64]*frameCall
-	// running counts the frame calls under way (handlers also counts
-	// helpers); once draining is set (GracefulStop) new ones are refused.
-	running  sync.WaitGroup
-	inFlight int // frame calls counted in running
-	refusing int // refused frame calls whose answers have not gone yet
 	// answeredNow counts the Fetches fetchNow answered in the polling
 	// goroutine.
 	answeredNow atomic.Int64
-	draining    bool
-	// pulls are the server's Reads of client memory under way (pull), by
-	// when they started: one the client never answers counts as a stale
-	// reservation.
-	pulls map[*byte]time.Time
-}
 
-// finishCalls refuses new frame calls and waits until those under way
-// have answered, at most timeout or until ctx ends (GracefulStop: calls
-// that arrived as frames finish as gRPC's GracefulStop lets unary calls
-// finish).
-func (ss *serverSession) finishCalls(ctx context.Context, timeout time.Duration) {
-	ss.mu.Lock()
-	ss.draining = true
-	ss.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		ss.running.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	mu       sync.Mutex
+	reserved int64 // bytes charged to the session while they come in
 }
 
 // busy reports whether the session has a call under way or holds
 // anything: then it is not idle, however long since its last call.
 func (ss *serverSession) busy() bool {
-	if ss.unary.Load() > 0 {
+	if ss.unary.Load() > 0 || ss.Holding().Busy() {
 		return true
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return len(ss.transfers) > 0 || ss.inFlight > 0 || ss.refusing > 0 || len(ss.pulls) > 0 || ss.reserved > 0
+	return ss.reserved > 0
 }
 
 // charge counts n bytes coming into the server's pool for the session
@@ -126,155 +79,6 @@ func (ss *serverSession) refund(n int64) {
 	ss.mu.Lock()
 	ss.reserved -= n
 	ss.mu.Unlock()
-}
-
-// staleReservation reports a Read of the client's memory that has stayed
-// unanswered for longer than timeout.
-func (ss *serverSession) staleReservation(timeout time.Duration) bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for _, started := range ss.pulls {
-		if time.Since(started) > timeout {
-			return true
-		}
-	}
-	return false
-}
-
-// pulling notes a Read of client memory under way; the returned func
-// notes its end.
-func (ss *serverSession) pulling() func() {
-	key := new(byte)
-	ss.mu.Lock()
-	if ss.pulls == nil {
-		ss.pulls = map[*byte]time.Time{}
-	}
-	ss.pulls[key] = time.Now()
-	ss.mu.Unlock()
-	return func() {
-		ss.mu.Lock()
-		delete(ss.pulls, key)
-		ss.mu.Unlock()
-	}
-}
-
-// maxReleasedRefs bounds how many released client_refs a session
-// remembers; a release that overtakes its call by more than this many
-// releases is missed, and the session's end frees the transfer.
-const maxReleasedRefs = 4096
-
-// transfer is a buffer the server holds for a client to read (a fetched
-// tensor, a call's reply tensor, an indirect answer) until it releases it.
-type transfer struct {
-	id  uint64
-	ref uint64 // the client's name for the call that made it, or 0
-	buf *mempool.Buffer
-	// grant is the peer's only access to buf, to read it; revoked when the
-	// transfer ends.
-	grant verbs.Grant
-	// stripes are grants of buf on the session's other lanes, for a read
-	// striped across them (see engine.GrantLanes).
-	stripes []verbs.Grant
-}
-
-// revoke ends the peer's access to the transfer's buffer. Call it, outside
-// the session's lock (on shm it waits for the peer to unmap), before the
-// buffer goes back to the pool or is published.
-func (t *transfer) revoke() {
-	if t.grant != nil {
-		t.grant.Revoke()
-	}
-	engine.RevokeAll(t.stripes)
-}
-
-// finish revokes the peer's access and releases the buffer.
-func (t *transfer) finish() {
-	t.revoke()
-	t.buf.Release()
-}
-
-// add registers a transfer made by the call the client named ref. It fails
-// when the session has ended or the client has already released ref (the
-// call was cancelled); the caller then still owns t.buf.
-func (ss *serverSession) add(ctx context.Context, t *transfer, ref uint64) error {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return status.Error(codes.Unavailable, "tensorrpc: session ended")
-	}
-	if ss.released[ref] {
-		return status.Error(codes.Canceled, "tensorrpc: the client released the call")
-	}
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
-	}
-	if ss.maxTransfers > 0 && len(ss.transfers) >= ss.maxTransfers {
-		err := status.Errorf(codes.ResourceExhausted, "tensorrpc: transfer refused: the session holds %d unreleased transfers, the server's TransfersPerSession budget (release fetched tensors; rpc.WithAdmission raises it)", len(ss.transfers))
-		if ss.stats.refusedTransfers.Add(1) == 1 && ss.refused != nil {
-			ss.refused(err)
-		}
-		return err
-	}
-	ss.next++
-	t.id = ss.next
-	t.ref = ref
-	ss.transfers[t.id] = t
-	if ref != 0 {
-		ss.byRef[ref] = append(ss.byRef[ref], t.id)
-	}
-	return nil
-}
-
-// remove takes a transfer out of the session; the caller owns its buffer.
-func (ss *serverSession) remove(id uint64) *transfer {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.removeLocked(id)
-}
-
-func (ss *serverSession) removeLocked(id uint64) *transfer {
-	t, ok := ss.transfers[id]
-	if !ok {
-		return nil
-	}
-	delete(ss.transfers, id)
-	if t.ref != 0 {
-		ids := ss.byRef[t.ref]
-		for i, x := range ids {
-			if x == id {
-				ids = append(ids[:i], ids[i+1:]...)
-				break
-			}
-		}
-		if len(ids) == 0 {
-			delete(ss.byRef, t.ref)
-		} else {
-			ss.byRef[t.ref] = ids
-		}
-	}
-	return t
-}
-
-// releaseRef removes every transfer of the call named ref, and remembers
-// ref so that transfers the call adds later are refused.
-func (ss *serverSession) releaseRef(ref uint64) []*transfer {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	var out []*transfer
-	for _, id := range append([]uint64(nil), ss.byRef[ref]...) {
-		if t := ss.removeLocked(id); t != nil {
-			out = append(out, t)
-		}
-	}
-	if !ss.released[ref] {
-		ss.released[ref] = true
-		ss.order = append(ss.order, ref)
-		if len(ss.order) > maxReleasedRefs {
-			delete(ss.released, ss.order[0])
-			ss.order = ss.order[1:]
-		}
-	}
-	return out
 }
 
 // Session implements the Session method: negotiation, then the session's
@@ -331,15 +135,15 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	defer endAdmission()
 	ss := &serverSession{
 		id: newSessionID(), client: hs.ClientName, owner: connectionIdentity(ctx), peer: peerID, addr: peerAddr(ctx),
-		maxTransfers: s.adm.limits.TransfersPerSession,
-		transfers:    map[uint64]*transfer{}, byRef: map[uint64][]uint64{}, released: map[uint64]bool{},
-		calls: map[uint64]*frameCall{},
 	}
-	ss.ctx, ss.cancel = context.WithCancel(ctx)
-	defer ss.cancel()
-	ss.refused = func(err error) {
-		s.log.Info("tensorrpc: refused over budget", "peer", peerID, "session", ss.id, "reason", status.Convert(err).Message())
-	}
+	// A transfer refused over the session's budget is counted, and the
+	// first one logged.
+	ss.Session = engine.NewSession(ctx, s.adm.limits.TransfersPerSession, func(err error) {
+		if ss.stats.refusedTransfers.Add(1) == 1 {
+			s.log.Info("tensorrpc: refused over budget", "peer", peerID, "session", ss.id, "reason", status.Convert(err).Message())
+		}
+	})
+	defer ss.End()
 
 	// Make a queue pair for every offer the server can use, by priority;
 	// reject the rest. The tcp plane listens on the address this session's
@@ -457,7 +261,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	var dead <-chan struct{}
 	var failure func() error
 	if ss.link != nil {
-		dead, failure = engine.AnyDead(ss.lanes, &ss.handlers)
+		dead, failure = ss.Watch(ss.lanes)
 	}
 	var result error
 	var idle <-chan time.Time
@@ -485,7 +289,7 @@ wait:
 				break wait
 			}
 		case <-stale:
-			if ss.staleReservation(s.opts.reserveTimeout) {
+			if ss.StaleReservation(s.opts.reserveTimeout) {
 				result = status.Errorf(codes.ResourceExhausted, "tensorrpc: a read of the client's memory stayed unanswered for over %v; the session is ended and its memory freed", s.opts.reserveTimeout)
 				s.log.Info("tensorrpc: ending a session whose client leaves a read unanswered", "session", ss.id, "timeout", s.opts.reserveTimeout)
 				break wait
@@ -502,7 +306,7 @@ wait:
 		case <-s.drain:
 			result = status.Error(codes.Unavailable, "tensorrpc: server stopping")
 			if s.graceful.Load() {
-				ss.finishCalls(ctx, s.opts.gracefulStop)
+				ss.FinishCalls(ctx, s.opts.gracefulStop)
 			}
 			break wait
 		case <-ctx.Done():
@@ -641,21 +445,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 }
 
 // closeSession closes the data plane first, so nothing writes into the
-// session's buffers any more, then releases them.
+// session's buffers any more, then releases them (engine.Session.Close).
 func (s *Server) closeSession(ss *serverSession) {
-	if ss.cancel != nil {
-		ss.cancel() // calls that arrived as frames
-	}
-	engine.CloseLanes(ss.lanes, errors.New("session ended"))
-	ss.mu.Lock()
-	ss.closed = true
-	transfers := ss.transfers
-	ss.transfers = map[uint64]*transfer{}
-	ss.mu.Unlock()
-	for _, t := range transfers {
-		t.finish()
-	}
-	// Calls that arrived as frames end now (their link is closed and their
-	// context ended); what they still hold they free themselves.
-	ss.handlers.Wait()
+	ss.Close(ss.lanes, errors.New("session ended"))
 }

@@ -12,18 +12,28 @@
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the
 //     releaser, pending calls and their replies, over proto/wire's header;
 //   - lanes (lanes.go): a session's several links, made (NewLanes) and
-//     connected together, striped reads (ReadLanes) and grants on every
-//     lane (GrantLanes);
+//     connected together, taken in turn by frame calls (Turn), watched
+//     (AnyDead, OnDead, AwaitDead), flushed of their releases
+//     (FlushLanes), striped reads (ReadLanes) and grants on every lane
+//     (GrantLanes);
 //   - a data plane's negotiation (negotiate.go): Negotiate runs steps 1
 //     and 2 of the Session method in the .proto, one function for both
 //     sides, parameterised by the side's role (verbs.RoleDial for the
 //     client, verbs.RoleAccept for the server);
-//   - the one reader of a session's gRPC stream (stream.go).
+//   - the one reader of a session's gRPC stream (stream.go);
+//   - the server's Session (session.go): its transfer table
+//     (transfers.go: the Transfers it holds for the client until the
+//     client releases them, by id or by the client_ref of their call),
+//     the Reads of the client's memory under way, and the calls that
+//     arrived as frames, each in its own goroutine, bounded, cancelled
+//     by a release of their ref and drained by a graceful stop
+//     (calls.go).
 //
-// Sessions, each side's policy in the negotiation (what it offers or
-// chooses, the server's admission, rejections and their logs, opening
-// the session) and the server's and client's work per operation are
-// still in rpc. Some fields of Link and Framing
+// Each side's policy in the negotiation (what it offers or chooses, the
+// server's admission, rejections and their logs, opening the session),
+// the session's policy (quotas, statistics, logs, which takes callbacks
+// from the engine) and the server's and client's work per operation are
+// in rpc. Some fields of Link and Framing
 // (Mu, Credits, Unreturned, Outstanding, Pending, MaxAbandon, Cancel,
 // Received, Indirect, ReleasedIn, Reads, NextID, Waiters, CtlPool) are
 // exported only for rpc's white-box tests, which forge and withhold

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -103,6 +105,58 @@ func AnyDead(lanes []*Link, wg *sync.WaitGroup) (<-chan struct{}, func() error) 
 		}
 		return first.Failure
 	}
+}
+
+// OnDead runs died, in a goroutine counted in wg, with the first failure
+// of lanes once any of them has failed (see AnyDead, whose watchers wg
+// counts too).
+func OnDead(lanes []*Link, wg *sync.WaitGroup, died func(error)) {
+	dead, failure := AnyDead(lanes, wg)
+	wg.Go(func() {
+		<-dead
+		died(failure())
+	})
+}
+
+// AwaitDead waits until every lane has failed (or closed), at most
+// timeout: a side whose peer ended the session keeps its lanes open for
+// the answers still on their way, until the peer closes them.
+func AwaitDead(lanes []*Link, timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for _, l := range lanes {
+		select {
+		case <-l.Dead:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// FlushLanes sends the releases still queued on every lane that carries
+// frames (see Link.FlushReleases), until ctx ends.
+func FlushLanes(ctx context.Context, lanes []*Link) {
+	for _, l := range lanes {
+		if l.Frames != nil {
+			l.FlushReleases(ctx)
+		}
+	}
+}
+
+// Turn picks a session's lanes in turn for its frame calls. Its zero
+// value is ready to use; it is safe for concurrent use.
+type Turn struct{ next atomic.Uint32 }
+
+// Next is the lane for the next frame call: the only one when there is
+// one, nil when there is none.
+func (t *Turn) Next(lanes []*Link) *Link {
+	switch len(lanes) {
+	case 0:
+		return nil
+	case 1:
+		return lanes[0]
+	}
+	return lanes[t.next.Add(1)%uint32(len(lanes))]
 }
 
 // Stripes: a one-sided transfer of at least StripeMin bytes on a session
