@@ -210,8 +210,15 @@ func writeTransfers(w io.Writer, r *Report) {
 	for _, s := range small {
 		p(" %s |", bytesize.Format(s))
 	}
-	p(" p50 at %s vs grpc-proto |\n|---|%s ---: |\n", bytesize.Format(small[0]), strings.Repeat(" ---: |", len(small)))
+	p(" p50 at %s vs its ping-pong | p50 at %s vs grpc-proto |\n|---|%s ---: | ---: |\n",
+		bytesize.Format(small[0]), bytesize.Format(small[0]), strings.Repeat(" ---: |", len(small)))
 	base := r.exact("grpc-proto", r.Config.Payloads[0].Name, small[0], conc)
+	ratio := func(m, of *Measurement) string {
+		if m == nil || of == nil || of.P50us <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f×", m.P50us/of.P50us)
+	}
 	for _, rw := range rows {
 		p("| %s |", rw.label)
 		for _, s := range small {
@@ -221,13 +228,30 @@ func writeTransfers(w io.Writer, r *Report) {
 				p(" - |")
 			}
 		}
-		if m := r.exact(rw.c.Name, rw.payload, small[0], conc); m != nil && base != nil && base.P50us > 0 {
-			p(" %.2f× |\n", m.P50us/base.P50us)
-		} else {
-			p(" - |\n")
+		m := r.exact(rw.c.Name, rw.payload, small[0], conc)
+		var pp *Measurement
+		if name := pingPong(rw.c); name != "" {
+			pp = r.exact(name, r.Config.Payloads[0].Name, small[0], conc)
 		}
+		p(" %s | %s |\n", ratio(m, pp), ratio(m, base))
 	}
 	p("\n")
+}
+
+// pingPong is the raw socket round trip that bounds a transfer case's
+// latency: the unix socket for cases whose bytes move through memory
+// (ceiling memcpy), the TCP socket for those over TCP, none for the
+// ceilings themselves.
+func pingPong(c Case) string {
+	switch {
+	case c.Kind == KindCeiling:
+		return ""
+	case c.Ceiling == "memcpy":
+		return "unix-socket"
+	case c.Ceiling == "tcp-socket":
+		return "tcp-socket"
+	}
+	return ""
 }
 
 // writeCalls prints the call cases' tables: GB/s both ways, against the
