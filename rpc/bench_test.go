@@ -101,6 +101,41 @@ func BenchmarkFetch(b *testing.B) {
 	})
 }
 
+// BenchmarkFetchStreams is BenchmarkFetch with 4 concurrent streams on
+// one session (2 per GOMAXPROCS on this package's 2-core machine; run it
+// with -cpu to change that): where concurrent streams queue on each other,
+// with -mutexprofile and -blockprofile.
+func BenchmarkFetchStreams(b *testing.B) {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
+		for _, n := range []int{4 << 10, 1 << 20} {
+			b.Run(tr+"/"+sizeName(n), func(b *testing.B) {
+				s, c, done := benchPair(b, tr)
+				defer done()
+				ctx := context.Background()
+				t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Publish(ctx, "x", t)
+				t.Release()
+				warmUp(b, func() error { return fetchOnce(c, "x") })
+				b.SetBytes(int64(n))
+				b.SetParallelism(max(1, 4/runtime.GOMAXPROCS(0)))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						got, err := c.Fetch(ctx, "x")
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						got.Release()
+					}
+				})
+			})
+		}
+	}
+}
+
 func BenchmarkSend(b *testing.B) {
 	for _, tr := range testTransports {
 		for _, n := range benchSizes {
