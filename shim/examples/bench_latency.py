@@ -19,8 +19,10 @@ Every client is a process of its own, talking to a server in another
 process, and measures each call with its own clock after a warm-up call.
 Sizes up to 1 MiB make --iters calls per round, larger ones fewer
 (--big-iters). It prints a Markdown table (p50, p99, GB/s at p50, and the
-ratios to go's p50 and of torch-rpc's p50 to py-tensor's, all from this run)
-and one JSON line per case. gopeer is $TENSORRPC_GOPEER, else built with
+ratios to go's p50 and of torch-rpc's p50 to py-tensor's, all from this run;
+and the client process's voluntary context switches per call, all threads:
+how often one of its threads slept and was woken) and one JSON line per
+case. gopeer is $TENSORRPC_GOPEER, else built with
 `go build`. Torch RPC runs where torch is importable (not with
 --no-torch-rpc).
 """
@@ -28,7 +30,9 @@ and one JSON line per case. gopeer is $TENSORRPC_GOPEER, else built with
 import argparse
 import json
 import os
+import resource
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,12 +111,14 @@ def torch_rpc_worker(rank, transport, port):
             size, iters = map(int, line.split())
             rpc.rpc_sync("w0", _tensor_of, args=(size,))
             ds = []
+            switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             for _ in range(iters):
                 t0 = time.perf_counter()
                 t = rpc.rpc_sync("w0", _tensor_of, args=(size,))
                 ds.append(time.perf_counter() - t0)
                 del t
-            print(json.dumps(ds), flush=True)
+            switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+            print(json.dumps([ds, switches / iters]), flush=True)
     rpc.shutdown()
 
 
@@ -164,23 +170,25 @@ def go_round(gopeer, addr, transport, size, iters):
     out = subprocess.run([gopeer, "bench-client", "-addr", addr, "-transports", transport, "-size", str(size),
                           "-iters", str(iters), "-ops", "fetch"], capture_output=True, text=True, check=True)
     (r,) = json.loads(out.stdout)
-    return r["times_s"]
+    return r["times_s"], r["voluntary_switches_per_op"]
 
 
 def python_round(c, output, iters):
     fetch, clock = c.fetch, time.perf_counter
     fetch("bench", output=output)  # warm-up (dropped at once)
     ds = []
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     for _ in range(iters):
         t0 = clock()
         a = fetch("bench", output=output)
         del a
         ds.append(clock() - t0)
-    return ds
+    return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
 
 
 def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
-    """{case: [seconds]} for one transport and size, rounds alternating."""
+    """{case: ([seconds], [voluntary switches per call, by round])} for
+    one transport and size, rounds alternating."""
     srv = Peer([gopeer, "bench-serve", "-transports", transport, "-size", str(size)])
     try:
         addr = srv.read_line("ADDR ")
@@ -194,7 +202,10 @@ def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
                 cases.append(("torch-rpc", lambda: torch_rpc.run(size, iters)))
             for r in range(rounds):
                 for name, run in cases if r % 2 == 0 else cases[::-1]:
-                    res.setdefault(name, []).extend(run())
+                    ds, switches = run()
+                    res.setdefault(name, ([], []))
+                    res[name][0].extend(ds)
+                    res[name][1].append(switches)
         code, _, err = srv.stop()
         if code != 0:
             raise RuntimeError("gopeer bench-serve: " + err)
@@ -228,13 +239,14 @@ def main():
                 for size in sizes:
                     iters = args.iters if size <= BIG else args.big_iters
                     res = measure_plane(gopeer, transport, size, iters, args.rounds, trpc)
-                    go50 = percentile(res["go"], 0.5)
-                    py50 = percentile(res["py-tensor"], 0.5)
-                    for case, ds in res.items():
+                    go50 = percentile(res["go"][0], 0.5)
+                    py50 = percentile(res["py-tensor"][0], 0.5)
+                    for case, (ds, switches) in res.items():
                         p50, p99 = percentile(ds, 0.5), percentile(ds, 0.99)
                         row = {"transport": transport, "bytes": size, "case": case, "n": len(ds),
                                "p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "min_us": min(ds) * 1e6,
-                               "p50_GBps": size / p50 / 1e9, "p50_over_go": p50 / go50}
+                               "p50_GBps": size / p50 / 1e9, "p50_over_go": p50 / go50,
+                               "switches_per_call": statistics.median(switches)}
                         if case == "torch-rpc":
                             row["p50_over_py_tensor"] = p50 / py50
                         rows.append(row)
@@ -246,12 +258,13 @@ def main():
     print("%d alternating rounds; %d calls per round up to 1 MiB, %d above; one process per client, server in another"
           % (args.rounds, args.iters, args.big_iters))
     print()
-    print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | torch-rpc p50 / py-tensor p50 |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | torch-rpc p50 / py-tensor p50 | switches/call |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s |" % (
+        print("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %.1f |" % (
             r["transport"], size_name(r["bytes"]), r["case"], r["p50_us"], r["p99_us"], r["min_us"],
-            r["p50_GBps"], r["p50_over_go"], "%.2f" % r["p50_over_py_tensor"] if "p50_over_py_tensor" in r else ""))
+            r["p50_GBps"], r["p50_over_go"], "%.2f" % r["p50_over_py_tensor"] if "p50_over_py_tensor" in r else "",
+            r["switches_per_call"]))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/credentials/insecure"
@@ -311,6 +312,18 @@ type benchResult struct {
 	Times     []float64 `json:"times_s"`
 	MedianSec float64   `json:"median_s"`
 	MedianGBs float64   `json:"median_GBps"`
+	// Switches is the process's voluntary context switches (all threads)
+	// per timed transfer: how often a thread slept and was woken.
+	Switches float64 `json:"voluntary_switches_per_op"`
+}
+
+// voluntarySwitches is the process's count of voluntary context switches.
+func voluntarySwitches() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw
 }
 
 func measure(op, transport string, size, iters int, f func() error) (benchResult, error) {
@@ -318,6 +331,7 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 		return benchResult{}, err
 	}
 	ds := make([]float64, 0, iters)
+	switches := voluntarySwitches()
 	for range iters {
 		start := time.Now()
 		if err := f(); err != nil {
@@ -325,9 +339,11 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 		}
 		ds = append(ds, time.Since(start).Seconds())
 	}
+	switches = voluntarySwitches() - switches
 	sorted := slices.Sorted(slices.Values(ds))
 	med := sorted[len(sorted)/2]
-	return benchResult{Op: op, Transport: transport, Bytes: size, Times: ds, MedianSec: med, MedianGBs: float64(size) / med / 1e9}, nil
+	return benchResult{Op: op, Transport: transport, Bytes: size, Times: ds, MedianSec: med, MedianGBs: float64(size) / med / 1e9,
+		Switches: float64(switches) / float64(max(iters, 1))}, nil
 }
 
 // benchClient measures, against bench-serve: Fetch (+Release) of the
