@@ -6,7 +6,7 @@
 //	gopeer serve [-transports shm,tcp,grpc]
 //	gopeer client -addr HOST:PORT [-transports ...]
 //	gopeer bench-serve -size N [-transports ...]
-//	gopeer bench-client -addr HOST:PORT -size N -iters K [-transports ...]
+//	gopeer bench-client -addr HOST:PORT -size N -iters K [-ops fetch,send_pool,send_wrapped] [-transports ...]
 //
 // Servers print "ADDR host:port" on stdout and serve until stdin closes;
 // when stdin's first line is "check", serve first checks the tensors the
@@ -29,6 +29,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/credentials/insecure"
@@ -85,6 +86,7 @@ func main() {
 	addr := fs.String("addr", "", "server address (client modes)")
 	size := fs.Int("size", 64<<20, "tensor bytes (bench modes)")
 	iters := fs.Int("iters", 10, "transfers per measurement (bench-client)")
+	ops := fs.String("ops", "fetch,send_pool,send_wrapped", "measurements of bench-client, in order")
 	fs.Parse(os.Args[2:])
 	var opts []rpc.Option
 	if os.Getenv("TENSORRPC_LOG") == "debug" {
@@ -110,7 +112,7 @@ func main() {
 	case "client":
 		err = client(*addr, dopts)
 	case "bench-client":
-		err = benchClient(*addr, dopts, *size, *iters)
+		err = benchClient(*addr, dopts, *size, *iters, strings.Split(*ops, ","))
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -310,6 +312,18 @@ type benchResult struct {
 	Times     []float64 `json:"times_s"`
 	MedianSec float64   `json:"median_s"`
 	MedianGBs float64   `json:"median_GBps"`
+	// Switches is the process's voluntary context switches (all threads)
+	// per timed transfer: how often a thread slept and was woken.
+	Switches float64 `json:"voluntary_switches_per_op"`
+}
+
+// voluntarySwitches is the process's count of voluntary context switches.
+func voluntarySwitches() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw
 }
 
 func measure(op, transport string, size, iters int, f func() error) (benchResult, error) {
@@ -317,6 +331,7 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 		return benchResult{}, err
 	}
 	ds := make([]float64, 0, iters)
+	switches := voluntarySwitches()
 	for range iters {
 		start := time.Now()
 		if err := f(); err != nil {
@@ -324,15 +339,18 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 		}
 		ds = append(ds, time.Since(start).Seconds())
 	}
+	switches = voluntarySwitches() - switches
 	sorted := slices.Sorted(slices.Values(ds))
 	med := sorted[len(sorted)/2]
-	return benchResult{Op: op, Transport: transport, Bytes: size, Times: ds, MedianSec: med, MedianGBs: float64(size) / med / 1e9}, nil
+	return benchResult{Op: op, Transport: transport, Bytes: size, Times: ds, MedianSec: med, MedianGBs: float64(size) / med / 1e9,
+		Switches: float64(switches) / float64(max(iters, 1))}, nil
 }
 
 // benchClient measures, against bench-serve: Fetch (+Release) of the
 // published tensor, Send of a pool tensor (NewTensor) and Send of a tensor
-// over Go memory (WrapTensor, one copy into the pool first).
-func benchClient(addr string, opts []rpc.DialOption, size, iters int) error {
+// over Go memory (WrapTensor, one copy into the pool first): those of ops,
+// in that order.
+func benchClient(addr string, opts []rpc.DialOption, size, iters int, ops []string) error {
 	ctx := context.Background()
 	c, err := rpc.Dial(ctx, addr, opts...)
 	if err != nil {
@@ -355,18 +373,20 @@ func benchClient(addr string, opts []rpc.DialOption, size, iters int) error {
 	defer pooled.Release()
 	Pattern(pooled.Bytes(), zerocopy.Uint8)
 	wrapped := rpc.WrapTensor(patterned(zerocopy.Uint8, []int64{int64(size)}))
+	measurements := map[string]func() error{
+		"fetch":        fetch,
+		"send_pool":    func() error { return c.Send(ctx, "sent", pooled) },
+		"send_wrapped": func() error { return c.Send(ctx, "sent", wrapped) },
+	}
 	var out []benchResult
-	for _, m := range []struct {
-		op string
-		f  func() error
-	}{
-		{"fetch", fetch},
-		{"send_pool", func() error { return c.Send(ctx, "sent", pooled) }},
-		{"send_wrapped", func() error { return c.Send(ctx, "sent", wrapped) }},
-	} {
-		r, err := measure(m.op, tr, size, iters, m.f)
+	for _, op := range ops {
+		f, ok := measurements[op]
+		if !ok {
+			return fmt.Errorf("unknown bench-client op %q", op)
+		}
+		r, err := measure(op, tr, size, iters, f)
 		if err != nil {
-			return fmt.Errorf("%s: %w", m.op, err)
+			return fmt.Errorf("%s: %w", op, err)
 		}
 		out = append(out, r)
 	}

@@ -369,11 +369,8 @@ class Client:
             lib.trpc_free(rtensors)
         if output == "tensor":
             return reply_meta, owned
-        out = []
-        for t in owned:
-            with t:
-                out.append(t.numpy() if output == "numpy" else t.torch())
-        return reply_meta, out
+        # Each array or torch tensor takes its Tensor's reference over.
+        return reply_meta, [t._to_numpy(True) if output == "numpy" else t._to_torch(True) for t in owned]
 
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any, *, output: Optional[str] = None) -> Any:
         """An uninitialised tensor in the client's pool: sending it costs no

@@ -11,6 +11,7 @@ come out.
 """
 
 import ctypes
+import struct
 import sys
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -31,6 +32,11 @@ DTYPES: Dict[str, Tuple[int, int]] = {
 _NAMES = {v: k for k, v in DTYPES.items()}
 _TORCH_MISSING = {"uint16", "uint32", "uint64"}  # no torch dtype in torch 1.13
 OUTPUTS = ("numpy", "torch", "tensor")
+# DLTensor as bytes: data, device (type, id), ndim, dtype (code, bits,
+# lanes), shape, strides, byte_offset.
+_DLTENSOR = struct.Struct("=QiiiBBHQQQ")
+_SHAPES: Dict[int, struct.Struct] = {}  # ndim -> the struct of a shape array, filled as met
+_TYPESTRS: Dict[str, str] = {}  # dtype name -> NumPy typestr, filled as met
 _release_lock = threading.RLock()  # two threads never both delete one tensor; reentrant for GC
 
 
@@ -321,12 +327,18 @@ def check_output(output: str) -> str:
 def need_output(output: str) -> str:
     """check_output that also imports what output needs, so that a
     missing NumPy or torch fails before anything is received."""
+    if output in _ready_outputs:  # checked and imported before (a call's hot path)
+        return output
     check_output(output)
     if output == "numpy":
         _numpy()
     elif output == "torch":
         _torch()
+    _ready_outputs.add(output)
     return output
+
+
+_ready_outputs = {"tensor"}
 
 
 class _ArrayOwner:
@@ -336,10 +348,10 @@ class _ArrayOwner:
 
     __slots__ = ("tensor", "__array_interface__")
 
-    def __init__(self, tensor: "Tensor", shape: Tuple[int, ...], typestr: str, readonly: bool) -> None:
+    def __init__(self, tensor: "Tensor", shape: Tuple[int, ...], typestr: str, data: int, readonly: bool) -> None:
         self.tensor = tensor
         self.__array_interface__ = {
-            "version": 3, "shape": shape, "typestr": typestr, "data": (tensor.data_ptr, readonly),
+            "version": 3, "shape": shape, "typestr": typestr, "data": (data, readonly),
         }
 
 
@@ -435,36 +447,74 @@ class Tensor:
     def __dlpack_device__(self) -> Tuple[int, int]:
         return (1, 0)
 
+    def _meta(self) -> Tuple[str, Tuple[int, ...], int]:
+        """The dtype's name, the shape and the data address, read from the
+        DLTensor in two reads (ctypes structure fields cost a Python object
+        each)."""
+        data, _, _, ndim, code, bits, _, shape_p, _, _ = _DLTENSOR.unpack(
+            ctypes.string_at(self._check(), _DLTENSOR.size))
+        if not ndim:
+            return _NAMES[(code, bits)], (), data
+        st = _SHAPES.get(ndim)
+        if st is None:
+            st = _SHAPES[ndim] = struct.Struct("=%dq" % ndim)
+        return _NAMES[(code, bits)], st.unpack(ctypes.string_at(shape_p, st.size)), data
+
     def numpy(self) -> Any:
         """A NumPy array viewing the tensor's memory, writable unless the
         tensor is read-only (a lease). (NumPy 1.24's from_dlpack makes
         read-only arrays, so this goes through __array_interface__ instead;
         np.from_dlpack(t) works too.)"""
+        return self._to_numpy(False)
+
+    def _to_numpy(self, give: bool) -> Any:
+        """numpy(); with give, the array takes over this object's reference
+        (adopt: nobody else holds this object) instead of a new one."""
         np = _numpy()
-        name = self.dtype
+        name, shape, data = self._meta()
         if name == "bfloat16":
             raise InvalidArgumentError("bfloat16 has no NumPy dtype; use output='torch' or Tensor.torch()")
-        shape = self.shape
         if 0 in shape:
             return np.empty(shape, dtype=name)
-        readonly = self.readonly
-        p = lib.trpc_dlpack_share(self._check())
-        if not p:
-            raise InvalidArgumentError("tensor was already released")
-        return np.asarray(_ArrayOwner(Tensor(p), shape, np.dtype(name).str, readonly))
+        readonly = bool(lib.trpc_dlpack_flags(self._m) & _lib.FLAG_READ_ONLY)
+        if give:
+            owner = self
+        else:
+            p = lib.trpc_dlpack_share(self._check())
+            if not p:
+                raise InvalidArgumentError("tensor was already released")
+            owner = Tensor(p)
+        typestr = _TYPESTRS.get(name)
+        if typestr is None:
+            typestr = _TYPESTRS[name] = np.dtype(name).str
+        return np.asarray(_ArrayOwner(owner, shape, typestr, data, readonly))
 
     def torch(self) -> Any:
         """A torch tensor viewing the tensor's memory."""
-        if self.dtype in _TORCH_MISSING:
-            raise InvalidArgumentError("%s has no torch dtype in this PyTorch; use output='numpy'" % self.dtype)
+        return self._to_torch(False)
+
+    def _to_torch(self, give: bool) -> Any:
+        """torch(); with give, the torch tensor takes over this object's
+        reference (adopt: nobody else holds this object) instead of a new
+        one."""
+        name, shape, _ = self._meta()
+        if name in _TORCH_MISSING:
+            raise InvalidArgumentError("%s has no torch dtype in this PyTorch; use output='numpy'" % name)
         torch = _torch()
-        shape = self.shape
         if 0 in shape:
             # Nothing to share, and torch 1.13 never calls the deleter of an
             # empty DLPack tensor (it would leak the reference).
-            return torch.empty(shape, dtype=getattr(torch, self.dtype))
-        cap, is_bool = self._share(True)
-        t = torch.utils.dlpack.from_dlpack(cap)
+            return torch.empty(shape, dtype=getattr(torch, name))
+        if give:
+            with _release_lock:
+                p, self._m = self._check(), None  # the capsule owns it now (and deletes it unless consumed)
+            is_bool = name == "bool"
+            if is_bool:  # as _share(True) does
+                _lib.DLManagedTensor.from_address(p).dl_tensor.dtype.code = DTYPES["uint8"][0]
+            cap = _lib.capsule(p)
+        else:
+            cap, is_bool = self._share(True)
+        t = torch._C._from_dlpack(cap)  # what torch.utils.dlpack.from_dlpack does with a capsule
         return t.view(torch.bool) if is_bool else t
 
     def memoryview(self) -> memoryview:
@@ -524,7 +574,6 @@ def adopt(managed: Optional[int], output: str) -> Any:
     t = Tensor(managed)
     if output == "tensor":
         return t
-    try:
-        return t.numpy() if output == "numpy" else t.torch()
-    finally:
-        t.release()
+    # t is ours alone: the array or torch tensor takes its reference over
+    # (on failure, collecting t releases it).
+    return t._to_numpy(True) if output == "numpy" else t._to_torch(True)

@@ -74,6 +74,55 @@ class ConcurrencyTest(unittest.TestCase):
         gc.collect()
         self.assertEqual(tensorrpc.live_tensors(), 0)
 
+    def test_gil_released_while_fetch_waits(self):
+        # A fetch waiting for its key (wait=True) holds no GIL: while it
+        # waits, another Python thread keeps counting and this thread
+        # publishes the key. Were the GIL held, neither could run until the
+        # fetch timed out, and the fetch would fail with a deadline instead
+        # of returning the tensor.
+        for output in ("numpy", "torch", "tensor"):
+            with self.subTest(output=output), tensorrpc.Server() as srv, tensorrpc.Client(srv.address) as c:
+                got, counter, stop = {}, [0], threading.Event()
+                entering = threading.Event()
+
+                def fetch():
+                    entering.set()
+                    try:
+                        got["value"] = c.fetch("gil", wait=True, timeout=20, output=output)
+                    except Exception as e:  # checked below
+                        got["value"] = e
+                    got["count_at_return"] = counter[0]
+
+                def count():
+                    while not stop.is_set():
+                        counter[0] += 1
+
+                counting = threading.Thread(target=count)
+                fetching = threading.Thread(target=fetch)
+                counting.start()
+                fetching.start()
+                entering.wait(20)
+                time.sleep(0.2)  # into the library's wait
+                before = counter[0]
+                while counter[0] == before:  # the counting thread runs while the fetch waits
+                    time.sleep(0.001)
+                self.assertNotIn("value", got, "fetch with wait=True returned before the key was published (a deadline: the GIL was held?)")
+                x = np.arange(1000, dtype=np.float32)
+                srv.publish("gil", x)
+                fetching.join(30)
+                stop.set()
+                counting.join(30)
+                self.assertFalse(fetching.is_alive() or counting.is_alive(), "threads hang")
+                v = got["value"]
+                self.assertNotIsInstance(v, Exception)
+                a = v.numpy() if output != "numpy" else v
+                self.assertTrue((np.asarray(a) == x).all())
+                self.assertGreater(got["count_at_return"], before)
+                del v, a
+                got.clear()
+            gc.collect()
+            self.assertEqual(tensorrpc.live_tensors(), 0)
+
     def test_close_while_fetching(self):
         # A fetch waiting in the library for a key fails cleanly when the
         # client is closed under it.

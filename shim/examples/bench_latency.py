@@ -1,0 +1,271 @@
+"""Fetch latency of a published tensor: the Python client (each output
+form) against the Go client, and PyTorch's own RPC, in one run.
+
+    PYTHONPATH=shim/python /usr/bin/python3 shim/examples/bench_latency.py \\
+        [--sizes 4K,64K,1M,16M,256M] [--transports shm,tcp] [--rounds 4] [--iters 200] [--no-torch-rpc]
+
+For each transport and size one Go server (gopeer bench-serve) publishes a
+tensor of that size, and the rounds alternate (who goes first alternates
+too) between:
+  go             gopeer bench-client -ops fetch: rpc.Client.Fetch + Release;
+  py-tensor      Client.fetch(key, output="tensor"), then dropped;
+  py-numpy       the same, output="numpy";
+  py-torch       the same, output="torch";
+  torch-rpc      torch.distributed.rpc.rpc_sync (TensorPipe backend, two
+                 processes of their own) returning a uint8 tensor of the
+                 size that the callee holds; shm: TensorPipe's "shm"
+                 transport and "cma" channel, tcp: "uv" and "basic".
+Every client is a process of its own, talking to a server in another
+process, and measures each call with its own clock after a warm-up call.
+Sizes up to 1 MiB make --iters calls per round, larger ones fewer
+(--big-iters). It prints a Markdown table (p50, p99, GB/s at p50, and the
+ratios to go's p50 and of torch-rpc's p50 to py-tensor's, all from this run;
+and the client process's voluntary context switches per call, all threads:
+how often one of its threads slept and was woken) and one JSON line per
+case. gopeer is $TENSORRPC_GOPEER, else built with
+`go build`. Torch RPC runs where torch is importable (not with
+--no-torch-rpc).
+"""
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python", "tests"))
+
+import tensorrpc  # noqa: E402
+from _common import Peer  # noqa: E402
+
+BIG = 1 << 20  # sizes above this make --big-iters calls per round
+OUTPUTS = ("tensor", "numpy", "torch")
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().rstrip("IB")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def size_name(n):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return "%d %s" % (n >> shift, unit)
+    return "%d B" % n
+
+
+def gopeer_binary(tmp):
+    p = os.environ.get("TENSORRPC_GOPEER")
+    if p:
+        return p
+    p = os.path.join(tmp, "gopeer")
+    subprocess.run(["go", "build", "-o", p, "./shim/internal/gopeer"], cwd=os.path.join(HERE, "..", ".."), check=True)
+    return p
+
+
+def percentile(ds, q):
+    s = sorted(ds)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# --- PyTorch RPC -----------------------------------------------------------
+
+_held = {}
+
+
+def _tensor_of(size):
+    """Runs in the callee: the tensor of size bytes it returns (made once)."""
+    import torch
+    t = _held.get(size)
+    if t is None:
+        t = _held[size] = torch.ones(size, dtype=torch.uint8)
+    return t
+
+
+def torch_rpc_worker(rank, transport, port):
+    """A process of the torch RPC pair: rank 0 (the callee) waits for the
+    shutdown; rank 1 reads "SIZE ITERS" lines from stdin and prints the
+    times of ITERS rpc_sync calls (after one warm-up) as a JSON line."""
+    import torch.distributed.rpc as rpc
+    if transport == "shm":
+        tr, ch = ["shm"], ["cma", "basic"]
+    else:
+        tr, ch = ["uv"], ["basic"]
+    opts = rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:%d" % port, num_worker_threads=4,
+                                           rpc_timeout=300, _transports=tr, _channels=ch)
+    rpc.init_rpc("w%d" % rank, rank=rank, world_size=2, rpc_backend_options=opts)
+    if rank == 1:
+        print("READY", flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                break
+            size, iters = map(int, line.split())
+            rpc.rpc_sync("w0", _tensor_of, args=(size,))
+            ds = []
+            switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                t = rpc.rpc_sync("w0", _tensor_of, args=(size,))
+                ds.append(time.perf_counter() - t0)
+                del t
+            switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+            print(json.dumps([ds, switches / iters]), flush=True)
+    rpc.shutdown()
+
+
+class TorchRPC:
+    """The two processes of a torch RPC pair on one transport."""
+
+    def __init__(self, transport):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, os.path.abspath(__file__), "--torch-rpc-worker", transport, str(port)]
+        env = dict(os.environ, GLOG_minloglevel="2")  # TensorPipe's shutdown notes
+        self.callee = subprocess.Popen(cmd + ["0"], stdin=subprocess.DEVNULL, env=env)
+        self.caller = subprocess.Popen(cmd + ["1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = self.caller.stdout.readline()
+        if line.strip() != "READY":
+            self.close()
+            raise RuntimeError("torch rpc worker did not start")
+
+    def run(self, size, iters):
+        self.caller.stdin.write("%d %d\n" % (size, iters))
+        self.caller.stdin.flush()
+        return json.loads(self.caller.stdout.readline())
+
+    def close(self):
+        try:
+            self.caller.stdin.close()
+        except OSError:
+            pass
+        for p in (self.caller, self.callee):
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def torch_available():
+    try:
+        import torch.distributed.rpc as rpc
+        return rpc.is_available()
+    except ImportError:
+        return False
+
+
+# --- tensorrpc -------------------------------------------------------------
+
+def go_round(gopeer, addr, transport, size, iters):
+    out = subprocess.run([gopeer, "bench-client", "-addr", addr, "-transports", transport, "-size", str(size),
+                          "-iters", str(iters), "-ops", "fetch"], capture_output=True, text=True, check=True)
+    (r,) = json.loads(out.stdout)
+    return r["times_s"], r["voluntary_switches_per_op"]
+
+
+def python_round(c, output, iters):
+    fetch, clock = c.fetch, time.perf_counter
+    fetch("bench", output=output)  # warm-up (dropped at once)
+    ds = []
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    for _ in range(iters):
+        t0 = clock()
+        a = fetch("bench", output=output)
+        del a
+        ds.append(clock() - t0)
+    return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
+
+
+def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
+    """{case: ([seconds], [voluntary switches per call, by round])} for
+    one transport and size, rounds alternating."""
+    srv = Peer([gopeer, "bench-serve", "-transports", transport, "-size", str(size)])
+    try:
+        addr = srv.read_line("ADDR ")
+        res = {}
+        with tensorrpc.Client(addr, transports=[transport]) as c:
+            if c.transport != transport:
+                raise RuntimeError("negotiated %s, not %s" % (c.transport, transport))
+            cases = [("go", lambda: go_round(gopeer, addr, transport, size, iters))]
+            cases += [("py-" + o, lambda o=o: python_round(c, o, iters)) for o in OUTPUTS]
+            if torch_rpc is not None:
+                cases.append(("torch-rpc", lambda: torch_rpc.run(size, iters)))
+            for r in range(rounds):
+                for name, run in cases if r % 2 == 0 else cases[::-1]:
+                    ds, switches = run()
+                    res.setdefault(name, ([], []))
+                    res[name][0].extend(ds)
+                    res[name][1].append(switches)
+        code, _, err = srv.stop()
+        if code != 0:
+            raise RuntimeError("gopeer bench-serve: " + err)
+        return res
+    finally:
+        srv.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="4K,64K,1M,16M,256M")
+    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per case")
+    ap.add_argument("--iters", type=int, default=200, help="calls per round, sizes up to 1 MiB")
+    ap.add_argument("--big-iters", type=int, default=8, help="calls per round, larger sizes")
+    ap.add_argument("--no-torch-rpc", action="store_true")
+    ap.add_argument("--torch-rpc-worker", nargs=3, metavar=("TRANSPORT", "PORT", "RANK"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_rpc_worker:
+        transport, port, rank = args.torch_rpc_worker
+        torch_rpc_worker(int(rank), transport, int(port))
+        return
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    use_torch = not args.no_torch_rpc and torch_available()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        gopeer = gopeer_binary(tmp)
+        for transport in args.transports.split(","):
+            trpc = TorchRPC(transport) if use_torch else None
+            try:
+                for size in sizes:
+                    iters = args.iters if size <= BIG else args.big_iters
+                    res = measure_plane(gopeer, transport, size, iters, args.rounds, trpc)
+                    go50 = percentile(res["go"][0], 0.5)
+                    py50 = percentile(res["py-tensor"][0], 0.5)
+                    for case, (ds, switches) in res.items():
+                        p50, p99 = percentile(ds, 0.5), percentile(ds, 0.99)
+                        row = {"transport": transport, "bytes": size, "case": case, "n": len(ds),
+                               "p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "min_us": min(ds) * 1e6,
+                               "p50_GBps": size / p50 / 1e9, "p50_over_go": p50 / go50,
+                               "switches_per_call": statistics.median(switches)}
+                        if case == "torch-rpc":
+                            row["p50_over_py_tensor"] = p50 / py50
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                if trpc is not None:
+                    trpc.close()
+    print()
+    print("%d alternating rounds; %d calls per round up to 1 MiB, %d above; one process per client, server in another"
+          % (args.rounds, args.iters, args.big_iters))
+    print()
+    print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | torch-rpc p50 / py-tensor p50 | switches/call |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %.1f |" % (
+            r["transport"], size_name(r["bytes"]), r["case"], r["p50_us"], r["p99_us"], r["min_us"],
+            r["p50_GBps"], r["p50_over_go"], "%.2f" % r["p50_over_py_tensor"] if "p50_over_py_tensor" in r else "",
+            r["switches_per_call"]))
+
+
+if __name__ == "__main__":
+    main()
