@@ -93,16 +93,18 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 		buf.Release()
 		return nil, nil, 0, engine.Unavailable(err)
 	}
+	// Revoking may wait for the peer (on shm, until it unmapped the
+	// grant): a failure is undone aside (finishAside), since offer also
+	// runs where completions are handled (fetchNow).
 	extra, striped, err := engine.GrantLanes(ss.lanes, l, g, n, func(x *engine.Link) (verbs.Grant, error) { return x.Grant(buf, n, verbs.AccessRemoteRead) })
 	if err != nil {
-		g.Revoke()
-		buf.Release()
+		ss.finishAside(&transfer{buf: buf, grant: g})
 		return nil, nil, 0, engine.Unavailable(err)
 	}
 	remote := g.Remote()
 	tr := &transfer{buf: buf, grant: g, stripes: extra}
 	if err := ss.add(ctx, tr, ref); err != nil {
-		tr.finish()
+		ss.finishAside(tr)
 		return nil, nil, 0, err
 	}
 	meta.Location = &pb.Location{

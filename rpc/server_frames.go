@@ -28,6 +28,17 @@ func (ss *serverSession) cancelCall(ref uint64) {
 	}
 }
 
+// finishAside finishes transfers in a goroutine of their own: revoking a
+// grant may wait for the peer (on shm, until it unmapped it), which must
+// not happen where completions are handled (serveFrame). Once the session
+// has ended (its lanes are closed, so that is not where we are) it
+// finishes them at once.
+func (ss *serverSession) finishAside(ts ...*transfer) {
+	if len(ts) > 0 && !ss.spawn(func() { finishAll(ts) }) {
+		finishAll(ts)
+	}
+}
+
 // spawn runs f in its own goroutine, counted in the session's handlers,
 // unless the session has ended.
 func (ss *serverSession) spawn(f func()) bool {
@@ -45,8 +56,10 @@ func (ss *serverSession) spawn(f func()) bool {
 }
 
 // serveFrame handles a request frame that arrived on the session's link l.
-// It runs in the polling goroutine, so it never blocks: calls run in their
-// own goroutines.
+// It runs where the link's completions are handled, usually the provider's
+// receiver (see engine.Link.poll), so it never blocks, nor waits for the
+// peer: calls run in their own goroutines, and what revokes grants
+// (releases, a failed answer) is finished aside (finishAside).
 func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, body []byte) {
 	switch h.Type {
 	case wire.FrameRelease:
@@ -57,9 +70,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			ss.cancelCall(ref)
 			done = append(done, ss.releaseRef(ref)...)
 		}
-		if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
-			finishAll(done)
-		}
+		ss.finishAside(done...)
 		return
 	case wire.FrameFetchReq, wire.FrameSendReq, wire.FrameCallReq:
 	default:
@@ -76,7 +87,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	switch h.Type {
 	case wire.FrameFetchReq:
 		var key string
-		// fetchNow answers in the polling goroutine; interceptors run
+		// fetchNow answers where completions are handled; interceptors run
 		// where every other call's work runs.
 		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
@@ -109,7 +120,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 }
 
 // takeRequest decodes a request frame's body with decode: at once, in the
-// polling goroutine (decode copies what it keeps: the slot is reposted
+// goroutine that handles completions (decode copies what it keeps: the slot is reposted
 // when serveFrame returns), or for an INDIRECT frame, whose body is a
 // TensorMeta naming where the client holds the body (at most limit
 // bytes), once the call's goroutine has pulled it. The call runs the
@@ -144,7 +155,8 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 	}
 }
 
-// fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
+// fetchNow answers a FETCH_REQ at once, where the link's completions are
+// handled (usually the provider's receiver, see serveFrame), when
 // that needs no waiting: the session is open and not draining, the key is
 // published (or is not published at all, without WaitForKey), the answer
 // fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
@@ -178,7 +190,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 	if n > engine.FrameInline(s.opts.eagerThreshold) {
 		if s.opts.checksums {
 			e.Buf.Release()
-			return false // its CRC takes the call path, off the polling goroutine
+			return false // its CRC takes the call path, off the completion path
 		}
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
@@ -190,8 +202,8 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		ss.answeredNow.Add(1)
 		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
 			ss.answeredNow.Add(-1)
-			if t := ss.remove(resp.TransferId); t != nil && !ss.spawn(t.finish) {
-				t.finish()
+			if t := ss.remove(resp.TransferId); t != nil {
+				ss.finishAside(t)
 			}
 			return false
 		}
@@ -230,7 +242,7 @@ func unmarshalFrame(body []byte, m proto.Message) error {
 }
 
 // releaseFramed frees the transfers whose ids a client's frame carried,
-// aside from the polling goroutine.
+// aside from where completions are handled (finishAside).
 func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 	var done []*transfer
 	for _, id := range ids {
@@ -238,9 +250,7 @@ func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 			done = append(done, t)
 		}
 	}
-	if len(done) > 0 && !ss.spawn(func() { finishAll(done) }) {
-		finishAll(done)
-	}
+	ss.finishAside(done...)
 }
 
 func finishAll(ts []*transfer) {

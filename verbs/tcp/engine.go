@@ -293,7 +293,12 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // keeps reading and discarding frames, so that the peer can finish writing
 // and read the error report, until the peer closes or the linger timeout
 // passes.
+//
+// The completions it produces it Queues and hands over itself (Deliver)
+// after each frame, so that the consumer's reaction (a reply posted on a
+// received request) runs here, without waking another goroutine.
 func (q *queuePair) receiver(br *bufio.Reader) {
+	defer q.Deliver()
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -318,7 +323,9 @@ func (q *queuePair) receiver(br *bufio.Reader) {
 			continue
 		}
 		var fatal bool
-		if fatal, err = q.apply(&h, br); err != nil {
+		fatal, err = q.apply(&h, br)
+		q.Deliver()
+		if err != nil {
 			break
 		}
 		if fatal {
@@ -413,7 +420,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	use.Release()
 	if err != nil {
 		if r != nil {
-			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		}
 		return false, err
 	}
@@ -423,7 +430,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
 	}
 	return false, nil
 }
@@ -439,14 +446,14 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	}
 	if local, remote, cause := r.Fit(h.length); local != verbs.StatusSuccess {
 		q.refuse(h, remote, cause)
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: local, Err: cause}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: local, Err: cause}))
 		return true, skipPayload(br, h.length)
 	}
 	n := int(h.length)
 	err = readVec(br, r.Vec, n)
 	r.Vec.Release()
 	if err != nil {
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		return false, err
 	}
 	c := verbs.Completion{Op: verbs.OpRecv, Len: n}
@@ -456,7 +463,7 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
 	q.queueAck(h.seq, true)
-	q.RecvCQ.Push(q.CompleteRecv(r, c))
+	q.RecvCQ.Queue(q.CompleteRecv(r, c))
 	return false, nil
 }
 
@@ -560,7 +567,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	if fenced {
 		softrc.Signal(q.wakeWriter) // a Fence request may go now
 	}
-	q.SendCQ.Push(q.CompleteSend(nil, w, status, cause)...)
+	q.SendCQ.Queue(q.CompleteSend(nil, w, status, cause)...)
 	return fatal, nil
 }
 
