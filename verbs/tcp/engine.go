@@ -7,7 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
-	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -46,18 +46,6 @@ func (q *queuePair) writer(conn net.Conn) {
 		select {
 		case <-q.wakeWriter:
 		case <-q.Errored:
-		}
-		q.Mu.Lock()
-		yield := q.ackYield
-		q.ackYield = false
-		q.Mu.Unlock()
-		if yield {
-			// Only delayable acknowledgements woke us: give the goroutine
-			// that consumes the completion a chance to post its reply, so
-			// that both leave in one batch.
-			for range ackYields {
-				runtime.Gosched()
-			}
 		}
 	}
 	// Posters check the state under writeMu before writing and the queue
@@ -297,8 +285,13 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // The completions it produces it Queues and hands over itself (Deliver)
 // after each frame, so that the consumer's reaction (a reply posted on a
 // received request) runs here, without waking another goroutine.
-func (q *queuePair) receiver(br *bufio.Reader) {
+func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 	defer q.Deliver()
+	var raw syscall.RawConn
+	sndbuf := 0 // the send buffer's size, as sendQueueRoom last read it
+	if sc, ok := conn.(syscall.Conn); ok {
+		raw, _ = sc.SyscallConn()
+	}
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -327,6 +320,9 @@ func (q *queuePair) receiver(br *bufio.Reader) {
 		q.Deliver()
 		if err != nil {
 			break
+		}
+		if br.Buffered() == 0 {
+			q.flushAcks(conn, raw, &sndbuf) // the next read may wait
 		}
 		if fatal {
 			draining = true
@@ -595,33 +591,60 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 	return true
 }
 
-// ackYields is how many times the writer yields before it writes
-// acknowledgements of messages that completed a receive, so that a reply
-// posted in reaction to the completion carries them: a request-response
-// exchange then costs one frame batch per direction instead of two.
-// maxDelayedAcks bounds how many acknowledgements may wait that way. (A
-// timer would be the classic way to delay acknowledgements, but Go's
+// maxDelayedAcks bounds how many acknowledgements of messages that
+// completed a receive may wait without waking the writer (queueAck). They
+// wait so that a reply posted in reaction to the completion, which the
+// receiver hands over before it reads on (softrc.CQ.Deliver), carries
+// them: a request-response exchange then costs one frame batch per
+// direction and no wake-up of the writer. What no reply took, the
+// receiver writes itself before it waits for the next frame (flushAcks).
+// (A timer would be the classic way to delay acknowledgements, but Go's
 // timers below a millisecond round up to about one when the process is
 // idle, which cost every WriteImm a millisecond.)
-const (
-	ackYields      = 2
-	maxDelayedAcks = 16
-)
+const maxDelayedAcks = 16
 
-// queueAck queues the acknowledgement of request seq. With delay set the
-// writer yields briefly before writing it (see ackYields), unless too many
-// wait.
+// queueAck queues the acknowledgement of request seq. With delay set it
+// waits for a frame to carry it or for the receiver's flushAcks, unless
+// too many wait; without, the writer is woken for it.
 func (q *queuePair) queueAck(seq uint64, delay bool) {
 	q.awaitCtrlRoom()
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
-	if !delay || q.delayedAcks >= maxDelayedAcks {
+	wake := !delay || q.delayedAcks >= maxDelayedAcks
+	if wake {
 		q.delayedAcks = 0
-	} else {
-		q.ackYield = true
 	}
 	q.Mu.Unlock()
+	if wake {
+		softrc.Signal(q.wakeWriter)
+	}
+}
+
+// flushAcks writes the delayed acknowledgements no frame took, as the
+// receiver is about to wait for the next frame: itself, on the direct
+// path's terms (see writeQueued), when nobody is writing and the kernel's
+// send queue has room for the batch (so that the receiver never blocks on
+// a peer that is not reading: the peer's receiver may be waiting to write
+// to us too); else the writer is woken for them. Never are they left
+// unsent.
+func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
+	q.Mu.Lock()
+	owed := q.delayedAcks > 0
+	q.Mu.Unlock()
+	if !owed {
+		return
+	}
+	if raw != nil && q.writeMu.TryLock() {
+		wrote := false
+		if sendQueueRoom(raw, directMaxQueued+maxDelayedAcks*headerSize, sndbuf) {
+			wrote, _, _ = q.writeQueued(conn, true)
+		}
+		q.writeMu.Unlock()
+		if wrote {
+			return
+		}
+	}
 	softrc.Signal(q.wakeWriter)
 }
 
