@@ -383,7 +383,10 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		if err != nil {
 			body = nil
 		}
-		if _, err := l.SendFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
+		// The answer is copied into its frame as it is posted, and a Send
+		// that fails ends the session, which frees what the call made:
+		// the call need not wait for the answer's acknowledgement.
+		if _, err := l.PostFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
 			finishAll(ss.releaseRef(ref))
 		}
 	}()

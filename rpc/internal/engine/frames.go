@@ -362,6 +362,20 @@ func (f *Framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 // also carries the releases queued so far. posted reports whether the
 // frame reached the queue pair (on error, the peer may or may not see it).
 func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, true)
+}
+
+// PostFrame is SendFrame for a request whose answer the caller waits for:
+// it returns once the frame is posted, without waiting for the Send's
+// completion (its buffer goes back when it completes). A Send that fails
+// fails the link, which the caller waiting for the answer sees (Dead); so
+// the caller wakes once, for the answer, and not also for the Send's
+// acknowledgement when it comes apart from the answer.
+func (l *Link) PostFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, false)
+}
+
+func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, wait bool) (posted bool, err error) {
 	f := l.Frames
 	size := len(raw)
 	if msg != nil {
@@ -407,6 +421,20 @@ func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 		return false, status.Error(codes.Internal, err.Error())
 	}
 	local.Length = len(b)
+	if !wait {
+		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
+			buf.Release()
+			f.Refund(returns, ids, refs)
+			switch {
+			case errors.Is(err, verbs.ErrQueueFull):
+				err = status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", SendDepth, err)
+			case status.Code(err) == codes.Unknown:
+				err = CompletionStatus(verbs.Completion{Op: verbs.OpSend, Status: verbs.StatusFlushed, Err: err})
+			}
+			return false, err
+		}
+		return true, nil
+	}
 	posted = true
 	err = l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() {
 		posted = false

@@ -272,3 +272,55 @@ func TestAbandonedPostDoesNotBlockCompletions(t *testing.T) {
 	}
 	open()
 }
+
+// TestPostFrame: a request posted without waiting for its Send's
+// completion gets its answer; its frame buffer goes back once the Send
+// completes; on a closed link nothing is posted and the credit it took
+// comes back.
+func TestPostFrame(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		answers.Go(func() {
+			srv.SendFrame(context.Background(), frameFetchResp, 0, h.Ref, okAnswer(t, &pb.FetchResponse{InlineData: body}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	base := client.CtlPool.Stats().Allocs
+	for ref := uint64(1); ref <= 3*FrameSlots; ref++ { // more than the credits: they come back
+		pc := client.Frames.Expect(ref, frameFetchResp, fetchAnswer())
+		if posted, err := client.PostFrame(ctx, frameFetchReq, 0, ref, []byte("key"), nil); err != nil || !posted {
+			t.Fatalf("request %d: posted %v, %v", ref, posted, err)
+		}
+		select {
+		case r := <-pc.Ch:
+			if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "key" {
+				t.Fatalf("answer %d: %+v", ref, r)
+			}
+		case <-ctx.Done():
+			t.Fatalf("request %d: no answer", ref)
+		}
+	}
+	for client.CtlPool.Stats().Allocs != base {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d frame buffers still held after their Sends completed", client.CtlPool.Stats().Allocs-base)
+		case <-time.After(time.Millisecond):
+		}
+	}
+
+	client.Fail(errors.New("test: link down"))
+	client.Frames.Mu.Lock()
+	credits := client.Frames.Credits
+	client.Frames.Mu.Unlock()
+	if posted, err := client.PostFrame(ctx, frameFetchReq, 0, 99, []byte("key"), nil); err == nil || posted {
+		t.Fatalf("on a failed link: posted %v, %v", posted, err)
+	}
+	client.Frames.Mu.Lock()
+	after := client.Frames.Credits
+	client.Frames.Mu.Unlock()
+	if after != credits {
+		t.Errorf("credits %d after a frame that was not posted, want %d", after, credits)
+	}
+}
