@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -629,10 +630,19 @@ func (q *queuePair) queueAck(seq uint64, delay bool) {
 // to us too); else the writer is woken for them. Never are they left
 // unsent.
 func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
-	q.Mu.Lock()
-	owed := q.delayedAcks > 0
-	q.Mu.Unlock()
-	if !owed {
+	owed := func() bool {
+		q.Mu.Lock()
+		defer q.Mu.Unlock()
+		return q.delayedAcks > 0
+	}
+	if !owed() {
+		return
+	}
+	// The goroutine the completion woke (the caller of a round trip) is
+	// next to run here: let it, so that the request it posts next carries
+	// the acknowledgements, and our writing them is not on its way.
+	runtime.Gosched()
+	if !owed() {
 		return
 	}
 	if raw != nil && q.writeMu.TryLock() {
