@@ -306,22 +306,30 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 	}
 	ss.handlers.Add(1)
 	ss.mu.Unlock()
+	// over ends the call's count (running and inFlight, or refusing): once
+	// its answer's Send has completed, so that GracefulStop, which waits
+	// on running, closes the session only after the answers reached the
+	// client; or as the goroutine returns when no answer was posted.
+	over := func() {
+		ss.mu.Lock()
+		if refusal == nil {
+			ss.inFlight--
+		} else {
+			ss.refusing--
+		}
+		ss.mu.Unlock()
+		if refusal == nil {
+			ss.running.Done()
+		}
+	}
 	go func() {
 		defer ss.handlers.Done()
-		if refusal == nil {
-			defer func() {
-				ss.mu.Lock()
-				ss.inFlight--
-				ss.mu.Unlock()
-				ss.running.Done()
-			}()
-		} else {
-			defer func() {
-				ss.mu.Lock()
-				ss.refusing--
-				ss.mu.Unlock()
-			}()
-		}
+		answered := false
+		defer func() {
+			if !answered {
+				over()
+			}
+		}()
 		defer func() {
 			ss.mu.Lock()
 			if ss.calls[ref] == fc {
@@ -386,7 +394,9 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		// The answer is copied into its frame as it is posted, and a Send
 		// that fails ends the session, which frees what the call made:
 		// the call need not wait for the answer's acknowledgement.
-		if _, err := l.PostFrame(ss.ctx, resp, flags, ref, raw, body); err != nil {
+		posted, err := l.PostFrame(ss.ctx, resp, flags, ref, raw, body, over)
+		answered = posted
+		if err != nil {
 			finishAll(ss.releaseRef(ref))
 		}
 	}()

@@ -362,7 +362,7 @@ func (f *Framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 // also carries the releases queued so far. posted reports whether the
 // frame reached the queue pair (on error, the peer may or may not see it).
 func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
-	return l.sendFrame(ctx, typ, flags, ref, raw, msg, true)
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, true, nil)
 }
 
 // PostFrame is SendFrame for a request whose answer the caller waits for:
@@ -370,12 +370,15 @@ func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 // completion (its buffer goes back when it completes). A Send that fails
 // fails the link, which the caller waiting for the answer sees (Dead); so
 // the caller wakes once, for the answer, and not also for the Send's
-// acknowledgement when it comes apart from the answer.
-func (l *Link) PostFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
-	return l.sendFrame(ctx, typ, flags, ref, raw, msg, false)
+// acknowledgement when it comes apart from the answer. sent, if not nil,
+// runs once the Send has completed (or the link closed), where
+// completions are handled, so it must never wait (see Link.poll); it
+// runs only when the frame was posted.
+func (l *Link) PostFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, sent func()) (posted bool, err error) {
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, false, sent)
 }
 
-func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, wait bool) (posted bool, err error) {
+func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, wait bool, sent func()) (posted bool, err error) {
 	f := l.Frames
 	size := len(raw)
 	if msg != nil {
@@ -422,7 +425,12 @@ func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	}
 	local.Length = len(b)
 	if !wait {
-		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
+		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) {
+			buf.Release()
+			if sent != nil {
+				sent()
+			}
+		}); err != nil {
 			buf.Release()
 			f.Refund(returns, ids, refs)
 			switch {

@@ -288,9 +288,10 @@ func TestPostFrame(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	base := client.CtlPool.Stats().Allocs
+	var sent atomic.Int64
 	for ref := uint64(1); ref <= 3*FrameSlots; ref++ { // more than the credits: they come back
 		pc := client.Frames.Expect(ref, frameFetchResp, fetchAnswer())
-		if posted, err := client.PostFrame(ctx, frameFetchReq, 0, ref, []byte("key"), nil); err != nil || !posted {
+		if posted, err := client.PostFrame(ctx, frameFetchReq, 0, ref, []byte("key"), nil, func() { sent.Add(1) }); err != nil || !posted {
 			t.Fatalf("request %d: posted %v, %v", ref, posted, err)
 		}
 		select {
@@ -302,10 +303,10 @@ func TestPostFrame(t *testing.T) {
 			t.Fatalf("request %d: no answer", ref)
 		}
 	}
-	for client.CtlPool.Stats().Allocs != base {
+	for client.CtlPool.Stats().Allocs != base || sent.Load() != 3*FrameSlots {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%d frame buffers still held after their Sends completed", client.CtlPool.Stats().Allocs-base)
+			t.Fatalf("%d frame buffers still held, %d of %d Sends reported sent", client.CtlPool.Stats().Allocs-base, sent.Load(), 3*FrameSlots)
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -314,7 +315,7 @@ func TestPostFrame(t *testing.T) {
 	client.Frames.Mu.Lock()
 	credits := client.Frames.Credits
 	client.Frames.Mu.Unlock()
-	if posted, err := client.PostFrame(ctx, frameFetchReq, 0, 99, []byte("key"), nil); err == nil || posted {
+	if posted, err := client.PostFrame(ctx, frameFetchReq, 0, 99, []byte("key"), nil, func() { t.Error("sent ran for a frame that was not posted") }); err == nil || posted {
 		t.Fatalf("on a failed link: posted %v, %v", posted, err)
 	}
 	client.Frames.Mu.Lock()
