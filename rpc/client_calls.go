@@ -328,7 +328,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 	}
 	ref := c.newRef()
 	pc := l.Frames.Expect(ref, responseTo[typ], into)
-	posted, err := l.SendFrame(ctx, typ, flags, ref, raw, msg)
+	posted, err := l.PostFrame(ctx, typ, flags, ref, raw, msg, nil)
 	if err != nil {
 		if !posted {
 			l.Frames.Forget(ref)

@@ -93,16 +93,18 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 		buf.Release()
 		return nil, nil, 0, engine.Unavailable(err)
 	}
+	// Revoking may wait for the peer (on shm, until it unmapped the
+	// grant): a failure is undone aside (finishAside), since offer also
+	// runs where completions are handled (fetchNow).
 	extra, striped, err := engine.GrantLanes(ss.lanes, l, g, n, func(x *engine.Link) (verbs.Grant, error) { return x.Grant(buf, n, verbs.AccessRemoteRead) })
 	if err != nil {
-		g.Revoke()
-		buf.Release()
+		ss.FinishAside([]*engine.Transfer{{Buf: buf, Grant: g}})
 		return nil, nil, 0, engine.Unavailable(err)
 	}
 	remote := g.Remote()
 	tr := &engine.Transfer{Buf: buf, Grant: g, Stripes: extra}
 	if err := ss.Add(ctx, tr, ref); err != nil {
-		tr.Finish()
+		ss.FinishAside([]*engine.Transfer{tr})
 		return nil, nil, 0, err
 	}
 	meta.Location = &pb.Location{

@@ -16,8 +16,10 @@ import (
 )
 
 // serveFrame handles a request frame that arrived on the session's link l.
-// It runs in the polling goroutine, so it never blocks: calls run in their
-// own goroutines.
+// It runs where the link's completions are handled, usually the provider's
+// receiver (see engine.Link.poll), so it never blocks, nor waits for the
+// peer: calls run in their own goroutines, and what revokes grants
+// (releases, a failed answer) is finished aside (FinishAside).
 func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, body []byte) {
 	switch h.Type {
 	case wire.FrameRelease:
@@ -45,7 +47,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	switch h.Type {
 	case wire.FrameFetchReq:
 		var key string
-		// fetchNow answers in the polling goroutine; interceptors run
+		// fetchNow answers where completions are handled; interceptors run
 		// where every other call's work runs.
 		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
@@ -78,7 +80,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 }
 
 // takeRequest decodes a request frame's body with decode: at once, in the
-// polling goroutine (decode copies what it keeps: the slot is reposted
+// goroutine that handles completions (decode copies what it keeps: the slot is reposted
 // when serveFrame returns), or for an INDIRECT frame, whose body is a
 // TensorMeta naming where the client holds the body (at most limit
 // bytes), once the call's goroutine has pulled it. The call runs the
@@ -113,7 +115,8 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 	}
 }
 
-// fetchNow answers a FETCH_REQ at once, in the polling goroutine, when
+// fetchNow answers a FETCH_REQ at once, where the link's completions are
+// handled (usually the provider's receiver, see serveFrame), when
 // that needs no waiting: the session is open and not draining, the key is
 // published (or is not published at all, without WaitForKey), the answer
 // fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
@@ -143,7 +146,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 	if n > engine.FrameInline(s.opts.eagerThreshold) {
 		if s.opts.checksums {
 			e.Buf.Release()
-			return false // its CRC takes the call path, off the polling goroutine
+			return false // its CRC takes the call path, off the completion path
 		}
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
@@ -195,7 +198,7 @@ func unmarshalFrame(body []byte, m proto.Message) error {
 }
 
 // releaseFramed frees the transfers whose ids a client's frame carried,
-// aside from the polling goroutine.
+// aside from where completions are handled (FinishAside).
 func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 	ss.FinishAside(ss.RemoveAll(ids))
 }
@@ -211,7 +214,7 @@ func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 // response that cannot be sent frees what the call made for the client.
 func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	ctx, cancel := withHeaders(ss.Context(), hdr)
-	ss.Run(l, ref, cancel, func(refusal error) {
+	ss.Run(l, ref, cancel, func(refusal error, over func()) (handedOver bool) {
 		// The session is open on l once open (Session) has set its lanes;
 		// a client that sends before it heard so is refused.
 		opened := l.Opened.Load()
@@ -258,16 +261,23 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 			// the link closes next, and the caller hears Unavailable from
 			// that rather than the handler's cancellation.
 			engine.FinishAll(ss.ReleaseRef(ref))
-			return
+			return false
 		}
 		var st [4]byte
 		raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 		if err != nil {
 			body = nil
 		}
-		if _, err := l.SendFrame(ss.Context(), resp, flags, ref, raw, body); err != nil {
+		// The answer is copied into its frame as it is posted, and a Send
+		// that fails ends the session, which frees what the call made:
+		// the call need not wait for the answer's acknowledgement. It
+		// stays under way (over) until that Send completes, so that a
+		// graceful stop closes the session only after the answers left.
+		posted, err := l.PostFrame(ss.Context(), resp, flags, ref, raw, body, over)
+		if err != nil {
 			engine.FinishAll(ss.ReleaseRef(ref))
 		}
+		return posted
 	})
 }
 

@@ -514,6 +514,28 @@ type CompletionQueue interface {
 	Close() error
 }
 
+// CompletionRunner is implemented by completion queues that can hand
+// their completions to a function in the goroutine of the provider that
+// produced them (a software provider's receiver) instead of waking a
+// waiter: the common path of a request and its answer then runs to
+// completion in the goroutine that is awake anyway. The tcp and shm
+// providers' queues implement it; ibv's do not (poll them with Wait).
+//
+// Run calls handle with every completion of the queue until ctx ends or
+// the queue is closed, then returns ctx.Err() or, after handing over what
+// was queued before the close, ErrClosed, as Wait does. handle runs in
+// one goroutine at a time and sees the completions in the order Poll
+// would return them; the slice is valid only during the call. It runs
+// either in Run's goroutine or in one of the provider's, so it must not
+// block on that provider's progress: not wait for another completion,
+// for anything the peer sends (an acknowledgement, a Read's data, the
+// peer's confirmation that it unmapped a revoked grant), nor for a queue
+// pair to close. Posting work requests, which never wait, is allowed.
+// While Run runs, do not call Poll or Wait on the queue.
+type CompletionRunner interface {
+	Run(ctx context.Context, handle func([]Completion)) error
+}
+
 // Errors returned by posting and setup calls.
 var (
 	ErrClosed        = errors.New("verbs: closed")

@@ -316,6 +316,18 @@ func (qp *queuePair) releaseRecv() {
 	qp.Mu.Unlock()
 }
 
+// releaseRecvHere is releaseRecv for the receiver, which hands the
+// completion over itself (softrc.CQ.Queue, then Deliver in runReceiver).
+func (qp *queuePair) releaseRecvHere() {
+	qp.Mu.Lock()
+	if c := qp.heldRecv; c != nil {
+		qp.heldRecv = nil
+		e, _ := qp.RecvQ.Complete(*c, false)
+		qp.RecvCQ.Queue(e)
+	}
+	qp.Mu.Unlock()
+}
+
 func (qp *queuePair) releaseRecvLocked() {
 	if c := qp.heldRecv; c != nil {
 		qp.heldRecv = nil

@@ -54,7 +54,17 @@ func (qp *queuePair) failAndClose(err error) {
 	qp.conn.Close()
 }
 
+// handle handles one control message from the peer, from the ring or the
+// socket; then it hands over what that completed (the receiver Queues its
+// completions, see softrc.CQ.Queue), so that the consumer's reaction (a
+// reply to a received request) runs here without waking anyone.
 func (qp *queuePair) handle(m message, fd int) error {
+	err := qp.handleMessage(m, fd)
+	qp.Deliver()
+	return err
+}
+
+func (qp *queuePair) handleMessage(m message, fd int) error {
 	if m.typ == msgMapReply {
 		return qp.onMapReply(m, fd)
 	}
@@ -144,7 +154,7 @@ func (qp *queuePair) onRequest(m message) error {
 	acks := qp.deliverLocked(in)
 	qp.Mu.Unlock()
 	qp.sendAll(acks)
-	qp.releaseRecv()
+	qp.releaseRecvHere()
 	return nil
 }
 

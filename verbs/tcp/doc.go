@@ -78,9 +78,14 @@
 // Completions: Writes, WriteImms and Sends complete at the requester when
 // the target acknowledges them (acknowledgements are cumulative), Reads
 // when their data has arrived. Sends and receives complete in order. The
-// acknowledgement of a Send or WriteImm, which completed a receive, waits
-// up to 50 µs for a reply posted in the meantime to carry it, so that a
-// request-response exchange costs one write per direction.
+// completion queues implement verbs.CompletionRunner: while Run runs, the
+// receiver hands what it completed to the handler itself, before it reads
+// on. The acknowledgement of a Send or WriteImm, which completed a
+// receive, waits for a reply posted in reaction to carry it; what no reply
+// took the receiver writes before it waits for the next frame (the writer
+// does when the socket's send queue is not nearly empty). A
+// request-response exchange thus costs one write per direction and wakes
+// neither the writer nor a poller.
 //
 // # Caveats
 //

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -46,18 +47,6 @@ func (q *queuePair) writer(conn net.Conn) {
 		select {
 		case <-q.wakeWriter:
 		case <-q.Errored:
-		}
-		q.Mu.Lock()
-		yield := q.ackYield
-		q.ackYield = false
-		q.Mu.Unlock()
-		if yield {
-			// Only delayable acknowledgements woke us: give the goroutine
-			// that consumes the completion a chance to post its reply, so
-			// that both leave in one batch.
-			for range ackYields {
-				runtime.Gosched()
-			}
 		}
 	}
 	// Posters check the state under writeMu before writing and the queue
@@ -293,7 +282,17 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 // keeps reading and discarding frames, so that the peer can finish writing
 // and read the error report, until the peer closes or the linger timeout
 // passes.
-func (q *queuePair) receiver(br *bufio.Reader) {
+//
+// The completions it produces it Queues and hands over itself (Deliver)
+// after each frame, so that the consumer's reaction (a reply posted on a
+// received request) runs here, without waking another goroutine.
+func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
+	defer q.Deliver()
+	var raw syscall.RawConn
+	sndbuf := 0 // the send buffer's size, as sendQueueRoom last read it
+	if sc, ok := conn.(syscall.Conn); ok {
+		raw, _ = sc.SyscallConn()
+	}
 	draining := false
 	var hb [headerSize]byte
 	var err error
@@ -318,8 +317,13 @@ func (q *queuePair) receiver(br *bufio.Reader) {
 			continue
 		}
 		var fatal bool
-		if fatal, err = q.apply(&h, br); err != nil {
+		fatal, err = q.apply(&h, br)
+		q.Deliver()
+		if err != nil {
 			break
+		}
+		if br.Buffered() == 0 {
+			q.flushAcks(conn, raw, &sndbuf) // the next read may wait
 		}
 		if fatal {
 			draining = true
@@ -413,7 +417,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 	use.Release()
 	if err != nil {
 		if r != nil {
-			q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+			q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		}
 		return false, err
 	}
@@ -423,7 +427,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Op: verbs.OpRecvImm, Len: len(buf), Imm: h.imm, HasImm: true, Key: h.key}))
 	}
 	return false, nil
 }
@@ -439,14 +443,14 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	}
 	if local, remote, cause := r.Fit(h.length); local != verbs.StatusSuccess {
 		q.refuse(h, remote, cause)
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: local, Err: cause}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: local, Err: cause}))
 		return true, skipPayload(br, h.length)
 	}
 	n := int(h.length)
 	err = readVec(br, r.Vec, n)
 	r.Vec.Release()
 	if err != nil {
-		q.RecvCQ.Push(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
+		q.RecvCQ.Queue(q.CompleteRecv(r, verbs.Completion{Status: verbs.StatusTransport, Err: err}))
 		return false, err
 	}
 	c := verbs.Completion{Op: verbs.OpRecv, Len: n}
@@ -456,7 +460,7 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
 	q.queueAck(h.seq, true)
-	q.RecvCQ.Push(q.CompleteRecv(r, c))
+	q.RecvCQ.Queue(q.CompleteRecv(r, c))
 	return false, nil
 }
 
@@ -560,7 +564,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	if fenced {
 		softrc.Signal(q.wakeWriter) // a Fence request may go now
 	}
-	q.SendCQ.Push(q.CompleteSend(nil, w, status, cause)...)
+	q.SendCQ.Queue(q.CompleteSend(nil, w, status, cause)...)
 	return fatal, nil
 }
 
@@ -588,33 +592,69 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 	return true
 }
 
-// ackYields is how many times the writer yields before it writes
-// acknowledgements of messages that completed a receive, so that a reply
-// posted in reaction to the completion carries them: a request-response
-// exchange then costs one frame batch per direction instead of two.
-// maxDelayedAcks bounds how many acknowledgements may wait that way. (A
-// timer would be the classic way to delay acknowledgements, but Go's
+// maxDelayedAcks bounds how many acknowledgements of messages that
+// completed a receive may wait without waking the writer (queueAck). They
+// wait so that a reply posted in reaction to the completion, which the
+// receiver hands over before it reads on (softrc.CQ.Deliver), carries
+// them: a request-response exchange then costs one frame batch per
+// direction and no wake-up of the writer. What no reply took, the
+// receiver writes itself before it waits for the next frame (flushAcks).
+// (A timer would be the classic way to delay acknowledgements, but Go's
 // timers below a millisecond round up to about one when the process is
 // idle, which cost every WriteImm a millisecond.)
-const (
-	ackYields      = 2
-	maxDelayedAcks = 16
-)
+const maxDelayedAcks = 16
 
-// queueAck queues the acknowledgement of request seq. With delay set the
-// writer yields briefly before writing it (see ackYields), unless too many
-// wait.
+// queueAck queues the acknowledgement of request seq. With delay set it
+// waits for a frame to carry it or for the receiver's flushAcks, unless
+// too many wait; without, the writer is woken for it.
 func (q *queuePair) queueAck(seq uint64, delay bool) {
 	q.awaitCtrlRoom()
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
-	if !delay || q.delayedAcks >= maxDelayedAcks {
+	wake := !delay || q.delayedAcks >= maxDelayedAcks
+	if wake {
 		q.delayedAcks = 0
-	} else {
-		q.ackYield = true
 	}
 	q.Mu.Unlock()
+	if wake {
+		softrc.Signal(q.wakeWriter)
+	}
+}
+
+// flushAcks writes the delayed acknowledgements no frame took, as the
+// receiver is about to wait for the next frame: itself, on the direct
+// path's terms (see writeQueued), when nobody is writing and the kernel's
+// send queue has room for the batch (so that the receiver never blocks on
+// a peer that is not reading: the peer's receiver may be waiting to write
+// to us too); else the writer is woken for them. Never are they left
+// unsent.
+func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
+	owed := func() bool {
+		q.Mu.Lock()
+		defer q.Mu.Unlock()
+		return q.delayedAcks > 0
+	}
+	if !owed() {
+		return
+	}
+	// The goroutine the completion woke (the caller of a round trip) is
+	// next to run here: let it, so that the request it posts next carries
+	// the acknowledgements, and our writing them is not on its way.
+	runtime.Gosched()
+	if !owed() {
+		return
+	}
+	if raw != nil && q.writeMu.TryLock() {
+		wrote := false
+		if sendQueueRoom(raw, directMaxQueued+maxDelayedAcks*headerSize, sndbuf) {
+			wrote, _, _ = q.writeQueued(conn, true)
+		}
+		q.writeMu.Unlock()
+		if wrote {
+			return
+		}
+	}
 	softrc.Signal(q.wakeWriter)
 }
 

@@ -55,8 +55,7 @@ type queuePair struct {
 	ctrlBytes     int              // payload bytes in ctrl
 	unackedBytes  int              // payload bytes in Inflight
 	readsInflight int              // Reads in Inflight, for Fence
-	delayedAcks   int              // acknowledgements queued without waking the writer
-	ackYield      bool             // delayable acknowledgements are queued (queueAck)
+	delayedAcks   int              // acknowledgements queued without waking the writer (queueAck)
 	active        int              // goroutines that may still touch memory
 }
 
@@ -126,7 +125,7 @@ func (q *queuePair) start(conn net.Conn) {
 		}
 	}
 	q.active = 2
-	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(bufio.NewReaderSize(conn, readBufferSize)) })
+	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize)) })
 }
 
 // dial connects to the peer's listener and presents both secrets.

@@ -23,7 +23,12 @@ import (
 // credit, so refusals under way are bounded too: a client that keeps
 // sending requests without taking their answers has l failed, and call
 // does not run; nor does it when the session has closed.
-func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(refusal error)) {
+//
+// The call is under way (FinishCalls waits for it, MaxFrameCalls counts
+// it) until call returns, or, when call returns handedOver, until it runs
+// over, which it handed to the Send of its answer (Link.PostFrame), so
+// that a graceful stop ends the session only after the answers left.
+func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(refusal error, over func()) (handedOver bool)) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -60,18 +65,24 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(
 	}
 	s.handlers.Add(1)
 	s.mu.Unlock()
+	over := func() {
+		s.mu.Lock()
+		if refusal == nil {
+			s.inFlight--
+		} else {
+			s.refusing--
+		}
+		s.mu.Unlock()
+		if refusal == nil {
+			s.running.Done()
+		}
+	}
 	go func() {
 		defer s.handlers.Done()
+		handedOver := false
 		defer func() {
-			s.mu.Lock()
-			if refusal == nil {
-				s.inFlight--
-			} else {
-				s.refusing--
-			}
-			s.mu.Unlock()
-			if refusal == nil {
-				s.running.Done()
+			if !handedOver {
+				over()
 			}
 		}()
 		defer func() {
@@ -82,7 +93,7 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(
 			s.mu.Unlock()
 			cancel()
 		}()
-		call(refusal)
+		handedOver = call(refusal, over)
 	}()
 }
 

@@ -6,7 +6,8 @@
 //
 //   - the Domain (one opened transport: its provider's protection domain
 //     and the registration of the tensor and control pools) and the Link (one connected queue pair, its
-//     polling goroutine, Post/PostWith/PostAsync and the send queue's room,
+//     completion handling (in the provider's receiver where it can, else
+//     its polling goroutine), Post/PostWith/PostAsync and the send queue's room,
 //     the verifying round trip of the negotiation), in link.go;
 //   - the framing of frames on a link (frames.go, frame.go): receive
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the

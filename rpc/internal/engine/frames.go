@@ -52,8 +52,8 @@ type Framing struct {
 	SlotSize int
 	slots    []*mempool.Buffer
 	// serve handles a request frame (server side; nil on a client, which
-	// refuses requests). It runs in the polling goroutine: it must copy
-	// body if it keeps it, and must not block. releases receives the
+	// refuses requests). It runs where completions are handled (see
+	// Link.poll): it must copy body if it keeps it, and must not block. releases receives the
 	// transfer ids a client's frame carried.
 	serve    func(h frameHeader, body []byte)
 	releases func(ids []uint64)
@@ -81,7 +81,7 @@ type Framing struct {
 	Cancel context.CancelFunc
 }
 
-// FrameReply is a response frame, decoded in the polling goroutine (so
+// FrameReply is a response frame, decoded where completions are handled (so
 // the slot's bytes are copied once, by protobuf): the status it carries
 // (nil for OK) and on OK the body, or bad when the server broke the format.
 type FrameReply struct {
@@ -174,7 +174,7 @@ func (f *Framing) releaseSlots() {
 	f.slots = nil
 }
 
-// completeSlot handles a Recv completion, in the polling goroutine: the
+// completeSlot handles a Recv completion (see Link.poll for where): the
 // verifying message or a frame; then it reposts the slot. A write with
 // immediate, which the protocol never sends, fails the link.
 func (l *Link) completeSlot(c verbs.Completion) {
@@ -277,7 +277,7 @@ func (l *Link) HandleFrame(b []byte) error {
 		switch {
 		case !ok:
 		case pc.late != nil:
-			l.wg.Add(1) // the polling goroutine is counted: close waits for this
+			l.wg.Add(1) // the polling goroutine is counted until the queue pair is closed: close waits for this
 			go func() {
 				defer l.wg.Done()
 				pc.late()
@@ -362,6 +362,23 @@ func (f *Framing) take(room int, refs bool) (uint32, []uint64, []uint64) {
 // also carries the releases queued so far. posted reports whether the
 // frame reached the queue pair (on error, the peer may or may not see it).
 func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) (posted bool, err error) {
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, true, nil)
+}
+
+// PostFrame is SendFrame for a request whose answer the caller waits for:
+// it returns once the frame is posted, without waiting for the Send's
+// completion (its buffer goes back when it completes). A Send that fails
+// fails the link, which the caller waiting for the answer sees (Dead); so
+// the caller wakes once, for the answer, and not also for the Send's
+// acknowledgement when it comes apart from the answer. sent, if not nil,
+// runs once the Send has completed (or the link closed), where
+// completions are handled, so it must never wait (see Link.poll); it
+// runs only when the frame was posted.
+func (l *Link) PostFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, sent func()) (posted bool, err error) {
+	return l.sendFrame(ctx, typ, flags, ref, raw, msg, false, sent)
+}
+
+func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, wait bool, sent func()) (posted bool, err error) {
 	f := l.Frames
 	size := len(raw)
 	if msg != nil {
@@ -407,6 +424,25 @@ func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 		return false, status.Error(codes.Internal, err.Error())
 	}
 	local.Length = len(b)
+	if !wait {
+		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) {
+			buf.Release()
+			if sent != nil {
+				sent()
+			}
+		}); err != nil {
+			buf.Release()
+			f.Refund(returns, ids, refs)
+			switch {
+			case errors.Is(err, verbs.ErrQueueFull):
+				err = status.Errorf(codes.ResourceExhausted, "tensorrpc: data plane send queue full (%d outstanding): %v", SendDepth, err)
+			case status.Code(err) == codes.Unknown:
+				err = CompletionStatus(verbs.Completion{Op: verbs.OpSend, Status: verbs.StatusFlushed, Err: err})
+			}
+			return false, err
+		}
+		return true, nil
+	}
 	posted = true
 	err = l.PostWith(ctx, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() { buf.Release() }, false, func() {
 		posted = false
@@ -418,7 +454,7 @@ func (l *Link) SendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	return posted, err
 }
 
-// TrySendFrame is sendFrame for the polling goroutine: it never waits. It
+// TrySendFrame is sendFrame for where completions are handled: it never waits. It
 // sends only when a credit and a buffer are at hand, and it does not wait
 // for the Send's completion (the buffer goes back when it completes). It
 // reports whether the frame was posted; when not, nothing was taken.
@@ -466,7 +502,7 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	return true
 }
 
-// creditor sends a credit-only frame whenever the polling goroutine finds
+// creditor sends a credit-only frame whenever completion handling finds
 // half the slots unreturned, one at a time.
 func (l *Link) creditor(ctx context.Context) {
 	defer l.wg.Done()

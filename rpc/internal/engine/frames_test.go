@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,5 +182,146 @@ func TestFramesRequestToClientFailsLink(t *testing.T) {
 	}
 	if err := client.Failure; err == nil || !strings.Contains(err.Error(), "a request to the client") {
 		t.Fatalf("failure: %v, want the protocol error", err)
+	}
+}
+
+// TestAbandonedPostDoesNotBlockCompletions: the onFail of a request whose
+// poster stopped waiting may wait (package rpc's free a device
+// registration, which on shm waits for the peer); it runs aside, not
+// where completions are handled, which on tcp and shm is the provider's
+// receiver: here it waits for the answer of a later request, which only
+// that receiver can deliver.
+func TestAbandonedPostDoesNotBlockCompletions(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		if h.Type != frameFetchReq {
+			return // the credit-only frames of the abandoned Sends
+		}
+		answers.Go(func() {
+			srv.SendFrame(context.Background(), frameFetchResp, 0, h.Ref, okAnswer(t, &pb.FetchResponse{InlineData: []byte("bytes")}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait)
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open) // so that a failing test still ends
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// A valid frame (credit-only, returning nothing) Sent under a context
+	// that has ended: its poster does not wait for its completion, and
+	// its onFail, run with the completion, waits for the gate.
+	for i := 0; ; i++ {
+		if i == 100 {
+			t.Skip("every Send completed before its poster stopped waiting")
+		}
+		buf, err := client.CtlPool.Alloc(ctx, frameHeaderLen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		PutFrameHeader(buf.Bytes(), frameHeader{Type: frameCredit}, 0)
+		local, err := client.Domain.Ctl.Local(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		local.Length = frameHeaderLen
+		gone, stop := context.WithCancel(ctx)
+		stop()
+		var returned atomic.Bool
+		entered, early := make(chan struct{}), make(chan struct{})
+		err = client.PostWith(gone, verbs.SendRequest{Op: verbs.OpSend, Local: local}, func() {
+			if !returned.Load() {
+				// At once, or before PostWith returned: not the case
+				// this test needs.
+				buf.Release()
+				close(early)
+				return
+			}
+			close(entered)
+			<-gate // until the later request has its answer
+			buf.Release()
+		}, true, nil)
+		returned.Store(true)
+		if err == nil {
+			buf.Release()
+			continue
+		}
+		select {
+		case <-early:
+			continue
+		case <-entered:
+		case <-ctx.Done():
+			t.Fatal("the abandoned Send never completed")
+		}
+		break
+	}
+
+	// The abandoned Send's onFail waits for this answer.
+	pc := client.Frames.Expect(9, frameFetchResp, fetchAnswer())
+	if _, err := client.SendFrame(ctx, frameFetchReq, 0, 9, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-pc.Ch:
+		if r.Bad != nil || r.Status != nil {
+			t.Fatalf("answer: %+v", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("no answer: an abandoned request's onFail held up the link's completions")
+	}
+	open()
+}
+
+// TestPostFrame: a request posted without waiting for its Send's
+// completion gets its answer; its frame buffer goes back once the Send
+// completes; on a closed link nothing is posted and the credit it took
+// comes back.
+func TestPostFrame(t *testing.T) {
+	var answers sync.WaitGroup
+	client, _ := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		answers.Go(func() {
+			srv.SendFrame(context.Background(), frameFetchResp, 0, h.Ref, okAnswer(t, &pb.FetchResponse{InlineData: body}), nil)
+		})
+	})
+	t.Cleanup(answers.Wait)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	base := client.CtlPool.Stats().Allocs
+	var sent atomic.Int64
+	for ref := uint64(1); ref <= 3*FrameSlots; ref++ { // more than the credits: they come back
+		pc := client.Frames.Expect(ref, frameFetchResp, fetchAnswer())
+		if posted, err := client.PostFrame(ctx, frameFetchReq, 0, ref, []byte("key"), nil, func() { sent.Add(1) }); err != nil || !posted {
+			t.Fatalf("request %d: posted %v, %v", ref, posted, err)
+		}
+		select {
+		case r := <-pc.Ch:
+			if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "key" {
+				t.Fatalf("answer %d: %+v", ref, r)
+			}
+		case <-ctx.Done():
+			t.Fatalf("request %d: no answer", ref)
+		}
+	}
+	for client.CtlPool.Stats().Allocs != base || sent.Load() != 3*FrameSlots {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d frame buffers still held, %d of %d Sends reported sent", client.CtlPool.Stats().Allocs-base, sent.Load(), 3*FrameSlots)
+		case <-time.After(time.Millisecond):
+		}
+	}
+
+	client.Fail(errors.New("test: link down"))
+	client.Frames.Mu.Lock()
+	credits := client.Frames.Credits
+	client.Frames.Mu.Unlock()
+	if posted, err := client.PostFrame(ctx, frameFetchReq, 0, 99, []byte("key"), nil, func() { t.Error("sent ran for a frame that was not posted") }); err == nil || posted {
+		t.Fatalf("on a failed link: posted %v, %v", posted, err)
+	}
+	client.Frames.Mu.Lock()
+	after := client.Frames.Credits
+	client.Frames.Mu.Unlock()
+	if after != credits {
+		t.Errorf("credits %d after a frame that was not posted, want %d", after, credits)
 	}
 }

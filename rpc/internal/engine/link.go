@@ -111,9 +111,11 @@ const SendDepth = 1024
 // full queue: every request gets its response.
 const sendRoom = SendDepth - 2*FrameSlots
 
-// Link is one session's connected queue pair. A single goroutine polls its
-// completion queue and hands each completion to the waiter that posted the
-// work request, or, for a received frame, to the framing.
+// Link is one session's connected queue pair. Its completions, handled
+// one at a time and in order (in the provider's receiver where the queue
+// allows, else in the link's polling goroutine: see poll), go to the
+// waiter that posted the work request, or, for a received frame, to the
+// framing.
 type Link struct {
 	Domain *Domain
 	QP     verbs.QueuePair
@@ -151,9 +153,13 @@ type Link struct {
 // Waiter receives the completion of one work request. When its poster
 // stops waiting (its context ended), abandoned runs instead, so buffers the
 // request still uses are freed only once the hardware is done with them.
+//
+// done, for PostAsync, runs instead of both, where the completion is
+// handled: it must never wait (see poll).
 type Waiter struct {
 	Ch        chan verbs.Completion
 	abandoned func(verbs.Completion)
+	done      func(verbs.Completion)
 }
 
 // verifyBytes is the size of the buffers of the verifying round trip; the
@@ -229,8 +235,23 @@ func (l *Link) Connect(ctx context.Context, remote []byte) error {
 	return nil
 }
 
+// poll hands every completion to complete until the queue is closed. On a
+// queue that can run its completions where they are produced (tcp's and
+// shm's: verbs.CompletionRunner), complete mostly runs in the provider's
+// receiver, and this goroutine only takes what other goroutines produce;
+// so complete, and all it calls, must never wait for the provider's
+// progress (see verbs.CompletionRunner): what may wait goes to a goroutine
+// of its own (see Waiter, HandleFrame, and package rpc's serveFrame).
 func (l *Link) poll() {
 	defer l.wg.Done()
+	if r, ok := l.cq.(verbs.CompletionRunner); ok {
+		r.Run(context.Background(), func(cs []verbs.Completion) {
+			for _, c := range cs {
+				l.complete(c)
+			}
+		})
+		return
+	}
 	batch := make([]verbs.Completion, 64)
 	for {
 		n, err := l.cq.Wait(context.Background(), batch)
@@ -265,11 +286,20 @@ func (l *Link) complete(c verbs.Completion) {
 	if !ok {
 		return
 	}
-	if w.abandoned != nil {
-		w.abandoned(c)
-		return
+	switch {
+	case w.done != nil:
+		w.done(c)
+	case w.abandoned != nil:
+		// The poster's onFail may wait (a Deregister on shm waits for
+		// the peer): not here, which may be the provider's receiver.
+		l.wg.Add(1) // counted, as this goroutine is: Close waits for it
+		go func() {
+			defer l.wg.Done()
+			w.abandoned(c)
+		}()
+	default:
+		w.Ch <- c // buffered
 	}
-	w.Ch <- c
 }
 
 // Fail records the link's first failure and marks it dead.
@@ -392,8 +422,9 @@ func (l *Link) takeRoom(ctx context.Context) error {
 }
 
 // PostAsync posts one work request without waiting for it: done runs
-// with its completion (in the polling goroutine, or at close). On error
-// the request was not posted and done does not run.
+// with its completion (where completions are handled, see poll, or at
+// close), so it must never wait. On error the request was not posted
+// and done does not run.
 func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) error {
 	wr.ID = l.NextID.Add(1)
 	l.Mu.Lock()
@@ -402,7 +433,7 @@ func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) erro
 		l.Mu.Unlock()
 		return Unavailable(err)
 	}
-	l.Waiters[wr.ID] = &Waiter{abandoned: done}
+	l.Waiters[wr.ID] = &Waiter{done: done}
 	l.Mu.Unlock()
 	if err := l.QP.PostSend(wr); err != nil {
 		l.Mu.Lock()
@@ -440,9 +471,12 @@ func (l *Link) Close(reason error) {
 	l.Mu.Unlock()
 	for _, w := range left {
 		c := verbs.Completion{Status: verbs.StatusFlushed, Err: reason}
-		if w.abandoned != nil {
+		switch {
+		case w.done != nil:
+			w.done(c)
+		case w.abandoned != nil:
 			w.abandoned(c)
-		} else {
+		default:
 			w.Ch <- c
 		}
 	}

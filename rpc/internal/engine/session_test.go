@@ -214,13 +214,14 @@ func TestSessionCalls(t *testing.T) {
 	defer s.Close(nil, errors.New("test over"))
 	started, release := make(chan struct{}), make(chan struct{})
 	ctx, cancel := context.WithCancel(s.Context())
-	s.Run(nil, 1, cancel, func(refusal error) {
+	s.Run(nil, 1, cancel, func(refusal error, _ func()) bool {
 		if refusal != nil {
 			t.Errorf("a call refused on an open session: %v", refusal)
 		}
 		close(started)
 		<-ctx.Done()
 		<-release
+		return false
 	})
 	<-started
 	if h := s.Holding(); h.InFlight != 1 || h.Calls != 1 || !s.Running(1) || !h.Busy() {
@@ -232,7 +233,7 @@ func TestSessionCalls(t *testing.T) {
 	s.ReleaseRef(2)
 	ctx2, cancel2 := context.WithCancel(s.Context())
 	overtaken := make(chan error, 1)
-	s.Run(nil, 2, cancel2, func(error) { overtaken <- ctx2.Err() })
+	s.Run(nil, 2, cancel2, func(error, func()) bool { overtaken <- ctx2.Err(); return false })
 	if err := <-overtaken; err == nil {
 		t.Fatal("a call whose ref was already released runs uncancelled")
 	}
@@ -246,7 +247,7 @@ func TestSessionCalls(t *testing.T) {
 	for s.Accepts(3) {
 		time.Sleep(time.Millisecond) // until FinishCalls drains
 	}
-	s.Run(nil, 3, func() {}, func(refusal error) { refused <- refusal })
+	s.Run(nil, 3, func() {}, func(refusal error, _ func()) bool { refused <- refusal; return false })
 	if err := <-refused; status.Code(err) != codes.Unavailable {
 		t.Fatalf("a call while draining: %v, want Unavailable", err)
 	}
@@ -284,7 +285,7 @@ func TestSessionCallsBounded(t *testing.T) {
 	var refusals sync.WaitGroup
 	refusals.Add(MaxFrameCalls)
 	for ref := range uint64(2 * MaxFrameCalls) {
-		s.Run(l, ref+1, func() {}, func(refusal error) {
+		s.Run(l, ref+1, func() {}, func(refusal error, _ func()) bool {
 			if ref >= MaxFrameCalls {
 				if status.Code(refusal) != codes.ResourceExhausted {
 					t.Errorf("call %d past the bound: %v, want ResourceExhausted", ref, refusal)
@@ -294,6 +295,7 @@ func TestSessionCallsBounded(t *testing.T) {
 				t.Errorf("call %d refused: %v", ref, refusal)
 			}
 			<-hold
+			return false
 		})
 	}
 	refusals.Wait()
@@ -301,7 +303,7 @@ func TestSessionCallsBounded(t *testing.T) {
 		t.Fatalf("%+v, want %d running and as many refusing", h, MaxFrameCalls)
 	}
 	cancelled := false
-	s.Run(l, 1<<40, func() { cancelled = true }, func(error) { t.Error("a call past every bound ran") })
+	s.Run(l, 1<<40, func() { cancelled = true }, func(error, func()) bool { t.Error("a call past every bound ran"); return false })
 	select {
 	case <-l.Dead:
 	case <-time.After(10 * time.Second):
@@ -312,4 +314,41 @@ func TestSessionCallsBounded(t *testing.T) {
 	}
 	close(hold)
 	s.FinishCalls(context.Background(), time.Minute)
+}
+
+// TestSessionCallHandedOver: a call that hands its end over to its
+// answer's Send stays under way after it returns, until that Send runs
+// over: FinishCalls waits for it.
+func TestSessionCallHandedOver(t *testing.T) {
+	defer leakcheck.Check(t)
+	s := NewSession(context.Background(), 0, nil)
+	defer s.Close(nil, errors.New("test over"))
+	overs := make(chan func(), 1)
+	_, cancel := context.WithCancel(s.Context())
+	s.Run(nil, 1, cancel, func(refusal error, over func()) bool {
+		overs <- over
+		return true
+	})
+	over := <-overs
+	for s.Running(1) {
+		time.Sleep(time.Millisecond) // until the call has returned
+	}
+	if h := s.Holding(); h.InFlight != 1 {
+		t.Fatalf("%+v: a handed-over call is no longer under way after it returned", h)
+	}
+	finished := make(chan struct{})
+	go func() {
+		s.FinishCalls(context.Background(), time.Minute)
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		t.Fatal("FinishCalls returned before the handed-over call's Send completed")
+	case <-time.After(20 * time.Millisecond):
+	}
+	over()
+	<-finished
+	if h := s.Holding(); h.InFlight != 0 {
+		t.Fatalf("%+v after over", h)
+	}
 }

@@ -2,6 +2,7 @@ package softrc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -18,6 +19,12 @@ import (
 // a completion. (Completions of a closed queue pair stay until polled while
 // its reservation is already free for new queue pairs; the ring then grows
 // rather than drops.)
+//
+// While Run runs, completions go to its handler instead of a waiter: a
+// provider's goroutine that produced them with Queue hands them over
+// itself (Deliver) before it next blocks, and Run's own goroutine hands
+// over those pushed anywhere else (Push), so that the common path, a
+// receiver completing what it received, wakes nobody.
 type CQ struct {
 	owner    any
 	capacity int
@@ -30,6 +37,14 @@ type CQ struct {
 	head, n  int
 	reserved int
 	closed   bool
+	// handle is Run's handler while it runs; delivering is set while a
+	// goroutine hands a batch to it (one at a time, so completions are
+	// handled in order), and idle is signalled when it ends. batch
+	// belongs to the goroutine delivering.
+	handle     func([]verbs.Completion)
+	delivering bool
+	idle       sync.Cond
+	batch      []verbs.Completion
 }
 
 // Entry is a completion and the work queue slots its poll frees.
@@ -45,14 +60,16 @@ func NewCQ(owner any, capacity int, onClose func()) (*CQ, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("completion queue capacity %d must be positive", capacity)
 	}
-	return &CQ{
+	q := &CQ{
 		owner:    owner,
 		capacity: capacity,
 		onClose:  onClose,
 		wake:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		ring:     make([]Entry, min(max(capacity, 16), 4096)),
-	}, nil
+	}
+	q.idle.L = &q.mu
+	return q, nil
 }
 
 // Owner is the domain the queue belongs to.
@@ -80,11 +97,28 @@ func (q *CQ) Unreserve(n int) {
 	q.mu.Unlock()
 }
 
-// Push appends completions. Into a closed queue they are dropped, and
-// their slots are freed at once.
+// Push appends completions and wakes a waiter (or Run). Into a closed
+// queue they are dropped, and their slots are freed at once.
 func (q *CQ) Push(es ...Entry) {
+	if ok, _ := q.push(es); ok {
+		q.signal()
+	}
+}
+
+// Queue appends completions produced by a provider's goroutine that calls
+// Deliver before it next blocks (its receiver): while Run runs, nobody is
+// woken for them. Without Run it is Push. The caller may hold locks.
+func (q *CQ) Queue(es ...Entry) {
+	if ok, running := q.push(es); ok && !running {
+		q.signal()
+	}
+}
+
+// push appends es and reports whether it did (false: none, or the queue
+// is closed and they were dropped) and whether Run is running.
+func (q *CQ) push(es []Entry) (ok, running bool) {
 	if len(es) == 0 {
-		return
+		return false, false
 	}
 	q.mu.Lock()
 	if q.closed {
@@ -92,7 +126,7 @@ func (q *CQ) Push(es ...Entry) {
 		for _, e := range es {
 			e.free()
 		}
-		return
+		return false, false
 	}
 	for _, e := range es {
 		if q.n == len(q.ring) {
@@ -101,8 +135,81 @@ func (q *CQ) Push(es ...Entry) {
 		q.ring[(q.head+q.n)%len(q.ring)] = e
 		q.n++
 	}
+	running = q.handle != nil
 	q.mu.Unlock()
-	q.signal()
+	return true, running
+}
+
+// deliverBatch is how many completions Deliver hands to the handler at
+// once.
+const deliverBatch = 64
+
+// Deliver hands the queued completions to Run's handler in the calling
+// goroutine, unless Run is not running or another goroutine is handing
+// them over already (it then takes these too). A provider calls it with
+// no locks held, before its goroutine blocks, after Queue; the handler
+// runs in it, so that goroutine must not be one the handler could wait
+// for (see verbs.CompletionRunner).
+func (q *CQ) Deliver() {
+	q.mu.Lock()
+	if q.handle == nil || q.delivering || q.n == 0 {
+		q.mu.Unlock()
+		return
+	}
+	q.delivering = true
+	if q.batch == nil {
+		q.batch = make([]verbs.Completion, deliverBatch)
+	}
+	for q.n > 0 && q.handle != nil {
+		handle, batch := q.handle, q.batch
+		k := q.takeLocked(batch)
+		q.mu.Unlock()
+		handle(batch[:k])
+		clear(batch[:k])
+		q.mu.Lock()
+	}
+	q.delivering = false
+	q.idle.Broadcast()
+	q.mu.Unlock()
+}
+
+// Run implements verbs.CompletionRunner: until ctx ends or the queue is
+// closed, completions go to handle, in order and one batch at a time,
+// in the goroutine that Queued them (Deliver) or else in Run's. Once the
+// queue is closed it hands over what is left, then returns ErrClosed.
+// Before it returns, a Deliver under way has finished; later completions
+// wait for Poll or Wait again.
+func (q *CQ) Run(ctx context.Context, handle func([]verbs.Completion)) error {
+	q.mu.Lock()
+	if q.handle != nil {
+		q.mu.Unlock()
+		return errors.New("completion queue: Run is running already")
+	}
+	q.handle = handle
+	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		for q.delivering {
+			q.idle.Wait()
+		}
+		q.handle = nil
+		more := q.n > 0
+		q.mu.Unlock()
+		if more {
+			q.signal()
+		}
+	}()
+	for {
+		q.Deliver()
+		select {
+		case <-q.wake:
+		case <-q.done:
+			q.Deliver()
+			return fmt.Errorf("completion queue: %w", verbs.ErrClosed)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (e *Entry) free() {
@@ -132,6 +239,18 @@ func (q *CQ) Poll(out []verbs.Completion) int {
 		return 0
 	}
 	q.mu.Lock()
+	k := q.takeLocked(out)
+	more := q.n > 0
+	q.mu.Unlock()
+	if more && k > 0 {
+		q.signal() // another waiter may take the rest
+	}
+	return k
+}
+
+// takeLocked moves up to len(out) completions into out and frees their
+// slots; the caller holds mu.
+func (q *CQ) takeLocked(out []verbs.Completion) int {
 	k := min(len(out), q.n)
 	for i := range k {
 		e := &q.ring[q.head]
@@ -141,11 +260,6 @@ func (q *CQ) Poll(out []verbs.Completion) int {
 		q.head = (q.head + 1) % len(q.ring)
 	}
 	q.n -= k
-	more := q.n > 0
-	q.mu.Unlock()
-	if more && k > 0 {
-		q.signal() // another waiter may take the rest
-	}
 	return k
 }
 

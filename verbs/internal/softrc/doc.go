@@ -43,7 +43,10 @@
 //     status given to FailLocked, e.g. StatusTransport when the connection
 //     was lost) and every later one, and every receive, is StatusFlushed.
 //   - CQ: a completion queue with a capacity that queue pairs reserve
-//     (NewQueuePair fails with ErrQueueFull instead of a queue growing).
+//     (NewQueuePair fails with ErrQueueFull instead of a queue growing),
+//     and that runs its completions where they are produced
+//     (verbs.CompletionRunner: a wire's receiver Queues them and, with no
+//     locks held, hands them over itself with QP.Deliver).
 //   - Table, Region, Grant: regions and per-transfer grants sharing one
 //     random 32-bit key space, and the access checks a target makes before
 //     it touches memory.

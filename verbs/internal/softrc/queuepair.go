@@ -386,7 +386,8 @@ func (q *QP) AckLocked(seq uint64, status verbs.Status) (done []*SendWR, refused
 // and one it refuses fails with what the refusal means (Refused) and
 // moves the queue pair to ERR. took, when not nil, sees what it took off
 // Inflight, with Mu held. Ack reports whether the queue pair failed, or a
-// protocol violation.
+// protocol violation. It is for the wire's receiver, which calls Deliver
+// before it next blocks: the completions are Queued.
 func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refused *SendWR)) (failed bool, err error) {
 	q.Mu.Lock()
 	done, refused, err := q.AckLocked(seq, status)
@@ -409,8 +410,18 @@ func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refu
 		es = q.CompleteSend(es, refused, st, cause)
 	}
 	q.Mu.Unlock()
-	q.SendCQ.Push(es...)
+	q.SendCQ.Queue(es...)
 	return refused != nil, nil
+}
+
+// Deliver hands what the calling goroutine Queued on the queue pair's
+// completion queues to their Run handlers (see CQ.Deliver): the wire's
+// receiver calls it, with no locks held, before it blocks to read again.
+func (q *QP) Deliver() {
+	q.RecvCQ.Deliver()
+	if q.SendCQ != q.RecvCQ {
+		q.SendCQ.Deliver()
+	}
 }
 
 // CompleteRecv is the completion entry of r with c's outcome.
