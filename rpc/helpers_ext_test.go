@@ -52,6 +52,22 @@ func testPool() rpc.Option {
 // goroutine left.
 func pair(t *testing.T, transport string, serverOpts []rpc.ServerOption, clientOpts []rpc.DialOption) (*rpc.Server, *rpc.Client) {
 	t.Helper()
+	e := start(t, transport, serverOpts, clientOpts)
+	return e.srv, e.c
+}
+
+// endpoints are a started Server, its Client and the server's address.
+type endpoints struct {
+	srv  *rpc.Server
+	c    *rpc.Client
+	addr string
+}
+
+// start is pair for tests and benchmarks, with the server's address. A
+// benchmark may hold several pairs at once: only a test checks for
+// goroutines left.
+func start(t testing.TB, transport string, serverOpts []rpc.ServerOption, clientOpts []rpc.DialOption) endpoints {
+	t.Helper()
 	skipWithoutDevice(t, transport)
 	ts := []string{transport}
 	if transport != rpc.TransportGRPC {
@@ -84,12 +100,14 @@ func pair(t *testing.T, transport string, serverOpts []rpc.ServerOption, clientO
 		if st := s.Pool().Stats(); st.InUse != 0 {
 			t.Errorf("server pool: %d bytes still in use", st.InUse)
 		}
-		leakcheck.Check(t)
+		if _, ok := t.(*testing.T); ok {
+			leakcheck.Check(t)
+		}
 	})
 	if c.Transport() != transport {
 		t.Fatalf("negotiated %s, want %s (rejections: %v)", c.Transport(), transport, c.Rejections())
 	}
-	return s, c
+	return endpoints{srv: s, c: c, addr: lis.Addr().String()}
 }
 
 // serveOn starts a Server on addr (":0" style addresses pick a port) and

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -17,8 +16,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
-	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -28,57 +25,6 @@ import (
 // the plane and the fallback, so a session on one that cannot open here
 // fails the test instead of silently testing another.
 var planes = []string{rpc.TransportSHM, rpc.TransportTCP, rpc.TransportGRPC}
-
-// endpoints is a Server and a Client on one plane, and the server's
-// address.
-type endpoints struct {
-	srv  *rpc.Server
-	c    *rpc.Client
-	addr string
-}
-
-// start starts a Server and a Client restricted to plane; cleanups close
-// both and check that no buffer and no goroutine is left.
-func start(t testing.TB, plane string, sopts []rpc.ServerOption, copts []rpc.DialOption) endpoints {
-	t.Helper()
-	ts := []string{plane, rpc.TransportGRPC}
-	small := rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(1<<30))
-	srv, err := rpc.NewServer(append([]rpc.ServerOption{rpc.WithTransports(ts...), small}, sopts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := rpc.Dial(ctx, lis.Addr().String(), append([]rpc.DialOption{rpc.WithTransports(ts...), small, rpc.WithTransportCredentials(insecure.NewCredentials())}, copts...)...)
-	if err != nil {
-		srv.Stop()
-		<-served
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("client Close: %v", err)
-		}
-		srv.Stop()
-		<-served
-		if st := srv.Pool().Stats(); st.InUse != 0 {
-			t.Errorf("server pool: %d bytes still in use", st.InUse)
-		}
-		if _, ok := t.(*testing.T); ok { // a benchmark may hold several pairs at once
-			leakcheck.Check(t)
-		}
-	})
-	if c.Transport() != plane {
-		t.Fatalf("negotiated %s, want %s (rejections: %v)", c.Transport(), plane, c.Rejections())
-	}
-	return endpoints{srv: srv, c: c, addr: lis.Addr().String()}
-}
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
