@@ -49,22 +49,30 @@ func benchPair(b *testing.B, transport string, opts ...rpc.ServerOption) (*rpc.S
 	return s, c, func() { c.Close(); s.Stop() }
 }
 
+// fetchPair starts a pair on tr whose server publishes n bytes as "x",
+// warms the client's Fetch of it up and sets b's bytes per op.
+func fetchPair(b *testing.B, tr string, n int) (*rpc.Client, func()) {
+	s, c, done := benchPair(b, tr)
+	t, err := s.NewTensor(context.Background(), zerocopy.Uint8, []int64{int64(n)})
+	if err != nil {
+		done()
+		b.Fatal(err)
+	}
+	fill(t.Bytes(), 1)
+	s.Publish(context.Background(), "x", t)
+	t.Release()
+	warmUp(b, func() error { return fetchOnce(c, "x") })
+	b.SetBytes(int64(n))
+	return c, done
+}
+
 func BenchmarkFetch(b *testing.B) {
 	for _, tr := range testTransports {
 		for _, n := range benchSizes {
 			b.Run(tr+"/"+sizeName(n), func(b *testing.B) {
-				s, c, done := benchPair(b, tr)
+				c, done := fetchPair(b, tr, n)
 				defer done()
 				ctx := context.Background()
-				t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
-				if err != nil {
-					b.Fatal(err)
-				}
-				fill(t.Bytes(), 1)
-				s.Publish(context.Background(), "x", t)
-				t.Release()
-				warmUp(b, func() error { return fetchOnce(c, "x") })
-				b.SetBytes(int64(n))
 				for b.Loop() {
 					got, err := c.Fetch(ctx, "x")
 					if err != nil {
@@ -109,17 +117,9 @@ func BenchmarkFetchStreams(b *testing.B) {
 	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		for _, n := range []int{4 << 10, 1 << 20} {
 			b.Run(tr+"/"+sizeName(n), func(b *testing.B) {
-				s, c, done := benchPair(b, tr)
+				c, done := fetchPair(b, tr, n)
 				defer done()
 				ctx := context.Background()
-				t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(n)})
-				if err != nil {
-					b.Fatal(err)
-				}
-				s.Publish(ctx, "x", t)
-				t.Release()
-				warmUp(b, func() error { return fetchOnce(c, "x") })
-				b.SetBytes(int64(n))
 				b.SetParallelism(max(1, 4/runtime.GOMAXPROCS(0)))
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
