@@ -143,24 +143,25 @@ func TestAdmissionStalledStreams(t *testing.T) {
 	waitFor(t, "the stalled streams' memory to be freed", func() bool { return s.Pool().Stats().InUse <= 1<<20 })
 }
 
-// streamsOf is how many fallback streams peer has under way.
-func streamsOf(s *Server, peer string) int {
+// streamUse is how many fallback streams peer has under way and what
+// they hold against the budget.
+func streamUse(s *Server, peer string) (streams int, bytes int64) {
 	s.adm.mu.Lock()
 	defer s.adm.mu.Unlock()
 	if u := s.adm.peers[peer]; u != nil {
-		return u.streams
+		return u.streams, u.streamBytes
 	}
-	return 0
+	return 0, 0
 }
 
-// streamBytesOf is what peer's fallback streams hold against the budget.
+func streamsOf(s *Server, peer string) int {
+	n, _ := streamUse(s, peer)
+	return n
+}
+
 func streamBytesOf(s *Server, peer string) int64 {
-	s.adm.mu.Lock()
-	defer s.adm.mu.Unlock()
-	if u := s.adm.peers[peer]; u != nil {
-		return u.streamBytes
-	}
-	return 0
+	_, b := streamUse(s, peer)
+	return b
 }
 
 // TestAdmissionStreamBytes: the tensors stalled SendStreams declare and

@@ -97,21 +97,7 @@ func newHostileServer(t *testing.T, transport string, serverOpts []ServerOption,
 // buffers of its pools in use.
 func closeWithin(t *testing.T, c *Client, d time.Duration) {
 	t.Helper()
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- c.Close() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("client Close: %v", err)
-		}
-	case <-time.After(d):
-		t.Errorf("client Close did not return within %v", d)
-		<-done
-	}
-	if el := time.Since(start); el > d {
-		t.Errorf("client Close took %v", el)
-	}
+	closeOrRelease(t, c, d, func() {})
 	if n := c.ctl.Stats().InUse; n != 0 {
 		t.Errorf("client control pool: %d bytes in use after Close", n)
 	}
