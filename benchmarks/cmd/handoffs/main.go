@@ -124,11 +124,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// printSites lists the top n hand-off sites of each case.
+// printSites lists the top n hand-off sites of each case, and what came
+// before its P starts.
 func printSites(w io.Writer, rs []result, n int) {
 	for _, r := range rs {
 		fmt.Fprintf(w, "\n%s: where the hand-offs happen (per call)\n\n| from | to | per call |\n|---|---|--:|\n", r.Case)
 		for _, s := range r.Sites[:min(n, len(r.Sites))] {
+			fmt.Fprintf(w, "| %s | %s | %.2f |\n", s.From, s.To, s.PerCall)
+		}
+		fmt.Fprintf(w, "\n%s: what happened last, on another P, before each P start (per call)\n\n| transition | where | per call |\n|---|---|--:|\n", r.Case)
+		for _, s := range r.PStartSites[:min(n, len(r.PStartSites))] {
 			fmt.Fprintf(w, "| %s | %s | %.2f |\n", s.From, s.To, s.PerCall)
 		}
 	}

@@ -62,6 +62,13 @@ type Counts struct {
 	// Sites are where the hand-offs happen, most frequent first: who made
 	// a goroutine runnable and where that goroutine was waiting.
 	Sites []Site `json:"sites,omitempty"`
+	// PStartSites says what happened last before the P starts, on
+	// another P: From is a goroutine's state transition (Waiting→Runnable
+	// is a goroutine made runnable, Running→Runnable a yield,
+	// Running→Syscall a system call), To where it happened. It guesses
+	// the cause: the runtime wakes an idle P from the code that made work
+	// for it, which is usually the latest thing traced.
+	PStartSites []Site `json:"p_start_sites,omitempty"`
 }
 
 // Site is one place hand-offs happen: From (the function of the
@@ -139,10 +146,18 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	}
 	c := t.PerCall(n)
 	c.P50 = times[n/2]
-	for k, v := range t.Sites {
-		c.Sites = append(c.Sites, Site{From: k[0], To: k[1], PerCall: float64(v) / float64(n)})
+	c.Sites = sites(t.Sites, n)
+	c.PStartSites = sites(t.PStartSites, n)
+	return c, nil
+}
+
+// sites lists counts per call, the most first.
+func sites(m map[[2]string]int, n int) []Site {
+	var l []Site
+	for k, v := range m {
+		l = append(l, Site{From: k[0], To: k[1], PerCall: float64(v) / float64(n)})
 	}
-	slices.SortFunc(c.Sites, func(a, b Site) int {
+	slices.SortFunc(l, func(a, b Site) int {
 		if a.PerCall != b.PerCall {
 			if a.PerCall > b.PerCall {
 				return -1
@@ -151,7 +166,7 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 		}
 		return strings.Compare(a.From+a.To, b.From+b.To)
 	})
-	return c, nil
+	return l
 }
 
 // Totals are the counts of one traced window.
@@ -161,6 +176,9 @@ type Totals struct {
 	Syscalls                                           int
 	// Sites counts the hand-offs by {from, to} (see Site).
 	Sites map[[2]string]int
+	// PStartSites counts the P starts by what happened last, on another
+	// P, before each: {a goroutine's transition, where it was}.
+	PStartSites map[[2]string]int
 }
 
 // Handoffs is the sum of the four kinds of hand-off.
@@ -200,7 +218,9 @@ func Count(r io.Reader) (Totals, error) {
 		return Totals{}, err
 	}
 	var (
-		t       = Totals{Sites: map[[2]string]int{}}
+		t       = Totals{Sites: map[[2]string]int{}, PStartSites: map[[2]string]int{}}
+		last    [2]string // the latest goroutine transition, for PStartSites
+		lastP   = xtrace.NoProc
 		in      bool
 		seenEnd bool
 		procs   = map[xtrace.ProcID]*procState{}
@@ -251,6 +271,9 @@ func Count(r io.Reader) (Totals, error) {
 				if !in || tracer[id] {
 					continue
 				}
+				if ev.Goroutine() != xtrace.NoGoroutine && !tracer[ev.Goroutine()] {
+					last, lastP = [2]string{from.String() + "→" + to.String(), site(ev.Stack())}, ev.Proc()
+				}
 				switch {
 				case from == xtrace.GoNotExist && to == xtrace.GoRunnable:
 					t.Created++
@@ -276,6 +299,11 @@ func Count(r io.Reader) (Totals, error) {
 					*p = procState{started: in}
 					if in {
 						t.PStarts++
+						if lastP != st.Resource.Proc() && last[0] != "" {
+							t.PStartSites[last]++
+						} else {
+							t.PStartSites[[2]string{"?", "?"}]++
+						}
 					}
 				case from == xtrace.ProcRunning && to == xtrace.ProcIdle:
 					if p.started && !p.ran {
