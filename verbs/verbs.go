@@ -415,6 +415,14 @@ type SendRequest struct {
 	// place in the send queue until a later signaled request of the queue
 	// pair completes, as on a NIC.
 	Unsignaled bool
+	// LazyCompletion says that nothing waits for the request's completion
+	// soon (it only frees what the request used). A provider that
+	// acknowledges in software may then let the peer's acknowledgement wait
+	// for a message going back, for a bounded time (tcp: the next frame
+	// the peer sends, or after about a millisecond), saving the peer a
+	// write and this side a wake-up on every request-response exchange.
+	// Providers with hardware acknowledgements ignore it.
+	LazyCompletion bool
 	// Fence makes the request wait until every earlier Read of the queue
 	// pair has completed.
 	Fence bool

@@ -8,6 +8,8 @@ import (
 	"math"
 	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -82,8 +84,9 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 	}
 	ctrl := q.ctrl
 	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
-	q.ctrlBytes, q.delayedAcks = 0, 0
+	q.ctrlBytes, q.delayedAcks, q.urgentAcks = 0, 0, 0
 	if len(ctrl) > 0 {
+		q.ctrlTakes++
 		softrc.Signal(q.ctrlTaken)
 	}
 	var reqs []*softrc.SendWR
@@ -236,6 +239,9 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 		h := header{key: w.Remote.Key, imm: w.Imm, seq: w.Seq, addr: w.Remote.Addr, length: uint64(w.N)}
 		if w.HasImm {
 			h.flags = flagImm
+		}
+		if w.Lazy {
+			h.flags |= flagLazyAck
 		}
 		switch w.Op {
 		case verbs.OpSend:
@@ -422,7 +428,7 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		return false, err
 	}
 	if r != nil {
-		q.queueAck(h.seq, true)
+		q.queueAck(h.seq, h.flags&flagLazyAck != 0)
 	} else {
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
@@ -459,7 +465,7 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	}
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
-	q.queueAck(h.seq, true)
+	q.queueAck(h.seq, h.flags&flagLazyAck != 0)
 	q.RecvCQ.Queue(q.CompleteRecv(r, c))
 	return false, nil
 }
@@ -598,23 +604,36 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 // receiver hands over before it reads on (softrc.CQ.Deliver), carries
 // them: a request-response exchange then costs one frame batch per
 // direction and no wake-up of the writer. What no reply took, the
-// receiver writes itself before it waits for the next frame (flushAcks).
-// (A timer would be the classic way to delay acknowledgements, but Go's
-// timers below a millisecond round up to about one when the process is
-// idle, which cost every WriteImm a millisecond.)
+// receiver writes itself before it waits for the next frame (flushAcks),
+// but for lazy ones (below).
 const maxDelayedAcks = 16
 
-// queueAck queues the acknowledgement of request seq. With delay set it
-// waits for a frame to carry it or for the receiver's flushAcks, unless
-// too many wait; without, the writer is woken for it.
-func (q *queuePair) queueAck(seq uint64, delay bool) {
+// lazyAckDelay is how long the acknowledgements of requests marked
+// flagLazyAck (verbs.SendRequest.LazyCompletion: nothing waits for their
+// completion, which only frees the sender's buffer) may wait for a frame
+// going back before the writer sends them on their own. A client's
+// answer is such a request: its acknowledgement rides the client's next
+// request, and neither side writes or wakes up for it. (Go's timers below
+// a millisecond round up to about one when the process is idle, which is
+// why acknowledgements that something waits for never wait for a timer.)
+var lazyAckDelay atomic.Int64 // nanoseconds; 500 µs (tests change it)
+
+func init() { lazyAckDelay.Store(int64(500 * time.Microsecond)) }
+
+// queueAck queues the acknowledgement of request seq without waking the
+// writer (see maxDelayedAcks); lazy says the request was marked
+// flagLazyAck.
+func (q *queuePair) queueAck(seq uint64, lazy bool) {
 	q.awaitCtrlRoom()
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
-	wake := !delay || q.delayedAcks >= maxDelayedAcks
+	if !lazy {
+		q.urgentAcks++
+	}
+	wake := q.delayedAcks >= maxDelayedAcks
 	if wake {
-		q.delayedAcks = 0
+		q.delayedAcks, q.urgentAcks = 0, 0
 	}
 	q.Mu.Unlock()
 	if wake {
@@ -622,27 +641,37 @@ func (q *queuePair) queueAck(seq uint64, delay bool) {
 	}
 }
 
+// owedAcks reports whether delayed acknowledgements wait, and whether
+// any of them is not lazy.
+func (q *queuePair) owedAcks() (any, urgent bool) {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.delayedAcks > 0, q.urgentAcks > 0
+}
+
 // flushAcks writes the delayed acknowledgements no frame took, as the
 // receiver is about to wait for the next frame: itself, on the direct
 // path's terms (see writeQueued), when nobody is writing and the kernel's
 // send queue has room for the batch (so that the receiver never blocks on
 // a peer that is not reading: the peer's receiver may be waiting to write
-// to us too); else the writer is woken for them. Never are they left
-// unsent.
+// to us too); else the writer is woken for them. When all of them are
+// lazy, it only makes sure that the lazy-ack sweeper looks at them. Never are they
+// left unsent.
 func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
-	owed := func() bool {
-		q.Mu.Lock()
-		defer q.Mu.Unlock()
-		return q.delayedAcks > 0
-	}
-	if !owed() {
+	if any, urgent := q.owedAcks(); !urgent {
+		if any {
+			q.armLazyAcks()
+		}
 		return
 	}
 	// The goroutine the completion woke (the caller of a round trip) is
 	// next to run here: let it, so that the request it posts next carries
 	// the acknowledgements, and our writing them is not on its way.
 	runtime.Gosched()
-	if !owed() {
+	if any, urgent := q.owedAcks(); !urgent {
+		if any {
+			q.armLazyAcks()
+		}
 		return
 	}
 	if raw != nil && q.writeMu.TryLock() {
@@ -656,6 +685,120 @@ func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
 		}
 	}
 	softrc.Signal(q.wakeWriter)
+}
+
+// armLazyAcks puts the queue pair on the lazy-ack sweeper's list.
+func (q *queuePair) armLazyAcks() {
+	q.Mu.Lock()
+	armed := q.lazyArmed
+	q.lazyArmed = true
+	q.Mu.Unlock()
+	if !armed {
+		lazyAcks.add(q)
+	}
+}
+
+// lazyAckSweep is what the sweeper does with the queue pair: it wakes the
+// writer for acknowledgements owed since the previous sweep that no frame
+// took meanwhile, and reports whether the queue pair still owes any.
+func (q *queuePair) lazyAckSweep() (keep bool) {
+	q.Mu.Lock()
+	owed := q.delayedAcks > 0
+	due := owed && q.lazyMark == q.ctrlTakes
+	q.lazyMark = q.ctrlTakes
+	if due {
+		q.delayedAcks, q.urgentAcks = 0, 0
+	}
+	if !owed || due {
+		q.lazyArmed = false
+	}
+	q.Mu.Unlock()
+	if due {
+		softrc.Signal(q.wakeWriter)
+	}
+	return owed && !due
+}
+
+// lazyAcks is the sweeper of lazy acknowledgements: one goroutine for the
+// process, which runs only while some queue pair owes lazy
+// acknowledgements, and looks at them every lazyAckDelay. (A timer per
+// queue pair, reset on every exchange, would wake the netpoller's thread
+// each time.)
+var lazyAcks lazySweeper
+
+type lazySweeper struct {
+	mu      sync.Mutex
+	qps     map[*queuePair]struct{}
+	running bool
+	emptied chan struct{} // remove took the last queue pair off the list
+}
+
+func (w *lazySweeper) add(q *queuePair) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.qps == nil {
+		w.qps = map[*queuePair]struct{}{}
+		w.emptied = make(chan struct{}, 1)
+	}
+	w.qps[q] = struct{}{}
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+}
+
+// remove takes q off the list (quiesce) at once; the sweeper ends soon
+// after the last queue pair on it closes.
+func (w *lazySweeper) remove(q *queuePair) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.qps[q]; !ok {
+		return
+	}
+	delete(w.qps, q)
+	if len(w.qps) == 0 {
+		softrc.Signal(w.emptied)
+	}
+}
+
+// lazySweeperIdle is how many sweeps with no queue pair on the list the
+// sweeper makes before it ends (at once when the last one on it closed),
+// so that a steady stream of exchanges,
+// which leaves the list empty between some of them, does not start a
+// goroutine every few sweeps.
+const lazySweeperIdle = 20
+
+func (w *lazySweeper) run() {
+	idle := 0
+	for {
+		closed := false
+		t := time.NewTimer(time.Duration(lazyAckDelay.Load()))
+		select {
+		case <-t.C:
+		case <-w.emptied:
+			t.Stop()
+			closed = true
+		}
+		w.mu.Lock()
+		if closed && len(w.qps) == 0 {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		for q := range w.qps {
+			if !q.lazyAckSweep() {
+				delete(w.qps, q)
+			}
+		}
+		if len(w.qps) > 0 {
+			idle = 0
+		} else if idle++; idle >= lazySweeperIdle {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+	}
 }
 
 func (q *queuePair) queueCtrl(f ctrlFrame) {
@@ -691,6 +834,7 @@ func (q *queuePair) quiesce() {
 	last := q.active == 0
 	q.Mu.Unlock()
 	if last {
+		lazyAcks.remove(q)
 		q.Flush()
 		q.releaseCtrl()
 	}
@@ -706,4 +850,11 @@ func (q *queuePair) releaseCtrl() {
 	for i := range ctrl {
 		ctrl[i].use.Release()
 	}
+}
+
+// isRunning reports whether the sweeper's goroutine runs (tests).
+func (w *lazySweeper) isRunning() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.running
 }

@@ -56,6 +56,10 @@ type queuePair struct {
 	unackedBytes  int              // payload bytes in Inflight
 	readsInflight int              // Reads in Inflight, for Fence
 	delayedAcks   int              // acknowledgements queued without waking the writer (queueAck)
+	urgentAcks    int              // how many of them are not lazy (flagLazyAck)
+	lazyArmed     bool             // on the lazy-ack sweeper's list (armLazyAcks)
+	lazyMark      uint64           // ctrlTakes at the sweeper's previous look
+	ctrlTakes     uint64           // how many times the queued responses were taken to be written
 	active        int              // goroutines that may still touch memory
 }
 
@@ -82,13 +86,14 @@ func (o offered) Close() {
 }
 
 func newQueuePair(pd *domain, core *softrc.QP, maxInline int) *queuePair {
-	return &queuePair{
+	q := &queuePair{
 		QP:         core,
 		pd:         pd,
 		maxInline:  maxInline,
 		wakeWriter: make(chan struct{}, 1),
 		ctrlTaken:  make(chan struct{}, 1),
 	}
+	return q
 }
 
 // Connect connects to the peer. One side dials the other's listener and

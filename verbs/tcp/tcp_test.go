@@ -505,3 +505,107 @@ func FuzzReadHello(f *testing.F) {
 		}
 	})
 }
+
+// lazyPair opens two connected queue pairs, each with a receive of 8
+// bytes posted, and the memory for a Send of 8 bytes.
+func lazyPair(t *testing.T) (a, b end, amr, bmr verbs.MemoryRegion) {
+	t.Helper()
+	a, b = openPair(t, New())
+	var err error
+	for _, e := range []struct {
+		end end
+		mr  *verbs.MemoryRegion
+	}{{a, &amr}, {b, &bmr}} {
+		if *e.mr, err = e.end.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 16)}, verbs.AccessLocalWrite); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.end.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: *e.mr, Offset: 8, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b, amr, bmr
+}
+
+func waitCompletion(t *testing.T, cq verbs.CompletionQueue, within time.Duration) (verbs.Completion, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	out := make([]verbs.Completion, 1)
+	n, err := cq.Wait(ctx, out)
+	if n == 0 || err != nil {
+		return verbs.Completion{}, false
+	}
+	return out[0], true
+}
+
+// TestLazyAckRidesTheFrameBack: the acknowledgement of a request marked
+// LazyCompletion is not written on its own while the receiver waits: it
+// goes with the next frame the receiver's side sends.
+func TestLazyAckRidesTheFrameBack(t *testing.T) {
+	defer leakcheck.Check(t)
+	old := lazyAckDelay.Load()
+	defer lazyAckDelay.Store(old)
+	lazyAckDelay.Store(int64(time.Hour)) // the sweeper never sends it here
+	// A sweeper from an earlier test still sleeps the old delay; let it end.
+	deadline := time.Now().Add(10 * time.Second)
+	for lazyAcks.isRunning() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if lazyAcks.isRunning() {
+		t.Fatal("the lazy-ack sweeper kept running with nothing to do")
+	}
+	a, b, amr, bmr := lazyPair(t)
+	defer a.pd.Close()
+	defer b.pd.Close()
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Length: 8}, LazyCompletion: true}); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 100 || c.Status != verbs.StatusSuccess {
+		t.Fatalf("b's receive: %+v, %v", c, ok)
+	}
+	if c, ok := waitCompletion(t, a.cq, 50*time.Millisecond); ok {
+		t.Fatalf("a's lazy Send completed (%+v) before b sent anything back: its acknowledgement was written on its own", c)
+	}
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]bool{}
+	for range 2 {
+		c, ok := waitCompletion(t, a.cq, 10*time.Second)
+		if !ok || c.Status != verbs.StatusSuccess {
+			t.Fatalf("a's completions: %+v, %v (have %v)", c, ok, got)
+		}
+		got[c.ID] = true
+	}
+	if !got[1] || !got[100] {
+		t.Fatalf("a's completions %v: want its Send (1) and its receive (100)", got)
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 2 || c.Status != verbs.StatusSuccess {
+		t.Fatalf("b's Send: %+v, %v", c, ok)
+	}
+}
+
+// TestLazyAckArrivesWithNothingBack: when nothing goes back, the sweeper
+// sends the lazy acknowledgement on its own, and the Send completes.
+func TestLazyAckArrivesWithNothingBack(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, amr, bmr := lazyPair(t)
+	defer a.pd.Close()
+	defer b.pd.Close()
+	for i := range 3 {
+		if i > 0 {
+			if err := b.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Length: 8}, LazyCompletion: true}); err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 100 || c.Status != verbs.StatusSuccess {
+			t.Fatalf("b's receive %d: %+v, %v", i, c, ok)
+		}
+		if c, ok := waitCompletion(t, a.cq, 10*time.Second); !ok || c.ID != 1 || c.Status != verbs.StatusSuccess {
+			t.Fatalf("a's lazy Send %d never completed: %+v, %v", i, c, ok)
+		}
+	}
+}

@@ -14,7 +14,8 @@ import (
 //	0      1    opcode
 //	1      1    status (acknowledgements only): a verbs.Status, nonzero
 //	            fails request seq (see softrc.Refused)
-//	2      1    flags (flagImm: the imm field is valid)
+//	2      1    flags (flagImm: the imm field is valid; flagLazyAck:
+//	            the request's acknowledgement may wait, see queueAck)
 //	3      1    reserved, zero
 //	4      4    remote key
 //	8      4    immediate value
@@ -36,7 +37,10 @@ const (
 // requestOps are the requests that request frames carry.
 var requestOps = [...]verbs.Opcode{frameWrite: verbs.OpWrite, frameWriteImm: verbs.OpWriteImm, frameSend: verbs.OpSend, frameReadReq: verbs.OpRead}
 
-const flagImm = 1
+const (
+	flagImm     = 1
+	flagLazyAck = 2
+)
 
 // maxFrameLength bounds the length field so that lengths convert to int
 // without overflow on 64-bit platforms.
@@ -82,7 +86,7 @@ func parseHeader(b []byte) (header, error) {
 	if h.op < frameWrite || h.op > frameAck {
 		return h, fmt.Errorf("tcp: unknown frame opcode %d", h.op)
 	}
-	if b[3] != 0 || h.flags&^flagImm != 0 {
+	if b[3] != 0 || h.flags&^(flagImm|flagLazyAck) != 0 {
 		return h, fmt.Errorf("tcp: frame %d has reserved bits set", h.op)
 	}
 	if h.length > maxFrameLength {

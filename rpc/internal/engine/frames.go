@@ -425,7 +425,7 @@ func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	}
 	local.Length = len(b)
 	if !wait {
-		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) {
+		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
 			buf.Release()
 			if sent != nil {
 				sent()
@@ -494,7 +494,7 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	}
 	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
 	local.Length = len(b)
-	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local}, func(verbs.Completion) { buf.Release() }); err != nil {
+	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) { buf.Release() }); err != nil {
 		buf.Release()
 		f.Refund(returns, ids, refs)
 		return false

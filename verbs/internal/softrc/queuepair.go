@@ -59,11 +59,13 @@ type SendWR struct {
 	Imm        uint32
 	HasImm     bool // a WriteImm always has one
 	Unsignaled bool
-	Fence      bool
-	Remote     verbs.Remote
-	Vec        Vec // the local segments
-	N          int // their length
-	seg        [1]Seg
+	// Lazy is the request's LazyCompletion.
+	Lazy   bool
+	Fence  bool
+	Remote verbs.Remote
+	Vec    Vec // the local segments
+	N      int // their length
+	seg    [1]Seg
 	// Seq is the wire's number for the request.
 	Seq uint64
 	// LocalErr says the request's region was deregistered before its data
@@ -231,7 +233,7 @@ func (q *QP) PostSend(wrs ...verbs.SendRequest) error {
 	}
 	ws, err := CheckSends(q.Domain, q.Domain.Limits, wrs, func(w *SendWR) Vec { return w.seg[:0] }, func(w *SendWR, wr *verbs.SendRequest, vec Vec) {
 		w.ID, w.Op, w.Imm, w.HasImm = wr.ID, wr.Op, wr.Imm, wr.HasImm || wr.Op == verbs.OpWriteImm
-		w.Unsignaled, w.Fence, w.Remote, w.Vec, w.N = wr.Unsignaled, wr.Fence, wr.Remote, vec, vec.Len()
+		w.Unsignaled, w.Lazy, w.Fence, w.Remote, w.Vec, w.N = wr.Unsignaled, wr.LazyCompletion, wr.Fence, wr.Remote, vec, vec.Len()
 	})
 	if err != nil {
 		return q.Errorf("%w", err)
