@@ -179,17 +179,23 @@ func WithLanes(n int) Option {
 }
 
 // DefaultLanes is the number of lanes a session opens on the named data
-// plane when WithLanes is not given: one lane for every 4 cores, at most 8
-// on tcp and ibv (each lane is one more connection and polling goroutine),
-// at most 4 on shm (large shm copies also use WithCopyWorkers' cores), and
-// always 1 on grpc. These are provisional: they were measured on a 2-core
-// machine only, where one lane is best.
+// plane when WithLanes is not given: on tcp, ibv and shm, one lane on
+// fewer than 4 cores, else half the cores, at most 8; always 1 on grpc.
+// Measured (benchmarks/RESULTS.md, "Lanes"): on 2 cores one lane is best,
+// every lane adding polling that competes for them; on 16 cores, 16
+// streams of 1 MiB and 64 MiB tcp Fetch reach 0.24× and 0.40× of 16
+// sockets with 4 lanes, 0.42× and 0.74× with 8, 0.54× and 0.88× with 16,
+// at no cost to one stream's 4 KiB latency. 8 and not 16: each lane is a
+// connection with its receive slots, and the server's default admission
+// budget (Admission.LanesPerPeer, 64) then still gives 8 sessions from
+// one host all their lanes. 4 to 7 cores are not measured.
 func DefaultLanes(transport string, cores int) int {
 	switch transport {
-	case TransportTCP, TransportIBV:
-		return min(max(cores/4, 1), 8)
-	case TransportSHM:
-		return min(max(cores/4, 1), 4)
+	case TransportTCP, TransportIBV, TransportSHM:
+		if cores < 4 {
+			return 1
+		}
+		return min(cores/2, 8)
 	}
 	return 1
 }
