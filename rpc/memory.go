@@ -49,12 +49,21 @@ func copyToPool(ctx context.Context, pool *mempool.Pool, b []byte, c *counters) 
 // context errors keep their codes, a request over the pool's limit is
 // ResourceExhausted.
 func allocBuffer(ctx context.Context, pool *mempool.Pool, n int) (*mempool.Buffer, error) {
-	buf, err := pool.Alloc(ctx, n)
+	var buf *mempool.Buffer
+	var err error
+	if ctx.Value(noPoolWait{}) != nil {
+		buf, err = pool.TryAlloc(n)
+	} else {
+		buf, err = pool.Alloc(ctx, n)
+	}
 	if err == nil {
 		return buf, nil
 	}
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if ctx.Value(noPoolWait{}) != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: allocating %d bytes in an Inline call, which does not wait for pool memory: %v", n, err)
 	}
 	return nil, status.Errorf(codes.ResourceExhausted, "tensorrpc: allocating %d bytes: %v (rpc.WithPoolOptions(mempool.WithLimit(n)) raises the pool's limit)", n, err)
 }
@@ -102,3 +111,8 @@ func trimmer(pool *mempool.Pool, interval time.Duration, log *slog.Logger) (stop
 	var once sync.Once
 	return func() { once.Do(func() { close(done); <-stopped }) }
 }
+
+// noPoolWait marks the context of an Inline call: allocBuffer then takes
+// only what the pool has at hand, since the call runs where the lane's
+// frames are read, and what frees pool memory may be a frame behind it.
+type noPoolWait struct{}

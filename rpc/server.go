@@ -65,7 +65,7 @@ type Server struct {
 	// handlers has its own lock: every call looks its method up, and must
 	// not wait on s.mu, which sessions take as they open and close.
 	hmu      sync.RWMutex
-	handlers map[string]Handler
+	handlers map[string]registered
 	sessions map[string]*serverSession
 	stopping bool
 	drain    chan struct{} // closed when sessions must end
@@ -93,7 +93,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	s := &Server{
 		opts: o, log: o.logger, rv: rendezvous.New(),
 		domains: map[string]*engine.Domain{}, missing: map[string]string{},
-		handlers: map[string]Handler{}, sessions: map[string]*serverSession{},
+		handlers: map[string]registered{}, sessions: map[string]*serverSession{},
 		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
 	if err := s.openPool(); err != nil {
@@ -158,11 +158,42 @@ func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
 func (s *Server) Pool() *mempool.Pool { return s.pool }
 
 // Handle registers h for method, replacing any handler it had.
-func (s *Server) Handle(method string, h Handler) {
+func (s *Server) Handle(method string, h Handler, opts ...HandlerOption) {
+	r := registered{h: h}
+	for _, o := range opts {
+		o(&r)
+	}
 	s.hmu.Lock()
 	defer s.hmu.Unlock()
-	s.handlers[method] = h
+	s.handlers[method] = r
 }
+
+// registered is a handler with its options.
+type registered struct {
+	h      Handler
+	inline bool
+}
+
+// HandlerOption configures a handler (Handle).
+type HandlerOption func(*registered)
+
+// Inline says that the handler is short and never blocks: no network
+// calls, no tensorrpc calls, no locks held for long, no waiting on
+// channels. A call of it that arrives as a frame with its request tensors
+// in the frame (the eager path: each at most the eager threshold), on a
+// Server without interceptors, then runs on the data plane's receiving
+// goroutine as the frame is read, like a Fetch of a published tensor,
+// instead of on a goroutine of its own: the call costs one goroutine and
+// one wake-up fewer (eRPC's handlers that run in the dispatch thread).
+// Other calls of the method run as any handler's do.
+//
+// While it runs, nothing else of its lane is read: a handler that blocks
+// holds up every call of the lane, and one that waits for an answer from
+// the same client can wait forever. Pool memory is not waited for in an
+// inline call: its request tensors, and tensors it makes with the ctx it
+// is given, take only what the pool has at hand (ResourceExhausted when
+// full, where another call would wait).
+func Inline() HandlerOption { return func(r *registered) { r.inline = true } }
 
 // NewTensor allocates a tensor from the Server's pool, waiting while the
 // pool is full until ctx ends. Publishing or returning it costs no copy.
@@ -412,9 +443,16 @@ func peerAddr(ctx context.Context) string {
 func (s *Server) handler(method string) (Handler, error) {
 	s.hmu.RLock()
 	defer s.hmu.RUnlock()
-	h, ok := s.handlers[method]
+	r, ok := s.handlers[method]
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "tensorrpc: no handler for method %q", method)
 	}
-	return h, nil
+	return r.h, nil
+}
+
+// inlineHandler reports whether method's handler was registered Inline.
+func (s *Server) inlineHandler(method string) bool {
+	s.hmu.RLock()
+	defer s.hmu.RUnlock()
+	return s.handlers[method].inline
 }

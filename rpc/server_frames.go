@@ -61,22 +61,40 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			key = string(b)
 			return nil
 		})
-		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, false, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, held)
 		})
 	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, false, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return 0, nil, s.sendRequest(ctx, ss, l, req)
 		})
 	case wire.FrameCallReq:
 		req := &pb.CallRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, wire.FrameCallResp, hdr, OpCall, load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameCallResp, hdr, OpCall, s.callInline(h, bad, req), load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
+}
+
+// callInline reports whether a CALL_REQ runs where its frame was read
+// (runFrameCall's inline): its method's handler was registered Inline,
+// its request and its tensors came in the frame (nothing to pull, which
+// waits for completions), and no interceptor (which may wait) wraps it.
+// req was decoded already: takeRequest decodes a frame that is not
+// indirect at once.
+func (s *Server) callInline(h wire.FrameHeader, bad error, req *pb.CallRequest) bool {
+	if bad != nil || h.Flags&wire.FlagIndirect != 0 || len(s.opts.interceptors) > 0 || !s.inlineHandler(req.Method) {
+		return false
+	}
+	for _, m := range req.Tensors {
+		if m.GetLocation() != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // takeRequest decodes a request frame's body with decode: at once, in the
@@ -134,7 +152,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		// Counted before the answer goes, so that a client holding its
 		// answer sees it counted; taken back if the answer cannot go.
 		ss.answeredNow.Add(1)
-		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, nil) {
+		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, nil, nil) {
 			ss.answeredNow.Add(-1)
 			return false
 		}
@@ -156,7 +174,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 			return false
 		}
 		ss.answeredNow.Add(1)
-		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
+		if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp, nil) {
 			ss.answeredNow.Add(-1)
 			if t := ss.Remove(resp.TransferId); t != nil {
 				ss.FinishAside([]*engine.Transfer{t})
@@ -170,7 +188,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 	defer e.Buf.Release()
 	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
 	ss.answeredNow.Add(1)
-	if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp) {
+	if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp, nil) {
 		ss.answeredNow.Add(-1)
 		return false
 	}
@@ -212,9 +230,17 @@ func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 // refusal's, if refused) and, on success, its flags and body (which may
 // view the pool buffers the work adds to held until it is sent). A
 // response that cannot be sent frees what the call made for the client.
-func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+//
+// With inline set (an Inline handler's call, see callInline) it runs in
+// the calling goroutine, where the link's frames are read, and never waits
+// for pool memory or for a credit: an answer that cannot go at once goes
+// from a goroutine of its own.
+func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, inline bool, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	ctx, cancel := withHeaders(ss.Context(), hdr)
-	ss.Run(l, ref, cancel, func(refusal error, over func()) (handedOver bool) {
+	if inline {
+		ctx = context.WithValue(ctx, noPoolWait{}, true)
+	}
+	ss.Run(l, ref, cancel, inline, func(refusal error, over func()) (handedOver bool) {
 		// The session is open on l once open (Session) has set its lanes;
 		// a client that sends before it heard so is refused.
 		opened := l.Opened.Load()
@@ -273,6 +299,30 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		// the call need not wait for the answer's acknowledgement. It
 		// stays under way (over) until that Send completes, so that a
 		// graceful stop closes the session only after the answers left.
+		if inline {
+			if l.TrySendFrame(resp, flags, ref, raw, body, over) {
+				return true
+			}
+			// No credit or buffer at hand: the answer waits for them
+			// aside, with what it views.
+			own := held
+			held = nil
+			go func() {
+				defer func() {
+					for _, b := range own {
+						b.Release()
+					}
+				}()
+				posted, err := l.PostFrame(ss.Context(), resp, flags, ref, raw, body, over)
+				if err != nil {
+					engine.FinishAll(ss.ReleaseRef(ref))
+				}
+				if !posted {
+					over()
+				}
+			}()
+			return true
+		}
 		posted, err := l.PostFrame(ss.Context(), resp, flags, ref, raw, body, over)
 		if err != nil {
 			engine.FinishAll(ss.ReleaseRef(ref))

@@ -34,8 +34,10 @@ type caseDef struct {
 var allCases = []caseDef{
 	{"fetch-tcp", "rpc Fetch of a published 4 KiB tensor, tcp data plane", openFetch(rpc.TransportTCP)},
 	{"fetch-shm", "rpc Fetch of a published 4 KiB tensor, shm data plane", openFetch(rpc.TransportSHM)},
-	{"call-tcp", "rpc Call, 4 KiB tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP)},
-	{"call-shm", "rpc Call, 4 KiB tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM)},
+	{"call-tcp", "rpc Call, 4 KiB tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP, false)},
+	{"call-shm", "rpc Call, 4 KiB tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
+	{"call-inline-tcp", "call-tcp with the handler registered rpc.Inline", openCall(rpc.TransportTCP, true)},
+	{"call-inline-shm", "call-shm with the handler registered rpc.Inline", openCall(rpc.TransportSHM, true)},
 	{"pingpong-tcp", "raw loopback TCP: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("tcp")},
 	{"pingpong-unix", "raw unix socket: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("unix")},
 }
@@ -118,10 +120,14 @@ func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
 	return &rpc.Message{Tensors: req.Tensors}, nil
 }
 
-func openCall(plane string) func(context.Context) (func() error, func() error, error) {
+func openCall(plane string, inline bool) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
 		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
-			s.Handle(echoMethod, echo)
+			if inline {
+				s.Handle(echoMethod, echo, rpc.Inline())
+			} else {
+				s.Handle(echoMethod, echo)
+			}
 			return nil
 		})
 		if err != nil {

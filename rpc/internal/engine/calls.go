@@ -28,7 +28,11 @@ import (
 // it) until call returns, or, when call returns handedOver, until it runs
 // over, which it handed to the Send of its answer (Link.PostFrame), so
 // that a graceful stop ends the session only after the answers left.
-func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(refusal error, over func()) (handedOver bool)) {
+//
+// With inline set, call runs in the calling goroutine instead (a handler
+// registered to run where frames are read); call must then never wait for
+// what the link's completions bring.
+func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, inline bool, call func(refusal error, over func()) (handedOver bool)) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -77,7 +81,7 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(
 			s.running.Done()
 		}
 	}
-	go func() {
+	run := func() {
 		defer s.handlers.Done()
 		handedOver := false
 		defer func() {
@@ -94,7 +98,12 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, call func(
 			cancel()
 		}()
 		handedOver = call(refusal, over)
-	}()
+	}
+	if inline {
+		run()
+		return
+	}
+	go run()
 }
 
 // frameCall is a call that arrived as a frame and is running.

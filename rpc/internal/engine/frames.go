@@ -456,9 +456,10 @@ func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 
 // TrySendFrame is sendFrame for where completions are handled: it never waits. It
 // sends only when a credit and a buffer are at hand, and it does not wait
-// for the Send's completion (the buffer goes back when it completes). It
-// reports whether the frame was posted; when not, nothing was taken.
-func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message) bool {
+// for the Send's completion (the buffer goes back when it completes, and
+// then sent runs, if not nil, as PostFrame's does). It reports whether the
+// frame was posted; when not, nothing was taken and sent does not run.
+func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg proto.Message, sent func()) bool {
 	f := l.Frames
 	size := len(raw)
 	if msg != nil {
@@ -494,7 +495,12 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	}
 	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
 	local.Length = len(b)
-	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) { buf.Release() }); err != nil {
+	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
+		buf.Release()
+		if sent != nil {
+			sent()
+		}
+	}); err != nil {
 		buf.Release()
 		f.Refund(returns, ids, refs)
 		return false
