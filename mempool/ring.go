@@ -179,7 +179,13 @@ func (r *Ring) Commit(n int) error {
 // the ring is corrupt: see Err). The record stays valid until Release. In
 // memory shared with another process the producer can still write to it:
 // copy what must not change under you.
-func (r *Ring) Read() ([]byte, bool) {
+func (r *Ring) Read() ([]byte, bool) { return r.next(false) }
+
+// Peek returns the record Read would return next, without taking it: the
+// next Read or Peek returns it again.
+func (r *Ring) Peek() ([]byte, bool) { return r.next(true) }
+
+func (r *Ring) next(peek bool) ([]byte, bool) {
 	if r.err != nil {
 		return nil, false
 	}
@@ -208,7 +214,9 @@ func (r *Ring) Read() ([]byte, bool) {
 				r.err = fmt.Errorf("%w: record of %d bytes at %d", ErrRingCorrupt, length, pos)
 				return nil, false
 			}
-			r.read += total
+			if !peek {
+				r.read += total
+			}
 			start := pos + recordHeader
 			return r.data[start : start+uint64(length) : start+uint64(length)], true
 		default:

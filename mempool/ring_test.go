@@ -393,3 +393,46 @@ func TestRingRandom(t *testing.T) {
 		t.Fatal(c.Err())
 	}
 }
+
+// TestRingPeek: Peek shows the record the next Read returns, without
+// taking it, across the padding at the ring's end too.
+func TestRingPeek(t *testing.T) {
+	mem := make([]byte, ringHeader+256)
+	r, err := NewRing(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := AttachRing(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Peek(); ok {
+		t.Fatal("Peek on an empty ring")
+	}
+	for i := range 40 { // 40 records of 48 bytes wrap the 256-byte ring several times
+		b, err := r.Reserve(40)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		for j := range b {
+			b[j] = byte(i)
+		}
+		if err := r.Commit(40); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			p, ok := c.Peek()
+			if !ok || len(p) != 40 || p[0] != byte(i) {
+				t.Fatalf("record %d: Peek %v %x", i, ok, p)
+			}
+		}
+		got, ok := c.Read()
+		if !ok || got[0] != byte(i) || got[39] != byte(i) {
+			t.Fatalf("record %d: Read after Peek %v %x", i, ok, got)
+		}
+		c.Release()
+		if _, ok := c.Peek(); ok {
+			t.Fatalf("record %d: Peek after the last record was read", i)
+		}
+	}
+}

@@ -339,6 +339,10 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 		}
 		return engine.FrameReply{}, ref, sessionError(s, err)
 	}
+	if r, ok := l.AwaitAnswer(pc, engine.PollSpin); ok {
+		hold()
+		return r, ref, nil
+	}
 	select {
 	case r := <-pc.Ch:
 		hold()

@@ -539,9 +539,24 @@ type CompletionQueue interface {
 // for anything the peer sends (an acknowledgement, a Read's data, the
 // peer's confirmation that it unmapped a revoked grant), nor for a queue
 // pair to close. Posting work requests, which never wait, is allowed.
-// While Run runs, do not call Poll or Wait on the queue.
+// While Run runs, do not call Poll or Wait on the queue. A goroutine that
+// polls a queue pair (Poller) may run handle too, one at a time with the
+// provider's.
 type CompletionRunner interface {
 	Run(ctx context.Context, handle func([]Completion)) error
+}
+
+// Poller is implemented by queue pairs whose incoming messages a goroutine
+// waiting for one may handle itself, instead of being woken by the
+// provider's receiver: Poll handles what has arrived, unless another
+// goroutine is handling it, and reports whether it handled anything. The
+// completions that produces go to their queue's CompletionRunner handler
+// in the polling goroutine, under the same rules. Poll never blocks. The
+// shm provider's queue pairs implement it (their messages arrive in
+// shared memory, where looking costs no system call); tcp's and ibv's do
+// not.
+type Poller interface {
+	Poll() bool
 }
 
 // Errors returned by posting and setup calls.

@@ -225,12 +225,16 @@ func mapPeerStaging(fd int, size uint64) (mapping, data []byte, err error) {
 type msgBuffers struct {
 	data []byte
 	oob  []byte
+	// pendingFD is the fd of record pendingSeq that awaitWake read before
+	// its record was drained (-1: none); readFD takes it.
+	pendingFD  int
+	pendingSeq uint64
 }
 
 func newMsgBuffers() *msgBuffers {
 	// One byte more than a message, to detect longer ones; room for two
 	// fds (a hello's staging buffer and control ring).
-	return &msgBuffers{data: make([]byte, messageSize+1), oob: make([]byte, unix.CmsgSpace(8))}
+	return &msgBuffers{data: make([]byte, messageSize+1), oob: make([]byte, unix.CmsgSpace(8)), pendingFD: -1}
 }
 
 // passedFDs are the fds that came with a message, -1 where none did.

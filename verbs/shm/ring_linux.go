@@ -46,6 +46,15 @@ const (
 
 var errRingClosed = errors.New("shm: control ring closed")
 
+const shmFewProcs = 4
+
+// shmFewProcs is the most Ps at which a ring receiver's spin yields to
+// its goroutines on every look. Measured with benchmarks/cmd/handoffs on
+// 2 CPUs: with GOMAXPROCS=2, yielding on every look keeps a non-inline
+// Call at about 30 µs (yielding rarely: 50 to 80 µs); with GOMAXPROCS=16,
+// yielding rarely takes a Fetch from 2.2 idle-P starts per call to 0.15
+// and its p50 from 26 to 14-20 µs.
+
 // errQueuePairClosed ends a receiver draining its ring when Close stops it.
 var errQueuePairClosed = errors.New("shm: queue pair closed")
 
@@ -55,6 +64,11 @@ type ringRx struct {
 	mapping  []byte
 	ring     *mempool.Ring
 	sleeping *atomic.Uint32
+	// consume is held by whoever drains the ring: the receiver, or a
+	// goroutine waiting for a message that polls (queuePair.Poll).
+	// released (under consume) says the ring is unmapped.
+	consume  sync.Mutex
+	released bool
 }
 
 // newRingRx makes the memfd of the ring we will consume and formats it.
@@ -85,6 +99,9 @@ func (rx *ringRx) release() {
 	if rx == nil {
 		return
 	}
+	rx.consume.Lock()
+	defer rx.consume.Unlock()
+	rx.released = true
 	rx.closeFD()
 	if rx.mapping != nil {
 		unix.Munmap(rx.mapping)
@@ -101,7 +118,8 @@ type ringTx struct {
 	ring     *mempool.Ring
 	sleeping *atomic.Uint32
 	closed   bool
-	broken   error // why the ring cannot be used any more
+	broken   error         // why the ring cannot be used any more
+	wakes    atomic.Uint64 // wake-ups sent (tests)
 }
 
 // attachRingTx maps the peer's ring. The peer is not trusted: the memfd
@@ -219,6 +237,7 @@ func (qp *queuePair) wakePeerLocked() error {
 	if !qp.tx.sleeping.CompareAndSwap(1, 0) {
 		return nil
 	}
+	qp.tx.wakes.Add(1)
 	return qp.writeConn(&message{typ: msgWake}, -1)
 }
 
@@ -229,25 +248,43 @@ func (qp *queuePair) wakePeerLocked() error {
 func (qp *queuePair) runRingReceiver() {
 	defer close(qp.readerDone)
 	bufs := newMsgBuffers()
+	defer func() { closeFD(bufs.pendingFD) }()
 	rx := qp.rx
 	for {
-		n, err := qp.drainRing(bufs)
+		n, err := qp.drainLocked(bufs)
 		// Poll for a while before sleeping, which costs the peer a
-		// wake-up message and us a trip through the netpoller. Yield to
-		// our goroutines (the one our last record woke, usually) and to
-		// the other threads of the host (the peer's, which has the answer
-		// to compute) between looks.
-		for start := time.Now(); n == 0 && err == nil && time.Since(start) < qp.pd.opts.ringSpin; {
-			runtime.Gosched()
-			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			n, err = qp.drainRing(bufs)
+		// wake-up message and us a trip through the netpoller. Between
+		// looks, let the other threads of the host run (the peer's, which
+		// has the answer to compute): sched_yield. With few Ps, yield to
+		// our own goroutines too, every time (runtime.Gosched): they may
+		// have no other P to run on (a call's handler our record started,
+		// a caller polling its answer). With many, only right after
+		// handling records and now and then: there, Gosched mostly wakes
+		// an idle P's thread for nothing, which costs more than the look
+		// (shmFewProcs).
+		handled := n > 0
+		few := runtime.GOMAXPROCS(0) <= shmFewProcs
+		for i, start := 0, time.Now(); n == 0 && err == nil && time.Since(start) < qp.pd.opts.ringSpin; i++ {
+			if few || (handled && i < 4) || i%16 == 15 {
+				runtime.Gosched()
+			} else {
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
+			n, err = qp.drainLocked(bufs)
 		}
 		if n == 0 && err == nil {
 			rx.sleeping.Store(1)
-			if n, err = qp.drainRing(bufs); n == 0 && err == nil {
+			if n, err = qp.drainLocked(bufs); n == 0 && err == nil {
 				err = qp.awaitWake(bufs)
 			}
 			rx.sleeping.Store(0)
+			if err == nil && bufs.pendingFD >= 0 {
+				// The peer commits a record before it sends its fd: the
+				// record is in the ring now, and takes the fd.
+				if _, err = qp.drainLocked(bufs); err == nil && bufs.pendingFD >= 0 {
+					err = fmt.Errorf("shm: peer broke the protocol: the fd of record %d on the socket, and no record marked for it in the ring", bufs.pendingSeq)
+				}
+			}
 		}
 		if err != nil {
 			qp.failAndClose(err)
@@ -256,11 +293,18 @@ func (qp *queuePair) runRingReceiver() {
 	}
 }
 
-// awaitWake sleeps on the socket until the peer's wake-up.
+// awaitWake sleeps on the socket until the peer's wake-up, or until the fd
+// of a record marked flagFD, which the peer sends without a wake-up when a
+// poller had cleared the sleeping word (see Poll): readFD takes it from
+// bufs.pending.
 func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
 	m, fds, err := readMessageFDs(qp.conn, bufs)
 	if err != nil {
 		return fmt.Errorf("shm: connection to the peer lost: %w", err)
+	}
+	if m.typ == msgFD && fds[0] >= 0 && fds[1] < 0 && bufs.pendingFD < 0 {
+		bufs.pendingFD, bufs.pendingSeq = fds[0], m.seq
+		return nil
 	}
 	if m.typ != msgWake || fds[0] >= 0 {
 		fds.close()
@@ -269,9 +313,60 @@ func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
 	return nil
 }
 
+// drainLocked is drainRing under the ring's consume lock, for the
+// receiver.
+func (qp *queuePair) drainLocked(bufs *msgBuffers) (int, error) {
+	rx := qp.rx
+	rx.consume.Lock()
+	defer rx.consume.Unlock()
+	if rx.released {
+		return 0, errQueuePairClosed
+	}
+	return qp.drainRing(bufs)
+}
+
+// errPollStops ends a poller's drain at a record marked flagFD: its fd
+// comes on the socket, which only the receiver reads.
+var errPollStops = errors.New("shm: a record whose fd only the receiver reads")
+
+// Poll (verbs.Poller) drains the ring in the calling goroutine, unless the
+// receiver or another poller is draining it, and reports whether it
+// handled any record. While it looks, it holds the receiver's sleeping
+// word at 0 when the receiver sleeps, so that the peer sends no wake-up
+// for what the poller handles; it sets the word back and looks once more
+// before it returns (the receiver's own Dekker protocol, see above). A
+// record marked flagFD is left to the receiver, which the fd's message on
+// the socket wakes (awaitWake).
+func (qp *queuePair) Poll() bool {
+	rx := qp.rx
+	if rx == nil || !rx.consume.TryLock() {
+		return false
+	}
+	defer rx.consume.Unlock()
+	if rx.released || qp.Closing() {
+		return false
+	}
+	claimed := rx.sleeping.CompareAndSwap(1, 0)
+	n, err := qp.drainRing(nil)
+	if claimed {
+		rx.sleeping.Store(1)
+		if err == nil {
+			var m int
+			m, err = qp.drainRing(nil)
+			n += m
+		}
+	}
+	if err != nil && !errors.Is(err, errPollStops) && !errors.Is(err, errQueuePairClosed) {
+		// As the receiver does; it ends too, on the closed connection.
+		go qp.failAndClose(err)
+	}
+	return n > 0
+}
+
 // drainRing handles every record in the ring and reports how many there
 // were. An error (a corrupt ring, a protocol violation, a lost connection)
-// ends the receiver.
+// ends the receiver. The caller holds rx.consume; a poller passes no bufs,
+// and its drain stops before a record marked flagFD (errPollStops).
 func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 	rx := qp.rx
 	n := 0
@@ -280,6 +375,18 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 		// must not wait for it.
 		if qp.Closing() {
 			return n, errQueuePairClosed
+		}
+		if bufs == nil {
+			// A poller leaves a record whose fd follows on the socket.
+			// (Read returns the record Peek did: we are the consumer.)
+			if b, ok := rx.ring.Peek(); !ok {
+				if err := rx.ring.Err(); err != nil {
+					return n, fmt.Errorf("shm: peer broke the protocol: %w", err)
+				}
+				return n, nil
+			} else if len(b) == messageSize && peekFlags(b)&flagFD != 0 {
+				return n, errPollStops
+			}
 		}
 		b, ok := rx.ring.Read()
 		if !ok {
@@ -303,6 +410,10 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 		}
 		fd := -1
 		if m.flags&flagFD != 0 {
+			if bufs == nil {
+				// Marked after the poller's Peek: only the peer writes there.
+				return n, fmt.Errorf("shm: peer broke the protocol: a control record changed while it was read")
+			}
 			if fd, err = qp.readFD(m.seq, bufs); err != nil {
 				return n, err
 			}
@@ -316,6 +427,14 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 // readFD reads the msgFD that follows a record marked flagFD on the socket,
 // skipping wake-ups, and returns its fd.
 func (qp *queuePair) readFD(seq uint64, bufs *msgBuffers) (int, error) {
+	if fd := bufs.pendingFD; fd >= 0 {
+		bufs.pendingFD = -1
+		if bufs.pendingSeq != seq {
+			closeFD(fd)
+			return -1, fmt.Errorf("shm: peer broke the protocol: the fd of record %d on the socket, want the fd of record %d", bufs.pendingSeq, seq)
+		}
+		return fd, nil
+	}
 	for {
 		m, fds, err := readMessageFDs(qp.conn, bufs)
 		if err != nil {

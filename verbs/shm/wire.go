@@ -145,3 +145,7 @@ func decodeMessage(b []byte) (message, error) {
 	copy(m.secret[1][:], b[72:88])
 	return m, nil
 }
+
+// peekFlags is the flags byte of an encoded message, read without decoding
+// it.
+func peekFlags(b []byte) uint8 { return b[1] }
