@@ -548,15 +548,21 @@ type CompletionRunner interface {
 
 // Poller is implemented by queue pairs whose incoming messages a goroutine
 // waiting for one may handle itself, instead of being woken by the
-// provider's receiver: Poll handles what has arrived, unless another
-// goroutine is handling it, and reports whether it handled anything. The
-// completions that produces go to their queue's CompletionRunner handler
-// in the polling goroutine, under the same rules. Poll never blocks. The
-// shm provider's queue pairs implement it (their messages arrive in
-// shared memory, where looking costs no system call); tcp's and ibv's do
-// not.
+// provider's receiver. Such a goroutine calls BeginPoll, then Poll as
+// often as it likes, then EndPoll once. Poll handles what has arrived,
+// unless another goroutine is handling it, and reports whether it handled
+// anything; the completions that produces go to their queue's
+// CompletionRunner handler in the polling goroutine, under the same
+// rules. While any goroutine polls, the provider may let its receiver
+// sleep through what arrives (the peer then needs no wake-up for it);
+// EndPoll hands back to the receiver. Neither Poll nor BeginPoll blocks;
+// EndPoll may wait for a Poll or the receiver under way. The shm
+// provider's queue pairs implement it (their messages arrive in shared
+// memory, where looking costs no system call); tcp's and ibv's do not.
 type Poller interface {
+	BeginPoll()
 	Poll() bool
+	EndPoll()
 }
 
 // Errors returned by posting and setup calls.

@@ -69,6 +69,12 @@ type ringRx struct {
 	// released (under consume) says the ring is unmapped.
 	consume  sync.Mutex
 	released bool
+	// pollers counts the goroutines between BeginPoll and EndPoll;
+	// claimed (under consume) says that one of them took the sleeping
+	// word from 1 to 0, so that the peer sends no wake-ups while they
+	// poll, and the last EndPoll must set it back.
+	pollers atomic.Int32
+	claimed bool
 }
 
 // newRingRx makes the memfd of the ring we will consume and formats it.
@@ -329,14 +335,20 @@ func (qp *queuePair) drainLocked(bufs *msgBuffers) (int, error) {
 // comes on the socket, which only the receiver reads.
 var errPollStops = errors.New("shm: a record whose fd only the receiver reads")
 
+// BeginPoll (verbs.Poller) counts a goroutine that will poll.
+func (qp *queuePair) BeginPoll() {
+	if rx := qp.rx; rx != nil {
+		rx.pollers.Add(1)
+	}
+}
+
 // Poll (verbs.Poller) drains the ring in the calling goroutine, unless the
 // receiver or another poller is draining it, and reports whether it
-// handled any record. While it looks, it holds the receiver's sleeping
-// word at 0 when the receiver sleeps, so that the peer sends no wake-up
-// for what the poller handles; it sets the word back and looks once more
-// before it returns (the receiver's own Dekker protocol, see above). A
-// record marked flagFD is left to the receiver, which the fd's message on
-// the socket wakes (awaitWake).
+// handled any record. If the receiver sleeps, the first Poll takes its
+// sleeping word from 1 to 0 (claimed), so that the peer sends no wake-up
+// for what the pollers handle; the last EndPoll sets it back. A record
+// marked flagFD is left to the receiver, which the fd's message on the
+// socket wakes (awaitWake).
 func (qp *queuePair) Poll() bool {
 	rx := qp.rx
 	if rx == nil || !rx.consume.TryLock() {
@@ -346,21 +358,40 @@ func (qp *queuePair) Poll() bool {
 	if rx.released || qp.Closing() {
 		return false
 	}
-	claimed := rx.sleeping.CompareAndSwap(1, 0)
-	n, err := qp.drainRing(nil)
-	if claimed {
-		rx.sleeping.Store(1)
-		if err == nil {
-			var m int
-			m, err = qp.drainRing(nil)
-			n += m
-		}
+	if !rx.claimed && rx.pollers.Load() > 0 && rx.sleeping.CompareAndSwap(1, 0) {
+		rx.claimed = true
 	}
+	n, err := qp.drainRing(nil)
+	qp.pollFailed(err)
+	return n > 0
+}
+
+// EndPoll (verbs.Poller) ends a goroutine's polling. The last one gives
+// the ring back to the sleeping receiver: it sets the sleeping word to 1
+// and looks once more, handling what came before the peer could see it
+// (the receiver's own Dekker protocol, see above).
+func (qp *queuePair) EndPoll() {
+	rx := qp.rx
+	if rx == nil || rx.pollers.Add(-1) > 0 {
+		return
+	}
+	rx.consume.Lock()
+	defer rx.consume.Unlock()
+	if !rx.claimed || rx.released || rx.pollers.Load() > 0 {
+		return
+	}
+	rx.claimed = false
+	rx.sleeping.Store(1)
+	_, err := qp.drainRing(nil)
+	qp.pollFailed(err)
+}
+
+// pollFailed fails the queue pair as the receiver would on a drain's
+// error (the receiver then ends too, on the closed connection).
+func (qp *queuePair) pollFailed(err error) {
 	if err != nil && !errors.Is(err, errPollStops) && !errors.Is(err, errQueuePairClosed) {
-		// As the receiver does; it ends too, on the closed connection.
 		go qp.failAndClose(err)
 	}
-	return n > 0
 }
 
 // drainRing handles every record in the ring and reports how many there

@@ -300,6 +300,8 @@ func pollers(qps ...*queuePair) (stop func()) {
 	var wg sync.WaitGroup
 	for _, qp := range qps {
 		wg.Go(func() {
+			qp.BeginPoll()
+			defer qp.EndPoll()
 			for {
 				select {
 				case <-done:

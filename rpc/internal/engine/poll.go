@@ -26,6 +26,8 @@ func (l *Link) AwaitAnswer(pc *PendingCall, spin time.Duration) (FrameReply, boo
 	if !ok || spin <= 0 {
 		return FrameReply{}, false
 	}
+	p.BeginPoll()
+	defer p.EndPoll()
 	var start time.Time
 	for i := 0; ; i++ {
 		select {
@@ -38,7 +40,7 @@ func (l *Link) AwaitAnswer(pc *PendingCall, spin time.Duration) (FrameReply, boo
 		if p.Poll() {
 			continue
 		}
-		if i%8 == 0 {
+		if i%32 == 0 {
 			if start.IsZero() {
 				start = time.Now()
 			} else if time.Since(start) >= spin {
