@@ -534,7 +534,9 @@ type CompletionQueue interface {
 // was queued before the close, ErrClosed, as Wait does. handle runs in
 // one goroutine at a time and sees the completions in the order Poll
 // would return them; the slice is valid only during the call. It runs
-// either in Run's goroutine or in one of the provider's, so it must not
+// in Run's goroutine, in one of the provider's, or in the goroutine of a
+// PostSend whose request the provider ran there (shm's Reads and Writes,
+// just before PostSend returns), so it must not
 // block on that provider's progress: not wait for another completion,
 // for anything the peer sends (an acknowledgement, a Read's data, the
 // peer's confirmation that it unmapped a revoked grant), nor for a queue

@@ -24,6 +24,10 @@ type queuePair struct {
 	*softrc.QP
 	pd          *domain
 	inlineLimit int
+	// runningInline (under Mu) is set while PostSendUnlock ends a request
+	// it ran in the poster's goroutine, and queuedInline once that queued
+	// a completion for it to deliver before it returns.
+	runningInline, queuedInline bool
 
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet done: Sendq[0] is executing when the sender set executing.
@@ -134,9 +138,17 @@ func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		qp.Sendq = append(qp.Sendq, wr)
 		posted++
 	}
+	deliver := qp.queuedInline
+	qp.queuedInline = false
 	qp.Mu.Unlock()
 	if posted > 0 {
 		softrc.Signal(qp.sqSignal)
+	}
+	if deliver {
+		// Completions of requests run here went to the queue without
+		// waking anyone (finishSendLocked): hand them over in this
+		// goroutine, which waits for them, usually (a Read).
+		qp.Deliver()
 	}
 }
 
@@ -165,6 +177,8 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	st, err, ran, doorbell := qp.start(wr, false)
 	qp.Mu.Lock()
 	qp.inline.Done()
+	qp.runningInline = true
+	defer func() { qp.runningInline = false }()
 	if !ran {
 		qp.executing = false
 		return false
@@ -208,7 +222,13 @@ func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, d
 // It may release qp.Mu for a while.
 func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err error) {
 	if e, ok := qp.SendQ.Complete(softrc.CompletionOf(wr, st, err), wr.Unsignaled); ok {
-		qp.SendCQ.Push(e) // not through CompleteSend, whose slice would cost an allocation
+		// Not through CompleteSend, whose slice would cost an allocation.
+		if qp.runningInline {
+			qp.SendCQ.Queue(e) // PostSendUnlock delivers it
+			qp.queuedInline = true
+		} else {
+			qp.SendCQ.Push(e)
+		}
 	}
 	if st != verbs.StatusSuccess {
 		acks := qp.failLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(wr, st, err)))
