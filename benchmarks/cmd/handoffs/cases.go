@@ -15,8 +15,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-// size is the bytes of every case's request or reply tensor.
-const size = 4 << 10
+// size is the bytes of every case's request or reply tensor (-size).
+var size = 4 << 10
 
 const (
 	tensorKey  = "weights"
@@ -32,14 +32,14 @@ type caseDef struct {
 }
 
 var allCases = []caseDef{
-	{"fetch-tcp", "rpc Fetch of a published 4 KiB tensor, tcp data plane", openFetch(rpc.TransportTCP)},
-	{"fetch-shm", "rpc Fetch of a published 4 KiB tensor, shm data plane", openFetch(rpc.TransportSHM)},
-	{"call-tcp", "rpc Call, 4 KiB tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP, false)},
-	{"call-shm", "rpc Call, 4 KiB tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
+	{"fetch-tcp", "rpc Fetch of a published tensor, tcp data plane", openFetch(rpc.TransportTCP)},
+	{"fetch-shm", "rpc Fetch of a published tensor, shm data plane", openFetch(rpc.TransportSHM)},
+	{"call-tcp", "rpc Call, a tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP, false)},
+	{"call-shm", "rpc Call, a tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
 	{"call-inline-tcp", "call-tcp with the handler registered rpc.Inline", openCall(rpc.TransportTCP, true)},
 	{"call-inline-shm", "call-shm with the handler registered rpc.Inline", openCall(rpc.TransportSHM, true)},
-	{"pingpong-tcp", "raw loopback TCP: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("tcp")},
-	{"pingpong-unix", "raw unix socket: 4 KiB request, 4 KiB reply, one goroutine each side", openPingPong("unix")},
+	{"pingpong-tcp", "raw loopback TCP: request and reply of -size bytes, one goroutine each side", openPingPong("tcp")},
+	{"pingpong-unix", "raw unix socket: request and reply of -size bytes, one goroutine each side", openPingPong("unix")},
 }
 
 // pair is a server and a client of one data plane (and the gRPC fallback,
@@ -86,7 +86,7 @@ func (p *pair) close() error {
 func openFetch(plane string) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
 		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
-			t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{size})
+			t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
 			if err != nil {
 				return err
 			}
@@ -133,7 +133,7 @@ func openCall(plane string, inline bool) func(context.Context) (func() error, fu
 		if err != nil {
 			return nil, nil, err
 		}
-		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{size})
+		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
 		if err != nil {
 			p.close()
 			return nil, nil, err

@@ -52,6 +52,7 @@ func main() {
 type result struct {
 	Case       string `json:"case"`
 	What       string `json:"what"`
+	Bytes      int    `json:"bytes"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	CPUs       int    `json:"cpus"`
 	// OneProcess says the server and the client ran in this process, so
@@ -73,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cases  = fs.String("cases", "", "comma-separated cases (default all: "+strings.Join(names, ",")+")")
 		asJSON = fs.Bool("json", false, "print one JSON object per case instead of a Markdown table")
 		sites  = fs.Int("sites", 0, "also list, per case, the N places with the most hand-offs (who woke whom); the JSON has them all")
+		bytes  = fs.Int("size", size, "bytes of each call's tensor (4 KiB rides in the frames; past the eager threshold, 16 KiB, a Fetch's bytes take the data plane)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -83,6 +85,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *n <= 0 {
 		return fmt.Errorf("-n %d: want at least one call", *n)
 	}
+	if *bytes <= 0 {
+		return fmt.Errorf("-size %d: want at least one byte", *bytes)
+	}
+	size = *bytes
 	if *warmup <= 0 {
 		*warmup = -1 // handoff.Options: negative for none
 	}
@@ -105,7 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
-		r := result{Case: c.name, What: c.what, GOMAXPROCS: runtime.GOMAXPROCS(0), CPUs: runtime.NumCPU(), OneProcess: true, Counts: counts}
+		r := result{Case: c.name, What: c.what, Bytes: size, GOMAXPROCS: runtime.GOMAXPROCS(0), CPUs: runtime.NumCPU(), OneProcess: true, Counts: counts}
 		if *asJSON {
 			line, err := json.Marshal(r)
 			if err != nil {
@@ -152,8 +158,8 @@ func printTable(w io.Writer, rs []result) {
 	if len(rs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "Per call, sequential, %d calls traced per case; GOMAXPROCS=%d on %d CPUs. "+
-		"Server and client in one process: the counts are both sides' together.\n\n", rs[0].Calls, rs[0].GOMAXPROCS, rs[0].CPUs)
+	fmt.Fprintf(w, "Per call of %d bytes, sequential, %d calls traced per case; GOMAXPROCS=%d on %d CPUs. "+
+		"Server and client in one process: the counts are both sides' together.\n\n", rs[0].Bytes, rs[0].Calls, rs[0].GOMAXPROCS, rs[0].CPUs)
 	fmt.Fprintln(w, "| case | hand-offs | by goroutine | by netpoller | by syscall return | created | P starts | empty P starts | syscalls | p50 µs |")
 	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, r := range rs {
