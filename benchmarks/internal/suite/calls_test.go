@@ -160,7 +160,7 @@ func TestCallVerifiesReply(t *testing.T) {
 	src := testSource(64 << 10)
 	for _, plane := range []string{"tcp", "shm", "grpc"} {
 		env := &caseEnv{payload: Payloads[0], data: src, maxConc: 1}
-		sess, err := openTensorRPCCall(plane)(context.Background(), env)
+		sess, err := openTensorRPCCall(plane, false)(context.Background(), env)
 		if err != nil {
 			t.Fatalf("%s: %v", plane, err)
 		}

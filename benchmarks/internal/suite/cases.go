@@ -90,12 +90,17 @@ func Cases() []Case {
 		Case{Name: "trpc-ibv", Kind: KindTensorRPC, Ceiling: "tcp-socket", About: "tensorrpc Fetch, ibv data plane (RDMA NIC)", Quick: true, open: openTensorRPC(rpc.TransportIBV, false)},
 
 		Case{Name: "grpc-proto-call", Kind: KindGRPC, Ceiling: "tcp-socket-echo", Call: true, About: "unary call, request and reply each a protobuf bytes field of n bytes; the handler replies with the request's bytes; default settings (message limits raised)", open: openGRPC(grpcSettings{echo: true})},
-		Case{Name: "trpc-grpc-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, plain-gRPC fallback plane" + callAbout, open: openTensorRPCCall(rpc.TransportGRPC)},
-		Case{Name: "trpc-tcp-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, Quick: true, About: "tensorrpc Call, tcp data plane" + callAbout, open: openTensorRPCCall(rpc.TransportTCP)},
-		Case{Name: "trpc-shm-call", Kind: KindTensorRPC, Ceiling: "memcpy-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, shm data plane" + callAbout, open: openTensorRPCCall(rpc.TransportSHM)},
+		Case{Name: "trpc-grpc-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, plain-gRPC fallback plane" + callAbout, open: openTensorRPCCall(rpc.TransportGRPC, false)},
+		Case{Name: "trpc-tcp-call", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, Quick: true, About: "tensorrpc Call, tcp data plane" + callAbout, open: openTensorRPCCall(rpc.TransportTCP, false)},
+		Case{Name: "trpc-shm-call", Kind: KindTensorRPC, Ceiling: "memcpy-echo", Baseline: "grpc-proto-call", Call: true, About: "tensorrpc Call, shm data plane" + callAbout, open: openTensorRPCCall(rpc.TransportSHM, false)},
+		Case{Name: "trpc-tcp-call-inline", Kind: KindTensorRPC, Ceiling: "tcp-socket-echo", Baseline: "grpc-proto-call", Call: true, About: "trpc-tcp-call with the handler registered rpc.Inline (run where the frame is read, when the request came in it)", open: openTensorRPCCall(rpc.TransportTCP, true)},
+		Case{Name: "trpc-shm-call-inline", Kind: KindTensorRPC, Ceiling: "memcpy-echo", Baseline: "grpc-proto-call", Call: true, About: "trpc-shm-call with the handler registered rpc.Inline (run where the frame is read, when the request came in it)", open: openTensorRPCCall(rpc.TransportSHM, true)},
 		Case{Name: "call-rate", Kind: KindTensorRPC, Baseline: "grpc-proto-call", Call: true, Rate: true, Quick: true,
 			About: "4 KiB tensorrpc Calls per second, tcp data plane (4 KiB is under the 16 KiB eager threshold, so request and reply ride inline, in the call's request and response frames on the data plane), the callers sharing one Client; against grpc-proto-call with as many callers sharing one ClientConn",
-			open:  openTensorRPCCall(rpc.TransportTCP)},
+			open:  openTensorRPCCall(rpc.TransportTCP, false)},
+		Case{Name: "call-rate-inline", Kind: KindTensorRPC, Baseline: "grpc-proto-call", Call: true, Rate: true,
+			About: "call-rate with the handler registered rpc.Inline",
+			open:  openTensorRPCCall(rpc.TransportTCP, true)},
 	)
 	return cs
 }

@@ -230,7 +230,7 @@ func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
 	return &rpc.Message{Tensors: req.Tensors}, nil
 }
 
-func openTensorRPCCall(plane string) func(context.Context, *caseEnv) (session, error) {
+func openTensorRPCCall(plane string, inline bool) func(context.Context, *caseEnv) (session, error) {
 	return func(ctx context.Context, env *caseEnv) (session, error) {
 		size := int64(len(env.data))
 		// Each stream has one request on the server and one reply
@@ -241,7 +241,11 @@ func openTensorRPCCall(plane string) func(context.Context, *caseEnv) (session, e
 		if s.server, err = rpc.NewServer(serverOptions(trpcOptions([]string{plane}, size, inflight))...); err != nil {
 			return nil, err
 		}
-		s.server.Handle(callMethod, echo)
+		if inline {
+			s.server.Handle(callMethod, echo, rpc.Inline())
+		} else {
+			s.server.Handle(callMethod, echo)
+		}
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			s.server.Close()
