@@ -121,18 +121,27 @@ func TestControlRingWakeups(t *testing.T) {
 			sendRecv(t, a, b, 64)
 			continue
 		}
-		if err := a.qp.PostRecv(verbs.RecvRequest{ID: 3}); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.qp.PostSend(verbs.SendRequest{ID: 4, Op: verbs.OpWriteImm, Imm: uint32(i), Local: verbs.Local{Region: b.mr, Length: 8}, Remote: verbs.Remote{Addr: a.mr.Addr(), Key: a.mr.RemoteKey()}}); err != nil {
-			t.Fatal(err)
-		}
-		if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess || c.Imm != uint32(i) {
-			t.Fatalf("round %d: receive %+v", i, c)
-		}
-		if c := waitOne(t, b.cq); c.Status != verbs.StatusSuccess {
-			t.Fatalf("round %d: WriteImm %+v", i, c)
-		}
+		writeImmRound(t, a, b, i)
+	}
+}
+
+// writeImmRound has b WriteImm 8 bytes into a with imm i, and checks both
+// completions.
+func writeImmRound(t *testing.T, a, b *end, i int) {
+	t.Helper()
+	if err := a.qp.PostRecv(verbs.RecvRequest{ID: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 4, Op: verbs.OpWriteImm, Imm: uint32(i), Local: verbs.Local{Region: b.mr, Length: 8}, Remote: verbs.Remote{Addr: a.mr.Addr(), Key: a.mr.RemoteKey()}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess || c.Imm != uint32(i) {
+		_, ea := a.qp.Failure()
+		_, eb := b.qp.Failure()
+		t.Fatalf("round %d: receive %+v (a: %v; b: %v)", i, c, ea, eb)
+	}
+	if c := waitOne(t, b.cq); c.Status != verbs.StatusSuccess {
+		t.Fatalf("round %d: WriteImm %+v", i, c)
 	}
 }
 
@@ -348,20 +357,7 @@ func TestPollRacesTheReceiver(t *testing.T) {
 			}
 			continue
 		}
-		if err := a.qp.PostRecv(verbs.RecvRequest{ID: 3}); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.qp.PostSend(verbs.SendRequest{ID: 4, Op: verbs.OpWriteImm, Imm: uint32(i), Local: verbs.Local{Region: b.mr, Length: 8}, Remote: verbs.Remote{Addr: a.mr.Addr(), Key: a.mr.RemoteKey()}}); err != nil {
-			t.Fatal(err)
-		}
-		if c := waitOne(t, a.cq); c.Status != verbs.StatusSuccess || c.Imm != uint32(i) {
-			_, ea := a.qp.Failure()
-			_, eb := b.qp.Failure()
-			t.Fatalf("round %d: receive %+v (a: %v; b: %v)", i, c, ea, eb)
-		}
-		if c := waitOne(t, b.cq); c.Status != verbs.StatusSuccess {
-			t.Fatalf("round %d: WriteImm %+v", i, c)
-		}
+		writeImmRound(t, a, b, i)
 	}
 }
 
