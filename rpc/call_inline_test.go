@@ -91,6 +91,20 @@ func TestInlineHandler(t *testing.T) {
 	}
 }
 
+// TestInlineHandlerOnGRPC: on a gRPC-only session (no frames) an Inline
+// handler runs as any other, and answers the same.
+func TestInlineHandlerOnGRPC(t *testing.T) {
+	s, c := pair(t, rpc.TransportGRPC, nil, nil)
+	var inline atomic.Bool
+	s.Handle("inline", inlineEcho(s, &inline, 0), rpc.Inline())
+	for _, n := range []int{4 << 10, 1 << 20} {
+		callBytes(t, c, "inline", n)
+		if inline.Load() {
+			t.Fatalf("a %d-byte call on the grpc plane ran where frames are read", n)
+		}
+	}
+}
+
 // TestInlineHandlerNotWithInterceptors: interceptors may wait, so a
 // Server with any runs Inline handlers as any other.
 func TestInlineHandlerNotWithInterceptors(t *testing.T) {
