@@ -46,14 +46,13 @@ const (
 
 var errRingClosed = errors.New("shm: control ring closed")
 
-const shmFewProcs = 4
-
 // shmFewProcs is the most Ps at which a ring receiver's spin yields to
 // its goroutines on every look. Measured with benchmarks/cmd/handoffs on
 // 2 CPUs: with GOMAXPROCS=2, yielding on every look keeps a non-inline
 // Call at about 30 µs (yielding rarely: 50 to 80 µs); with GOMAXPROCS=16,
 // yielding rarely takes a Fetch from 2.2 idle-P starts per call to 0.15
 // and its p50 from 26 to 14-20 µs.
+const shmFewProcs = 4
 
 // errQueuePairClosed ends a receiver draining its ring when Close stops it.
 var errQueuePairClosed = errors.New("shm: queue pair closed")
