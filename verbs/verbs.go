@@ -182,6 +182,16 @@ type Grant interface {
 	Revoke() error
 }
 
+// AsyncRevoker is implemented by grants that can be revoked without
+// blocking: RevokeAsync does what Revoke does and returns at once; done
+// runs once, when Revoke would have returned, in whatever goroutine
+// finished the revocation (the caller's, or the provider's receiver when
+// the peer had to confirm it), so it must not block. The tcp and shm
+// providers' grants implement it.
+type AsyncRevoker interface {
+	RevokeAsync(done func())
+}
+
 // MemoryRegion is registered memory. Peers name it by RemoteKey and an
 // address in [Addr, Addr+Len).
 type MemoryRegion interface {

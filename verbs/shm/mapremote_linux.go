@@ -136,17 +136,34 @@ func (m *mapping) Release() error {
 func (qp *queuePair) Grant(region verbs.MemoryRegion, offset, length int, access verbs.Access) (verbs.Grant, error) {
 	g, err := qp.QP.Grant(region, offset, length, access, qp.revokeGrant, nil)
 	if err == nil {
+		g.(*softrc.Grant).SetRevokeAsync(qp.revokeGrantAsync)
 		qp.pushGrant(g.Remote().Key)
 	}
 	return g, err
 }
 
-func (qp *queuePair) revokeGrant(g *softrc.Grant) {
+// unannounce forgets key as announced to the peer and reports whether it
+// was.
+func (qp *queuePair) unannounce(key uint32) bool {
 	qp.pd.Mu.Lock()
-	_, announced := qp.announced[g.Key()]
-	delete(qp.announced, g.Key())
-	qp.pd.Mu.Unlock()
-	if announced {
+	defer qp.pd.Mu.Unlock()
+	_, announced := qp.announced[key]
+	delete(qp.announced, key)
+	return announced
+}
+
+func (qp *queuePair) revokeGrant(g *softrc.Grant) {
+	if qp.unannounce(g.Key()) {
 		qp.revoke(g.Key())
 	}
+}
+
+// revokeGrantAsync is revokeGrant without waiting for the peer: done runs
+// once it confirmed (unmapAtPeerAsync).
+func (qp *queuePair) revokeGrantAsync(g *softrc.Grant, done func()) {
+	if !qp.unannounce(g.Key()) {
+		done()
+		return
+	}
+	qp.unmapAtPeerAsync(message{typ: msgUnmap, key: g.Key()}, done)
 }

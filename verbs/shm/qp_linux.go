@@ -52,7 +52,8 @@ type queuePair struct {
 	// mapWanted is the request id and key of the sender's outstanding
 	// msgMapRequest; any other msgMapReply is a protocol violation.
 	mapWanted    mapRequest
-	unmapWaiters map[uint64]chan struct{}
+	unmapWaiters map[uint64]*unmapWaiter
+	receiverGone bool // the receiver has ended: no confirmation comes any more
 	nextToken    uint64
 	readerDone   chan struct{} // closed as the receiver returns; nil until connected
 
@@ -109,7 +110,7 @@ func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queue
 		QP:           core,
 		pd:           pd,
 		inlineLimit:  pd.opts.inlineLimit,
-		unmapWaiters: make(map[uint64]chan struct{}),
+		unmapWaiters: make(map[uint64]*unmapWaiter),
 		sqSignal:     make(chan struct{}, 1),
 		ackCh:        make(chan message, 1),
 		mapCh:        make(chan mapResult, 1),
@@ -477,7 +478,7 @@ func (qp *queuePair) unmapAtPeer(m message) {
 	qp.nextToken++
 	token := qp.nextToken
 	done := make(chan struct{})
-	qp.unmapWaiters[token] = done
+	qp.unmapWaiters[token] = &unmapWaiter{done: done}
 	qp.Mu.Unlock()
 	defer func() {
 		qp.Mu.Lock()
@@ -506,11 +507,98 @@ func (qp *queuePair) unmapAtPeer(m message) {
 	}
 }
 
+// unmapWaiter waits for the peer's confirmation of one msgUnmap: a
+// goroutine blocked in unmapAtPeer (done), or unmapAtPeerAsync's fn, with
+// the timer that fails the queue pair if it does not come.
+type unmapWaiter struct {
+	done  chan struct{}
+	fn    func()
+	timer *time.Timer
+}
+
+// finish ends w's wait; the waiter is off the map.
+func (w *unmapWaiter) finish() {
+	if w.done != nil {
+		close(w.done)
+	}
+	if w.fn != nil {
+		w.timer.Stop()
+		w.fn()
+	}
+}
+
 func (qp *queuePair) unmapConfirmed(token uint64) {
 	qp.Mu.Lock()
-	if done, ok := qp.unmapWaiters[token]; ok {
+	w, ok := qp.unmapWaiters[token]
+	delete(qp.unmapWaiters, token)
+	qp.Mu.Unlock()
+	if ok {
+		w.finish()
+	}
+}
+
+// unmapAtPeerAsync is unmapAtPeer without waiting: fn runs once the peer
+// confirmed, the connection ended or the deregister timeout failed the
+// queue pair; it runs in the receiver (a confirmation), in a timer's
+// goroutine, or here (nothing to wait for), and must not block.
+func (qp *queuePair) unmapAtPeerAsync(m message, fn func()) {
+	qp.Mu.Lock()
+	if qp.readerDone == nil || qp.receiverGone {
+		qp.Mu.Unlock()
+		fn()
+		return
+	}
+	qp.nextToken++
+	token := qp.nextToken
+	w := &unmapWaiter{fn: fn}
+	w.timer = time.AfterFunc(qp.pd.opts.deregisterTimeout, func() {
+		qp.Mu.Lock()
+		_, ok := qp.unmapWaiters[token]
 		delete(qp.unmapWaiters, token)
-		close(done)
+		qp.Mu.Unlock()
+		if !ok {
+			return
+		}
+		what := fmt.Sprintf("region %#x", m.key)
+		if m.flags&flagRegion != 0 {
+			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
+		}
+		qp.failAndClose(fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
+		fn()
+	})
+	qp.unmapWaiters[token] = w
+	qp.Mu.Unlock()
+	m.seq = token
+	qp.announceMu.Lock()
+	err := qp.send(&m, -1)
+	qp.announceMu.Unlock()
+	if err != nil {
+		// The queue pair failed: no confirmation comes.
+		qp.Mu.Lock()
+		_, ok := qp.unmapWaiters[token]
+		delete(qp.unmapWaiters, token)
+		qp.Mu.Unlock()
+		if ok {
+			w.finish()
+		}
+	}
+}
+
+// receiverEnded ends the waits for confirmations that will not come: the
+// receiver, which reads them, has ended (unmapAtPeer's own waits see
+// readerDone close).
+func (qp *queuePair) receiverEnded() {
+	qp.Mu.Lock()
+	qp.receiverGone = true
+	var ws []*unmapWaiter
+	for token, w := range qp.unmapWaiters {
+		if w.fn != nil {
+			delete(qp.unmapWaiters, token)
+			ws = append(ws, w)
+		}
 	}
 	qp.Mu.Unlock()
+	for _, w := range ws {
+		w.finish()
+	}
 }

@@ -32,6 +32,7 @@ func (in *inbound) stopTimer() {
 // runReceiver reads the peer's control messages until the connection ends.
 func (qp *queuePair) runReceiver() {
 	defer close(qp.readerDone)
+	defer qp.receiverEnded()
 	bufs := newMsgBuffers()
 	for {
 		m, fd, err := readMessage(qp.conn, bufs)

@@ -252,6 +252,7 @@ func (qp *queuePair) wakePeerLocked() error {
 // until a wake-up, the fd of a record, or the end of the connection.
 func (qp *queuePair) runRingReceiver() {
 	defer close(qp.readerDone)
+	defer qp.receiverEnded()
 	bufs := newMsgBuffers()
 	defer func() { closeFD(bufs.pendingFD) }()
 	rx := qp.rx

@@ -502,15 +502,10 @@ func TestUnrequestedAnnouncement(t *testing.T) {
 	}
 }
 
-// TestDeregisterUnresponsivePeer plays a peer that maps a region and then
-// ignores the request to unmap it: Deregister gives up after the deregister
-// timeout and fails the queue pair.
-func TestDeregisterUnresponsivePeer(t *testing.T) {
-	defer leakcheck.Check(t)
-	const timeout = 100 * time.Millisecond
-	acc := newEnd(t, New(WithDeregisterTimeout(timeout)), 4096, allRemote)
-	defer acc.pd.Close()
-
+// unresponsivePeer connects a fake peer to acc's queue pair that maps key
+// (a region's or a grant's) and then never answers again.
+func unresponsivePeer(t *testing.T, acc *end, key uint32) *net.UnixConn {
+	t.Helper()
 	// The fake peer's info: the smallest secret an info may carry makes the
 	// real side accept.
 	fakeSecret := softrc.Secret{softrc.SecretSize - 1: 1}
@@ -524,13 +519,11 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	fd, staging, err := newSealedMemfd("fake-staging", stagingHeader+4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(staging)
-	defer unix.Close(fd)
+	t.Cleanup(func() { unix.Munmap(staging); unix.Close(fd) })
 	wordAt(staging, 0).Store(stateUp)
 	m := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(staging))}
 	m.secret[0], m.secret[1] = acc.qp.Secret, fakeSecret
@@ -547,8 +540,8 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 		t.Fatalf("Connect to the fake peer: %v", err)
 	}
 
-	// Map the region, as a peer about to write it would.
-	req := message{typ: msgMapRequest, seq: 1, key: acc.mr.RemoteKey()}
+	// Map the key, as a peer about to use it would.
+	req := message{typ: msgMapRequest, seq: 1, key: key}
 	if err := writeMessage(c, &req, -1); err != nil {
 		t.Fatal(err)
 	}
@@ -557,6 +550,50 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	if err != nil || reply.typ != msgMapReply || reply.flags&flagFound == 0 || rfd < 0 {
 		t.Fatalf("map reply: %+v fd %d %v", reply, rfd, err)
 	}
+	return c
+}
+
+// TestRevokeAsyncUnresponsivePeer: a grant the peer mapped and never
+// confirms unmapping ends its RevokeAsync after the deregister timeout
+// (done runs) and fails the queue pair, as Revoke would.
+func TestRevokeAsyncUnresponsivePeer(t *testing.T) {
+	defer leakcheck.Check(t)
+	const timeout = 100 * time.Millisecond
+	acc := newEnd(t, New(WithDeregisterTimeout(timeout)), 4096, allRemote)
+	defer acc.pd.Close()
+	g, err := acc.qp.Grant(acc.mr, 0, 64, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := unresponsivePeer(t, acc, g.Remote().Key)
+	defer c.Close()
+	done := make(chan struct{})
+	start := time.Now()
+	g.(verbs.AsyncRevoker).RevokeAsync(func() { close(done) })
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RevokeAsync's done never ran for a peer that does not confirm")
+	}
+	if d := time.Since(start); d < timeout {
+		t.Fatalf("done ran after %v without the peer's confirmation", d)
+	}
+	if st := acc.qp.State(); st != verbs.QPError {
+		t.Fatalf("queue pair is %v after the peer ignored an unmap, want ERR", st)
+	}
+	acc.qp.Close()
+}
+
+// TestDeregisterUnresponsivePeer plays a peer that maps a region and then
+// ignores the request to unmap it: Deregister gives up after the deregister
+// timeout and fails the queue pair.
+func TestDeregisterUnresponsivePeer(t *testing.T) {
+	defer leakcheck.Check(t)
+	const timeout = 100 * time.Millisecond
+	acc := newEnd(t, New(WithDeregisterTimeout(timeout)), 4096, allRemote)
+	defer acc.pd.Close()
+	c := unresponsivePeer(t, acc, acc.mr.RemoteKey())
+	defer c.Close()
 
 	start := time.Now()
 	if err := acc.mr.Deregister(); err != nil {
@@ -567,6 +604,29 @@ func TestDeregisterUnresponsivePeer(t *testing.T) {
 	}
 	if st := acc.qp.State(); st != verbs.QPError {
 		t.Fatalf("queue pair is %v after the peer ignored an unmap, want ERR", st)
+	}
+	acc.qp.Close()
+}
+
+// TestRevokeAsyncPeerGone: when the connection ends while a RevokeAsync
+// waits for the peer's confirmation, done runs then, not at the
+// deregister timeout.
+func TestRevokeAsyncPeerGone(t *testing.T) {
+	defer leakcheck.Check(t)
+	acc := newEnd(t, New(WithDeregisterTimeout(time.Hour)), 4096, allRemote)
+	defer acc.pd.Close()
+	g, err := acc.qp.Grant(acc.mr, 0, 64, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := unresponsivePeer(t, acc, g.Remote().Key)
+	done := make(chan struct{})
+	g.(verbs.AsyncRevoker).RevokeAsync(func() { close(done) })
+	c.Close()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RevokeAsync's done did not run when the peer went away")
 	}
 	acc.qp.Close()
 }

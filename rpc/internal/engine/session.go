@@ -103,12 +103,21 @@ func (s *Session) Go(f func()) bool {
 	return true
 }
 
-// FinishAside finishes ts in a goroutine of the session (revoking a
-// grant may wait for the peer), or at once when the session has closed.
-// The polling goroutine frees what a client releases with it.
+// FinishAside finishes ts without blocking the caller (the goroutine
+// that handles the link's completions frees what a client releases with
+// it): at once where every grant can be revoked without waiting
+// (Transfer.finishAsync: tcp, shm), in a goroutine of the session for
+// the rest (revoking may wait for the peer), or at once when the session
+// has closed.
 func (s *Session) FinishAside(ts []*Transfer) {
-	if len(ts) > 0 && !s.Go(func() { FinishAll(ts) }) {
-		FinishAll(ts)
+	var rest []*Transfer
+	for _, t := range ts {
+		if !t.finishAsync() {
+			rest = append(rest, t)
+		}
+	}
+	if len(rest) > 0 && !s.Go(func() { FinishAll(rest) }) {
+		FinishAll(rest)
 	}
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,6 +49,39 @@ func (t *Transfer) Revoke() {
 func (t *Transfer) Finish() {
 	t.Revoke()
 	t.Buf.Release()
+}
+
+// finishAsync finishes t without blocking when every grant of it can be
+// revoked so (verbs.AsyncRevoker): the buffer goes back once the last
+// revocation is complete, which on shm is when the receiver reads the
+// peer's confirmation. It reports false, having done nothing, when a
+// grant cannot.
+func (t *Transfer) finishAsync() bool {
+	grants := make([]verbs.AsyncRevoker, 0, 1+len(t.Stripes))
+	for _, g := range append([]verbs.Grant{t.Grant}, t.Stripes...) {
+		if g == nil {
+			continue
+		}
+		a, ok := g.(verbs.AsyncRevoker)
+		if !ok {
+			return false
+		}
+		grants = append(grants, a)
+	}
+	if len(grants) == 0 {
+		t.Buf.Release()
+		return true
+	}
+	var left atomic.Int32
+	left.Store(int32(len(grants)))
+	for _, g := range grants {
+		g.RevokeAsync(func() {
+			if left.Add(-1) == 0 {
+				t.Buf.Release()
+			}
+		})
+	}
+	return true
 }
 
 // FinishAll finishes every transfer of ts.

@@ -209,6 +209,9 @@ type Grant struct {
 	off, n   int
 	access   verbs.Access
 	onRevoke func(*Grant)
+	// onRevokeAsync, if not nil, is onRevoke for RevokeAsync: it calls
+	// done once the revocation is complete.
+	onRevokeAsync func(g *Grant, done func())
 	// onStuck runs when accesses under way outlast RevokeWait in Revoke;
 	// it must make them end (tcp fails the queue pair and closes its
 	// connection).
@@ -284,6 +287,11 @@ func (g *Grant) Remote() verbs.Remote {
 func (g *Grant) Len() int             { return g.n }
 func (g *Grant) Access() verbs.Access { return g.access }
 
+// SetRevokeAsync sets what RevokeAsync runs instead of onRevoke (see
+// NewGrant): it calls done once the provider's revocation is complete.
+// Set it before the grant is used.
+func (g *Grant) SetRevokeAsync(f func(g *Grant, done func())) { g.onRevokeAsync = f }
+
 // Key is the grant's remote key.
 func (g *Grant) Key() uint32 { return g.key }
 
@@ -295,42 +303,90 @@ func (g *Grant) Region() *Region { return g.region }
 // grant is under way or can start. Every call waits for the first to
 // finish.
 func (g *Grant) Revoke() error {
-	g.t.mu.Lock()
-	if g.t.grants[g.key] == g {
-		delete(g.t.grants, g.key)
-	}
-	g.t.mu.Unlock()
-	first := false
-	g.first.Do(func() { first = true })
+	wait, first := g.begin()
 	if !first {
 		<-g.done
 		return nil
 	}
 	defer close(g.done)
+	g.drain(wait)
+	if g.onRevoke != nil {
+		g.onRevoke(g)
+	}
+	return nil
+}
+
+// RevokeAsync (verbs.AsyncRevoker) is Revoke without waiting: done runs
+// when Revoke would have returned. Without accesses under way and with an
+// asynchronous onRevoke (or none), nothing waits in a goroutine: done runs
+// here, or from what completes the provider's revocation.
+func (g *Grant) RevokeAsync(done func()) {
+	wait, first := g.begin()
+	switch {
+	case !first:
+		go func() {
+			<-g.done
+			done()
+		}()
+	case wait != nil || (g.onRevoke != nil && g.onRevokeAsync == nil):
+		go func() {
+			g.drain(wait)
+			if g.onRevoke != nil {
+				g.onRevoke(g)
+			}
+			close(g.done)
+			done()
+		}()
+	case g.onRevokeAsync != nil:
+		g.onRevokeAsync(g, func() {
+			close(g.done)
+			done()
+		})
+	default:
+		close(g.done)
+		done()
+	}
+}
+
+// begin removes the grant's key and marks it revoked; first reports
+// whether this is the first revocation, and wait, when not nil, closes
+// once the accesses under way have ended.
+func (g *Grant) begin() (wait chan struct{}, first bool) {
+	g.t.mu.Lock()
+	if g.t.grants[g.key] == g {
+		delete(g.t.grants, g.key)
+	}
+	g.t.mu.Unlock()
+	g.first.Do(func() { first = true })
+	if !first {
+		return nil, false
+	}
 	g.mu.Lock()
 	g.revoked.Store(true)
-	var wait chan struct{}
 	if g.users > 0 {
 		g.drained = make(chan struct{})
 		wait = g.drained
 	}
 	g.mu.Unlock()
-	if wait != nil {
-		timer := time.NewTimer(RevokeWait)
-		select {
-		case <-wait:
-		case <-timer.C:
-			if g.onStuck != nil {
-				g.onStuck()
-			}
-			<-wait
+	return wait, true
+}
+
+// drain waits for wait (begin's), calling onStuck if it takes longer than
+// RevokeWait.
+func (g *Grant) drain(wait chan struct{}) {
+	if wait == nil {
+		return
+	}
+	timer := time.NewTimer(RevokeWait)
+	defer timer.Stop()
+	select {
+	case <-wait:
+	case <-timer.C:
+		if g.onStuck != nil {
+			g.onStuck()
 		}
-		timer.Stop()
+		<-wait
 	}
-	if g.onRevoke != nil {
-		g.onRevoke(g)
-	}
-	return nil
 }
 
 // RevokeAll revokes every grant made on qp, when it closes.

@@ -169,6 +169,28 @@ func Run(t *testing.T, env verbstest.Env) {
 			}
 			return f.a1, read(3, f, g.Remote(), 8)
 		}},
+		{"RevokedAsync", func(f *fixture, g verbs.Grant) (verbs.QueuePair, verbs.SendRequest) {
+			// Used once first, so that on shm the peer maps it and must
+			// confirm the unmapping before done runs.
+			if c := f.do(f.a1, read(4, f, g.Remote(), 8)); c.Status != verbs.StatusSuccess {
+				f.t.Fatal(verbs.CompletionError(c))
+			}
+			for i := range 8 {
+				f.src.Bytes()[i] = 0x5a // as the case found it: the refused Read must leave it so
+			}
+			a, ok := g.(verbs.AsyncRevoker)
+			if !ok {
+				f.t.Fatalf("%T is not a verbs.AsyncRevoker", g)
+			}
+			done := make(chan struct{})
+			a.RevokeAsync(func() { close(done) })
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				f.t.Fatal("RevokeAsync's done never ran")
+			}
+			return f.a1, read(3, f, g.Remote(), 8)
+		}},
 		{"RevokedWrite", func(f *fixture, g verbs.Grant) (verbs.QueuePair, verbs.SendRequest) {
 			w, err := f.b1.Grant(f.dst, 0, 64, verbs.AccessRemoteWrite)
 			if err != nil {
