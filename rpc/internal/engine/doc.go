@@ -8,7 +8,9 @@
 //     and the registration of the tensor and control pools) and the Link (one connected queue pair, its
 //     completion handling (in the provider's receiver where it can, else
 //     its polling goroutine), Post/PostWith/PostAsync and the send queue's room,
-//     the verifying round trip of the negotiation), in link.go;
+//     the verifying round trip of the negotiation), in link.go, and a
+//     caller's polling for its answer where the provider allows it
+//     (AwaitAnswer, verbs.Poller: shm), in poll.go;
 //   - the framing of frames on a link (frames.go, frame.go): receive
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the
 //     releaser, pending calls and their replies, over proto/wire's header;
@@ -26,9 +28,12 @@
 //     (transfers.go: the Transfers it holds for the client until the
 //     client releases them, by id or by the client_ref of their call),
 //     the Reads of the client's memory under way, and the calls that
-//     arrived as frames, each in its own goroutine, bounded, cancelled
-//     by a release of their ref and drained by a graceful stop
-//     (calls.go).
+//     arrived as frames, each in its own goroutine (or, for an Inline
+//     handler's, where the frame was read), bounded, cancelled by a
+//     release of their ref and drained by a graceful stop (calls.go).
+//     A released transfer is finished without blocking where its grants
+//     can be revoked so (verbs.AsyncRevoker), else on a goroutine of the
+//     session.
 //
 // Each side's policy in the negotiation (what it offers or chooses, the
 // server's admission, rejections and their logs, opening the session),
