@@ -560,10 +560,11 @@ type CompletionRunner interface {
 
 // Poller is implemented by queue pairs whose incoming messages a goroutine
 // waiting for one may handle itself, instead of being woken by the
-// provider's receiver. Such a goroutine calls BeginPoll, then Poll as
-// often as it likes, then EndPoll once. Poll handles what has arrived,
-// unless another goroutine is handling it, and reports whether it handled
-// anything; the completions that produces go to their queue's
+// provider's receiver. Such a goroutine calls BeginPoll; when it returns
+// true, Poll as often as it likes, then EndPoll once; when false (another
+// goroutine polls the queue pair already, and handles what arrives for
+// this one too), neither. Poll handles what has arrived, unless the
+// receiver is handling it, and reports whether it handled anything; the completions that produces go to their queue's
 // CompletionRunner handler in the polling goroutine, under the same
 // rules. While any goroutine polls, the provider may let its receiver
 // sleep through what arrives (the peer then needs no wake-up for it);
@@ -572,7 +573,7 @@ type CompletionRunner interface {
 // provider's queue pairs implement it (their messages arrive in shared
 // memory, where looking costs no system call); tcp's and ibv's do not.
 type Poller interface {
-	BeginPoll()
+	BeginPoll() bool
 	Poll() bool
 	EndPoll()
 }

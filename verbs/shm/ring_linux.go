@@ -68,10 +68,10 @@ type ringRx struct {
 	// released (under consume) says the ring is unmapped.
 	consume  sync.Mutex
 	released bool
-	// pollers counts the goroutines between BeginPoll and EndPoll;
-	// claimed (under consume) says that one of them took the sleeping
-	// word from 1 to 0, so that the peer sends no wake-ups while they
-	// poll, and the last EndPoll must set it back.
+	// pollers is 1 while a goroutine is between BeginPoll and EndPoll;
+	// claimed (under consume) says that it took the sleeping word from 1
+	// to 0, so that the peer sends no wake-ups while it polls, and
+	// EndPoll must set it back.
 	pollers atomic.Int32
 	claimed bool
 }
@@ -335,11 +335,13 @@ func (qp *queuePair) drainLocked(bufs *msgBuffers) (int, error) {
 // comes on the socket, which only the receiver reads.
 var errPollStops = errors.New("shm: a record whose fd only the receiver reads")
 
-// BeginPoll (verbs.Poller) counts a goroutine that will poll.
-func (qp *queuePair) BeginPoll() {
-	if rx := qp.rx; rx != nil {
-		rx.pollers.Add(1)
-	}
+// BeginPoll (verbs.Poller) makes the caller the queue pair's poller,
+// unless one polls already: one goroutine spinning per queue pair is
+// enough to take every answer as it arrives, and more would only burn
+// cores (the others wait for theirs, which the poller hands over).
+func (qp *queuePair) BeginPoll() bool {
+	rx := qp.rx
+	return rx != nil && rx.pollers.CompareAndSwap(0, 1)
 }
 
 // Poll (verbs.Poller) drains the ring in the calling goroutine, unless the
@@ -366,10 +368,10 @@ func (qp *queuePair) Poll() bool {
 	return n > 0
 }
 
-// EndPoll (verbs.Poller) ends a goroutine's polling. The last one gives
-// the ring back to the sleeping receiver: it sets the sleeping word to 1
-// and looks once more, handling what came before the peer could see it
-// (the receiver's own Dekker protocol, see above).
+// EndPoll (verbs.Poller) ends the poller's polling and gives the ring
+// back to the sleeping receiver: it sets the sleeping word to 1 and looks
+// once more, handling what came before the peer could see it (the
+// receiver's own Dekker protocol, see above).
 func (qp *queuePair) EndPoll() {
 	rx := qp.rx
 	if rx == nil || rx.pollers.Add(-1) > 0 {

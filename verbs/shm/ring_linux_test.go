@@ -309,7 +309,9 @@ func pollers(qps ...*queuePair) (stop func()) {
 	var wg sync.WaitGroup
 	for _, qp := range qps {
 		wg.Go(func() {
-			qp.BeginPoll()
+			if !qp.BeginPoll() {
+				panic("a second poller of one queue pair")
+			}
 			defer qp.EndPoll()
 			for {
 				select {

@@ -17,16 +17,16 @@ const PollSpin = 50 * time.Microsecond
 // AwaitAnswer waits up to spin for pc's answer while polling the link's
 // queue pair, so that the answer is handled in this goroutine and nothing
 // needs to wake it. It reports false, with no answer, when the spin ran
-// out or the queue pair cannot be polled: the caller then waits for pc.Ch
-// as before (the receiver handles what comes next). Between fruitless
+// out, the queue pair cannot be polled, or another caller polls it (one
+// spinning caller per lane takes every answer as it arrives, and hands
+// the others over): the caller then waits for pc.Ch as before. Between fruitless
 // looks it lets other threads of the host run (the peer's, on a machine
 // with few cores), without waking an idle one.
 func (l *Link) AwaitAnswer(pc *PendingCall, spin time.Duration) (FrameReply, bool) {
 	p, ok := l.QP.(verbs.Poller)
-	if !ok || spin <= 0 {
-		return FrameReply{}, false
+	if !ok || spin <= 0 || !p.BeginPoll() {
+		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
-	p.BeginPoll()
 	defer p.EndPoll()
 	var start time.Time
 	for i := 0; ; i++ {
