@@ -486,11 +486,7 @@ func (qp *queuePair) unmapAtPeer(m message) {
 		qp.Mu.Unlock()
 	}()
 
-	m.seq = token
-	qp.announceMu.Lock()
-	err := qp.send(&m, -1)
-	qp.announceMu.Unlock()
-	if err != nil {
+	if err := qp.sendUnmap(&m, token); err != nil {
 		return
 	}
 	t := time.NewTimer(qp.pd.opts.deregisterTimeout)
@@ -499,11 +495,7 @@ func (qp *queuePair) unmapAtPeer(m message) {
 	case <-done:
 	case <-readerDone:
 	case <-t.C:
-		what := fmt.Sprintf("region %#x", m.key)
-		if m.flags&flagRegion != 0 {
-			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
-		}
-		qp.failAndClose(fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
+		qp.failAndClose(qp.unmapTimedOut(m))
 	}
 }
 
@@ -525,6 +517,24 @@ func (w *unmapWaiter) finish() {
 		w.timer.Stop()
 		w.fn()
 	}
+}
+
+// sendUnmap sends m, a msgUnmap, as confirmation request token.
+func (qp *queuePair) sendUnmap(m *message, token uint64) error {
+	m.seq = token
+	qp.announceMu.Lock()
+	defer qp.announceMu.Unlock()
+	return qp.send(m, -1)
+}
+
+// unmapTimedOut is why the queue pair fails when the peer does not
+// confirm m within the deregister timeout.
+func (qp *queuePair) unmapTimedOut(m message) error {
+	what := fmt.Sprintf("region %#x", m.key)
+	if m.flags&flagRegion != 0 {
+		what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
+	}
+	return fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout)
 }
 
 func (qp *queuePair) unmapConfirmed(token uint64) {
@@ -551,6 +561,8 @@ func (qp *queuePair) unmapAtPeerAsync(m message, fn func()) {
 	qp.nextToken++
 	token := qp.nextToken
 	w := &unmapWaiter{fn: fn}
+	m.seq = token
+	sent := m // the timer's copy: sendUnmap writes m
 	w.timer = time.AfterFunc(qp.pd.opts.deregisterTimeout, func() {
 		qp.Mu.Lock()
 		_, ok := qp.unmapWaiters[token]
@@ -559,20 +571,12 @@ func (qp *queuePair) unmapAtPeerAsync(m message, fn func()) {
 		if !ok {
 			return
 		}
-		what := fmt.Sprintf("region %#x", m.key)
-		if m.flags&flagRegion != 0 {
-			what = fmt.Sprintf("region %#x (exposure %d)", m.key, m.total)
-		}
-		qp.failAndClose(fmt.Errorf("shm: peer did not confirm unmapping %s within %v", what, qp.pd.opts.deregisterTimeout))
+		qp.failAndClose(qp.unmapTimedOut(sent))
 		fn()
 	})
 	qp.unmapWaiters[token] = w
 	qp.Mu.Unlock()
-	m.seq = token
-	qp.announceMu.Lock()
-	err := qp.send(&m, -1)
-	qp.announceMu.Unlock()
-	if err != nil {
+	if err := qp.sendUnmap(&m, token); err != nil {
 		// The queue pair failed: no confirmation comes.
 		qp.Mu.Lock()
 		_, ok := qp.unmapWaiters[token]
