@@ -424,13 +424,7 @@ func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 	}
 	local.Length = len(b)
 	if !wait {
-		if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
-			buf.Release()
-			if sent != nil {
-				sent()
-			}
-		}); err != nil {
-			buf.Release()
+		if err := l.postFrameBuf(local, buf, sent); err != nil {
 			f.Refund(returns, ids, refs)
 			switch {
 			case errors.Is(err, verbs.ErrQueueFull):
@@ -494,17 +488,28 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 	}
 	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns}, size)
 	local.Length = len(b)
-	if err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
-		buf.Release()
-		if sent != nil {
-			sent()
-		}
-	}); err != nil {
-		buf.Release()
+	if err := l.postFrameBuf(local, buf, sent); err != nil {
 		f.Refund(returns, ids, refs)
 		return false
 	}
 	return true
+}
+
+// postFrameBuf posts the Send of a frame in buf (local) without waiting
+// for its completion, which nothing waits on (LazyCompletion): buf goes
+// back when it completes, and then sent runs, if not nil. If the post
+// fails, buf goes back at once and sent never runs.
+func (l *Link) postFrameBuf(local verbs.Local, buf *mempool.Buffer, sent func()) error {
+	err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
+		buf.Release()
+		if sent != nil {
+			sent()
+		}
+	})
+	if err != nil {
+		buf.Release()
+	}
+	return err
 }
 
 // creditor sends a credit-only frame whenever completion handling finds
