@@ -99,6 +99,8 @@ type PendingCall struct {
 	Want uint8 // the response's type
 	Into func(flags uint16) proto.Message
 	late func()
+	// bell, when set, is rung after the answer is in Ch (awaitBell).
+	bell atomic.Pointer[bell]
 }
 
 // decodeReply decodes a response frame's body for pc.
@@ -283,6 +285,9 @@ func (l *Link) HandleFrame(b []byte) error {
 			}()
 		default:
 			pc.Ch <- pc.decodeReply(h.Flags, body) // buffered
+			if b := pc.bell.Load(); b != nil {
+				b.ring()
+			}
 		}
 	}
 	return nil

@@ -148,6 +148,11 @@ type Link struct {
 	// room holds a token for each request under way that counts against
 	// sendRoom.
 	room chan struct{}
+	// bell (nil where the queue pair is a verbs.Poller, or not on Linux)
+	// is what one caller at a time, the one that set belled, waits on for
+	// its answer (awaitBell).
+	bell   *bell
+	belled atomic.Bool
 }
 
 // Waiter receives the completion of one work request. When its poster
@@ -188,7 +193,11 @@ func NewLink(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Ad
 		cq.Close()
 		return nil, err
 	}
-	return &Link{Domain: dom, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}, nil
+	l := &Link{Domain: dom, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}
+	if _, ok := qp.(verbs.Poller); !ok {
+		l.bell = newBell()
+	}
+	return l, nil
 }
 
 // SendVerify Sends msg (at most verifyBytes) over the link and waits for
@@ -309,6 +318,9 @@ func (l *Link) Fail(err error) {
 	if l.Failure == nil {
 		l.Failure = err
 		close(l.Dead)
+		if l.bell != nil {
+			l.bell.close() // the caller waiting on it returns
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -22,9 +23,12 @@ const PollSpin = 50 * time.Microsecond
 // the others over): the caller then waits for pc.Ch as before. Between fruitless
 // looks it lets other threads of the host run (the peer's, on a machine
 // with few cores), without waking an idle one.
-func (l *Link) AwaitAnswer(pc *PendingCall, spin time.Duration) (FrameReply, bool) {
+func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Duration) (FrameReply, bool) {
 	p, ok := l.QP.(verbs.Poller)
-	if !ok || spin <= 0 || !p.BeginPoll() {
+	if !ok {
+		return l.awaitBell(ctx, pc)
+	}
+	if spin <= 0 || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
@@ -47,6 +51,42 @@ func (l *Link) AwaitAnswer(pc *PendingCall, spin time.Duration) (FrameReply, boo
 				return FrameReply{}, false
 			}
 			osYield()
+		}
+	}
+}
+
+// awaitBell waits for pc's answer on the link's bell, for a queue pair
+// whose receiving runs in a goroutine of its own (tcp). The receiver puts
+// the answer in pc.Ch, which readies nobody, and rings the bell; when the
+// receiver then waits for its socket again, its thread finds the bell in
+// the netpoller and runs this caller, as it would a goroutine reading a
+// socket. A channel hand-off would instead start an idle thread (Go's
+// wakep), which on a many-core machine costs more than the call's work.
+// One caller per link waits so; it reports false, with no answer, for the
+// others, when there is no bell, or when the link fails: the caller then
+// waits for pc.Ch as before, and when ctx ends.
+func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool) {
+	if l.bell == nil || !l.belled.CompareAndSwap(false, true) {
+		return FrameReply{}, false
+	}
+	defer l.belled.Store(false)
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, l.bell.ring)
+		defer stop()
+	}
+	pc.bell.Store(l.bell)
+	for {
+		select {
+		case r := <-pc.Ch:
+			return r, true
+		case <-l.Dead:
+			return FrameReply{}, false
+		case <-ctx.Done():
+			return FrameReply{}, false
+		default:
+		}
+		if l.bell.wait() != nil {
+			return FrameReply{}, false
 		}
 	}
 }

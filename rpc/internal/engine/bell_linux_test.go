@@ -1,0 +1,167 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+)
+
+// heldServer is a framed pair whose server answers a request only when
+// the test says so: answer(ref) sends the Fetch answer "bytes" for ref.
+func heldServer(t *testing.T) (client *Link, answer func(ref uint64)) {
+	t.Helper()
+	var mu sync.Mutex
+	refs := map[uint64]bool{}
+	var answers sync.WaitGroup
+	client, server := framedPair(t, func(srv *Link, h frameHeader, body []byte) {
+		mu.Lock()
+		refs[h.Ref] = true
+		mu.Unlock()
+	})
+	t.Cleanup(answers.Wait) // before the links close
+	return client, func(ref uint64) {
+		for {
+			mu.Lock()
+			got := refs[ref]
+			mu.Unlock()
+			if got {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		answers.Go(func() {
+			server.SendFrame(context.Background(), frameFetchResp, 0, ref, okAnswer(t, &pb.FetchResponse{InlineData: []byte("bytes")}), nil)
+		})
+	}
+}
+
+func askFetch(t *testing.T, client *Link, ref uint64) *PendingCall {
+	t.Helper()
+	pc := client.Frames.Expect(ref, frameFetchResp, fetchAnswer())
+	if _, err := client.SendFrame(context.Background(), frameFetchReq, 0, ref, []byte("key"), nil); err != nil {
+		t.Fatal(err)
+	}
+	return pc
+}
+
+// tenSeconds bounds a wait that a broken bell would make endless.
+func tenSeconds(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantBytes(t *testing.T, r FrameReply, ok bool) {
+	t.Helper()
+	if !ok {
+		t.Fatal("AwaitAnswer gave up with the answer on its way")
+	}
+	if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "bytes" {
+		t.Fatalf("answer: %+v", r)
+	}
+}
+
+// whenBelled runs f once a caller waits on client's bell.
+func whenBelled(client *Link, f func()) {
+	go func() {
+		for !client.belled.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(5 * time.Millisecond) // most likely parked in the bell's read by now
+		f()
+	}()
+}
+
+// TestAwaitBellAnswers: on tcp (no verbs.Poller) a caller waits on the
+// link's bell and gets its answer, one call after another, including
+// answers that came before it waited.
+func TestAwaitBellAnswers(t *testing.T) {
+	client, answer := heldServer(t)
+	if client.bell == nil {
+		t.Fatal("a tcp link on Linux has no answer bell")
+	}
+	for ref := uint64(1); ref <= 20; ref++ {
+		pc := askFetch(t, client, ref)
+		if ref%2 == 0 {
+			answer(ref) // may well be in pc.Ch before AwaitAnswer looks
+		} else {
+			whenBelled(client, func() { answer(ref) })
+		}
+		r, ok := client.AwaitAnswer(tenSeconds(t), pc, PollSpin)
+		wantBytes(t, r, ok)
+		if client.belled.Load() {
+			t.Fatal("the bell stays taken after its caller got the answer")
+		}
+	}
+}
+
+// TestAwaitBellOneCaller: while one caller waits on the bell, another is
+// told to wait on its own channel at once, and both get their answers.
+func TestAwaitBellOneCaller(t *testing.T) {
+	client, answer := heldServer(t)
+	first, second := askFetch(t, client, 1), askFetch(t, client, 2)
+	type result struct {
+		r  FrameReply
+		ok bool
+	}
+	done := make(chan result)
+	go func() {
+		r, ok := client.AwaitAnswer(tenSeconds(t), first, PollSpin)
+		done <- result{r, ok}
+	}()
+	for !client.belled.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if _, ok := client.AwaitAnswer(context.Background(), second, PollSpin); ok {
+		t.Fatal("a second caller took the bell while the first waited on it")
+	}
+	answer(2)
+	select {
+	case r := <-second.Ch:
+		wantBytes(t, r, true)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second caller's answer never came")
+	}
+	answer(1)
+	res := <-done
+	wantBytes(t, res.r, res.ok)
+}
+
+// TestAwaitBellContextEnds: a caller waiting on the bell returns when its
+// context ends, and the bell it leaves (rung by the context, and later by
+// the late answer) serves the next caller.
+func TestAwaitBellContextEnds(t *testing.T) {
+	client, answer := heldServer(t)
+	pc := askFetch(t, client, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	whenBelled(client, cancel)
+	if r, ok := client.AwaitAnswer(ctx, pc, PollSpin); ok {
+		t.Fatalf("AwaitAnswer answered %+v with no answer sent", r)
+	}
+	answer(1) // late: it lands in pc.Ch and rings the bell with nobody waiting
+	<-pc.Ch
+	next := askFetch(t, client, 2)
+	whenBelled(client, func() { answer(2) })
+	r, ok := client.AwaitAnswer(tenSeconds(t), next, PollSpin)
+	wantBytes(t, r, ok)
+}
+
+// TestAwaitBellLinkFails: a caller waiting on the bell returns when the
+// link fails.
+func TestAwaitBellLinkFails(t *testing.T) {
+	client, _ := heldServer(t)
+	pc := askFetch(t, client, 1)
+	whenBelled(client, func() { client.Fail(errors.New("test: the link failed")) })
+	if r, ok := client.AwaitAnswer(context.Background(), pc, PollSpin); ok {
+		t.Fatalf("AwaitAnswer answered %+v on a failed link", r)
+	}
+	select {
+	case <-client.Dead:
+	default:
+		t.Fatal("AwaitAnswer returned before the link failed")
+	}
+}

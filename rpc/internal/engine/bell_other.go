@@ -1,0 +1,12 @@
+//go:build !linux
+
+package engine
+
+// bell exists only on Linux (an eventfd); elsewhere callers wait on their
+// channels.
+type bell struct{}
+
+func newBell() *bell      { return nil }
+func (*bell) ring()       {}
+func (*bell) wait() error { return nil }
+func (*bell) close()      {}
