@@ -608,10 +608,6 @@ func (q *queuePair) refuse(h *header, status verbs.Status, cause error) bool {
 // but for lazy ones (below).
 const maxDelayedAcks = 16
 
-// lazyAckMinProcs is the fewest Ps (GOMAXPROCS) at which acknowledgements
-// of lazy requests wait for a frame going back (see queueAck).
-const lazyAckMinProcs = 5
-
 // lazyAckDelay is how long the acknowledgements of requests marked
 // flagLazyAck (verbs.SendRequest.LazyCompletion: nothing waits for their
 // completion, which only frees the sender's buffer) may wait for a frame
@@ -626,20 +622,21 @@ func init() { lazyAckDelay.Store(int64(500 * time.Microsecond)) }
 
 // queueAck queues the acknowledgement of request seq without waking the
 // writer (see maxDelayedAcks); lazy says the request was marked
-// flagLazyAck. With few Ps (lazyAckMinProcs) lazy ones are flushed as the
-// others are: there the caller woken by the answer usually runs before
-// the receiver waits (flushAcks yields to it) and its next request takes
-// them, and keeping them back measured slower (a 4 KiB Fetch on 2 CPUs,
-// GOMAXPROCS=2: p50 16-30 µs flushed, 35-52 µs lazy); with many Ps that
-// caller runs elsewhere, the receiver writes them alone, and that write
-// wakes the peer for nothing (on 16 cores lazy took a Fetch's p50 from
-// 63 to 49 µs and its idle-P starts from 5.1 to 2.3).
+// flagLazyAck, and such acknowledgements wait for a frame going back or
+// the sweeper. Session 8 flushed lazy ones too with fewer than 5 Ps,
+// where a caller woken by a channel hand-off ran before the receiver
+// waited and its next request took them. Since callers are woken through
+// the netpoller (the engine's answer bell) that no longer holds: on 2
+// CPUs, GOMAXPROCS=2, keeping them back took a 4 KiB Fetch from 3.6-4.0
+// hand-offs, 0.24-0.44 idle-P starts and 12.2-12.9 syscalls per call to
+// 3.05, 0.03 and 9.0, and its p50 from 31.7-33.8 to 26.0-31.2 µs; with
+// GOMAXPROCS=1, from 4.0 hand-offs and 13 syscalls to 3.1 and 9.
 func (q *queuePair) queueAck(seq uint64, lazy bool) {
 	q.awaitCtrlRoom()
 	q.Mu.Lock()
 	q.ctrl = append(q.ctrl, ctrlFrame{hdr: header{op: frameAck, seq: seq}})
 	q.delayedAcks++
-	if !lazy || q.fewProcs {
+	if !lazy {
 		q.urgentAcks++
 	}
 	wake := q.delayedAcks >= maxDelayedAcks

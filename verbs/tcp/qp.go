@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"time"
 
@@ -58,7 +57,6 @@ type queuePair struct {
 	readsInflight int              // Reads in Inflight, for Fence
 	delayedAcks   int              // acknowledgements queued without waking the writer (queueAck)
 	urgentAcks    int              // how many of them are not lazy (flagLazyAck)
-	fewProcs      bool             // GOMAXPROCS below lazyAckMinProcs at creation: lazy acks are flushed too
 	lazyArmed     bool             // on the lazy-ack sweeper's list (armLazyAcks)
 	lazyMark      uint64           // ctrlTakes at the sweeper's previous look
 	ctrlTakes     uint64           // how many times the queued responses were taken to be written
@@ -94,7 +92,6 @@ func newQueuePair(pd *domain, core *softrc.QP, maxInline int) *queuePair {
 		maxInline:  maxInline,
 		wakeWriter: make(chan struct{}, 1),
 		ctrlTaken:  make(chan struct{}, 1),
-		fewProcs:   runtime.GOMAXPROCS(0) < lazyAckMinProcs,
 	}
 	return q
 }
