@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tensorrpc/tensorrpc/internal/callhint"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
@@ -111,11 +112,14 @@ func dialOptions(o *C.trpc_options) ([]rpc.DialOption, error) {
 
 // callContext is the context of one call: timeoutMs milliseconds, or no
 // deadline when it is negative.
+// It is marked callhint.Locked: the calling goroutine is locked to the
+// foreign thread that called in.
 func callContext(timeoutMs C.int64_t) (context.Context, context.CancelFunc) {
+	ctx := callhint.Locked(context.Background())
 	if timeoutMs < 0 {
-		return context.WithCancel(context.Background())
+		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
+	return context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 }
 
 func fillPoolStats(out *C.trpc_pool_stats, s mempool.Stats) {

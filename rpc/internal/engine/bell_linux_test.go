@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/callhint"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
@@ -163,5 +164,25 @@ func TestAwaitBellLinkFails(t *testing.T) {
 	case <-client.Dead:
 	default:
 		t.Fatal("AwaitAnswer returned before the link failed")
+	}
+}
+
+// TestAwaitBellLocked: a caller marked as locked to its thread
+// (callhint.Locked) gets its answer whether it comes while it watches
+// pc.Ch or after the watch, on the bell.
+func TestAwaitBellLocked(t *testing.T) {
+	client, answer := heldServer(t)
+	for ref := uint64(1); ref <= 6; ref++ {
+		pc := askFetch(t, client, ref)
+		if ref%2 == 0 {
+			go answer(ref) // while it watches, most likely
+		} else {
+			whenBelled(client, func() {
+				time.Sleep(10 * PollSpin) // past the watch: on the bell
+				answer(ref)
+			})
+		}
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin)
+		wantBytes(t, r, ok)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/callhint"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -58,13 +59,18 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 // awaitBell waits for pc's answer on the link's bell, for a queue pair
 // whose receiving runs in a goroutine of its own (tcp). The receiver puts
 // the answer in pc.Ch, which readies nobody, and rings the bell; when the
-// receiver then waits for its socket again, its thread finds the bell in
-// the netpoller and runs this caller, as it would a goroutine reading a
-// socket. A channel hand-off would instead start an idle thread (Go's
+// receiver then waits for its socket again, its own thread finds the bell
+// in the netpoller and runs this caller, as it would a goroutine reading
+// a socket. A channel hand-off would instead start an idle thread (Go's
 // wakep), which on a many-core machine costs more than the call's work.
-// One caller per link waits so; it reports false, with no answer, for the
-// others, when there is no bell, or when the link fails: the caller then
-// waits for pc.Ch as before, and when ctx ends.
+// One caller per link waits so; it reports false, with no answer, for
+// the others, when there is no bell, when the link fails, or when ctx
+// ends: the caller then waits for pc.Ch as before.
+//
+// A caller locked to its thread (callhint.Locked: a call from a foreign
+// thread through the C ABI) first watches pc.Ch for up to PollSpin:
+// waking it, through the bell or a channel, is an OS-level wake-up of its
+// thread, which is awake now.
 func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool) {
 	if l.bell == nil || !l.belled.CompareAndSwap(false, true) {
 		return FrameReply{}, false
@@ -74,8 +80,12 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool
 		stop := context.AfterFunc(ctx, l.bell.ring)
 		defer stop()
 	}
+	var watchUntil time.Time
+	if callhint.IsLocked(ctx) {
+		watchUntil = time.Now().Add(PollSpin)
+	}
 	pc.bell.Store(l.bell)
-	for {
+	for i := 1; ; i++ {
 		select {
 		case r := <-pc.Ch:
 			return r, true
@@ -84,6 +94,16 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool
 		case <-ctx.Done():
 			return FrameReply{}, false
 		default:
+		}
+		if !watchUntil.IsZero() {
+			if i%32 != 0 {
+				continue
+			}
+			if time.Now().Before(watchUntil) {
+				osYield()
+				continue
+			}
+			watchUntil = time.Time{}
 		}
 		if l.bell.wait() != nil {
 			return FrameReply{}, false
