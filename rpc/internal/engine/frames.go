@@ -636,6 +636,13 @@ func (f *Framing) Expect(ref uint64, want uint8, into func(flags uint16) proto.M
 	return pc
 }
 
+// inFlight is the number of requests awaiting their answers.
+func (f *Framing) inFlight() int {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	return len(f.Pending)
+}
+
 // Forget drops a request's registration.
 func (f *Framing) Forget(ref uint64) {
 	f.Mu.Lock()

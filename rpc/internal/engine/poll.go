@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"runtime"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/callhint"
@@ -19,9 +20,14 @@ const PollSpin = 50 * time.Microsecond
 // AwaitAnswer waits up to spin for pc's answer while polling the link's
 // queue pair, so that the answer is handled in this goroutine and nothing
 // needs to wake it. It reports false, with no answer, when the spin ran
-// out, the queue pair cannot be polled, or another caller polls it (one
+// out, the queue pair cannot be polled, another caller polls it (one
 // spinning caller per lane takes every answer as it arrives, and hands
-// the others over): the caller then waits for pc.Ch as before. Between fruitless
+// the others over), or other requests of the link await their answers
+// too: the caller then waits for pc.Ch as before. With calls in flight
+// side by side the receiver is busy anyway, and a caller spinning beside
+// it kept the callers whose answers it handled off its P: on 2 CPUs, 4
+// streams of 4 KiB shm Fetches had a p50 of 172-188 µs polling so and
+// 69-75 µs without; only polling alone, 71 µs. Between fruitless
 // looks it lets other threads of the host run (the peer's, on a machine
 // with few cores), without waking an idle one.
 func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Duration) (FrameReply, bool) {
@@ -29,7 +35,7 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 	if !ok {
 		return l.awaitBell(ctx, pc)
 	}
-	if spin <= 0 || !p.BeginPoll() {
+	if spin <= 0 || l.Frames.inFlight() > 1 || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
@@ -43,6 +49,15 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 		default:
 		}
 		if p.Poll() {
+			select {
+			case r := <-pc.Ch:
+				return r, true
+			default:
+			}
+			// What we handled was for other goroutines (the answers of
+			// callers waiting on their channels): they were made ready on
+			// this P, and with few Ps spinning here would keep them off it.
+			runtime.Gosched()
 			continue
 		}
 		if i%32 == 0 {
@@ -81,7 +96,7 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool
 		defer stop()
 	}
 	var watchUntil time.Time
-	if callhint.IsLocked(ctx) {
+	if callhint.IsLocked(ctx) && l.Frames.inFlight() == 1 {
 		watchUntil = time.Now().Add(PollSpin)
 	}
 	pc.bell.Store(l.bell)
