@@ -413,8 +413,8 @@ func (c *Client) releaseRef(s *clientSession, ref uint64) {
 const maxQueuedReleases = 1 << 14
 
 // queueRelease queues a release on the session's frames: it rides the
-// next frame on a lane taken in turn, as calls take them, so that
-// releases spread over the lanes' frames (the server takes a session's
+// next frame on the lane the next call takes (the least busy), so that
+// releases ride the calls' frames (the server takes a session's
 // releases on any of its lanes). Only frames make transfers, so a session
 // without a data plane has nothing to release.
 func (c *Client) queueRelease(r release) {

@@ -24,7 +24,6 @@ type clientSession struct {
 	transport  string
 	link       *engine.Link   // lane 0; nil for the grpc transport
 	lanes      []*engine.Link // every lane, link first
-	turn       engine.Turn    // picks the lane of each frame call
 	eager      int
 	calls      callPlane
 	rejections []Rejection
@@ -92,9 +91,9 @@ const closeFlushTimeout = 2 * time.Second
 // server ended.
 const answerLinger = time.Second
 
-// lane picks the lane for the next frame call, in turn.
+// lane picks the lane for the next frame call: the least busy.
 func (s *clientSession) lane() *engine.Link {
-	return s.turn.Next(s.lanes)
+	return engine.LeastBusy(s.lanes)
 }
 
 // close ends the session from this side and waits for its reader and

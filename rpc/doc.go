@@ -84,7 +84,7 @@
 //     not gRPC calls, which saves the gRPC round trip; a request or answer
 //     too large for a frame (a long key, large metadata, many tensors) is
 //     itself pulled, as a tensor is. A session may have several queue
-//     pairs (lanes, WithLanes): calls take them in turn and transfers of
+//     pairs (lanes, WithLanes): a call takes the least busy and transfers of
 //     8 MiB or more are read in parts over all of them at once. gRPC's own
 //     interceptors (WithGRPCServerOptions, WithGRPCDialOptions, a
 //     grpc.Server given to Register, the connection given to NewClient)

@@ -62,7 +62,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvTransports, Default: strings.Join(allTransports, ","), Meaning: "data planes to enable (negotiation prefers ibv > shm > tcp > grpc), or ^list to exclude"},
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
-		{Name: EnvLanes, Default: "1 below 4 cores, else cores/2, at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
+		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)

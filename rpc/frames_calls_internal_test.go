@@ -136,11 +136,15 @@ func TestFramesReleasesPiggyback(t *testing.T) {
 			if n := u.Total(); n != 0 {
 				t.Fatalf("%d unary calls", n)
 			}
-			// Releases spread over the lanes, as the calls do.
-			for i, l := range ss.lanes {
-				if l.Frames.ReleasedIn.Load() == 0 {
-					t.Errorf("lane %d of %d carried no release", i, lanes)
-				}
+			// Every release came in on a lane's frames (calls one after
+			// another take the least busy lane, and their releases with
+			// them).
+			var in uint64
+			for _, l := range ss.lanes {
+				in += l.Frames.ReleasedIn.Load()
+			}
+			if in < 200 {
+				t.Errorf("%d releases came in on %d lanes' frames, want the 200 Fetches'", in, lanes)
 			}
 		})
 	}

@@ -6,8 +6,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
-// TestDefaultLanes pins the measured policy: one lane on few cores, half
-// the cores on more, at most 8, and one on grpc.
+// TestDefaultLanes pins the measured policy: half the cores, at least 2
+// (1 on one core), at most 8, and one on grpc.
 func TestDefaultLanes(t *testing.T) {
 	for _, tc := range []struct {
 		transport string
@@ -15,8 +15,8 @@ func TestDefaultLanes(t *testing.T) {
 		want      int
 	}{
 		{rpc.TransportTCP, 1, 1},
-		{rpc.TransportTCP, 2, 1},
-		{rpc.TransportTCP, 3, 1},
+		{rpc.TransportTCP, 2, 2},
+		{rpc.TransportSHM, 3, 2},
 		{rpc.TransportTCP, 4, 2},
 		{rpc.TransportSHM, 6, 3},
 		{rpc.TransportIBV, 8, 4},

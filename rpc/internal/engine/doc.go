@@ -15,7 +15,7 @@
 //     slots and credits, SendFrame/TrySendFrame, the creditor and the
 //     releaser, pending calls and their replies, over proto/wire's header;
 //   - lanes (lanes.go): a session's several links, made (NewLanes) and
-//     connected together, taken in turn by frame calls (Turn), watched
+//     connected together, the least busy taken by each frame call (LeastBusy), watched
 //     (AnyDead, OnDead, AwaitDead), flushed of their releases
 //     (FlushLanes), striped reads (ReadLanes) and grants on every lane
 //     (GrantLanes);

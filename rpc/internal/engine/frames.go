@@ -68,8 +68,9 @@ type Framing struct {
 	Unreturned  uint32
 	wake        chan struct{} // closed when credits come back
 	Pending     map[uint64]*PendingCall
-	abandoned   int // pending requests whose callers stopped waiting
-	MaxAbandon  int // maxAbandoned; tests lower it
+	inflight    atomic.Int32 // len(Pending), kept under Mu and read without it (InFlight)
+	abandoned   int          // pending requests whose callers stopped waiting
+	MaxAbandon  int          // maxAbandoned; tests lower it
 	// Client side: transfer ids to release and refs to cancel, sent with
 	// the next frame or, when none goes out soon, in a RELEASE frame.
 	relIDs  []uint64
@@ -271,6 +272,7 @@ func (l *Link) HandleFrame(b []byte) error {
 			return fmt.Errorf("%w: a response of type %d to a request awaiting type %d", errFrame, h.Type, pc.Want)
 		}
 		delete(f.Pending, h.Ref)
+		f.inflight.Store(int32(len(f.Pending)))
 		if ok && pc.late != nil {
 			f.abandoned--
 		}
@@ -632,21 +634,20 @@ func (f *Framing) Expect(ref uint64, want uint8, into func(flags uint16) proto.M
 	pc := &PendingCall{Ch: make(chan FrameReply, 1), Want: want, Into: into}
 	f.Mu.Lock()
 	f.Pending[ref] = pc
+	f.inflight.Store(int32(len(f.Pending)))
 	f.Mu.Unlock()
 	return pc
 }
 
-// inFlight is the number of requests awaiting their answers.
-func (f *Framing) inFlight() int {
-	f.Mu.Lock()
-	defer f.Mu.Unlock()
-	return len(f.Pending)
-}
+// InFlight is the number of requests awaiting their answers (abandoned
+// ones included), read without a lock.
+func (f *Framing) InFlight() int { return int(f.inflight.Load()) }
 
 // Forget drops a request's registration.
 func (f *Framing) Forget(ref uint64) {
 	f.Mu.Lock()
 	delete(f.Pending, ref)
+	f.inflight.Store(int32(len(f.Pending)))
 	f.Mu.Unlock()
 }
 
@@ -696,6 +697,7 @@ func (f *Framing) closePending() {
 	f.Mu.Lock()
 	left := f.Pending
 	f.Pending = map[uint64]*PendingCall{}
+	f.inflight.Store(0)
 	f.Mu.Unlock()
 	for _, pc := range left {
 		if pc.late != nil {

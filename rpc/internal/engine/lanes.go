@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -143,20 +142,29 @@ func FlushLanes(ctx context.Context, lanes []*Link) {
 	}
 }
 
-// Turn picks a session's lanes in turn for its frame calls. Its zero
-// value is ready to use; it is safe for concurrent use.
-type Turn struct{ next atomic.Uint32 }
-
-// Next is the lane for the next frame call: the only one when there is
-// one, nil when there is none.
-func (t *Turn) Next(lanes []*Link) *Link {
-	switch len(lanes) {
-	case 0:
-		return nil
-	case 1:
-		return lanes[0]
+// LeastBusy is the lane for the next frame call: the first of those with
+// the fewest requests awaiting answers (nil when there is none). Calls
+// side by side spread over the lanes; calls one after another stay on
+// one, whose receiver is awake, instead of waking each lane's in turn
+// (on 2 CPUs with 2 lanes, taking them in turn made one stream's 4 KiB
+// Fetch slower than one lane: shm p50 40 against 17 µs, tcp 40 against
+// 29).
+func LeastBusy(lanes []*Link) *Link {
+	var best *Link
+	least := int(^uint(0) >> 1)
+	for _, l := range lanes {
+		n := 0
+		if l.Frames != nil {
+			n = l.Frames.InFlight()
+		}
+		if n < least {
+			best, least = l, n
+		}
+		if n == 0 {
+			break
+		}
 	}
-	return lanes[t.next.Add(1)%uint32(len(lanes))]
+	return best
 }
 
 // Stripes: a one-sided transfer of at least StripeMin bytes on a session

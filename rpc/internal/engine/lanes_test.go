@@ -10,25 +10,38 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// TestTurn: frame calls take a session's lanes in turn, every lane as
-// often as any other.
-func TestTurn(t *testing.T) {
-	var turn Turn
-	if l := turn.Next(nil); l != nil {
+// TestLeastBusy: a frame call takes the first lane with the fewest
+// requests awaiting answers.
+func TestLeastBusy(t *testing.T) {
+	if l := LeastBusy(nil); l != nil {
 		t.Fatalf("a lane of none: %v", l)
 	}
-	lanes := []*Link{{}, {}, {}}
-	if l := turn.Next(lanes[:1]); l != lanes[0] {
-		t.Fatal("the only lane was not picked")
+	lanes := make([]*Link, 3)
+	for i := range lanes {
+		lanes[i] = &Link{Frames: &Framing{Pending: map[uint64]*PendingCall{}}}
 	}
-	picked := map[*Link]int{}
-	for range 3 * len(lanes) {
-		picked[turn.Next(lanes)]++
+	expect := func(i int, ref uint64) {
+		lanes[i].Frames.Expect(ref, frameFetchResp, fetchAnswer())
 	}
-	for i, l := range lanes {
-		if picked[l] != 3 {
-			t.Fatalf("lane %d picked %d times of %d, want 3", i, picked[l], 3*len(lanes))
+	for range 3 {
+		if l := LeastBusy(lanes); l != lanes[0] {
+			t.Fatal("with no request in flight, the first lane was not picked")
 		}
+	}
+	expect(0, 1)
+	if l := LeastBusy(lanes); l != lanes[1] {
+		t.Fatal("a busy lane was picked over an idle one")
+	}
+	expect(1, 2)
+	expect(2, 3)
+	expect(2, 4)
+	if l := LeastBusy(lanes); l != lanes[0] {
+		t.Fatal("with loads 1, 1, 2 the first of the least busy was not picked")
+	}
+	lanes[2].Frames.Forget(3)
+	lanes[2].Frames.Forget(4)
+	if l := LeastBusy(lanes); l != lanes[2] {
+		t.Fatal("a lane whose requests were answered was not picked")
 	}
 }
 

@@ -35,7 +35,7 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 	if !ok {
 		return l.awaitBell(ctx, pc)
 	}
-	if spin <= 0 || l.Frames.inFlight() > 1 || !p.BeginPoll() {
+	if spin <= 0 || l.Frames.InFlight() > 1 || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
@@ -96,7 +96,7 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool
 		defer stop()
 	}
 	var watchUntil time.Time
-	if callhint.IsLocked(ctx) && l.Frames.inFlight() == 1 {
+	if callhint.IsLocked(ctx) && l.Frames.InFlight() == 1 {
 		watchUntil = time.Now().Add(PollSpin)
 	}
 	pc.bell.Store(l.bell)
