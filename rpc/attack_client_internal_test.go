@@ -81,6 +81,10 @@ func newHostileServer(t *testing.T, transport string, serverOpts []ServerOption,
 			}
 		}
 	})
+	// One lane unless the test asks for more: the tests follow a
+	// session's calls on its lane.
+	serverOpts = append([]ServerOption{WithLanes(1)}, serverOpts...)
+	clientOpts = append([]DialOption{WithLanes(1)}, clientOpts...)
 	s, c := pair(t, transport, append(slices.Clone(serverOpts), hook), clientOpts)
 	if c.last.link == nil || c.last.link.Frames == nil {
 		t.Fatal("no frames")
