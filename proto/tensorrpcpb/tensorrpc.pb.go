@@ -1058,7 +1058,16 @@ type FetchRequest struct {
 	// Wait until the key is published (or the deadline passes) instead of
 	// failing at once with NOT_FOUND. Fetch and FetchStream wait only when
 	// it is set; set a deadline on the call when you set it.
-	Wait          bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
+	Wait bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
+	// When not empty, only these rows (indices along dimension 0, in this
+	// order, repeats allowed) of the published tensor, which must have at
+	// least one dimension: the answer is a tensor of shape
+	// [len(rows), shape[1:]...], the rows back to back. An index out of
+	// range fails the call with INVALID_ARGUMENT before anything moves. On
+	// a data plane (a FETCH_REQ with the ROWS flag, whose body is then this
+	// message) the server may instead grant the whole published tensor and
+	// set FetchResponse.rows_of_source: the client reads the rows itself.
+	Rows          []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1123,13 @@ func (x *FetchRequest) GetWait() bool {
 	return false
 }
 
+func (x *FetchRequest) GetRows() []int64 {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
 type FetchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Meta  *TensorMeta            `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -1122,7 +1138,13 @@ type FetchResponse struct {
 	InlineData []byte `protobuf:"bytes,2,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
 	// In a FETCH_RESP frame: names the server's buffer that meta.location
 	// grants, to release once read. 0 in answers of the methods.
-	TransferId    uint64 `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	TransferId uint64 `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// Answering a request for rows: meta describes the rows asked for
+	// (shape [len(rows), ...], byte_length their total, no checksum), but
+	// meta.location grants the whole published tensor (location.length its
+	// bytes), from which the client reads each row it asked for: row i at
+	// rows[i] * row_bytes, row_bytes = byte_length / len(rows).
+	RowsOfSource  bool `protobuf:"varint,4,opt,name=rows_of_source,json=rowsOfSource,proto3" json:"rows_of_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1178,13 +1200,30 @@ func (x *FetchResponse) GetTransferId() uint64 {
 	return 0
 }
 
+func (x *FetchResponse) GetRowsOfSource() bool {
+	if x != nil {
+		return x.RowsOfSource
+	}
+	return false
+}
+
 type SendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// May be empty: see Sessions at the top.
 	SessionId string      `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Meta      *TensorMeta `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
 	// The tensor's bytes, meta.byte_length of them, when it goes inline.
-	InlineData    []byte `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	InlineData []byte `protobuf:"bytes,3,opt,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	// When not empty, a write of rows (SendRows): the tensor is
+	// len(rows) rows, written over rows[i] (indices along dimension 0) of
+	// the tensor published under meta.key, which must have been published
+	// writable (else PERMISSION_DENIED) with the same dtype and row shape
+	// (else INVALID_ARGUMENT); nothing is published anew. Indices must be
+	// in range and distinct (else INVALID_ARGUMENT, nothing written). On a
+	// data plane the server reads each row from the client's grant into
+	// its place. The write is visible to Fetches that start after the
+	// answer.
+	Rows          []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1275,13 @@ func (x *SendRequest) GetMeta() *TensorMeta {
 func (x *SendRequest) GetInlineData() []byte {
 	if x != nil {
 		return x.InlineData
+	}
+	return nil
+}
+
+func (x *SendRequest) GetRows() []int64 {
+	if x != nil {
+		return x.Rows
 	}
 	return nil
 }
@@ -1644,9 +1690,12 @@ func (x *Header) GetValue() []byte {
 type ChunkHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For CallStream: the method; empty for FetchStream and SendStream.
-	Method        string        `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
-	Metadata      []byte        `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors       []*TensorMeta `protobuf:"bytes,3,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	Method   string        `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	Metadata []byte        `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors  []*TensorMeta `protobuf:"bytes,3,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	// SendStream: as SendRequest.rows, a write of these rows of the
+	// published tensor instead of a publication.
+	Rows          []int64 `protobuf:"varint,4,rep,packed,name=rows,proto3" json:"rows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1698,6 +1747,13 @@ func (x *ChunkHeader) GetMetadata() []byte {
 func (x *ChunkHeader) GetTensors() []*TensorMeta {
 	if x != nil {
 		return x.Tensors
+	}
+	return nil
+}
+
+func (x *ChunkHeader) GetRows() []int64 {
+	if x != nil {
+		return x.Rows
 	}
 	return nil
 }
@@ -1822,25 +1878,28 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThresholdJ\x04\b\x05\x10\x06R\x10data_plane_calls\"r\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThresholdJ\x04\b\x05\x10\x06R\x10data_plane_calls\"\x86\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04wait\x18\x05 \x01(\bR\x04waitJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
-	"client_ref\"\x7f\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x12\n" +
+	"\x04rows\x18\x06 \x03(\x03R\x04rowsJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
+	"client_ref\"\xa5\x01\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
-	"transferId\"\x99\x01\n" +
+	"transferId\x12$\n" +
+	"\x0erows_of_source\x18\x04 \x01(\bR\frowsOfSource\"\xad\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x01(\fR\n" +
-	"inlineDataJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x04holdR\n" +
+	"inlineData\x12\x12\n" +
+	"\x04rows\x18\x06 \x03(\x03R\x04rowsJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x04holdR\n" +
 	"client_ref\"E\n" +
 	"\fSendResponseJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\xc7\x01\n" +
 	"\vCallRequest\x12\x1d\n" +
@@ -1870,11 +1929,12 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\x0etimeout_micros\x18\x02 \x01(\x04R\rtimeoutMicros\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"u\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x89\x01\n" +
 	"\vChunkHeader\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1a\n" +
 	"\bmetadata\x18\x02 \x01(\fR\bmetadata\x122\n" +
-	"\atensors\x18\x03 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\"N\n" +
+	"\atensors\x18\x03 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x12\n" +
+	"\x04rows\x18\x04 \x03(\x03R\x04rows\"N\n" +
 	"\x05Chunk\x121\n" +
 	"\x06header\x18\x01 \x01(\v2\x19.tensorrpc.v1.ChunkHeaderR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data*\xac\x02\n" +

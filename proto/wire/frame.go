@@ -43,6 +43,9 @@ const (
 	// and deadline); the type's body (or, with FlagIndirect, the
 	// TensorMeta naming it) follows.
 	FlagHeaders uint16 = 1 << 3
+	// FlagRows (FETCH_REQ): the body is a protobuf FetchRequest (the key
+	// and the rows asked for) instead of the raw key.
+	FlagRows uint16 = 1 << 4
 )
 
 // ErrInvalidFrame wraps every frame decoding error.
@@ -51,7 +54,7 @@ var ErrInvalidFrame = errors.New("wire: invalid frame")
 // frameFlags are the flags each type allows; index 0 and the types past
 // FrameRelease are unknown.
 var frameFlags = [...]uint16{
-	FrameFetchReq:  FlagWait | FlagLease | FlagIndirect | FlagHeaders,
+	FrameFetchReq:  FlagWait | FlagLease | FlagIndirect | FlagHeaders | FlagRows,
 	FrameFetchResp: FlagIndirect,
 	FrameSendReq:   FlagIndirect | FlagHeaders,
 	FrameCallReq:   FlagIndirect | FlagHeaders,
