@@ -673,6 +673,7 @@ func TestHostileServerGrantOutlivesCancel(t *testing.T) {
 				t.Fatalf("%d lanes", len(hs.ss.lanes))
 			}
 			c := hs.c
+			c.noInPlace = true // the pool copy's life (caller memory: TestHostileServerInPlaceSourceRevoked)
 			src := wrapped(t, n, 9)
 			want := bytes.Clone(src.Bytes())
 			start := time.Now()
@@ -1105,6 +1106,7 @@ func TestHostileServerLeaseLies(t *testing.T) {
 func TestHostileServerLeavesCancelledCallsUnanswered(t *testing.T) {
 	hs := newHostileServer(t, TransportTCP, nil, nil)
 	c := hs.c
+	c.noInPlace = true // each held source is a pool copy, counted in InUse
 	const bound = 8
 	for _, l := range c.last.lanes {
 		l.Frames.Mu.Lock()
@@ -1133,5 +1135,41 @@ func TestHostileServerLeavesCancelledCallsUnanswered(t *testing.T) {
 	}
 	if c.SessionID() == first {
 		t.Fatal("the same session after it was ended")
+	}
+}
+
+// TestHostileServerInPlaceSourceRevoked: a Send of caller memory granted
+// in place (tcp) that gives up ends its grant before it returns, so the
+// caller may reuse its memory at once: a server that reads it after that
+// is refused, and its late answer changes nothing.
+func TestHostileServerInPlaceSourceRevoked(t *testing.T) {
+	hs := newHostileServer(t, TransportTCP, nil, nil)
+	c := hs.c
+	const n = 1 << 20
+	src := wrapped(t, n, 9)
+	copies := c.Stats().Copies
+	ch := started(func() error { return c.Send(shortCtx(t, 200*time.Millisecond), "k", src) })
+	r := hs.next(5 * time.Second)
+	req := &pb.SendRequest{}
+	if err := proto.Unmarshal(r.body, req); err != nil || req.Meta.GetLocation() == nil {
+		t.Fatalf("SEND_REQ: %v, %v", req, err)
+	}
+	loc := req.Meta.Location
+	if got, err := hs.readFrom(r.lane, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, n); err != nil || !bytes.Equal(got, src.Bytes()) {
+		t.Fatalf("a Read of the caller's memory while the Send waits: %v", err)
+	}
+	if d := c.Stats().Copies - copies; d != 0 {
+		t.Fatalf("the Send copied the caller's memory %d times", d)
+	}
+	if err := waitErr(t, ch, 5*time.Second, "Send"); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Send: %v, want DeadlineExceeded", err)
+	}
+	if got, err := hs.readFrom(r.lane, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, n); err == nil {
+		t.Fatalf("a Read of the caller's memory after the Send returned succeeded (same bytes %v)", bytes.Equal(got, src.Bytes()))
+	}
+	hs.answer(r, wire.FrameSendResp, 0, engine.AppendStatus(nil, nil, 0))
+	hs.serve.Store(true)
+	if err := c.Send(ctxT(t), "k2", src); err != nil {
+		t.Fatalf("a Send after the late answer: %v", err)
 	}
 }

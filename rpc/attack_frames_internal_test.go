@@ -346,7 +346,7 @@ func TestAttackReleaseStorm(t *testing.T) {
 	if !kept {
 		t.Fatal("another session's releases freed the victim's transfer")
 	}
-	got, err := victim.receive(ctx, vs, vs.link, vresp.Meta, nil, vresp.TransferId, false)
+	got, err := victim.receive(ctx, vs, vs.link, vresp.Meta, nil, vresp.TransferId, fetchOptions{})
 	if err != nil {
 		t.Fatalf("the victim reads its transfer after the storm: %v", err)
 	}

@@ -39,9 +39,12 @@ type Client struct {
 	ownConn bool
 	api     pb.TensorRPCClient
 	domains map[string]*engine.Domain
-	missing []Rejection // data planes this side could not open
-	stats   counters
-	topo    topology
+	// noInPlace makes caller memory go through pool copies (tests of
+	// the pool path).
+	noInPlace bool
+	missing   []Rejection // data planes this side could not open
+	stats     counters
+	topo      topology
 	// planFor, when set (by tests), decides device transfers instead of
 	// gpudirect.Plan, so the direct path runs without a GPU or RDMA NIC.
 	planFor func(gpudirect.DeviceBuffer) gpudirect.Decision

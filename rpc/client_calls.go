@@ -3,7 +3,9 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,7 +22,38 @@ import (
 // FetchOption changes how Fetch moves a tensor.
 type FetchOption func(*fetchOptions)
 
-type fetchOptions struct{ lease, wait bool }
+type fetchOptions struct {
+	lease, wait bool
+	rows        []int64 // Rows: nil for the whole tensor
+	into        *Tensor // Into: nil for a new pool tensor
+	// rowsOfSource: the answer grants the whole source, of sourceBytes,
+	// whose rows the client reads (FetchResponse.rows_of_source).
+	rowsOfSource bool
+	sourceBytes  uint64
+}
+
+// Rows fetches only these rows (indices along dimension 0, in this order;
+// repeats allowed) of the published tensor, which must have at least one
+// dimension: the result has shape [len(idx), shape[1:]...], the rows back
+// to back. An index out of range fails with InvalidArgument and nothing
+// moves. On a data plane this is one request, after which the client
+// reads the rows from the server's memory in one batch of Reads (rows
+// that follow each other are one Read); at most MaxRows rows.
+func Rows(idx ...int64) FetchOption {
+	rows := append([]int64{}, idx...)
+	return func(o *fetchOptions) { o.rows = rows }
+}
+
+// Into lands the fetched tensor (or its Rows) in dst, which the caller
+// owns, instead of a new pool tensor, and Fetch returns dst itself. dst's
+// dtype and shape must be those of what arrives, else Fetch fails with
+// InvalidArgument and nothing is written to dst. On tcp the bytes are read
+// straight into dst, with no copy on this side; on shm likewise where the
+// provider can register dst (see Stats.Copies); elsewhere, and for
+// tensors small enough to come inline, they are copied in once. dst must
+// not be used until Fetch returns; on an error its contents are
+// undefined. Lease is ignored with Into.
+func Into(dst *Tensor) FetchOption { return func(o *fetchOptions) { o.into = dst } }
 
 // Lease asks for a zero-copy shared-memory lease of the server's tensor
 // instead of a copy: on the shm data plane the returned tensor is the
@@ -43,6 +76,9 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	for _, o := range opts {
 		o(&fo)
 	}
+	if err := fo.check(key); err != nil {
+		return nil, err
+	}
 	s, err := c.start(ctx)
 	if err != nil {
 		return nil, err
@@ -64,6 +100,42 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 	return t, err
 }
 
+// check checks the options before anything is asked for.
+func (fo *fetchOptions) check(key string) error {
+	if fo.rows != nil {
+		if len(fo.rows) == 0 {
+			return rowsErr("Fetch", key, "Rows names no row")
+		}
+		if len(fo.rows) > MaxRows {
+			return rowsErr("Fetch", key, "%d rows, more than %d (MaxRows)", len(fo.rows), MaxRows)
+		}
+		for i, r := range fo.rows {
+			if r < 0 {
+				return rowsErr("Fetch", key, "row index %d (at %d) is negative", r, i)
+			}
+		}
+	}
+	if fo.into != nil {
+		if err := checkOutgoing(fo.into, "Into's tensor"); err != nil {
+			return err
+		}
+		if fo.into.Leased() {
+			return status.Error(codes.InvalidArgument, "tensorrpc: Into's tensor is a read-only lease")
+		}
+		fo.lease = false
+	}
+	return nil
+}
+
+// matchInto checks that what meta describes fits dst.
+func matchInto(meta *pb.TensorMeta, dst *Tensor) error {
+	dtype, shape := shapeOf(meta)
+	if dtype != dst.DType() || !slices.Equal(shape, dst.Shape()) {
+		return status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q is %v%v, Into's tensor is %v%v", meta.Key, dtype, shape, dst.DType(), dst.Shape())
+	}
+	return nil
+}
+
 // intercept runs a call's work through the Client's interceptors. work
 // sets what came back in info (nil, and nothing allocated, without
 // interceptors).
@@ -77,10 +149,17 @@ func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, 
 
 // receive materializes a tensor the server offered: inline bytes, or a
 // transfer to read (or lease) and then release.
-func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, meta *pb.TensorMeta, inline []byte, transferID uint64, lease bool) (*Tensor, error) {
+func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, meta *pb.TensorMeta, inline []byte, transferID uint64, fo fetchOptions) (*Tensor, error) {
+	lease := fo.lease
 	if err := checkMeta(meta, c.opts.maxTensorBytes); err != nil {
 		c.releaseTransfer(s, transferID)
 		return nil, err
+	}
+	if fo.into != nil {
+		if err := matchInto(meta, fo.into); err != nil {
+			c.releaseTransfer(s, transferID)
+			return nil, err
+		}
 	}
 	dtype, shape := shapeOf(meta)
 	n := int(meta.ByteLength)
@@ -91,6 +170,15 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 		}
 		if err := verifySum(meta, inline); err != nil {
 			return nil, err
+		}
+		if fo.into != nil {
+			copy(fo.into.Bytes(), inline)
+			if n > 0 {
+				c.stats.copied(n)
+			}
+			c.stats.transfers.Add(1)
+			c.stats.inlineBytes.Add(int64(n))
+			return fo.into, nil
 		}
 		buf, err := copyToPool(ctx, c.pool, inline, &c.stats)
 		if err != nil {
@@ -105,6 +193,9 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: location on %s, session uses %s", meta.Key, loc.Transport, s.transport)
 	}
 	remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
+	if fo.into != nil || fo.rowsOfSource {
+		return c.receiveIn(ctx, s, l, meta, transferID, fo)
+	}
 	if lease {
 		if m, ok := l.QP.(verbs.RemoteMapper); ok {
 			mapping, err := m.MapRemote(remote, n)
@@ -143,6 +234,95 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 		return nil, err
 	}
 	return newPoolTensor(dtype, shape, buf)
+}
+
+// receiveIn reads a transfer into the caller's tensor (Into), and reads
+// the rows asked for out of a granted source (rows_of_source): into dst
+// in place where it can be registered (pool memory of this client, or
+// caller memory the provider registers), else into pool memory, copied
+// into dst once.
+func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link, meta *pb.TensorMeta, transferID uint64, fo fetchOptions) (*Tensor, error) {
+	n := int(meta.ByteLength)
+	release := func() { c.releaseTransfer(s, transferID) }
+	if n == 0 {
+		release()
+		c.stats.transfers.Add(1)
+		if fo.into != nil {
+			return fo.into, nil
+		}
+		buf, err := allocBuffer(ctx, c.pool, 0)
+		if err != nil {
+			return nil, err
+		}
+		return tensorOf(meta, buf)
+	}
+	var local verbs.Local
+	var done func()
+	var buf *mempool.Buffer
+	if dst := fo.into; dst != nil {
+		if dst.buf != nil {
+			if lc, err := l.Domain.Reg.Local(dst.buf); err == nil {
+				local, done = lc, func() {}
+			}
+		}
+		if done == nil {
+			if lc, d, err := l.Domain.CallerLocal(dst.Bytes(), verbs.AccessLocalWrite); err == nil {
+				local, done = lc, d
+			}
+		}
+	}
+	if done == nil {
+		b, err := allocBuffer(ctx, c.pool, n)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		lc, err := l.Domain.Reg.Local(b)
+		if err != nil {
+			b.Release()
+			release()
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		buf, local, done = b, lc, func() {}
+	}
+	local.Length = n
+	failed := func() {
+		done()
+		if buf != nil {
+			buf.Release()
+		}
+		release()
+	}
+	var err error
+	if fo.rowsOfSource {
+		err = readRowsOfSource(ctx, l, local, meta, fo.sourceBytes, fo.rows, failed)
+	} else {
+		err = engine.ReadLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: meta.Location.Address, Key: meta.Location.RemoteKey}, meta.Location.Lanes, failed)
+	}
+	if err != nil {
+		c.stats.errors.Add(1)
+		return nil, err
+	}
+	done()
+	release()
+	c.stats.transfers.Add(1)
+	c.stats.dataPlaneBytes.Add(int64(n))
+	if dst := fo.into; dst != nil {
+		if buf != nil {
+			copy(dst.Bytes(), buf.Bytes()[:n])
+			c.stats.copied(n)
+			buf.Release()
+		}
+		if err := verifySum(meta, dst.Bytes()); err != nil {
+			return nil, err
+		}
+		return dst, nil
+	}
+	if err := verifySum(meta, buf.Bytes()[:n]); err != nil {
+		buf.Release()
+		return nil, err
+	}
+	return tensorOf(meta, buf)
 }
 
 // read reads len(buf) bytes from remote into buf over l, or striped over
@@ -258,7 +438,7 @@ func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *engine.L
 		default:
 			return fail(status.Error(codes.InvalidArgument, "tensorrpc: reply tensor without data"))
 		}
-		t, err := c.receive(ctx, s, l, m, data, id, false)
+		t, err := c.receive(ctx, s, l, m, data, id, fetchOptions{})
 		if err != nil {
 			return fail(err)
 		}
@@ -421,7 +601,7 @@ func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, r
 		c.releaseRef(s, ref)
 		return nil, status.Error(codes.Internal, "tensorrpc: the server's indirect answer is not a byte transfer")
 	}
-	t, err := c.receive(ctx, s, l, meta, nil, meta.TransferId, false)
+	t, err := c.receive(ctx, s, l, meta, nil, meta.TransferId, fetchOptions{})
 	if err != nil {
 		c.releaseRef(s, ref)
 		return nil, err
@@ -448,7 +628,12 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 	if fo.lease {
 		flags |= wire.FlagLease
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, []byte(key), nil, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
+	raw, msg := []byte(key), proto.Message(nil)
+	if fo.rows != nil {
+		flags |= wire.FlagRows
+		raw, msg = nil, &pb.FetchRequest{Key: key, Rows: fo.rows}
+	}
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -475,22 +660,50 @@ func (c *Client) replyError(s *clientSession, ref uint64, r engine.FrameReply) e
 	return nil
 }
 
+// ownPoolMemory reports whether t is memory of the Client's pool.
+func (c *Client) ownPoolMemory(t *Tensor) bool {
+	if t.buf == nil || t.buf.Len() == 0 {
+		return false
+	}
+	a, _, ok := c.pool.Locate(t.buf.Addr())
+	return ok && a == t.buf.Arena()
+}
+
 // grantSource makes out readable by the server for one request frame:
 // a read-only grant on the lane l (and on every lane, for a striped
 // transfer), described as a Location. A host tensor is granted from a
 // pool buffer holding it (its own when it is pool memory). free ends the
 // grants and drops the buffer.
 func (c *Client) grantSource(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free func(), err error) {
+	loc, free, _, err = c.grantSourceIn(ctx, s, l, out)
+	return loc, free, err
+}
+
+// grantSourceIn is grantSource, and reports whether it granted caller
+// memory in place: then free must run before the caller may reuse it,
+// even when the call is given up (it ends the grants, and waits for a
+// read of the peer under way).
+func (c *Client) grantSourceIn(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free func(), inPlace bool, err error) {
 	n := out.len()
 	grantOn := func(x *engine.Link) (verbs.Grant, error) {
 		return x.QP.Grant(out.region, out.offset, n, verbs.AccessRemoteRead)
 	}
 	release := func() {}
 	region := uint32(0)
+	if out.t != nil && !c.noInPlace && !c.ownPoolMemory(out.t) {
+		// Caller memory, granted in place where the provider registers it.
+		if local, done, err := l.Domain.CallerLocal(out.t.Bytes()[:n], verbs.AccessRemoteRead); err == nil {
+			grantOn = func(x *engine.Link) (verbs.Grant, error) {
+				return x.QP.Grant(local.Region, local.Offset, n, verbs.AccessRemoteRead)
+			}
+			release = done
+			out.t, inPlace = nil, true
+		}
+	}
 	if out.t != nil {
 		src, err := poolBuffer(ctx, c.pool, out.t, &c.stats)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		grantOn = func(x *engine.Link) (verbs.Grant, error) { return x.Grant(src, n, verbs.AccessRemoteRead) }
 		release = func() { src.Release() }
@@ -499,34 +712,35 @@ func (c *Client) grantSource(ctx context.Context, s *clientSession, l *engine.Li
 	g, err := grantOn(l)
 	if err != nil {
 		release()
-		return nil, nil, engine.Unavailable(err)
+		return nil, nil, false, engine.Unavailable(err)
 	}
 	extra, striped, err := engine.GrantLanes(s.lanes, l, g, n, grantOn)
 	if err != nil {
 		g.Revoke()
 		release()
-		return nil, nil, engine.Unavailable(err)
+		return nil, nil, false, engine.Unavailable(err)
 	}
 	r := g.Remote()
 	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: region, RemoteKey: r.Key, Address: r.Addr, Length: uint64(n), Lanes: striped}
-	return loc, func() {
+	return loc, sync.OnceFunc(func() {
 		g.Revoke()
 		engine.RevokeAll(extra)
 		release()
-	}, nil
+	}), inPlace, nil
 }
 
 // sendFrame is Send as a SEND_REQ: the tensor inline, or granted to the
 // server, which reads and publishes it before it answers.
 func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) (err error) {
 	l := s.lane()
-	req := &pb.SendRequest{Meta: out.meta}
+	req := &pb.SendRequest{Meta: out.meta, Rows: out.rows}
 	n := out.len()
 	free := func() {}
+	inPlace := false
 	if out.t != nil && n <= engine.FrameInline(s.eager) {
 		req.InlineData = out.t.Bytes()
 	} else {
-		if req.Meta.Location, free, err = c.grantSource(ctx, s, l, out); err != nil {
+		if req.Meta.Location, free, inPlace, err = c.grantSourceIn(ctx, s, l, out); err != nil {
 			out.finish()
 			return err
 		}
@@ -540,6 +754,9 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		err = c.replyError(s, ref, r)
 	}
 	if err != nil {
+		if inPlace {
+			free() // the caller's memory is the caller's again when Send returns
+		}
 		c.stats.errors.Add(1)
 		return err
 	}

@@ -3,6 +3,10 @@ package rpc
 import (
 	"context"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -34,6 +38,7 @@ type outgoing struct {
 	region verbs.MemoryRegion
 	offset int
 	done   func()
+	rows   []int64 // SendRows: the rows t's rows are written over
 }
 
 func (o outgoing) len() int { return int(o.meta.ByteLength) }
@@ -55,7 +60,26 @@ func (e framePlane) fetch(ctx context.Context, key string, fo fetchOptions) (*Te
 	if err != nil {
 		return nil, err
 	}
-	t, err := e.c.receive(ctx, e.s, l, resp.Meta, resp.InlineData, resp.TransferId, fo.lease)
+	fo.rowsOfSource = resp.RowsOfSource
+	if fo.rowsOfSource {
+		loc := resp.Meta.GetLocation()
+		if fo.rows == nil || loc == nil {
+			e.c.releaseTransfer(e.s, resp.TransferId)
+			return nil, status.Error(codes.Internal, "tensorrpc: the server's answer grants a source's rows to a Fetch that asked for none, or grants nothing")
+		}
+		// The location grants the whole source: its length is checked
+		// against each row read, the rest as for any tensor.
+		meta := proto.Clone(resp.Meta).(*pb.TensorMeta)
+		fo.sourceBytes, meta.Location.Length = loc.Length, meta.ByteLength
+		resp.Meta = meta
+	}
+	if fo.rows != nil && !fo.rowsOfSource {
+		if err := checkRowsAnswer(resp.Meta, len(fo.rows)); err != nil {
+			e.c.releaseTransfer(e.s, resp.TransferId)
+			return nil, err
+		}
+	}
+	t, err := e.c.receive(ctx, e.s, l, resp.Meta, resp.InlineData, resp.TransferId, fo)
 	if err != nil {
 		e.c.stats.errors.Add(1)
 	}
@@ -94,13 +118,13 @@ type streams struct {
 func (p streams) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error) {
 	ctx, stop := p.c.untilClose(ctx)
 	defer stop()
-	return p.c.fetchStream(ctx, p.s, key, fo.wait)
+	return p.c.fetchStream(ctx, p.s, key, fo)
 }
 
 func (p streams) send(ctx context.Context, key string, t *Tensor) error {
 	ctx, stop := p.c.untilClose(ctx)
 	defer stop()
-	return p.c.sendStream(ctx, key, t)
+	return p.c.sendStream(ctx, key, t, nil)
 }
 
 func (p streams) call(ctx context.Context, method string, req *Message) (*Message, error) {

@@ -67,6 +67,11 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 		if err != nil {
 			return err
 		}
+		if req.Rows != nil {
+			if e, err = s.gatherRows(ctx, ss, req.Key, e, req.Rows); err != nil {
+				return err
+			}
+		}
 		defer e.Buf.Release()
 		// An unread reply holds gRPC's buffers (and the tensor) until sent.
 		n := int64(len(e.Tensor.Bytes()))
@@ -103,6 +108,14 @@ func (s service) SendStream(stream grpc.ClientStreamingServer[pb.Chunk, pb.SendR
 		ts, err := in.receive(ctx)
 		if err != nil {
 			return err
+		}
+		if rows := in.header.Rows; rows != nil {
+			err := s.writeRows(ctx, nil, nil, &pb.SendRequest{Meta: in.header.Tensors[0], Rows: rows, InlineData: ts[0].Bytes()})
+			ts[0].Release()
+			if err != nil {
+				return err
+			}
+			return stream.SendAndClose(&pb.SendResponse{})
 		}
 		if err := s.send(in.header.Tensors[0].Key, ts[0], 0); err != nil {
 			return err
@@ -224,10 +237,10 @@ func releaseAll(bufs []*mempool.Buffer) {
 }
 
 // fetchStream is Fetch over the fallback.
-func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, wait bool) (*Tensor, error) {
+func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Wait: wait}, chunkcodec.CallOptions()...)
+	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Wait: fo.wait, Rows: fo.rows}, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +251,16 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	if len(h.Tensors) != 1 {
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: FetchStream carries one tensor, header has %d", len(h.Tensors))
 	}
+	if fo.rows != nil {
+		if err := checkRowsAnswer(h.Tensors[0], len(fo.rows)); err != nil {
+			return nil, err
+		}
+	}
+	if fo.into != nil {
+		if err := matchInto(h.Tensors[0], fo.into); err != nil {
+			return nil, err
+		}
+	}
 	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats)
 	if err != nil {
 		c.stats.errors.Add(1)
@@ -246,6 +269,14 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	if err := fallback.ExpectEnd(stream); err != nil {
 		ts[0].Release()
 		return nil, err
+	}
+	if fo.into != nil {
+		n := copy(fo.into.Bytes(), ts[0].Bytes())
+		ts[0].Release()
+		if n > 0 {
+			c.stats.copied(n)
+		}
+		return fo.into, nil
 	}
 	return ts[0], nil
 }
@@ -277,7 +308,7 @@ func (c *Client) chunksOut(ctx context.Context, ts []*Tensor) (_ context.Context
 }
 
 // sendStream is Send over the fallback.
-func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
+func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []int64) error {
 	ctx, out, done, err := c.chunksOut(ctx, []*Tensor{t})
 	if err != nil {
 		return err
@@ -287,7 +318,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}}, out.bufs, &c.stats, out.refs); err != nil {
+	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}, Rows: rows}, out.bufs, &c.stats, out.refs); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}

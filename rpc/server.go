@@ -201,6 +201,19 @@ func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 	return newTensor(ctx, s.pool, dtype, shape)
 }
 
+// PublishOption changes how Publish publishes a tensor.
+type PublishOption func(*publishOptions)
+
+type publishOptions struct{ writable bool }
+
+// Writable lets clients write rows of the published tensor in place
+// (Client.SendRows), each write visible to Fetches that start after it
+// returns. Without it, SendRows of the key fails with PermissionDenied. A
+// Server interceptor sees each write (OpSend, CallInfo.Name the key) and
+// may refuse it per session or peer. A tensor from NewTensor is published
+// without a copy, so its owner sees the writes in it.
+func Writable() PublishOption { return func(o *publishOptions) { o.writable = true } }
+
 // Publish makes t available under key to Fetch, replacing what key held.
 // The Server keeps its own reference to t's memory (or a copy, for a
 // wrapped tensor), so the caller may Release t after Publish returns.
@@ -208,9 +221,18 @@ func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 // Publishing a wrapped tensor copies it into the pool, waiting for pool
 // memory while the pool is full until ctx ends; tensors from NewTensor need
 // neither.
-func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
+func (s *Server) Publish(ctx context.Context, key string, t *Tensor, opts ...PublishOption) error {
+	var po publishOptions
+	for _, o := range opts {
+		o(&po)
+	}
 	if t == nil || !t.Valid() {
 		return status.Error(codes.InvalidArgument, "tensorrpc: Publish of a nil or invalid tensor")
+	}
+	if po.writable {
+		if _, _, err := rowBytesOf(t.DType(), t.Shape()); err != nil {
+			return err
+		}
 	}
 	buf, err := poolBuffer(ctx, s.pool, t, &s.total)
 	if err != nil {
@@ -220,7 +242,10 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor) error {
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	return s.send(key, own, 0)
+	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: own.Tensor, Buf: own.buf, Writable: po.writable}); err != nil {
+		return rendezvousError(key, err)
+	}
+	return nil
 }
 
 // Unpublish removes key. It reports whether key was published. Transfers

@@ -28,6 +28,11 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 		if err != nil {
 			return err
 		}
+		if req.Rows != nil {
+			if e, err = s.gatherRows(ctx, ss, req.Key, e, req.Rows); err != nil {
+				return err
+			}
+		}
 		resp, err = s.fetchAnswer(ctx, ss, nil, 0, req.Key, e, s.opts.eagerThreshold, nil)
 		info.setResponse(int64(resp.GetMeta().GetByteLength()))
 		return err
@@ -157,6 +162,9 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 // nil; a SEND_REQ on lane l): its tensor is taken in and sent. It is
 // published before the answer goes, so the sender's next Fetch sees it.
 func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
+	if req.Rows != nil {
+		return s.writeRows(ctx, ss, l, req)
+	}
 	t, seq, err := s.sentTensor(ctx, ss, l, req)
 	if err != nil {
 		return err

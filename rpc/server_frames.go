@@ -47,14 +47,29 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	switch h.Type {
 	case wire.FrameFetchReq:
 		var key string
+		var rows []int64
 		// fetchNow answers where completions are handled; interceptors run
 		// where every other call's work runs.
-		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
+		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
 		}
 		// An indirect key is pulled up to one byte past the longest, so
 		// that one too long fails as one inline does.
-		load := s.takeRequest(ss, l, h, body, bad, wire.MaxKeyLen+1, func(b []byte) error {
+		limit := wire.MaxKeyLen + 1
+		if h.Flags&wire.FlagRows != 0 {
+			limit = MaxRecvMsgBytes
+		}
+		load := s.takeRequest(ss, l, h, body, bad, limit, func(b []byte) error {
+			if h.Flags&wire.FlagRows != 0 {
+				req := &pb.FetchRequest{}
+				if err := unmarshalFrame(b, req); err != nil {
+					return err
+				}
+				if req.Rows == nil {
+					return status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the ROWS flag names no row")
+				}
+				b, rows = []byte(req.Key), req.Rows
+			}
 			if len(b) > wire.MaxKeyLen {
 				return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
 			}
@@ -62,7 +77,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			return nil
 		})
 		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, false, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			return s.fetchForFrame(ctx, ss, l, h, key, held)
+			return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
 		})
 	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
@@ -333,12 +348,17 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, rows []int64, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	e, err := s.fetch(ctx, key, h.Flags&wire.FlagWait != 0)
 	if err != nil {
 		return 0, nil, err
 	}
-	resp, err := s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held)
+	var resp *pb.FetchResponse
+	if rows != nil {
+		resp, err = s.offerRows(ctx, ss, l, h.Ref, key, e, rows, engine.FrameInline(s.opts.eagerThreshold), held)
+	} else {
+		resp, err = s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held)
+	}
 	if err != nil {
 		return 0, nil, err
 	}

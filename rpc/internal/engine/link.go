@@ -31,6 +31,8 @@ type Domain struct {
 	// Ctl is the control pool's registration: the links' own small
 	// buffers, local access only.
 	Ctl *verbs.PoolRegistration
+	// caller caches registrations of caller memory (caller.go).
+	caller callerCache
 }
 
 func OpenDomain(p verbs.Provider, pool, ctl *mempool.Pool) (*Domain, error) {
@@ -67,6 +69,7 @@ func (l *Link) Grant(buf *mempool.Buffer, n int, access verbs.Access) (verbs.Gra
 }
 
 func (d *Domain) Close() {
+	d.caller.close()
 	d.Ctl.Close()
 	d.Reg.Close()
 	d.PD.Close()

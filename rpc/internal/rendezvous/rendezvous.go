@@ -25,6 +25,8 @@ type Entry struct {
 	// and lands after a later inline Send of the same key does not replace
 	// it.
 	Seq uint64
+	// Writable: sessions may write rows of it (Publish with Writable).
+	Writable bool
 }
 
 // ErrNotPublished is a fetch of a key that is not published, without
