@@ -295,7 +295,7 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 	}
 	var err error
 	if fo.rowsOfSource {
-		err = readRowsOfSource(ctx, l, local, meta, fo.sourceBytes, fo.rows, failed)
+		err = readRowsOfSource(ctx, l, s.lanes, local, meta, fo.sourceBytes, fo.rows, failed)
 	} else {
 		err = engine.ReadLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: meta.Location.Address, Key: meta.Location.RemoteKey}, meta.Location.Lanes, failed)
 	}

@@ -139,7 +139,7 @@ func (s *Server) offerRows(ctx context.Context, ss *serverSession, l *engine.Lin
 
 // readRowsOfSource reads the rows idx of the source tensor that meta's
 // location grants (rows_of_source) into buf, back to back, over l.
-func readRowsOfSource(ctx context.Context, l *engine.Link, local verbs.Local, meta *pb.TensorMeta, sourceBytes uint64, idx []int64, done func()) error {
+func readRowsOfSource(ctx context.Context, l *engine.Link, lanes []*engine.Link, local verbs.Local, meta *pb.TensorMeta, sourceBytes uint64, idx []int64, done func()) error {
 	loc := meta.Location
 	n := int64(len(idx))
 	if n == 0 || meta.ByteLength%uint64(n) != 0 {
@@ -154,6 +154,14 @@ func readRowsOfSource(ctx context.Context, l *engine.Link, local verbs.Local, me
 		}
 	}
 	runs := engine.RowRuns(len(idx), func(i int) (int64, int64) { return idx[i], int64(i) })
+	if len(loc.Lanes) == len(lanes) && len(lanes) > 1 {
+		// The source is granted on every lane: the rows are read over all.
+		remotes := make([]verbs.Remote, len(lanes))
+		for i, lr := range loc.Lanes {
+			remotes[i] = verbs.Remote{Addr: lr.Address, Key: lr.RemoteKey}
+		}
+		return engine.ReadRowsLanes(ctx, lanes, local, remotes, rowBytes, runs, done)
+	}
 	return engine.ReadRows(ctx, l, local, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, rowBytes, runs, done)
 }
 

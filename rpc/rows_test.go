@@ -72,12 +72,13 @@ func (g *guarded) intact(t *testing.T) {
 
 // TestFetchRows: Fetch with Rows returns exactly those rows, in the order
 // asked (repeats and runs of neighbours included), small enough to come
-// inline and large enough to be read from the server's memory.
+// inline, large enough to be read from the server's memory, and from a
+// source large enough to be granted on both lanes (read over both).
 func TestFetchRows(t *testing.T) {
 	for _, tr := range rowsPlanes {
 		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
-			for _, sz := range []struct{ rows, rowBytes, n int }{{16, 16, 3}, {512, 4096, 200}} {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(2)}, []rpc.DialOption{rpc.WithLanes(2)})
+			for _, sz := range []struct{ rows, rowBytes, n int }{{16, 16, 3}, {512, 4096, 200}, {1536, 8192, 300}} {
 				key := fmt.Sprintf("t%d", sz.rowBytes)
 				src := publishRows(t, s, key, sz.rows, sz.rowBytes)
 				rng := rand.New(rand.NewPCG(1, uint64(sz.rowBytes)))

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -73,5 +74,16 @@ func TestOnDead(t *testing.T) {
 	wg.Wait()
 	if len(died) != 0 {
 		t.Fatal("died ran twice")
+	}
+}
+
+// TestRowRuns: pairs whose rows follow each other on both sides merge
+// into one run; anything else starts a new one.
+func TestRowRuns(t *testing.T) {
+	idx := []int64{5, 6, 7, 7, 2, 3, 9}
+	got := RowRuns(len(idx), func(i int) (int64, int64) { return idx[i], int64(i) })
+	want := []RowRun{{5, 0, 3}, {7, 3, 1}, {2, 4, 2}, {9, 6, 1}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("RowRuns = %v, want %v", got, want)
 	}
 }

@@ -107,3 +107,65 @@ func ReadRows(ctx context.Context, l *Link, local verbs.Local, remote verbs.Remo
 	}
 	return nil
 }
+
+// ReadRowsLanes is ReadRows spread over lanes, one share of the runs per
+// lane, read at once (each lane's queue pair works on its own: on shm,
+// its Reads are copies made where they are posted, so the lanes' shares
+// are copied on as many cores): remotes[i] names the source on lanes[i].
+// With one lane, or one run, it is ReadRows. failed runs as ReadRows's
+// does, once, after every lane's Reads have completed.
+func ReadRowsLanes(ctx context.Context, lanes []*Link, local verbs.Local, remotes []verbs.Remote, rowBytes int64, runs []RowRun, failed func()) error {
+	k := min(len(lanes), len(remotes), len(runs))
+	if k <= 1 {
+		return ReadRows(ctx, lanes[0], local, remotes[0], rowBytes, runs, failed)
+	}
+	var total int64
+	for _, r := range runs {
+		total += r.N
+	}
+	// Shares of about equal rows, runs kept whole.
+	shares := make([][]RowRun, 0, k)
+	var acc int64
+	start := 0
+	for i, r := range runs {
+		acc += r.N
+		if len(shares) < k-1 && acc*int64(k) >= total*int64(len(shares)+1) {
+			shares = append(shares, runs[start:i+1])
+			start = i + 1
+		}
+	}
+	shares = append(shares, runs[start:])
+	var mu sync.Mutex
+	left, bad := len(shares), false
+	end := func(ok bool) {
+		mu.Lock()
+		left--
+		bad = bad || !ok
+		last, fail := left == 0, bad
+		mu.Unlock()
+		if last && fail {
+			failed()
+		}
+	}
+	errs := make([]error, len(shares))
+	var wg sync.WaitGroup
+	for i, share := range shares {
+		read := func() {
+			if errs[i] = ReadRows(ctx, lanes[i], local, remotes[i], rowBytes, share, func() { end(false) }); errs[i] == nil {
+				end(true)
+			}
+		}
+		if i == len(shares)-1 {
+			read()
+		} else {
+			wg.Go(read)
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
