@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -20,6 +21,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -42,9 +44,12 @@ type Client struct {
 	// noInPlace makes caller memory go through pool copies (tests of
 	// the pool path).
 	noInPlace bool
-	missing   []Rejection // data planes this side could not open
-	stats     counters
-	topo      topology
+	// registered is what Register registered.
+	regMu      sync.Mutex
+	registered map[memRange]struct{}
+	missing    []Rejection // data planes this side could not open
+	stats      counters
+	topo       topology
 	// planFor, when set (by tests), decides device transfers instead of
 	// gpudirect.Plan, so the direct path runs without a GPU or RDMA NIC.
 	planFor func(gpudirect.DeviceBuffer) gpudirect.Decision
@@ -245,6 +250,73 @@ func (c *Client) Pool() *mempool.Pool { return c.pool }
 
 // Stats returns the Client's counters over all its sessions.
 func (c *Client) Stats() Stats { return c.stats.snapshot(c.Transport()) }
+
+// Register registers t's memory, memory the caller owns (a WrapTensor
+// over its own bytes), with the Client's data planes until Deregister, so
+// that Sends, Calls and Fetches Into of it reuse one registration instead
+// of registering per transfer. On tcp and shm a registration is cheap and
+// kept in a cache anyway (a stale entry is harmless there: the providers
+// reach registered memory through its address); on an RDMA NIC a
+// registration pins the pages it found, so there only Register keeps one
+// past a transfer. Deregister before the memory is freed or reused. Pool
+// tensors need no registration. Planes that cannot register such memory
+// (shm without cross-memory attach) keep copying it through the pool.
+func (c *Client) Register(t *Tensor) error {
+	if err := checkOutgoing(t, "Register's tensor"); err != nil {
+		return err
+	}
+	if len(t.Bytes()) == 0 || c.ownPoolMemory(t) {
+		return nil
+	}
+	c.regMu.Lock()
+	if c.registered == nil {
+		c.registered = map[memRange]struct{}{}
+	}
+	c.registered[rangeOf(t.Bytes())] = struct{}{}
+	c.regMu.Unlock()
+	for _, d := range c.domains {
+		for _, a := range []verbs.Access{verbs.AccessLocalWrite, verbs.AccessRemoteRead} {
+			d.Pin(t.Bytes(), a) // a plane that cannot keeps copying
+		}
+	}
+	return nil
+}
+
+// Deregister ends Register's registration of t's memory (once transfers
+// under way are done with it). It fails with NotFound when t was not
+// registered.
+func (c *Client) Deregister(t *Tensor) error {
+	if t == nil || len(t.Bytes()) == 0 {
+		return status.Error(codes.InvalidArgument, "tensorrpc: Deregister of a nil or empty tensor")
+	}
+	if c.ownPoolMemory(t) {
+		return nil
+	}
+	r := rangeOf(t.Bytes())
+	c.regMu.Lock()
+	_, found := c.registered[r]
+	delete(c.registered, r)
+	c.regMu.Unlock()
+	if !found {
+		return status.Error(codes.NotFound, "tensorrpc: Deregister of memory that is not registered")
+	}
+	for _, d := range c.domains {
+		for _, a := range []verbs.Access{verbs.AccessLocalWrite, verbs.AccessRemoteRead} {
+			d.Unpin(t.Bytes(), a)
+		}
+	}
+	return nil
+}
+
+// memRange is a range of memory Register registered.
+type memRange struct {
+	addr uintptr
+	n    int
+}
+
+func rangeOf(b []byte) memRange {
+	return memRange{uintptr(unsafe.Pointer(unsafe.SliceData(b))), len(b)}
+}
 
 // NewTensor allocates a tensor from the Client's pool, waiting while the
 // pool is full until ctx ends. Sending it costs no copy.
