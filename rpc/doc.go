@@ -95,8 +95,27 @@
 //   - The gRPC fallback streams chunks that view pool memory (no copy of
 //     ours on send; gRPC's transport copies into its frames) and copies once
 //     out of gRPC's buffers on receive.
-//   - A tensor over caller memory (WrapTensor) is copied once into pool
-//     memory before it moves; NewTensor allocates pool memory to avoid that.
+//   - A tensor over caller memory (WrapTensor: a Go slice, a framework's
+//     array) is sent in place where the plane can read it: on tcp it is
+//     registered (through a per-plane registration cache; Register keeps
+//     a registration across calls) and granted as pool memory is, and a
+//     Send that gives up ends the grant before it returns, so the memory
+//     is the caller's again; elsewhere it is copied once into pool memory.
+//     Fetch with Into lands a tensor in the caller's memory (read in place
+//     on tcp, copied in once where the plane cannot register it).
+//
+// # Rows
+//
+// Fetch with Rows(idx...) returns rows of a published tensor (indices
+// along dimension 0) back to back, in one request: on a data plane the
+// server grants the whole tensor and the client reads its rows in one
+// batch of Reads, over every lane for a large source; on the fallback the
+// server gathers them. A server that publishes a tensor Writable lets
+// clients write rows of it in place with Client.SendRows (the server
+// reads each row into its place); rows written by different clients at
+// once do not interfere, and a write is visible to Fetches that start
+// after it returns. Together they move the blocks of a paged KV cache
+// without a round trip per block (examples/kvcache).
 //
 // Errors carry gRPC status codes: InvalidArgument for malformed tensors or
 // descriptors, NotFound for a key that is not published (without
