@@ -132,11 +132,22 @@ func (s *clientSession) open(lanes []*engine.Link, transport string, calls callP
 		return
 	}
 	engine.OnDead(lanes, &s.watchers, func(err error) {
-		if s.err() == nil {
-			s.end(err)
-			s.cancel()
-			ended(err)
+		s.mu.Lock()
+		if s.broken != nil {
+			s.mu.Unlock()
+			return
 		}
+		s.broken = fmt.Errorf("session ended: %w", err)
+		broken := s.broken
+		s.mu.Unlock()
+		s.cancel()
+		ended(err)
+		// Answers the server sent on the other lanes before this one died
+		// (a server that answers and exits closes its connections in no
+		// particular order) still arrive: those lanes stay open until
+		// they die too or answerLinger, as after endByServer.
+		engine.AwaitDead(lanes, answerLinger)
+		engine.CloseLanes(lanes, broken)
 	})
 }
 
