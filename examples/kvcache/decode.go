@@ -240,8 +240,12 @@ func (d *decoder) measure(ctx context.Context, plane string) (planeResult, error
 	}
 	if got := c.Transport(); got != plane {
 		reason := fmt.Sprintf("the session negotiated %s", got)
+		var why []string
 		for _, r := range c.Rejections() {
-			reason = r.String()
+			why = append(why, r.String())
+		}
+		if len(why) > 0 {
+			reason += ": " + strings.Join(why, "; ")
 		}
 		c.Close()
 		return planeResult{}, &errUnavailable{reason}
