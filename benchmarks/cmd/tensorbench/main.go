@@ -3,9 +3,11 @@
 // FlatBuffers, gRPC with zstd, s2, snappy or gzip compression — and against
 // the ceilings of the machine (memcpy, a raw TCP socket, a unix socket), all
 // in one run on the same payloads; tensorrpc Calls (a tensor in, a tensor
-// of the same size out) against plain gRPC unary calls, and the rate of
-// 4 KiB calls; then a ser/des micro-suite and a compression table with the
-// link speed above which compressing loses.
+// of the same size out) against plain gRPC unary calls, the rate of
+// 4 KiB calls, and Fetches of 256 scattered rows of 64 KiB out of a
+// published table of 4096 (rpc.Rows) against one Fetch per row and one
+// contiguous Fetch of the same bytes; then a ser/des micro-suite and a
+// compression table with the link speed above which compressing loses.
 //
 // Usage:
 //
@@ -49,6 +51,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tensorbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	def := suite.DefaultConfig()
 	var (
 		quick        = fs.Bool("quick", false, "smoke run: small sizes, few reps, a subset of the cases (at least one of each kind); under 60 s")
 		format       = fs.String("format", "text", "stdout format: text (Markdown tables) or json (one object per line)")
@@ -58,8 +61,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sizes        = fs.String("sizes", "", "transfer sizes, e.g. 4KiB,1MiB,1GiB (default: 4 KiB ×4 up to -max-size; quick: 4KiB,64KiB,1MiB,8MiB)")
 		maxSize      = fs.String("max-size", "1GiB", "largest transfer size when -sizes is not given (full run)")
 		conc         = fs.String("concurrency", "", "concurrent streams, e.g. 1,4 (default 1,4,16,64 on 8 cores or more, else 1,4; quick 1,4)")
-		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset). Calls: trpc-tcp-call, trpc-shm-call, trpc-grpc-call, grpc-proto-call; the message rate: call-rate")
+		cases        = fs.String("cases", "", "comma-separated case names or kinds (ceiling, grpc, grpc-compressed, tensorrpc); default all (quick: the quick subset). Calls: trpc-tcp-call, trpc-shm-call, trpc-grpc-call, grpc-proto-call; the message rate: call-rate; scattered rows: trpc-tcp-rows, trpc-shm-rows, trpc-grpc-rows")
 		rateCallers  = fs.String("rate-callers", "1,16", "concurrent callers of the message-rate case (call-rate), whatever -concurrency says")
+		rows         = fs.Int("rows", def.Rows, "rows per Fetch of the rows cases (trpc-*-rows), distinct and scattered, whatever -sizes says")
+		rowsOf       = fs.Int("rows-of", def.RowsOf, "rows of the table the rows cases fetch from")
+		rowBytes     = fs.String("row-bytes", strings.ReplaceAll(bytesize.Format(int64(def.RowBytes)), " ", ""), "bytes of a row of the rows cases")
 		payloads     = fs.String("payloads", "", "comma-separated payloads (gauss-f32, lowent-f16, sparse-f32, random); default all")
 		allPayloads  = fs.Bool("all-payloads", false, "run content-blind cases on every payload too (their speed does not depend on it)")
 		reps         = fs.Int("reps", 0, "reps per measurement when within -budget (default 5; quick 3)")
@@ -130,6 +136,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if cfg.RateCallers, err = parseInts(*rateCallers); err != nil {
 		return fmt.Errorf("-rate-callers: %w", err)
+	}
+	cfg.Rows, cfg.RowsOf = *rows, *rowsOf
+	if cfg.RowBytes, err = parseSize(*rowBytes); err != nil {
+		return fmt.Errorf("-row-bytes: %w", err)
+	}
+	if cfg.Rows < 1 || cfg.Rows > cfg.RowsOf {
+		return fmt.Errorf("-rows %d: want 1 to -rows-of (%d), the rows of a Fetch being distinct", cfg.Rows, cfg.RowsOf)
 	}
 	if *cases != "" {
 		if cfg.Cases, err = suite.SelectCases(*cases, *quick); err != nil {

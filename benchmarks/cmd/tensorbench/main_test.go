@@ -30,6 +30,7 @@ func TestQuickJSON(t *testing.T) {
 		"-sizes", "4KiB,128KiB", "-concurrency", "1,2",
 		"-reps", "2", "-min-reps", "1", "-rep-time", "2ms", "-budget", "20ms",
 		"-codec-size", "64KiB", "-serdes-sizes", "4KiB", "-rate-callers", "1,2",
+		"-rows", "8", "-rows-of", "32", "-row-bytes", "32KiB",
 	}
 	if err := run(ctx, args, &out, &progress); err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
@@ -85,6 +86,18 @@ func TestQuickJSON(t *testing.T) {
 					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])
 				}
 			}
+		case "rows":
+			requireFields(t, line, obj, "case", "transport", "payload", "rows", "of_rows", "row_bytes", "bytes", "concurrency",
+				"reps", "ops", "seconds", "gb_per_s", "gb_per_s_min", "gb_per_s_max", "rows_per_s", "p50_us", "p99_us",
+				"per_row_gb_per_s", "per_row_p50_us", "of_per_row", "contiguous_gb_per_s", "contiguous_p50_us", "of_contiguous", "verified")
+			for _, f := range []string{"gb_per_s", "rows_per_s", "of_per_row", "of_contiguous", "p50_us"} {
+				if v, _ := obj[f].(float64); v <= 0 {
+					t.Errorf("line %d: %s = %v, want > 0", line, f, obj[f])
+				}
+			}
+			if v, ops := obj["verified"].(float64), obj["ops"].(float64); v < ops {
+				t.Errorf("line %d: %v transfers checked, fewer than the %v timed", line, v, ops)
+			}
 		case "skip":
 			requireFields(t, line, obj, "case", "reason")
 		case "note":
@@ -98,7 +111,7 @@ func TestQuickJSON(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"machine", "transfer", "rate", "serdes", "codec", "summary"} {
+	for _, k := range []string{"machine", "transfer", "rate", "rows", "serdes", "codec", "summary"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %q line", k)
 		}
@@ -125,7 +138,8 @@ func TestQuickJSON(t *testing.T) {
 	}
 	for _, want := range []string{"Command: `tensorbench -quick", "### Throughput, GB/s, 2 streams", "| trpc-shm |",
 		"### Calls, GB/s both ways, 2 streams", "| trpc-tcp-call | grpc-proto-call |", "## Small-message rate: 4 KiB calls per second",
-		"| call-rate | tcp | 2 |", "## Ser/des", "## Compression"} {
+		"| call-rate | tcp | 2 |", "## Rows: 8 scattered rows of 32 KiB out of 32 per Fetch", "| trpc-shm-rows | shm | 2 |",
+		"## Ser/des", "## Compression"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("-render output lacks %q:\n%s", want, text.String())
 		}
@@ -151,6 +165,16 @@ func TestText(t *testing.T) {
 	for _, want := range []string{"| cores |", "### Throughput, GB/s, 1 stream", "| grpc-proto |", "## Ser/des", "## Compression", "break-even"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestRowsFlags checks that a Fetch cannot ask for more distinct rows than
+// the table has.
+func TestRowsFlags(t *testing.T) {
+	for _, args := range [][]string{{"-rows", "9", "-rows-of", "8"}, {"-rows", "0"}, {"-row-bytes", "0"}} {
+		if err := run(context.Background(), args, io.Discard, io.Discard); err == nil {
+			t.Errorf("%v accepted", args)
 		}
 	}
 }

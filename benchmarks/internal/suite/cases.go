@@ -39,6 +39,14 @@ type Case struct {
 	// calls per second against its baseline, apart from the sizes and
 	// concurrencies of the transfers.
 	Rate bool
+	// Rows is true for a rows case: Fetches of Config.Rows scattered rows
+	// of a published table of Config.RowsOf rows of Config.RowBytes, with
+	// rpc.Rows and rpc.Into, on the data plane rowsPlane, apart from the
+	// sizes of the transfers; against one Fetch per row and one Fetch of
+	// the same bytes back to back on the same plane, in alternating reps
+	// (see rowcases.go).
+	Rows      bool
+	rowsPlane string
 	// Content is true when the case's speed depends on the bytes
 	// (compression); other cases never read them and run on the first
 	// payload only, unless -all-payloads.
@@ -101,6 +109,13 @@ func Cases() []Case {
 		Case{Name: "call-rate-inline", Kind: KindTensorRPC, Baseline: "grpc-proto-call", Call: true, Rate: true,
 			About: "call-rate with the handler registered rpc.Inline",
 			open:  openTensorRPCCall(rpc.TransportTCP, true)},
+
+		Case{Name: "trpc-tcp-rows", Kind: KindTensorRPC, Rows: true, rowsPlane: rpc.TransportTCP, Quick: true,
+			About: "tensorrpc Fetch of scattered rows (rpc.Rows, rpc.Into), tcp data plane" + rowsReads + rowsAbout},
+		Case{Name: "trpc-shm-rows", Kind: KindTensorRPC, Rows: true, rowsPlane: rpc.TransportSHM, Quick: true,
+			About: "tensorrpc Fetch of scattered rows (rpc.Rows, rpc.Into), shm data plane" + rowsReads + rowsAbout},
+		Case{Name: "trpc-grpc-rows", Kind: KindTensorRPC, Rows: true, rowsPlane: rpc.TransportGRPC,
+			About: "tensorrpc Fetch of scattered rows (rpc.Rows, rpc.Into), plain-gRPC fallback plane: the server gathers the rows into one tensor (a copy) and streams it" + rowsAbout},
 	)
 	return cs
 }
@@ -108,6 +123,13 @@ func Cases() []Case {
 // callAbout says what every tensorrpc call case does.
 const callAbout = ": the stream sends one pool tensor of n bytes (filled once) and the handler returns the request tensor itself as the reply " +
 	"(the same bytes, no copy in the handler), so one call moves 2n bytes; the reply's bytes are the ones checked"
+
+// rowsAbout says what every rows case does.
+const rowsAbout = "; each Fetch lands the rows in a tensor of the stream's own, against one Fetch per row " +
+	"(of one-row tensors, each Into a one-row tensor) and one Fetch of the same rows back to back, on the same plane"
+
+// rowsReads is how a data plane moves the rows.
+const rowsReads = ": one request, then one batch of Reads of the server's table (consecutive rows merge into one Read)"
 
 // caseByName returns the case named name; it panics for an unknown name,
 // which only a mistake in Cases can produce.

@@ -75,9 +75,10 @@ func writePlots(dir string, r *Report) ([]string, error) {
 			xLabel: "bytes per transfer", yLabel: "GB/s (1e9 bytes per second, all streams)",
 		}
 		for _, c := range r.Cases {
-			// Calls count their bytes both ways: they have tables of
-			// their own, not a line among one-way transfers.
-			if c.Kind == KindCompressed || c.Call {
+			// Calls count their bytes both ways, and rows cases have
+			// one size: they have tables of their own, not a line
+			// among one-way transfers.
+			if c.Kind == KindCompressed || c.Call || c.Rows {
 				continue
 			}
 			if s := r.series(c, primary, conc); len(s.points) > 0 {

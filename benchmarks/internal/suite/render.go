@@ -22,6 +22,7 @@ func ReadReport(r io.Reader) (*Report, error) {
 	var cases []string
 	caseKind := map[string]Measurement{}
 	rateCases := map[string]Rate{}
+	rowsCases := map[string]bool{}
 	seen := func(c, payload string, conc int) {
 		if payload != "" && !slices.Contains(payloads, payload) {
 			payloads = append(payloads, payload)
@@ -62,6 +63,13 @@ func ReadReport(r io.Reader) (*Report, error) {
 				rep.Rates = append(rep.Rates, rt)
 				seen(rt.Case, rt.Payload, 0)
 				rateCases[rt.Case] = rt
+			}
+		case "rows":
+			var rr RowsResult
+			if err = json.Unmarshal(b, &rr); err == nil {
+				rep.Rows = append(rep.Rows, rr)
+				seen(rr.Case, rr.Payload, rr.Concurrency)
+				rowsCases[rr.Case] = true
 			}
 		case "skip":
 			var s Skip
@@ -121,6 +129,10 @@ func ReadReport(r io.Reader) (*Report, error) {
 	}
 	for _, name := range cases {
 		if !slices.ContainsFunc(rep.Cases, func(c Case) bool { return c.Name == name }) {
+			if rowsCases[name] {
+				rep.Cases = append(rep.Cases, Case{Name: name, Kind: KindTensorRPC, Rows: true, About: "(not a case of this build)"})
+				continue
+			}
 			if rt, ok := rateCases[name]; ok {
 				rep.Cases = append(rep.Cases, Case{Name: name, Kind: KindTensorRPC, Baseline: rt.Baseline, Call: true, Rate: true,
 					About: "(not a case of this build)"})

@@ -84,6 +84,50 @@ type Rate struct {
 	Verified          int64   `json:"verified,omitempty"`
 }
 
+// RowsResult is a rows case at one number of streams: Fetches of Rows
+// scattered rows of a table of OfRows rows of RowBytes, against one Fetch
+// per row and one Fetch of the same rows back to back, on the same data
+// plane in alternating reps: a line of -format json.
+type RowsResult struct {
+	Kind      string `json:"kind"` // "rows"
+	Case      string `json:"case"`
+	Transport string `json:"transport"`
+	Payload   string `json:"payload"`
+	Rows      int    `json:"rows"`    // per Fetch, distinct, in random order
+	OfRows    int    `json:"of_rows"` // rows of the published table
+	RowBytes  int64  `json:"row_bytes"`
+	Bytes     int64  `json:"bytes"` // per Fetch: Rows × RowBytes
+	// Concurrency is the number of streams, each with its own
+	// destination, sharing one client.
+	Concurrency int     `json:"concurrency"`
+	Reps        int     `json:"reps"`
+	Ops         int64   `json:"ops"` // Fetches timed, over every rep and stream
+	Seconds     float64 `json:"seconds"`
+	// GBps is the median over reps of bytes fetched per second, all
+	// streams; Min and Max the extreme reps; RowsPerS the median in rows.
+	GBps     float64 `json:"gb_per_s"`
+	GBpsMin  float64 `json:"gb_per_s_min"`
+	GBpsMax  float64 `json:"gb_per_s_max"`
+	RowsPerS float64 `json:"rows_per_s"`
+	// P50us and P99us are latency percentiles of one Fetch of the rows.
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
+	// PerRow is one Fetch per row (Rows Fetches of one-row tensors, a
+	// transfer being all of them): its median GB/s, the p50 of a
+	// transfer, and OfPerRow, the median over reps of this case's GB/s
+	// over its in the neighbouring rep.
+	PerRowGBps  float64 `json:"per_row_gb_per_s"`
+	PerRowP50us float64 `json:"per_row_p50_us"`
+	OfPerRow    float64 `json:"of_per_row"`
+	// Contiguous is one Fetch of the same rows back to back, likewise.
+	ContiguousGBps  float64 `json:"contiguous_gb_per_s"`
+	ContiguousP50us float64 `json:"contiguous_p50_us"`
+	OfContiguous    float64 `json:"of_contiguous"`
+	// Verified counts the transfers, of this case and its partners,
+	// whose rows were checked against the source's.
+	Verified int64 `json:"verified,omitempty"`
+}
+
 // Skip records a measurement that was not made, and why.
 type Skip struct {
 	Kind        string `json:"kind"` // "skip"
@@ -119,6 +163,7 @@ type Report struct {
 	Cases     []Case
 	Transfers []Measurement
 	Rates     []Rate
+	Rows      []RowsResult
 	Skips     []Skip
 	Serdes    []SerdesResult
 	Codecs    []CodecResult
@@ -174,6 +219,40 @@ func newRate(c Case, transport, baselineTransport string, p Payload, size, calle
 		r.Ratio = median(append([]float64(nil), t.pairs[0].ratios...))
 	}
 	return r
+}
+
+// newRowsResult summarizes t, a rows case measured with its partners one
+// Fetch per row and contiguous, in that order.
+func newRowsResult(c Case, transport string, p Payload, rows, of, rowBytes, conc int, t timing) RowsResult {
+	rates := append([]float64(nil), t.repRates...)
+	r := RowsResult{
+		Kind: "rows", Case: c.Name, Transport: transport, Payload: p.Name, Rows: rows, OfRows: of,
+		RowBytes: int64(rowBytes), Bytes: int64(rows) * int64(rowBytes), Concurrency: conc,
+		Reps: t.reps, Ops: t.ops, Seconds: t.seconds, Verified: t.verified,
+	}
+	r.GBps = median(rates) / 1e9
+	r.GBpsMin, r.GBpsMax = rates[0]/1e9, rates[len(rates)-1]/1e9 // median sorted them
+	r.RowsPerS = r.GBps * 1e9 / float64(rowBytes)
+	r.P50us = usOf(percentile(t.latencies, 0.50))
+	r.P99us = usOf(percentile(t.latencies, 0.99))
+	partner := func(i int) (gbps, p50, of float64) {
+		if i >= len(t.pairs) || len(t.pairs[i].ratios) == 0 {
+			return 0, 0, 0
+		}
+		pr := t.pairs[i]
+		return median(append([]float64(nil), pr.rates...)) / 1e9, usOf(percentile(pr.latencies, 0.50)), median(append([]float64(nil), pr.ratios...))
+	}
+	r.PerRowGBps, r.PerRowP50us, r.OfPerRow = partner(0)
+	r.ContiguousGBps, r.ContiguousP50us, r.OfContiguous = partner(1)
+	return r
+}
+
+// spread is half the range of the reps over the median, in percent.
+func (r *RowsResult) spread() float64 {
+	if r.GBps == 0 {
+		return 0
+	}
+	return 100 * (r.GBpsMax - r.GBpsMin) / 2 / r.GBps
 }
 
 func usOf(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -62,6 +62,11 @@ type Config struct {
 	// with, whatever Sizes and Concurrency say.
 	RateSize    int
 	RateCallers []int
+	// RowsOf, Rows and RowBytes are the geometry of the rows cases: a
+	// published table of RowsOf rows of RowBytes, of which each Fetch
+	// asks for Rows, distinct and scattered. They run at each of
+	// Concurrency, whatever Sizes say.
+	RowsOf, Rows, RowBytes int
 	// OpTimeout bounds one round of transfers, against hangs.
 	OpTimeout time.Duration
 	// Verify says which transfers have their bytes checked against the
@@ -102,6 +107,9 @@ func DefaultConfig() Config {
 		SlowCodecMaxSize:    256 << 20,
 		RateSize:            4 << 10,
 		RateCallers:         []int{1, 16},
+		RowsOf:              4096,
+		Rows:                256,
+		RowBytes:            64 << 10,
 		OpTimeout:           10 * time.Minute,
 		Verify:              VerifyLast,
 		Transfers:           true,
@@ -180,6 +188,9 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	compressors.Register()
 
 	largest := slices.Max(append(append(slices.Clone(cfg.Sizes), cfg.SerdesSizes...), cfg.CodecSize, cfg.RateSize))
+	if slices.ContainsFunc(cfg.Cases, func(c Case) bool { return c.Rows }) {
+		largest = max(largest, cfg.Rows*cfg.RowBytes) // the rows fetched do not repeat
+	}
 	r.src = newPayloadSource(cfg.Payloads, largest)
 
 	if cfg.Codecs {
@@ -213,7 +224,7 @@ func Run(ctx context.Context, cfg Config, out, jsonl, progress io.Writer) (*Repo
 	r.report.Machine.LoadAfter = loadAverage()
 	r.report.Summary = Summary{
 		Kind: "summary", Seconds: time.Since(r.start).Seconds(),
-		Measurements: len(r.report.Transfers) + len(r.report.Rates), Skipped: len(r.report.Skips),
+		Measurements: len(r.report.Transfers) + len(r.report.Rates) + len(r.report.Rows), Skipped: len(r.report.Skips),
 		LoadAfter: r.report.Machine.LoadAfter, PeakRSSMiB: float64(ru.Maxrss) / 1024,
 	}
 	r.emit(r.report.Summary)
@@ -304,12 +315,15 @@ func (r *runner) runTransfers(ctx context.Context) error {
 			cases = slices.Delete(cases, i, i+1)
 		}
 	}
-	var rates []Case
+	var rates, rows []Case
 	cases = slices.DeleteFunc(cases, func(c Case) bool {
-		if c.Rate {
+		switch {
+		case c.Rate:
 			rates = append(rates, c)
+		case c.Rows:
+			rows = append(rows, c)
 		}
-		return c.Rate
+		return c.Rate || c.Rows
 	})
 	if len(cases) > 0 {
 		if err := r.runSizes(ctx, cases); err != nil {
@@ -318,6 +332,11 @@ func (r *runner) runTransfers(ctx context.Context) error {
 	}
 	for _, c := range rates {
 		if err := r.runRate(ctx, c); err != nil {
+			return err
+		}
+	}
+	for _, c := range rows {
+		if err := r.runRows(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -502,6 +521,68 @@ func (r *runner) runRate(ctx context.Context, c Case) error {
 		r.logf("[rate] %-18s %8s callers=%d: %.0f calls/s ±%.0f%%, %s %.0f calls/s alongside, ratio %.2f; p50 %s vs %s (%d reps, %d calls checked)",
 			c.Name, bytesize.Format(int64(size)), n, rt.CallsPerS, rt.spread(), rt.Baseline, rt.BaselineCallsPerS, rt.Ratio,
 			fmtUs(rt.P50us), fmtUs(rt.BaselineP50us), rt.Reps, rt.Verified)
+	}
+	if err := closePartners(partners); err != nil {
+		sess.close()
+		return fmt.Errorf("%s: close %w", where, err)
+	}
+	if err := sess.close(); err != nil {
+		return fmt.Errorf("%s: close: %w", where, err)
+	}
+	return nil
+}
+
+// rowsSeed fixes the rows the rows cases fetch.
+const rowsSeed = 1
+
+// runRows measures the rows case c at each concurrency: Fetches of
+// cfg.Rows scattered rows of a table of cfg.RowsOf, against one Fetch per
+// row and one contiguous Fetch on the same plane in alternating reps, on
+// the first payload.
+func (r *runner) runRows(ctx context.Context, c Case) error {
+	cfg := r.cfg
+	if len(cfg.Payloads) == 0 {
+		return nil
+	}
+	p := cfg.Payloads[0]
+	env := &rowsEnv{plane: c.rowsPlane, of: cfg.RowsOf, rowBytes: cfg.RowBytes, idx: rowsIndices(cfg.RowsOf, cfg.Rows, rowsSeed),
+		data: make([]byte, cfg.Rows*cfg.RowBytes), maxConc: slices.Max(cfg.Concurrency)}
+	r.src.fill(p, env.data)
+	stampRows(env.data, cfg.RowBytes)
+	where := fmt.Sprintf("%s, %d rows of %d × %s", c.Name, cfg.Rows, cfg.RowsOf, bytesize.Format(int64(cfg.RowBytes)))
+	sess, err := openRows(ctx, env, rowsScattered)
+	if err != nil {
+		return fmt.Errorf("%s: open: %w", where, err)
+	}
+	var partners []partner
+	for _, m := range []rowsMode{rowsEach, rowsContiguous} {
+		ps, err := openRows(ctx, env, m)
+		if err != nil {
+			closePartners(partners)
+			sess.close()
+			return fmt.Errorf("%s: open its partner %s: %w", where, m, err)
+		}
+		partners = append(partners, partner{name: m.String(), sess: ps})
+	}
+	for _, n := range cfg.Concurrency {
+		if int64(n)*int64(len(env.data)) > cfg.MaxInflight {
+			r.skip(Skip{Case: c.Name, Payload: p.Name, Bytes: int64(len(env.data)), Concurrency: n,
+				Reason: fmt.Sprintf("%d streams × %s is over -max-inflight %s", n, bytesize.Format(int64(len(env.data))), bytesize.Format(cfg.MaxInflight))})
+			continue
+		}
+		t, err := measure(ctx, sess, partners, env.data, n, r.plan(c, len(env.data)))
+		if err != nil {
+			closePartners(partners)
+			sess.close()
+			return fmt.Errorf("%s, %d streams: %w", where, n, err)
+		}
+		res := newRowsResult(c, sess.transport(), p, cfg.Rows, cfg.RowsOf, cfg.RowBytes, n, t)
+		r.report.Rows = append(r.report.Rows, res)
+		r.emit(res)
+		r.logf("[rows] %-18s %d×%s of %d c=%d: %s GB/s ±%.0f%% (%.0f rows/s), %.2f× one Fetch per row (%s GB/s), %.2f× contiguous (%s GB/s); p50 %s vs %s, %s (%d reps, %d transfers checked)",
+			c.Name, res.Rows, bytesize.Format(res.RowBytes), res.OfRows, n, fmtRate(res.GBps), res.spread(), res.RowsPerS,
+			res.OfPerRow, fmtRate(res.PerRowGBps), res.OfContiguous, fmtRate(res.ContiguousGBps),
+			fmtUs(res.P50us), fmtUs(res.PerRowP50us), fmtUs(res.ContiguousP50us), res.Reps, res.Verified)
 	}
 	if err := closePartners(partners); err != nil {
 		sess.close()

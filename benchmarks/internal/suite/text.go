@@ -41,6 +41,9 @@ func writeText(w io.Writer, r *Report) {
 	if len(r.Rates) > 0 {
 		writeRates(w, r)
 	}
+	if len(r.Rows) > 0 {
+		writeRows(w, r)
+	}
 	if len(r.Serdes) > 0 {
 		writeSerdes(w, r)
 	}
@@ -71,7 +74,7 @@ type row struct {
 func transferRows(r *Report, calls bool) []row {
 	var rows []row
 	for _, c := range r.Cases {
-		if c.Call != calls || c.Rate {
+		if c.Call != calls || c.Rate || c.Rows {
 			continue
 		}
 		var payloads []string
@@ -371,6 +374,32 @@ func writeRates(w io.Writer, r *Report) {
 	for _, rt := range r.Rates {
 		p("| %s | %s | %d | %.0f ±%.0f%% | %s | %.0f | %s | %s | %s |\n", rt.Case, rt.Transport, rt.Callers, rt.CallsPerS, rt.spread(),
 			rt.Baseline, rt.BaselineCallsPerS, ratioCell(rt.Ratio), fmtUs(rt.P50us), fmtUs(rt.BaselineP50us))
+	}
+	p("\n")
+}
+
+// writeRows prints the table of the rows cases.
+func writeRows(w io.Writer, r *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	first := r.Rows[0]
+	p("## Rows: %d scattered rows of %s out of %d per Fetch\n\n", first.Rows, bytesize.Format(first.RowBytes), first.OfRows)
+	p("A server publishes a table of %d rows of %s (a paged KV cache, an embedding table); each Fetch asks for %d of them (%s), ",
+		first.OfRows, bytesize.Format(first.RowBytes), first.Rows, bytesize.Format(first.Bytes))
+	p("distinct and in random order (a fixed seed), with rpc.Rows, and lands them with rpc.Into in a tensor of the stream's own. ")
+	p("Alongside, on the same data plane in reps alternating with the case's: one Fetch per row (%d Fetches of one-row tensors, each Into a one-row tensor, a transfer being all of them) ", first.Rows)
+	p("and one Fetch of the same rows back to back. GB/s is the median of the reps ± half their range, all streams; ")
+	p("×per-row and ×contiguous are the medians over reps of the case's GB/s over the partner's in the neighbouring rep; p50 is one transfer's latency.\n\n")
+	for _, c := range r.Cases {
+		if c.Rows {
+			p("- `%s`: %s\n", c.Name, c.About)
+		}
+	}
+	p("\n| case | transport | streams | GB/s | rows/s | p50 | per-row GB/s | per-row p50 | ×per-row | contiguous GB/s | contiguous p50 | ×contiguous |\n")
+	p("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, rr := range r.Rows {
+		p("| %s | %s | %d | %s ±%.0f%% | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", rr.Case, rr.Transport, rr.Concurrency,
+			fmtRate(rr.GBps), rr.spread(), rr.RowsPerS, fmtUs(rr.P50us), fmtRate(rr.PerRowGBps), fmtUs(rr.PerRowP50us), ratioCell(rr.OfPerRow),
+			fmtRate(rr.ContiguousGBps), fmtUs(rr.ContiguousP50us), ratioCell(rr.OfContiguous))
 	}
 	p("\n")
 }
