@@ -45,6 +45,9 @@ def _check(code: int, err: ctypes.c_void_p) -> None:
         raise error(code, _lib.take_string(err.value) or "tensorrpc: error code %d" % code, details)
 
 
+_CANCELLED, _DEADLINE_EXCEEDED = 1, 4  # status codes after which a read may still be landing
+
+
 def _timeout_ms(timeout: Optional[float]) -> int:
     if timeout is None:
         return -1
@@ -306,6 +309,10 @@ class Client:
         self._h = 0
         self._output = check_output(output)
         self._lock = threading.Lock()
+        # The out arrays of fetches that timed out or were cancelled, kept
+        # alive until close(): a Read under way may still land in them
+        # (see fetch), and must not land in freed memory.
+        self._late_outs: List[Any] = []
         opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout)
         h, err = ctypes.c_uint64(), ctypes.c_void_p()
         _check(lib.trpc_client_dial(_key(address, "address"), ctypes.byref(opts), _timeout_ms(timeout),
@@ -348,7 +355,10 @@ class Client:
         read straight into out; on shm and grpc, and for tensors small
         enough to come inline, they are copied into it once
         (stats()["copies"]). If fetch fails otherwise, out's contents are
-        undefined. lease cannot be combined with out."""
+        undefined; after a timeout (DeadlineExceededError) or a
+        cancellation, a read under way may still land in out until the
+        client is closed, so the client keeps out alive until close().
+        lease cannot be combined with out."""
         flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
         err = ctypes.c_void_p()
         if out is not None:
@@ -361,8 +371,12 @@ class Client:
                 idx, n, keep = row_indices(rows)
                 if n == 0:
                     raise InvalidArgumentError("fetch: rows names no row")
-            _check(lib.trpc_client_fetch_into(self._handle(), _key(key), ctypes.byref(d.dl), idx, n, flags,
-                                              _timeout_ms(timeout), ctypes.byref(err)), err)
+            code = lib.trpc_client_fetch_into(self._handle(), _key(key), ctypes.byref(d.dl), idx, n, flags,
+                                              _timeout_ms(timeout), ctypes.byref(err))
+            if code in (_CANCELLED, _DEADLINE_EXCEEDED):
+                with self._lock:
+                    self._late_outs.append(d)  # its memory, until close()
+            _check(code, err)
             return out
         output = need_output(output or self._output)
         got = ctypes.c_void_p()
@@ -458,7 +472,11 @@ class Client:
             return 0
         n, err = ctypes.c_int64(), ctypes.c_void_p()
         _open.discard(self)
-        _check(lib.trpc_client_close(h, ctypes.byref(n), ctypes.byref(err)), err)
+        try:
+            _check(lib.trpc_client_close(h, ctypes.byref(n), ctypes.byref(err)), err)
+        finally:
+            with self._lock:
+                self._late_outs.clear()  # the session's reads have ended
         return n.value
 
     def __enter__(self) -> "Client":

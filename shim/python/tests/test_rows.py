@@ -147,6 +147,25 @@ class RowsTest(RowsCase):
             self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out, rows=[])
             self.assert_untouched(buf, "refused in Python")
 
+    def test_timed_out_out_kept_until_close(self):
+        # A fetch into out that times out may leave a read landing in out:
+        # the client keeps out's memory alive until it is closed.
+        import weakref
+        with tensorrpc.Server(transports=["tcp"]) as srv:
+            rows_setup(srv)
+            c = tensorrpc.Client(srv.address, transports=["tcp"])
+            out = np.empty((ROWS_N, ROWS_COLS), np.float32)
+            ref = weakref.ref(out)
+            self.assert_code(tensorrpc.DeadlineExceededError, 4, c.fetch, "kv", out=out, timeout=0)
+            del out
+            gc.collect()
+            self.assertIsNotNone(ref(), "out was freed while a read may still land in it")
+            c.close()
+            gc.collect()
+            self.assertIsNone(ref(), "out kept after close")
+            srv.unpublish("kv")
+            srv.unpublish("ro")
+
     def test_rows(self):
         want = rows_pattern()
         for transport in TRANSPORTS:
