@@ -8,6 +8,9 @@
 //     copies (DLPack, __array_interface__).
 //   - examples/ddp_train.py: PyTorch processes, launched by torchrun, training data-parallel
 //     with gradients exchanged through tensorrpc.
+//   - examples/kvcache.py: a paged KV cache between a prefill and a decode
+//     process, its blocks fetched by rows into the decode side's arrays
+//     and written back with send_rows.
 //   - internal/gopeer: the Go peer of the cross-language tests and of the
 //     Go-to-Go benchmark.
 //

@@ -125,8 +125,8 @@ func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.in
 	if key == nil || out == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
 	}
-	if flags&^(fetchLease|fetchWait) != 0 {
-		return report(errOut, errorf(codes.InvalidArgument, "unknown fetch flags %#x", int(flags)))
+	if err := checkFetchFlags(flags); err != nil {
+		return report(errOut, err)
 	}
 	ctx, cancel := callContext(timeoutMs)
 	defer cancel()
@@ -147,7 +147,11 @@ func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.in
 }
 
 // trpc_client_send puts the caller's tensor into the server's rendezvous
-// under key. The library reads the tensor's memory only until it returns.
+// under key. The library reads the tensor's memory only until it returns:
+// a tensor the shim handed out is sent from its pool memory; other memory
+// is wrapped, not copied, and rpc grants it to the server in place where
+// the data plane can read caller memory (tcp), revoking the grant before
+// Send returns, or copies it into the pool once (shm, grpc).
 //
 //export trpc_client_send
 func trpc_client_send(h C.trpc_client, key *C.char, dl *C.DLTensor, timeoutMs C.int64_t, errOut **C.char) C.int {

@@ -142,6 +142,22 @@ func trpc_server_close(h C.trpc_server, outstanding *C.int64_t, errOut **C.char)
 //
 //export trpc_server_publish
 func trpc_server_publish(h C.trpc_server, key *C.char, dl *C.DLTensor, errOut **C.char) C.int {
+	return trpc_server_publish_flags(h, key, dl, 0, errOut)
+}
+
+// publishWritable (TRPC_PUBLISH_WRITABLE) lets clients write rows of the
+// published tensor (rpc.Writable).
+const publishWritable = C.TRPC_PUBLISH_WRITABLE
+
+// trpc_server_publish_flags is trpc_server_publish with flags:
+// TRPC_PUBLISH_WRITABLE (1) lets clients write rows of the tensor
+// (trpc_client_send_rows); it must have at least one dimension. Writes land
+// in the published pool memory: a tensor this server handed out
+// (trpc_server_empty, trpc_server_fetch) is published without a copy, so
+// its holder sees them. Added in ABI version 4.
+//
+//export trpc_server_publish_flags
+func trpc_server_publish_flags(h C.trpc_server, key *C.char, dl *C.DLTensor, flags C.int, errOut **C.char) C.int {
 	s, err := getServer(h)
 	if err != nil {
 		return report(errOut, err)
@@ -149,12 +165,19 @@ func trpc_server_publish(h C.trpc_server, key *C.char, dl *C.DLTensor, errOut **
 	if key == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL key"))
 	}
+	if flags&^publishWritable != 0 {
+		return report(errOut, errorf(codes.InvalidArgument, "unknown publish flags %#x", int(flags)))
+	}
+	var opts []rpc.PublishOption
+	if flags&publishWritable != 0 {
+		opts = append(opts, rpc.Writable())
+	}
 	t, done, err := input(dl)
 	if err != nil {
 		return report(errOut, err)
 	}
 	defer done()
-	return report(errOut, s.srv.Publish(context.Background(), C.GoString(key), t))
+	return report(errOut, s.srv.Publish(context.Background(), C.GoString(key), t, opts...))
 }
 
 // trpc_server_unpublish removes key; it returns 1 when key was published.

@@ -21,7 +21,9 @@ import (
 // version 1 passes a shorter struct) and made a fetch of a key that is not
 // published fail at once unless TRPC_FETCH_WAIT is given. Version 3 added
 // DLPack 1.0 (trpc_dlpack_share_versioned, trpc_dlpack_flags) and error
-// details (trpc_reply_set_error_details, trpc_error_details).
+// details (trpc_reply_set_error_details, trpc_error_details). Version 4
+// added rows and fetches into the caller's memory (trpc_client_fetch_into,
+// trpc_client_fetch_rows, trpc_client_send_rows, trpc_server_publish_flags).
 const ABIVersion = C.TRPC_ABI_VERSION
 
 const dlCPU = 1 // DLPack's kDLCPU

@@ -28,8 +28,12 @@ extern "C" {
  * TRPC_FETCH_WAIT is given. Version 3 added DLPack 1.0
  * (DLManagedTensorVersioned: trpc_dlpack_share_versioned,
  * trpc_dlpack_flags) and error details (trpc_reply_set_error_details,
- * trpc_error_details). */
-#define TRPC_ABI_VERSION 3
+ * trpc_error_details). Version 4 added rows and the caller's memory:
+ * trpc_client_fetch_into, trpc_client_fetch_rows, trpc_client_send_rows,
+ * trpc_server_publish_flags (TRPC_PUBLISH_WRITABLE) and trpc_row_index;
+ * and trpc_client_send of caller memory no longer copies it into the pool
+ * where the data plane reads it in place (tcp). */
+#define TRPC_ABI_VERSION 4
 
 /* The DLPack types (dlpack.h; DLTensor has the same layout in v0.x and
  * v1.x). A program that includes dlpack.h before this file uses dlpack.h's
@@ -137,6 +141,44 @@ typedef struct {
 #define TRPC_FETCH_LEASE 1 /* trpc_client_fetch: a shared-memory lease of the server's memory (shm; do not write it) */
 #define TRPC_FETCH_TAKE 1  /* trpc_server_fetch: also unpublish the key */
 #define TRPC_FETCH_WAIT 2  /* both: wait until the key is published (rpc.WaitForKey) */
+
+/* Flags of trpc_server_publish_flags (ABI version 4). */
+#define TRPC_PUBLISH_WRITABLE 1 /* clients may write rows of it (trpc_client_send_rows) */
+
+/* Rows (ABI version 4). A row is everything below a tensor's first
+ * dimension: rows are indices along dimension 0. The functions that take
+ * rows read `nrows` indices at `rows`, a `const int64_t *` (spelled
+ * `trpc_row_index *` in libtensorrpc.h, which cgo writes without const),
+ * during the call only; at most 1048576 (rpc.MaxRows) per call.
+ *
+ * trpc_client_fetch_into(cli, key, dst, rows, nrows, flags, timeout_ms,
+ *     &err) lands the tensor published under key, or rows[0:nrows] of it
+ *     (rows NULL or nrows 0: the whole tensor), in dst, the caller's CPU
+ *     tensor (C-contiguous, writable): its dtype and shape must be exactly
+ *     what arrives ([nrows, shape[1:]...] for rows), else INVALID_ARGUMENT
+ *     and dst is not written. dst's memory is wrapped, not copied: on tcp
+ *     the bytes are read straight into it; where a plane cannot reach
+ *     caller memory (shm, grpc), or the tensor is small enough to come
+ *     inline, they are copied into it once (trpc_stats.copies). flags:
+ *     TRPC_FETCH_WAIT; TRPC_FETCH_LEASE is ignored. On any other failure
+ *     dst's contents are undefined; after DEADLINE_EXCEEDED (4) or
+ *     CANCELLED (1) a read already under way may still land in dst, until
+ *     it completes or the client is closed: keep dst's memory valid until
+ *     trpc_client_close returns.
+ * trpc_client_fetch_rows(cli, key, rows, nrows, flags, timeout_ms, &mt,
+ *     &err) returns rows[0:nrows] (nrows >= 1; in this order, repeats
+ *     allowed) as a new tensor of shape [nrows, shape[1:]...] in the
+ *     client's pool, in one request.
+ * trpc_client_send_rows(cli, key, rows, nrows, src, timeout_ms, &err)
+ *     writes src's rows over rows[0:nrows] (distinct) of the tensor the
+ *     server published with TRPC_PUBLISH_WRITABLE; src has shape [nrows,
+ *     shape[1:]...] and the published dtype. Not writable:
+ *     PERMISSION_DENIED (7); not published: NOT_FOUND (5); a bad row,
+ *     dtype or shape: INVALID_ARGUMENT (3); nothing is written on an
+ *     error. The library reads src only until it returns.
+ * In fetches of rows, an index out of range (or negative) fails with
+ * INVALID_ARGUMENT and nothing moves. */
+typedef const int64_t trpc_row_index;
 
 /* The control connection of trpc_client_dial is plaintext gRPC (insecure
  * credentials, passed explicitly: rpc.Dial requires credentials): the shim

@@ -64,6 +64,117 @@ static int fails(void *user, trpc_reply reply, const char *method, const uint8_t
   return 2;
 }
 
+#define ROWS 64
+#define COLS 4096  // floats per row: 16 KiB rows (3 of them pass the eager threshold), 1 MiB in all
+
+static DLTensor matrix(float *data, int64_t *shape, int64_t rows) {
+  DLTensor t = {0};
+  t.data = data;
+  t.device.device_type = 1;
+  t.ndim = 2;
+  t.dtype.code = 2;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  shape[0] = rows;
+  shape[1] = COLS;
+  t.shape = shape;
+  return t;
+}
+
+// rows_checks exercises ABI version 4: a writable published matrix, rows
+// fetched into a new tensor and into the caller's memory (between guard
+// bytes that must stay untouched), rows written back, the errors, and a
+// tcp session on which the caller's memory moves without a pool copy.
+static void rows_checks(trpc_server srv, trpc_client cli, char *addr) {
+  char *err = NULL;
+  int64_t shape[2], out_shape[2];
+  float *m = malloc(ROWS * COLS * sizeof(float));
+  for (int i = 0; i < ROWS * COLS; i++) m[i] = (float)i;
+  DLTensor pub = matrix(m, shape, ROWS);
+  ok(trpc_server_publish_flags(srv, "kv", &pub, TRPC_PUBLISH_WRITABLE, &err), err, "publish writable");
+  ok(trpc_server_publish_flags(srv, "ro", &pub, 0, &err), err, "publish read-only");
+  CHECK(trpc_server_publish_flags(srv, "bad", &pub, 4, &err) == 3, "unknown publish flags accepted");
+  trpc_free(err);
+  err = NULL;
+  free(m);
+
+  const int64_t idx[3] = {5, 0, 63};  // const: the functions take const int64_t *
+  DLManagedTensor *got = NULL;
+  if (ok(trpc_client_fetch_rows(cli, "kv", idx, 3, 0, 10000, &got, &err), err, "fetch_rows")) {
+    float *f = got->dl_tensor.data;
+    CHECK(got->dl_tensor.ndim == 2 && got->dl_tensor.shape[0] == 3 && got->dl_tensor.shape[1] == COLS, "rows shape");
+    CHECK(f[0] == 5 * COLS && f[COLS] == 0 && f[2 * COLS + COLS - 1] == (float)(ROWS * COLS - 1), "rows data");
+    got->deleter(got);
+  }
+  CHECK(trpc_client_fetch_rows(cli, "kv", idx, 0, 0, 10000, &got, &err) == 3, "no rows accepted");
+  trpc_free(err);
+  err = NULL;
+
+  // Into the caller's memory, between guards.
+  float *buf = malloc((3 * COLS + 2) * sizeof(float));
+  for (int i = 0; i < 3 * COLS + 2; i++) buf[i] = -1;
+  DLTensor dst = matrix(buf + 1, out_shape, 3);
+  if (ok(trpc_client_fetch_into(cli, "kv", &dst, idx, 3, 0, 10000, &err), err, "fetch_into rows")) {
+    CHECK(buf[1] == 5 * COLS && buf[1 + COLS] == 0 && buf[3 * COLS] == (float)(ROWS * COLS - 1), "into data");
+    CHECK(buf[0] == -1 && buf[3 * COLS + 1] == -1, "into wrote outside dst");
+  }
+  const int64_t far[1] = {ROWS};
+  buf[1] = -2;
+  CHECK(trpc_client_fetch_into(cli, "kv", &dst, far, 1, 0, 10000, &err) == 3, "row out of range accepted");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_client_fetch_into(cli, "kv", &dst, NULL, 0, 0, 10000, &err) == 3, "whole tensor into 3 rows accepted");
+  trpc_free(err);
+  err = NULL;
+  CHECK(buf[1] == -2, "a refused fetch_into wrote dst");
+
+  // Rows written back land; a read-only tensor refuses them.
+  for (int i = 0; i < 3 * COLS; i++) buf[1 + i] = 1000000.0f + i;
+  const int64_t to[3] = {2, 40, 7};
+  ok(trpc_client_send_rows(cli, "kv", to, 3, &dst, 10000, &err), err, "send_rows");
+  DLManagedTensor *all = NULL;
+  if (ok(trpc_server_fetch(srv, "kv", 0, 10000, &all, &err), err, "server fetch kv")) {
+    float *f = all->dl_tensor.data;
+    CHECK(f[2 * COLS] == 1000000.0f && f[40 * COLS + 1] == 1000000.0f + COLS + 1 &&
+              f[7 * COLS + COLS - 1] == 1000000.0f + 3 * COLS - 1, "written rows");
+    CHECK(f[3 * COLS] == 3 * COLS, "a row not written changed");
+    all->deleter(all);
+  }
+  CHECK(trpc_client_send_rows(cli, "ro", to, 3, &dst, 10000, &err) == 7, "send_rows to a read-only tensor");
+  trpc_free(err);
+  err = NULL;
+  CHECK(trpc_client_send_rows(cli, "nope", to, 3, &dst, 10000, &err) == 5, "send_rows to a missing key");
+  trpc_free(err);
+  err = NULL;
+  const int64_t twice[3] = {1, 1, 2};
+  CHECK(trpc_client_send_rows(cli, "kv", twice, 3, &dst, 10000, &err) == 3, "send_rows of a row twice");
+  trpc_free(err);
+  err = NULL;
+
+  // On tcp the caller's memory is read and written in place: no pool copy.
+  trpc_options tcp = {0};
+  tcp.transports = "tcp";
+  trpc_client c2;
+  if (ok(trpc_client_dial(addr, &tcp, 10000, &c2, &err), err, "dial tcp")) {
+    float *whole = malloc(ROWS * COLS * sizeof(float));
+    int64_t whole_shape[2];
+    DLTensor w = matrix(whole, whole_shape, ROWS);
+    ok(trpc_client_fetch_into(c2, "kv", &w, NULL, 0, 0, 10000, &err), err, "tcp fetch_into whole");
+    CHECK(whole[2 * COLS] == 1000000.0f && whole[3 * COLS] == 3 * COLS, "tcp whole data");
+    ok(trpc_client_send(c2, "sent", &w, 10000, &err), err, "tcp send");
+    ok(trpc_client_send_rows(c2, "kv", to, 3, &dst, 10000, &err), err, "tcp send_rows");
+    trpc_stats st;
+    ok(trpc_client_stats(c2, &st, &err), err, "tcp stats");
+    CHECK(st.copies == 0, "tcp: %lld copies of caller memory", (long long)st.copies);
+    free(whole);
+    int64_t left = -1;
+    ok(trpc_client_close(c2, &left, &err), err, "tcp close");
+  }
+  CHECK(trpc_server_unpublish(srv, "kv") == 1 && trpc_server_unpublish(srv, "ro") == 1 &&
+            trpc_server_unpublish(srv, "sent") == 1, "unpublish");
+  free(buf);
+}
+
 int main(void) {
   char *err = NULL;
   trpc_server srv;
@@ -76,6 +187,8 @@ int main(void) {
   char *addr = NULL;
   ok(trpc_server_address(srv, &addr, &err), err, "address");
   if (!ok(trpc_client_dial(addr, &opts, 10000, &cli, &err), err, "dial")) return 1;
+  char addr_copy[256];
+  snprintf(addr_copy, sizeof addr_copy, "%s", addr);
   trpc_free(addr);
   char *transport = NULL;
   ok(trpc_client_transport(cli, &transport, &err), err, "transport");
@@ -185,6 +298,8 @@ int main(void) {
   trpc_free(err);
   err = NULL;
   CHECK(none == NULL, "a failed fetch stored a tensor");
+
+  rows_checks(srv, cli, addr_copy);
 
   // A stale handle and a bad tensor are errors, not crashes.
   in.data = NULL;

@@ -4,6 +4,7 @@
 // measured against.
 //
 //	gopeer serve [-transports shm,tcp,grpc]
+//	gopeer serve-rows [-transports ...]
 //	gopeer client -addr HOST:PORT [-transports ...]
 //	gopeer bench-serve -size N [-transports ...]
 //	gopeer bench-client -addr HOST:PORT -size N -iters K [-ops fetch,send_pool,send_wrapped] [-transports ...]
@@ -13,18 +14,21 @@
 // client sent back ("BACK ok N"). Then they print "POOL allocs=N" (the
 // buffers still live after Close) and exit 1 if N is not 0 or a check
 // failed. Tensors carry the pattern of Pattern, which the Python tests
-// reproduce, so that every dtype is checked bit for bit.
+// reproduce, so that every dtype is checked bit for bit. serve-rows
+// publishes the tensors of the rows tests instead (publishRows).
 package main
 
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -107,6 +111,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serve(sopts, publishAll)
+	case "serve-rows":
+		err = serve(sopts, publishRows)
 	case "bench-serve":
 		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) })
 	case "client":
@@ -198,6 +204,31 @@ func checkBack(s *rpc.Server) error {
 	}
 	fmt.Printf("BACK ok %d\n", n)
 	return nil
+}
+
+// The tensors of the rows tests (shim/python/tests/test_rows.py):
+// float32 [rowsN, rowsCols], element j of row r holding r*rowsCols + j,
+// published as "kv" (Writable, in place in the pool) and "ro" (not
+// writable).
+const (
+	rowsN    = 64
+	rowsCols = 4096 // 16 KiB rows: a few of them pass the eager threshold
+)
+
+func publishRows(s *rpc.Server) error {
+	ctx := context.Background()
+	t, err := s.NewTensor(ctx, zerocopy.Float32, []int64{rowsN, rowsCols})
+	if err != nil {
+		return err
+	}
+	defer t.Release()
+	for i := range rowsN * rowsCols {
+		binary.LittleEndian.PutUint32(t.Bytes()[4*i:], math.Float32bits(float32(i)))
+	}
+	if err := s.Publish(ctx, "kv", t, rpc.Writable()); err != nil {
+		return err
+	}
+	return s.Publish(ctx, "ro", rpc.WrapTensor(t.Tensor))
 }
 
 func publishBench(s *rpc.Server, size int) error {

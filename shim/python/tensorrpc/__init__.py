@@ -4,10 +4,13 @@ between processes through tensorrpc, without copying them in Python.
     import tensorrpc
     with tensorrpc.Server() as srv:               # listens on 127.0.0.1:<free port>
         srv.publish("weights", w)                 # a NumPy array or torch tensor
+        srv.publish("cache", kv, writable=True)   # clients may write rows of it
         with tensorrpc.Client(srv.address) as c:
             x = c.fetch("weights")                # zero-copy view of pool memory
             c.send("grad", g)
             meta, outs = c.call("scale", b"2", [x])
+            c.fetch("cache", rows=[7, 2], out=mine)  # rows 7 and 2, into an array of yours
+            c.send_rows("cache", [7, 2], mine)    # and back over them
 
 The package is a ctypes binding of libtensorrpc.so (shim/capi); see
 shim/README.md. NumPy and PyTorch are optional (extras "numpy", "torch"):
@@ -20,10 +23,11 @@ from ._core import Client, HandlerFn, HandlerResult, Server, live_tensors
 from ._lib import library_path
 from ._tensors import DTYPES, Tensor
 from .errors import (CODES, DeadlineExceededError, Error, FailedPreconditionError, InvalidArgumentError,
-                     NotFoundError, ResourceExhaustedError, UnavailableError, UnimplementedError)
+                     NotFoundError, PermissionDeniedError, ResourceExhaustedError, UnavailableError,
+                     UnimplementedError)
 
 __all__ = [
     "__version__", "HandlerFn", "HandlerResult", "Server", "Client", "Tensor", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
-    "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError", "UnavailableError",
+    "PermissionDeniedError", "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError", "UnavailableError",
     "CODES", "DTYPES", "live_tensors", "library_path",
 ]

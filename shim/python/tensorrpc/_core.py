@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from . import _lib
 from ._lib import lib
-from ._tensors import _dlpack_dtype, adopt, check_output, describe, dtype_name, need_output
+from ._tensors import _dlpack_dtype, adopt, check_output, describe, dtype_name, need_output, row_indices
 from .errors import Error, FailedPreconditionError, InvalidArgumentError, error
 
 _open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # servers and clients to close at exit
@@ -43,6 +43,9 @@ def _check(code: int, err: ctypes.c_void_p) -> None:
     if code != 0:
         details = _lib.error_details()
         raise error(code, _lib.take_string(err.value) or "tensorrpc: error code %d" % code, details)
+
+
+_CANCELLED, _DEADLINE_EXCEEDED = 1, 4  # status codes after which a read may still be landing
 
 
 def _timeout_ms(timeout: Optional[float]) -> int:
@@ -148,14 +151,23 @@ class Server:
             raise FailedPreconditionError("tensorrpc: the server is closed")
         return h
 
-    def publish(self, key: str, tensor: Any) -> None:
+    def publish(self, key: str, tensor: Any, *, writable: bool = False) -> None:
         """Publishes a copy of tensor (NumPy array or torch tensor, CPU,
         C-contiguous) under key, replacing what key held. A tensor this
         server handed out (take, empty, a handler's request) is published
-        without a copy; do not write it afterwards."""
+        without a copy; do not write it afterwards, unless it is meant as
+        shared state (a writable cache).
+
+        With writable, clients may write rows of it (Client.send_rows; it
+        needs at least one dimension); without, their send_rows raises
+        PermissionDeniedError. The rows land in the published pool memory:
+        publish a tensor from empty() to see them in it (fetch(key) returns
+        a view of that memory too)."""
         d = describe(tensor)
         err = ctypes.c_void_p()
-        _check(lib.trpc_server_publish(self._handle(), _key(key), ctypes.byref(d.dl), ctypes.byref(err)), err)
+        flags = _lib.PUBLISH_WRITABLE if writable else 0
+        _check(lib.trpc_server_publish_flags(self._handle(), _key(key), ctypes.byref(d.dl), flags,
+                                             ctypes.byref(err)), err)
 
     def unpublish(self, key: str) -> bool:
         """Removes key; returns whether it was published."""
@@ -297,6 +309,10 @@ class Client:
         self._h = 0
         self._output = check_output(output)
         self._lock = threading.Lock()
+        # The out arrays of fetches that timed out or were cancelled, kept
+        # alive until close(): a Read under way may still land in them
+        # (see fetch), and must not land in freed memory.
+        self._late_outs: List[Any] = []
         opts = _options(transports, eager_threshold, pool_limit, max_tensor_bytes, connect_timeout)
         h, err = ctypes.c_uint64(), ctypes.c_void_p()
         _check(lib.trpc_client_dial(_key(address, "address"), ctypes.byref(opts), _timeout_ms(timeout),
@@ -314,8 +330,8 @@ class Client:
             raise FailedPreconditionError("tensorrpc: the client is closed")
         return h
 
-    def fetch(self, key: str, *, lease: bool = False, wait: bool = False, timeout: Optional[float] = None,
-              output: Optional[str] = None) -> Any:
+    def fetch(self, key: str, *, out: Any = None, rows: Optional[Sequence[int]] = None, lease: bool = False,
+              wait: bool = False, timeout: Optional[float] = None, output: Optional[str] = None) -> Any:
         """The tensor the server published under key (or a client sent
         there), taking up to timeout seconds (None: no limit). It is a
         zero-copy view of the client's pool memory, valid until collected.
@@ -323,23 +339,85 @@ class Client:
         NumPy arrays of it are not writable, a tensorrpc.Tensor says
         readonly, and its DLPack 1.0 capsules carry the read-only flag. A
         key that is not published raises NotFoundError at once, unless wait:
-        then fetch waits for it until timeout (DeadlineExceededError)."""
-        output = need_output(output or self._output)
+        then fetch waits for it until timeout (DeadlineExceededError).
+
+        rows (a sequence of ints, or a 1-D integer NumPy array or torch
+        tensor) fetches only those rows, indices along dimension 0, in
+        that order (repeats allowed), in one request: the result has shape
+        (len(rows), *shape[1:]). An index out of range raises
+        InvalidArgumentError and nothing moves.
+
+        out (a NumPy array, a CPU torch tensor, a tensorrpc.Tensor or a
+        writable buffer; C-contiguous and writable) receives the bytes in
+        place and is returned itself (output is ignored): its dtype and
+        shape must be exactly those of what arrives, else
+        InvalidArgumentError and out is not written. On tcp the bytes are
+        read straight into out; on shm and grpc, and for tensors small
+        enough to come inline, they are copied into it once
+        (stats()["copies"]). If fetch fails otherwise, out's contents are
+        undefined; after a timeout (DeadlineExceededError) or a
+        cancellation, a read under way may still land in out until the
+        client is closed, so the client keeps out alive until close().
+        lease cannot be combined with out."""
         flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
-        out, err = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib.trpc_client_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
-                                     ctypes.byref(out), ctypes.byref(err)), err)
-        return adopt(out.value, output)
+        err = ctypes.c_void_p()
+        if out is not None:
+            if lease:
+                raise InvalidArgumentError("fetch: lease and out exclude each other (a lease is the server's memory)")
+            d = describe(out, "out", writable=True)
+            idx: Any = None
+            n = 0
+            if rows is not None:
+                idx, n, keep = row_indices(rows)
+                if n == 0:
+                    raise InvalidArgumentError("fetch: rows names no row")
+            code = lib.trpc_client_fetch_into(self._handle(), _key(key), ctypes.byref(d.dl), idx, n, flags,
+                                              _timeout_ms(timeout), ctypes.byref(err))
+            if code in (_CANCELLED, _DEADLINE_EXCEEDED):
+                with self._lock:
+                    self._late_outs.append(d)  # its memory, until close()
+            _check(code, err)
+            return out
+        output = need_output(output or self._output)
+        got = ctypes.c_void_p()
+        if rows is not None:
+            idx, n, keep = row_indices(rows)
+            _check(lib.trpc_client_fetch_rows(self._handle(), _key(key), idx, n, flags, _timeout_ms(timeout),
+                                              ctypes.byref(got), ctypes.byref(err)), err)
+            del keep
+        else:
+            _check(lib.trpc_client_fetch(self._handle(), _key(key), flags, _timeout_ms(timeout),
+                                         ctypes.byref(got), ctypes.byref(err)), err)
+        return adopt(got.value, output)
 
     def send(self, key: str, tensor: Any, *, timeout: Optional[float] = None) -> None:
         """Puts tensor (NumPy array or torch tensor, CPU, C-contiguous) into
         the server's rendezvous under key. Its memory is read during the
-        call only (copied into the pool first, unless it came from empty()
-        or fetch())."""
+        call only: on tcp in place (no copy: stats()["copies"] stays put);
+        on shm and grpc it is copied into the pool once first, unless it
+        came from empty() or fetch()."""
         d = describe(tensor)
         err = ctypes.c_void_p()
         _check(lib.trpc_client_send(self._handle(), _key(key), ctypes.byref(d.dl), _timeout_ms(timeout),
                                     ctypes.byref(err)), err)
+
+    def send_rows(self, key: str, rows: Sequence[int], tensor: Any, *, timeout: Optional[float] = None) -> None:
+        """Writes tensor's rows over rows (distinct indices along dimension
+        0: a sequence of ints, or a 1-D integer array) of the tensor the
+        server published under key with writable=True, in one request.
+        tensor (as for send) has shape (len(rows), *shape[1:]) of the
+        published tensor, and its dtype; its memory is read during the call
+        only, on tcp in place. Not writable: PermissionDeniedError; not
+        published: NotFoundError; a bad row, shape or dtype:
+        InvalidArgumentError; nothing is written on an error. Writes of
+        different rows by different clients do not interfere; fetches that
+        start after send_rows returns see them."""
+        d = describe(tensor)
+        idx, n, keep = row_indices(rows)
+        err = ctypes.c_void_p()
+        _check(lib.trpc_client_send_rows(self._handle(), _key(key), idx, n, ctypes.byref(d.dl),
+                                         _timeout_ms(timeout), ctypes.byref(err)), err)
+        del keep
 
     def call(self, method: str, metadata: Union[bytes, bytearray, memoryview, str] = b"",
              tensors: Sequence[Any] = (), *, timeout: Optional[float] = None,
@@ -394,7 +472,11 @@ class Client:
             return 0
         n, err = ctypes.c_int64(), ctypes.c_void_p()
         _open.discard(self)
-        _check(lib.trpc_client_close(h, ctypes.byref(n), ctypes.byref(err)), err)
+        try:
+            _check(lib.trpc_client_close(h, ctypes.byref(n), ctypes.byref(err)), err)
+        finally:
+            with self._lock:
+                self._late_outs.clear()  # the session's reads have ended
         return n.value
 
     def __enter__(self) -> "Client":

@@ -9,12 +9,15 @@ import ctypes
 import os
 from typing import Any, Optional
 
-ABI_VERSION = 3  # TRPC_ABI_VERSION of tensorrpc.h
+ABI_VERSION = 4  # TRPC_ABI_VERSION of tensorrpc.h
 
 # Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
 FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
 FETCH_TAKE = 1  # trpc_server_fetch: also unpublish the key
 FETCH_WAIT = 2  # both: wait until the key is published
+
+# Flags of trpc_server_publish_flags (TRPC_PUBLISH_* in tensorrpc.h).
+PUBLISH_WRITABLE = 1  # clients may write rows of it (trpc_client_send_rows)
 
 
 class DLDevice(ctypes.Structure):
@@ -102,6 +105,7 @@ _c = ctypes
 _u64 = _c.c_uint64
 _err = _c.POINTER(_c.c_void_p)  # char** err, read as a pointer to free
 _mt_out = _c.POINTER(_c.c_void_p)  # DLManagedTensor** out
+_rows = _c.POINTER(_c.c_int64)  # const int64_t* rows (trpc_row_index*)
 
 _PROTOTYPES = {
     "trpc_abi_version": (_c.c_int, []),
@@ -120,6 +124,7 @@ _PROTOTYPES = {
     "trpc_server_address": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
     "trpc_server_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
     "trpc_server_publish": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _err]),
+    "trpc_server_publish_flags": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _c.c_int, _err]),
     "trpc_server_unpublish": (_c.c_int, [_u64, _c.c_char_p]),
     "trpc_server_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
     "trpc_server_empty": (_c.c_int, [_u64, DLDataType, _c.c_int32, _c.POINTER(_c.c_int64), _mt_out, _err]),
@@ -133,7 +138,12 @@ _PROTOTYPES = {
     "trpc_client_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
     "trpc_client_transport": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
     "trpc_client_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
+    "trpc_client_fetch_into": (_c.c_int, [
+        _u64, _c.c_char_p, _c.POINTER(DLTensor), _rows, _c.c_size_t, _c.c_int, _c.c_int64, _err]),
+    "trpc_client_fetch_rows": (_c.c_int, [_u64, _c.c_char_p, _rows, _c.c_size_t, _c.c_int, _c.c_int64, _mt_out, _err]),
     "trpc_client_send": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _c.c_int64, _err]),
+    "trpc_client_send_rows": (_c.c_int, [
+        _u64, _c.c_char_p, _rows, _c.c_size_t, _c.POINTER(DLTensor), _c.c_int64, _err]),
     "trpc_client_call": (_c.c_int, [
         _u64, _c.c_char_p, _c.c_char_p, _c.c_int64, _c.POINTER(DLTensor), _c.c_int64, _c.c_int64,
         _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _err]),

@@ -11,6 +11,7 @@ come out.
 """
 
 import ctypes
+import operator
 import struct
 import sys
 import threading
@@ -123,29 +124,33 @@ class _Described:
         self.keep = (keep, shape_arr)
 
 
-def describe(x: Any, what: str = "tensor") -> _Described:
+def describe(x: Any, what: str = "tensor", writable: bool = False) -> _Described:
     """Describes x (a NumPy array, a torch tensor, a Tensor, a DLPack
     producer, an object with __array_interface__ when NumPy is installed,
     or a buffer: bytes, bytearray, memoryview, array.array, ...) as a
-    DLTensor over its own memory."""
+    DLTensor over its own memory. With writable, x is where the library
+    writes (fetch's out): read-only memory (a lease, a read-only array or
+    buffer, a DLPack 1.0 capsule flagged read-only) is refused."""
     if isinstance(x, Tensor):
         x._check()
+        if writable and x.readonly:
+            raise InvalidArgumentError("%s is a read-only lease; the library cannot write into it" % what)
         return _Described(x.data_ptr, x.shape, x.dtype, x)
     if _is_numpy(x):
-        return _describe_numpy(x, what)
+        return _describe_numpy(x, what, writable)
     if _is_torch(x):
         return _describe_torch(x, what)
     if hasattr(x, "__dlpack__"):
-        return _describe_dlpack(x, what)
+        return _describe_dlpack(x, what, writable)
     if isinstance(x, (bytes, bytearray, memoryview)) or _has_buffer(x):
-        return _describe_buffer(x, what)
+        return _describe_buffer(x, what, writable)
     if hasattr(x, "__array_interface__"):
-        return _describe_numpy(_numpy().asarray(x), what)
+        return _describe_numpy(_numpy().asarray(x), what, writable)
     raise InvalidArgumentError("%s must be a NumPy array, a torch tensor, a DLPack producer or a buffer, not %s"
                                % (what, type(x).__name__))
 
 
-def _describe_numpy(a: Any, what: str) -> _Described:
+def _describe_numpy(a: Any, what: str, writable: bool = False) -> _Described:
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         raise InvalidArgumentError("%s has big-endian dtype %s; tensors are little-endian" % (what, a.dtype))
     if a.dtype.fields is not None or a.dtype.name not in DTYPES:
@@ -154,6 +159,8 @@ def _describe_numpy(a: Any, what: str) -> _Described:
     if not a.flags.c_contiguous:
         raise InvalidArgumentError("%s is not C-contiguous (shape %s, strides %s); pass np.ascontiguousarray(x)"
                                    % (what, a.shape, a.strides))
+    if writable and not a.flags.writeable:
+        raise InvalidArgumentError("%s is a read-only NumPy array; the library cannot write into it" % what)
     return _Described(a.__array_interface__["data"][0], a.shape, a.dtype.name, a)
 
 
@@ -207,7 +214,7 @@ def _dlpack_capsule(x: Any) -> Any:
         return x.__dlpack__()
 
 
-def _describe_dlpack(x: Any, what: str) -> _Described:
+def _describe_dlpack(x: Any, what: str, writable: bool = False) -> _Described:
     cap = _dlpack_capsule(x)
     if type(cap).__name__ != "PyCapsule":
         raise InvalidArgumentError("%s: __dlpack__() returned %s, not a PyCapsule" % (what, type(cap).__name__))
@@ -222,6 +229,9 @@ def _describe_dlpack(x: Any, what: str) -> _Described:
             # capsule unconsumed, its destructor deletes the tensor.
             raise InvalidArgumentError("%s: DLPack version %d.%d is not supported (1.x is)"
                                        % (what, mv.version.major, mv.version.minor))
+        if writable and mv.flags & _lib.FLAG_READ_ONLY:
+            # Left unconsumed: the capsule's destructor deletes it.
+            raise InvalidArgumentError("%s: its DLPack tensor is read-only; the library cannot write into it" % what)
         dl, deleter = mv.dl_tensor, ctypes.cast(mv.deleter, ctypes.c_void_p).value
     else:
         m = _lib.DLManagedTensor.from_address(addr)
@@ -253,6 +263,7 @@ class _PyBuffer(ctypes.Structure):
 _get_buffer = _lib._pyapi("PyObject_GetBuffer", ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
 _release_buffer = _lib._pyapi("PyBuffer_Release", None, ctypes.POINTER(_PyBuffer))
 _PyBUF_C_CONTIGUOUS_FORMAT = 0x0038 | 0x0004  # PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
+_PyBUF_WRITABLE = 0x0001
 
 
 def _has_buffer(x: Any) -> bool:
@@ -268,13 +279,16 @@ class _Buffer:
 
     __slots__ = ("view",)
 
-    def __init__(self, x: Any, what: str) -> None:
+    def __init__(self, x: Any, what: str, writable: bool = False) -> None:
+        self.view: Optional[_PyBuffer] = None  # for __del__, should the buffer be refused
         view = _PyBuffer()
+        flags = _PyBUF_C_CONTIGUOUS_FORMAT | (_PyBUF_WRITABLE if writable else 0)
         try:
-            _get_buffer(x, ctypes.byref(view), _PyBUF_C_CONTIGUOUS_FORMAT)
+            _get_buffer(x, ctypes.byref(view), flags)
         except BufferError as e:
-            raise InvalidArgumentError("%s is not a C-contiguous buffer: %s" % (what, e)) from None
-        self.view: Optional[_PyBuffer] = view
+            raise InvalidArgumentError("%s is not a C-contiguous%s buffer: %s"
+                                       % (what, " writable" if writable else "", e)) from None
+        self.view = view
 
     def __del__(self) -> None:
         v, self.view = self.view, None
@@ -303,8 +317,8 @@ def _buffer_dtype(fmt: str, itemsize: int) -> Optional[str]:
     return None
 
 
-def _describe_buffer(x: Any, what: str) -> _Described:
-    b = _Buffer(x, what)
+def _describe_buffer(x: Any, what: str, writable: bool = False) -> _Described:
+    b = _Buffer(x, what, writable)
     v = b.view
     assert v is not None
     fmt = (v.format or b"B").decode("ascii", "replace")
@@ -316,6 +330,41 @@ def _describe_buffer(x: Any, what: str) -> _Described:
                                    % (what, fmt, v.itemsize))
     shape = tuple(v.shape[i] for i in range(v.ndim)) if v.shape else ((v.len // v.itemsize,) if v.ndim else ())
     return _Described(v.buf, shape, name, b)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def row_indices(rows: Any, what: str = "rows") -> Tuple[Any, int, Any]:
+    """rows (a sequence of ints, or a 1-D integer NumPy array or torch
+    tensor) as (a const int64_t* for the C ABI, their number, what keeps
+    the array alive). A NumPy int64 array is passed as it is."""
+    if _is_torch(rows):
+        if rows.dim() != 1 or rows.is_floating_point() or rows.is_complex() or str(rows.dtype) == "torch.bool":
+            raise InvalidArgumentError("%s must be a 1-D integer tensor, not %s of shape %s"
+                                       % (what, rows.dtype, tuple(rows.shape)))
+        rows = rows.tolist()
+    elif _is_numpy(rows):
+        np = _numpy()
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise InvalidArgumentError("%s must be a 1-D integer array, not %s of shape %s"
+                                       % (what, rows.dtype, rows.shape))
+        if rows.dtype.kind == "u" and rows.size and int(rows.max()) > _INT64_MAX:
+            raise InvalidArgumentError("%s: row index %d is out of range" % (what, int(rows.max())))
+        a = np.ascontiguousarray(rows, dtype=np.int64)
+        return ctypes.cast(a.ctypes.data, ctypes.POINTER(ctypes.c_int64)), len(a), a
+    if isinstance(rows, (str, bytes, bytearray)) or not hasattr(rows, "__iter__"):
+        raise InvalidArgumentError("%s must be a sequence of ints or a 1-D integer array, not %s"
+                                   % (what, type(rows).__name__))
+    try:
+        values = [operator.index(r) for r in rows]
+    except TypeError:
+        raise InvalidArgumentError("%s must hold ints only" % what) from None
+    for v in values:
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise InvalidArgumentError("%s: row index %d is out of range" % (what, v))
+    arr = (ctypes.c_int64 * max(len(values), 1))(*values)
+    return ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64)), len(values), arr
 
 
 def check_output(output: str) -> str:

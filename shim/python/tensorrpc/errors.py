@@ -51,6 +51,13 @@ class NotFoundError(Error, LookupError):
     code = 5
 
 
+class PermissionDeniedError(Error, PermissionError):
+    """The peer refused the operation: rows written to a tensor not
+    published writable (Server.publish(..., writable=True)). Also a
+    PermissionError."""
+    code = 7
+
+
 class ResourceExhaustedError(Error, MemoryError):
     """The pool is full or the tensor is over the size limit."""
     code = 8
@@ -72,7 +79,7 @@ class UnavailableError(Error, ConnectionError):
 
 
 _BY_CODE: Dict[int, Type[Error]] = {c.code: c for c in (
-    InvalidArgumentError, DeadlineExceededError, NotFoundError, ResourceExhaustedError,
+    InvalidArgumentError, DeadlineExceededError, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
     FailedPreconditionError, UnimplementedError, UnavailableError)}
 
 

@@ -111,6 +111,36 @@ def client_checks(c):
             t.release()
 
 
+# The tensors of the rows tests, published by rows_setup (Python) and
+# gopeer serve-rows (Go): float32 (ROWS_N, ROWS_COLS), element j of row r
+# holding r*ROWS_COLS + j, as "kv" (writable) and "ro" (not writable).
+ROWS_N, ROWS_COLS = 64, 4096  # 16 KiB rows: a few of them pass the eager threshold
+
+
+def rows_pattern():
+    return np.arange(ROWS_N * ROWS_COLS, dtype=np.float32).reshape(ROWS_N, ROWS_COLS)
+
+
+def rows_setup(srv):
+    """Publishes "kv" (writable, in place: a pool tensor) and "ro"."""
+    with srv.empty((ROWS_N, ROWS_COLS), "float32", output="tensor") as t:
+        t.numpy()[:] = rows_pattern()
+        srv.publish("kv", t, writable=True)
+    srv.publish("ro", rows_pattern())  # its own copy in the pool
+
+
+def written_row(r, round_):
+    """What round round_ of a writer writes into row r."""
+    return np.full(ROWS_COLS, 1e6 + 1000 * round_ + r, np.float32)
+
+
+def write_rows(c, rows, rounds):
+    """send_rows of rows, each holding written_row(r, i) in round i; the
+    last round's values stay."""
+    for i in range(rounds):
+        c.send_rows("kv", rows, np.stack([written_row(r, i) for r in rows]), timeout=30)
+
+
 class Peer:
     """A peer process: a server prints "ADDR host:port" and serves until
     stop(); a client runs and exits."""

@@ -4,13 +4,15 @@ the protocol); it needs NumPy, not torch.
     python3 peer.py serve TRANSPORTS        # prints ADDR; stdin "check" checks back/*
     python3 peer.py client ADDR TRANSPORTS  # prints OK transport=...
     python3 peer.py bench-serve TRANSPORTS SIZE
+    python3 peer.py serve-rows TRANSPORTS   # the tensors of the rows tests (_common.rows_setup)
+    python3 peer.py write-rows ADDR TRANSPORTS ROW,ROW,... ROUNDS  # send_rows of written_row(r, round)
 """
 
 import gc
 import sys
 
 import tensorrpc
-from _common import client_checks, serve_check, serve_setup
+from _common import client_checks, rows_setup, serve_check, serve_setup, write_rows
 
 
 def serve(transports, setup):
@@ -44,6 +46,14 @@ def main(argv):
     mode = argv[1]
     if mode == "serve":
         return serve(argv[2], serve_setup)
+    if mode == "serve-rows":
+        return serve(argv[2], rows_setup)
+    if mode == "write-rows":
+        with tensorrpc.Client(argv[2], transports=argv[3].split(",")) as c:
+            write_rows(c, [int(r) for r in argv[4].split(",")], int(argv[5]))
+            transport = c.transport
+        print("OK transport=" + transport, flush=True)
+        return 0
     if mode == "bench-serve":
         return serve(argv[2], bench_setup(int(argv[3])))
     if mode == "client":

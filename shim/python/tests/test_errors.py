@@ -130,7 +130,8 @@ class ErrorTest(unittest.TestCase):
         c.close()
         c.close()  # twice is fine
         for fn, args in ((c.fetch, ("k",)), (c.send, ("k", np.zeros(3))), (c.call, ("echo",)),
-                         (c.empty, ((3,), "int8")), (c.stats, ()), (c.pool_stats, ())):
+                         (c.empty, ((3,), "int8")), (c.stats, ()), (c.pool_stats, ()),
+                         (c.send_rows, ("k", [0], np.zeros((1, 3))))):
             with self.subTest(fn=fn.__name__):
                 e = self.assert_code(tensorrpc.FailedPreconditionError, 9, fn, *args)
                 self.assertIn("closed", str(e))
@@ -213,6 +214,53 @@ class ErrorTest(unittest.TestCase):
         self.assertEqual(_lib.lib.trpc_server_fetch(self.srv._handle(), b"k", 4, 1000, ctypes.byref(out),
                                                     ctypes.byref(err)), 3)
         self.assertIn("flags", _lib.take_string(err.value))
+
+    def test_rows_in_c(self):
+        # The rows functions of ABI version 4 refuse bad arguments by
+        # themselves.
+        h, srv = self.c._handle(), self.srv._handle()
+        buf = (ctypes.c_float * 8)()
+        shape = (ctypes.c_int64 * 2)(2, 4)
+        d = _lib.DLTensor()
+        d.data = ctypes.addressof(buf)
+        d.device = _lib.DLDevice(1, 0)
+        d.ndim = 2
+        d.dtype = _lib.DLDataType(2, 32, 1)
+        d.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+        self.assertEqual(_lib.lib.trpc_server_publish_flags(srv, b"m", ctypes.byref(d), _lib.PUBLISH_WRITABLE, None), 0)
+        rows = (ctypes.c_int64 * 2)(1, 0)
+        out = ctypes.c_void_p()
+        calls = {
+            "fetch_into: NULL rows": lambda err: _lib.lib.trpc_client_fetch_into(
+                h, b"m", ctypes.byref(d), None, 2, 0, 1000, err),
+            "fetch_into: flags": lambda err: _lib.lib.trpc_client_fetch_into(
+                h, b"m", ctypes.byref(d), rows, 2, 4, 1000, err),
+            "fetch_into: NULL key": lambda err: _lib.lib.trpc_client_fetch_into(
+                h, None, ctypes.byref(d), rows, 2, 0, 1000, err),
+            "fetch_into: NULL dst": lambda err: _lib.lib.trpc_client_fetch_into(h, b"m", None, rows, 2, 0, 1000, err),
+            "fetch_rows: no rows": lambda err: _lib.lib.trpc_client_fetch_rows(
+                h, b"m", rows, 0, 0, 1000, ctypes.byref(out), err),
+            "fetch_rows: NULL rows": lambda err: _lib.lib.trpc_client_fetch_rows(
+                h, b"m", None, 2, 0, 1000, ctypes.byref(out), err),
+            "fetch_rows: flags": lambda err: _lib.lib.trpc_client_fetch_rows(
+                h, b"m", rows, 2, 4, 1000, ctypes.byref(out), err),
+            "fetch_rows: NULL out": lambda err: _lib.lib.trpc_client_fetch_rows(h, b"m", rows, 2, 0, 1000, None, err),
+            "fetch_rows: too many": lambda err: _lib.lib.trpc_client_fetch_rows(
+                h, b"m", rows, (1 << 20) + 1, 0, 1000, ctypes.byref(out), err),
+            "send_rows: no rows": lambda err: _lib.lib.trpc_client_send_rows(h, b"m", None, 0, ctypes.byref(d), 1000, err),
+            "send_rows: NULL src": lambda err: _lib.lib.trpc_client_send_rows(h, b"m", rows, 2, None, 1000, err),
+            "publish_flags: flags": lambda err: _lib.lib.trpc_server_publish_flags(srv, b"m", ctypes.byref(d), 6, err),
+        }
+        for name, call in calls.items():
+            with self.subTest(case=name):
+                err = ctypes.c_void_p()
+                self.assertEqual(call(ctypes.byref(err)), 3)
+                self.assertTrue(_lib.take_string(err.value))
+        self.assertIsNone(out.value)
+        # The same rows, well formed, work.
+        self.assertEqual(_lib.lib.trpc_client_fetch_into(h, b"m", ctypes.byref(d), rows, 2, 0, 1000, None), 0)
+        self.assertEqual(_lib.lib.trpc_client_send_rows(h, b"m", rows, 2, ctypes.byref(d), 1000, None), 0)
+        self.assertTrue(self.srv.unpublish("m"))
 
     def test_handler_errors(self):
         def fails(meta, ts):

@@ -123,7 +123,8 @@ class LifetimeTest(unittest.TestCase):
 
     def test_zero_copy_send(self):
         # A pool tensor from empty() is sent without a copy from caller
-        # memory; a NumPy array is copied into the pool once.
+        # memory; a NumPy array is copied into the pool once on shm (on tcp
+        # it is sent in place: test_rows.RowsTest.test_no_copy_on_tcp).
         x = self.c.empty(SHAPE, "float32")
         x[:] = 1.5
         self.c.send("a", x)
