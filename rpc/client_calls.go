@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -52,7 +53,10 @@ func Rows(idx ...int64) FetchOption {
 // provider can register dst (see Stats.Copies); elsewhere, and for
 // tensors small enough to come inline, they are copied in once. dst must
 // not be used until Fetch returns; on an error its contents are
-// undefined. Lease is ignored with Into.
+// undefined. Whatever the result, nothing writes dst once Fetch returns:
+// Reads under way when it fails or its context ends are waited for (a
+// peer that holds one past 5 s has the session ended). Lease is ignored
+// with Into.
 func Into(dst *Tensor) FetchOption { return func(o *fetchOptions) { o.into = dst } }
 
 // Lease asks for a zero-copy shared-memory lease of the server's tensor
@@ -286,12 +290,14 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 		buf, local, done = b, lc, func() {}
 	}
 	local.Length = n
+	ended := make(chan struct{}) // every Read has completed, after a failure
 	failed := func() {
 		done()
 		if buf != nil {
 			buf.Release()
 		}
 		release()
+		close(ended)
 	}
 	var err error
 	if fo.rowsOfSource {
@@ -300,6 +306,11 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 		err = engine.ReadLanes(ctx, l, s.lanes, local, verbs.Remote{Addr: meta.Location.Address, Key: meta.Location.RemoteKey}, meta.Location.Lanes, failed)
 	}
 	if err != nil {
+		if buf == nil {
+			// Reads into the caller's memory: it is the caller's again
+			// when Fetch returns, so none may still be under way.
+			awaitReads(s, ended)
+		}
 		c.stats.errors.Add(1)
 		return nil, err
 	}
@@ -323,6 +334,24 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 		return nil, err
 	}
 	return tensorOf(meta, buf)
+}
+
+// readDrain bounds how long a Fetch into caller memory that failed or was
+// given up waits for its Reads under way before it closes the lane, which
+// ends them (and the session).
+const readDrain = 5 * time.Second
+
+// awaitReads waits until ended is closed: every Read of a failed transfer
+// into caller memory has completed. A peer that holds one past readDrain
+// has its lanes closed, which completes them (flushed).
+func awaitReads(s *clientSession, ended <-chan struct{}) {
+	select {
+	case <-ended:
+		return
+	case <-time.After(readDrain):
+	}
+	s.end(fmt.Errorf("a Read into caller memory outlived its call by %v", readDrain))
+	<-ended
 }
 
 // read reads len(buf) bytes from remote into buf over l, or striped over

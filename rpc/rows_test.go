@@ -2,9 +2,11 @@ package rpc_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -360,4 +362,34 @@ func dialTo(t *testing.T, addr, transport string) *rpc.Client {
 		}
 	})
 	return c
+}
+
+// TestFetchIntoGivenUpWritesNothingAfter: a Fetch Into caller memory whose
+// context ends while its Reads are under way returns only once none is:
+// nothing lands in the caller's memory after Fetch returned.
+func TestFetchIntoGivenUpWritesNothingAfter(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, nil, nil)
+	const n = 256 << 20
+	publishBytes(t, s, "big", n, 3)
+	given := 0
+	for try := 0; try < 20 && given < 3; try++ {
+		g := newGuarded(n)
+		dst := rpc.WrapTensor(mustTensor(zerocopy.Uint8, []int64{n}, g.bytes()))
+		ctx, cancel := context.WithTimeout(ctxT(t), time.Duration(1+try)*time.Millisecond)
+		_, err := c.Fetch(ctx, "big", rpc.Into(dst))
+		cancel()
+		if err == nil {
+			continue // it finished in time
+		}
+		given++
+		before := bytes.Clone(g.all)
+		time.Sleep(50 * time.Millisecond)
+		if !bytes.Equal(before, g.all) {
+			t.Fatalf("a Fetch Into given up (%v) kept writing the caller's memory after it returned", err)
+		}
+		g.intact(t)
+	}
+	if given == 0 {
+		t.Skip("every Fetch of 256 MiB finished within its deadline: nothing was given up to check")
+	}
 }

@@ -47,11 +47,9 @@ func checkFetchFlags(flags C.int) error {
 // written. On tcp the bytes are read straight into dst's memory; where a
 // plane cannot reach caller memory they land in pool memory and are
 // copied into dst once (trpc_stats.copies). flags as trpc_client_fetch's
-// (TRPC_FETCH_LEASE is ignored: a lease cannot land in dst). When the
-// call's context ends during a Read, rpc's Fetch returns before the Read
-// completes, which may then still write dst: after DEADLINE_EXCEEDED or
-// CANCELLED the caller keeps dst valid until trpc_client_close returns
-// (tensorrpc.h).
+// (TRPC_FETCH_LEASE is ignored: a lease cannot land in dst). When it
+// returns nothing writes dst any more: rpc's Fetch Into waits for Reads
+// under way when it fails or is given up (tensorrpc.h).
 //
 //export trpc_client_fetch_into
 func trpc_client_fetch_into(h C.trpc_client, key *C.char, dst *C.DLTensor, rows *C.trpc_row_index, nrows C.size_t,

@@ -160,11 +160,11 @@ typedef struct {
  *     the bytes are read straight into it; where a plane cannot reach
  *     caller memory (shm, grpc), or the tensor is small enough to come
  *     inline, they are copied into it once (trpc_stats.copies). flags:
- *     TRPC_FETCH_WAIT; TRPC_FETCH_LEASE is ignored. On any other failure
- *     dst's contents are undefined; after DEADLINE_EXCEEDED (4) or
- *     CANCELLED (1) a read already under way may still land in dst, until
- *     it completes or the client is closed: keep dst's memory valid until
- *     trpc_client_close returns.
+ *     TRPC_FETCH_WAIT; TRPC_FETCH_LEASE is ignored. On a failure dst's
+ *     contents are undefined, but when the call returns, whatever its
+ *     result, nothing writes dst any more (a Read under way is waited
+ *     for; a peer that holds one past 5 s has the session ended), so dst
+ *     may be freed at once.
  * trpc_client_fetch_rows(cli, key, rows, nrows, flags, timeout_ms, &mt,
  *     &err) returns rows[0:nrows] (nrows >= 1; in this order, repeats
  *     allowed) as a new tensor of shape [nrows, shape[1:]...] in the

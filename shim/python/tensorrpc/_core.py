@@ -355,9 +355,10 @@ class Client:
         read straight into out; on shm and grpc, and for tensors small
         enough to come inline, they are copied into it once
         (stats()["copies"]). If fetch fails otherwise, out's contents are
-        undefined; after a timeout (DeadlineExceededError) or a
-        cancellation, a read under way may still land in out until the
-        client is closed, so the client keeps out alive until close().
+        undefined; when it returns, whatever its result, nothing writes
+        out any more (a read under way is waited for). After a timeout or
+        a cancellation the client still keeps out alive until close(), a
+        belt-and-braces reference that costs nothing.
         lease cannot be combined with out."""
         flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
         err = ctypes.c_void_p()

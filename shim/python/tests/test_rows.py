@@ -148,8 +148,8 @@ class RowsTest(RowsCase):
             self.assert_untouched(buf, "refused in Python")
 
     def test_timed_out_out_kept_until_close(self):
-        # A fetch into out that times out may leave a read landing in out:
-        # the client keeps out's memory alive until it is closed.
+        # rpc waits for a read under way when a fetch into out fails; the
+        # client still keeps out alive until close(), belt and braces.
         import weakref
         with tensorrpc.Server(transports=["tcp"]) as srv:
             rows_setup(srv)
@@ -159,7 +159,7 @@ class RowsTest(RowsCase):
             self.assert_code(tensorrpc.DeadlineExceededError, 4, c.fetch, "kv", out=out, timeout=0)
             del out
             gc.collect()
-            self.assertIsNotNone(ref(), "out was freed while a read may still land in it")
+            self.assertIsNotNone(ref(), "out was freed before close()")
             c.close()
             gc.collect()
             self.assertIsNone(ref(), "out kept after close")
