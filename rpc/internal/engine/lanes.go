@@ -215,6 +215,23 @@ func RevokeAll(gs []verbs.Grant) {
 	}
 }
 
+// joinEnds returns what each of n parts of a transfer calls once it has
+// ended (ok: it succeeded): once all have, failed runs if any did not.
+func joinEnds(n int, failed func()) func(ok bool) {
+	var mu sync.Mutex
+	left, bad := n, false
+	return func(ok bool) {
+		mu.Lock()
+		left--
+		bad = bad || !ok
+		last, fail := left == 0, bad
+		mu.Unlock()
+		if last && fail {
+			failed()
+		}
+	}
+}
+
 // ReadLanes reads local.Length bytes into local: from remote over l, or,
 // when striped names a remote on each of lanes, in parts over every lane
 // at once. On failure, or when ctx ends while reads are under way, failed
@@ -227,18 +244,7 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 		return l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)
 	}
 	part := ((n+k-1)/k + 4095) &^ 4095 // k parts cover n
-	var mu sync.Mutex
-	left, bad := k, false
-	done := func(ok bool) {
-		mu.Lock()
-		left--
-		bad = bad || !ok
-		last, fail := left == 0, bad
-		mu.Unlock()
-		if last && fail {
-			failed()
-		}
-	}
+	done := joinEnds(k, failed)
 	errs := make([]error, k)
 	var wg sync.WaitGroup
 	for i := range k {

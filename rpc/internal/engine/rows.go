@@ -135,18 +135,7 @@ func ReadRowsLanes(ctx context.Context, lanes []*Link, local verbs.Local, remote
 		}
 	}
 	shares = append(shares, runs[start:])
-	var mu sync.Mutex
-	left, bad := len(shares), false
-	end := func(ok bool) {
-		mu.Lock()
-		left--
-		bad = bad || !ok
-		last, fail := left == 0, bad
-		mu.Unlock()
-		if last && fail {
-			failed()
-		}
-	}
+	end := joinEnds(len(shares), failed)
 	errs := make([]error, len(shares))
 	var wg sync.WaitGroup
 	for i, share := range shares {
