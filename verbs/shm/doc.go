@@ -10,11 +10,17 @@
 // abstract namespace by default (WithSocketDir puts a socket file in a
 // directory instead).
 //
-// Memory must be memfd-backed: Memory.HasFD set, FD a memfd sealed with
-// F_SEAL_SHRINK (F_SEAL_GROW too, usually). RegisterMemory refuses anything
-// else with verbs.ErrInvalidMemory. A region's Addr is its local virtual
-// address; its local and remote keys are the same 32-bit key, unique in its
-// domain (random, skipping the ones in use by regions and grants).
+// Memory that peers reach must be memfd-backed: Memory.HasFD set, FD a
+// memfd sealed with F_SEAL_SHRINK (F_SEAL_GROW too, usually);
+// RegisterMemory refuses other fds with verbs.ErrInvalidMemory. Memory
+// without an fd (a Go slice, a framework's array) registers for local use
+// only, without remote rights: it is the local side of this process's
+// work requests (the destination of a Read or Recv, the source of a Write
+// or Send), which this process copies itself; a grant on it opens nothing
+// (the peer's access fails with StatusRemoteAccess). A region's Addr is
+// its local virtual address; its local and remote keys are the same
+// 32-bit key, unique in its domain (random, skipping the ones in use by
+// regions and grants).
 //
 // The provider is a wire under the soft-RC core shared with tcp (see "Soft
 // providers" in package verbs): the queue pair's states, work queues,

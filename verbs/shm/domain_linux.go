@@ -92,35 +92,43 @@ func (pd *domain) handshake(nc net.Conn) bool {
 	}) == nil
 }
 
-// RegisterMemory registers memfd-backed memory. It refuses memory without
-// an fd and memfds that are not sealed against shrinking.
+// RegisterMemory registers memory. Memory backed by a memfd must be
+// sealed against shrinking: peers map it. Memory without an fd (a Go
+// slice, a framework's array) is registered for local use only: this
+// process copies it as the local side of its own work requests, and no
+// peer can reach it, so it may not have remote rights.
 func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
 	if m.DMABuf {
 		return nil, fmt.Errorf("shm: DMA-BUF device memory cannot be shared through a memfd; stage it through host memory: %w", verbs.ErrInvalidMemory)
 	}
-	if !m.HasFD {
-		return nil, fmt.Errorf("shm: memory must be backed by a memfd (Memory.HasFD is false): %w", verbs.ErrInvalidMemory)
-	}
 	if len(m.Bytes) == 0 {
 		return nil, fmt.Errorf("shm: memory is empty: %w", verbs.ErrInvalidMemory)
 	}
-	if m.FDOffset < 0 {
-		return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
-	}
-	if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
-		return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
-	}
-	// Keep our own descriptor so the region stays shareable even if the
-	// caller closes FD early.
-	fd, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("shm: dup memfd: %w", err)
+	fd := -1
+	if !m.HasFD {
+		if remote := access & (verbs.AccessRemoteRead | verbs.AccessRemoteWrite); remote != 0 {
+			return nil, fmt.Errorf("shm: memory without a memfd (Memory.HasFD is false) is for local use only, it cannot have %v: %w", remote, verbs.ErrInvalidMemory)
+		}
+		m.FDOffset = 0
+	} else {
+		if m.FDOffset < 0 {
+			return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
+		}
+		if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
+			return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
+		}
+		// Keep our own descriptor so the region stays shareable even if
+		// the caller closes FD early.
+		var err error
+		if fd, err = unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			return nil, fmt.Errorf("shm: dup memfd: %w", err)
+		}
 	}
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
 	core, err := pd.RegisterLocked(m, access, addressOf(m.Bytes)) // checks the access bits
 	if err != nil {
-		unix.Close(fd)
+		closeFD(fd)
 		return nil, err
 	}
 	r := &region{Region: core, pd: pd, fd: fd, fdOffset: uint64(m.FDOffset)}
@@ -155,6 +163,9 @@ func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcemen
 	r := pd.regions[w.Region.LocalKey()]
 	if r == nil || r.Region != w.Region {
 		return announcement{}, fmt.Errorf("region of remote key %#x is deregistered", key)
+	}
+	if r.fd < 0 {
+		return announcement{}, fmt.Errorf("region of remote key %#x has no memfd to share", key)
 	}
 	a := announcement{w: w, r: r}
 	if w.Grant {
