@@ -32,9 +32,10 @@
 // which wraps verbs.ErrInvalidInfo). shm has no roles: of the two peers,
 // the one with the smaller secret dials the other's socket. The connection
 // is a SOCK_SEQPACKET unix socket. The handshake passes, with SCM_RIGHTS, each side's staging buffer
-// and control ring (sealed memfds; see below); afterwards the socket
-// carries only wake-ups, the memfds of regions and the end of the
-// connection.
+// and control ring (sealed memfds; see below), and each side probes
+// whether it can read the other's memory by cross-memory attach
+// (CrossMemory); afterwards the socket carries only wake-ups, the memfds
+// of regions and the end of the connection.
 //
 // Regions are announced lazily: the first time a queue pair targets a
 // remote key, it asks the peer, which answers with the region's bounds,
