@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 	"golang.org/x/sys/unix"
 )
 
@@ -83,6 +85,7 @@ func (qp *queuePair) probeAddr() uint64 {
 // attach.
 type cmaLink struct {
 	decided bool
+	taken   bool // both sides take part: we announce memory without a memfd
 	peer    peerProcess
 	// pidfd refers to the peer's process (opened before the probe that
 	// showed the pid is the peer's), for a look before each copy that it
@@ -110,7 +113,7 @@ func notTaken(reason string) cmaLink {
 // process of c. It returns the link's view of the peer with reach set;
 // the caller sets peerReach when the peer tells it.
 func (o *options) probe(c *net.UnixConn, addr uint64, want [16]byte) (cmaLink, cmaProbe) {
-	l := cmaLink{decided: true, pidfd: -1}
+	l := cmaLink{decided: true, taken: true, pidfd: -1}
 	peer, err := peerOf(c)
 	if err != nil {
 		// Without the peer's pid nothing can be probed; say so as a pid
@@ -257,3 +260,128 @@ func (qp *queuePair) CMA() error {
 }
 
 var errNoCMAMessage = errors.New("shm: the dialer ended the handshake without its cross-memory attach probe")
+
+// cacheCMA caches what the peer announced of its memory without a memfd
+// (flagCMA), a region or a grant, which copies reach by cross-memory
+// attach at the peer's virtual address m.offset. Nothing is mapped, so a
+// peer that lies about it harms only itself; the error refuses the key:
+// this process cannot reach the peer (the probe said why), or the
+// announcement is malformed.
+func (qp *queuePair) cacheCMA(m message) error {
+	remote := verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+	switch {
+	case qp.cma.reach != nil:
+		return fmt.Errorf("shm: remote key %#x is memory of the peer without a memfd, which only cross-memory attach reaches: %w", m.key, qp.cma.reach)
+	case m.flags != flagFound|flagCMA:
+		return fmt.Errorf("shm: peer memory %#x without a memfd is announced with flags %#x", m.key, m.flags)
+	case m.access&^remote != 0 || m.access == 0:
+		return fmt.Errorf("shm: peer memory %#x has access %v, want remote rights only", m.key, m.access)
+	case m.length == 0 || m.length > uint64(math.MaxInt) || m.addr+m.length < m.addr || m.offset == 0 || m.offset+m.length < m.offset:
+		return fmt.Errorf("shm: peer memory %#x has bad bounds [%#x, +%d) at address %#x", m.key, m.addr, m.length, m.offset)
+	}
+	rr := &remoteRegion{key: m.key, addr: m.addr, length: m.length, access: m.access, cma: true, vaddr: m.offset}
+	qp.remoteMu.Lock()
+	qp.putRemoteLocked(rr)
+	qp.remoteMu.Unlock()
+	return nil
+}
+
+// cmaCopy moves wr's bytes between its local segments and rr, the peer's
+// memory without a memfd, with process_vm_writev (need is
+// AccessRemoteWrite: a Write) or process_vm_readv (a Read), after the
+// check every remote access makes of key, bounds and right. The caller
+// holds remoteMu for reading, which keeps the pidfd open.
+func (qp *queuePair) cmaCopy(rr *remoteRegion, wr *softrc.SendWR, need verbs.Access) error {
+	off, err := softrc.InWindow(rr.key, rr.addr, rr.length, rr.access, need, wr.Remote.Addr, uint64(wr.N))
+	if err != nil {
+		return err
+	}
+	op, call := "Read", "process_vm_readv"
+	if need == verbs.AccessRemoteWrite {
+		op, call = "Write", "process_vm_writev"
+	}
+	pid := qp.cma.peer.pid
+	if qp.peerExited() {
+		return &statusError{verbs.StatusTransport, fmt.Errorf("shm: %s by cross-memory attach: the peer's process (pid %d) has exited", op, pid)}
+	}
+	addr := rr.vaddr + off
+	done, err := cmaTransfer(pid, wr.Vec, addr, wr.N, need == verbs.AccessRemoteWrite, qp.pd.opts.cmaChunk)
+	if err == nil {
+		return nil
+	}
+	errno, _ := err.(unix.Errno)
+	hint := errnoHint(errno, qp.cma.peer, true)
+	if errno == unix.EFAULT {
+		hint = "the peer unmapped that memory, or a local buffer is not mapped"
+	}
+	if hint != "" {
+		hint = " (" + hint + ")"
+	}
+	err = fmt.Errorf("shm: %s of [%#x, +%d) of the peer's memory (pid %d, remote key %#x) by cross-memory attach: %s after %d bytes: %w%s", op, addr, wr.N, pid, rr.key, call, done, err, hint)
+	if errno == unix.ESRCH {
+		return &statusError{verbs.StatusTransport, err}
+	}
+	return err
+}
+
+// peerExited reports whether the peer's process has exited, by its pidfd
+// (false without one): a pid whose process has exited may soon name
+// another process, which a copy must never touch. A process that exits
+// between this look and the copy cannot have its pid reused within it:
+// the pid stays taken until its parent reaps it.
+func (qp *queuePair) peerExited() bool {
+	if qp.cma.pidfd < 0 {
+		return false
+	}
+	fds := [1]unix.PollFd{{Fd: int32(qp.cma.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds[:], 0)
+	return err == nil && n > 0
+}
+
+// cmaTransfer moves n bytes between the local segments v and the memory
+// of process pid at addr, continuing each short transfer where it
+// stopped (the kernel moves at most about 2 GiB per call, and stops at
+// the first page it cannot reach); a call that fails, or moves nothing,
+// ends it. chunk, when not 0, caps each call (for tests). It returns how
+// many bytes moved.
+func cmaTransfer(pid int, v softrc.Vec, addr uint64, n int, write bool, chunk int) (int, error) {
+	var iovs [softrc.MaxSegments]unix.Iovec
+	var remote [1]unix.RemoteIovec
+	done := 0
+	for done < n {
+		local := iovs[:0]
+		skip := done
+		for _, s := range v {
+			if skip >= len(s.B) {
+				skip -= len(s.B)
+				continue
+			}
+			iov := unix.Iovec{Base: &s.B[skip]}
+			iov.SetLen(len(s.B) - skip)
+			local = append(local, iov)
+			skip = 0
+		}
+		want := n - done
+		if chunk > 0 {
+			want = min(want, chunk)
+		}
+		remote[0] = unix.RemoteIovec{Base: uintptr(addr) + uintptr(done), Len: want}
+		var k int
+		var err error
+		if write {
+			k, err = unix.ProcessVMWritev(pid, local, remote[:], 0)
+		} else {
+			k, err = unix.ProcessVMReadv(pid, local, remote[:], 0)
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return done, err
+		case k <= 0:
+			return done, errors.New("no byte moved")
+		}
+		done += k
+	}
+	return done, nil
+}

@@ -1,11 +1,13 @@
 package shm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
+	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc/granttest"
+	"github.com/tensorrpc/tensorrpc/verbs/verbstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -234,4 +238,306 @@ func TestCMAPeerWithoutIt(t *testing.T) {
 		t.Fatalf("CMA() with a peer that does not offer it = %v", err)
 	}
 	acc.qp.Close()
+}
+
+// heapMemory is memory without an fd, as a framework's array is.
+func heapMemory(t testing.TB, size int) verbs.Memory {
+	return verbs.Memory{Bytes: make([]byte, size)}
+}
+
+// noMapper hides verbs.RemoteMapper: memory without an fd cannot be
+// mapped, which the conformance suite's mapping tests would need.
+type noMapper struct{ verbs.ProtectionDomain }
+
+func (d noMapper) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
+	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return struct{ verbs.QueuePair }{qp}, nil
+}
+
+// cmaEnv is the conformance environment over memory without an fd,
+// which peers reach by cross-memory attach.
+func cmaEnv(opts ...Option) verbstest.Env {
+	return verbstest.Env{
+		Name: "shm-cma",
+		Open: func(t testing.TB) (a, b verbs.ProtectionDomain) {
+			a, b = verbstest.OpenTwo(New(opts...), "shm", "")(t)
+			return noMapper{a}, noMapper{b}
+		},
+		NewMemory: heapMemory,
+	}
+}
+
+// TestConformanceCMA runs the verbs contract over memory without an fd:
+// every Read and Write of a peer's region, by its key or a grant, is a
+// copy by cross-memory attach.
+func TestConformanceCMA(t *testing.T) { verbstest.Run(t, cmaEnv()) }
+
+// TestGrantsCMA: grants on memory without an fd open exactly their range,
+// right and queue pair until revoked; refused accesses move no byte.
+func TestGrantsCMA(t *testing.T) { granttest.Run(t, cmaEnv()) }
+
+// TestCMAReadWrite: a peer Reads and Writes memory without an fd, by the
+// region's key and through grants (announced as they are made, so used
+// without asking), from memory with and without an fd, whole and
+// scattered, and a WriteImm lands before its Recv completes; the bytes
+// are exact, the guard bytes untouched, and nothing is mapped.
+func TestCMAReadWrite(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 1<<16)
+	defer closeAll()
+	g := newGuarded(10000)
+	pattern(g.Bytes, 0x21)
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: g.Bytes}, allRemote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newGuarded(10000)
+	lmr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: local.Bytes}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// By the region's own key: the first use asks the peer.
+	post(t, a, verbs.SendRequest{ID: 1, Op: verbs.OpRead, Local: verbs.Local{Region: a.mr, Length: 10000}, Remote: verbs.Remote{Addr: bmr.Addr(), Key: bmr.RemoteKey()}})
+	if !bytes.Equal(a.mr.Bytes()[:10000], g.Bytes) {
+		t.Fatal("a Read of memory without an fd returned other bytes")
+	}
+	pattern(a.mr.Bytes(), 0x42)
+	post(t, a, verbs.SendRequest{ID: 2, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Length: 5000}, Remote: verbs.Remote{Addr: bmr.Addr() + 3000, Key: bmr.RemoteKey()}})
+	if !bytes.Equal(g.Bytes[3000:8000], a.mr.Bytes()[:5000]) {
+		t.Fatal("a Write into memory without an fd landed other bytes")
+	}
+
+	// Through grants, between memory without an fd on both sides.
+	rg, err := b.qp.Grant(bmr, 1000, 4000, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, a.qp, rg.Remote().Key)
+	post(t, a, verbs.SendRequest{ID: 3, Op: verbs.OpRead, Remote: rg.Remote(), Segments: []verbs.Local{
+		{Region: lmr, Offset: 7000, Length: 1500}, {Region: lmr, Length: 2500}}})
+	if !bytes.Equal(local.Bytes[7000:8500], g.Bytes[1000:2500]) || !bytes.Equal(local.Bytes[:2500], g.Bytes[2500:5000]) {
+		t.Fatal("a scattered Read through a grant returned other bytes")
+	}
+	wg, err := b.qp.Grant(bmr, 6000, 2000, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, a.qp, wg.Remote().Key)
+	pattern(local.Bytes, 0x63)
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 9}); err != nil {
+		t.Fatal(err)
+	}
+	post(t, a, verbs.SendRequest{ID: 4, Op: verbs.OpWriteImm, Imm: 77, Local: verbs.Local{Region: lmr, Length: 2000}, Remote: wg.Remote()})
+	c := waitOne(t, b.cq)
+	if c.Status != verbs.StatusSuccess || c.Op != verbs.OpRecvImm || c.Imm != 77 || c.Key != wg.Remote().Key || c.Len != 2000 {
+		t.Fatalf("the WriteImm's receive: %+v", c)
+	}
+	if !bytes.Equal(g.Bytes[6000:8000], local.Bytes[:2000]) {
+		t.Fatal("the WriteImm through a grant landed other bytes")
+	}
+	for _, gd := range []guarded{g, local} {
+		if err := gd.intact(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if regions, maps, requests := grantState(a.qp); regions != 0 || maps != 0 || requests != 1 {
+		t.Fatalf("%d regions mapped, %d mappings made, %d map requests; want 0, 0 and 1 (the region's key)", regions, maps, requests)
+	}
+
+	// Memory without an fd cannot be mapped; the refusal leaves the queue
+	// pair usable.
+	if m, err := a.qp.MapRemote(rg.Remote(), 8); !errors.Is(err, verbs.ErrUnsupported) {
+		if m != nil {
+			m.Release()
+		}
+		t.Fatalf("MapRemote of memory without an fd = %v, want ErrUnsupported", err)
+	}
+	if err := rg.Revoke(); err != nil {
+		t.Fatal(err)
+	}
+	if err := wg.Revoke(); err != nil {
+		t.Fatal(err)
+	}
+	post(t, a, verbs.SendRequest{ID: 5, Op: verbs.OpRead, Local: verbs.Local{Region: lmr, Length: 8}, Remote: verbs.Remote{Addr: bmr.Addr(), Key: bmr.RemoteKey()}})
+	if err := bmr.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	a.qp.remoteMu.RLock()
+	keys := len(a.qp.remote)
+	a.qp.remoteMu.RUnlock()
+	if keys != 0 {
+		t.Fatalf("the initiator keeps %d keys after the target revoked and deregistered everything", keys)
+	}
+}
+
+// TestCMAShortTransfers: copies the kernel moves in short pieces (forced
+// here: 1000 bytes a call) are continued where each stopped, across
+// local segments of odd sizes.
+func TestCMAShortTransfers(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 1<<17, withCMAChunk(1000))
+	defer closeAll()
+	const n = 100_001
+	g := newGuarded(n)
+	pattern(g.Bytes, 0x17)
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: g.Bytes}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg, err := b.qp.Grant(bmr, 0, n, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := []verbs.Local{{Region: a.mr, Length: 33_333}, {Region: a.mr, Offset: 40_000, Length: 1}, {Region: a.mr, Offset: 50_000, Length: n - 33_334}}
+	post(t, a, verbs.SendRequest{ID: 1, Op: verbs.OpRead, Remote: rg.Remote(), Segments: segs})
+	var got []byte
+	for _, s := range segs {
+		got = append(got, a.mr.Bytes()[s.Offset:s.Offset+s.Length]...)
+	}
+	if !bytes.Equal(got, g.Bytes) {
+		t.Fatal("a Read in short transfers returned other bytes")
+	}
+	wg, err := b.qp.Grant(bmr, 0, n, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pattern(a.mr.Bytes(), 0x71)
+	post(t, a, verbs.SendRequest{ID: 2, Op: verbs.OpWrite, Remote: wg.Remote(), Segments: segs})
+	got = got[:0]
+	for _, s := range segs {
+		got = append(got, a.mr.Bytes()[s.Offset:s.Offset+s.Length]...)
+	}
+	if !bytes.Equal(g.Bytes, got) {
+		t.Fatal("a Write in short transfers landed other bytes")
+	}
+	if err := g.intact(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCMAUnmappedMemory: memory the owner unmapped without deregistering
+// it (the contract says not to; a framework may free it anyway) fails
+// the peer's access with an error completion, after the bytes before the
+// hole; nothing faults.
+func TestCMAUnmappedMemory(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 1<<16)
+	defer closeAll()
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, 3*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	pattern(mem, 0x5c)
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: mem}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg, err := b.qp.Grant(bmr, 0, 3*page, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Clone(mem[:page])
+	// The middle page goes (munmap of part of the mapping, through the
+	// system call: mem itself stays for the deferred Munmap).
+	if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, uintptr(addrOf(mem[page:])), uintptr(page), 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	clear(a.mr.Bytes())
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpRead, Local: verbs.Local{Region: a.mr, Length: 3 * page}, Remote: rg.Remote()}); err != nil {
+		t.Fatal(err)
+	}
+	c := waitOne(t, a.cq)
+	if c.Status != verbs.StatusRemoteAccess || !errors.Is(c.Err, unix.EFAULT) || !strings.Contains(c.Err.Error(), "the peer unmapped that memory") {
+		t.Fatalf("Read of memory the owner unmapped: %v, want a remote access error saying it is unmapped", verbs.CompletionError(c))
+	}
+	if !bytes.Equal(a.mr.Bytes()[:page], want) {
+		t.Fatal("the bytes before the hole are not the owner's")
+	}
+	if st := a.qp.State(); st != verbs.QPError {
+		t.Fatalf("the queue pair is %v after the failed Read, want ERR", st)
+	}
+}
+
+// TestCMARefused: where cross-memory attach is unusable (forced: the
+// probes fail with EPERM), memory without an fd still registers and
+// grants, and a peer's access fails with a remote access error that says
+// why; no byte moves and the initiator's buffer stays as it was.
+func TestCMARefused(t *testing.T) {
+	defer leakcheck.Check(t)
+	for _, op := range []verbs.Opcode{verbs.OpRead, verbs.OpWrite} {
+		t.Run(op.String(), func(t *testing.T) {
+			a, b, closeAll := connected(t, 1<<16, withCMAProbeErrno(unix.EPERM))
+			defer closeAll()
+			g := newGuarded(4096)
+			pattern(g.Bytes, 0x3d)
+			before := bytes.Clone(g.Bytes)
+			bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: g.Bytes}, verbs.AccessLocalWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.qp.CMA(); !errors.Is(err, ErrCMAUnusable) {
+				t.Fatalf("CMA() = %v, want ErrCMAUnusable", err)
+			}
+			right := verbs.AccessRemoteRead
+			if op == verbs.OpWrite {
+				right = verbs.AccessRemoteWrite
+			}
+			grant, err := b.qp.Grant(bmr, 0, 4096, right)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pattern(a.mr.Bytes(), 0x99)
+			local := bytes.Clone(a.mr.Bytes())
+			if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: op, Local: verbs.Local{Region: a.mr, Length: 4096}, Remote: grant.Remote()}); err != nil {
+				t.Fatal(err)
+			}
+			c := waitOne(t, a.cq)
+			if c.Status != verbs.StatusRemoteAccess || !errors.Is(c.Err, ErrCMAUnusable) || !strings.Contains(c.Err.Error(), "operation not permitted") {
+				t.Fatalf("%v through a grant on memory without an fd: %v, want a remote access error saying why cross-memory attach is unusable", op, verbs.CompletionError(c))
+			}
+			if !bytes.Equal(g.Bytes, before) || !bytes.Equal(a.mr.Bytes(), local) {
+				t.Fatal("a refused access moved bytes")
+			}
+			if err := g.intact(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCMAPeerExited: the look before each copy sees a process that has
+// exited through its pidfd.
+func TestCMAPeerExited(t *testing.T) {
+	cmd := exec.Command("/bin/true")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start /bin/true: %v", err)
+	}
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		cmd.Wait()
+		t.Skipf("no pidfds here: %v", err)
+	}
+	qp := &queuePair{cma: cmaLink{pidfd: fd, peer: peerProcess{pid: cmd.Process.Pid}}}
+	defer qp.cma.release()
+	// Running or exited, before Wait reaps it; exited after.
+	qp.peerExited()
+	cmd.Wait()
+	if !qp.peerExited() {
+		t.Fatal("peerExited = false for a process that has exited")
+	}
+	self, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive := &queuePair{cma: cmaLink{pidfd: self}}
+	defer alive.cma.release()
+	if alive.peerExited() {
+		t.Fatal("peerExited = true for this process")
+	}
 }

@@ -38,6 +38,10 @@ type options struct {
 	// cmaProbeErrno, when not 0, makes every probe of cross-memory attach
 	// fail with it without trying (for tests of the refusal).
 	cmaProbeErrno syscall.Errno
+	// cmaChunk, when not 0, caps every process_vm_readv and
+	// process_vm_writev of a copy at that many bytes, so that each copy
+	// is a run of short transfers (for tests).
+	cmaChunk int
 }
 
 // defaultOptions holds every default of the provider in one place.
@@ -165,4 +169,10 @@ func withRingSpin(d time.Duration) Option {
 // at connect, fail with errno, as the kernel would (for tests).
 func withCMAProbeErrno(errno syscall.Errno) Option {
 	return func(o *options) { o.cmaProbeErrno = errno }
+}
+
+// withCMAChunk caps each system call of a copy by cross-memory attach at
+// n bytes, as a kernel that moves less than asked would (for tests).
+func withCMAChunk(n int) Option {
+	return func(o *options) { o.cmaChunk = n }
 }

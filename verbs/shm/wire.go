@@ -72,7 +72,10 @@ const (
 	// flagCMA on msgHello and msgWelcome: the sender takes part in
 	// cross-memory attach; addr is its probe's address, and on msgWelcome
 	// imm and key tell the outcome of the acceptor's probe of the dialer
-	// (as msgCMA does).
+	// (as msgCMA does). On msgMapReply and msgGrant (with flagFound, and
+	// no fd): the key names memory without a memfd, which the peer copies
+	// by cross-memory attach; offset is the virtual address of its first
+	// byte in the announcer's process.
 	flagCMA = 1 << 6
 )
 
