@@ -213,6 +213,7 @@ func TestCMAHandshake(t *testing.T) {
 		{"an fd", func(c *net.UnixConn) { writeMessage(c, &message{typ: msgCMA}, int(os.Stdin.Fd())) }, "carried an fd"},
 		{"hang up", func(c *net.UnixConn) { c.CloseWrite() }, "without its cross-memory attach probe"},
 	} {
+		before := openFDs(t)
 		q := moreQP(t, acc)
 		c, _, errc, cancel := fakeDialer(t, q)
 		tc.end(c)
@@ -223,6 +224,9 @@ func TestCMAHandshake(t *testing.T) {
 			t.Errorf("%s: Connect = %v, want it to say %q", tc.name, err, tc.text)
 		}
 		q.closeQP()
+		if after := openFDs(t); after != before {
+			t.Errorf("%s: %d fds open before, %d after (the pidfd?)", tc.name, before, after)
+		}
 	}
 }
 
@@ -539,5 +543,118 @@ func TestCMAPeerExited(t *testing.T) {
 	defer alive.cma.release()
 	if alive.peerExited() {
 		t.Fatal("peerExited = true for this process")
+	}
+}
+
+// cmaTarget is memory a fake peer announces as its own memory without an
+// fd: it is in this process, which the queue pair reaches, at an address
+// that stays.
+var cmaTarget [8192]byte
+
+// TestAttackForgedCMAAnnouncements plays a peer that takes part in
+// cross-memory attach and answers the request for a key with forged
+// announcements of memory without a memfd: malformed ones are refused
+// before any copy (and an fd with one breaks the protocol), one that is
+// well formed but does not allow the Write, or names unmapped memory,
+// fails the Write; a good one gets it where it says. Pushed grants that
+// are malformed are ignored.
+func TestAttackForgedCMAAnnouncements(t *testing.T) {
+	defer leakcheck.Check(t)
+	acc := newEnd(t, New(), 4096, allRemote)
+	defer acc.pd.Close()
+	const key, addr = 0x1234, 1 << 20
+	target := uint64(addrOf(cmaTarget[:]))
+	cma := func(acc verbs.Access, vaddr, n uint64) message {
+		return message{flags: flagFound | flagCMA, access: acc, addr: addr, offset: vaddr, length: n}
+	}
+	const rw = verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+	for _, tc := range []struct {
+		name   string
+		reply  message
+		fd     bool
+		want   verbs.Status
+		cached int
+	}{
+		{"with an fd", cma(rw, target, 4096), true, verbs.StatusTransport, 0},
+		{"also a grant of an exposed region", func() message { m := cma(rw, target, 4096); m.flags |= flagRegion; return m }(), false, verbs.StatusRemoteAccess, 0},
+		{"empty", cma(rw, target, 0), false, verbs.StatusRemoteAccess, 0},
+		{"at address 0", cma(rw, 0, 4096), false, verbs.StatusRemoteAccess, 0},
+		{"address wraps", cma(rw, ^uint64(0)-10, 4096), false, verbs.StatusRemoteAccess, 0},
+		{"name wraps", func() message { m := cma(rw, target, 4096); m.addr = ^uint64(0) - 10; return m }(), false, verbs.StatusRemoteAccess, 0},
+		{"length 2^63", cma(rw, target, 1<<63), false, verbs.StatusRemoteAccess, 0},
+		{"local write", cma(rw|verbs.AccessLocalWrite, target, 4096), false, verbs.StatusRemoteAccess, 0},
+		{"unknown rights", cma(rw|1<<20, target, 4096), false, verbs.StatusRemoteAccess, 0},
+		{"read-only", cma(verbs.AccessRemoteRead, target, 4096), false, verbs.StatusRemoteAccess, 1},
+		{"too short for the write", cma(rw, target, 63), false, verbs.StatusRemoteAccess, 1},
+		{"unmapped memory", cma(rw, 4096, 4096), false, verbs.StatusRemoteAccess, 1},
+		{"good", cma(rw, target+100, 4096), false, verbs.StatusSuccess, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clear(cmaTarget[:])
+			before := openFDs(t)
+			q := moreQP(t, acc)
+			f := newFakePeerWith(t, q, true, true)
+			copy(q.mr.Bytes(), "forged replies must not get this")
+			if err := q.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: q.mr, Length: 64}, Remote: verbs.Remote{Addr: addr, Key: key}}); err != nil {
+				t.Fatal(err)
+			}
+			req, fd := f.expect(msgMapRequest)
+			closeFD(fd)
+			reply := tc.reply
+			reply.typ, reply.seq, reply.key = msgMapReply, req.seq, req.key
+			if tc.fd {
+				f.send(reply, int(os.Stdin.Fd()))
+			} else {
+				f.send(reply)
+			}
+			if c := waitOne(t, q.cq); c.Status != tc.want {
+				t.Fatalf("the Write completed with %v (%v), want %v", c.Status, c.Err, tc.want)
+			}
+			landed := bytes.Contains(cmaTarget[:], []byte("forged replies"))
+			if tc.want == verbs.StatusSuccess {
+				if string(cmaTarget[100:132]) != "forged replies must not get this" {
+					t.Fatal("the Write did not land at the announced address")
+				}
+			} else if landed {
+				t.Fatal("a refused Write landed")
+			}
+			q.qp.remoteMu.RLock()
+			n := len(q.qp.remote)
+			q.qp.remoteMu.RUnlock()
+			if n != tc.cached {
+				t.Fatalf("%d announcements cached, want %d", n, tc.cached)
+			}
+			f.close()
+			q.closeQP()
+			if after := openFDs(t); after != before {
+				t.Errorf("%d fds open before the attack, %d after", before, after)
+			}
+		})
+	}
+
+	// Pushed grants: malformed ones are ignored, one with an fd breaks
+	// the protocol.
+	q := moreQP(t, acc)
+	defer q.closeQP()
+	f := newFakePeerWith(t, q, true, true)
+	defer f.close()
+	for _, m := range []message{cma(rw, 0, 4096), cma(verbs.AccessLocalWrite, target, 4096), cma(rw, target, 0)} {
+		m.typ, m.key = msgGrant, key
+		f.send(m)
+	}
+	good := cma(verbs.AccessRemoteWrite, target, 64)
+	good.typ, good.key = msgGrant, key+1
+	f.send(good)
+	waitCached(t, q.qp, key+1)
+	q.qp.remoteMu.RLock()
+	n := len(q.qp.remote)
+	q.qp.remoteMu.RUnlock()
+	if n != 1 || q.qp.State() != verbs.QPReadyToSend {
+		t.Fatalf("%d pushed grants cached, queue pair %v; want 1, RTS", n, q.qp.State())
+	}
+	good.key = key + 2
+	f.send(good, int(os.Stdin.Fd()))
+	if !waitState(q.qp, verbs.QPError, 5*time.Second) {
+		t.Fatalf("a pushed grant with an fd left the queue pair %v, want ERR", q.qp.State())
 	}
 }
