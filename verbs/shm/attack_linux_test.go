@@ -46,6 +46,14 @@ type fakePeer struct {
 // is the smaller one).
 func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 	t.Helper()
+	return newFakePeerWith(t, acc, ring, false)
+}
+
+// newFakePeerWith is newFakePeer, taking part in cross-memory attach
+// when cma is set: its probe is testProbe, in this process, which the
+// queue pair reaches, and it tells the queue pair that it reaches it too.
+func newFakePeerWith(t testing.TB, acc *end, ring, cma bool) *fakePeer {
+	t.Helper()
 	small := softrc.Secret{softrc.SecretSize - 1: 1}
 	info := softrc.Info{Host: acc.pd.hostID, Secret: small, QPID: 1, Addr: "@tensorrpc-shm-attack-nobody"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -70,6 +78,10 @@ func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 	}
 	hello := message{typ: msgHello, seq: acc.qp.ID, length: uint64(len(f.staging))}
 	hello.secret[0], hello.secret[1] = acc.qp.Secret, small
+	if cma {
+		hello.flags |= flagCMA
+		hello.addr = uint64(addrOf(testProbe[:]))
+	}
 	ringFD := -1
 	if ring {
 		if f.rx, err = newRingRx(); err != nil {
@@ -97,6 +109,14 @@ func newFakePeer(t testing.TB, acc *end, ring bool) *fakePeer {
 		}
 	} else {
 		closeFD(fds[1])
+	}
+	if cma {
+		if welcome.flags&flagCMA == 0 || cmaCode(welcome.imm) != cmaUsable {
+			fail("welcome %+v: want flagCMA and a usable probe", welcome)
+		}
+		if err := writeMessage(f.c, &message{typ: msgCMA, imm: uint32(cmaUsable)}); err != nil {
+			fail("msgCMA: %v", err)
+		}
 	}
 	if err := <-errc; err != nil {
 		fail("Connect to the fake peer: %v", err)

@@ -57,13 +57,14 @@ func (qp *queuePair) Connect(ctx context.Context, remote []byte) error {
 }
 
 // link is what a handshake sets up besides our own staging buffer: the
-// connection, the peer's staging buffer and, when both ends use them, the
-// control rings.
+// connection, the peer's staging buffer, when both ends use them, the
+// control rings, and what it decided about cross-memory attach.
 type link struct {
 	conn                     *net.UnixConn
 	peerMapping, peerStaging []byte
 	rx                       *ringRx
 	tx                       *ringTx
+	cma                      cmaLink
 }
 
 func (l *link) release() {
@@ -75,6 +76,7 @@ func (l *link) release() {
 	}
 	l.rx.release()
 	l.tx.release()
+	l.cma.release()
 }
 
 func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (start, abort func(), err error) {
@@ -87,7 +89,7 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 	// The mapping keeps the file alive; the peer gets its own fd.
 	defer unix.Close(stagingFD)
 
-	var l link
+	l := link{cma: cmaLink{pidfd: -1}}
 	if dialer {
 		err = qp.dial(ctx, ri, stagingFD, size, &l)
 	} else {
@@ -104,6 +106,7 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 		qp.stagingMapping, qp.staging, qp.localState = staging, staging[stagingHeader:], wordAt(staging, 0)
 		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], wordAt(l.peerStaging, 0)
 		qp.rx, qp.tx = l.rx, l.tx
+		qp.cma = l.cma
 		qp.readerDone = make(chan struct{})
 		receive := qp.runReceiver
 		if qp.rx != nil {
@@ -119,11 +122,12 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 }
 
 // dial connects to the peer's socket, presents the secrets, our staging
-// buffer and (unless told not to) the control ring we will consume, and
-// waits for the welcome that carries the peer's staging buffer and, if it
-// takes up the rings, its control ring.
+// buffer, (unless told not to) the control ring we will consume and our
+// probe, and waits for the welcome that carries the peer's staging buffer
+// and, if it takes up the rings, its control ring; then it probes the
+// peer's memory and tells it how that went.
 func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
-	hello := message{typ: msgHello, seq: ri.QPID, length: uint64(size)}
+	hello := message{typ: msgHello, flags: flagCMA, seq: ri.QPID, length: uint64(size), addr: qp.probeAddr()}
 	hello.secret[0], hello.secret[1] = ri.Secret, qp.Secret
 	ringFD := -1
 	if !qp.pd.opts.socketControl {
@@ -161,7 +165,10 @@ func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size i
 		default:
 			l.tx, err = attachRingTx(fds[1])
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		return qp.cmaDialer(c.(*net.UnixConn), m, ri.Secret, l)
 	})
 	if err == nil {
 		l.conn = c.(*net.UnixConn)
@@ -171,7 +178,8 @@ func (qp *queuePair) dial(ctx context.Context, ri softrc.Info, stagingFD, size i
 
 // accept waits for the dialer that presents the peer's secret, maps its
 // staging buffer (and its control ring, if it offers one and we are not
-// told to keep to the socket) and welcomes it. Connections with any other
+// told to keep to the socket), probes its memory and welcomes it, then
+// waits to hear how its probe of ours went. Connections with any other
 // secret are closed; once one is welcomed, no other is accepted.
 func (qp *queuePair) accept(ctx context.Context, ri softrc.Info, stagingFD, size int, l *link) error {
 	o, err := qp.AcceptOffer(ctx, ri.Secret)
@@ -187,6 +195,15 @@ func (qp *queuePair) accept(ctx context.Context, ri softrc.Info, stagingFD, size
 		return err
 	}
 	welcome := message{typ: msgWelcome, length: uint64(size)}
+	cma := d.hello.flags&flagCMA != 0
+	if cma {
+		var p cmaProbe
+		l.cma, p = qp.pd.opts.probe(l.conn, d.hello.addr, ri.Secret)
+		welcome.flags |= flagCMA
+		welcome.addr, welcome.imm, welcome.key = qp.probeAddr(), uint32(p.code), uint32(p.errno)
+	} else {
+		l.cma = notTaken("the peer's shm provider does not take part in it")
+	}
 	ringFD := -1
 	if d.hello.flags&flagRing != 0 && !qp.pd.opts.socketControl {
 		if l.tx, err = attachRingTx(d.ringFD); err != nil {
@@ -201,6 +218,50 @@ func (qp *queuePair) accept(ctx context.Context, ri softrc.Info, stagingFD, size
 	if err := writeMessage(l.conn, &welcome, stagingFD, ringFD); err != nil {
 		return qp.Errorf("send welcome: %w", err)
 	}
+	if cma {
+		if err := softrc.Bounded(ctx, l.conn, func() error { return cmaAcceptor(l) }); err != nil {
+			return qp.Errorf("handshake: %w", err)
+		}
+	}
+	return nil
+}
+
+// cmaDialer ends the dialer's handshake: when the welcome says the
+// acceptor takes part in cross-memory attach, it probes the acceptor's
+// memory and tells it the outcome (msgCMA), and takes the outcome of the
+// acceptor's probe from the welcome.
+func (qp *queuePair) cmaDialer(c *net.UnixConn, welcome message, peerSecret [16]byte, l *link) error {
+	if welcome.flags&flagCMA == 0 {
+		l.cma = notTaken("the peer's shm provider does not take part in it")
+		return nil
+	}
+	var p cmaProbe
+	l.cma, p = qp.pd.opts.probe(c, welcome.addr, peerSecret)
+	l.cma.peerReach = cmaError(told(welcome.imm, welcome.key), l.cma.peer, false)
+	m := message{typ: msgCMA, imm: uint32(p.code), key: uint32(p.errno)}
+	if err := writeMessage(c, &m); err != nil {
+		return fmt.Errorf("send the cross-memory attach probe: %w", err)
+	}
+	return nil
+}
+
+// cmaAcceptor reads the dialer's msgCMA, the outcome of its probe of our
+// memory, which ends the handshake.
+func cmaAcceptor(l *link) error {
+	m, fds, err := readMessageFDs(l.conn, newMsgBuffers())
+	carried := fds[0] >= 0
+	fds.close()
+	switch {
+	case errors.Is(err, io.EOF):
+		return errNoCMAMessage
+	case err != nil:
+		return err
+	case m.typ != msgCMA:
+		return fmt.Errorf("shm: the dialer answered the welcome with message type %d, not the outcome of its cross-memory attach probe", m.typ)
+	case carried:
+		return errors.New("shm: the dialer's cross-memory attach probe carried an fd")
+	}
+	l.cma.peerReach = cmaError(told(m.imm, m.key), l.cma.peer, false)
 	return nil
 }
 

@@ -10,11 +10,14 @@
 // abstract namespace by default (WithSocketDir puts a socket file in a
 // directory instead).
 //
-// Memory must be memfd-backed: Memory.HasFD set, FD a memfd sealed with
-// F_SEAL_SHRINK (F_SEAL_GROW too, usually). RegisterMemory refuses anything
-// else with verbs.ErrInvalidMemory. A region's Addr is its local virtual
-// address; its local and remote keys are the same 32-bit key, unique in its
-// domain (random, skipping the ones in use by regions and grants).
+// Memory with an fd must be a memfd sealed with F_SEAL_SHRINK (F_SEAL_GROW
+// too, usually), which peers map; RegisterMemory refuses other fds with
+// verbs.ErrInvalidMemory. Memory without an fd (a Go slice, a framework's
+// array) registers too, with any rights; peers reach it by cross-memory
+// attach (see "Memory without a memfd" below). A region's Addr is its
+// local virtual address; its local and remote keys are the same 32-bit
+// key, unique in its domain (random, skipping the ones in use by regions
+// and grants).
 //
 // The provider is a wire under the soft-RC core shared with tcp (see "Soft
 // providers" in package verbs): the queue pair's states, work queues,
@@ -26,9 +29,10 @@
 // which wraps verbs.ErrInvalidInfo). shm has no roles: of the two peers,
 // the one with the smaller secret dials the other's socket. The connection
 // is a SOCK_SEQPACKET unix socket. The handshake passes, with SCM_RIGHTS, each side's staging buffer
-// and control ring (sealed memfds; see below); afterwards the socket
-// carries only wake-ups, the memfds of regions and the end of the
-// connection.
+// and control ring (sealed memfds; see below), and each side probes
+// whether it can read the other's memory by cross-memory attach
+// (CrossMemory); afterwards the socket carries only wake-ups, the memfds
+// of regions and the end of the connection.
 //
 // Regions are announced lazily: the first time a queue pair targets a
 // remote key, it asks the peer, which answers with the region's bounds,
@@ -155,6 +159,58 @@
 // its socket, so the peer's next request fails with StatusTransport at
 // once instead of landing in memory of a queue pair that is gone.
 //
+// # Memory without a memfd
+//
+// Memory without an fd (Memory.HasFD false) is the local side of this
+// process's work requests (the destination of a Read or Recv, the source
+// of a Write or Send) like any region: this process copies it itself. A
+// peer reaches it, through the region's remote rights or a grant, by
+// cross-memory attach (CMA): the peer's provider copies with
+// process_vm_readv and process_vm_writev against this process's pid and
+// the region's virtual addresses, instead of mapping a memfd. The key's
+// announcement names that address (flagCMA) and passes no fd; a grant on
+// such memory is announced as it is made. The checks are the same as for
+// a mapped region: key, bounds, right, the grant's queue pair, and
+// Revoke and Deregister have the peer drop the key and confirm. Each such
+// Read or Write is one copy, made by the kernel in one system call (more
+// when cut short, see below), not split over WithCopyWorkers. MapRemote
+// refuses such memory (verbs.ErrUnsupported).
+//
+// Whether CMA works is decided per connection, in Connect, by a real
+// probe each way: each side reads 16 known bytes of the other (its
+// secret, at an address given in the handshake) with process_vm_readv,
+// from the pid the socket names (SO_PEERCRED; never a pid the peer
+// sends), and tells the other how that went. A queue pair's CMA method
+// (CrossMemory) is nil when the peer reaches this process's memory, and
+// otherwise an error wrapping ErrCMAUnusable that says why: the errno and
+// what explains it (Yama's ptrace_scope, different users, a kernel
+// without CMA), a pid outside the pid namespace, or a peer whose provider
+// does not take part. Registration never fails for that, since memory is
+// registered before connections exist: what fails is the peer's access,
+// with a StatusRemoteAccess completion carrying the same reason, which
+// (as every refused access) moves the queue pairs to ERR. A layer that
+// grants memory without an fd asks CMA first, and copies through memfd
+// memory when it is not nil.
+//
+// A transfer the kernel cuts short (it moves at most about 2 GiB a call,
+// and stops at the first page it cannot reach) is continued where it
+// stopped; memory its owner unmapped without deregistering it fails the
+// access with StatusRemoteAccess (EFAULT), never a fault in either
+// process. Before each copy the provider polls a pidfd of the peer,
+// opened before the probe that showed the pid to be the peer's, so that
+// a pid whose process has exited, which another process may get, is
+// never touched: the access fails with StatusTransport.
+//
+// Under Yama ptrace_scope 1 a process may let one other process read its
+// memory with prctl(PR_SET_PTRACER, pid). The provider does not do that
+// for its peers: the setting is one slot per process, shared with the
+// application (crash reporters use it), which a second connection would
+// silently take from the first, and it opens more than reads and writes
+// of memory (ptrace attach). Where that is acceptable the application can
+// name its one peer before Connect; or run the memory's owner as a
+// descendant of its peer, which ptrace_scope 1 allows; or lower
+// ptrace_scope. Otherwise the layer above copies.
+//
 // # Caveats
 //
 // Same host only. Both peers must share the kernel and the network
@@ -193,7 +249,9 @@
 // the peer process can touch: the peer receives the region's memfd (the
 // whole region, not just the granted range) and a process that does not
 // follow the protocol can map all of it, read and write it, and keep it
-// after Revoke and Deregister. Grants protect against a peer that speaks
+// after Revoke and Deregister. Where CMA works, the peer process can read
+// and write all of this process's memory, registered or not: the kernel
+// allows it because the peer may ptrace us, whatever this provider does. Grants protect against a peer that speaks
 // the protocol with forged keys, offsets or lengths (its provider checks
 // every request, ours answers only for the grants of its queue pair), not
 // against a hostile process on the same host. Use tcp between processes

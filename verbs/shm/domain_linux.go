@@ -92,35 +92,43 @@ func (pd *domain) handshake(nc net.Conn) bool {
 	}) == nil
 }
 
-// RegisterMemory registers memfd-backed memory. It refuses memory without
-// an fd and memfds that are not sealed against shrinking.
+// RegisterMemory registers memory. Memory backed by a memfd must be
+// sealed against shrinking: peers map it. Memory without an fd (a Go
+// slice, a framework's array) is registered as it is, whatever its
+// rights: this process copies it as the local side of its own work
+// requests, and a peer reaches it (through its remote rights or a grant)
+// by cross-memory attach, which works only where the peer's connection
+// says so (CrossMemory): otherwise the peer's access fails, not the
+// registration, which may well come before any connection.
 func (pd *domain) RegisterMemory(m verbs.Memory, access verbs.Access) (verbs.MemoryRegion, error) {
 	if m.DMABuf {
 		return nil, fmt.Errorf("shm: DMA-BUF device memory cannot be shared through a memfd; stage it through host memory: %w", verbs.ErrInvalidMemory)
 	}
-	if !m.HasFD {
-		return nil, fmt.Errorf("shm: memory must be backed by a memfd (Memory.HasFD is false): %w", verbs.ErrInvalidMemory)
-	}
 	if len(m.Bytes) == 0 {
 		return nil, fmt.Errorf("shm: memory is empty: %w", verbs.ErrInvalidMemory)
 	}
-	if m.FDOffset < 0 {
-		return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
-	}
-	if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
-		return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
-	}
-	// Keep our own descriptor so the region stays shareable even if the
-	// caller closes FD early.
-	fd, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("shm: dup memfd: %w", err)
+	fd := -1
+	if !m.HasFD {
+		m.FDOffset = 0
+	} else {
+		if m.FDOffset < 0 {
+			return nil, fmt.Errorf("shm: negative FDOffset %d: %w", m.FDOffset, verbs.ErrInvalidMemory)
+		}
+		if err := checkSealedFD(m.FD, uint64(m.FDOffset)+uint64(len(m.Bytes))); err != nil {
+			return nil, fmt.Errorf("shm: %v: %w", err, verbs.ErrInvalidMemory)
+		}
+		// Keep our own descriptor so the region stays shareable even if
+		// the caller closes FD early.
+		var err error
+		if fd, err = unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			return nil, fmt.Errorf("shm: dup memfd: %w", err)
+		}
 	}
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
 	core, err := pd.RegisterLocked(m, access, addressOf(m.Bytes)) // checks the access bits
 	if err != nil {
-		unix.Close(fd)
+		closeFD(fd)
 		return nil, err
 	}
 	r := &region{Region: core, pd: pd, fd: fd, fdOffset: uint64(m.FDOffset)}
@@ -143,8 +151,9 @@ type announcement struct {
 // with remote rights, or a grant made on qp) and records that the peer is
 // about to map it (for a grant: its region, whole), so that Deregister or
 // Revoke will tell that peer. With exposed set it answers only for a grant
-// whose region is already exposed to the peer, and records nothing for
-// any other key.
+// whose region is already exposed to the peer, or has no memfd (nothing
+// to expose: the peer copies it by cross-memory attach), and records
+// nothing for any other key.
 func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcement, error) {
 	pd.Mu.Lock()
 	defer pd.Mu.Unlock()
@@ -156,8 +165,11 @@ func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcemen
 	if r == nil || r.Region != w.Region {
 		return announcement{}, fmt.Errorf("region of remote key %#x is deregistered", key)
 	}
+	if r.fd < 0 && !qp.cma.taken {
+		return announcement{}, fmt.Errorf("region of remote key %#x has no memfd, and the peer does not take part in cross-memory attach", key)
+	}
 	a := announcement{w: w, r: r}
-	if w.Grant {
+	if w.Grant && r.fd >= 0 {
 		id, ok := qp.exposures[r]
 		if !ok && !exposed {
 			qp.nextExposure++
@@ -167,17 +179,24 @@ func (pd *domain) announce(qp *queuePair, key uint32, exposed bool) (announcemen
 		}
 		a.exposure = id
 	}
-	if exposed && a.exposure == 0 {
-		return announcement{}, fmt.Errorf("remote key %#x is not a grant on an exposed region", key)
+	if exposed && (!w.Grant || (a.exposure == 0 && r.fd >= 0)) {
+		return announcement{}, fmt.Errorf("remote key %#x is not a grant on an exposed region or on memory without a memfd", key)
 	}
 	qp.announced[key] = r
 	return a, nil
 }
 
 // message is the announcement as a message of type typ (a msgMapReply or
-// a msgGrant) about key, and the fd that goes along (-1 for none).
+// a msgGrant) about key, and the fd that goes along (-1 for none). Memory
+// without a memfd is marked flagCMA, with the virtual address of the
+// window's first byte in this process as its offset.
 func (a announcement) message(typ msgType, key uint32, seq uint64) (message, int) {
 	m := message{typ: typ, flags: flagFound, key: key, seq: seq, addr: a.w.Addr, length: a.w.Len, access: a.w.Access}
+	if a.r.fd < 0 {
+		m.flags |= flagCMA
+		m.offset = addressOf(a.r.Bytes()) + a.w.Off
+		return m, -1
+	}
 	if !a.w.Grant {
 		m.offset = a.r.fdOffset + a.w.Off
 		return m, a.r.fd

@@ -27,6 +27,9 @@ var _ verbs.RemoteMapper = (*queuePair)(nil)
 // the region or the peer's death leave it readable (the memfd is sealed
 // against shrinking, so its pages stay), showing the last bytes the peer
 // wrote.
+//
+// Memory the peer registered without a memfd cannot be mapped: MapRemote
+// refuses it with an error wrapping verbs.ErrUnsupported (Read it).
 func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, error) {
 	qp.Mu.Lock()
 	_, cause := qp.FailureLocked()
@@ -42,6 +45,9 @@ func (qp *queuePair) MapRemote(remote verbs.Remote, length int) (verbs.Mapping, 
 	}
 	var m *mapping
 	st, err, _ := qp.withRemote(remote.Key, true, func(rr *remoteRegion) (err error) {
+		if rr.cma {
+			return fmt.Errorf("remote key %#x is memory of the peer without a memfd, which cannot be mapped, only copied: %w", rr.key, verbs.ErrUnsupported)
+		}
 		if _, err = rr.span(remote.Addr, length, verbs.AccessRemoteRead); err == nil {
 			if m, err = rr.mem.view(rr.off+(remote.Addr-rr.addr), length); err != nil {
 				err = fmt.Errorf("peer region %#x: %v", rr.key, err)

@@ -3,6 +3,7 @@ package shm
 import (
 	"fmt"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -34,6 +35,13 @@ type options struct {
 	ringSpin time.Duration
 	// copyWorkers is how many goroutines one large Write or Read copies on.
 	copyWorkers int
+	// cmaProbeErrno, when not 0, makes every probe of cross-memory attach
+	// fail with it without trying (for tests of the refusal).
+	cmaProbeErrno syscall.Errno
+	// cmaChunk, when not 0, caps every process_vm_readv and
+	// process_vm_writev of a copy at that many bytes, so that each copy
+	// is a run of short transfers (for tests).
+	cmaChunk int
 }
 
 // defaultOptions holds every default of the provider in one place.
@@ -155,4 +163,16 @@ func withRingSpin(d time.Duration) Option {
 			o.ringSpin = d
 		}
 	}
+}
+
+// withCMAProbeErrno makes every probe of cross-memory attach, each side's
+// at connect, fail with errno, as the kernel would (for tests).
+func withCMAProbeErrno(errno syscall.Errno) Option {
+	return func(o *options) { o.cmaProbeErrno = errno }
+}
+
+// withCMAChunk caps each system call of a copy by cross-memory attach at
+// n bytes, as a kernel that moves less than asked would (for tests).
+func withCMAChunk(n int) Option {
+	return func(o *options) { o.cmaChunk = n }
 }

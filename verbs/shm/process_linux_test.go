@@ -43,8 +43,11 @@ func pattern(b []byte, seed byte) {
 func childMain() int {
 	mode := childproc.Role()
 	run := child
-	if strings.HasPrefix(mode, "echo/") {
+	switch {
+	case strings.HasPrefix(mode, "echo/"):
 		run = childEcho
+	case strings.HasPrefix(mode, "cma"):
+		run = childCMA
 	}
 	if err := run(mode); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

@@ -103,6 +103,14 @@ type queuePair struct {
 	announced    map[uint32]*region
 	exposures    map[*region]uint64
 	nextExposure uint64
+
+	// probe holds the queue pair's secret, for the peer to read by
+	// cross-memory attach in the handshake (see cma_linux.go).
+	probe [16]byte
+	// cma is what the handshake decided about cross-memory attach; set
+	// by Connect (under Mu) before the goroutines start, its pidfd closed
+	// by Shutdown.
+	cma cmaLink
 }
 
 func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queuePair {
@@ -118,6 +126,8 @@ func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queue
 		peerRegions:  make(map[uint64]*peerMemory),
 		announced:    make(map[uint32]*region),
 		exposures:    make(map[*region]uint64),
+		probe:        core.Secret,
+		cma:          cmaLink{pidfd: -1},
 	}
 	if cfg.MaxInline > 0 {
 		qp.inlineLimit = cfg.MaxInline
@@ -447,6 +457,9 @@ func (qp *queuePair) Shutdown() {
 		unix.Munmap(qp.peerStagingMapping)
 		qp.peerStagingMapping, qp.peerStaging, qp.peerState = nil, nil, nil
 	}
+	qp.remoteMu.Lock()
+	qp.cma.release() // no copy runs: the goroutines and inline posts are done
+	qp.remoteMu.Unlock()
 	// Senders outside our goroutines (a Deregister, an RNR timer, a
 	// PostRecv) may still try the peer's ring: release takes its lock.
 	qp.tx.release()

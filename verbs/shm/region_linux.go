@@ -4,15 +4,15 @@ import (
 	"unsafe"
 
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
-	"golang.org/x/sys/unix"
 )
 
-// region is a registered memfd-backed memory region: the core's region
-// and the memfd its peers map. Its key serves as both local and remote key.
+// region is a registered memory region: the core's region and the memfd
+// its peers map, if it has one. Its key serves as both local and remote
+// key.
 type region struct {
 	*softrc.Region
 	pd       *domain
-	fd       int // our dup of the memfd, closed by Deregister
+	fd       int // our dup of the memfd, closed by Deregister; -1 for memory without one
 	fdOffset uint64
 }
 
@@ -66,6 +66,6 @@ func (r *region) Deregister() error {
 			rv.qp.revoke(rv.key)
 		}
 	}
-	unix.Close(r.fd)
+	closeFD(r.fd)
 	return nil
 }

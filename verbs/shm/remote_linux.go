@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -82,6 +83,10 @@ func (pm *peerMemory) unmap() {
 // with remote rights, whose memory it owns, or a grant, a window with one
 // right on the memory of an exposed region (see peerRegions) that other
 // grants share.
+//
+// Memory of the peer without a memfd (cma) is not mapped: mem and data
+// are nil, and copies reach it by cross-memory attach at the peer's
+// virtual address vaddr.
 type remoteRegion struct {
 	key    uint32
 	addr   uint64 // the peer's name for data[0]
@@ -91,6 +96,8 @@ type remoteRegion struct {
 	off    uint64 // of data[0] in mem.data
 	data   []byte // mem.data[off : off+length]
 	grant  bool   // mem belongs to an exposed region, not to this key
+	cma    bool
+	vaddr  uint64 // the cma memory's address in the peer process
 }
 
 // setData points rr at its bytes in rr.mem's current mapping.
@@ -102,7 +109,7 @@ func (rr *remoteRegion) setData() {
 // peer announced by its own key. A grant's memory stays with its region.
 // The caller holds qp.remoteMu for writing.
 func (rr *remoteRegion) drop() {
-	if !rr.grant {
+	if !rr.grant && rr.mem != nil {
 		rr.mem.unmap()
 	}
 }
@@ -117,6 +124,16 @@ func (rr *remoteRegion) span(addr uint64, n int, need verbs.Access) ([]byte, err
 	}
 	return rr.data[off : off+uint64(n) : off+uint64(n)], nil
 }
+
+// statusError is an error of a remote access that fails with status
+// instead of StatusRemoteAccess (see withRemote).
+type statusError struct {
+	status verbs.Status
+	err    error
+}
+
+func (e *statusError) Error() string { return e.err.Error() }
+func (e *statusError) Unwrap() error { return e.err }
 
 // mapRequest identifies the sender's outstanding msgMapRequest.
 type mapRequest struct {
@@ -153,7 +170,8 @@ func mapAnnounced(m message, fd int) (*remoteRegion, error) {
 // withRemote runs f on the peer's region key, mapped, with the mapping
 // cache read-locked so the region cannot be unmapped under f. A key not in
 // the cache is asked of the peer first when fetch is set; otherwise
-// withRemote reports false and does nothing.
+// withRemote reports false and does nothing. An error of f fails with
+// StatusRemoteAccess, unless it is a statusError.
 func (qp *queuePair) withRemote(key uint32, fetch bool, f func(*remoteRegion) error) (verbs.Status, error, bool) {
 	for asked := false; ; asked = true {
 		qp.remoteMu.RLock()
@@ -161,7 +179,12 @@ func (qp *queuePair) withRemote(key uint32, fetch bool, f func(*remoteRegion) er
 			err := f(rr)
 			qp.remoteMu.RUnlock()
 			if err != nil {
-				return verbs.StatusRemoteAccess, err, true
+				st := verbs.StatusRemoteAccess
+				var se *statusError
+				if errors.As(err, &se) {
+					st = se.status
+				}
+				return st, err, true
 			}
 			return verbs.StatusSuccess, nil, true
 		}
@@ -240,6 +263,12 @@ func (qp *queuePair) onMapReply(m message, fd int) error {
 	case m.flags&flagFound == 0:
 		closeFD(fd)
 		err = fmt.Errorf("shm: remote key %#x is not registered for remote access at the peer", m.key)
+	case m.flags&flagCMA != 0:
+		if fd >= 0 {
+			closeFD(fd)
+			return fmt.Errorf("peer announced memory %#x without a memfd, with an fd", m.key)
+		}
+		err = qp.cacheCMA(m)
 	case m.flags&flagRegion != 0:
 		var broken error
 		if err, broken = qp.mapGrant(m, fd); broken != nil {
@@ -349,13 +378,17 @@ const maxPushedKeys = 1 << 14
 // onGrant caches a grant the peer announced as it made it (msgGrant). A
 // grant we cannot use is ignored: the request that names it will ask.
 func (qp *queuePair) onGrant(m message) error {
-	if m.flags != flagFound|flagRegion {
+	if m.flags != flagFound|flagRegion && m.flags != flagFound|flagCMA {
 		return fmt.Errorf("grant announcement %#x has flags %#x", m.key, m.flags)
 	}
 	qp.remoteMu.RLock()
 	full := len(qp.remote) >= maxPushedKeys
 	qp.remoteMu.RUnlock()
 	if full {
+		return nil
+	}
+	if m.flags&flagCMA != 0 {
+		qp.cacheCMA(m) // a refusal waits for the request that names it
 		return nil
 	}
 	_, broken := qp.mapGrant(m, -1)

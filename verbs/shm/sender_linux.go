@@ -85,8 +85,9 @@ func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 	}
 }
 
-// write copies the local buffer straight into the peer's mapped region:
-// the one copy of a Write.
+// write copies the local buffer straight into the peer's mapped region
+// (or, for memory without a memfd, by cross-memory attach): the one copy
+// of a Write.
 func (qp *queuePair) write(wr *softrc.SendWR, fetch bool) (verbs.Status, error, bool) {
 	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true // a zero-length Write touches no memory and checks no key
@@ -96,6 +97,9 @@ func (qp *queuePair) write(wr *softrc.SendWR, fetch bool) (verbs.Status, error, 
 	}
 	defer wr.Vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
+		if rr.cma {
+			return qp.cmaCopy(rr, wr, verbs.AccessRemoteWrite)
+		}
 		dst, err := rr.span(wr.Remote.Addr, wr.N, verbs.AccessRemoteWrite)
 		if err == nil {
 			wr.Vec.GatherParallel(dst, qp.pd.opts.copyWorkers)
@@ -104,7 +108,8 @@ func (qp *queuePair) write(wr *softrc.SendWR, fetch bool) (verbs.Status, error, 
 	})
 }
 
-// read copies from the peer's mapped region into the local buffer.
+// read copies from the peer's mapped region (or, for memory without a
+// memfd, by cross-memory attach) into the local buffer.
 func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, bool) {
 	if wr.N == 0 {
 		return verbs.StatusSuccess, nil, true
@@ -114,6 +119,9 @@ func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, b
 	}
 	defer wr.Vec.Release()
 	return qp.withRemote(wr.Remote.Key, fetch, func(rr *remoteRegion) error {
+		if rr.cma {
+			return qp.cmaCopy(rr, wr, verbs.AccessRemoteRead)
+		}
 		src, err := rr.span(wr.Remote.Addr, wr.N, verbs.AccessRemoteRead)
 		if err == nil {
 			wr.Vec.ScatterParallel(src, qp.pd.opts.copyWorkers)

@@ -55,6 +55,11 @@ const (
 	// caches it as if it had asked, so the grant's first use needs no
 	// msgMapRequest.
 	msgGrant
+	// msgCMA ends the handshake when both msgHello and msgWelcome are
+	// marked flagCMA: the dialer tells the outcome of its probe of the
+	// acceptor's memory, imm a cmaCode and key its errno (see
+	// cma_linux.go).
+	msgCMA
 )
 
 const (
@@ -64,6 +69,14 @@ const (
 	flagFD     = 1 << 3 // a ring record: its fd follows on the socket in a msgFD
 	flagRing   = 1 << 4 // msgHello, msgWelcome: control messages go through shared rings; the ring's memfd is the second fd
 	flagRegion = 1 << 5 // msgMapReply, msgUnmap: a grant within an exposed region; the region
+	// flagCMA on msgHello and msgWelcome: the sender takes part in
+	// cross-memory attach; addr is its probe's address, and on msgWelcome
+	// imm and key tell the outcome of the acceptor's probe of the dialer
+	// (as msgCMA does). On msgMapReply and msgGrant (with flagFound, and
+	// no fd): the key names memory without a memfd, which the peer copies
+	// by cross-memory attach; offset is the virtual address of its first
+	// byte in the announcer's process.
+	flagCMA = 1 << 6
 )
 
 // message is every control message; each type uses the fields its comment
@@ -124,7 +137,7 @@ func decodeMessage(b []byte) (message, error) {
 		return m, fmt.Errorf("shm: control message is %d bytes, want %d", len(b), messageSize)
 	}
 	m.typ = msgType(b[0])
-	if m.typ < msgHello || m.typ > msgGrant {
+	if m.typ < msgHello || m.typ > msgCMA {
 		return m, fmt.Errorf("shm: unknown control message type %d", b[0])
 	}
 	if b[3] != 0 {
