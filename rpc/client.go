@@ -260,7 +260,7 @@ func (c *Client) Stats() Stats { return c.stats.snapshot(c.Transport()) }
 // registration pins the pages it found, so there only Register keeps one
 // past a transfer. Deregister before the memory is freed or reused. Pool
 // tensors need no registration. Planes that cannot register such memory
-// (shm without cross-memory attach) keep copying it through the pool.
+// (shm where cross-memory attach is refused) keep copying it through the pool.
 func (c *Client) Register(t *Tensor) error {
 	if err := checkOutgoing(t, "Register's tensor"); err != nil {
 		return err

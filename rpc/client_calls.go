@@ -689,6 +689,24 @@ func (c *Client) replyError(s *clientSession, ref uint64, r engine.FrameReply) e
 	return nil
 }
 
+// crossMemory is a queue pair whose peer reaches memory of this process
+// that is not shared only by cross-memory attach (shm.CrossMemory): CMA
+// says whether it can.
+type crossMemory interface{ CMA() error }
+
+// peersReachCallerMemory reports whether the peer of every lane can read
+// caller memory granted in place: always on planes that carry the bytes
+// themselves (tcp, ibv), on shm only where cross-memory attach works
+// between the two processes.
+func peersReachCallerMemory(lanes []*engine.Link) bool {
+	for _, l := range lanes {
+		if cm, ok := l.QP.(crossMemory); ok && cm.CMA() != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // ownPoolMemory reports whether t is memory of the Client's pool.
 func (c *Client) ownPoolMemory(t *Tensor) bool {
 	if t.buf == nil || t.buf.Len() == 0 {
@@ -719,7 +737,7 @@ func (c *Client) grantSourceIn(ctx context.Context, s *clientSession, l *engine.
 	}
 	release := func() {}
 	region := uint32(0)
-	if out.t != nil && !c.noInPlace && !c.ownPoolMemory(out.t) {
+	if out.t != nil && !c.noInPlace && !c.ownPoolMemory(out.t) && peersReachCallerMemory(s.lanes) {
 		// Caller memory, granted in place where the provider registers it.
 		if local, done, err := l.Domain.CallerLocal(out.t.Bytes()[:n], verbs.AccessRemoteRead); err == nil {
 			grantOn = func(x *engine.Link) (verbs.Grant, error) {

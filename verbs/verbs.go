@@ -71,8 +71,9 @@ func (a Access) String() string {
 
 // Memory is memory to register. Bytes is the memory itself. When the memory
 // is backed by a file (a memfd arena), HasFD is true and FD and FDOffset say
-// where Bytes starts in that file; the shm provider needs this to share the
-// region with its peer and refuses memory without it. Registration does not
+// where Bytes starts in that file; the shm provider shares such a region
+// with its peer by mapping it, and reaches memory without one only by
+// cross-memory attach (verbs/shm: "Memory without a memfd"). Registration does not
 // take ownership of FD; it must stay open until the region is deregistered.
 //
 // DMABuf marks FD as a DMA-BUF of device memory (GPU memory exported for

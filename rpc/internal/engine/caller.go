@@ -58,8 +58,10 @@ func (d *Domain) cacheable() bool { return d.PD.Attributes().Grants == verbs.Gra
 // CallerLocal registers b, caller memory, with access for one transfer
 // and names it for a local work request; done ends the transfer's use of
 // the registration (which a cache may keep). An error means the provider
-// cannot register such memory (shm without cross-memory attach, for
-// memory without an fd): the caller then goes through pool memory.
+// cannot register such memory: the caller then goes through pool memory.
+// (shm registers memory without a memfd, but its peer reaches it only by
+// cross-memory attach: before granting it, the caller asks the queue
+// pair, shm.CrossMemory.)
 func (d *Domain) CallerLocal(b []byte, access verbs.Access) (verbs.Local, func(), error) {
 	if len(b) == 0 {
 		return verbs.Local{}, nil, fmt.Errorf("tensorrpc: registering 0 bytes of caller memory")

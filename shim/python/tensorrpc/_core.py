@@ -352,7 +352,7 @@ class Client:
         place and is returned itself (output is ignored): its dtype and
         shape must be exactly those of what arrives, else
         InvalidArgumentError and out is not written. On tcp the bytes are
-        read straight into out; on shm and grpc, and for tensors small
+        read straight into out (on shm too); on grpc, and for tensors small
         enough to come inline, they are copied into it once
         (stats()["copies"]). If fetch fails otherwise, out's contents are
         undefined; when it returns, whatever its result, nothing writes
