@@ -158,7 +158,7 @@ typedef struct {
  *     what arrives ([nrows, shape[1:]...] for rows), else INVALID_ARGUMENT
  *     and dst is not written. dst's memory is wrapped, not copied: on tcp
  *     the bytes are read straight into it; where a plane cannot reach
- *     caller memory (grpc; shm where cross-memory attach is refused), or the tensor is small enough to come
+ *     caller memory (grpc), or the tensor is small enough to come
  *     inline, they are copied into it once (trpc_stats.copies). flags:
  *     TRPC_FETCH_WAIT; TRPC_FETCH_LEASE is ignored. On a failure dst's
  *     contents are undefined, but when the call returns, whatever its
