@@ -367,6 +367,6 @@ func TestFetchIntoGivenUpWritesNothingAfter(t *testing.T) {
 		g.intact(t)
 	}
 	if given == 0 {
-		t.Skip("every Fetch of 256 MiB finished within its deadline: nothing was given up to check")
+		t.Fatal("every Fetch of 256 MiB finished within its deadline (1-20 ms): the test checked nothing")
 	}
 }
