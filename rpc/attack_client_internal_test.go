@@ -1141,7 +1141,8 @@ func TestHostileServerLeavesCancelledCallsUnanswered(t *testing.T) {
 // TestHostileServerInPlaceSourceRevoked: a Send of caller memory granted
 // in place (tcp) that gives up ends its grant before it returns, so the
 // caller may reuse its memory at once: a server that reads it after that
-// is refused, and its late answer changes nothing.
+// is refused, which ends the connection (as a remote access error does
+// on a NIC) and so the session; the next Send opens a new one.
 func TestHostileServerInPlaceSourceRevoked(t *testing.T) {
 	hs := newHostileServer(t, TransportTCP, nil, nil)
 	c := hs.c
@@ -1167,9 +1168,10 @@ func TestHostileServerInPlaceSourceRevoked(t *testing.T) {
 	if got, err := hs.readFrom(r.lane, verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}, n); err == nil {
 		t.Fatalf("a Read of the caller's memory after the Send returned succeeded (same bytes %v)", bytes.Equal(got, src.Bytes()))
 	}
-	hs.answer(r, wire.FrameSendResp, 0, engine.AppendStatus(nil, nil, 0))
-	hs.serve.Store(true)
+	if !eventuallyGone(c) {
+		t.Fatal("the session survived the refused Read")
+	}
 	if err := c.Send(ctxT(t), "k2", src); err != nil {
-		t.Fatalf("a Send after the late answer: %v", err)
+		t.Fatalf("a Send on a new session: %v", err)
 	}
 }
