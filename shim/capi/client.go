@@ -118,14 +118,8 @@ func fetchOptions(flags C.int) []rpc.FetchOption {
 //
 //export trpc_client_fetch
 func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
-	c, err := getClient(h)
+	c, err := fetchClient(h, key, out != nil, flags)
 	if err != nil {
-		return report(errOut, err)
-	}
-	if key == nil || out == nil {
-		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
-	}
-	if err := checkFetchFlags(flags); err != nil {
 		return report(errOut, err)
 	}
 	ctx, cancel := callContext(timeoutMs)

@@ -32,6 +32,19 @@ func rowsArg(rows *C.trpc_row_index, nrows C.size_t) ([]int64, error) {
 	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(rows)), int(nrows))...), nil
 }
 
+// fetchClient checks what every fetch takes (a live client, a key, a
+// place for the result: haveOut, known flags) and returns the client.
+func fetchClient(h C.trpc_client, key *C.char, haveOut bool, flags C.int) (*clientEntry, error) {
+	c, err := getClient(h)
+	if err != nil {
+		return nil, err
+	}
+	if key == nil || !haveOut {
+		return nil, errorf(codes.InvalidArgument, "NULL key or out")
+	}
+	return c, checkFetchFlags(flags)
+}
+
 // checkFetchFlags refuses flags trpc_client_fetch does not know.
 func checkFetchFlags(flags C.int) error {
 	if flags&^(fetchLease|fetchWait) != 0 {
@@ -54,14 +67,8 @@ func checkFetchFlags(flags C.int) error {
 //export trpc_client_fetch_into
 func trpc_client_fetch_into(h C.trpc_client, key *C.char, dst *C.DLTensor, rows *C.trpc_row_index, nrows C.size_t,
 	flags C.int, timeoutMs C.int64_t, errOut **C.char) C.int {
-	c, err := getClient(h)
+	c, err := fetchClient(h, key, true, flags)
 	if err != nil {
-		return report(errOut, err)
-	}
-	if key == nil {
-		return report(errOut, errorf(codes.InvalidArgument, "NULL key"))
-	}
-	if err := checkFetchFlags(flags); err != nil {
 		return report(errOut, err)
 	}
 	idx, err := rowsArg(rows, nrows)
@@ -94,14 +101,8 @@ func trpc_client_fetch_into(h C.trpc_client, key *C.char, dst *C.DLTensor, rows 
 //export trpc_client_fetch_rows
 func trpc_client_fetch_rows(h C.trpc_client, key *C.char, rows *C.trpc_row_index, nrows C.size_t,
 	flags C.int, timeoutMs C.int64_t, out **C.DLManagedTensor, errOut **C.char) C.int {
-	c, err := getClient(h)
+	c, err := fetchClient(h, key, out != nil, flags)
 	if err != nil {
-		return report(errOut, err)
-	}
-	if key == nil || out == nil {
-		return report(errOut, errorf(codes.InvalidArgument, "NULL key or out"))
-	}
-	if err := checkFetchFlags(flags); err != nil {
 		return report(errOut, err)
 	}
 	if nrows == 0 {
