@@ -274,7 +274,7 @@ func (qp *queuePair) runRingReceiver() {
 			if few || (handled && i < 4) || i%16 == 15 {
 				runtime.Gosched()
 			} else {
-				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			}
 			n, err = qp.drainLocked(bufs)
 		}
