@@ -548,7 +548,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 		}
 		return engine.FrameReply{}, ref, sessionError(s, err)
 	}
-	if r, ok := l.AwaitAnswer(ctx, pc, engine.PollSpin); ok {
+	if r, ok := l.AwaitAnswer(ctx, pc, c.opts.pollSpin); ok {
 		hold()
 		return r, ref, nil
 	}

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
@@ -43,6 +45,13 @@ const (
 	// plane, 1 to MaxLanes, as WithLanes does. Used when WithLanes is not
 	// given.
 	EnvLanes = "TENSORRPC_LANES"
+	// EnvPollSpin is how long, in microseconds, a caller alone on its
+	// lane polls (shm) or, when it called from a foreign thread through
+	// the C ABI, watches (tcp) for its answer before it parks: 0 to
+	// 1000, default 50. Longer spins trade a core's time for the
+	// wake-up of a parked caller (an OS wake-up for a thread-locked one);
+	// a tuning knob for measurements, like UCX's and NCCL's spin counts.
+	EnvPollSpin = "TENSORRPC_POLL_US"
 )
 
 // Knob is one environment variable tensorrpc reads, as EnvKnobs reports it.
@@ -63,6 +72,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
+		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)
@@ -89,6 +99,15 @@ func (o *options) applyEnv() {
 			o.envErr = fmt.Errorf("tensorrpc: %s=%q: want a number of lanes from 1 to %d", EnvLanes, v, MaxLanes)
 		case err == nil && n >= 1 && n <= MaxLanes:
 			o.lanes = n
+		}
+	}
+	if v := strings.TrimSpace(os.Getenv(EnvPollSpin)); v != "" {
+		n, err := strconv.Atoi(v)
+		switch {
+		case (err != nil || n < 0 || n > 1000) && o.envErr == nil:
+			o.envErr = fmt.Errorf("tensorrpc: %s=%q: want microseconds from 0 to 1000", EnvPollSpin, v)
+		case err == nil && n >= 0 && n <= 1000:
+			o.pollSpin = time.Duration(n) * time.Microsecond
 		}
 	}
 	if v := strings.TrimSpace(os.Getenv(EnvTransports)); v != "" {

@@ -6,11 +6,13 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 )
 
 func TestParseTransports(t *testing.T) {
@@ -78,7 +80,7 @@ func TestEnvKnobs(t *testing.T) {
 		t.Errorf("WithTransports did not win over %s: %v", EnvTransports, got)
 	}
 
-	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}, {EnvLanes, "0"}, {EnvLanes, "17"}, {EnvLanes, "many"}} {
+	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}, {EnvLanes, "0"}, {EnvLanes, "17"}, {EnvLanes, "many"}, {EnvPollSpin, "-1"}, {EnvPollSpin, "1001"}, {EnvPollSpin, "50us"}} {
 		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(EnvLog, "info")
 			t.Setenv(kv[0], kv[1])
@@ -100,6 +102,19 @@ func TestEnvKnobs(t *testing.T) {
 		}
 		if got := buildDialOptions(nil).lanesFor(TransportGRPC); got != 1 {
 			t.Errorf("grpc: %d lanes", got)
+		}
+	})
+	t.Run(EnvPollSpin, func(t *testing.T) {
+		if got := buildDialOptions(nil).pollSpin; got != engine.PollSpin {
+			t.Errorf("default poll spin %v, want %v", got, engine.PollSpin)
+		}
+		t.Setenv(EnvPollSpin, "200")
+		if got := buildDialOptions(nil).pollSpin; got != 200*time.Microsecond {
+			t.Errorf("%s=200: poll spin %v", EnvPollSpin, got)
+		}
+		t.Setenv(EnvPollSpin, "0")
+		if got := buildDialOptions(nil).pollSpin; got != 0 {
+			t.Errorf("%s=0: poll spin %v", EnvPollSpin, got)
 		}
 	})
 	names := map[string]bool{}

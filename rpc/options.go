@@ -12,6 +12,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -67,8 +68,9 @@ type options struct {
 	reserveTimeout time.Duration
 	streamIdle     time.Duration
 	admission      Admission
-	lanes          int   // 0: DefaultLanes for each data plane
-	envErr         error // an environment variable that could not be read (applyEnv)
+	lanes          int           // 0: DefaultLanes for each data plane
+	pollSpin       time.Duration // how long a caller polls or watches for its answer (EnvPollSpin)
+	envErr         error         // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
 	// frameServe, set by the package's tests, wraps the frame handler of
 	// each lane of a server's session as the session sets it up.
@@ -81,6 +83,7 @@ func defaultOptions() options {
 		transports:     allTransports,
 		providers:      map[string]verbs.Provider{},
 		eagerThreshold: DefaultEagerThreshold,
+		pollSpin:       engine.PollSpin,
 		maxTensorBytes: DefaultMaxTensorBytes,
 		connectTimeout: DefaultConnectTimeout,
 		logger:         slog.New(slog.DiscardHandler),

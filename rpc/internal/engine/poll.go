@@ -33,7 +33,7 @@ const PollSpin = 50 * time.Microsecond
 func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Duration) (FrameReply, bool) {
 	p, ok := l.QP.(verbs.Poller)
 	if !ok {
-		return l.awaitBell(ctx, pc)
+		return l.awaitBell(ctx, pc, spin)
 	}
 	if spin <= 0 || l.Frames.InFlight() > 1 || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
@@ -83,10 +83,10 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 // ends: the caller then waits for pc.Ch as before.
 //
 // A caller locked to its thread (callhint.Locked: a call from a foreign
-// thread through the C ABI) first watches pc.Ch for up to PollSpin:
+// thread through the C ABI) first watches pc.Ch for up to watch:
 // waking it, through the bell or a channel, is an OS-level wake-up of its
 // thread, which is awake now.
-func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool) {
+func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Duration) (FrameReply, bool) {
 	if l.bell == nil || !l.belled.CompareAndSwap(false, true) {
 		return FrameReply{}, false
 	}
@@ -96,8 +96,8 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall) (FrameReply, bool
 		defer stop()
 	}
 	var watchUntil time.Time
-	if callhint.IsLocked(ctx) && l.Frames.InFlight() == 1 {
-		watchUntil = time.Now().Add(PollSpin)
+	if watch > 0 && callhint.IsLocked(ctx) && l.Frames.InFlight() == 1 {
+		watchUntil = time.Now().Add(watch)
 	}
 	pc.bell.Store(l.bell)
 	for i := 1; ; i++ {
