@@ -39,6 +39,7 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
+	locked := callhint.IsLocked(ctx)
 	var start time.Time
 	for i := 0; ; i++ {
 		select {
@@ -57,7 +58,14 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 			// What we handled was for other goroutines (the answers of
 			// callers waiting on their channels): they were made ready on
 			// this P, and with few Ps spinning here would keep them off it.
-			runtime.Gosched()
+			// A caller locked to its thread yields the thread instead: its
+			// Gosched would park the thread and make another wake it up
+			// again (stoplockedm, startlockedm), two OS-level switches.
+			if locked {
+				osYield()
+			} else {
+				runtime.Gosched()
+			}
 			continue
 		}
 		if i%32 == 0 {
