@@ -8,9 +8,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tensorrpc/tensorrpc/internal/callhint"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -34,6 +36,8 @@ type caseDef struct {
 var allCases = []caseDef{
 	{"fetch-tcp", "rpc Fetch of a published tensor, tcp data plane", openFetch(rpc.TransportTCP)},
 	{"fetch-shm", "rpc Fetch of a published tensor, shm data plane", openFetch(rpc.TransportSHM)},
+	{"fetch-tcp-locked", "fetch-tcp from a goroutine locked to its thread, as a call through the C ABI (Python) is", locked(openFetch(rpc.TransportTCP))},
+	{"fetch-shm-locked", "fetch-shm from a goroutine locked to its thread, as a call through the C ABI (Python) is", locked(openFetch(rpc.TransportSHM))},
 	{"call-tcp", "rpc Call, a tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP, false)},
 	{"call-shm", "rpc Call, a tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
 	{"call-inline-tcp", "call-tcp with the handler registered rpc.Inline", openCall(rpc.TransportTCP, true)},
@@ -81,6 +85,24 @@ func (p *pair) close() error {
 	err := p.client.Close()
 	p.server.Stop()
 	return err
+}
+
+// locked makes a case's calls as the C ABI makes them for a foreign
+// thread (a Python caller's): from a goroutine locked to its thread
+// (runtime.LockOSThread), with the context marked callhint.Locked. Parking
+// such a goroutine parks its thread, and waking it is an OS-level wake-up.
+func locked(open func(context.Context) (func() error, func() error, error)) func(context.Context) (func() error, func() error, error) {
+	return func(ctx context.Context) (func() error, func() error, error) {
+		call, closeCase, err := open(callhint.Locked(ctx))
+		if err != nil {
+			return nil, nil, err
+		}
+		return func() error {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			return call()
+		}, closeCase, nil
+	}
 }
 
 func openFetch(plane string) func(context.Context) (func() error, func() error, error) {
