@@ -207,7 +207,11 @@
 // WithTrimInterval. A session belongs to the gRPC connection (and TLS
 // identity) that opened it: naming it from elsewhere is PermissionDenied.
 // GracefulStop ends calls waiting for a key with Unavailable and gives
-// calls under way at most WithGracefulStopTimeout.
+// calls under way at most WithGracefulStopTimeout. The Server's grpc.Server
+// answers the standard health service (grpc.health.v1.Health, for
+// Kubernetes probes and grpc_health_probe): SERVING for "" and
+// HealthService, NOT_SERVING from the moment Stop or GracefulStop begins
+// (WithoutHealth leaves it off).
 //
 // A data-plane peer reaches only what a transfer grants it: pool arenas are
 // registered for local access only, and each Location names a grant that

@@ -70,6 +70,7 @@ type options struct {
 	admission      Admission
 	lanes          int           // 0: DefaultLanes for each data plane
 	pollSpin       time.Duration // how long a caller polls or watches for its answer (EnvPollSpin)
+	noHealth       bool          // WithoutHealth
 	envErr         error         // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
 	// frameServe, set by the package's tests, wraps the frame handler of

@@ -80,6 +80,7 @@ type Server struct {
 	refused counters // what adm refused (the Refused fields)
 
 	stopTrim func() // ends the pool's trimmer
+	health   *healthService // nil with WithoutHealth
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
@@ -121,6 +122,10 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	s.grpc = grpc.NewServer(gopts...)
 	pb.RegisterTensorRPCServer(s.grpc, service{Server: s})
+	if !o.noHealth {
+		s.health = newHealthService()
+		s.health.register(s.grpc)
+	}
 	return s, nil
 }
 
@@ -361,6 +366,9 @@ func (s *Server) GracefulStop() {
 }
 
 func (s *Server) endSessions() {
+	if s.health != nil {
+		s.health.shutdown()
+	}
 	s.mu.Lock()
 	if !s.stopping {
 		s.stopping = true

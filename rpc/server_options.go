@@ -60,6 +60,17 @@ func WithDataAddress(addr string) ServerOption {
 	return serverOption(func(o *options) { o.dataAddress = addr })
 }
 
+// WithoutHealth leaves the standard gRPC health service
+// (grpc.health.v1.Health) off the Server's grpc.Server. By default
+// NewServer registers it: "" and HealthService report SERVING, and
+// NOT_SERVING from the moment Stop or GracefulStop begins (watch streams
+// get that last status and end, so they do not hold GracefulStop up).
+// Register, which puts tensorrpc on a grpc.Server of the application's,
+// registers no health service: that server's owner decides.
+func WithoutHealth() ServerOption {
+	return serverOption(func(o *options) { o.noHealth = true })
+}
+
 // WithGracefulStopTimeout bounds how long GracefulStop waits for calls
 // under way (default DefaultGracefulStopTimeout); after it, GracefulStop
 // ends them as Stop does.
