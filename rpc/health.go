@@ -85,4 +85,3 @@ func (w *watchStream) Send(r *healthpb.HealthCheckResponse) error {
 	}
 	return err
 }
-

@@ -79,7 +79,7 @@ type Server struct {
 	adm     *admission
 	refused counters // what adm refused (the Refused fields)
 
-	stopTrim func() // ends the pool's trimmer
+	stopTrim func()         // ends the pool's trimmer
 	health   *healthService // nil with WithoutHealth
 }
 
