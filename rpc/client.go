@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -97,8 +98,13 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	}
 	cc, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
+		if o.creds == nil && strings.Contains(err.Error(), "no transport security set") {
+			// gRPC's own advice names its DialOption, which rpc.Dial does
+			// not take: say it in rpc's terms.
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: dialing %s: no transport security set: pass rpc.WithTransportCredentials(creds) with TLS credentials, or rpc.WithTransportCredentials(insecure.NewCredentials()) for plaintext (package google.golang.org/grpc/credentials/insecure)", target)
+		}
 		if o.creds == nil {
-			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: dialing %s: %v; pass rpc.WithTransportCredentials (TLS, or insecure.NewCredentials() for plaintext)", target, err)
+			return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: dialing %s: %v", target, err)
 		}
 		return nil, fmt.Errorf("tensorrpc: dialing %s: %w", target, err)
 	}

@@ -56,12 +56,42 @@ func (s *clientSession) err() error {
 func (s *clientSession) end(err error) {
 	s.mu.Lock()
 	if s.broken == nil {
-		s.broken = fmt.Errorf("session ended: %w", err)
+		s.broken = endReason(err)
 	}
 	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
 	engine.CloseLanes(lanes, broken)
 }
+
+// endReason is why a session ended, as calls report it. When the server
+// went away (its connection closed: Stop, a restart, a crash) it says so in
+// those words; the chain of the provider's errors that saw it stays
+// reachable with errors.Is and errors.As.
+func endReason(err error) error {
+	if peerClosed(err) {
+		return &sessionEnd{cause: err}
+	}
+	return fmt.Errorf("session ended: %w", err)
+}
+
+// peerClosed reports whether err says the server closed the connection: an
+// end of file or reset on a data-plane link, or gRPC's Unavailable on the
+// Session stream other than the server's "unknown or ended session".
+func peerClosed(err error) bool {
+	if engine.PeerClosed(err) {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && !strings.Contains(st.Message(), errSessionGone)
+}
+
+type sessionEnd struct{ cause error }
+
+func (e *sessionEnd) Error() string {
+	return "session ended: the server closed the connection (it stopped, restarted or failed)"
+}
+
+func (e *sessionEnd) Unwrap() error { return e.cause }
 
 // endByServer is end for a Session stream the server ended, after which
 // onEnded runs (calls from then on open a new session). Calls already
@@ -72,7 +102,7 @@ func (s *clientSession) end(err error) {
 func (s *clientSession) endByServer(err error, onEnded func()) {
 	s.mu.Lock()
 	if s.broken == nil {
-		s.broken = fmt.Errorf("session ended: %w", err)
+		s.broken = endReason(err)
 	}
 	broken, lanes := s.broken, s.lanes
 	s.mu.Unlock()
@@ -137,7 +167,7 @@ func (s *clientSession) open(lanes []*engine.Link, transport string, calls callP
 			s.mu.Unlock()
 			return
 		}
-		s.broken = fmt.Errorf("session ended: %w", err)
+		s.broken = endReason(err)
 		broken := s.broken
 		s.mu.Unlock()
 		s.cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -237,7 +238,19 @@ func releaseAll(bufs []*mempool.Buffer) {
 }
 
 // fetchStream is Fetch over the fallback.
-func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
+// streamLost says in tensorrpc's words that a gRPC fallback stream failed
+// because the connection to the server was lost (gRPC's own Unavailable,
+// such as "error reading from server: EOF" after the server stopped).
+func streamLost(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable || strings.HasPrefix(st.Message(), "tensorrpc:") {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "tensorrpc: connection to the server lost (it stopped, restarted or failed): %s", st.Message())
+}
+
+func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, fo fetchOptions) (_ *Tensor, err error) {
+	defer func() { err = streamLost(err) }()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Wait: fo.wait, Rows: fo.rows}, chunkcodec.CallOptions()...)
@@ -308,7 +321,8 @@ func (c *Client) chunksOut(ctx context.Context, ts []*Tensor) (_ context.Context
 }
 
 // sendStream is Send over the fallback.
-func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []int64) error {
+func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []int64) (err error) {
+	defer func() { err = streamLost(err) }()
 	ctx, out, done, err := c.chunksOut(ctx, []*Tensor{t})
 	if err != nil {
 		return err
@@ -334,7 +348,8 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []i
 }
 
 // callStream is Call over the fallback.
-func (c *Client) callStream(ctx context.Context, method string, req *Message) (*Message, error) {
+func (c *Client) callStream(ctx context.Context, method string, req *Message) (_ *Message, err error) {
+	defer func() { err = streamLost(err) }()
 	ctx, out, done, err := c.chunksOut(ctx, req.Tensors)
 	if err != nil {
 		return nil, err

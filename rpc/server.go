@@ -288,7 +288,7 @@ func rendezvousError(key string, err error) error {
 	case rendezvous.ErrClosed:
 		return status.Error(codes.Unavailable, "tensorrpc: server stopped")
 	case rendezvous.ErrNotPublished:
-		return status.Errorf(codes.NotFound, "tensorrpc: no tensor is published under key %q (to wait for it, fetch with rpc.WaitForKey, or set FetchRequest.wait)", key)
+		return status.Errorf(codes.NotFound, "tensorrpc: no tensor is published under key %q "+WaitHint, key)
 	}
 	return status.FromContextError(err).Err()
 }
@@ -412,6 +412,11 @@ func (s *Server) Close() error {
 	}
 	return nil
 }
+
+// WaitHint ends the NotFound of a Fetch of a key not published: how to
+// wait for it. It names Go's API and the protocol's field; the C ABI and
+// the Python package replace it with theirs.
+const WaitHint = "(to wait for it, fetch with rpc.WaitForKey, or set FetchRequest.wait)"
 
 // errSessionGone starts the message of calls naming a session the server
 // does not have; clients recognise it to open a new session.

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 // errorf makes an error carrying a status code.
@@ -97,8 +99,14 @@ func errorDetails(err error) string {
 
 // statusMessage is err's message without the status code's prefix.
 func statusMessage(err error) string {
+	msg := err.Error()
 	if s, ok := status.FromError(err); ok {
-		return s.Message()
+		msg = s.Message()
 	}
-	return err.Error()
+	// Advice that names Go's API, in the C ABI's terms (the Python
+	// package puts its own in place of these).
+	return strings.Replace(msg, rpc.WaitHint, waitHint, 1)
 }
+
+// waitHint is rpc.WaitHint for C callers.
+const waitHint = "(to wait for it, fetch with the flag TRPC_FETCH_WAIT)"

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -517,11 +519,23 @@ func CompletionStatus(c verbs.Completion) error {
 	}
 }
 
+// Unavailable is the status of a call whose link failed with err. When the
+// peer closed the connection (PeerClosed), it says so in those words
+// rather than with the provider's chain of errors.
 func Unavailable(err error) error {
 	if err == nil {
 		err = ErrClosed
 	}
+	if PeerClosed(err) {
+		return status.Error(codes.Unavailable, "tensorrpc: data plane down: the peer closed the connection (it stopped, restarted or failed)")
+	}
 	return status.Errorf(codes.Unavailable, "tensorrpc: data plane down: %v", err)
+}
+
+// PeerClosed reports whether err is the end of a connection the peer
+// closed: an end of file, or a reset or broken pipe.
+func PeerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 var ErrClosed = errors.New("tensorrpc: closed")

@@ -85,6 +85,8 @@ _BY_CODE: Dict[int, Type[Error]] = {c.code: c for c in (
 
 def error(code: int, message: str, details: Optional[str] = None) -> Error:
     """Returns the exception for a status code."""
+    # The C ABI's advice, in Python's terms.
+    message = message.replace("fetch with the flag TRPC_FETCH_WAIT", "fetch with wait=True")
     cls = _BY_CODE.get(code)
     if cls is None:
         return Error(message, code, details)

@@ -69,6 +69,12 @@ class ConcurrencyTest(unittest.TestCase):
                 self.assertTrue((got[name] == x).all(), name)
             with self.assertRaises(tensorrpc.NotFoundError):
                 srv.take("sent")  # taken above
+            with self.assertRaises(tensorrpc.NotFoundError) as cm:
+                c.fetch("never-published")
+            # The advice names Python's API, not Go's or the C ABI's.
+            self.assertIn("wait=True", str(cm.exception))
+            self.assertNotIn("rpc.WaitForKey", str(cm.exception))
+            self.assertNotIn("TRPC_FETCH_WAIT", str(cm.exception))
             srv.unpublish("later")
             got.clear()
         gc.collect()
