@@ -379,8 +379,11 @@ func (s *Server) endSessions() {
 }
 
 // Close releases what the Server holds: sessions, published tensors,
-// opened transports and its own pool. Stop and GracefulStop call it; call it yourself
-// only after stopping a grpc.Server you registered the Server on. It
+// opened transports and its own pool. Stop and GracefulStop call it; call
+// it yourself only for a Server put on a grpc.Server of your own
+// (Register), after stopping that grpc.Server. Of the three ways to shut
+// down, GracefulStop is the one a service uses on SIGTERM, Stop the one
+// that does not wait. It
 // returns the pool's error when buffers are still outstanding (tensors the
 // application did not release).
 func (s *Server) Close() error {

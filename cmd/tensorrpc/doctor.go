@@ -118,7 +118,42 @@ func (r *Report) writeText(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(bw, "\n%d ok, %d warning, %d unavailable\n", counts[StatusOK], counts[StatusWarning], counts[StatusUnavailable])
+	fmt.Fprintln(bw, verdict(r.Checks))
 	return bw.Flush()
+}
+
+// verdict sums the checks up in one line: which data planes work, and
+// whether anything needs doing.
+func verdict(cs []Check) string {
+	var planes, broken, warnings []string
+	for _, c := range cs {
+		if p, ok := strings.CutPrefix(c.Name, "data-plane "); ok {
+			switch {
+			case c.Status == StatusOK:
+				planes = append(planes, p)
+			case p != rpc.TransportIBV:
+				broken = append(broken, p) // ibv needs hardware most hosts lack
+			}
+		}
+		if c.Status == StatusWarning {
+			warnings = append(warnings, c.Name)
+		}
+	}
+	works := "no data plane works"
+	switch len(planes) {
+	case 0:
+	case 1:
+		works = planes[0] + " works"
+	default:
+		works = strings.Join(planes, ", ") + " work"
+	}
+	switch {
+	case len(broken) > 0:
+		return fmt.Sprintf("verdict: %s; %s failed here: see its line above", works, strings.Join(broken, ", "))
+	case len(warnings) > 0:
+		return fmt.Sprintf("verdict: %s; look at the warnings (%s): they cost performance or fail at scale", works, strings.Join(warnings, ", "))
+	}
+	return fmt.Sprintf("verdict: %s; nothing to do (what is unavailable is hardware or drivers this host does not have)", works)
 }
 
 // meminfo parses /proc/meminfo into values; sizes in kB are converted to

@@ -79,9 +79,30 @@ func TestDoctorText(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"tensorrpc doctor: ", "tensorrpc (devel)", "build tags: ", rpc.EnvLog, rpc.EnvSocketIfname, "memlock: ", "data-plane grpc: ", " ok, "} {
+	for _, want := range []string{"tensorrpc doctor: ", "tensorrpc (devel)", "build tags: ", rpc.EnvLog, rpc.EnvSocketIfname, "memlock: ", "data-plane grpc: ", " ok, ", "\nverdict: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestVerdict: the last line says which planes work and whether anything
+// needs doing.
+func TestVerdict(t *testing.T) {
+	plane := func(p string, s Status) Check { return Check{Name: "data-plane " + p, Status: s} }
+	for _, tc := range []struct {
+		checks []Check
+		want   string
+	}{
+		{[]Check{plane("ibv", StatusUnavailable), plane("shm", StatusOK), plane("tcp", StatusOK), plane("grpc", StatusOK), {Name: "gpu-driver", Status: StatusUnavailable}},
+			"verdict: shm, tcp, grpc work; nothing to do"},
+		{[]Check{plane("shm", StatusOK), {Name: "memlock", Status: StatusWarning}},
+			"verdict: shm works; look at the warnings (memlock)"},
+		{[]Check{plane("shm", StatusUnavailable), plane("grpc", StatusOK)},
+			"verdict: grpc works; shm failed here"},
+	} {
+		if got := verdict(tc.checks); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("verdict(%v) = %q, want it to start %q", tc.checks, got, tc.want)
 		}
 	}
 }

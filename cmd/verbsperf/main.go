@@ -44,6 +44,30 @@ import (
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
+// usage is what -h prints before the flags.
+const usage = `Usage: verbsperf [flags]
+
+Measures a verbs provider like perftest's ib_write_bw and ib_write_lat,
+beside the ceiling of its medium in the same run (a raw TCP socket for
+tcp, a single-threaded memcpy for shm).
+
+Examples:
+  verbsperf -provider tcp -test write_bw -size 1MiB
+  verbsperf -provider shm -test write_bw -a     # 2 B to 8 MiB, like perftest -a
+  verbsperf -provider tcp -test send_lat -size 64
+  verbsperf -server -port 18515                 # on one host
+  verbsperf -client HOST -port 18515 -test read_bw -size 4KiB,1MiB
+
+Without -server or -client both ends run in this process. Columns, as
+perftest's: bandwidth tests print #bytes, #iterations, BW peak and BW
+average (GB/s, 1e9 bytes per second), MsgRate (Mpps), then the ceiling;
+latency tests print #bytes, #iterations, t_min, t_max, t_typical (the
+median), t_avg, t_stdev and the 99% and 99.9% percentiles in µs, then the
+ceiling (half the round trip, as perftest reports).
+
+Flags:
+`
+
 type config struct {
 	provider  string
 	test      string
@@ -62,7 +86,7 @@ type config struct {
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
+			return // -h asked for the usage, which went to stderr: not a failure
 		}
 		fmt.Fprintln(os.Stderr, "verbsperf:", err)
 		os.Exit(1)
@@ -76,6 +100,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var sweep bool
 	fs := flag.NewFlagSet("verbsperf", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&cfg.provider, "provider", "tcp", "provider: "+strings.Join(providerNames(), ", ")+" (ibv with -tags rdma)")
 	fs.StringVar(&cfg.test, "test", "write_bw", "test: write_bw, read_bw, write_lat or send_lat")
 	fs.StringVar(&sizes, "size", "", "message sizes, comma-separated, e.g. 64,4KiB,1MiB (default 1MiB for bandwidth, 64 for latency)")

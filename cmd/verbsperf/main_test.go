@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"flag"
 	"io"
 	"math"
 	"slices"
@@ -149,5 +151,20 @@ func TestLatencyStats(t *testing.T) {
 	if st.min != time.Microsecond || st.max != 1000*time.Microsecond || st.typical != 501*time.Microsecond ||
 		st.p99 != 991*time.Microsecond || st.p999 != 1000*time.Microsecond || st.avg != 500500*time.Nanosecond {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestHelp: -h explains the command (examples and what the columns mean),
+// not only the flags, and is not an error for main's exit status.
+func TestHelp(t *testing.T) {
+	var stderr bytes.Buffer
+	err := run([]string{"-h"}, io.Discard, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("run(-h) = %v, want flag.ErrHelp (main exits 0 on it)", err)
+	}
+	for _, want := range []string{"Examples:", "verbsperf -provider shm -test write_bw -a", "t_typical (the", "-provider"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("-h output lacks %q:\n%s", want, stderr.String())
+		}
 	}
 }
