@@ -87,6 +87,14 @@ type Client struct {
 // "host:port") and opens a session. Transport credentials are required, as
 // grpc.NewClient requires them: WithTransportCredentials(creds), or
 // WithTransportCredentials(insecure.NewCredentials()) for plaintext.
+//
+// Dial returns once the session is open, or fails when ctx ends or the
+// connection cannot be made. An address that refuses connections fails at
+// once (Unavailable); one that silently drops them (a firewall, a host that
+// is down) waits for gRPC's connect timeout, 20 s, unless ctx ends first:
+// give ctx a deadline to bound it, or change gRPC's MinConnectTimeout with
+// WithGRPCDialOptions(grpc.WithConnectParams(...)). (WithConnectTimeout
+// bounds connecting each data plane once the session is being opened.)
 func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, error) {
 	o := buildDialOptions(opts)
 	if o.envErr != nil {
@@ -325,7 +333,9 @@ func rangeOf(b []byte) memRange {
 }
 
 // NewTensor allocates a tensor from the Client's pool, waiting while the
-// pool is full until ctx ends. Sending it costs no copy.
+// pool is full until ctx ends. Sending it costs no copy. Its memory is not
+// zeroed: pool memory is reused, so it may hold the bytes of an earlier
+// tensor; write all of it (or clear(t.Bytes())) before use.
 func (c *Client) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []int64) (*Tensor, error) {
 	return newTensor(ctx, c.pool, dtype, shape)
 }

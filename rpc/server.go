@@ -202,6 +202,8 @@ func Inline() HandlerOption { return func(r *registered) { r.inline = true } }
 
 // NewTensor allocates a tensor from the Server's pool, waiting while the
 // pool is full until ctx ends. Publishing or returning it costs no copy.
+// Its memory is not zeroed: pool memory is reused, so it may hold the bytes
+// of an earlier tensor; write all of it (or clear(t.Bytes())) before use.
 func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []int64) (*Tensor, error) {
 	return newTensor(ctx, s.pool, dtype, shape)
 }

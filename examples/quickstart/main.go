@@ -27,6 +27,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -79,7 +81,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if serveOnly {
-		err = serve(listen, dataAddr, os.Stdout, ctx.Done())
+		err = serve(listen, dataAddr, os.Stdout, ctx.Done(), announceServing)
 	} else {
 		_, err = run(ctx, cfg, os.Stdout)
 	}
@@ -110,6 +112,16 @@ func splitList(s string) []string {
 	return out
 }
 
+// announceServing tells the person who started -serve where clients go.
+func announceServing(w io.Writer, a net.Addr) {
+	host, port, _ := net.SplitHostPort(a.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "THIS-HOST" // listening on every interface
+	}
+	fmt.Fprintf(w, "quickstart: serving on %s until interrupted (Ctrl-C); on a client host run\n  go run ./examples/quickstart -addr %s\n",
+		a, net.JoinHostPort(host, port))
+}
+
 // serveChild is the re-executed server: it serves on loopback until the
 // parent closes its stdin.
 func serveChild() int {
@@ -118,7 +130,7 @@ func serveChild() int {
 		childproc.WaitForStop()
 		close(stopped)
 	}()
-	if err := serve("127.0.0.1:0", "", os.Stdout, stopped); err != nil {
+	if err := serve("127.0.0.1:0", "", os.Stdout, stopped, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart server:", err)
 		return 1
 	}

@@ -29,7 +29,7 @@ type checkRequest struct {
 // Clients Send tensors into the server's rendezvous and Fetch them back
 // from it; the "check" method then takes the tensor out of the rendezvous
 // and verifies that the server received exactly what the client sent.
-func serve(addr, dataAddr string, out io.Writer, stop <-chan struct{}) error {
+func serve(addr, dataAddr string, out io.Writer, stop <-chan struct{}, announce func(io.Writer, net.Addr)) error {
 	var opts []rpc.ServerOption
 	if dataAddr != "" {
 		opts = append(opts, rpc.WithDataAddress(dataAddr))
@@ -60,7 +60,11 @@ func serve(addr, dataAddr string, out io.Writer, stop <-chan struct{}) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	fmt.Fprintln(out, lis.Addr().String())
+	if announce != nil {
+		announce(out, lis.Addr())
+	} else {
+		fmt.Fprintln(out, lis.Addr().String()) // the parent reads it (childproc)
+	}
 	select {
 	case <-stop:
 	case err = <-served:
