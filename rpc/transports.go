@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -94,6 +95,10 @@ func rejectionFix(transport, reason string) string {
 // openDomains opens every enabled verbs transport (its provider's
 // protection domain, the pools registered). It returns them and, for
 // each that did not open, the reason.
+// unavailableLogged holds the data planes, with their reasons, that this
+// process has logged as unavailable.
+var unavailableLogged sync.Map
+
 func openDomains(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[string]*engine.Domain, map[string]string) {
 	domains := map[string]*engine.Domain{}
 	missing := map[string]string{}
@@ -115,7 +120,11 @@ func openDomains(o *options, pool, ctl *mempool.Pool, log *slog.Logger) (map[str
 		d, err := engine.OpenDomain(p, pool, ctl)
 		if err != nil {
 			missing[name] = err.Error()
-			log.Info("tensorrpc: data plane unavailable", "transport", name, "reason", err)
+			// Once per process and reason: a program with a Server and a
+			// Client (or several) would say the same thing for each.
+			if _, said := unavailableLogged.LoadOrStore(name+"\x00"+err.Error(), true); !said {
+				log.Info("tensorrpc: data plane unavailable", "transport", name, "reason", err)
+			}
 			continue
 		}
 		domains[name] = d

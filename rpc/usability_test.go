@@ -1,7 +1,13 @@
 package rpc_test
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 )
 
 // The messages a new user meets (issue 27's rough edges): in tensorrpc's
@@ -49,4 +57,45 @@ func TestDialWithoutCredentialsNamesRPC(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, "rpc.WithTransportCredentials(insecure.NewCredentials())") || strings.Contains(msg, "grpc.WithTransportCredentials") {
 		t.Errorf("Dial without credentials: %v", err)
 	}
+}
+
+// failingProvider is tcp whose device cannot open, with a reason of its own.
+type failingProvider struct {
+	verbs.Provider
+	reason string
+}
+
+func (p failingProvider) Open(string) (verbs.ProtectionDomain, error) { return nil, errors.New(p.reason) }
+
+// TestUnavailablePlaneLoggedOnce: a process with a Server and a Client (or
+// several) logs a data plane it cannot open once, not once for each.
+func TestUnavailablePlaneLoggedOnce(t *testing.T) {
+	var logged bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	reason := fmt.Sprintf("test device %d is missing", time.Now().UnixNano())
+	opt := rpc.WithProvider(failingProvider{tcp.New(), reason})
+	for range 2 {
+		s, err := rpc.NewServer(testPool(), opt, rpc.WithLogger(log), rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logged.String(), reason); n != 1 {
+		t.Errorf("the unavailable plane was logged %d times, want once:\n%s", n, logged.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (w lockedWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(b)
 }
