@@ -167,3 +167,18 @@ func (p *Pinner) Close() {
 		pinsMu.Unlock()
 	}
 }
+
+// Pinned reports whether arena a is registered with r through this
+// Pinner.
+func (p *Pinner) Pinned(r HostRegistrar, a *mempool.Arena) bool {
+	p.mu.Lock()
+	pin := p.held[r]
+	p.mu.Unlock()
+	if pin == nil {
+		return false
+	}
+	pin.mu.Lock()
+	defer pin.mu.Unlock()
+	_, ok := pin.arenas[a]
+	return ok
+}

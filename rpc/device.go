@@ -86,9 +86,9 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 		}
 		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), s.transport, err)}
 	}
-	buf, err := gpudirect.StageOut(ctx, c.pool, t.Buffer, t.Offset, n)
+	buf, err := c.stage.stageOut(ctx, &c.stats, t, n)
 	if err != nil {
-		return d, status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+		return d, err
 	}
 	c.stats.copied(n)
 	staged, err := newPoolTensor(t.DType, t.Shape, buf)
@@ -137,6 +137,28 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 		}
 		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: status.Convert(err).Message() + "; using host staging"}
 	}
+	if ab, ok := c.stage.async(dst); ok {
+		if e, ok := s.calls.(framePlane); ok {
+			var dtype zerocopy.DType
+			var shape []int64
+			err := c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+				var err error
+				dtype, shape, err = c.fetchPipelined(ctx, e, key, ab, offset)
+				if err == nil {
+					n, _ := zerocopy.ByteSize(dtype, shape)
+					info.setResponse(int64(n))
+				}
+				return err
+			})
+			if err != nil {
+				return 0, nil, d, err
+			}
+			n, _ := zerocopy.ByteSize(dtype, shape)
+			c.stats.copied(int(n))
+			c.stats.staged.Add(1)
+			return dtype, shape, d, nil
+		}
+	}
 	t, err := c.Fetch(ctx, key)
 	if err != nil {
 		return 0, nil, d, err
@@ -145,8 +167,8 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 	if offset < 0 || offset+len(t.Bytes()) > dst.Len() {
 		return 0, nil, d, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", len(t.Bytes()), offset, dst.Device(), dst.Len())
 	}
-	if err := gpudirect.StageIn(dst, offset, t.Bytes()); err != nil {
-		return 0, nil, d, status.Error(codes.Internal, err.Error())
+	if err := c.stage.stageIn(ctx, &c.stats, dst, offset, t.Bytes(), t.buf); err != nil {
+		return 0, nil, d, err
 	}
 	c.stats.copied(len(t.Bytes()))
 	c.stats.staged.Add(1)
@@ -223,9 +245,9 @@ func (s *Server) PublishDevice(ctx context.Context, key string, t DeviceTensor) 
 	if err != nil {
 		return err
 	}
-	buf, err := gpudirect.StageOut(ctx, s.pool, t.Buffer, t.Offset, n)
+	buf, err := s.stage.stageOut(ctx, &s.total, t, n)
 	if err != nil {
-		return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+		return err
 	}
 	pt, err := newPoolTensor(t.DType, t.Shape, buf)
 	if err != nil {
