@@ -94,8 +94,13 @@
 //
 // CUDA arenas use the device's primary context, the one the CUDA runtime
 // (and so PyTorch) uses; each call makes it current and restores the
-// calling thread's previous context. Staging copies go through
-// cuMemcpyHtoD/DtoH from mempool's mlock'ed memory, which CUDA treats as
-// pageable (it is not cuMemHostRegister'ed), so the driver stages once more
-// internally. libcuda is never unloaded.
+// calling thread's previous context. StageOut and StageIn copy
+// synchronously (a DeviceBuffer's CopyToHost/CopyFromHost); memory that is
+// not registered with the driver it treats as pageable and stages once
+// more internally. For an AsyncBuffer, a Pinner registers a pool's arenas
+// with the device's HostRegistrar through the pool's hooks, and
+// StageOutAsync, StageInAsync, StageOutPipelined and StageInPipelined copy
+// asynchronously on a stream of the transfer's own, the pipelined ones a
+// chunk at a time through a ring of pool slots (DefaultStageChunk,
+// DefaultStageSlots). libcuda is never unloaded.
 package gpudirect

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -15,13 +16,21 @@ import (
 // copies so that tests can check how many a path made. It is safe for
 // concurrent use.
 type HostAllocator struct {
-	mu     sync.Mutex
-	live   int
-	closed bool
+	mu      sync.Mutex
+	live    int
+	closed  bool
+	streams map[*hostStream]struct{}
+
+	// delay and bandwidth slow the copies of streams (HostCopyDelay,
+	// HostCopyBandwidth).
+	delay     time.Duration
+	bandwidth float64
+	registrar hostRegistrar
 
 	allocs                       atomic.Int64
 	copiesToHost, copiesFromHost atomic.Int64
 	bytesToHost, bytesFromHost   atomic.Int64
+	streamCopies                 atomic.Int64
 }
 
 // HostStats counts a HostAllocator's buffers and copies.
@@ -34,11 +43,48 @@ type HostStats struct {
 	// CopiesFromHost and BytesFromHost count CopyFromHost.
 	CopiesToHost, CopiesFromHost int64
 	BytesToHost, BytesFromHost   int64
+	// StreamCopies counts the copies run on streams (any direction; they
+	// are in the counters above too, CopyDevice excepted), Streams the
+	// streams open now.
+	StreamCopies int64
+	Streams      int
+	// Registered is the number of host ranges registered with the
+	// allocator's HostRegistrar now; Registrations and Unregistrations
+	// count the successful calls.
+	Registered                     int
+	Registrations, Unregistrations int64
+}
+
+// HostOption configures a HostAllocator.
+type HostOption func(*HostAllocator)
+
+// HostCopyDelay makes each copy on a stream wait d before it moves its
+// bytes, so that a test which reads host memory before waiting for the
+// copy's event sees the old bytes.
+func HostCopyDelay(d time.Duration) HostOption {
+	return func(a *HostAllocator) { a.delay = d }
+}
+
+// HostCopyBandwidth makes copies on streams take n/bytesPerSecond (after
+// any HostCopyDelay), as a device's DMA engine would, so that benchmarks
+// can show copies overlapping transfers. 0 (the default) copies at memory
+// speed.
+func HostCopyBandwidth(bytesPerSecond float64) HostOption {
+	return func(a *HostAllocator) { a.bandwidth = bytesPerSecond }
 }
 
 // NewHostAllocator returns an allocator of host memory posing as device
-// memory.
-func NewHostAllocator() *HostAllocator { return &HostAllocator{} }
+// memory. Its buffers are AsyncBuffers: their streams copy on a worker
+// goroutine of their own, and their HostRegistrar records registrations
+// as a driver would (HostStats counts them).
+func NewHostAllocator(opts ...HostOption) *HostAllocator {
+	a := &HostAllocator{streams: make(map[*hostStream]struct{})}
+	a.registrar.alloc = a
+	for _, o := range opts {
+		o(a)
+	}
+	return a
+}
 
 // Name returns "host-fake".
 func (a *HostAllocator) Name() string { return "host-fake" }
@@ -59,12 +105,23 @@ func (a *HostAllocator) Alloc(n int) (DeviceBuffer, error) {
 }
 
 // Close fails with ErrOutstanding while buffers are live; after a successful
-// Close, Alloc returns ErrClosed.
+// Close, Alloc returns ErrClosed. Streams still open are closed (their
+// copies run first, and their workers end) and make Close fail with
+// ErrOutstanding too.
 func (a *HostAllocator) Close() error {
 	a.mu.Lock()
+	open := make([]*hostStream, 0, len(a.streams))
+	for st := range a.streams {
+		open = append(open, st)
+	}
+	a.mu.Unlock()
+	for _, st := range open {
+		st.Close()
+	}
+	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.live > 0 {
-		return fmt.Errorf("%w: %d host-fake buffers", ErrOutstanding, a.live)
+	if a.live > 0 || len(open) > 0 {
+		return fmt.Errorf("%w: %d host-fake buffers, %d streams", ErrOutstanding, a.live, len(open))
 	}
 	a.closed = true
 	return nil
@@ -73,12 +130,17 @@ func (a *HostAllocator) Close() error {
 // Stats returns the allocator's counters.
 func (a *HostAllocator) Stats() HostStats {
 	a.mu.Lock()
-	live := a.live
+	live, streams := a.live, len(a.streams)
 	a.mu.Unlock()
+	a.registrar.mu.Lock()
+	registered := len(a.registrar.ranges)
+	a.registrar.mu.Unlock()
 	return HostStats{
 		Live: live, Allocs: a.allocs.Load(),
 		CopiesToHost: a.copiesToHost.Load(), CopiesFromHost: a.copiesFromHost.Load(),
 		BytesToHost: a.bytesToHost.Load(), BytesFromHost: a.bytesFromHost.Load(),
+		StreamCopies: a.streamCopies.Load(), Streams: streams,
+		Registered: registered, Registrations: a.registrar.registrations.Load(), Unregistrations: a.registrar.unregistrations.Load(),
 	}
 }
 

@@ -56,6 +56,7 @@ type Client struct {
 	planFor func(gpudirect.DeviceBuffer) gpudirect.Decision
 
 	stopTrim func() // ends the pool's trimmer
+	stage    *stager
 
 	// closing ends when Close begins, which ends a session attempt under
 	// way.
@@ -150,6 +151,7 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 		}
 		c.pool, c.ownPool = p, true
 	}
+	c.stage = newStager(c.pool, &o)
 	c.stopTrim = func() {}
 	if c.ownPool {
 		c.stopTrim = trimmer(c.pool, o.trimInterval, c.log)
@@ -263,7 +265,11 @@ func (c *Client) setStateLocked(st connectivity.State) {
 func (c *Client) Pool() *mempool.Pool { return c.pool }
 
 // Stats returns the Client's counters over all its sessions.
-func (c *Client) Stats() Stats { return c.stats.snapshot(c.Transport()) }
+func (c *Client) Stats() Stats {
+	st := c.stats.snapshot(c.Transport())
+	st.PinnedArenas = c.stage.arenas()
+	return st
+}
 
 // Register registers t's memory, memory the caller owns (a WrapTensor
 // over its own bytes), with the Client's data planes until Deregister, so
@@ -649,6 +655,7 @@ func (c *Client) teardown() error {
 	}
 	c.ctl.Close()
 	var err error
+	c.stage.close()
 	c.stopTrim()
 	if c.ownPool {
 		err = c.pool.Close()

@@ -59,8 +59,11 @@ func (c *Client) plan(s *clientSession, buf gpudirect.DeviceBuffer) gpudirect.De
 // SendDevice puts a device tensor into the server's rendezvous under key,
 // like Send. Where the hardware allows (ibv with GPUDirect RDMA or p2pmem,
 // see gpudirect.Plan) the NIC reads the device memory directly; otherwise
-// the bytes are staged through a pinned pool buffer (one device-to-host
-// copy). The returned Decision says which path was taken and why.
+// the bytes are staged through a pool buffer (one device-to-host copy):
+// for a gpudirect.AsyncBuffer an asynchronous copy on a stream of its own
+// into pool memory registered with the device (pinned), then a Send; the
+// copy does not yet overlap the transfer. The returned Decision says
+// which path was taken and why.
 func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gpudirect.Decision, error) {
 	n, err := deviceBytes(t)
 	if err != nil {
@@ -86,9 +89,9 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 		}
 		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), s.transport, err)}
 	}
-	buf, err := gpudirect.StageOut(ctx, c.pool, t.Buffer, t.Offset, n)
+	buf, err := c.stage.stageOut(ctx, &c.stats, t, n)
 	if err != nil {
-		return d, status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+		return d, err
 	}
 	c.stats.copied(n)
 	staged, err := newPoolTensor(t.DType, t.Shape, buf)
@@ -105,9 +108,17 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 
 // FetchToDevice fetches the tensor published under key, like Fetch, into
 // dst at offset, and returns its dtype and shape. The NIC writes device
-// memory directly where the hardware allows; otherwise the tensor is
-// fetched into the pool and copied to the device (one host-to-device
-// copy). The returned Decision says which path was taken and why.
+// memory directly where the hardware allows; otherwise it is staged (one
+// host-to-device copy). For a gpudirect.AsyncBuffer on a data plane the
+// staging is pipelined: the tensor is read in chunks (WithStagingChunk,
+// 8 MiB by default) into a ring of pinned pool slots, each copied to the
+// device asynchronously while the next is read, so the transfer takes
+// about the time of the slower of the two. On the gRPC fallback the whole
+// tensor is fetched, then copied with one asynchronous copy; a plain
+// DeviceBuffer is fetched, then copied synchronously. If ctx ends midway,
+// FetchToDevice returns ctx's error once its copies have completed; dst
+// then holds some of the bytes. The returned Decision says which path was
+// taken and why.
 func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, error) {
 	s, err := c.start(ctx)
 	if err != nil {
@@ -137,6 +148,28 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 		}
 		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: status.Convert(err).Message() + "; using host staging"}
 	}
+	if ab, ok := c.stage.async(dst); ok {
+		if e, ok := s.calls.(framePlane); ok {
+			var dtype zerocopy.DType
+			var shape []int64
+			err := c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+				var err error
+				dtype, shape, err = c.fetchPipelined(ctx, e, key, ab, offset)
+				if err == nil {
+					n, _ := zerocopy.ByteSize(dtype, shape)
+					info.setResponse(int64(n))
+				}
+				return err
+			})
+			if err != nil {
+				return 0, nil, d, err
+			}
+			n, _ := zerocopy.ByteSize(dtype, shape)
+			c.stats.copied(int(n))
+			c.stats.staged.Add(1)
+			return dtype, shape, d, nil
+		}
+	}
 	t, err := c.Fetch(ctx, key)
 	if err != nil {
 		return 0, nil, d, err
@@ -145,8 +178,8 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 	if offset < 0 || offset+len(t.Bytes()) > dst.Len() {
 		return 0, nil, d, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", len(t.Bytes()), offset, dst.Device(), dst.Len())
 	}
-	if err := gpudirect.StageIn(dst, offset, t.Bytes()); err != nil {
-		return 0, nil, d, status.Error(codes.Internal, err.Error())
+	if err := c.stage.stageIn(ctx, &c.stats, dst, offset, t.Bytes(), t.buf); err != nil {
+		return 0, nil, d, err
 	}
 	c.stats.copied(len(t.Bytes()))
 	c.stats.staged.Add(1)
@@ -216,16 +249,17 @@ func (c *Client) registerDevice(s *clientSession, buf gpudirect.DeviceBuffer, of
 }
 
 // PublishDevice publishes a device tensor under key by staging it into the
-// Server's pool (one device-to-host copy); the device buffer may be reused
-// once it returns.
+// Server's pool (one device-to-host copy, asynchronous into pinned memory
+// for a gpudirect.AsyncBuffer); the device buffer may be reused once it
+// returns.
 func (s *Server) PublishDevice(ctx context.Context, key string, t DeviceTensor) error {
 	n, err := deviceBytes(t)
 	if err != nil {
 		return err
 	}
-	buf, err := gpudirect.StageOut(ctx, s.pool, t.Buffer, t.Offset, n)
+	buf, err := s.stage.stageOut(ctx, &s.total, t, n)
 	if err != nil {
-		return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", t.Buffer.Device(), err)
+		return err
 	}
 	pt, err := newPoolTensor(t.DType, t.Shape, buf)
 	if err != nil {

@@ -71,6 +71,7 @@ type options struct {
 	lanes          int           // 0: DefaultLanes for each data plane
 	pollSpin       time.Duration // how long a caller polls or watches for its answer (EnvPollSpin)
 	noHealth       bool          // WithoutHealth
+	stageChunk     int           // 0: gpudirect.DefaultStageChunk
 	envErr         error         // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
 	// frameServe, set by the package's tests, wraps the frame handler of
@@ -180,6 +181,17 @@ const MaxLanes = 16
 // number. n is clamped to 1..MaxLanes; 0 restores the default.
 func WithLanes(n int) Option {
 	return sharedOption(func(o *options) { o.lanes = min(max(n, 0), MaxLanes) })
+}
+
+// WithStagingChunk sets the size of the chunks in which a staged device
+// tensor moves (SendDevice, FetchToDevice, PublishDevice of an
+// asynchronous device buffer, gpudirect.AsyncBuffer): the device copy of
+// one chunk overlaps the data-plane transfer of another, through a ring of
+// gpudirect.DefaultStageSlots chunks of pool memory. 0 restores the
+// default, gpudirect.DefaultStageChunk (8 MiB); sizes are rounded up to
+// 4 KiB.
+func WithStagingChunk(n int) Option {
+	return sharedOption(func(o *options) { o.stageChunk = (max(n, 0) + 4095) &^ 4095 })
 }
 
 // DefaultLanes is the number of lanes a session opens on the named data

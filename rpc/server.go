@@ -81,6 +81,7 @@ type Server struct {
 
 	stopTrim func()         // ends the pool's trimmer
 	health   *healthService // nil with WithoutHealth
+	stage    *stager
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
@@ -100,6 +101,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if err := s.openPool(); err != nil {
 		return nil, err
 	}
+	s.stage = newStager(s.pool, &o)
 	s.stopTrim = func() {}
 	if s.ownPool {
 		s.stopTrim = trimmer(s.pool, o.trimInterval, s.log)
@@ -305,7 +307,9 @@ func (s *Server) Stats() Stats {
 	for _, ss := range s.sessions {
 		all.merge(&ss.stats)
 	}
-	return all.snapshot("")
+	st := all.snapshot("")
+	st.PinnedArenas = s.stage.arenas()
+	return st
 }
 
 // SessionInfo describes a live session.
@@ -410,6 +414,7 @@ func (s *Server) Close() error {
 	if s.ctl != nil {
 		s.ctl.Close()
 	}
+	s.stage.close()
 	s.stopTrim()
 	if s.ownPool {
 		s.ownPool = false

@@ -25,6 +25,18 @@ type Stats struct {
 	// (SendDevice, FetchToDevice) moved directly by the NIC and through
 	// host memory.
 	DirectTransfers, StagedTransfers int64
+	// PinnedStagedBytes counts the bytes of staged device tensors copied
+	// asynchronously (a gpudirect.AsyncBuffer's stream) to or from pool
+	// memory registered with the device's driver (pinned: DMA);
+	// PageableStagedBytes those copied otherwise: synchronously (a plain
+	// DeviceBuffer) or from an arena the driver refused to register,
+	// which it copies through a bounce buffer.
+	PinnedStagedBytes, PageableStagedBytes int64
+	// PinnedArenas is the number of pool arenas registered now with the
+	// drivers of devices staged for (once per arena and device, from the
+	// first staged transfer of that device until the arena goes or the
+	// Client or Server closes): a gauge, not a count of a session's.
+	PinnedArenas int
 	// RefusedSessions, RefusedLanes, RefusedStreams and RefusedTransfers
 	// count what a Server refused over its budgets (WithAdmission):
 	// sessions, lanes a session asked for and did not get, fallback
@@ -38,6 +50,7 @@ type counters struct {
 	transfers, dataPlaneBytes, inlineBytes, streamBytes atomic.Int64
 	copies, copiedBytes, leases, errors                 atomic.Int64
 	direct, staged                                      atomic.Int64
+	pinnedStaged, pageableStaged                        atomic.Int64
 	refusedSessions, refusedLanes                       atomic.Int64
 	refusedStreams, refusedTransfers                    atomic.Int64
 }
@@ -55,6 +68,8 @@ func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
 	f(&c.errors, &st.Errors)
 	f(&c.direct, &st.DirectTransfers)
 	f(&c.staged, &st.StagedTransfers)
+	f(&c.pinnedStaged, &st.PinnedStagedBytes)
+	f(&c.pageableStaged, &st.PageableStagedBytes)
 	f(&c.refusedSessions, &st.RefusedSessions)
 	f(&c.refusedLanes, &st.RefusedLanes)
 	f(&c.refusedStreams, &st.RefusedStreams)
