@@ -65,7 +65,9 @@ type failingProvider struct {
 	reason string
 }
 
-func (p failingProvider) Open(string) (verbs.ProtectionDomain, error) { return nil, errors.New(p.reason) }
+func (p failingProvider) Open(string) (verbs.ProtectionDomain, error) {
+	return nil, errors.New(p.reason)
+}
 
 // TestUnavailablePlaneLoggedOnce: a process with a Server and a Client (or
 // several) logs a data plane it cannot open once, not once for each.
