@@ -5,9 +5,11 @@
 //     ./shim/capi builds libtensorrpc.so and libtensorrpc.h.
 //   - python/tensorrpc: the Python package, a ctypes binding of the C ABI
 //     that takes and returns NumPy arrays and PyTorch tensors without
-//     copies (DLPack, __array_interface__).
+//     copies (DLPack, __array_interface__), and CUDA tensors (DLPack
+//     kDLCUDA; staged through host memory by the library).
 //   - examples/ddp_train.py: PyTorch processes, launched by torchrun, training data-parallel
-//     with gradients exchanged through tensorrpc.
+//     with gradients exchanged through tensorrpc (on the CPU, or on GPUs
+//     with --device cuda).
 //   - examples/kvcache.py: a paged KV cache between a prefill and a decode
 //     process, its blocks fetched by rows into the decode side's arrays
 //     and written back with send_rows.

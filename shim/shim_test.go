@@ -68,6 +68,28 @@ func build(t *testing.T) {
 	}
 }
 
+// buildCUDAEmulator compiles the CUDA driver emulator of package gpudirect
+// (gpudirect/testdata/fakecuda) into buildDir and returns its path, for
+// TENSORRPC_CUDA_LIBRARY: test_cuda.py moves CUDA tensors over its memory.
+func buildCUDAEmulator(t *testing.T) string {
+	t.Helper()
+	lib := filepath.Join(buildDir, "fakecuda", "libcuda.so.1")
+	if _, err := os.Stat(lib); err == nil {
+		return lib
+	}
+	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := filepath.Abs(filepath.Join("..", "gpudirect", "testdata", "fakecuda", "fakecuda.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, time.Minute, nil, "gcc", "-shared", "-fPIC", "-O2", "-o", lib, src, "-lpthread"); err != nil {
+		t.Fatalf("building the CUDA driver emulator: %v\n%s", err, out)
+	}
+	return lib
+}
+
 type buildError struct {
 	args []string
 	out  []byte
@@ -142,6 +164,7 @@ func TestPython(t *testing.T) {
 		"PYTHONPATH=" + pkg,
 		"TENSORRPC_LIB=" + filepath.Join(buildDir, "libtensorrpc.so"),
 		"TENSORRPC_GOPEER=" + filepath.Join(buildDir, "gopeer"),
+		"TENSORRPC_CUDA_LIBRARY=" + buildCUDAEmulator(t),
 		"PYTHONDONTWRITEBYTECODE=1",
 	}
 	out, err := run(t, 5*time.Minute, env, python, "-m", "unittest", "discover", "-s", filepath.Join(pkg, "tests"), "-v")

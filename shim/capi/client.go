@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"context"
 	"errors"
 	"unsafe"
 
@@ -15,11 +16,20 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // clientEntry is a Client the C side opened.
 type clientEntry struct {
 	c *rpc.Client
+}
+
+// stager allocates staging tensors for device tensors (ABI version 5) in
+// the client's pool.
+func (c *clientEntry) stager(ctx context.Context) newTensorFunc {
+	return func(dtype zerocopy.DType, shape []int64) (*rpc.Tensor, error) {
+		return c.c.NewTensor(ctx, dtype, shape)
+	}
 }
 
 func getClient(h C.trpc_client) (*clientEntry, error) {
@@ -156,7 +166,11 @@ func trpc_client_send(h C.trpc_client, key *C.char, dl *C.DLTensor, timeoutMs C.
 	if key == nil {
 		return report(errOut, errorf(codes.InvalidArgument, "NULL key"))
 	}
-	t, done, err := input(dl)
+	if dl != nil && dl.device.device_type == dlCUDA {
+		// ABI version 5: a CUDA tensor ready on the legacy default stream.
+		return report(errOut, sendDevice(c, key, dl, timeoutMs))
+	}
+	t, done, err := input(dl, nil)
 	if err != nil {
 		return report(errOut, err)
 	}
@@ -188,7 +202,9 @@ func trpc_client_call(h C.trpc_client, method *C.char, metadata *C.uint8_t, meta
 	if metadataLen < 0 || (metadataLen > 0 && metadata == nil) {
 		return report(errOut, errorf(codes.InvalidArgument, "bad metadata (%d bytes)", int64(metadataLen)))
 	}
-	ts, done, err := inputs(tensors, n)
+	ctx, cancel := callContext(timeoutMs)
+	defer cancel()
+	ts, done, err := inputs(tensors, n, c.stager(ctx))
 	if err != nil {
 		return report(errOut, err)
 	}
@@ -197,8 +213,6 @@ func trpc_client_call(h C.trpc_client, method *C.char, metadata *C.uint8_t, meta
 	if metadataLen > 0 {
 		req.Metadata = C.GoBytes(unsafe.Pointer(metadata), C.int(metadataLen))
 	}
-	ctx, cancel := callContext(timeoutMs)
-	defer cancel()
 	reply, err := c.c.Call(ctx, C.GoString(method), req)
 	if err != nil {
 		return report(errOut, err)

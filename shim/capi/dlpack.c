@@ -178,3 +178,12 @@ char *trpc_error_details(void) {
   error_details = NULL;
   return d;
 }
+
+// trpc_managed_set_device places m's tensor on a device: data is a device
+// address (a number to the CPU), which Go does not turn into a pointer.
+void trpc_managed_set_device(DLManagedTensor *m, int32_t device_type,
+                             int32_t device_id, uint64_t data) {
+  m->dl_tensor.device.device_type = device_type;
+  m->dl_tensor.device.device_id = device_id;
+  m->dl_tensor.data = (void *)(uintptr_t)data;
+}

@@ -126,9 +126,32 @@ func trpc_reply_add_tensor(h C.trpc_reply, dl *C.DLTensor, errOut **C.char) C.in
 	if err != nil {
 		return report(errOut, err)
 	}
-	zt, err := fromDL(dl)
+	var t *rpc.Tensor
+	if dl != nil && dl.device.device_type == dlCUDA {
+		// ABI version 5: staged into the server's pool now.
+		t, err = stageDevice(dl, r.server.stager(r.ctx))
+	} else {
+		t, err = r.replyTensor(dl)
+	}
 	if err != nil {
 		return report(errOut, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		t.Release()
+		return report(errOut, errorf(codes.FailedPrecondition, "the handler has returned"))
+	}
+	r.tensors = append(r.tensors, t)
+	return 0
+}
+
+// replyTensor is the caller's CPU tensor dl as a tensor of the server's
+// pool: the tensor itself when the server handed it out, else a copy.
+func (r *replyEntry) replyTensor(dl *C.DLTensor) (*rpc.Tensor, error) {
+	zt, err := fromDL(dl)
+	if err != nil {
+		return nil, err
 	}
 	var t *rpc.Tensor
 	if oh, o, ok := lookup(zt); ok {
@@ -143,17 +166,7 @@ func trpc_reply_add_tensor(h C.trpc_reply, dl *C.DLTensor, errOut **C.char) C.in
 			copy(t.Bytes(), zt.Bytes())
 		}
 	}
-	if err != nil {
-		return report(errOut, err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done {
-		t.Release()
-		return report(errOut, errorf(codes.FailedPrecondition, "the handler has returned"))
-	}
-	r.tensors = append(r.tensors, t)
-	return 0
+	return t, err
 }
 
 // trpc_reply_set_error sets the message the client sees when the handler

@@ -55,10 +55,24 @@ var (
 // DLManagedTensors. Each DLManagedTensor owns one reference; the last one
 // released releases the tensor's memory.
 type ownedTensor struct {
-	t      *rpc.Tensor
-	refs   int          // guarded by tensors.mu
-	addr   uintptr      // address of the first byte; 0 for an empty tensor
-	server *serverEntry // whose pool t lives in, when a server's; else nil
+	t      *rpc.Tensor   // a tensor in host memory; nil for a device tensor
+	dev    *deviceTensor // a tensor in device memory (trpc_client_fetch_device); nil for a host tensor
+	refs   int           // guarded by tensors.mu
+	addr   uintptr       // address of the first byte; 0 for an empty or device tensor
+	server *serverEntry  // whose pool t lives in, when a server's; else nil
+}
+
+// deviceTensor is a tensor in device memory the library allocated.
+type deviceTensor struct {
+	dtype zerocopy.DType
+	shape []int64
+	mem   *deviceAlloc
+}
+
+// deviceKey names device memory by device and address.
+type deviceKey struct {
+	ordinal int
+	ptr     uint64
 }
 
 // tensors is the table of owned tensors, also indexed by address so that a
@@ -69,7 +83,8 @@ var tensors = struct {
 	next     uint64
 	byHandle map[uint64]*ownedTensor
 	byAddr   map[uintptr]uint64
-}{byHandle: map[uint64]*ownedTensor{}, byAddr: map[uintptr]uint64{}}
+	byDevice map[deviceKey]uint64
+}{byHandle: map[uint64]*ownedTensor{}, byAddr: map[uintptr]uint64{}, byDevice: map[deviceKey]uint64{}}
 
 // adopt takes over t (its reference becomes the table's) and returns its
 // handle with one reference, for the first DLManagedTensor.
@@ -118,8 +133,50 @@ func unref(h uint64) {
 	if o.addr != 0 && tensors.byAddr[o.addr] == h {
 		delete(tensors.byAddr, o.addr)
 	}
+	if o.dev != nil {
+		k := deviceKey{o.dev.mem.ordinal, o.dev.mem.ptr}
+		if tensors.byDevice[k] == h {
+			delete(tensors.byDevice, k)
+		}
+		tensors.mu.Unlock()
+		o.dev.mem.free()
+		return
+	}
 	tensors.mu.Unlock()
 	o.t.Release()
+}
+
+// adoptDevice takes over a device tensor and returns its handle with one
+// reference, for the first DLManagedTensor.
+func adoptDevice(d *deviceTensor) uint64 {
+	o := &ownedTensor{dev: d, refs: 1}
+	tensors.mu.Lock()
+	defer tensors.mu.Unlock()
+	tensors.next++
+	h := tensors.next
+	tensors.byHandle[h] = o
+	if d.mem.n > 0 {
+		tensors.byDevice[deviceKey{d.mem.ordinal, d.mem.ptr}] = h
+	}
+	return h
+}
+
+// lookupDevice finds the device tensor the library handed out whose
+// memory starts at ptr on the device ordinal and holds at least n bytes,
+// and adds a reference to it.
+func lookupDevice(ordinal int, ptr uint64, n int) (uint64, *ownedTensor, bool) {
+	tensors.mu.Lock()
+	defer tensors.mu.Unlock()
+	h, ok := tensors.byDevice[deviceKey{ordinal, ptr}]
+	if !ok {
+		return 0, nil, false
+	}
+	o := tensors.byHandle[h]
+	if o.dev.mem.n < n {
+		return 0, nil, false
+	}
+	o.refs++
+	return h, o, true
 }
 
 // lookup finds the owned tensor that occupies exactly the bytes of want,
@@ -135,7 +192,7 @@ func lookup(want zerocopy.Tensor) (uint64, *ownedTensor, bool) {
 		return 0, nil, false
 	}
 	o := tensors.byHandle[h]
-	if len(o.t.Bytes()) != len(want.Bytes()) || o.t.DType() != want.DType() || !slices.Equal(o.t.Shape(), want.Shape()) {
+	if o.t == nil || len(o.t.Bytes()) != len(want.Bytes()) || o.t.DType() != want.DType() || !slices.Equal(o.t.Shape(), want.Shape()) {
 		return 0, nil, false
 	}
 	o.refs++

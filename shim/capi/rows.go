@@ -75,7 +75,7 @@ func trpc_client_fetch_into(h C.trpc_client, key *C.char, dst *C.DLTensor, rows 
 	if err != nil {
 		return report(errOut, err)
 	}
-	t, done, err := input(dst)
+	t, done, err := input(dst, nil)
 	if err != nil {
 		return report(errOut, err)
 	}
@@ -148,7 +148,7 @@ func trpc_client_send_rows(h C.trpc_client, key *C.char, rows *C.trpc_row_index,
 	if err != nil {
 		return report(errOut, err)
 	}
-	t, done, err := input(src)
+	t, done, err := input(src, nil)
 	if err != nil {
 		return report(errOut, err)
 	}

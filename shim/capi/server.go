@@ -56,6 +56,14 @@ func (s *serverEntry) dup(t *rpc.Tensor) (*rpc.Tensor, error) {
 	return s.srv.Take(context.Background(), key)
 }
 
+// stager allocates staging tensors for device tensors in the server's
+// pool.
+func (s *serverEntry) stager(ctx context.Context) newTensorFunc {
+	return func(dtype zerocopy.DType, shape []int64) (*rpc.Tensor, error) {
+		return s.srv.NewTensor(ctx, dtype, shape)
+	}
+}
+
 func getServer(h C.trpc_server) (*serverEntry, error) {
 	s, ok := servers.get(uint64(h))
 	if !ok {
@@ -172,7 +180,7 @@ func trpc_server_publish_flags(h C.trpc_server, key *C.char, dl *C.DLTensor, fla
 	if flags&publishWritable != 0 {
 		opts = append(opts, rpc.Writable())
 	}
-	t, done, err := input(dl)
+	t, done, err := input(dl, s.stager(context.Background()))
 	if err != nil {
 		return report(errOut, err)
 	}

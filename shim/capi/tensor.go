@@ -24,12 +24,56 @@ import (
 // details (trpc_reply_set_error_details, trpc_error_details). Version 4
 // added rows and fetches into the caller's memory (trpc_client_fetch_into,
 // trpc_client_fetch_rows, trpc_client_send_rows, trpc_server_publish_flags).
+// Version 5 added CUDA tensors (device.go, cuda.go).
 const ABIVersion = C.TRPC_ABI_VERSION
 
-const dlCPU = 1 // DLPack's kDLCPU
+// DLPack device types (DLDeviceType).
+const (
+	dlCPU  = 1 // kDLCPU
+	dlCUDA = 2 // kDLCUDA
+)
 
 // addrOf is the address of b's first byte.
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// layoutOf checks the layout of the caller's tensor dl (rank, shape,
+// dtype, C-contiguous strides) on any device and returns its dtype, shape
+// and size in bytes.
+func layoutOf(dl *C.DLTensor) (zerocopy.DType, []int64, int64, error) {
+	ndim := int(dl.ndim)
+	if ndim < 0 || ndim > zerocopy.MaxRank {
+		return 0, nil, 0, errorf(codes.InvalidArgument, "tensor has %d dimensions; 0 to %d are allowed", ndim, zerocopy.MaxRank)
+	}
+	if ndim > 0 && dl.shape == nil {
+		return 0, nil, 0, errorf(codes.InvalidArgument, "tensor has %d dimensions and a NULL shape", ndim)
+	}
+	shape := make([]int64, ndim)
+	if ndim > 0 {
+		copy(shape, unsafe.Slice((*int64)(unsafe.Pointer(dl.shape)), ndim))
+	}
+	dtype, err := zerocopy.DTypeFromDLPack(uint8(dl.dtype.code), uint8(dl.dtype.bits), uint16(dl.dtype.lanes))
+	if err != nil {
+		return 0, nil, 0, errorf(codes.InvalidArgument, "unsupported dtype: %v", err)
+	}
+	n, err := zerocopy.ByteSize(dtype, shape)
+	if err != nil {
+		return 0, nil, 0, errorf(codes.InvalidArgument, "%v", err)
+	}
+	if dl.strides != nil && n > 0 {
+		strides := unsafe.Slice((*int64)(unsafe.Pointer(dl.strides)), ndim)
+		want := int64(1)
+		for i := ndim - 1; i >= 0; i-- {
+			if shape[i] != 1 && strides[i] != want {
+				return 0, nil, 0, errorf(codes.InvalidArgument, "tensor %s%v with strides %v is not C-contiguous", dtype, shape, strides)
+			}
+			want *= shape[i]
+		}
+	}
+	if n > 0 && dl.data == nil {
+		return 0, nil, 0, errorf(codes.InvalidArgument, "tensor %s%v has NULL data", dtype, shape)
+	}
+	return dtype, shape, n, nil
+}
 
 // fromDL describes the caller's tensor dl as a zerocopy.Tensor over the
 // caller's memory. The result must not be used after the call that passed
@@ -39,42 +83,14 @@ func fromDL(dl *C.DLTensor) (zerocopy.Tensor, error) {
 		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "NULL tensor")
 	}
 	if dl.device.device_type != dlCPU {
-		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor is on DLPack device type %d; only CPU memory (1) can be sent", int(dl.device.device_type))
+		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor is on DLPack device type %d; only CPU memory (1) can be used here", int(dl.device.device_type))
 	}
-	ndim := int(dl.ndim)
-	if ndim < 0 || ndim > zerocopy.MaxRank {
-		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor has %d dimensions; 0 to %d are allowed", ndim, zerocopy.MaxRank)
-	}
-	if ndim > 0 && dl.shape == nil {
-		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor has %d dimensions and a NULL shape", ndim)
-	}
-	shape := make([]int64, ndim)
-	if ndim > 0 {
-		copy(shape, unsafe.Slice((*int64)(unsafe.Pointer(dl.shape)), ndim))
-	}
-	dtype, err := zerocopy.DTypeFromDLPack(uint8(dl.dtype.code), uint8(dl.dtype.bits), uint16(dl.dtype.lanes))
+	dtype, shape, n, err := layoutOf(dl)
 	if err != nil {
-		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "unsupported dtype: %v", err)
-	}
-	n, err := zerocopy.ByteSize(dtype, shape)
-	if err != nil {
-		return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "%v", err)
-	}
-	if dl.strides != nil && n > 0 {
-		strides := unsafe.Slice((*int64)(unsafe.Pointer(dl.strides)), ndim)
-		want := int64(1)
-		for i := ndim - 1; i >= 0; i-- {
-			if shape[i] != 1 && strides[i] != want {
-				return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor %s%v with strides %v is not C-contiguous", dtype, shape, strides)
-			}
-			want *= shape[i]
-		}
+		return zerocopy.Tensor{}, err
 	}
 	var data []byte
 	if n > 0 {
-		if dl.data == nil {
-			return zerocopy.Tensor{}, errorf(codes.InvalidArgument, "tensor %s%v has NULL data", dtype, shape)
-		}
 		data = unsafe.Slice((*byte)(unsafe.Add(dl.data, uintptr(dl.byte_offset))), n)
 	}
 	zt, err := zerocopy.New(dtype, shape, data)
@@ -84,11 +100,24 @@ func fromDL(dl *C.DLTensor) (zerocopy.Tensor, error) {
 	return zt, nil
 }
 
+// newTensorFunc allocates a tensor in a pool (a client's or a server's),
+// for staging a device tensor.
+type newTensorFunc func(dtype zerocopy.DType, shape []int64) (*rpc.Tensor, error)
+
 // input makes an rpc.Tensor for the caller's tensor dl. When dl is exactly
 // a tensor the shim handed out, it returns that tensor, so that sending or
 // publishing it needs no copy from caller memory; otherwise a wrapped
-// tensor over the caller's memory. done drops what input holds.
-func input(dl *C.DLTensor) (t *rpc.Tensor, done func(), err error) {
+// tensor over the caller's memory. A CUDA tensor (kDLCUDA) is staged: its
+// bytes are copied into a tensor from stage, or refused when stage is nil.
+// done drops what input holds.
+func input(dl *C.DLTensor, stage newTensorFunc) (t *rpc.Tensor, done func(), err error) {
+	if dl != nil && dl.device.device_type == dlCUDA && stage != nil {
+		t, err := stageDevice(dl, stage)
+		if err != nil {
+			return nil, nil, err
+		}
+		return t, t.Release, nil
+	}
 	zt, err := fromDL(dl)
 	if err != nil {
 		return nil, nil, err
@@ -100,7 +129,7 @@ func input(dl *C.DLTensor) (t *rpc.Tensor, done func(), err error) {
 }
 
 // inputs is input for an array of n DLTensors.
-func inputs(dls *C.DLTensor, n C.int64_t) ([]*rpc.Tensor, func(), error) {
+func inputs(dls *C.DLTensor, n C.int64_t, stage newTensorFunc) ([]*rpc.Tensor, func(), error) {
 	if n < 0 || (n > 0 && dls == nil) {
 		return nil, nil, errorf(codes.InvalidArgument, "bad tensor array (%d tensors)", int64(n))
 	}
@@ -113,7 +142,7 @@ func inputs(dls *C.DLTensor, n C.int64_t) ([]*rpc.Tensor, func(), error) {
 	}
 	all := unsafe.Slice(dls, int(n))
 	for i := range all {
-		t, d, err := input(&all[i])
+		t, d, err := input(&all[i], stage)
 		if err != nil {
 			done()
 			return nil, nil, errorf(codes.InvalidArgument, "tensor %d: %v", i, statusMessage(err))
@@ -208,12 +237,21 @@ func trpc_dlpack_share(m *C.DLManagedTensor) *C.DLManagedTensor {
 	if !ok {
 		return nil
 	}
-	out, err := managed(h, o.t.Tensor)
+	out, err := o.managed(h)
 	if err != nil {
 		unref(h)
 		return nil
 	}
 	return out
+}
+
+// managed is a new DLManagedTensor describing o that owns one reference
+// of handle h.
+func (o *ownedTensor) managed(h uint64) (*C.DLManagedTensor, error) {
+	if o.dev != nil {
+		return managedDevice(h, o.dev)
+	}
+	return managed(h, o.t.Tensor)
 }
 
 // trpc_dlpack_flags is the DLPack 1.0 flags of m's memory:
@@ -231,7 +269,7 @@ func trpc_dlpack_flags(m *C.DLManagedTensor) C.uint64_t {
 }
 
 func dlpackFlags(t *rpc.Tensor) C.uint64_t {
-	if t.Leased() {
+	if t != nil && t.Leased() {
 		return C.DLPACK_FLAG_BITMASK_READ_ONLY
 	}
 	return 0
@@ -250,9 +288,12 @@ func trpc_dlpack_share_versioned(m *C.DLManagedTensor, copyData C.int) *C.DLMana
 	}
 	if copyData != 0 {
 		defer unref(h)
+		if o.dev != nil {
+			return nil // a copy would be device memory: not made here
+		}
 		return C.trpc_versioned_copy(&m.dl_tensor, C.size_t(len(o.t.Bytes())))
 	}
-	inner, err := managed(h, o.t.Tensor)
+	inner, err := o.managed(h)
 	if err != nil {
 		unref(h)
 		return nil

@@ -32,15 +32,20 @@ extern "C" {
  * trpc_client_fetch_into, trpc_client_fetch_rows, trpc_client_send_rows,
  * trpc_server_publish_flags (TRPC_PUBLISH_WRITABLE) and trpc_row_index;
  * and trpc_client_send of caller memory no longer copies it into the pool
- * where the data plane reads it in place (tcp). */
-#define TRPC_ABI_VERSION 4
+ * where the data plane reads it in place (tcp). Version 5 added CUDA
+ * tensors (DLPack kDLCUDA): trpc_client_send_device,
+ * trpc_client_fetch_device, trpc_cuda_device_count, trpc_device_stats
+ * (trpc_device_mem_stats), TRPC_STREAM_LEGACY; and trpc_client_send,
+ * trpc_client_call, trpc_server_publish(_flags) and trpc_reply_add_tensor
+ * accept kDLCUDA tensors (staged through host memory). */
+#define TRPC_ABI_VERSION 5
 
 /* The DLPack types (dlpack.h; DLTensor has the same layout in v0.x and
  * v1.x). A program that includes dlpack.h before this file uses dlpack.h's
  * definitions. */
 #if !defined(DLPACK_VERSION) && !defined(DLPACK_MAJOR_VERSION)
 typedef struct {
-  int32_t device_type; /* 1 = kDLCPU, the only device tensorrpc accepts */
+  int32_t device_type; /* 1 = kDLCPU; 2 = kDLCUDA (ABI version 5) where a function says so */
   int32_t device_id;
 } DLDevice;
 
@@ -180,6 +185,47 @@ typedef struct {
  * INVALID_ARGUMENT and nothing moves. */
 typedef const int64_t trpc_row_index;
 
+/* CUDA tensors (ABI version 5). The CUDA driver is loaded on the first
+ * call that needs it, from $TENSORRPC_CUDA_LIBRARY when set, else
+ * libcuda.so.1; without one such calls fail with FAILED_PRECONDITION (9)
+ * and a message starting "tensorrpc: no CUDA driver". A kDLCUDA tensor on
+ * a device the driver does not have fails with INVALID_ARGUMENT. Device
+ * tensors are staged through host memory today (a device-to-host copy into
+ * a pool buffer when sent, a host-to-device copy when fetched).
+ *
+ * trpc_client_send_device(cli, key, dl, stream, timeout_ms, &err) sends a
+ *     tensor on any device (kDLCPU: as trpc_client_send). stream is the
+ *     CUstream on which the tensor was made ready; the library's copies are
+ *     ordered after the legacy default stream, so 0 and TRPC_STREAM_LEGACY
+ *     (1; DLPack consumers pass it as __dlpack__(stream=1)) are accepted,
+ *     other streams fail with UNIMPLEMENTED for now (synchronise them, or
+ *     make the legacy stream wait for them, and pass 1). Read until it
+ *     returns.
+ * trpc_client_send, trpc_client_call (request tensors),
+ *     trpc_server_publish(_flags) and trpc_reply_add_tensor take kDLCUDA
+ *     tensors ready on the legacy default stream; they are copied into the
+ *     pool during the call. trpc_client_fetch_into and
+ *     trpc_client_send_rows take CPU tensors only.
+ * trpc_client_fetch_device(cli, key, device, flags, timeout_ms, &mt, &err)
+ *     fetches onto device ({2, ordinal}; {1, 0} is trpc_client_fetch): *mt
+ *     is a kDLCUDA tensor in device memory the library owns (an arena per
+ *     device, or an allocation of its own above 16 MiB), complete when the
+ *     call returns (no stream to wait on), freed by its deleter. flags:
+ *     TRPC_FETCH_WAIT. trpc_dlpack_share and trpc_dlpack_share_versioned
+ *     (copy = 0) share it; a copy (copy != 0) is not made (NULL).
+ * trpc_cuda_device_count(&n, &err) loads the driver and counts its devices.
+ * trpc_device_stats(device, &stats, &err): the library's device memory on
+ *     device: tensors fetched onto it and not deleted, and their arenas. */
+#define TRPC_STREAM_LEGACY 1     /* CU_STREAM_LEGACY */
+#define TRPC_STREAM_PER_THREAD 2 /* CU_STREAM_PER_THREAD (not supported yet) */
+
+typedef struct {
+  int64_t buffers;     /* device tensors of the library alive (not of 0 bytes) */
+  int64_t bytes;       /* their bytes */
+  int64_t arenas;      /* device allocations they are carved from */
+  int64_t arena_bytes; /* the arenas' bytes */
+} trpc_device_mem_stats;
+
 /* The control connection of trpc_client_dial is plaintext gRPC (insecure
  * credentials, passed explicitly: rpc.Dial requires credentials): the shim
  * has no TLS. Use it on trusted networks, or tunnel it. */
@@ -222,6 +268,8 @@ const char *trpc_dltensor_versioned_name(void);
 DLManagedTensorVersioned *trpc_versioned_wrap(DLManagedTensor *inner, uint64_t flags);
 DLManagedTensorVersioned *trpc_versioned_copy(const DLTensor *src, size_t nbytes);
 void trpc_set_error_details(char *details);
+void trpc_managed_set_device(DLManagedTensor *m, int32_t device_type,
+                             int32_t device_id, uint64_t data);
 char *trpc_error_details(void);
 
 #ifdef __cplusplus

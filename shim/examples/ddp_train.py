@@ -41,6 +41,14 @@ No tensor is copied by Python: ranks write their gradient straight into a
 pool tensor (Client.empty) that is sent without a copy, rank 0 averages into
 a pool tensor (Server.empty) that is published without a copy, and received
 tensors are views of pool memory.
+
+With --device cuda every rank trains on GPU LOCAL_RANK (modulo the GPUs it
+sees): ranks send their CUDA gradients as they are, rank 0 averages on its
+GPU and publishes the CUDA tensor, and ranks fetch the average straight
+onto their GPU (fetch(..., device=...)); the library stages each through
+host memory (see shim/README.md, "CUDA tensors"). The check against a
+single-process run (on the same GPU type) then allows for GPU reductions
+that sum in another order.
 """
 
 import argparse
@@ -59,17 +67,17 @@ LR = 0.1
 ADDRESS_KEY = "tensorrpc/server_address"
 
 
-def model():
+def model(device):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(),
-                               torch.nn.Linear(HIDDEN, OUT)).double()
+                               torch.nn.Linear(HIDDEN, OUT)).double().to(device)
 
 
-def data():
+def data(device):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, IN, generator=g, dtype=torch.float64)
     w = torch.randn(IN, OUT, generator=g, dtype=torch.float64)
-    return x, torch.sin(x @ w)
+    return x.to(device), torch.sin(x @ w).to(device)
 
 
 def gradient(net, x, y, out=None):
@@ -91,8 +99,8 @@ def flat(net):
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
 
 
-def shard(rank, world):
-    x, y = data()
+def shard(rank, world, device):
+    x, y = data(device)
     n = BATCH // world
     return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
 
@@ -106,9 +114,10 @@ def store_from_env():
     return store, rank, world
 
 
-def rank0(store, world, steps, transport):
-    net = model()
-    x, y = shard(0, world)
+def rank0(store, world, steps, transport, device):
+    net = model(device)
+    x, y = shard(0, world, device)
+    cuda = device.type == "cuda"
     n = sum(p.numel() for p in net.parameters())
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     if host == "localhost":
@@ -116,14 +125,16 @@ def rank0(store, world, steps, transport):
     with tensorrpc.Server("%s:0" % host, transports=[transport], output="torch") as srv:
         store.set(ADDRESS_KEY, srv.address)
         for step in range(steps):
-            avg = srv.empty(n, torch.float64)
+            # On the CPU a pool tensor (published without a copy), on a GPU
+            # a CUDA tensor (published staged).
+            avg = torch.empty(n, dtype=torch.float64, device=device) if cuda else srv.empty(n, torch.float64)
             gradient(net, x, y, out=avg)
             for r in range(1, world):
                 g = srv.take("grad/%d/%d" % (step, r), wait=True, timeout=60)  # a view of rank r's gradient in our pool
-                avg.add_(g)
+                avg.add_(g.to(device))
                 del g
             avg.mul_(1.0 / world)
-            srv.publish("avg/%d" % step, avg)  # a pool tensor: no copy
+            srv.publish("avg/%d" % step, avg)
             # Every rank sent grad/<step> after fetching avg/<step-1>.
             srv.unpublish("avg/%d" % (step - 1))
             apply(net, avg)
@@ -131,7 +142,7 @@ def rank0(store, world, steps, transport):
         same = True
         for r in range(1, world):
             theirs = srv.take("params/%d" % r, wait=True, timeout=60)
-            same = same and torch.equal(theirs, flat(net))
+            same = same and torch.equal(theirs, flat(net).cpu())
             del theirs
         srv.unpublish("avg/%d" % (steps - 1))
         # Close only once every rank has closed its client: a server that
@@ -140,30 +151,36 @@ def rank0(store, world, steps, transport):
         store.wait(["tensorrpc/done/%d" % r for r in range(1, world)])
         left = srv.close()
 
-    ref = model()
-    xs, ys = data()
+    ref = model(device)
+    xs, ys = data(device)
     for _ in range(steps):
         apply(ref, gradient(ref, xs, ys))
     diff = (flat(net) - flat(ref)).abs().max().item()
-    ok = same and torch.allclose(flat(net), flat(ref), rtol=1e-12, atol=1e-14)
-    print("ddp_train: %d ranks, %d steps over %s, %d parameters: ranks agree: %s; max |ddp - single| = %.3g; %s"
-          % (world, steps, transport, n, same, diff, "OK" if ok else "MISMATCH"), flush=True)
+    rtol, atol = (1e-10, 1e-12) if cuda else (1e-12, 1e-14)
+    ok = same and torch.allclose(flat(net), flat(ref), rtol=rtol, atol=atol)
+    print("ddp_train: %d ranks, %d steps over %s on %s, %d parameters: ranks agree: %s; max |ddp - single| = %.3g; %s"
+          % (world, steps, transport, device.type, n, same, diff, "OK" if ok else "MISMATCH"), flush=True)
     if left:
         print("ddp_train: %d pool buffers still live" % left)
     return 0 if ok and not left else 1
 
 
-def rank_r(store, rank, world, steps, transport):
-    net = model()
-    x, y = shard(rank, world)
+def rank_r(store, rank, world, steps, transport, device):
+    net = model(device)
+    x, y = shard(rank, world, device)
+    cuda = device.type == "cuda"
     n = sum(p.numel() for p in net.parameters())
     address = store.get(ADDRESS_KEY).decode()  # waits until rank 0 has set it
     with tensorrpc.Client(address, transports=[transport], output="torch") as c:
         for step in range(steps):
-            g = c.empty(n, torch.float64)  # pool memory: sending it costs no copy
+            # On the CPU pool memory (sending it costs no copy), on a GPU a
+            # CUDA tensor (sent staged).
+            g = torch.empty(n, dtype=torch.float64, device=device) if cuda else c.empty(n, torch.float64)
             gradient(net, x, y, out=g)
             c.send("grad/%d/%d" % (step, rank), g, timeout=60)
-            avg = c.fetch("avg/%d" % step, wait=True, timeout=60)  # rank 0 publishes it once it has every gradient
+            # Rank 0 publishes it once it has every gradient; with a GPU it
+            # lands in device memory.
+            avg = c.fetch("avg/%d" % step, wait=True, timeout=60, device=device if cuda else None)
             apply(net, avg)
             del g, avg
         c.send("params/%d" % rank, flat(net), timeout=60)
@@ -188,20 +205,29 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--transport", default="shm", choices=["shm", "tcp", "grpc"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where ranks train: cuda uses GPU LOCAL_RANK (modulo the GPUs visible)")
     ap.add_argument("--nproc", type=int, default=2,
                     help="processes to start on this host when run without torchrun (default 2)")
     args = ap.parse_args()
     if "RANK" not in os.environ:
         # Not under torchrun: be our own launcher, as `torchrun --standalone` would be.
         cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_workarounds(), "--standalone",
-               "--nproc_per_node", str(args.nproc), os.path.abspath(__file__), "--steps", str(args.steps), "--transport", args.transport]
+               "--nproc_per_node", str(args.nproc), os.path.abspath(__file__), "--steps", str(args.steps), "--transport", args.transport,
+               "--device", args.device]
         return subprocess.call(cmd)
     store, rank, world = store_from_env()
     if BATCH % world:
         raise SystemExit("ddp_train: WORLD_SIZE %d does not divide the batch of %d" % (world, BATCH))
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("ddp_train: --device cuda, but this PyTorch sees no CUDA device")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     if rank == 0:
-        return rank0(store, world, args.steps, args.transport)
-    return rank_r(store, rank, world, args.steps, args.transport)
+        return rank0(store, world, args.steps, args.transport, device)
+    return rank_r(store, rank, world, args.steps, args.transport, device)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ without them, bytes and buffers go in and tensorrpc.Tensor objects come out
 """
 
 from ._version import __version__
-from ._core import Client, HandlerFn, HandlerResult, Server, live_tensors
+from ._core import Client, HandlerFn, HandlerResult, Server, cuda_device_count, device_memory_stats, live_tensors
 from ._lib import library_path
 from ._tensors import DTYPES, Tensor
 from .errors import (CODES, DeadlineExceededError, Error, FailedPreconditionError, InvalidArgumentError,
@@ -29,5 +29,5 @@ from .errors import (CODES, DeadlineExceededError, Error, FailedPreconditionErro
 __all__ = [
     "__version__", "HandlerFn", "HandlerResult", "Server", "Client", "Tensor", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "PermissionDeniedError", "ResourceExhaustedError", "FailedPreconditionError", "UnimplementedError", "UnavailableError",
-    "CODES", "DTYPES", "live_tensors", "library_path",
+    "CODES", "DTYPES", "live_tensors", "library_path", "cuda_device_count", "device_memory_stats",
 ]

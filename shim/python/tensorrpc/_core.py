@@ -103,6 +103,42 @@ def _stats(fn: Any, h: int) -> Dict[str, int]:
     return {name: getattr(s, name) for name, _ in s._fields_}
 
 
+def _parse_device(device: Any) -> Tuple[int, int]:
+    """device ("cpu", "cuda", "cuda:N", a torch.device, or an int N for
+    cuda:N) as a DLPack (device_type, device_id)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return (_lib.KDLCUDA, device)
+    text = str(device)
+    if text == "cpu":
+        return (_lib.KDLCPU, 0)
+    if text == "cuda":
+        return (_lib.KDLCUDA, 0)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return (_lib.KDLCUDA, int(text[5:]))
+    raise InvalidArgumentError("device must be 'cpu', 'cuda' or 'cuda:N', not %r" % (device,))
+
+
+def cuda_device_count() -> int:
+    """Loads the CUDA driver the library uses for CUDA tensors (from
+    $TENSORRPC_CUDA_LIBRARY, else libcuda.so.1) and returns how many devices
+    it lists. Without a driver: FailedPreconditionError ("no CUDA driver
+    ...")."""
+    n, err = ctypes.c_int32(), ctypes.c_void_p()
+    _check(lib.trpc_cuda_device_count(ctypes.byref(n), ctypes.byref(err)), err)
+    return n.value
+
+
+def device_memory_stats(device: Any = "cuda:0") -> Dict[str, int]:
+    """The library's memory on a CUDA device: tensors fetched onto it and
+    still alive ("buffers", "bytes") and the device allocations they are
+    carved from ("arenas", "arena_bytes"; one empty arena per device is kept
+    for the next fetch)."""
+    dev_type, dev_id = _parse_device(device)
+    s, err = _lib.DeviceMemStats(), ctypes.c_void_p()
+    _check(lib.trpc_device_stats(_lib.DLDevice(dev_type, dev_id), ctypes.byref(s), ctypes.byref(err)), err)
+    return {name: getattr(s, name) for name, _ in s._fields_}
+
+
 def live_tensors() -> int:
     """How many tensors the library has handed out (in this process) that
     are still alive."""
@@ -331,7 +367,8 @@ class Client:
         return h
 
     def fetch(self, key: str, *, out: Any = None, rows: Optional[Sequence[int]] = None, lease: bool = False,
-              wait: bool = False, timeout: Optional[float] = None, output: Optional[str] = None) -> Any:
+              wait: bool = False, timeout: Optional[float] = None, output: Optional[str] = None,
+              device: Any = None) -> Any:
         """The tensor the server published under key (or a client sent
         there), taking up to timeout seconds (None: no limit). It is a
         zero-copy view of the client's pool memory, valid until collected.
@@ -359,9 +396,35 @@ class Client:
         out any more (a read under way is waited for). After a timeout or
         a cancellation the client still keeps out alive until close(), a
         belt-and-braces reference that costs nothing.
-        lease cannot be combined with out."""
+        lease cannot be combined with out.
+
+        device ("cuda", "cuda:N", a torch.device; None or "cpu": host
+        memory) fetches the tensor onto that CUDA device: the result is
+        device memory the library allocated for it (freed when the result
+        is collected), its bytes complete on the device when fetch returns.
+        output="torch" gives a torch CUDA tensor (torch.from_dlpack; it
+        needs a CUDA build of PyTorch), "tensor" a tensorrpc.Tensor whose
+        __dlpack_device__() is (2, N); NumPy arrays cannot hold device
+        memory, so a client whose output is "numpy" returns torch tensors
+        here unless output says otherwise. out, rows and lease do not
+        combine with device. Today the tensor is staged: fetched into host
+        memory and copied onto the device."""
         flags = (_lib.FETCH_LEASE if lease else 0) | (_lib.FETCH_WAIT if wait else 0)
         err = ctypes.c_void_p()
+        dev = _parse_device(device) if device is not None else (_lib.KDLCPU, 0)
+        if dev[0] != _lib.KDLCPU:
+            if out is not None or rows is not None or lease:
+                raise InvalidArgumentError("fetch: device=%r does not combine with out, rows or lease" % (device,))
+            if output is None:
+                output = "torch" if self._output == "numpy" else self._output
+            if output == "numpy":
+                raise InvalidArgumentError("fetch: NumPy arrays cannot hold CUDA memory; "
+                                           "use output='torch' or 'tensor' with device=%r" % (device,))
+            output = need_output(output)
+            got = ctypes.c_void_p()
+            _check(lib.trpc_client_fetch_device(self._handle(), _key(key), _lib.DLDevice(*dev), flags,
+                                                _timeout_ms(timeout), ctypes.byref(got), ctypes.byref(err)), err)
+            return adopt(got.value, output)
         if out is not None:
             if lease:
                 raise InvalidArgumentError("fetch: lease and out exclude each other (a lease is the server's memory)")
@@ -396,9 +459,17 @@ class Client:
         the server's rendezvous under key. Its memory is read during the
         call only: on tcp in place (no copy: stats()["copies"] stays put);
         on shm and grpc it is copied into the pool once first, unless it
-        came from empty() or fetch()."""
+        came from empty() or fetch(). A CUDA tensor (torch, CuPy, JAX: any
+        DLPack producer whose __dlpack_device__() is (2, N)) is asked for
+        with __dlpack__(stream=1) and staged through a pool buffer (one
+        device-to-host copy)."""
         d = describe(tensor)
         err = ctypes.c_void_p()
+        if d.dl.device.device_type == _lib.KDLCUDA:
+            # Made ready on the legacy default stream by describe (DLPack).
+            _check(lib.trpc_client_send_device(self._handle(), _key(key), ctypes.byref(d.dl), _lib.STREAM_LEGACY,
+                                               _timeout_ms(timeout), ctypes.byref(err)), err)
+            return
         _check(lib.trpc_client_send(self._handle(), _key(key), ctypes.byref(d.dl), _timeout_ms(timeout),
                                     ctypes.byref(err)), err)
 

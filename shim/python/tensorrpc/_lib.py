@@ -9,12 +9,20 @@ import ctypes
 import os
 from typing import Any, Optional
 
-ABI_VERSION = 4  # TRPC_ABI_VERSION of tensorrpc.h
+ABI_VERSION = 5  # TRPC_ABI_VERSION of tensorrpc.h
 
 # Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
 FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
 FETCH_TAKE = 1  # trpc_server_fetch: also unpublish the key
 FETCH_WAIT = 2  # both: wait until the key is published
+
+# DLPack device types (DLDeviceType).
+KDLCPU = 1
+KDLCUDA = 2
+
+# The stream argument of trpc_client_send_device: the legacy default stream
+# (CU_STREAM_LEGACY; DLPack's __dlpack__(stream=1) for CUDA).
+STREAM_LEGACY = 1
 
 # Flags of trpc_server_publish_flags (TRPC_PUBLISH_* in tensorrpc.h).
 PUBLISH_WRITABLE = 1  # clients may write rows of it (trpc_client_send_rows)
@@ -96,6 +104,11 @@ class Stats(ctypes.Structure):
         "copies", "copied_bytes", "leases", "errors")]
 
 
+class DeviceMemStats(ctypes.Structure):
+    """trpc_device_mem_stats (ABI version 5)."""
+    _fields_ = [(n, ctypes.c_int64) for n in ("buffers", "bytes", "arenas", "arena_bytes")]
+
+
 # trpc_handler_fn; the request tensors arrive as a DLManagedTensor** array.
 HANDLER = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p,
@@ -147,6 +160,10 @@ _PROTOTYPES = {
     "trpc_client_call": (_c.c_int, [
         _u64, _c.c_char_p, _c.c_char_p, _c.c_int64, _c.POINTER(DLTensor), _c.c_int64, _c.c_int64,
         _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _c.POINTER(_c.c_void_p), _c.POINTER(_c.c_int64), _err]),
+    "trpc_client_send_device": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _u64, _c.c_int64, _err]),
+    "trpc_client_fetch_device": (_c.c_int, [_u64, _c.c_char_p, DLDevice, _c.c_int, _c.c_int64, _mt_out, _err]),
+    "trpc_cuda_device_count": (_c.c_int, [_c.POINTER(_c.c_int32), _err]),
+    "trpc_device_stats": (_c.c_int, [DLDevice, _c.POINTER(DeviceMemStats), _err]),
     "trpc_client_empty": (_c.c_int, [_u64, DLDataType, _c.c_int32, _c.POINTER(_c.c_int64), _mt_out, _err]),
     "trpc_client_pool_stats": (_c.c_int, [_u64, _c.POINTER(PoolStats), _err]),
     "trpc_client_stats": (_c.c_int, [_u64, _c.POINTER(Stats), _err]),

@@ -135,11 +135,17 @@ def describe(x: Any, what: str = "tensor", writable: bool = False) -> _Described
         x._check()
         if writable and x.readonly:
             raise InvalidArgumentError("%s is a read-only lease; the library cannot write into it" % what)
-        return _Described(x.data_ptr, x.shape, x.dtype, x)
+        d = _Described(x.data_ptr, x.shape, x.dtype, x)
+        dev = x.__dlpack_device__()
+        if dev[0] != _lib.KDLCPU:
+            if writable:
+                raise InvalidArgumentError("%s is on %s; fetch(out=...) takes CPU memory only" % (what, x.device))
+            d.dl.device = _lib.DLDevice(*dev)
+        return d
     if _is_numpy(x):
         return _describe_numpy(x, what, writable)
     if _is_torch(x):
-        return _describe_torch(x, what)
+        return _describe_torch(x, what, writable)
     if hasattr(x, "__dlpack__"):
         return _describe_dlpack(x, what, writable)
     if isinstance(x, (bytes, bytearray, memoryview)) or _has_buffer(x):
@@ -164,10 +170,19 @@ def _describe_numpy(a: Any, what: str, writable: bool = False) -> _Described:
     return _Described(a.__array_interface__["data"][0], a.shape, a.dtype.name, a)
 
 
-def _describe_torch(t: Any, what: str) -> _Described:
+def _describe_torch(t: Any, what: str, writable: bool = False) -> _Described:
     torch = _torch()
+    if t.device.type == "cuda":
+        if not t.is_contiguous():
+            raise InvalidArgumentError("%s is not contiguous (shape %s, strides %s); call .contiguous()"
+                                       % (what, tuple(t.shape), t.stride()))
+        # DLPack: torch makes the tensor ready on the stream the consumer
+        # names (the legacy default stream, which the library's copies
+        # follow).
+        return _describe_dlpack(t, what, writable)
     if t.device.type != "cpu":
-        raise InvalidArgumentError("%s is on device %s; only CPU tensors can be sent (use .cpu())" % (what, t.device))
+        raise InvalidArgumentError("%s is on device %s; only CPU and CUDA tensors can be sent (use .cpu())"
+                                   % (what, t.device))
     if t.layout != torch.strided or t.is_quantized:
         raise InvalidArgumentError("%s has layout %s; only dense tensors can be sent" % (what, t.layout))
     name = str(t.dtype)[6:]
@@ -204,18 +219,47 @@ class _Consumed:
             _VOID_DELETER(d)(self.addr)
 
 
-def _dlpack_capsule(x: Any) -> Any:
+def _dlpack_capsule(x: Any, stream: Optional[int] = None) -> Any:
     """x.__dlpack__(), asking for DLPack 1.0 first: a producer that does
     not know max_version (DLPack < 1.0, e.g. NumPy 1.24, torch 1.13) raises
-    TypeError, and is asked again without."""
+    TypeError, and is asked again without. stream (CUDA tensors only) is
+    the consumer's stream, passed as the protocol says."""
+    kw = {} if stream is None else {"stream": stream}
     try:
-        return x.__dlpack__(max_version=_lib.DLPACK_VERSION)
+        return x.__dlpack__(max_version=_lib.DLPACK_VERSION, **kw)
     except TypeError:
-        return x.__dlpack__()
+        return x.__dlpack__(**kw)
+
+
+def _dlpack_device(x: Any, what: str) -> Tuple[int, int]:
+    """x.__dlpack_device__(), or the CPU for a producer without it."""
+    f = getattr(x, "__dlpack_device__", None)
+    if f is None:
+        return (_lib.KDLCPU, 0)
+    try:
+        dev_type, dev_id = f()
+        return int(dev_type), int(dev_id)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError("%s: __dlpack_device__() did not return (device_type, device_id): %s"
+                                   % (what, e)) from None
 
 
 def _describe_dlpack(x: Any, what: str, writable: bool = False) -> _Described:
-    cap = _dlpack_capsule(x)
+    dev_type, dev_id = _dlpack_device(x, what)
+    stream = None
+    if dev_type == _lib.KDLCUDA:
+        if writable:
+            raise InvalidArgumentError("%s is on cuda:%d; fetch(out=...) takes CPU memory only "
+                                       "(fetch(key, device='cuda:%d') returns a CUDA tensor)" % (what, dev_id, dev_id))
+        # The consumer's stream, per the DLPack protocol: the library's
+        # copies run after the legacy default stream (1), so the producer
+        # makes the tensor ready there (torch: an event the legacy stream
+        # waits for).
+        stream = _lib.STREAM_LEGACY
+    elif dev_type != _lib.KDLCPU:
+        raise InvalidArgumentError("%s is on DLPack device type %d; only CPU (1) and CUDA (2) tensors can be sent"
+                                   % (what, dev_type))
+    cap = _dlpack_capsule(x, stream)
     if type(cap).__name__ != "PyCapsule":
         raise InvalidArgumentError("%s: __dlpack__() returned %s, not a PyCapsule" % (what, type(cap).__name__))
     name = _lib.capsule_get_name(cap)
@@ -460,6 +504,21 @@ class Tensor:
         the server's memory."""
         return bool(lib.trpc_dlpack_flags(self._check()) & _lib.FLAG_READ_ONLY)
 
+    @property
+    def device(self) -> str:
+        """Where the memory is: "cpu", or "cuda:N" for a tensor fetched
+        onto a CUDA device (fetch(key, device="cuda:N"))."""
+        dev_type, dev_id = self.__dlpack_device__()
+        return "cpu" if dev_type == _lib.KDLCPU else "cuda:%d" % dev_id
+
+    def _host(self, what: str) -> None:
+        """Refuses, for what, a tensor in device memory (the CPU cannot
+        read it)."""
+        if self._dl().device.device_type != _lib.KDLCPU:
+            raise InvalidArgumentError("%s: the tensor is in %s memory, which the CPU cannot read; "
+                                       "use torch.from_dlpack(t) (or t.torch()) on a CUDA build of PyTorch, "
+                                       "or fetch it without device=" % (what, self.device))
+
     def _share(self, fix_bool: bool) -> Tuple[Any, bool]:
         """A new legacy capsule over the memory, holding its own reference.
         With fix_bool, a bool tensor is described as uint8, which NumPy 1.24
@@ -478,12 +537,18 @@ class Tensor:
         """A DLPack capsule over the memory, holding its own reference: a
         DLPack 1.0 "dltensor_versioned" capsule when the consumer passes
         max_version >= (1, 0) (read-only flag set for a lease), else a
-        legacy "dltensor" capsule. stream is ignored (CPU memory needs no
-        synchronisation); dl_device must be None or the CPU, (1, 0); copy=True
-        makes the capsule's tensor a copy (DLPack 1.0 only), copy=False or
-        None shares the memory."""
-        if dl_device is not None and tuple(dl_device) != (1, 0):
-            raise BufferError("tensorrpc tensors are in CPU memory; cannot export to device %r" % (dl_device,))
+        legacy "dltensor" capsule. stream is ignored: CPU memory needs no
+        synchronisation, and a CUDA tensor's bytes were complete on the
+        device when fetch returned (no work is pending on any stream).
+        dl_device must be None or the tensor's own device
+        (__dlpack_device__()); copy=True makes the capsule's tensor a copy
+        (DLPack 1.0 only; CPU tensors only), copy=False or None shares the
+        memory."""
+        own = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != own:
+            raise BufferError("this tensor is in %s memory; cannot export to device %r" % (self.device, dl_device))
+        if copy and own[0] != _lib.KDLCPU:
+            raise BufferError("copy=True of a tensor in %s memory is not supported" % self.device)
         if max_version is None or tuple(max_version)[0] < 1:
             if copy:
                 raise BufferError("copy=True needs a DLPack >= 1.0 consumer (max_version=(1, 0))")
@@ -494,7 +559,8 @@ class Tensor:
         return _lib.capsule(p, versioned=True)
 
     def __dlpack_device__(self) -> Tuple[int, int]:
-        return (1, 0)
+        dev = self._dl().device
+        return (int(dev.device_type), int(dev.device_id))
 
     def _meta(self) -> Tuple[str, Tuple[int, ...], int]:
         """The dtype's name, the shape and the data address, read from the
@@ -520,6 +586,7 @@ class Tensor:
         """numpy(); with give, the array takes over this object's reference
         (adopt: nobody else holds this object) instead of a new one."""
         np = _numpy()
+        self._host("numpy()")
         name, shape, data = self._meta()
         if name == "bfloat16":
             raise InvalidArgumentError("bfloat16 has no NumPy dtype; use output='torch' or Tensor.torch()")
@@ -553,7 +620,7 @@ class Tensor:
         if 0 in shape:
             # Nothing to share, and torch 1.13 never calls the deleter of an
             # empty DLPack tensor (it would leak the reference).
-            return torch.empty(shape, dtype=getattr(torch, name))
+            return torch.empty(shape, dtype=getattr(torch, name), device=self.device)
         if give:
             with _release_lock:
                 p, self._m = self._check(), None  # the capsule owns it now (and deletes it unless consumed)
@@ -570,6 +637,7 @@ class Tensor:
         """A flat unsigned-byte memoryview ("B", nbytes long) of the
         tensor's memory, without NumPy; read-only for a lease. It keeps the
         memory alive on its own."""
+        self._host("memoryview()")
         n = self.nbytes
         if n == 0:
             return memoryview(b"")
@@ -585,6 +653,7 @@ class Tensor:
 
     def tobytes(self) -> bytes:
         """A copy of the tensor's bytes."""
+        self._host("tobytes()")
         return ctypes.string_at(self.data_ptr, self.nbytes) if self.nbytes else b""
 
     def __bytes__(self) -> bytes:
@@ -612,7 +681,9 @@ class Tensor:
     def __repr__(self) -> str:
         if not self._m:
             return "tensorrpc.Tensor(released)"
-        return "tensorrpc.Tensor(dtype=%s, shape=%s%s)" % (self.dtype, self.shape, ", readonly" if self.readonly else "")
+        dev = self.device
+        return "tensorrpc.Tensor(dtype=%s, shape=%s%s%s)" % (
+            self.dtype, self.shape, "" if dev == "cpu" else ", device=%s" % dev, ", readonly" if self.readonly else "")
 
 
 def adopt(managed: Optional[int], output: str) -> Any:

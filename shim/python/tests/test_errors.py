@@ -168,7 +168,7 @@ class ErrorTest(unittest.TestCase):
 
         h = self.c._handle()
         cases = {
-            "gpu": dl(device=_lib.DLDevice(2, 0)),
+            "device": dl(device=_lib.DLDevice(4, 0)),  # kDLOpenCL (CUDA, 2, is taken: test_cuda)
             "lanes": dl(dtype=_lib.DLDataType(2, 32, 4)),
             "dtype code": dl(dtype=_lib.DLDataType(9, 32, 1)),
             "bits": dl(dtype=_lib.DLDataType(2, 24, 1)),

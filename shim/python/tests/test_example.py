@@ -37,6 +37,18 @@ class ExampleTest(unittest.TestCase):
                 self.check(p)
                 self.assertIn("%d ranks" % nproc, p.stdout)
 
+    def test_device_cuda_without_gpu(self):
+        """--device cuda where torch sees no GPU fails with a clear message
+        (with one, the device check runs it; see shim/README.md)."""
+        import torch
+        if torch.cuda.is_available():
+            return  # it trains then; the CPU test above covers the rest here
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        p = subprocess.run([sys.executable, EXAMPLE, "--steps", "2", "--device", "cuda", "--nproc", "1"],
+                           capture_output=True, text=True, timeout=180, env=env)
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("sees no CUDA device", p.stdout + p.stderr)
+
     def test_torchrun_two_hosts(self):
         if os.geteuid() != 0 or shutil.which("ip") is None:
             _need.missing(self, "root or iproute2 (ip netns), which two hosts need", "run as root; apt-get install iproute2")
