@@ -137,6 +137,7 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
+	o.withCallLog()
 	c := &Client{
 		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),
 		state: connectivity.Idle, stateCh: make(chan struct{}),

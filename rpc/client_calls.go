@@ -148,6 +148,7 @@ func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, 
 		return work(ctx, nil)
 	}
 	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
+	ctx = context.WithValue(ctx, callInfoKey{}, info)
 	return intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 
@@ -175,6 +176,7 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 		if err := verifySum(meta, inline); err != nil {
 			return nil, err
 		}
+		explain(ctx, MovedInline, 0, min(n, 1))
 		if fo.into != nil {
 			copy(fo.into.Bytes(), inline)
 			if n > 0 {
@@ -221,6 +223,7 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 			c.stats.transfers.Add(1)
 			c.stats.leases.Add(1)
 			c.stats.dataPlaneBytes.Add(int64(n))
+			explain(ctx, MovedLeased, 0, 0)
 			return &Tensor{Tensor: zt, lease: true, mapping: mapping, release: func() { c.releaseTransfer(s, transferID) }}, nil
 		}
 	}
@@ -233,6 +236,7 @@ func (c *Client) receive(ctx context.Context, s *clientSession, l *engine.Link, 
 		return nil, err
 	}
 	c.releaseTransfer(s, transferID)
+	explain(ctx, MovedPulled, max(len(loc.Lanes), 1), 0)
 	if err := verifySum(meta, buf.Bytes()); err != nil {
 		buf.Release()
 		return nil, err
@@ -318,6 +322,18 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 	release()
 	c.stats.transfers.Add(1)
 	c.stats.dataPlaneBytes.Add(int64(n))
+	copies := 0
+	if buf != nil && fo.into != nil {
+		copies = 1 // read into the pool, then into Into's tensor
+	}
+	switch {
+	case fo.rowsOfSource:
+		explain(ctx, MovedRows, len(s.lanes), copies)
+	case buf == nil:
+		explain(ctx, MovedInPlace, max(len(meta.Location.Lanes), 1), 0)
+	default:
+		explain(ctx, MovedPulled, max(len(meta.Location.Lanes), 1), copies)
+	}
 	if dst := fo.into; dst != nil {
 		if buf != nil {
 			copy(dst.Bytes(), buf.Bytes()[:n])
@@ -808,11 +824,21 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		return err
 	}
 	c.stats.transfers.Add(1)
-	if req.Meta.Location == nil {
+	switch {
+	case req.Meta.Location == nil:
 		c.stats.inlineBytes.Add(int64(n))
 		c.stats.copied(n) // into the frame
-	} else {
+		explain(ctx, MovedInline, 0, min(n, 1))
+	case inPlace:
 		c.stats.dataPlaneBytes.Add(int64(n))
+		explain(ctx, MovedInPlace, max(len(req.Meta.Location.Lanes), 1), 0)
+	default:
+		c.stats.dataPlaneBytes.Add(int64(n))
+		copies := 0
+		if out.t != nil && !c.ownPoolMemory(out.t) {
+			copies = 1 // into the pool, for the server to read
+		}
+		explain(ctx, MovedPulled, max(len(req.Meta.Location.Lanes), 1), copies)
 	}
 	return nil
 }

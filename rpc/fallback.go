@@ -283,14 +283,17 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 		ts[0].Release()
 		return nil, err
 	}
+	// The chunks were copied out of gRPC's buffers into the pool.
 	if fo.into != nil {
 		n := copy(fo.into.Bytes(), ts[0].Bytes())
 		ts[0].Release()
 		if n > 0 {
 			c.stats.copied(n)
 		}
+		explain(ctx, MovedStream, 0, 2)
 		return fo.into, nil
 	}
+	explain(ctx, MovedStream, 0, 1)
 	return ts[0], nil
 }
 
@@ -344,6 +347,11 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []i
 		return err
 	}
 	c.stats.transfers.Add(1)
+	copies := 0
+	if !c.ownPoolMemory(t) {
+		copies = 1 // into the pool, which the chunks point into
+	}
+	explain(ctx, MovedStream, 0, copies)
 	return nil
 }
 

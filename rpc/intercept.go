@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -83,6 +84,46 @@ type CallInfo struct {
 	// carried (a Send's or a Call's tensors) and the answer carried (a
 	// Fetch's tensor, a Call's reply tensors).
 	RequestBytes, ResponseBytes int64
+	// Moved says, on the client, how the tensor bytes of a Fetch or Send
+	// moved, once the call has made them move (MovedInline, MovedPulled,
+	// ...; "" where it was not recorded, as for Calls); Lanes how many
+	// lanes carried them (0: in the frame or on the gRPC stream) and
+	// Copies how many copies of them the client made.
+	Moved         string
+	Lanes, Copies int
+}
+
+// How a call's bytes moved (CallInfo.Moved).
+const (
+	// MovedInline: inside the request or answer frame (small tensors),
+	// copied between the frame and the tensor.
+	MovedInline = "inline"
+	// MovedPulled: read one-sided from memory the peer granted, into the
+	// client's pool (Fetch) or by the server from the client's (Send);
+	// Lanes > 1 when striped over several lanes.
+	MovedPulled = "pulled"
+	// MovedInPlace: as MovedPulled, but straight into or out of the
+	// caller's own memory (rpc.Into, caller memory sent), no pool buffer.
+	MovedInPlace = "in-place"
+	// MovedLeased: not moved: the client maps the server's memory (shm
+	// lease).
+	MovedLeased = "leased"
+	// MovedRows: rows of a published tensor, read by the client from the
+	// granted source in one batch.
+	MovedRows = "rows"
+	// MovedStream: in chunks on the gRPC fallback's stream.
+	MovedStream = "stream"
+)
+
+// callInfoKey carries a call's *CallInfo in its context, from intercept
+// down to where the bytes move; it is there only when something looks.
+type callInfoKey struct{}
+
+// explain records in ctx's CallInfo, if any, how the call's bytes moved.
+func explain(ctx context.Context, moved string, lanes, copies int) {
+	if info, _ := ctx.Value(callInfoKey{}).(*CallInfo); info != nil {
+		info.Moved, info.Lanes, info.Copies = moved, lanes, copies
+	}
 }
 
 // setResponse sets ResponseBytes of info, which is nil where no
@@ -316,4 +357,38 @@ func metaBytes(metas []*pb.TensorMeta) int64 {
 		n += int64(m.GetByteLength())
 	}
 	return n
+}
+
+// logCalls is the path explainer: at debug level (TENSORRPC_LOG=debug, or
+// WithLogger with a debug handler) every call is logged once it ends, with
+// its operation, key or method, data plane and path and, on the client,
+// how its bytes moved, over how many lanes and with how many copies.
+func logCalls(log *slog.Logger) Interceptor {
+	return func(ctx context.Context, info *CallInfo, next func(context.Context) error) error {
+		t0 := time.Now()
+		err := next(ctx)
+		side := "server"
+		if info.Client {
+			side = "client"
+		}
+		attrs := []slog.Attr{
+			slog.String("side", side), slog.String("op", string(info.Op)), slog.String("name", info.Name),
+			slog.String("plane", info.Transport), slog.String("path", info.Path),
+			slog.Int64("request_bytes", info.RequestBytes), slog.Int64("response_bytes", info.ResponseBytes),
+		}
+		if info.Moved != "" {
+			attrs = append(attrs, slog.String("moved", info.Moved), slog.Int("lanes", info.Lanes), slog.Int("copies", info.Copies))
+		}
+		attrs = append(attrs, slog.Duration("took", time.Since(t0)), slog.String("code", status.Code(err).String()))
+		log.LogAttrs(ctx, slog.LevelDebug, "tensorrpc: call", attrs...)
+		return err
+	}
+}
+
+// withCallLog adds logCalls to o's interceptors when its logger logs at
+// debug level.
+func (o *options) withCallLog() {
+	if o.logger != nil && o.logger.Enabled(context.Background(), slog.LevelDebug) {
+		o.interceptors = append(o.interceptors[:len(o.interceptors):len(o.interceptors)], logCalls(o.logger))
+	}
 }

@@ -92,6 +92,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
+	o.withCallLog()
 	s := &Server{
 		opts: o, log: o.logger, rv: rendezvous.New(),
 		domains: map[string]*engine.Domain{}, missing: map[string]string{},

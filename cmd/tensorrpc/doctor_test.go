@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -253,5 +254,39 @@ func TestKernelAtLeast(t *testing.T) {
 		if got := kernelAtLeast(release, 5, 12); got != want {
 			t.Errorf("kernelAtLeast(%q) = %v", release, got)
 		}
+	}
+}
+
+// TestDoctorExplain: -explain lists, per plane and size, how a Fetch moved
+// on this host; shm, tcp and grpc work on every test machine.
+func TestDoctorExplain(t *testing.T) {
+	defer leakcheck.Check(t)
+	var stdout, stderr bytes.Buffer
+	if code := runMain([]string{"doctor", "-explain", "-json"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+	var es []Explained
+	if err := json.Unmarshal(stdout.Bytes(), &es); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Explained{}
+	for _, e := range es {
+		got[fmt.Sprint(e.Plane, "/", e.Bytes)] = e
+	}
+	for key, want := range map[string]string{
+		"shm/4096": "inline", "shm/1048576": "pulled", "shm/67108864": "pulled",
+		"tcp/4096": "inline", "tcp/1048576": "pulled", "tcp/67108864": "pulled",
+		"grpc/4096": "stream", "grpc/67108864": "stream",
+	} {
+		if e := got[key]; e.Moved != want || e.Err != "" {
+			t.Errorf("%s: %+v, want moved %s", key, e, want)
+		}
+	}
+	if e := got["tcp/1048576"]; e.Lanes != 1 || e.Copies != 0 {
+		t.Errorf("tcp 1 MiB: %+v, want 1 lane and no copy", e)
+	}
+	stdout.Reset()
+	if code := runMain([]string{"doctor", "-explain"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "client copies") {
+		t.Errorf("exit %d, text:\n%s", code, stdout.String())
 	}
 }

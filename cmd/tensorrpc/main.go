@@ -17,6 +17,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,6 +32,7 @@ const usageText = `usage: tensorrpc <command> [flags]
 
 commands:
   doctor [-json]   report what this host can use, and why not
+                   (-explain: how a 4 KiB, 1 MiB and 64 MiB Fetch moves on each data plane)
   soak [flags]     move verified tensors over loopback for a while (-h for flags)
   version          print the module version, commit, build tags and Go version
 `
@@ -59,8 +62,9 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tensorrpc doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	explain := fs.Bool("explain", false, "instead of the checks: fetch 4 KiB, 1 MiB and 64 MiB over each data plane of a loopback server and print how each moved (path, lanes, copies)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tensorrpc doctor [-json]")
+		fmt.Fprintln(stderr, "usage: tensorrpc doctor [-json] [-explain]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -73,6 +77,23 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tensorrpc doctor: unexpected arguments %q\n", fs.Args())
 		fs.Usage()
 		return 2
+	}
+	if *explain {
+		es, err := explainPaths(context.Background())
+		if err == nil {
+			if *asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				err = enc.Encode(es)
+			} else {
+				err = writeExplained(stdout, es)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "tensorrpc doctor -explain:", err)
+			return 1
+		}
+		return 0
 	}
 	rep := diagnose(defaultHost())
 	var err error
