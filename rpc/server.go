@@ -80,6 +80,8 @@ type Server struct {
 	refused counters // what adm refused (the Refused fields)
 
 	stopTrim func() // ends the pool's trimmer
+
+	ipc ipcServer // tensors published on a device (rpc/ipc_server.go)
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
@@ -250,7 +252,14 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor, opts ...Pub
 
 // Unpublish removes key. It reports whether key was published. Transfers
 // of the tensor already under way finish.
-func (s *Server) Unpublish(key string) bool { return s.rv.Remove(key) }
+func (s *Server) Unpublish(key string) bool {
+	removed := s.rv.Remove(key)
+	if e := s.ipc.remove(key); e != nil {
+		s.ipc.unref(e)
+		removed = true
+	}
+	return removed
+}
 
 // Fetch returns the tensor published (locally or by a client's Send) under
 // key. A key that is not published fails with NotFound, unless WaitForKey
@@ -385,6 +394,9 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	for _, ss := range sessions {
 		s.closeSession(ss)
+	}
+	for _, e := range s.ipc.removeAll() {
+		s.ipc.unref(e)
 	}
 	s.rv.Close()
 	s.mu.Lock()
