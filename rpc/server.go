@@ -280,6 +280,15 @@ func (s *Server) take(ctx context.Context, key string, remove bool, opts []Fetch
 	for _, o := range opts {
 		o(&fo)
 	}
+	if e, ok, err := s.stagedDevice(ctx, key); ok {
+		if err != nil {
+			return nil, err
+		}
+		if remove {
+			s.Unpublish(key)
+		}
+		return &Tensor{Tensor: e.Tensor, buf: e.Buf}, nil
+	}
 	e, err := s.rv.Fetch(ctx, key, remove, fo.wait)
 	if err != nil {
 		return nil, rendezvousError(key, err)
