@@ -3,6 +3,7 @@ package rpc
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
@@ -168,12 +169,21 @@ func (c *Client) cudaAccept(offered bool, ans *pb.CudaAnswer) (*ipcClientSession
 // cudaDriver is gpudirect's CUDA as an ipcDriver.
 type cudaDriver struct{ c *gpudirect.CUDA }
 
+// DeviceUUIDs reads each CUDADevice's UUID (cuDeviceGetUuid).
+//
+// gpudirect's driver emulator and its UUIDs are being built beside this
+// code (branch cudaemu); until they merge, the field is looked up by name
+// and a gpudirect without it refuses CUDA IPC with that reason.
 func (d cudaDriver) DeviceUUIDs() ([][16]byte, error) {
-	l, ok := any(d.c).(interface{ DeviceUUIDs() ([][16]byte, error) })
-	if !ok {
-		return nil, errors.New("this build's gpudirect cannot list device UUIDs")
+	var uuids [][16]byte
+	for _, dev := range d.c.Devices() {
+		f := reflect.ValueOf(dev).FieldByName("UUID")
+		if !f.IsValid() || f.Type() != reflect.TypeFor[[16]byte]() {
+			return nil, errors.New("this build's gpudirect lists no device UUIDs")
+		}
+		uuids = append(uuids, f.Interface().([16]byte))
 	}
-	return l.DeviceUUIDs()
+	return uuids, nil
 }
 
 func (d cudaDriver) OpenIPC(h gpudirect.IPCHandle) (gpudirect.DeviceBuffer, error) {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -284,6 +286,52 @@ func TestIPCBadHandles(t *testing.T) {
 		t.Fatalf("a good SendDevice after bad ones: %v", err)
 	}
 	s.Unpublish("good")
+}
+
+// TestIPCCancelledMidCopy: a FetchToDevice cancelled while its device
+// copy runs fails Canceled only once the copy has finished, so nothing
+// lands in dst after it returns, and releases the server's tensor.
+func TestIPCCancelledMidCopy(t *testing.T) {
+	f := newFakeIPC(1)
+	s, c := ipcPair(t, rpc.TransportSHM, f, nil, nil)
+	const n = 1 << 16
+	src, _ := f.Alloc(n)
+	defer src.Free()
+	want := make([]byte, n)
+	pattern(want, 4)
+	src.CopyFromHost(want, 0)
+	if err := s.PublishDeviceInPlace(ctxT(t), "k", rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: src}); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := f.Alloc(n)
+	defer dst.Free()
+	f.gate = make(chan struct{})
+	var opened atomic.Bool
+	ctx, cancel := context.WithCancel(ctxT(t))
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+		time.Sleep(50 * time.Millisecond)
+		opened.Store(true)
+		close(f.gate)
+	}()
+	_, _, _, err := c.FetchToDevice(ctx, "k", dst, 0)
+	if status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled FetchToDevice: %v", err)
+	}
+	if !opened.Load() {
+		t.Fatal("FetchToDevice returned while its copy was still pending")
+	}
+	got := make([]byte, n)
+	dst.CopyToHost(got, 0)
+	if !bytes.Equal(got, want) {
+		t.Fatal("the copy that ran past the cancel is not whole")
+	}
+	wctx, wcancel := context.WithTimeout(ctxT(t), 5*time.Second)
+	defer wcancel()
+	if _, err := s.UnpublishDevice(wctx, "k"); err != nil {
+		t.Fatalf("UnpublishDevice after a cancelled fetch: %v", err)
+	}
 }
 
 // TestIPCCancelled: a FetchToDevice whose context ended fails with its

@@ -18,6 +18,10 @@ import (
 // tests can check that everything is given back.
 type fakeIPC struct {
 	uuid [16]byte
+	// gate, when set, holds device copies back until it is closed: the
+	// copy runs then, Event.Wait returns early only when its context
+	// ends, and Stream.Sync waits for it.
+	gate chan struct{}
 
 	mu     sync.Mutex
 	allocs map[[64]byte]*fakeAlloc
@@ -121,22 +125,25 @@ func (b *fakeBuf) Free() error {
 	}
 	return nil
 }
-func (b *fakeBuf) NewStream() (gpudirect.Stream, error)   { return fakeStream{}, nil }
+func (b *fakeBuf) NewStream() (gpudirect.Stream, error)   { return &fakeStream{gate: b.f.gate}, nil }
 func (b *fakeBuf) HostRegistrar() gpudirect.HostRegistrar { return nil }
 func (b *fakeBuf) IPCHandle() (gpudirect.IPCHandle, error) {
 	return gpudirect.IPCHandle{Handle: b.a.handle, Offset: int64(b.off), Len: int64(b.n), UUID: b.f.uuid}, nil
 }
 
-// fakeStream copies at once.
-type fakeStream struct{}
+// fakeStream copies at once, or when its gate opens.
+type fakeStream struct {
+	gate    chan struct{}
+	pending sync.WaitGroup
+}
 
-func (fakeStream) CopyToHost(dst []byte, src gpudirect.DeviceBuffer, offset int) error {
+func (*fakeStream) CopyToHost(dst []byte, src gpudirect.DeviceBuffer, offset int) error {
 	return src.CopyToHost(dst, offset)
 }
-func (fakeStream) CopyFromHost(dst gpudirect.DeviceBuffer, offset int, src []byte) error {
+func (*fakeStream) CopyFromHost(dst gpudirect.DeviceBuffer, offset int, src []byte) error {
 	return dst.CopyFromHost(src, offset)
 }
-func (fakeStream) CopyDevice(dst gpudirect.DeviceBuffer, dstOffset int, src gpudirect.DeviceBuffer, srcOffset, n int) error {
+func (st *fakeStream) CopyDevice(dst gpudirect.DeviceBuffer, dstOffset int, src gpudirect.DeviceBuffer, srcOffset, n int) error {
 	d, s := dst.(*fakeBuf), src.(*fakeBuf)
 	if d.freed || s.freed {
 		return gpudirect.ErrFreed
@@ -144,15 +151,37 @@ func (fakeStream) CopyDevice(dst gpudirect.DeviceBuffer, dstOffset int, src gpud
 	if dstOffset < 0 || srcOffset < 0 || n < 0 || dstOffset+n > d.n || srcOffset+n > s.n {
 		return errors.New("fake CUDA: CUDA_ERROR_INVALID_VALUE: copy out of range")
 	}
-	copy(d.bytes()[dstOffset:dstOffset+n], s.bytes()[srcOffset:srcOffset+n])
+	copyNow := func() { copy(d.bytes()[dstOffset:dstOffset+n], s.bytes()[srcOffset:srcOffset+n]) }
+	if st.gate == nil {
+		copyNow()
+		return nil
+	}
+	st.pending.Add(1)
+	go func() {
+		defer st.pending.Done()
+		<-st.gate
+		copyNow()
+	}()
 	return nil
 }
-func (fakeStream) Record() (gpudirect.Event, error) { return fakeEvent{}, nil }
-func (fakeStream) Sync() error                      { return nil }
-func (fakeStream) Close() error                     { return nil }
+func (st *fakeStream) Record() (gpudirect.Event, error) { return fakeEvent{st}, nil }
+func (st *fakeStream) Sync() error {
+	st.pending.Wait()
+	return nil
+}
+func (st *fakeStream) Close() error { return st.Sync() }
 
-type fakeEvent struct{}
+type fakeEvent struct{ st *fakeStream }
 
-func (fakeEvent) Wait(ctx context.Context) error { return nil }
-func (fakeEvent) Done() (bool, error)            { return true, nil }
-func (fakeEvent) Close() error                   { return nil }
+func (e fakeEvent) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { e.st.pending.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (fakeEvent) Done() (bool, error) { return true, nil }
+func (fakeEvent) Close() error        { return nil }
