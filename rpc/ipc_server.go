@@ -388,14 +388,15 @@ func (s service) FetchDevice(ctx context.Context, req *pb.FetchRequest) (*pb.Fet
 }
 
 func (s *Server) fetchDevice(ss *serverSession, key string) (*pb.FetchDeviceResponse, error) {
-	host := &pb.FetchDeviceResponse{Host: true, Gone: ss.ipc.takeGone()}
+	// Gone ids go out in answers only: an error would lose them.
+	host := func() *pb.FetchDeviceResponse { return &pb.FetchDeviceResponse{Host: true, Gone: ss.ipc.takeGone()} }
 	e := s.ipc.acquire(key)
 	if h, err := s.rv.TryFetch(key); err == nil {
 		newer := e == nil || h.Seq > e.seq
 		h.Buf.Release()
 		if newer {
 			s.ipc.unref(e)
-			return host, nil
+			return host(), nil
 		}
 	} else if e == nil {
 		return nil, rendezvousError(key, err)
@@ -403,11 +404,11 @@ func (s *Server) fetchDevice(ss *serverSession, key string) (*pb.FetchDeviceResp
 	meta := &pb.TensorMeta{Key: key, Dtype: pb.DType(e.dtype), Shape: e.shape, ByteLength: uint64(e.n)}
 	if e.n == 0 {
 		s.ipc.unref(e)
-		return &pb.FetchDeviceResponse{Meta: meta, Gone: host.Gone}, nil
+		return &pb.FetchDeviceResponse{Meta: meta, Gone: ss.ipc.takeGone()}, nil
 	}
 	if e.exp == nil || !ss.ipc.devices[e.handle.UUID] {
 		s.ipc.unref(e) // not exportable, or on a GPU the client lacks
-		return host, nil
+		return host(), nil
 	}
 	id, err := ss.ipc.hold(e)
 	if err != nil {
@@ -417,7 +418,7 @@ func (s *Server) fetchDevice(ss *serverSession, key string) (*pb.FetchDeviceResp
 	s.ipc.given(e, ss.ipc)
 	ss.stats.ipc.Add(1)
 	return &pb.FetchDeviceResponse{
-		Meta: meta, TransferId: id, Gone: host.Gone,
+		Meta: meta, TransferId: id, Gone: ss.ipc.takeGone(),
 		Handle: &pb.DeviceHandle{
 			Handle: e.handle.Handle[:], Offset: uint64(e.handle.Offset), Length: uint64(e.n),
 			DeviceUuid: e.handle.UUID[:], Allocation: e.exp.id,

@@ -118,6 +118,9 @@ func TestIPCFetchAndSend(t *testing.T) {
 			if st := c.Stats(); st.IPC != 6 { // 3 fetches and 3 sends of more than 0 bytes
 				t.Errorf("client Stats.IPC = %d, want 6", st.IPC)
 			}
+			if st := s.Stats(); st.IPC != 6 || st.StagedTransfers != 7 { // 4 server and 3 client host Fetches of device tensors (0 B sent is a host tensor)
+				t.Errorf("server Stats: IPC %d, staged %d; want 6, 7", st.IPC, st.StagedTransfers)
+			}
 		})
 	}
 }
