@@ -14,12 +14,19 @@ const (
 	Staged Path = iota
 	// Direct: the NIC reads or writes the device memory itself.
 	Direct
+	// IPC: a process on the same host copies the device memory device to
+	// device through a CUDA IPC handle (rpc.WithCUDA); no host memory and
+	// no NIC.
+	IPC
 )
 
-// String returns "staged" or "direct".
+// String returns "staged", "direct" or "ipc".
 func (p Path) String() string {
-	if p == Direct {
+	switch p {
+	case Direct:
 		return "direct"
+	case IPC:
+		return "ipc"
 	}
 	return "staged"
 }

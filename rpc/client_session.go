@@ -27,6 +27,7 @@ type clientSession struct {
 	eager      int
 	calls      callPlane
 	rejections []Rejection
+	ipc        *ipcClientSession // nil unless the session negotiated CUDA IPC
 
 	cancel   context.CancelFunc // ends the Session stream
 	done     <-chan struct{}    // closed when the stream's reader has stopped
@@ -205,6 +206,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	// The stream's end is the session's end.
 	reader := engine.ReadStream(stream.Recv, nil, func(err error) {
 		s.endByServer(err, func() { c.sessionEnded(s, err) })
+		s.ipc.close()
 		c.ended(s)
 	})
 	s.done = reader.Ended()
@@ -247,6 +249,11 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		links[transportOf(name)] = lanes
 		hs.Offers = append(hs.Offers, &pb.TransportOffer{Transport: transportOf(name), Info: lanes[0].QP.LocalInfo(), Description: dom.Name, Lanes: engine.LaneInfos(lanes[1:])})
 	}
+	cudaOffer, rej := c.opts.cudaOffer()
+	if rej != nil {
+		s.rejections = append(s.rejections, *rej)
+	}
+	hs.Cuda = cudaOffer
 	if err := stream.Send(&pb.SessionRequest{Msg: &pb.SessionRequest_Handshake{Handshake: hs}}); err != nil {
 		return fail(negotiationError(ctx, err))
 	}
@@ -263,6 +270,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
+	ipc, rejs := c.cudaAccept(cudaOffer != nil, resp.Cuda)
+	s.ipc = ipc
+	s.rejections = append(s.rejections, rejs...)
 	for {
 		msg, err := next(ctx)
 		if err != nil {

@@ -74,6 +74,9 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 		return gpudirect.Decision{}, err
 	}
 	defer c.leave()
+	if d, ok, err := c.sendDeviceIPC(ctx, s, key, t, n); ok {
+		return d, err
+	}
 	d := c.plan(s, t.Buffer)
 	if e, ok := s.calls.(framePlane); ok && d.Path == gpudirect.Direct && n > s.eager {
 		mr, _, err := c.registerDevice(s, t.Buffer, t.Offset, n, verbs.AccessLocalWrite)
@@ -125,6 +128,9 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 		return 0, nil, gpudirect.Decision{}, err
 	}
 	defer c.leave()
+	if dtype, shape, d, ok, err := c.fetchDeviceIPC(ctx, s, key, dst, offset); ok {
+		return dtype, shape, d, err
+	}
 	d := c.plan(s, dst)
 	if e, ok := s.calls.(framePlane); ok && d.Path == gpudirect.Direct {
 		var dtype zerocopy.DType

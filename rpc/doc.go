@@ -117,6 +117,40 @@
 // after it returns. Together they move the blocks of a paged KV cache
 // without a round trip per block (examples/kvcache).
 //
+// # CUDA IPC
+//
+// With WithCUDA on both sides, a session between two processes of one
+// host (the shm plane's host identity) with a GPU in common negotiates
+// CUDA IPC beside its data plane ("cuda-ipc" in Client.Rejections says why
+// not: no CUDA driver on one side, not the same host, no common GPU, or,
+// for SendDevice only, no WithDeviceAllocator on the server). Then:
+//
+//   - FetchToDevice of a tensor the server published with
+//     PublishDeviceInPlace (or one a client sent over CUDA IPC) gets its
+//     IPC handle, the tensor's offset inside the allocation the handle
+//     names, and an allocation id; the client opens the handle, copies
+//     device to device on a stream of dst's device, waits for the copy
+//     (also when ctx ends, so nothing lands in dst afterwards) and
+//     releases the transfer without waiting for the answer. Host memory
+//     is never touched.
+//   - SendDevice of a buffer that exports IPC handles sends its handle;
+//     the server copies the tensor into device memory from its
+//     WithDeviceAllocator and publishes it there before it answers.
+//   - A host Fetch of a tensor held on a device is staged out (one
+//     device-to-host copy), and so is a FetchToDevice on a session without
+//     CUDA IPC, or into a buffer without streams (gpudirect.AsyncBuffer).
+//
+// Each session caches the handles it opened, by handle bytes and
+// allocation id, for as long as the peer exports the allocation: opening
+// costs milliseconds and closing synchronises the device. The server
+// names each allocation it exports with a new id once no published tensor
+// or transfer used the previous one, and tells the sessions that opened
+// it (on their next FetchDevice); a handle is opened from the allocation's
+// base up to the end of the farthest tensor fetched, and reopened larger
+// when a tensor lies further. The control messages are gRPC unary calls
+// (FetchDevice, SendDevice, ReleaseDevice), one round trip per transfer
+// whatever the data plane. Stats.IPC counts the transfers.
+//
 // Errors carry gRPC status codes: InvalidArgument for malformed tensors or
 // descriptors, NotFound for a key that is not published (without
 // WaitForKey), PermissionDenied for a remote key the peer refuses,
@@ -156,6 +190,16 @@
 // clients call.
 //
 // # Caveats
+//
+// A buffer published with PublishDeviceInPlace stays the caller's and must
+// not be freed or written until UnpublishDevice returns (it waits for the
+// clients copying it). A SendDevice over CUDA IPC that is cancelled may
+// return while the server still copies from the buffer; reuse it only
+// after a SendDevice that succeeded. A host Fetch already waiting
+// (WaitForKey) for a key is not woken by a device publish of it. The
+// sender's handles a server opens for SendDevice are cached by their bytes
+// only: the sender names no allocation, so this relies on the driver
+// giving a new allocation a new handle.
 //
 // Received tensors belong to the receiver's pool. A tensor is valid until
 // its Release; after that its memory is reused for other tensors. Release

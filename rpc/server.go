@@ -82,6 +82,8 @@ type Server struct {
 	stopTrim func()         // ends the pool's trimmer
 	health   *healthService // nil with WithoutHealth
 	stage    *stager
+
+	ipc ipcServer // tensors published on a device (rpc/ipc_server.go)
 }
 
 // NewServer makes a Server: its pool (unless WithPool), its grpc.Server and
@@ -260,7 +262,14 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor, opts ...Pub
 
 // Unpublish removes key. It reports whether key was published. Transfers
 // of the tensor already under way finish.
-func (s *Server) Unpublish(key string) bool { return s.rv.Remove(key) }
+func (s *Server) Unpublish(key string) bool {
+	removed := s.rv.Remove(key)
+	if e := s.ipc.remove(key); e != nil {
+		s.ipc.unref(e)
+		removed = true
+	}
+	return removed
+}
 
 // Fetch returns the tensor published (locally or by a client's Send) under
 // key. A key that is not published fails with NotFound, unless WaitForKey
@@ -280,6 +289,15 @@ func (s *Server) take(ctx context.Context, key string, remove bool, opts []Fetch
 	var fo fetchOptions
 	for _, o := range opts {
 		o(&fo)
+	}
+	if e, ok, err := s.stagedDevice(ctx, key); ok {
+		if err != nil {
+			return nil, err
+		}
+		if remove {
+			s.Unpublish(key)
+		}
+		return &Tensor{Tensor: e.Tensor, buf: e.Buf}, nil
 	}
 	e, err := s.rv.Fetch(ctx, key, remove, fo.wait)
 	if err != nil {
@@ -403,6 +421,9 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	for _, ss := range sessions {
 		s.closeSession(ss)
+	}
+	for _, e := range s.ipc.removeAll() {
+		s.ipc.unref(e)
 	}
 	s.rv.Close()
 	s.mu.Lock()

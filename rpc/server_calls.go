@@ -49,6 +49,9 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 // goroutine's fetchNow use it too. The caller delivers the entry and
 // releases its reference.
 func (s *Server) fetch(ctx context.Context, key string, wait bool) (rendezvous.Entry, error) {
+	if e, ok, err := s.stagedDevice(ctx, key); ok {
+		return e, err
+	}
 	e, err := s.rv.Fetch(ctx, key, false, wait)
 	if err != nil {
 		return rendezvous.Entry{}, rendezvousError(key, err)

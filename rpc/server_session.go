@@ -39,6 +39,7 @@ type serverSession struct {
 	link      *engine.Link   // lane 0; nil for the grpc transport
 	lanes     []*engine.Link // every lane, link first
 	stats     counters
+	ipc       *ipcServerSession // nil unless the session negotiated CUDA IPC
 
 	// activity counts the calls that named the session (reapIdle);
 	// unary, those of them on gRPC methods still under way.
@@ -188,8 +189,13 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	slices.SortStableFunc(candidates, func(a, b candidate) int {
 		return priority(transportName(a.offer.Transport)) - priority(transportName(b.offer.Transport))
 	})
+	cuda, ipc := s.cudaAnswer(hs.Cuda)
+	if cuda != nil && !cuda.Ipc {
+		s.log.Info("tensorrpc: CUDA IPC not used", "session", ss.id, "reason", cuda.Reason)
+	}
+	ss.ipc = ipc
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
-		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
+		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold), Cuda: cuda,
 	}}}); err != nil {
 		return err
 	}
@@ -448,4 +454,5 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 // session's buffers any more, then releases them (engine.Session.Close).
 func (s *Server) closeSession(ss *serverSession) {
 	ss.Close(ss.lanes, errors.New("session ended"))
+	s.endIPC(ss)
 }

@@ -37,6 +37,12 @@ type Stats struct {
 	// first staged transfer of that device until the arena goes or the
 	// Client or Server closes): a gauge, not a count of a session's.
 	PinnedArenas int
+	// IPC counts device tensors moved over CUDA IPC (WithCUDA), device to
+	// device between two processes of one host: by a Client, those it
+	// fetched or sent; by a Server, those its sessions' clients fetched or
+	// sent. A host Fetch of a tensor published on a device counts as
+	// StagedTransfers on the Server.
+	IPC int64
 	// RefusedSessions, RefusedLanes, RefusedStreams and RefusedTransfers
 	// count what a Server refused over its budgets (WithAdmission):
 	// sessions, lanes a session asked for and did not get, fallback
@@ -49,7 +55,7 @@ type Stats struct {
 type counters struct {
 	transfers, dataPlaneBytes, inlineBytes, streamBytes atomic.Int64
 	copies, copiedBytes, leases, errors                 atomic.Int64
-	direct, staged                                      atomic.Int64
+	direct, staged, ipc                                 atomic.Int64
 	pinnedStaged, pageableStaged                        atomic.Int64
 	refusedSessions, refusedLanes                       atomic.Int64
 	refusedStreams, refusedTransfers                    atomic.Int64
@@ -70,6 +76,7 @@ func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
 	f(&c.staged, &st.StagedTransfers)
 	f(&c.pinnedStaged, &st.PinnedStagedBytes)
 	f(&c.pageableStaged, &st.PageableStagedBytes)
+	f(&c.ipc, &st.IPC)
 	f(&c.refusedSessions, &st.RefusedSessions)
 	f(&c.refusedLanes, &st.RefusedLanes)
 	f(&c.refusedStreams, &st.RefusedStreams)

@@ -921,8 +921,11 @@ type HandshakeRequest struct {
 	ProtocolVersion uint32            `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	Offers          []*TransportOffer `protobuf:"bytes,2,rep,name=offers,proto3" json:"offers,omitempty"`
 	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The client's CUDA devices, when it has a CUDA driver loaded and would
+	// use CUDA IPC with a server on the same host; unset otherwise.
+	Cuda          *CudaOffer `protobuf:"bytes,5,opt,name=cuda,proto3" json:"cuda,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandshakeRequest) Reset() {
@@ -976,6 +979,13 @@ func (x *HandshakeRequest) GetClientName() string {
 	return ""
 }
 
+func (x *HandshakeRequest) GetCuda() *CudaOffer {
+	if x != nil {
+		return x.Cuda
+	}
+	return nil
+}
+
 type HandshakeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The version the session speaks: 3, or the client's 1 or 2 (see
@@ -988,8 +998,11 @@ type HandshakeResponse struct {
 	// Fetch and Call return inline (16384 unless the server is configured
 	// otherwise). Larger ones need a data plane or the streaming methods.
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The server's answer to HandshakeRequest.cuda; unset when the client
+	// offered none.
+	Cuda          *CudaAnswer `protobuf:"bytes,6,opt,name=cuda,proto3" json:"cuda,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
@@ -1050,6 +1063,374 @@ func (x *HandshakeResponse) GetEagerThreshold() uint64 {
 	return 0
 }
 
+func (x *HandshakeResponse) GetCuda() *CudaAnswer {
+	if x != nil {
+		return x.Cuda
+	}
+	return nil
+}
+
+// CudaOffer describes a peer's CUDA devices for CUDA IPC.
+type CudaOffer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host identity (32 hex digits): equal on two processes of one host
+	// that share a kernel, machine id and network namespace (as shm).
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// The UUIDs of the devices the peer's driver lists, 16 bytes each.
+	DeviceUuids   [][]byte `protobuf:"bytes,2,rep,name=device_uuids,json=deviceUuids,proto3" json:"device_uuids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaOffer) Reset() {
+	*x = CudaOffer{}
+	mi := &file_tensorrpc_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaOffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaOffer) ProtoMessage() {}
+
+func (x *CudaOffer) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaOffer.ProtoReflect.Descriptor instead.
+func (*CudaOffer) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CudaOffer) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *CudaOffer) GetDeviceUuids() [][]byte {
+	if x != nil {
+		return x.DeviceUuids
+	}
+	return nil
+}
+
+// CudaAnswer says whether a session uses CUDA IPC.
+type CudaAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// FetchDevice works on the session.
+	Ipc bool `protobuf:"varint,1,opt,name=ipc,proto3" json:"ipc,omitempty"`
+	// Why not, when ipc is unset.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The UUIDs of the devices both peers list: the only devices whose
+	// handles the session moves.
+	DeviceUuids [][]byte `protobuf:"bytes,3,rep,name=device_uuids,json=deviceUuids,proto3" json:"device_uuids,omitempty"`
+	// SendDevice works on the session (the server has device memory of its
+	// own to copy into); send_reason says why not otherwise.
+	Send          bool   `protobuf:"varint,4,opt,name=send,proto3" json:"send,omitempty"`
+	SendReason    string `protobuf:"bytes,5,opt,name=send_reason,json=sendReason,proto3" json:"send_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaAnswer) Reset() {
+	*x = CudaAnswer{}
+	mi := &file_tensorrpc_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaAnswer) ProtoMessage() {}
+
+func (x *CudaAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaAnswer.ProtoReflect.Descriptor instead.
+func (*CudaAnswer) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CudaAnswer) GetIpc() bool {
+	if x != nil {
+		return x.Ipc
+	}
+	return false
+}
+
+func (x *CudaAnswer) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CudaAnswer) GetDeviceUuids() [][]byte {
+	if x != nil {
+		return x.DeviceUuids
+	}
+	return nil
+}
+
+func (x *CudaAnswer) GetSend() bool {
+	if x != nil {
+		return x.Send
+	}
+	return false
+}
+
+func (x *CudaAnswer) GetSendReason() string {
+	if x != nil {
+		return x.SendReason
+	}
+	return ""
+}
+
+// DeviceHandle names device memory of one process for another on the same
+// host. A CUDA IPC handle names the whole allocation (its base), so offset
+// says where the tensor starts in it.
+type DeviceHandle struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cuIpcGetMemHandle's CUipcMemHandle: 64 bytes.
+	Handle []byte `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// The UUID of the device holding the memory, 16 bytes.
+	DeviceUuid []byte `protobuf:"bytes,4,opt,name=device_uuid,json=deviceUuid,proto3" json:"device_uuid,omitempty"`
+	// Names the allocation for as long as its owner exports it: equal
+	// handles with another allocation id name another allocation (never
+	// reuse what was opened for the first). 0 in SendDevice.
+	Allocation    uint64 `protobuf:"varint,5,opt,name=allocation,proto3" json:"allocation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceHandle) Reset() {
+	*x = DeviceHandle{}
+	mi := &file_tensorrpc_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceHandle) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceHandle) ProtoMessage() {}
+
+func (x *DeviceHandle) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceHandle.ProtoReflect.Descriptor instead.
+func (*DeviceHandle) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DeviceHandle) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *DeviceHandle) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DeviceHandle) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *DeviceHandle) GetDeviceUuid() []byte {
+	if x != nil {
+		return x.DeviceUuid
+	}
+	return nil
+}
+
+func (x *DeviceHandle) GetAllocation() uint64 {
+	if x != nil {
+		return x.Allocation
+	}
+	return 0
+}
+
+type FetchDeviceResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Meta       *TensorMeta            `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	Handle     *DeviceHandle          `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"`
+	TransferId uint64                 `protobuf:"varint,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// The key holds a host tensor: fetch it with Fetch or a frame.
+	Host bool `protobuf:"varint,4,opt,name=host,proto3" json:"host,omitempty"`
+	// Allocation ids the session received that are no longer exported.
+	Gone          []uint64 `protobuf:"varint,5,rep,packed,name=gone,proto3" json:"gone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchDeviceResponse) Reset() {
+	*x = FetchDeviceResponse{}
+	mi := &file_tensorrpc_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchDeviceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchDeviceResponse) ProtoMessage() {}
+
+func (x *FetchDeviceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchDeviceResponse.ProtoReflect.Descriptor instead.
+func (*FetchDeviceResponse) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *FetchDeviceResponse) GetMeta() *TensorMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *FetchDeviceResponse) GetHandle() *DeviceHandle {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *FetchDeviceResponse) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+func (x *FetchDeviceResponse) GetHost() bool {
+	if x != nil {
+		return x.Host
+	}
+	return false
+}
+
+func (x *FetchDeviceResponse) GetGone() []uint64 {
+	if x != nil {
+		return x.Gone
+	}
+	return nil
+}
+
+type SendDeviceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Meta          *TensorMeta            `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	Handle        *DeviceHandle          `protobuf:"bytes,3,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendDeviceRequest) Reset() {
+	*x = SendDeviceRequest{}
+	mi := &file_tensorrpc_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendDeviceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendDeviceRequest) ProtoMessage() {}
+
+func (x *SendDeviceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tensorrpc_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendDeviceRequest.ProtoReflect.Descriptor instead.
+func (*SendDeviceRequest) Descriptor() ([]byte, []int) {
+	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SendDeviceRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SendDeviceRequest) GetMeta() *TensorMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *SendDeviceRequest) GetHandle() *DeviceHandle {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
 type FetchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// May be empty: see Sessions at the top.
@@ -1074,7 +1455,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1467,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[10]
+	mi := &file_tensorrpc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1480,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{10}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FetchRequest) GetSessionId() string {
@@ -1151,7 +1532,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1544,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[11]
+	mi := &file_tensorrpc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1557,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{11}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FetchResponse) GetMeta() *TensorMeta {
@@ -1230,7 +1611,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1623,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[12]
+	mi := &file_tensorrpc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1636,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{12}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SendRequest) GetSessionId() string {
@@ -1295,7 +1676,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1688,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[13]
+	mi := &file_tensorrpc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1701,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{13}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
 }
 
 type CallRequest struct {
@@ -1338,7 +1719,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1731,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[14]
+	mi := &file_tensorrpc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1744,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{14}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CallRequest) GetSessionId() string {
@@ -1416,7 +1797,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1809,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[15]
+	mi := &file_tensorrpc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1822,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{15}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CallResponse) GetMetadata() []byte {
@@ -1486,7 +1867,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1879,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[16]
+	mi := &file_tensorrpc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1892,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{16}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseRequest) GetSessionId() string {
@@ -1543,7 +1924,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1936,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[17]
+	mi := &file_tensorrpc_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1949,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{17}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{22}
 }
 
 // CallHeaders is what a call carries besides its request when it travels
@@ -1591,7 +1972,7 @@ type CallHeaders struct {
 
 func (x *CallHeaders) Reset() {
 	*x = CallHeaders{}
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1984,7 @@ func (x *CallHeaders) String() string {
 func (*CallHeaders) ProtoMessage() {}
 
 func (x *CallHeaders) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[18]
+	mi := &file_tensorrpc_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1997,7 @@ func (x *CallHeaders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallHeaders.ProtoReflect.Descriptor instead.
 func (*CallHeaders) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CallHeaders) GetMetadata() []*Header {
@@ -1644,7 +2025,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +2037,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[19]
+	mi := &file_tensorrpc_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +2050,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{19}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Header) GetKey() string {
@@ -1702,7 +2083,7 @@ type ChunkHeader struct {
 
 func (x *ChunkHeader) Reset() {
 	*x = ChunkHeader{}
-	mi := &file_tensorrpc_proto_msgTypes[20]
+	mi := &file_tensorrpc_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +2095,7 @@ func (x *ChunkHeader) String() string {
 func (*ChunkHeader) ProtoMessage() {}
 
 func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[20]
+	mi := &file_tensorrpc_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +2108,7 @@ func (x *ChunkHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChunkHeader.ProtoReflect.Descriptor instead.
 func (*ChunkHeader) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{20}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ChunkHeader) GetMethod() string {
@@ -1771,7 +2152,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_tensorrpc_proto_msgTypes[21]
+	mi := &file_tensorrpc_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +2164,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tensorrpc_proto_msgTypes[21]
+	mi := &file_tensorrpc_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2177,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_tensorrpc_proto_rawDescGZIP(), []int{21}
+	return file_tensorrpc_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Chunk) GetHeader() *ChunkHeader {
@@ -1867,18 +2248,52 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
-	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xac\x01\n" +
+	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xd9\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
-	"clientNameJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xdc\x01\n" +
+	"clientName\x12+\n" +
+	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cudaJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\x8a\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
-	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThresholdJ\x04\b\x05\x10\x06R\x10data_plane_calls\"\x86\x01\n" +
+	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12,\n" +
+	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cudaJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
+	"\tCudaOffer\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12!\n" +
+	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\"\x8e\x01\n" +
+	"\n" +
+	"CudaAnswer\x12\x10\n" +
+	"\x03ipc\x18\x01 \x01(\bR\x03ipc\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
+	"\fdevice_uuids\x18\x03 \x03(\fR\vdeviceUuids\x12\x12\n" +
+	"\x04send\x18\x04 \x01(\bR\x04send\x12\x1f\n" +
+	"\vsend_reason\x18\x05 \x01(\tR\n" +
+	"sendReason\"\x97\x01\n" +
+	"\fDeviceHandle\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\fR\x06handle\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12\x1f\n" +
+	"\vdevice_uuid\x18\x04 \x01(\fR\n" +
+	"deviceUuid\x12\x1e\n" +
+	"\n" +
+	"allocation\x18\x05 \x01(\x04R\n" +
+	"allocation\"\xc0\x01\n" +
+	"\x13FetchDeviceResponse\x12,\n" +
+	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x122\n" +
+	"\x06handle\x18\x02 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\x12\x1f\n" +
+	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
+	"transferId\x12\x12\n" +
+	"\x04host\x18\x04 \x01(\bR\x04host\x12\x12\n" +
+	"\x04gone\x18\x05 \x03(\x04R\x04gone\"\x94\x01\n" +
+	"\x11SendDeviceRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
+	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x122\n" +
+	"\x06handle\x18\x03 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\"\x86\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
@@ -1963,7 +2378,7 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\rTRANSPORT_IBV\x10\x01\x12\x11\n" +
 	"\rTRANSPORT_SHM\x10\x02\x12\x11\n" +
 	"\rTRANSPORT_TCP\x10\x03\x12\x12\n" +
-	"\x0eTRANSPORT_GRPC\x10\x042\x9e\x04\n" +
+	"\x0eTRANSPORT_GRPC\x10\x042\x85\x06\n" +
 	"\tTensorRPC\x12J\n" +
 	"\aSession\x12\x1c.tensorrpc.v1.SessionRequest\x1a\x1d.tensorrpc.v1.SessionResponse(\x010\x01\x12@\n" +
 	"\x05Fetch\x12\x1a.tensorrpc.v1.FetchRequest\x1a\x1b.tensorrpc.v1.FetchResponse\x12=\n" +
@@ -1974,7 +2389,11 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"SendStream\x12\x13.tensorrpc.v1.Chunk\x1a\x1a.tensorrpc.v1.SendResponse(\x01\x12:\n" +
 	"\n" +
-	"CallStream\x12\x13.tensorrpc.v1.Chunk\x1a\x13.tensorrpc.v1.Chunk(\x010\x01B2Z0github.com/tensorrpc/tensorrpc/proto/tensorrpcpbb\x06proto3"
+	"CallStream\x12\x13.tensorrpc.v1.Chunk\x1a\x13.tensorrpc.v1.Chunk(\x010\x01\x12L\n" +
+	"\vFetchDevice\x12\x1a.tensorrpc.v1.FetchRequest\x1a!.tensorrpc.v1.FetchDeviceResponse\x12I\n" +
+	"\n" +
+	"SendDevice\x12\x1f.tensorrpc.v1.SendDeviceRequest\x1a\x1a.tensorrpc.v1.SendResponse\x12L\n" +
+	"\rReleaseDevice\x12\x1c.tensorrpc.v1.ReleaseRequest\x1a\x1d.tensorrpc.v1.ReleaseResponseB2Z0github.com/tensorrpc/tensorrpc/proto/tensorrpcpbb\x06proto3"
 
 var (
 	file_tensorrpc_proto_rawDescOnce sync.Once
@@ -1989,32 +2408,37 @@ func file_tensorrpc_proto_rawDescGZIP() []byte {
 }
 
 var file_tensorrpc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_tensorrpc_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_tensorrpc_proto_goTypes = []any{
-	(DType)(0),                 // 0: tensorrpc.v1.DType
-	(Transport)(0),             // 1: tensorrpc.v1.Transport
-	(*Location)(nil),           // 2: tensorrpc.v1.Location
-	(*LaneRemote)(nil),         // 3: tensorrpc.v1.LaneRemote
-	(*TensorMeta)(nil),         // 4: tensorrpc.v1.TensorMeta
-	(*TransportOffer)(nil),     // 5: tensorrpc.v1.TransportOffer
-	(*TransportRejection)(nil), // 6: tensorrpc.v1.TransportRejection
-	(*SessionRequest)(nil),     // 7: tensorrpc.v1.SessionRequest
-	(*SessionResponse)(nil),    // 8: tensorrpc.v1.SessionResponse
-	(*ConnectResult)(nil),      // 9: tensorrpc.v1.ConnectResult
-	(*HandshakeRequest)(nil),   // 10: tensorrpc.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),  // 11: tensorrpc.v1.HandshakeResponse
-	(*FetchRequest)(nil),       // 12: tensorrpc.v1.FetchRequest
-	(*FetchResponse)(nil),      // 13: tensorrpc.v1.FetchResponse
-	(*SendRequest)(nil),        // 14: tensorrpc.v1.SendRequest
-	(*SendResponse)(nil),       // 15: tensorrpc.v1.SendResponse
-	(*CallRequest)(nil),        // 16: tensorrpc.v1.CallRequest
-	(*CallResponse)(nil),       // 17: tensorrpc.v1.CallResponse
-	(*ReleaseRequest)(nil),     // 18: tensorrpc.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 19: tensorrpc.v1.ReleaseResponse
-	(*CallHeaders)(nil),        // 20: tensorrpc.v1.CallHeaders
-	(*Header)(nil),             // 21: tensorrpc.v1.Header
-	(*ChunkHeader)(nil),        // 22: tensorrpc.v1.ChunkHeader
-	(*Chunk)(nil),              // 23: tensorrpc.v1.Chunk
+	(DType)(0),                  // 0: tensorrpc.v1.DType
+	(Transport)(0),              // 1: tensorrpc.v1.Transport
+	(*Location)(nil),            // 2: tensorrpc.v1.Location
+	(*LaneRemote)(nil),          // 3: tensorrpc.v1.LaneRemote
+	(*TensorMeta)(nil),          // 4: tensorrpc.v1.TensorMeta
+	(*TransportOffer)(nil),      // 5: tensorrpc.v1.TransportOffer
+	(*TransportRejection)(nil),  // 6: tensorrpc.v1.TransportRejection
+	(*SessionRequest)(nil),      // 7: tensorrpc.v1.SessionRequest
+	(*SessionResponse)(nil),     // 8: tensorrpc.v1.SessionResponse
+	(*ConnectResult)(nil),       // 9: tensorrpc.v1.ConnectResult
+	(*HandshakeRequest)(nil),    // 10: tensorrpc.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),   // 11: tensorrpc.v1.HandshakeResponse
+	(*CudaOffer)(nil),           // 12: tensorrpc.v1.CudaOffer
+	(*CudaAnswer)(nil),          // 13: tensorrpc.v1.CudaAnswer
+	(*DeviceHandle)(nil),        // 14: tensorrpc.v1.DeviceHandle
+	(*FetchDeviceResponse)(nil), // 15: tensorrpc.v1.FetchDeviceResponse
+	(*SendDeviceRequest)(nil),   // 16: tensorrpc.v1.SendDeviceRequest
+	(*FetchRequest)(nil),        // 17: tensorrpc.v1.FetchRequest
+	(*FetchResponse)(nil),       // 18: tensorrpc.v1.FetchResponse
+	(*SendRequest)(nil),         // 19: tensorrpc.v1.SendRequest
+	(*SendResponse)(nil),        // 20: tensorrpc.v1.SendResponse
+	(*CallRequest)(nil),         // 21: tensorrpc.v1.CallRequest
+	(*CallResponse)(nil),        // 22: tensorrpc.v1.CallResponse
+	(*ReleaseRequest)(nil),      // 23: tensorrpc.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 24: tensorrpc.v1.ReleaseResponse
+	(*CallHeaders)(nil),         // 25: tensorrpc.v1.CallHeaders
+	(*Header)(nil),              // 26: tensorrpc.v1.Header
+	(*ChunkHeader)(nil),         // 27: tensorrpc.v1.ChunkHeader
+	(*Chunk)(nil),               // 28: tensorrpc.v1.Chunk
 }
 var file_tensorrpc_proto_depIdxs = []int32{
 	1,  // 0: tensorrpc.v1.Location.transport:type_name -> tensorrpc.v1.Transport
@@ -2030,35 +2454,47 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	9,  // 10: tensorrpc.v1.SessionResponse.connect_result:type_name -> tensorrpc.v1.ConnectResult
 	1,  // 11: tensorrpc.v1.ConnectResult.transport:type_name -> tensorrpc.v1.Transport
 	5,  // 12: tensorrpc.v1.HandshakeRequest.offers:type_name -> tensorrpc.v1.TransportOffer
-	6,  // 13: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
-	4,  // 14: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 15: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 16: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 17: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	21, // 18: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
-	4,  // 19: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	22, // 20: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 21: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	12, // 22: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	14, // 23: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	16, // 24: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	18, // 25: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	12, // 26: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	23, // 27: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	23, // 28: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	8,  // 29: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	13, // 30: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	15, // 31: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	17, // 32: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	19, // 33: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	23, // 34: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	15, // 35: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	23, // 36: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	29, // [29:37] is the sub-list for method output_type
-	21, // [21:29] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	12, // 13: tensorrpc.v1.HandshakeRequest.cuda:type_name -> tensorrpc.v1.CudaOffer
+	6,  // 14: tensorrpc.v1.HandshakeResponse.rejected:type_name -> tensorrpc.v1.TransportRejection
+	13, // 15: tensorrpc.v1.HandshakeResponse.cuda:type_name -> tensorrpc.v1.CudaAnswer
+	4,  // 16: tensorrpc.v1.FetchDeviceResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	14, // 17: tensorrpc.v1.FetchDeviceResponse.handle:type_name -> tensorrpc.v1.DeviceHandle
+	4,  // 18: tensorrpc.v1.SendDeviceRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	14, // 19: tensorrpc.v1.SendDeviceRequest.handle:type_name -> tensorrpc.v1.DeviceHandle
+	4,  // 20: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 21: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 22: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 23: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	26, // 24: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 25: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	27, // 26: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 27: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	17, // 28: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	19, // 29: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	21, // 30: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	23, // 31: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	17, // 32: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	28, // 33: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	28, // 34: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	17, // 35: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
+	16, // 36: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
+	23, // 37: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
+	8,  // 38: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	18, // 39: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	20, // 40: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	22, // 41: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	24, // 42: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	28, // 43: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	20, // 44: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	28, // 45: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	15, // 46: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
+	20, // 47: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
+	24, // 48: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
+	38, // [38:49] is the sub-list for method output_type
+	27, // [27:38] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
@@ -2082,7 +2518,7 @@ func file_tensorrpc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tensorrpc_proto_rawDesc), len(file_tensorrpc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -110,14 +110,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TensorRPC_Session_FullMethodName     = "/tensorrpc.v1.TensorRPC/Session"
-	TensorRPC_Fetch_FullMethodName       = "/tensorrpc.v1.TensorRPC/Fetch"
-	TensorRPC_Send_FullMethodName        = "/tensorrpc.v1.TensorRPC/Send"
-	TensorRPC_Call_FullMethodName        = "/tensorrpc.v1.TensorRPC/Call"
-	TensorRPC_Release_FullMethodName     = "/tensorrpc.v1.TensorRPC/Release"
-	TensorRPC_FetchStream_FullMethodName = "/tensorrpc.v1.TensorRPC/FetchStream"
-	TensorRPC_SendStream_FullMethodName  = "/tensorrpc.v1.TensorRPC/SendStream"
-	TensorRPC_CallStream_FullMethodName  = "/tensorrpc.v1.TensorRPC/CallStream"
+	TensorRPC_Session_FullMethodName       = "/tensorrpc.v1.TensorRPC/Session"
+	TensorRPC_Fetch_FullMethodName         = "/tensorrpc.v1.TensorRPC/Fetch"
+	TensorRPC_Send_FullMethodName          = "/tensorrpc.v1.TensorRPC/Send"
+	TensorRPC_Call_FullMethodName          = "/tensorrpc.v1.TensorRPC/Call"
+	TensorRPC_Release_FullMethodName       = "/tensorrpc.v1.TensorRPC/Release"
+	TensorRPC_FetchStream_FullMethodName   = "/tensorrpc.v1.TensorRPC/FetchStream"
+	TensorRPC_SendStream_FullMethodName    = "/tensorrpc.v1.TensorRPC/SendStream"
+	TensorRPC_CallStream_FullMethodName    = "/tensorrpc.v1.TensorRPC/CallStream"
+	TensorRPC_FetchDevice_FullMethodName   = "/tensorrpc.v1.TensorRPC/FetchDevice"
+	TensorRPC_SendDevice_FullMethodName    = "/tensorrpc.v1.TensorRPC/SendDevice"
+	TensorRPC_ReleaseDevice_FullMethodName = "/tensorrpc.v1.TensorRPC/ReleaseDevice"
 )
 
 // TensorRPCClient is the client API for TensorRPC service.
@@ -276,6 +279,42 @@ type TensorRPCClient interface {
 	// handler for, the method's own status code when it returns one, else
 	// UNKNOWN for its errors, and the stream errors above.
 	CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Chunk, Chunk], error)
+	// CUDA IPC, on a session whose handshake enabled it (HandshakeResponse
+	// cuda.ipc): device tensors move between two processes on one host as
+	// CUDA IPC memory handles, device to device, and host memory is never
+	// touched. A client that did not negotiate it never needs these.
+	//
+	// FetchDevice asks for a tensor published on a device. When the key
+	// holds one, the answer carries its IPC handle (handle): the client opens
+	// it (cuIpcOpenMemHandle), copies handle.length bytes from handle.offset
+	// into its own device memory, and then releases transfer_id with
+	// ReleaseDevice, after which the server may unpublish and free the
+	// memory. When the key holds a host tensor, the answer sets host and
+	// nothing else: fetch it the ordinary way. gone lists the allocation ids
+	// (DeviceHandle.allocation) of handles the session received whose
+	// allocations the server no longer exports: close them.
+	//
+	// Errors: NOT_FOUND for a key not published; FAILED_PRECONDITION without
+	// a session that negotiated CUDA IPC; RESOURCE_EXHAUSTED over the
+	// session's budget of unreleased transfers; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
+	FetchDevice(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchDeviceResponse, error)
+	// SendDevice puts a tensor in the client's device memory into the
+	// server's rendezvous: the server opens handle, copies meta.byte_length
+	// bytes from handle.offset into device memory of its own and publishes
+	// them under meta.key before it answers; the client's memory is then
+	// free for reuse. Only on a session whose handshake set cuda.send.
+	//
+	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits) or a handle
+	// whose length is not byte_length, or that is not 64 bytes, or names a
+	// device the session did not negotiate; DATA_LOSS when the handle does
+	// not open or the copy fails; FAILED_PRECONDITION without a session that
+	// negotiated it; RESOURCE_EXHAUSTED over the tensor limit or when the
+	// server's device memory is full.
+	SendDevice(ctx context.Context, in *SendDeviceRequest, opts ...grpc.CallOption) (*SendResponse, error)
+	// ReleaseDevice gives back the transfers of FetchDevice answers. Unknown
+	// ids are ignored. Errors: INVALID_ARGUMENT without a session.
+	ReleaseDevice(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type tensorRPCClient struct {
@@ -383,6 +422,36 @@ func (c *tensorRPCClient) CallStream(ctx context.Context, opts ...grpc.CallOptio
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TensorRPC_CallStreamClient = grpc.BidiStreamingClient[Chunk, Chunk]
+
+func (c *tensorRPCClient) FetchDevice(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchDeviceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchDeviceResponse)
+	err := c.cc.Invoke(ctx, TensorRPC_FetchDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tensorRPCClient) SendDevice(ctx context.Context, in *SendDeviceRequest, opts ...grpc.CallOption) (*SendResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendResponse)
+	err := c.cc.Invoke(ctx, TensorRPC_SendDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tensorRPCClient) ReleaseDevice(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, TensorRPC_ReleaseDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 // TensorRPCServer is the server API for TensorRPC service.
 // All implementations must embed UnimplementedTensorRPCServer
@@ -540,6 +609,42 @@ type TensorRPCServer interface {
 	// handler for, the method's own status code when it returns one, else
 	// UNKNOWN for its errors, and the stream errors above.
 	CallStream(grpc.BidiStreamingServer[Chunk, Chunk]) error
+	// CUDA IPC, on a session whose handshake enabled it (HandshakeResponse
+	// cuda.ipc): device tensors move between two processes on one host as
+	// CUDA IPC memory handles, device to device, and host memory is never
+	// touched. A client that did not negotiate it never needs these.
+	//
+	// FetchDevice asks for a tensor published on a device. When the key
+	// holds one, the answer carries its IPC handle (handle): the client opens
+	// it (cuIpcOpenMemHandle), copies handle.length bytes from handle.offset
+	// into its own device memory, and then releases transfer_id with
+	// ReleaseDevice, after which the server may unpublish and free the
+	// memory. When the key holds a host tensor, the answer sets host and
+	// nothing else: fetch it the ordinary way. gone lists the allocation ids
+	// (DeviceHandle.allocation) of handles the session received whose
+	// allocations the server no longer exports: close them.
+	//
+	// Errors: NOT_FOUND for a key not published; FAILED_PRECONDITION without
+	// a session that negotiated CUDA IPC; RESOURCE_EXHAUSTED over the
+	// session's budget of unreleased transfers; UNAVAILABLE or
+	// PERMISSION_DENIED for the session_id.
+	FetchDevice(context.Context, *FetchRequest) (*FetchDeviceResponse, error)
+	// SendDevice puts a tensor in the client's device memory into the
+	// server's rendezvous: the server opens handle, copies meta.byte_length
+	// bytes from handle.offset into device memory of its own and publishes
+	// them under meta.key before it answers; the client's memory is then
+	// free for reuse. Only on a session whose handshake set cuda.send.
+	//
+	// Errors: INVALID_ARGUMENT for an invalid meta (see Limits) or a handle
+	// whose length is not byte_length, or that is not 64 bytes, or names a
+	// device the session did not negotiate; DATA_LOSS when the handle does
+	// not open or the copy fails; FAILED_PRECONDITION without a session that
+	// negotiated it; RESOURCE_EXHAUSTED over the tensor limit or when the
+	// server's device memory is full.
+	SendDevice(context.Context, *SendDeviceRequest) (*SendResponse, error)
+	// ReleaseDevice gives back the transfers of FetchDevice answers. Unknown
+	// ids are ignored. Errors: INVALID_ARGUMENT without a session.
+	ReleaseDevice(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedTensorRPCServer()
 }
 
@@ -573,6 +678,15 @@ func (UnimplementedTensorRPCServer) SendStream(grpc.ClientStreamingServer[Chunk,
 }
 func (UnimplementedTensorRPCServer) CallStream(grpc.BidiStreamingServer[Chunk, Chunk]) error {
 	return status.Error(codes.Unimplemented, "method CallStream not implemented")
+}
+func (UnimplementedTensorRPCServer) FetchDevice(context.Context, *FetchRequest) (*FetchDeviceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchDevice not implemented")
+}
+func (UnimplementedTensorRPCServer) SendDevice(context.Context, *SendDeviceRequest) (*SendResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SendDevice not implemented")
+}
+func (UnimplementedTensorRPCServer) ReleaseDevice(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseDevice not implemented")
 }
 func (UnimplementedTensorRPCServer) mustEmbedUnimplementedTensorRPCServer() {}
 func (UnimplementedTensorRPCServer) testEmbeddedByValue()                   {}
@@ -699,6 +813,60 @@ func _TensorRPC_CallStream_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TensorRPC_CallStreamServer = grpc.BidiStreamingServer[Chunk, Chunk]
 
+func _TensorRPC_FetchDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TensorRPCServer).FetchDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TensorRPC_FetchDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TensorRPCServer).FetchDevice(ctx, req.(*FetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TensorRPC_SendDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendDeviceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TensorRPCServer).SendDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TensorRPC_SendDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TensorRPCServer).SendDevice(ctx, req.(*SendDeviceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TensorRPC_ReleaseDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TensorRPCServer).ReleaseDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TensorRPC_ReleaseDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TensorRPCServer).ReleaseDevice(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TensorRPC_ServiceDesc is the grpc.ServiceDesc for TensorRPC service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -721,6 +889,18 @@ var TensorRPC_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _TensorRPC_Release_Handler,
+		},
+		{
+			MethodName: "FetchDevice",
+			Handler:    _TensorRPC_FetchDevice_Handler,
+		},
+		{
+			MethodName: "SendDevice",
+			Handler:    _TensorRPC_SendDevice_Handler,
+		},
+		{
+			MethodName: "ReleaseDevice",
+			Handler:    _TensorRPC_ReleaseDevice_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
