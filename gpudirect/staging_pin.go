@@ -101,8 +101,12 @@ func NewPinner(pool *mempool.Pool) *Pinner {
 // they are added. The first Pin of a registrar registers every arena;
 // later ones cost a map lookup. A registrar's refusal of an arena is not
 // an error (PinStats counts it); Pin fails only when the pool is closed
-// or the Pinner is.
+// or the Pinner is. A nil r (a device with nothing to pin host memory
+// with) pins nothing.
 func (p *Pinner) Pin(r HostRegistrar) error {
+	if r == nil {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -130,3 +130,26 @@ func TestStagePipelinedCancel(t *testing.T) {
 	buf.Free()
 	cancel()
 }
+
+// TestPinNilRegistrar: a device with no registrar (nothing to pin host
+// memory with) pins nothing and is no error.
+func TestPinNilRegistrar(t *testing.T) {
+	pool, err := mempool.NewPool(mempool.WithPinning(false), mempool.WithLimit(8<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b, err := pool.Alloc(context.Background(), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	pin := NewPinner(pool)
+	defer pin.Close()
+	if err := pin.Pin(nil); err != nil {
+		t.Fatalf("Pin(nil) = %v", err)
+	}
+	if pin.Pinned(nil, b.Arena()) || pin.Stats().Arenas != 0 {
+		t.Errorf("Pin(nil) pinned something: %+v", pin.Stats())
+	}
+}
