@@ -73,6 +73,7 @@ type CUDA struct {
 	api     cudaAPI
 	version int
 	devices []CUDADevice
+	reg     *cudaRegistrar // nil without asynchronous copies (HostRegistrar)
 }
 
 // CUDADevice describes one CUDA device.
@@ -85,6 +86,10 @@ type CUDADevice struct {
 	// CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED and
 	// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED.
 	GPUDirectRDMA, DMABuf bool
+	// UUID is the device's (cuDeviceGetUuid): what names the same GPU in
+	// another process, whatever CUDA_VISIBLE_DEVICES numbers it there.
+	// Zero when the driver cannot say.
+	UUID [16]byte
 }
 
 // CUDAOption configures LoadCUDA.
@@ -148,7 +153,13 @@ func LoadCUDA(opts ...CUDAOption) (*CUDA, error) {
 		}
 		d.PCIAddress = fmt.Sprintf("%04x:%02x:%02x.0", attrs[cuAttrPCIDomainID], attrs[cuAttrPCIBusID], attrs[cuAttrPCIDeviceID])
 		d.GPUDirectRDMA, d.DMABuf = attrs[cuAttrGPUDirectRDMA] != 0, attrs[cuAttrDMABufSupported] != 0
+		if x, ok := api.(cudaAsync); ok {
+			d.UUID, _ = x.deviceUUID(i) // zero when the driver cannot say
+		}
 		c.devices = append(c.devices, d)
+	}
+	if x, ok := c.async(); ok {
+		c.reg = &cudaRegistrar{api: x}
 	}
 	return c, nil
 }
@@ -178,6 +189,7 @@ func (c *CUDA) String() string {
 // once (Arena); every buffer's Direct memory lies inside it. It is safe for
 // concurrent use.
 type CUDAAllocator struct {
+	cuda    *CUDA
 	api     cudaAPI
 	dev     CUDADevice
 	base    uint64
@@ -209,7 +221,7 @@ func (c *CUDA) NewAllocator(ordinal, arenaSize int, topo *Topology) (*CUDAAlloca
 		arenaSize = defaultCUDAArenaSize
 	}
 	arenaSize = (arenaSize + cudaArenaGranularity - 1) &^ (cudaArenaGranularity - 1)
-	a := &CUDAAllocator{api: c.api, dev: c.devices[ordinal], size: arenaSize, dmabuf: -1, carve: newCarver(arenaSize)}
+	a := &CUDAAllocator{cuda: c, api: c.api, dev: c.devices[ordinal], size: arenaSize, dmabuf: -1, carve: newCarver(arenaSize)}
 	if err := c.api.retain(ordinal); err != nil {
 		return nil, err
 	}
@@ -297,7 +309,8 @@ func (a *CUDAAllocator) Alloc(n int) (DeviceBuffer, error) {
 		return nil, fmt.Errorf("%w: %s: no free run of %d bytes in %d", ErrExhausted, a.Name(), n, a.size)
 	}
 	a.live++
-	return &cudaBuffer{alloc: a, off: off, size: size, n: n}, nil
+	b := &cudaBuffer{alloc: a, off: off, size: size, n: n}
+	return a.cuda.asyncBuffer(b, a.dev.Ordinal), nil
 }
 
 // Close frees the arena, closes its DMA-BUF and releases the primary
@@ -326,7 +339,11 @@ type cudaBuffer struct {
 	freed        atomic.Bool
 }
 
-func (b *cudaBuffer) Device() string     { return b.alloc.Name() }
+func (b *cudaBuffer) Device() string { return b.alloc.Name() }
+
+func (b *cudaBuffer) devicePointer() (uint64, bool) {
+	return b.alloc.base + uint64(b.off), !b.freed.Load()
+}
 func (b *cudaBuffer) Len() int           { return b.n }
 func (b *cudaBuffer) PCIAddress() string { return b.alloc.dev.PCIAddress }
 

@@ -35,6 +35,26 @@ struct tr_cuda {
 	int (*handle_for_range)(void *, tr_devptr, size_t, int, unsigned long long);
 	int (*error_name)(int, const char **);
 	int (*error_string)(int, const char **);
+	// Optional, for asynchronous staging, pinning and IPC (TR_MISSING when
+	// the driver lacks them).
+	int (*stream_create)(tr_stream *, unsigned int);
+	int (*stream_destroy)(tr_stream);
+	int (*stream_sync)(tr_stream);
+	int (*htod_async)(tr_devptr, const void *, size_t, tr_stream);
+	int (*dtoh_async)(void *, tr_devptr, size_t, tr_stream);
+	int (*dtod_async)(tr_devptr, tr_devptr, size_t, tr_stream);
+	int (*event_create)(tr_event *, unsigned int);
+	int (*event_record)(tr_event, tr_stream);
+	int (*event_query)(tr_event);
+	int (*event_sync)(tr_event);
+	int (*event_destroy)(tr_event);
+	int (*host_register)(void *, size_t, unsigned int);
+	int (*host_unregister)(void *);
+	int (*ipc_get)(tr_ipc_handle *, tr_devptr);
+	int (*ipc_open)(tr_devptr *, tr_ipc_handle, unsigned int);
+	int (*ipc_close)(tr_devptr);
+	int (*address_range)(tr_devptr *, size_t *, tr_devptr);
+	int (*device_uuid)(tr_uuid *, int);
 };
 
 static char *dup_message(const char *prefix, const char *detail) {
@@ -92,6 +112,24 @@ tr_cuda *tr_cuda_open(const char *path, char **err, int *not_found) {
 		{(void **)&c->handle_for_range, "cuMemGetHandleForAddressRange", NULL, 1},
 		{(void **)&c->error_name, "cuGetErrorName", NULL, 1},
 		{(void **)&c->error_string, "cuGetErrorString", NULL, 1},
+		{(void **)&c->stream_create, "cuStreamCreate", NULL, 1},
+		{(void **)&c->stream_destroy, "cuStreamDestroy_v2", "cuStreamDestroy", 1},
+		{(void **)&c->stream_sync, "cuStreamSynchronize", NULL, 1},
+		{(void **)&c->htod_async, "cuMemcpyHtoDAsync_v2", NULL, 1},
+		{(void **)&c->dtoh_async, "cuMemcpyDtoHAsync_v2", NULL, 1},
+		{(void **)&c->dtod_async, "cuMemcpyDtoDAsync_v2", NULL, 1},
+		{(void **)&c->event_create, "cuEventCreate", NULL, 1},
+		{(void **)&c->event_record, "cuEventRecord", NULL, 1},
+		{(void **)&c->event_query, "cuEventQuery", NULL, 1},
+		{(void **)&c->event_sync, "cuEventSynchronize", NULL, 1},
+		{(void **)&c->event_destroy, "cuEventDestroy_v2", "cuEventDestroy", 1},
+		{(void **)&c->host_register, "cuMemHostRegister_v2", "cuMemHostRegister", 1},
+		{(void **)&c->host_unregister, "cuMemHostUnregister", NULL, 1},
+		{(void **)&c->ipc_get, "cuIpcGetMemHandle", NULL, 1},
+		{(void **)&c->ipc_open, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle", 1},
+		{(void **)&c->ipc_close, "cuIpcCloseMemHandle", NULL, 1},
+		{(void **)&c->address_range, "cuMemGetAddressRange_v2", NULL, 1},
+		{(void **)&c->device_uuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid", 1},
 	};
 	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
 		*syms[i].fn = dlsym(h, syms[i].name);
@@ -155,6 +193,70 @@ int tr_cu_dmabuf(tr_cuda *c, tr_ctx ctx, int *fd, tr_devptr p, size_t n) {
 		return TR_MISSING;
 	}
 	WITH_CTX(c, ctx, c->handle_for_range(fd, p, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+}
+
+// The asynchronous, pinning and IPC entry points, each TR_MISSING when the
+// driver lacks it.
+#define NEED(fn)                 \
+	do {                         \
+		if ((fn) == NULL) {      \
+			return TR_MISSING;   \
+		}                        \
+	} while (0)
+
+int tr_cu_async_ready(tr_cuda *c) {
+	return c->stream_create != NULL && c->stream_destroy != NULL && c->stream_sync != NULL && c->htod_async != NULL &&
+	       c->dtoh_async != NULL && c->dtod_async != NULL && c->event_create != NULL && c->event_record != NULL &&
+	       c->event_query != NULL && c->event_sync != NULL && c->event_destroy != NULL && c->host_register != NULL &&
+	       c->host_unregister != NULL;
+}
+
+int tr_cu_ipc_ready(tr_cuda *c) {
+	return c->ipc_get != NULL && c->ipc_open != NULL && c->ipc_close != NULL && c->address_range != NULL;
+}
+
+// Streams are made with flags 0 (blocking): they order after work on the
+// legacy default stream, where producers such as PyTorch without a stream
+// of their own put theirs.
+int tr_cu_stream_create(tr_cuda *c, tr_ctx ctx, tr_stream *s) { NEED(c->stream_create); WITH_CTX(c, ctx, c->stream_create(s, 0)); }
+int tr_cu_stream_destroy(tr_cuda *c, tr_ctx ctx, tr_stream s) { NEED(c->stream_destroy); WITH_CTX(c, ctx, c->stream_destroy(s)); }
+int tr_cu_stream_sync(tr_cuda *c, tr_ctx ctx, tr_stream s) { NEED(c->stream_sync); WITH_CTX(c, ctx, c->stream_sync(s)); }
+int tr_cu_htod_async(tr_cuda *c, tr_ctx ctx, tr_devptr dst, const void *src, size_t n, tr_stream s) {
+	NEED(c->htod_async);
+	WITH_CTX(c, ctx, c->htod_async(dst, src, n, s));
+}
+int tr_cu_dtoh_async(tr_cuda *c, tr_ctx ctx, void *dst, tr_devptr src, size_t n, tr_stream s) {
+	NEED(c->dtoh_async);
+	WITH_CTX(c, ctx, c->dtoh_async(dst, src, n, s));
+}
+int tr_cu_dtod_async(tr_cuda *c, tr_ctx ctx, tr_devptr dst, tr_devptr src, size_t n, tr_stream s) {
+	NEED(c->dtod_async);
+	WITH_CTX(c, ctx, c->dtod_async(dst, src, n, s));
+}
+// Events are made with CU_EVENT_DISABLE_TIMING (2): they only order.
+int tr_cu_event_create(tr_cuda *c, tr_ctx ctx, tr_event *e) { NEED(c->event_create); WITH_CTX(c, ctx, c->event_create(e, 2)); }
+int tr_cu_event_record(tr_cuda *c, tr_ctx ctx, tr_event e, tr_stream s) { NEED(c->event_record); WITH_CTX(c, ctx, c->event_record(e, s)); }
+int tr_cu_event_query(tr_cuda *c, tr_ctx ctx, tr_event e) { NEED(c->event_query); WITH_CTX(c, ctx, c->event_query(e)); }
+int tr_cu_event_sync(tr_cuda *c, tr_ctx ctx, tr_event e) { NEED(c->event_sync); WITH_CTX(c, ctx, c->event_sync(e)); }
+int tr_cu_event_destroy(tr_cuda *c, tr_ctx ctx, tr_event e) { NEED(c->event_destroy); WITH_CTX(c, ctx, c->event_destroy(e)); }
+// Host memory is registered CU_MEMHOSTREGISTER_PORTABLE (1): pinned for
+// every context, as the pool is shared by every device staged for.
+int tr_cu_host_register(tr_cuda *c, tr_ctx ctx, void *p, size_t n) { NEED(c->host_register); WITH_CTX(c, ctx, c->host_register(p, n, 1)); }
+int tr_cu_host_unregister(tr_cuda *c, tr_ctx ctx, void *p) { NEED(c->host_unregister); WITH_CTX(c, ctx, c->host_unregister(p)); }
+int tr_cu_ipc_get(tr_cuda *c, tr_ctx ctx, tr_ipc_handle *h, tr_devptr p) { NEED(c->ipc_get); WITH_CTX(c, ctx, c->ipc_get(h, p)); }
+// Opened with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (1).
+int tr_cu_ipc_open(tr_cuda *c, tr_ctx ctx, tr_devptr *p, const tr_ipc_handle *h) {
+	NEED(c->ipc_open);
+	WITH_CTX(c, ctx, c->ipc_open(p, *h, 1));
+}
+int tr_cu_ipc_close(tr_cuda *c, tr_ctx ctx, tr_devptr p) { NEED(c->ipc_close); WITH_CTX(c, ctx, c->ipc_close(p)); }
+int tr_cu_address_range(tr_cuda *c, tr_ctx ctx, tr_devptr *base, size_t *size, tr_devptr p) {
+	NEED(c->address_range);
+	WITH_CTX(c, ctx, c->address_range(base, size, p));
+}
+int tr_cu_device_uuid(tr_cuda *c, tr_uuid *u, int dev) {
+	NEED(c->device_uuid);
+	return c->device_uuid(u, dev);
 }
 
 const char *tr_cu_error_name(tr_cuda *c, int code) {

@@ -1,23 +1,20 @@
 package gpudirect
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// This file is a stand-in for CUDA.Wrap until the driver emulator's branch
-// (cudaemu) brings its own: the shim's C ABI needs it to send CUDA tensors
-// it did not allocate. When that lands, this file goes.
-
-// Wrap describes n bytes of device memory at ptr on the device ordinal,
-// which the caller owns (a torch tensor's data_ptr, say), as a
-// DeviceBuffer: copies go through the device's primary context, retained
-// until Free, which forgets the memory and does not free it. The buffer
-// has no Direct memory (it is staged).
-//
-// Experimental: the caller keeps the memory alive until Free.
+// Wrap makes a DeviceBuffer of n bytes of device memory at ptr on the
+// device with the given ordinal that the caller owns (a PyTorch tensor's
+// data pointer, from DLPack): the caller keeps it alive and unwritten while
+// the buffer is in use, and Free forgets it without freeing the memory.
+// Where the driver can say (cuMemGetAddressRange), the range must lie in
+// one allocation. With a driver that has streams the buffer is an
+// AsyncBuffer and an IPCExporter, as an allocator's are.
 func (c *CUDA) Wrap(ordinal int, ptr uint64, n int) (DeviceBuffer, error) {
 	if ordinal < 0 || ordinal >= len(c.devices) {
 		return nil, fmt.Errorf("gpudirect: no CUDA device %d (the driver lists %d)", ordinal, len(c.devices))
@@ -28,24 +25,40 @@ func (c *CUDA) Wrap(ordinal int, ptr uint64, n int) (DeviceBuffer, error) {
 	if err := c.api.retain(ordinal); err != nil {
 		return nil, err
 	}
-	return &wrappedCUDA{api: c.api, dev: c.devices[ordinal], ptr: ptr, n: n}, nil
+	if x, ok := c.api.(cudaAsync); ok && x.ipcReady() && n > 0 {
+		base, size, err := x.addressRange(ordinal, ptr)
+		if err == nil && ptr+uint64(n) > base+size {
+			err = fmt.Errorf("%d bytes at %#x pass the end of their allocation (%d bytes at %#x)", n, ptr, size, base)
+		}
+		if err != nil {
+			c.api.release(ordinal)
+			return nil, fmt.Errorf("gpudirect: cuda:%d: wrapping device memory: %w", ordinal, err)
+		}
+	}
+	b := &cudaRange{api: c.api, dev: c.devices[ordinal], ptr: ptr, n: n, free: func() error { return c.api.release(ordinal) }}
+	return c.asyncBuffer(b, ordinal), nil
 }
 
-type wrappedCUDA struct {
+// cudaRange is device memory gpudirect did not allocate: a caller's
+// (Wrap) or another process's (OpenIPC). free runs at Free.
+type cudaRange struct {
 	api   cudaAPI
 	dev   CUDADevice
 	ptr   uint64
 	n     int
+	free  func() error
 	freed atomic.Bool
 }
 
-func (b *wrappedCUDA) Device() string               { return fmt.Sprintf("cuda:%d", b.dev.Ordinal) }
-func (b *wrappedCUDA) Len() int                     { return b.n }
-func (b *wrappedCUDA) PCIAddress() string           { return b.dev.PCIAddress }
-func (b *wrappedCUDA) Mechanism() Mechanism         { return MechanismNone }
-func (b *wrappedCUDA) Direct() (verbs.Memory, bool) { return verbs.Memory{}, false }
+func (b *cudaRange) Device() string               { return fmt.Sprintf("cuda:%d", b.dev.Ordinal) }
+func (b *cudaRange) Len() int                     { return b.n }
+func (b *cudaRange) PCIAddress() string           { return b.dev.PCIAddress }
+func (b *cudaRange) Mechanism() Mechanism         { return MechanismNone }
+func (b *cudaRange) Direct() (verbs.Memory, bool) { return verbs.Memory{}, false }
 
-func (b *wrappedCUDA) CopyToHost(dst []byte, offset int) error {
+func (b *cudaRange) devicePointer() (uint64, bool) { return b.ptr, !b.freed.Load() }
+
+func (b *cudaRange) CopyToHost(dst []byte, offset int) error {
 	if b.freed.Load() {
 		return ErrFreed
 	}
@@ -55,7 +68,7 @@ func (b *wrappedCUDA) CopyToHost(dst []byte, offset int) error {
 	return b.api.copyFromDevice(b.dev.Ordinal, dst, b.ptr+uint64(offset))
 }
 
-func (b *wrappedCUDA) CopyFromHost(src []byte, offset int) error {
+func (b *cudaRange) CopyFromHost(src []byte, offset int) error {
 	if b.freed.Load() {
 		return ErrFreed
 	}
@@ -65,9 +78,12 @@ func (b *wrappedCUDA) CopyFromHost(src []byte, offset int) error {
 	return b.api.copyToDevice(b.dev.Ordinal, b.ptr+uint64(offset), src)
 }
 
-func (b *wrappedCUDA) Free() error {
+func (b *cudaRange) Free() error {
 	if !b.freed.CompareAndSwap(false, true) {
 		return ErrFreed
 	}
-	return b.api.release(b.dev.Ordinal)
+	if b.free == nil {
+		return nil
+	}
+	return errors.Join(b.free())
 }

@@ -1,9 +1,7 @@
 package rpc
 
 import (
-	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
@@ -169,31 +167,21 @@ func (c *Client) cudaAccept(offered bool, ans *pb.CudaAnswer) (*ipcClientSession
 // cudaDriver is gpudirect's CUDA as an ipcDriver.
 type cudaDriver struct{ c *gpudirect.CUDA }
 
-// DeviceUUIDs reads each CUDADevice's UUID (cuDeviceGetUuid).
-//
-// gpudirect's driver emulator and its UUIDs are being built beside this
-// code (branch cudaemu); until they merge, the field is looked up by name
-// and a gpudirect without it refuses CUDA IPC with that reason.
+// DeviceUUIDs reads each CUDADevice's UUID (cuDeviceGetUuid); a driver
+// that cannot say (a zero UUID) refuses CUDA IPC with that reason.
 func (d cudaDriver) DeviceUUIDs() ([][16]byte, error) {
 	var uuids [][16]byte
 	for _, dev := range d.c.Devices() {
-		f := reflect.ValueOf(dev).FieldByName("UUID")
-		if !f.IsValid() || f.Type() != reflect.TypeFor[[16]byte]() {
-			return nil, errors.New("this build's gpudirect lists no device UUIDs")
+		if dev.UUID == ([16]byte{}) {
+			return nil, fmt.Errorf("the CUDA driver gives no UUID for device %d (cuDeviceGetUuid)", dev.Ordinal)
 		}
-		uuids = append(uuids, f.Interface().([16]byte))
+		uuids = append(uuids, dev.UUID)
 	}
 	return uuids, nil
 }
 
 func (d cudaDriver) OpenIPC(h gpudirect.IPCHandle) (gpudirect.DeviceBuffer, error) {
-	o, ok := any(d.c).(interface {
-		OpenIPC(gpudirect.IPCHandle) (gpudirect.DeviceBuffer, error)
-	})
-	if !ok {
-		return nil, errors.New("this build's gpudirect cannot open CUDA IPC handles")
-	}
-	return o.OpenIPC(h)
+	return d.c.OpenIPC(h)
 }
 
 // uuidText is a device UUID as nvidia-smi prints it (GPU-xxxxxxxx-...).
