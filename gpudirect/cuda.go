@@ -159,7 +159,7 @@ func LoadCUDA(opts ...CUDAOption) (*CUDA, error) {
 		c.devices = append(c.devices, d)
 	}
 	if x, ok := c.async(); ok {
-		c.reg = &cudaRegistrar{api: x}
+		c.reg = &cudaRegistrar{api: api, x: x}
 	}
 	return c, nil
 }

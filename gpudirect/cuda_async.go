@@ -157,23 +157,42 @@ func (c *CUDA) HostRegistrar(ordinal int) HostRegistrar {
 	return c.reg
 }
 
-// cudaRegistrar pins host memory with cuMemHostRegister.
-type cudaRegistrar struct{ api cudaAsync }
+// cudaRegistrar pins host memory with cuMemHostRegister, in device 0's
+// primary context, which it retains at its first use for as long as the
+// process runs (registrations belong to a context; a released primary
+// context would drop them).
+type cudaRegistrar struct {
+	api    cudaAPI
+	x      cudaAsync
+	once   sync.Once
+	retain error
+}
 
 func (r *cudaRegistrar) Name() string { return "cuda" }
+
+func (r *cudaRegistrar) context() error {
+	r.once.Do(func() { r.retain = r.api.retain(0) })
+	return r.retain
+}
 
 func (r *cudaRegistrar) RegisterHost(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("gpudirect: cuMemHostRegister of 0 bytes")
 	}
-	return r.api.hostRegister(0, b)
+	if err := r.context(); err != nil {
+		return err
+	}
+	return r.x.hostRegister(0, b)
 }
 
 func (r *cudaRegistrar) UnregisterHost(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("gpudirect: cuMemHostUnregister of 0 bytes")
 	}
-	return r.api.hostUnregister(0, b)
+	if err := r.context(); err != nil {
+		return err
+	}
+	return r.x.hostUnregister(0, b)
 }
 
 // cudaStream is a CUDA stream of one device.

@@ -30,7 +30,7 @@ func buildFakeCUDA(t *testing.T) string {
 		t.Fatal(err)
 	}
 	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-Wall", "-Werror", "-o", lib, src).CombinedOutput()
+	out, err := exec.Command(cc, "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-o", lib, src).CombinedOutput()
 	if err != nil {
 		t.Fatalf("building the fake libcuda: %v\n%s", err, out)
 	}

@@ -64,6 +64,8 @@ func runChild(mode string) int {
 			return 1
 		}
 		return serveUntilStopped(s, lis)
+	case "cuda-server":
+		return runCUDAServer(size, opts)
 	case "client":
 		ctx := context.Background()
 		c, err := rpc.Dial(ctx, os.Getenv("TENSORRPC_TEST_ADDR"), asDial(opts)...)
