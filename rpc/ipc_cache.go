@@ -34,6 +34,10 @@ type handleCache struct {
 	closed  bool
 	opened  int // handles opened, for tests
 	freed   int // handles closed, for tests
+	// streams are the copies' streams, by device, kept for the next copy:
+	// a stream made and destroyed per copy costs the driver's calls each
+	// time. Closed with the cache.
+	streams map[string][]gpudirect.Stream
 }
 
 // openedHandle is one opened allocation, from its base.
@@ -177,8 +181,50 @@ func (c *handleCache) close() {
 			free = append(free, e.buf)
 		}
 	}
+	streams := c.streams
+	c.streams = nil
 	c.mu.Unlock()
 	freeAll(free)
+	for _, ss := range streams {
+		for _, st := range ss {
+			st.Close()
+		}
+	}
+}
+
+// copy is copyOn on a stream of the cache's, made once per device and
+// reused.
+func (c *handleCache) copy(ctx context.Context, dst gpudirect.DeviceBuffer, dstOff int, src gpudirect.DeviceBuffer, srcOff, n int) error {
+	a, ok := dst.(gpudirect.AsyncBuffer)
+	if !ok {
+		return fmt.Errorf("%s has no streams (gpudirect.AsyncBuffer)", dst.Device())
+	}
+	dev := dst.Device()
+	c.mu.Lock()
+	var st gpudirect.Stream
+	if ss := c.streams[dev]; len(ss) > 0 {
+		st, c.streams[dev] = ss[len(ss)-1], ss[:len(ss)-1]
+	}
+	c.mu.Unlock()
+	if st == nil {
+		var err error
+		if st, err = a.NewStream(); err != nil {
+			return err
+		}
+	}
+	err := copyOn(ctx, st, dst, dstOff, src, srcOff, n)
+	c.mu.Lock()
+	if c.closed || err != nil {
+		c.mu.Unlock()
+		st.Close() // a failed copy's stream may hold its error
+		return err
+	}
+	if c.streams == nil {
+		c.streams = map[string][]gpudirect.Stream{}
+	}
+	c.streams[dev] = append(c.streams[dev], st)
+	c.mu.Unlock()
+	return nil
 }
 
 // counts returns how many handles were opened and closed.
@@ -188,20 +234,11 @@ func (c *handleCache) counts() (opened, freed int) {
 	return c.opened, c.freed
 }
 
-// copyDevice copies n bytes device to device, from src at srcOff to dst at
-// dstOff, on a stream of dst's device, and waits for the copy. When ctx
-// ends first it still waits for the copy (so nothing lands in dst after
-// it returns) and returns ctx's status.
-func copyDevice(ctx context.Context, dst gpudirect.DeviceBuffer, dstOff int, src gpudirect.DeviceBuffer, srcOff, n int) error {
-	a, ok := dst.(gpudirect.AsyncBuffer)
-	if !ok {
-		return fmt.Errorf("%s has no streams (gpudirect.AsyncBuffer)", dst.Device())
-	}
-	st, err := a.NewStream()
-	if err != nil {
-		return err
-	}
-	defer st.Close()
+// copyOn copies n bytes device to device, from src at srcOff to dst at
+// dstOff, on stream st, and waits for the copy. When ctx ends first it
+// still waits for the copy (so nothing lands in dst after it returns) and
+// returns ctx's status.
+func copyOn(ctx context.Context, st gpudirect.Stream, dst gpudirect.DeviceBuffer, dstOff int, src gpudirect.DeviceBuffer, srcOff, n int) error {
 	if err := st.CopyDevice(dst, dstOff, src, srcOff, n); err != nil {
 		return err
 	}

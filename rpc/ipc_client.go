@@ -161,7 +161,7 @@ func (c *Client) copyIPC(ctx context.Context, x *ipcClientSession, resp *pb.Fetc
 		return ipcCopyError("opening the server's handle", err)
 	}
 	defer x.cache.release(src)
-	if err := copyDevice(ctx, dst, offset, src.buf, int(h.Offset), n); err != nil {
+	if err := x.cache.copy(ctx, dst, offset, src.buf, int(h.Offset), n); err != nil {
 		return ipcCopyError("copying from the server's device", err)
 	}
 	c.stats.ipc.Add(1)

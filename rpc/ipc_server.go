@@ -509,7 +509,7 @@ func (s *Server) copyFromPeer(ctx context.Context, x *ipcServerSession, dst gpud
 		return ipcCopyError("opening the client's handle", err)
 	}
 	defer cache.release(src)
-	if err := copyDevice(ctx, dst, 0, src.buf, int(h.Offset), n); err != nil {
+	if err := cache.copy(ctx, dst, 0, src.buf, int(h.Offset), n); err != nil {
 		return ipcCopyError("copying from the client's device", err)
 	}
 	return nil

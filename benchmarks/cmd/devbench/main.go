@@ -426,7 +426,7 @@ func ipcServer() int {
 	if err != nil {
 		return fail(err)
 	}
-	a, err := c.NewAllocator(0, 2*n+8<<20, nil)
+	a, err := c.NewAllocator(0, 4*n+8<<20, nil)
 	if err != nil {
 		return fail(err)
 	}
