@@ -50,7 +50,23 @@
 //     arena on a GPU, reached through dlopen of libcuda.so.1 (cgo, no CUDA
 //     headers). Without a driver, LoadCUDA fails with "libcuda.so.1 not
 //     found: no NVIDIA driver on this host; using host staging"; built
-//     without cgo it says so.
+//     without cgo it says so. Where the driver has streams, events,
+//     cuMemHostRegister and IPC handles (every driver since CUDA 11), its
+//     buffers are AsyncBuffers (NewStream: copies ordered on a stream,
+//     completed by events; HostRegistrar: pinning host memory) and
+//     IPCExporters (IPCHandle, which names the allocation's base with the
+//     buffer's offset); CUDA.OpenIPC maps another process's, CUDA.Wrap
+//     describes device memory a caller owns (a PyTorch tensor's).
+//
+// The CUDA tests run against an emulator of the driver
+// (testdata/fakecuda, loaded by package cudatest), which models what the
+// real driver does that a missing synchronisation or a forgotten IPC
+// offset would trip over: asynchronous copies on worker threads (delayed
+// by FAKECUDA_COPY_DELAY_US), synchronous copies of pageable memory, IPC
+// handles that name an allocation's base and open only in another
+// process, the registration errors, and a failure switch (FAKECUDA_FAIL).
+// With TENSORRPC_TEST_CUDA=real the same tests run on a GPU
+// (scripts/device-check.sh, docs/DEVICE.md).
 //
 // Each allocator maps or allocates its arena once; register it once (its
 // Arena method) and address buffers inside it, rather than registering per
