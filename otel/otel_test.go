@@ -248,7 +248,9 @@ func TestObserveStats(t *testing.T) {
 func BenchmarkFetch4KiB(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("telemetry=%v", on), func(b *testing.B) {
-			tel := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error { return next(ctx) }
+			tel := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				return next(ctx)
+			}
 			if on {
 				tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
 				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
