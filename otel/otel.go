@@ -158,10 +158,11 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		}
 		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(spanAttrs...))
 		if info.Client {
-			md, _ := metadata.FromOutgoingContext(ctx)
-			md = md.Copy()
-			c.props.Inject(ctx, metadataCarrier(md))
-			ctx = metadata.NewOutgoingContext(ctx, md)
+			var kv appendCarrier
+			c.props.Inject(ctx, &kv)
+			if len(kv) > 0 {
+				ctx = metadata.AppendToOutgoingContext(ctx, kv...)
+			}
 		}
 		start := time.Now()
 		err := next(ctx)
@@ -216,6 +217,21 @@ func (a *attrSets) of(k setKey, build func() attribute.Set) attribute.Set {
 		a.m.Store(k, s)
 	}
 	return s
+}
+
+// appendCarrier collects what a propagator injects, as key-value pairs for
+// metadata.AppendToOutgoingContext (cheaper than copying the outgoing
+// metadata).
+type appendCarrier []string
+
+func (a *appendCarrier) Get(string) string     { return "" }
+func (a *appendCarrier) Set(key, value string) { *a = append(*a, key, value) }
+func (a *appendCarrier) Keys() []string {
+	var keys []string
+	for i := 0; i < len(*a); i += 2 {
+		keys = append(keys, (*a)[i])
+	}
+	return keys
 }
 
 // metadataCarrier is gRPC metadata as a TextMapCarrier.

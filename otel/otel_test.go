@@ -29,11 +29,17 @@ func small() rpc.Option {
 	return rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(64<<20))
 }
 
-// pair starts a server and dials it over plane, both with tel, and
+// pair starts a server and dials it over plane, both with tel (none when
+// nil), and
 // publishes "w" (64 KiB) and handles "echo".
 func pair(t testing.TB, plane string, tel rpc.Interceptor) (*rpc.Server, *rpc.Client) {
 	t.Helper()
-	srv, err := rpc.NewServer(small(), rpc.WithInterceptors(tel))
+	var so []rpc.ServerOption
+	var do []rpc.DialOption
+	if tel != nil {
+		so, do = []rpc.ServerOption{rpc.WithInterceptors(tel)}, []rpc.DialOption{rpc.WithInterceptors(tel)}
+	}
+	srv, err := rpc.NewServer(append(so, small())...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,8 +59,8 @@ func pair(t testing.TB, plane string, tel rpc.Interceptor) (*rpc.Server, *rpc.Cl
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	c, err := rpc.Dial(ctx, lis.Addr().String(), rpc.WithTransportCredentials(insecure.NewCredentials()),
-		rpc.WithTransports(plane), small(), rpc.WithInterceptors(tel))
+	c, err := rpc.Dial(ctx, lis.Addr().String(), append(do, rpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpc.WithTransports(plane), small())...)
 	if err != nil {
 		srv.Stop()
 		t.Fatal(err)
@@ -248,9 +254,7 @@ func TestObserveStats(t *testing.T) {
 func BenchmarkFetch4KiB(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("telemetry=%v", on), func(b *testing.B) {
-			tel := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
-				return next(ctx)
-			}
+			var tel rpc.Interceptor // off: no interceptor at all
 			if on {
 				tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
 				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
