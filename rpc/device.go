@@ -192,25 +192,36 @@ func (c *Client) FetchToDevice(ctx context.Context, key string, dst gpudirect.De
 	return t.DType(), append([]int64(nil), t.Shape()...), d, nil
 }
 
+// askDevice asks for key as any Fetch does (engine.ask) for a device
+// destination: the answer's tensor is checked, and must fit dst at
+// offset, else the transfer is released and the call fails.
+func (c *Client) askDevice(ctx context.Context, e framePlane, key string, dst gpudirect.DeviceBuffer, offset int) (*engine.Link, *pb.FetchResponse, error) {
+	l, resp, err := e.ask(ctx, key, fetchOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
+		c.releaseTransfer(e.s, resp.TransferId)
+		return nil, nil, err
+	}
+	if n := int(resp.Meta.ByteLength); offset < 0 || offset+n > dst.Len() {
+		c.releaseTransfer(e.s, resp.TransferId)
+		return nil, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
+	}
+	return l, resp, nil
+}
+
 // fetchDirect reads a published tensor straight into registered device
 // memory, asked for as any Fetch is (engine.ask). It fails with Unimplemented when the device memory cannot be
 // registered, so the caller can stage instead.
 func (c *Client) fetchDirect(ctx context.Context, e framePlane, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, error) {
 	s := e.s
-	l, resp, err := e.ask(ctx, key, fetchOptions{})
+	l, resp, err := c.askDevice(ctx, e, key, dst, offset)
 	if err != nil {
-		return 0, nil, err
-	}
-	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
-		c.releaseTransfer(s, resp.TransferId)
 		return 0, nil, err
 	}
 	dtype, shape := shapeOf(resp.Meta)
 	n := int(resp.Meta.ByteLength)
-	if offset < 0 || offset+n > dst.Len() {
-		c.releaseTransfer(s, resp.TransferId)
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
-	}
 	loc := resp.Meta.Location
 	if loc == nil { // small: it came inline
 		if err := gpudirect.StageIn(dst, offset, resp.InlineData); err != nil || len(resp.InlineData) != n {

@@ -156,20 +156,12 @@ func stagingStatus(buf gpudirect.DeviceBuffer, err error) error {
 // The server sees a Fetch like any other: nothing new on the wire.
 func (c *Client) fetchPipelined(ctx context.Context, e framePlane, key string, dst gpudirect.AsyncBuffer, offset int) (zerocopy.DType, []int64, error) {
 	s := e.s
-	l, resp, err := e.ask(ctx, key, fetchOptions{})
+	l, resp, err := c.askDevice(ctx, e, key, dst, offset)
 	if err != nil {
-		return 0, nil, err
-	}
-	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
-		c.releaseTransfer(s, resp.TransferId)
 		return 0, nil, err
 	}
 	dtype, shape := shapeOf(resp.Meta)
 	n := int(resp.Meta.ByteLength)
-	if offset < 0 || offset+n > dst.Len() {
-		c.releaseTransfer(s, resp.TransferId)
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
-	}
 	loc := resp.Meta.Location
 	if loc == nil { // small: it came inline
 		if len(resp.InlineData) != n {
