@@ -47,7 +47,7 @@ func TestFakeCUDA(t *testing.T) {
 		t.Fatal(err)
 	}
 	devs := c.Devices()
-	want := CUDADevice{Ordinal: 0, Name: "Fake GPU", PCIAddress: "0000:03:00.0", TotalMemory: 16 << 30, GPUDirectRDMA: true, DMABuf: true}
+	want := CUDADevice{Ordinal: 0, Name: "Fake GPU", PCIAddress: "0000:03:00.0", TotalMemory: 16 << 30, GPUDirectRDMA: true, DMABuf: true, UUID: [16]byte([]byte("fakecuda-gpu-000"))}
 	if len(devs) != 1 || devs[0] != want {
 		t.Fatalf("devices %+v, want %+v", devs, want)
 	}

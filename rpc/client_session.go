@@ -206,7 +206,10 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	// The stream's end is the session's end.
 	reader := engine.ReadStream(stream.Recv, nil, func(err error) {
 		s.endByServer(err, func() { c.sessionEnded(s, err) })
-		s.ipc.close()
+		s.mu.Lock() // the stream may end while the handshake is still read
+		ipc := s.ipc
+		s.mu.Unlock()
+		ipc.close()
 		c.ended(s)
 	})
 	s.done = reader.Ended()
@@ -271,7 +274,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
 	ipc, rejs := c.cudaAccept(cudaOffer != nil, resp.Cuda)
+	s.mu.Lock()
 	s.ipc = ipc
+	s.mu.Unlock()
 	s.rejections = append(s.rejections, rejs...)
 	for {
 		msg, err := next(ctx)
