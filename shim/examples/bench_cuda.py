@@ -158,6 +158,8 @@ def main():
                 add("torch-rpc", n, json.loads(caller.stdout.readline()))
         else:
             print("bench_cuda: torch RPC did not start", file=sys.stderr)
+    except (ValueError, OSError) as e:  # the rows so far still print
+        print("bench_cuda: torch RPC failed: %s" % e, file=sys.stderr)
     finally:
         try:
             caller.stdin.close()
@@ -187,6 +189,8 @@ def main():
                     secs = timed(f, a.iters if n < 16 << 20 else a.big_iters, torch.cuda.synchronize)
                     st = c.stats()
                     add("trpc-fetch-cuda", n, secs, "ipc=%s" % st.get("ipc", "?"))
+        except Exception as e:  # an older package, or a failed fetch: the torch rows still print
+            print("bench_cuda: tensorrpc CUDA fetch not available: %s" % e, file=sys.stderr)
         finally:
             srv.stdin.close()
             srv.wait(timeout=60)
