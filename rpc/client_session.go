@@ -20,13 +20,16 @@ import (
 // clientSession is one session of a Client: the Session stream that keeps
 // it alive, and its data plane.
 type clientSession struct {
-	id         string
-	transport  string
-	link       *engine.Link   // lane 0; nil for the grpc transport
-	lanes      []*engine.Link // every lane, link first
-	eager      int
-	calls      callPlane
-	rejections []Rejection
+	id        string
+	transport string
+	link      *engine.Link   // lane 0; nil for the grpc transport
+	lanes     []*engine.Link // every lane, link first
+	eager     int
+	// reservations: the server takes reserved Sends
+	// (HandshakeResponse.send_reservations), which SendDevice pipelines.
+	reservations bool
+	calls        callPlane
+	rejections   []Rejection
 
 	cancel   context.CancelFunc // ends the Session stream
 	done     <-chan struct{}    // closed when the stream's reader has stopped
@@ -260,6 +263,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
+	s.reservations = resp.SendReservations
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}

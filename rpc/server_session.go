@@ -190,6 +190,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	})
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold),
+		SendReservations: !s.opts.noReservations,
 	}}}); err != nil {
 		return err
 	}
