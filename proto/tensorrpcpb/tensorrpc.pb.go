@@ -1242,20 +1242,20 @@ type SendRequest struct {
 	// them; the Send method refuses them with FAILED_PRECONDITION):
 	//
 	//  1. reserve: meta describes the tensor (no location, no inline data,
-	//     more bytes than a frame carries inline). The server allocates a
-	//     destination in its pool, counted against the session's quota and
-	//     its TransfersPerSession budget like a Send's, and answers with
+	//     at least one byte). The server allocates a zeroed destination in
+	//     its pool, counted against the session's quota and its
+	//     TransfersPerSession budget like a Send's, and answers with
 	//     SendResponse.reservation, a Location granted writable to this
 	//     session only (on every lane, striped, from 8 MiB), and
 	//     reservation_id, a transfer of the session.
 	//  2. The client Writes the tensor's bytes into the reservation, in any
 	//     order and as many Writes as it likes, and waits for them.
 	//  3. commit: reservation_id, and meta with the key, dtype and shape of
-	//     the reserve (crc32c may be set only now). The server revokes the
-	//     grants, checks the checksum and publishes the tensor under the
-	//     key as a Send does (replacing, waking waiters, ordered by the
-	//     commit's arrival), then answers. A commit that fails frees the
-	//     reservation.
+	//     the reserve (the commit's crc32c is checked, the reserve's
+	//     ignored). The server revokes the grants, checks the checksum and
+	//     publishes the tensor under the key as a Send does (replacing,
+	//     waking waiters, ordered by the commit's arrival), then answers.
+	//     A commit that fails frees the reservation.
 	//
 	// A reservation is never published otherwise: releasing its id (as a
 	// fetched transfer is released, also by the reserve's client_ref) or
