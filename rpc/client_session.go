@@ -28,6 +28,9 @@ type clientSession struct {
 	calls      callPlane
 	rejections []Rejection
 	ipc        *ipcClientSession // nil unless the session negotiated CUDA IPC
+	// reservations: the server takes reserved Sends
+	// (HandshakeResponse.send_reservations), which SendDevice pipelines.
+	reservations bool
 
 	cancel   context.CancelFunc // ends the Session stream
 	done     <-chan struct{}    // closed when the stream's reader has stopped
@@ -270,6 +273,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	}
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
+	s.reservations = resp.SendReservations
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}

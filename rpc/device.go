@@ -59,10 +59,18 @@ func (c *Client) plan(s *clientSession, buf gpudirect.DeviceBuffer) gpudirect.De
 // SendDevice puts a device tensor into the server's rendezvous under key,
 // like Send. Where the hardware allows (ibv with GPUDirect RDMA or p2pmem,
 // see gpudirect.Plan) the NIC reads the device memory directly; otherwise
-// the bytes are staged through a pool buffer (one device-to-host copy):
-// for a gpudirect.AsyncBuffer an asynchronous copy on a stream of its own
-// into pool memory registered with the device (pinned), then a Send; the
-// copy does not yet overlap the transfer. The returned Decision says
+// the bytes are staged through pool memory (one device-to-host copy).
+// For a gpudirect.AsyncBuffer on a data plane the staging is pipelined:
+// the server reserves the tensor's destination, the tensor is copied off
+// the device in chunks (WithStagingChunk, 8 MiB by default) into a ring
+// of pinned pool slots, each written into the destination while the next
+// is copied, and a commit publishes it, so the transfer takes about the
+// time of the slower of the two. If ctx ends or a copy or write fails
+// midway, nothing is published and the destination is freed. Small
+// tensors, the gRPC fallback, and servers from before reserved Sends
+// (which do not announce them in the handshake) take the whole tensor to
+// the host first, asynchronously into pinned memory, then Send it; a
+// plain DeviceBuffer copies synchronously. The returned Decision says
 // which path was taken and why.
 func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gpudirect.Decision, error) {
 	n, err := deviceBytes(t)
@@ -91,6 +99,19 @@ func (c *Client) SendDevice(ctx context.Context, key string, t DeviceTensor) (gp
 			return d, err
 		}
 		d = gpudirect.Decision{Path: gpudirect.Staged, Reason: fmt.Sprintf("registering %s with %s failed: %v; using host staging", t.Buffer.Device(), s.transport, err)}
+	}
+	if e, ok := s.calls.(framePlane); ok && s.reservations && n > engine.FrameInline(s.eager) {
+		if ab, ok := c.stage.async(t.Buffer); ok {
+			err := c.intercept(ctx, s, OpSend, key, int64(n), func(ctx context.Context, _ *CallInfo) error {
+				return c.sendPipelined(ctx, e, key, t, ab, n)
+			})
+			if err != nil {
+				return d, err
+			}
+			c.stats.copied(n)
+			c.stats.staged.Add(1)
+			return d, nil
+		}
 	}
 	buf, err := c.stage.stageOut(ctx, &c.stats, t, n)
 	if err != nil {

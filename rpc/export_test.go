@@ -49,3 +49,10 @@ func SessionHasFrames(c *Client) bool {
 func SetDevicePlan(c *Client, plan func(gpudirect.DeviceBuffer) gpudirect.Decision) {
 	c.planFor = plan
 }
+
+// ServeWithoutReservations makes a server behave as one from before
+// reserved Sends: its handshake does not announce them, and it takes a
+// reserve as a Send of a tensor without its bytes.
+func ServeWithoutReservations() ServerOption {
+	return serverOption(func(o *options) { o.noReservations = true })
+}

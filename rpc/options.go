@@ -66,6 +66,9 @@ type options struct {
 	checksums      bool
 	sessionQuota   int64
 	reserveTimeout time.Duration
+	// noReservations makes a server one from before reserved Sends
+	// (SendRequest.reserve): tests of the client's fallback set it.
+	noReservations bool
 	streamIdle     time.Duration
 	admission      Admission
 	lanes          int           // 0: DefaultLanes for each data plane

@@ -153,7 +153,8 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 		return nil, err
 	}
 	err = s.intercept(ctx, ss, OpSend, req.GetMeta().GetKey(), PathUnary, int64(req.GetMeta().GetByteLength()), func(ctx context.Context, _ *CallInfo) error {
-		return s.sendRequest(ctx, ss, nil, req)
+		_, err := s.sendRequest(ctx, ss, nil, 0, req)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -162,17 +163,30 @@ func (s service) Send(ctx context.Context, req *pb.SendRequest) (*pb.SendRespons
 }
 
 // sendRequest is a SendRequest however it arrived (the Send method, l
-// nil; a SEND_REQ on lane l): its tensor is taken in and sent. It is
-// published before the answer goes, so the sender's next Fetch sees it.
-func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.SendRequest) error {
+// nil; a SEND_REQ on lane l, of the call the client named ref): its
+// tensor is taken in and sent. It is published before the answer goes,
+// so the sender's next Fetch sees it. A reserve's answer is the
+// reservation (see send_reserve.go); every other answer is nil.
+func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.SendRequest) (*pb.SendResponse, error) {
+	if (req.Reserve || req.Commit != 0) && !s.opts.noReservations {
+		switch {
+		case l == nil:
+			return nil, status.Error(codes.FailedPrecondition, "tensorrpc: a reserve or commit needs a data-plane session: the Send method carries tensors inline")
+		case req.Reserve && req.Commit != 0:
+			return nil, status.Error(codes.InvalidArgument, "tensorrpc: a SendRequest both reserves and commits")
+		case req.Reserve:
+			return s.reserveSend(ctx, ss, l, ref, req)
+		}
+		return nil, s.commitSend(ss, req)
+	}
 	if req.Rows != nil {
-		return s.writeRows(ctx, ss, l, req)
+		return nil, s.writeRows(ctx, ss, l, req)
 	}
 	t, seq, err := s.sentTensor(ctx, ss, l, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return s.send(req.Meta.Key, t, seq)
+	return nil, s.send(req.Meta.Key, t, seq)
 }
 
 // send is the work of every Send, whatever path it came by (a frame, the

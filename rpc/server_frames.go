@@ -83,7 +83,11 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, false, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			return 0, nil, s.sendRequest(ctx, ss, l, req)
+			resp, err := s.sendRequest(ctx, ss, l, h.Ref, req)
+			if resp == nil || err != nil {
+				return 0, nil, err
+			}
+			return 0, resp, nil
 		})
 	case wire.FrameCallReq:
 		req := &pb.CallRequest{}

@@ -196,6 +196,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	ss.ipc = ipc
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold), Cuda: cuda,
+		SendReservations: !s.opts.noReservations,
 	}}}); err != nil {
 		return err
 	}

@@ -1000,9 +1000,15 @@ type HandshakeResponse struct {
 	EagerThreshold uint64 `protobuf:"varint,4,opt,name=eager_threshold,json=eagerThreshold,proto3" json:"eager_threshold,omitempty"`
 	// The server's answer to HandshakeRequest.cuda; unset when the client
 	// offered none.
-	Cuda          *CudaAnswer `protobuf:"bytes,6,opt,name=cuda,proto3" json:"cuda,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cuda *CudaAnswer `protobuf:"bytes,6,opt,name=cuda,proto3" json:"cuda,omitempty"`
+	// The server takes SendRequest.reserve and commit in this session's
+	// frames (a Send whose bytes the client Writes into a destination the
+	// server reserved). A client must not send them to a server that
+	// leaves this unset: one from before these fields refuses a reserve as
+	// a tensor without inline data or location.
+	SendReservations bool `protobuf:"varint,7,opt,name=send_reservations,json=sendReservations,proto3" json:"send_reservations,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
@@ -1068,6 +1074,13 @@ func (x *HandshakeResponse) GetCuda() *CudaAnswer {
 		return x.Cuda
 	}
 	return nil
+}
+
+func (x *HandshakeResponse) GetSendReservations() bool {
+	if x != nil {
+		return x.SendReservations
+	}
+	return false
 }
 
 // CudaOffer describes a peer's CUDA devices for CUDA IPC.
@@ -1604,7 +1617,32 @@ type SendRequest struct {
 	// data plane the server reads each row from the client's grant into
 	// its place. The write is visible to Fetches that start after the
 	// answer.
-	Rows          []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	Rows []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	// A pipelined Send, in three steps, only in frames of a session whose
+	// HandshakeResponse set send_reservations (else the server refuses
+	// them; the Send method refuses them with FAILED_PRECONDITION):
+	//
+	//  1. reserve: meta describes the tensor (no location, no inline data,
+	//     at least one byte). The server allocates a zeroed destination in
+	//     its pool, counted against the session's quota and its
+	//     TransfersPerSession budget like a Send's, and answers with
+	//     SendResponse.reservation, a Location granted writable to this
+	//     session only (on every lane, striped, from 8 MiB), and
+	//     reservation_id, a transfer of the session.
+	//  2. The client Writes the tensor's bytes into the reservation, in any
+	//     order and as many Writes as it likes, and waits for them.
+	//  3. commit: reservation_id, and meta with the key, dtype and shape of
+	//     the reserve (the commit's crc32c is checked, the reserve's
+	//     ignored). The server revokes the grants, checks the checksum and
+	//     publishes the tensor under the key as a Send does (replacing,
+	//     waking waiters, ordered by the commit's arrival), then answers.
+	//     A commit that fails frees the reservation.
+	//
+	// A reservation is never published otherwise: releasing its id (as a
+	// fetched transfer is released, also by the reserve's client_ref) or
+	// the session's end frees it, unpublished, after revoking its grants.
+	Reserve       bool   `protobuf:"varint,7,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	Commit        uint64 `protobuf:"varint,8,opt,name=commit,proto3" json:"commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1667,9 +1705,28 @@ func (x *SendRequest) GetRows() []int64 {
 	return nil
 }
 
-// SendResponse is empty: the tensor is published when it arrives.
+func (x *SendRequest) GetReserve() bool {
+	if x != nil {
+		return x.Reserve
+	}
+	return false
+}
+
+func (x *SendRequest) GetCommit() uint64 {
+	if x != nil {
+		return x.Commit
+	}
+	return 0
+}
+
+// SendResponse is empty, except in the answer to a reserve (see
+// SendRequest): the tensor is published when it arrives.
 type SendResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answer to a reserve: the destination, writable by the client on
+	// the lanes it names, and its transfer id.
+	Reservation   *Location `protobuf:"bytes,4,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	ReservationId uint64    `protobuf:"varint,5,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1702,6 +1759,20 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
 	return file_tensorrpc_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SendResponse) GetReservation() *Location {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *SendResponse) GetReservationId() uint64 {
+	if x != nil {
+		return x.ReservationId
+	}
+	return 0
 }
 
 type CallRequest struct {
@@ -2254,14 +2325,15 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
 	"clientName\x12+\n" +
-	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cudaJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\x8a\x02\n" +
+	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cudaJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xb7\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\x12<\n" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
 	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12,\n" +
-	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cudaJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
+	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cuda\x12+\n" +
+	"\x11send_reservations\x18\a \x01(\bR\x10sendReservationsJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
 	"\tCudaOffer\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12!\n" +
 	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\"\x8e\x01\n" +
@@ -2307,16 +2379,20 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
 	"transferId\x12$\n" +
-	"\x0erows_of_source\x18\x04 \x01(\bR\frowsOfSource\"\xad\x01\n" +
+	"\x0erows_of_source\x18\x04 \x01(\bR\frowsOfSource\"\xdf\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x03 \x01(\fR\n" +
 	"inlineData\x12\x12\n" +
-	"\x04rows\x18\x06 \x03(\x03R\x04rowsJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x04holdR\n" +
-	"client_ref\"E\n" +
-	"\fSendResponseJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\xc7\x01\n" +
+	"\x04rows\x18\x06 \x03(\x03R\x04rows\x12\x18\n" +
+	"\areserve\x18\a \x01(\bR\areserve\x12\x16\n" +
+	"\x06commit\x18\b \x01(\x04R\x06commitJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x04holdR\n" +
+	"client_ref\"\xa6\x01\n" +
+	"\fSendResponse\x128\n" +
+	"\vreservation\x18\x04 \x01(\v2\x16.tensorrpc.v1.LocationR\vreservation\x12%\n" +
+	"\x0ereservation_id\x18\x05 \x01(\x04R\rreservationIdJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\xc7\x01\n" +
 	"\vCallRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
@@ -2463,38 +2539,39 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	14, // 19: tensorrpc.v1.SendDeviceRequest.handle:type_name -> tensorrpc.v1.DeviceHandle
 	4,  // 20: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
 	4,  // 21: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 22: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 23: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	26, // 24: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
-	4,  // 25: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	27, // 26: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 27: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	17, // 28: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	19, // 29: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	21, // 30: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	23, // 31: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	17, // 32: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	28, // 33: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	28, // 34: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	17, // 35: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
-	16, // 36: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
-	23, // 37: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
-	8,  // 38: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	18, // 39: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	20, // 40: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	22, // 41: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	24, // 42: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	28, // 43: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	20, // 44: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	28, // 45: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	15, // 46: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
-	20, // 47: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
-	24, // 48: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	2,  // 22: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
+	4,  // 23: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 24: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	26, // 25: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 26: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	27, // 27: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 28: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	17, // 29: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	19, // 30: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	21, // 31: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	23, // 32: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	17, // 33: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	28, // 34: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	28, // 35: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	17, // 36: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
+	16, // 37: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
+	23, // 38: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
+	8,  // 39: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	18, // 40: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	20, // 41: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	22, // 42: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	24, // 43: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	28, // 44: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	20, // 45: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	28, // 46: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	15, // 47: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
+	20, // 48: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
+	24, // 49: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
+	39, // [39:50] is the sub-list for method output_type
+	28, // [28:39] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }

@@ -238,10 +238,22 @@ func joinEnds(n int, failed func()) func(ok bool) {
 // runs once every read has completed (so local's memory is freed only
 // then); it never runs after ReadLanes returns nil.
 func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+	return postLanes(ctx, verbs.OpRead, l, lanes, local, remote, striped, failed)
+}
+
+// WriteLanes is ReadLanes the other way: it writes local into remote (a
+// destination the peer granted writable), striped over the lanes as
+// ReadLanes reads. When it returns nil the bytes are in place at the
+// peer (a Write completes when the target has applied it).
+func WriteLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+	return postLanes(ctx, verbs.OpWrite, l, lanes, local, remote, striped, failed)
+}
+
+func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
 	n := local.Length
 	k := Stripes(n, len(lanes))
 	if len(striped) != len(lanes) || k < 2 {
-		return l.Post(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, failed)
+		return l.Post(ctx, verbs.SendRequest{Op: op, Local: local, Remote: remote}, failed)
 	}
 	part := ((n+k-1)/k + 4095) &^ 4095 // k parts cover n
 	done := joinEnds(k, failed)
@@ -254,7 +266,7 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 			done(true)
 			continue
 		}
-		wr := verbs.SendRequest{Op: verbs.OpRead,
+		wr := verbs.SendRequest{Op: op,
 			Local:  verbs.Local{Region: local.Region, Offset: local.Offset + off, Length: m},
 			Remote: verbs.Remote{Addr: striped[i].Address + uint64(off), Key: striped[i].RemoteKey}}
 		wg.Go(func() {

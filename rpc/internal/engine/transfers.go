@@ -33,6 +33,14 @@ type Transfer struct {
 	// Stripes are grants of Buf on the session's other lanes, for a read
 	// striped across them (see GrantLanes).
 	Stripes []verbs.Grant
+	// Reserved, when not nil, marks a destination the client Writes into
+	// before the server publishes it (a reserved Send): what the server
+	// reserved it for. Only TakeReserved takes such a transfer out to
+	// publish it.
+	Reserved any
+	// Done, when not nil, runs once the buffer has gone back (a refund of
+	// what reserving it charged), whichever way the transfer ends.
+	Done func()
 }
 
 // Revoke ends the peer's access to the transfer's buffer. Call it,
@@ -48,7 +56,14 @@ func (t *Transfer) Revoke() {
 // Finish revokes the peer's access and releases the buffer.
 func (t *Transfer) Finish() {
 	t.Revoke()
+	t.release()
+}
+
+func (t *Transfer) release() {
 	t.Buf.Release()
+	if t.Done != nil {
+		t.Done()
+	}
 }
 
 // finishAsync finishes t without blocking when every grant of it can be
@@ -69,7 +84,7 @@ func (t *Transfer) finishAsync() bool {
 		grants = append(grants, a)
 	}
 	if len(grants) == 0 {
-		t.Buf.Release()
+		t.release()
 		return true
 	}
 	var left atomic.Int32
@@ -77,7 +92,7 @@ func (t *Transfer) finishAsync() bool {
 	for _, g := range grants {
 		g.RevokeAsync(func() {
 			if left.Add(-1) == 0 {
-				t.Buf.Release()
+				t.release()
 			}
 		})
 	}
@@ -168,6 +183,18 @@ func (s *Session) removeLocked(id uint64) *Transfer {
 		}
 	}
 	return t
+}
+
+// TakeReserved takes the transfer id out of the session when it is a
+// reserved destination (Transfer.Reserved), or returns nil, leaving any
+// other transfer of that id where it is; the caller owns its buffer.
+func (s *Session) TakeReserved(id uint64) *Transfer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.transfers[id]; t == nil || t.Reserved == nil {
+		return nil
+	}
+	return s.removeLocked(id)
 }
 
 // RemoveAll takes the transfers ids out of the session (see Remove).
