@@ -148,6 +148,19 @@ func stagingStatus(buf gpudirect.DeviceBuffer, err error) error {
 	return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", buf.Device(), err)
 }
 
+// chunkAt is where a chunk at pos of a granted tensor lies: on the lane
+// the location was sent on, and on each lane of a striped grant.
+func chunkAt(loc *pb.Location, pos int) (verbs.Remote, []*pb.LaneRemote) {
+	striped := loc.Lanes
+	if len(striped) > 0 {
+		striped = make([]*pb.LaneRemote, len(loc.Lanes))
+		for i, lr := range loc.Lanes {
+			striped[i] = &pb.LaneRemote{Address: lr.Address + uint64(pos), RemoteKey: lr.RemoteKey}
+		}
+	}
+	return verbs.Remote{Addr: loc.Address + uint64(pos), Key: loc.RemoteKey}, striped
+}
+
 // fetchPipelined is FetchToDevice staged on a data plane: an ordinary
 // Fetch request, whose answer grants the whole tensor; the client reads
 // it a chunk at a time into a ring of pinned pool slots (over every lane
@@ -209,20 +222,13 @@ func (c *Client) fetchPipelined(ctx context.Context, e framePlane, key string, d
 		local.Offset += ch.At
 		local.Length = ch.Len
 		pinned.Store(c.stage.pinned(dst, ch.Ring))
-		striped := loc.Lanes
-		if len(striped) > 0 {
-			striped = make([]*pb.LaneRemote, len(loc.Lanes))
-			for i, lr := range loc.Lanes {
-				striped[i] = &pb.LaneRemote{Address: lr.Address + uint64(ch.Pos), RemoteKey: lr.RemoteKey}
-			}
-		}
+		remote, striped := chunkAt(loc, ch.Pos)
 		holds.Add(1)
 		ch.Ring.Retain()
 		end := func() {
 			ch.Ring.Release()
 			drop()
 		}
-		remote := verbs.Remote{Addr: loc.Address + uint64(ch.Pos), Key: loc.RemoteKey}
 		if err := engine.ReadLanes(ctx, l, s.lanes, local, remote, striped, end); err != nil {
 			return err
 		}

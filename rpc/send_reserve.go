@@ -184,21 +184,13 @@ func (c *Client) sendPipelined(ctx context.Context, e framePlane, key string, t 
 			crc = zerocopy.UpdateChecksum(crc, ch.Bytes())
 		}
 		pinned.Store(c.stage.pinned(src, ch.Ring))
-		loc := r.loc
-		striped := loc.Lanes
-		if len(striped) > 0 {
-			striped = make([]*pb.LaneRemote, len(loc.Lanes))
-			for i, lr := range loc.Lanes {
-				striped[i] = &pb.LaneRemote{Address: lr.Address + uint64(ch.Pos), RemoteKey: lr.RemoteKey}
-			}
-		}
+		remote, striped := chunkAt(r.loc, ch.Pos)
 		holds.Add(1)
 		ch.Ring.Retain()
 		end := func() {
 			ch.Ring.Release()
 			drop()
 		}
-		remote := verbs.Remote{Addr: loc.Address + uint64(ch.Pos), Key: loc.RemoteKey}
 		if err := engine.WriteLanes(ctx, l, s.lanes, local, remote, striped, end); err != nil {
 			return err
 		}
