@@ -65,6 +65,40 @@ func chunkOf(ring *mempool.Buffer, i, chunk, slots, n int) StageChunk {
 	return StageChunk{Index: i, Pos: pos, Len: min(chunk, n-pos), Ring: ring, At: (i % slots) * chunk}
 }
 
+// pipeline is what both directions of a pipelined staging hold: the ring
+// of pool slots, the stream its copies run on, the event of each slot's
+// copy, and the chunking.
+type pipeline struct {
+	ring                 *mempool.Buffer
+	stream               Stream
+	events               []Event
+	chunk, slots, chunks int
+}
+
+// openPipeline checks the range and opens the ring and its stream; it
+// returns a nil pipeline, and nil or the error, when there is nothing to
+// move or it cannot.
+func openPipeline(ctx context.Context, pool *mempool.Pool, buf AsyncBuffer, offset, n int, ring StageRing) (*pipeline, error) {
+	if err := checkRange(buf.Device(), buf.Len(), offset, n); err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	chunk, slots, chunks, size := ring.sized(n)
+	r, st, err := openRing(ctx, pool, buf, size)
+	if err != nil {
+		return nil, err
+	}
+	return &pipeline{ring: r, stream: st, events: make([]Event, slots), chunk: chunk, slots: slots, chunks: chunks}, nil
+}
+
+// close waits for the copies' events and gives the ring back.
+func (p *pipeline) close() {
+	closeEvents(p.events)
+	closeRing(p.ring, p.stream)
+}
+
 // StageOutPipelined sends n bytes of buf from offset through a ring of
 // pool slots: it copies chunks to the host asynchronously, a ring ahead,
 // and calls send with each chunk, in order, once its copy has completed.
@@ -73,20 +107,13 @@ func chunkOf(ring *mempool.Buffer, i, chunk, slots, n int) StageChunk {
 // into the ring is under way any more, having released the ring (a
 // send's operation that Retained it keeps it).
 func StageOutPipelined(ctx context.Context, pool *mempool.Pool, buf AsyncBuffer, offset, n int, ring StageRing, send func(context.Context, StageChunk) error) error {
-	if err := checkRange(buf.Device(), buf.Len(), offset, n); err != nil {
+	p, err := openPipeline(ctx, pool, buf, offset, n, ring)
+	if p == nil {
 		return err
 	}
-	if n == 0 {
-		return nil
-	}
-	chunk, slots, chunks, size := ring.sized(n)
-	r, st, err := openRing(ctx, pool, buf, size)
-	if err != nil {
-		return err
-	}
-	defer closeRing(r, st)
-	events := make([]Event, slots)
-	defer closeEvents(events)
+	defer p.close()
+	r, st, events := p.ring, p.stream, p.events
+	chunk, slots, chunks := p.chunk, p.slots, p.chunks
 	enqueue := func(i int) error {
 		c := chunkOf(r, i, chunk, slots, n)
 		if err := st.CopyToHost(c.Bytes(), buf, offset+c.Pos); err != nil {
@@ -129,20 +156,13 @@ func StageOutPipelined(ctx context.Context, pool *mempool.Pool, buf AsyncBuffer,
 // nil), having released the ring (a recv's operation that Retained it
 // keeps it).
 func StageInPipelined(ctx context.Context, pool *mempool.Pool, buf AsyncBuffer, offset, n int, ring StageRing, recv func(context.Context, StageChunk) error) error {
-	if err := checkRange(buf.Device(), buf.Len(), offset, n); err != nil {
+	p, err := openPipeline(ctx, pool, buf, offset, n, ring)
+	if p == nil {
 		return err
 	}
-	if n == 0 {
-		return nil
-	}
-	chunk, slots, chunks, size := ring.sized(n)
-	r, st, err := openRing(ctx, pool, buf, size)
-	if err != nil {
-		return err
-	}
-	defer closeRing(r, st)
-	events := make([]Event, slots)
-	defer closeEvents(events)
+	defer p.close()
+	r, st, events := p.ring, p.stream, p.events
+	chunk, slots, chunks := p.chunk, p.slots, p.chunks
 	for i := range chunks {
 		if ev := events[i%slots]; ev != nil {
 			if err := ev.Wait(ctx); err != nil {
