@@ -184,7 +184,9 @@
 // the call's status; several chain in order, the first outermost, as
 // grpc.ChainUnaryInterceptor chains. A client's interceptor may add
 // outgoing metadata (trace context, say); a server's may put values into
-// the context its handler gets. gRPC's own interceptors, given with
+// the context its handler gets. Interceptors that never block are given
+// with WithInlineInterceptors, so that a server's small calls stay where
+// their frames are read (see Inline). gRPC's own interceptors, given with
 // WithGRPCServerOptions or WithGRPCDialOptions, see only the gRPC methods:
 // session setup, the fallback's streams and the unary methods gRPC-only
 // clients call.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -100,20 +101,45 @@ func interceptors(rs []*recorder) rpc.Option {
 	return rpc.WithInterceptors(is...)
 }
 
+// inlineInterceptors is interceptors given with WithInlineInterceptors.
+func inlineInterceptors(rs []*recorder) rpc.Option {
+	var is []rpc.Interceptor
+	for _, r := range rs {
+		is = append(is, r.intercept)
+	}
+	return rpc.WithInlineInterceptors(is...)
+}
+
 // TestInterceptorsSeeEveryCall: a chain of two interceptors on each side
 // sees every Fetch, Send and Call exactly once, in order (the first
 // outermost), with the operation, name, path, transport, bytes and status
 // of each, on every plane; tensors small enough to go inline and large
-// ones that take the data plane.
+// ones that take the data plane; given with WithInterceptors and with
+// WithInlineInterceptors (whose calls the server may serve where it reads
+// them: the small Fetch, the Inline method's calls).
 func TestInterceptorsSeeEveryCall(t *testing.T) {
 	for _, plane := range planes {
-		t.Run(plane, func(t *testing.T) {
+		for _, inline := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/inline=%v", plane, inline), func(t *testing.T) {
+				interceptorsSeeEveryCall(t, plane, inline)
+			})
+		}
+	}
+}
+
+func interceptorsSeeEveryCall(t *testing.T, plane string, inline bool) {
+	{
+		{
 			srvRec := newRecorders("s1", "s2")
 			cliRec := newRecorders("c1", "c2")
-			e := start(t, plane, []rpc.ServerOption{interceptors(srvRec)}, []rpc.DialOption{interceptors(cliRec)})
+			with := interceptors
+			if inline {
+				with = inlineInterceptors
+			}
+			e := start(t, plane, []rpc.ServerOption{with(srvRec)}, []rpc.DialOption{with(cliRec)})
 			e.srv.Handle("double", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 				return &rpc.Message{Metadata: req.Metadata, Tensors: req.Tensors[:1]}, nil
-			})
+			}, rpc.Inline())
 			e.srv.Handle("fail", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 				return nil, status.Error(codes.FailedPrecondition, "no")
 			})
@@ -189,7 +215,7 @@ func TestInterceptorsSeeEveryCall(t *testing.T) {
 					}
 				}
 			}
-		})
+		}
 	}
 }
 
@@ -393,5 +419,86 @@ func TestMetadataTooLarge(t *testing.T) {
 				t.Errorf("Call with %d bytes of metadata, eager threshold 0: %v", rpc.MaxFrameMetadataBytes-64, err)
 			}
 		})
+	}
+}
+
+// onFramePath reports whether the calling goroutine is serving a frame
+// where its lane's frames are read (its stack runs through the Server's
+// frame handler), not on a goroutine of the call's own.
+func onFramePath() bool {
+	buf := make([]byte, 64<<10)
+	return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "rpc.(*Server).serveFrame(")
+}
+
+// TestInlineInterceptorsKeepTheFramePath: with interceptors given by
+// WithInlineInterceptors only, a small Fetch of a published tensor and a
+// call of an Inline method are served (and intercepted) where the lane's
+// frames are read, as without interceptors; one interceptor given by
+// WithInterceptors moves every call to a goroutine of its own, on tcp
+// and shm.
+func TestInlineInterceptorsKeepTheFramePath(t *testing.T) {
+	for _, plane := range []string{rpc.TransportTCP, rpc.TransportSHM} {
+		for _, mode := range []string{"inline", "blocking", "both"} {
+			t.Run(plane+"/"+mode, func(t *testing.T) {
+				var mu sync.Mutex
+				where := map[rpc.Operation][]bool{}
+				look := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+					on := onFramePath()
+					mu.Lock()
+					where[info.Op] = append(where[info.Op], on)
+					mu.Unlock()
+					return next(ctx)
+				}
+				pass := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+					return next(ctx)
+				}
+				var so []rpc.ServerOption
+				switch mode {
+				case "inline":
+					so = []rpc.ServerOption{rpc.WithInlineInterceptors(look)}
+				case "blocking":
+					so = []rpc.ServerOption{rpc.WithInterceptors(look)}
+				case "both":
+					so = []rpc.ServerOption{rpc.WithInlineInterceptors(look), rpc.WithInterceptors(pass)}
+				}
+				e := start(t, plane, so, nil)
+				e.srv.Handle("echo", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
+					return &rpc.Message{Tensors: req.Tensors}, nil
+				}, rpc.Inline())
+				ctx := testCtx(t)
+				x := newBytes(t, e.c, 256, 1)
+				defer x.Release()
+				if err := e.srv.Publish(ctx, "small", x); err != nil {
+					t.Fatal(err)
+				}
+				for range 3 {
+					got, err := e.c.Fetch(ctx, "small")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got.Bytes(), x.Bytes()) {
+						t.Error("Fetch: wrong bytes")
+					}
+					got.Release()
+					reply, err := e.c.Call(ctx, "echo", &rpc.Message{Tensors: []*rpc.Tensor{x}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					reply.Release()
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, op := range []rpc.Operation{rpc.OpFetch, rpc.OpCall} {
+					if len(where[op]) != 3 {
+						t.Fatalf("the interceptor saw %d %ss, want 3", len(where[op]), op)
+					}
+					for i, on := range where[op] {
+						if want := mode == "inline"; on != want {
+							t.Errorf("%s %d: served on the frame path: %v, want %v", op, i, on, want)
+						}
+					}
+				}
+			})
+		}
 	}
 }

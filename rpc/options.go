@@ -77,9 +77,13 @@ type options struct {
 	stageChunk     int           // 0: gpudirect.DefaultStageChunk
 	envErr         error         // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
-	cuda           ipcDriver           // WithCUDA: CUDA IPC (rpc/ipc.go)
-	deviceAlloc    gpudirect.Allocator // WithDeviceAllocator
-	ipcHost        string              // tests: the host identity CUDA IPC compares
+	// mayBlock counts the interceptors given with WithInterceptors (not
+	// WithInlineInterceptors): with any, no call is served on a lane's
+	// receiving goroutine.
+	mayBlock    int
+	cuda        ipcDriver           // WithCUDA: CUDA IPC (rpc/ipc.go)
+	deviceAlloc gpudirect.Allocator // WithDeviceAllocator
+	ipcHost     string              // tests: the host identity CUDA IPC compares
 	// frameServe, set by the package's tests, wraps the frame handler of
 	// each lane of a server's session as the session sets it up.
 	frameServe func(ss *serverSession, lane int, serve func(wire.FrameHeader, []byte)) func(wire.FrameHeader, []byte)

@@ -191,7 +191,8 @@ type HandlerOption func(*registered)
 // calls, no tensorrpc calls, no locks held for long, no waiting on
 // channels. A call of it that arrives as a frame with its request tensors
 // in the frame (the eager path: each at most the eager threshold), on a
-// Server without interceptors, then runs on the data plane's receiving
+// Server without interceptors that may block (WithInlineInterceptors'
+// ones do not), then runs on the data plane's receiving
 // goroutine as the frame is read, like a Fetch of a published tensor,
 // instead of on a goroutine of its own: the call costs one goroutine and
 // one wake-up fewer (eRPC's handlers that run in the dispatch thread).

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -48,11 +49,15 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	case wire.FrameFetchReq:
 		var key string
 		var rows []int64
-		// fetchNow answers where completions are handled; interceptors run
-		// where every other call's work runs.
-		if bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(body) <= wire.MaxKeyLen && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
+		// fetchNow answers where completions are handled. With
+		// interceptors, all of them inline ones (WithInlineInterceptors),
+		// the call runs there too, wrapped by them (runFrameCall's
+		// inline); with any other, where every other call's work runs.
+		direct := bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(body) <= wire.MaxKeyLen
+		if direct && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
 			return
 		}
+		inline := direct && len(s.opts.interceptors) > 0 && s.opts.inlineOK() && !s.opts.checksums
 		// An indirect key is pulled up to one byte past the longest, so
 		// that one too long fails as one inline does.
 		limit := wire.MaxKeyLen + 1
@@ -76,7 +81,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			key = string(b)
 			return nil
 		})
-		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, false, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, inline, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
 		})
 	case wire.FrameSendReq:
@@ -101,11 +106,12 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 // callInline reports whether a CALL_REQ runs where its frame was read
 // (runFrameCall's inline): its method's handler was registered Inline,
 // its request and its tensors came in the frame (nothing to pull, which
-// waits for completions), and no interceptor (which may wait) wraps it.
+// waits for completions), and no interceptor that may wait wraps it (only
+// WithInlineInterceptors' ones).
 // req was decoded already: takeRequest decodes a frame that is not
 // indirect at once.
 func (s *Server) callInline(h wire.FrameHeader, bad error, req *pb.CallRequest) bool {
-	if bad != nil || h.Flags&wire.FlagIndirect != 0 || len(s.opts.interceptors) > 0 || !s.inlineHandler(req.Method) {
+	if bad != nil || h.Flags&wire.FlagIndirect != 0 || !s.opts.inlineOK() || !s.inlineHandler(req.Method) {
 		return false
 	}
 	for _, m := range req.Tensors {
@@ -255,7 +261,21 @@ func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 // for pool memory or for a credit: an answer that cannot go at once goes
 // from a goroutine of its own.
 func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, inline bool, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
-	ctx, cancel := withHeaders(ss.Context(), hdr)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if inline && op == OpFetch && hdr.timeout == 0 {
+		// A Fetch served inline runs no handler, only interceptors, and
+		// ends before anything else of its lane is read: the session's
+		// context is its own (its end ends the call), with the caller's
+		// metadata; a cancel of its own would cost a registration with
+		// the session's context and nothing else.
+		ctx, cancel = ss.Context(), func() {}
+		if hdr.md != nil {
+			ctx = metadata.NewIncomingContext(ctx, hdr.md)
+		}
+	} else {
+		ctx, cancel = withHeaders(ss.Context(), hdr)
+	}
 	if inline {
 		ctx = context.WithValue(ctx, noPoolWait{}, true)
 	}
