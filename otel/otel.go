@@ -7,8 +7,8 @@
 // library does not depend on OpenTelemetry.
 //
 //	tel := tensorrpcotel.Interceptor() // the global TracerProvider, MeterProvider and propagator
-//	srv, _ := rpc.NewServer(rpc.WithInterceptors(tel))
-//	c, _ := rpc.Dial(ctx, addr, creds, rpc.WithInterceptors(tel))
+//	srv, _ := rpc.NewServer(rpc.WithInlineInterceptors(tel))
+//	c, _ := rpc.Dial(ctx, addr, creds, rpc.WithInlineInterceptors(tel))
 //	stop, _ := tensorrpcotel.ObserveStats("client", c.Stats) // copies, leases, bytes as counters
 //
 // Spans are named "tensorrpc/Fetch", "tensorrpc/Send" and "tensorrpc/Call
@@ -21,11 +21,18 @@
 // on the client how the bytes moved (tensorrpc.moved, tensorrpc.lanes,
 // tensorrpc.copies; see rpc.CallInfo).
 //
-// Metrics (histograms, by rpc.method, tensorrpc.operation, tensorrpc.plane
-// and rpc.grpc.status_code): rpc.client.duration and rpc.server.duration
-// (ms), rpc.client.request.size, rpc.client.response.size,
-// rpc.server.request.size and rpc.server.response.size (By, the tensor
-// bytes).
+// Spans get their attributes as the call ends, and only when sampled: a
+// sampler sees a span's name and kind, not its attributes.
+//
+// Metrics, by rpc.method, tensorrpc.operation, tensorrpc.plane and
+// rpc.grpc.status_code: the histograms rpc.client.duration and
+// rpc.server.duration (ms); the counters tensorrpc.client.request.bytes,
+// tensorrpc.client.response.bytes, tensorrpc.server.request.bytes and
+// tensorrpc.server.response.bytes (By, the tensor bytes calls carried;
+// kept as sums and read when the provider collects, so that a call pays
+// for one histogram, not three); with WithSizeHistograms also the
+// conventions' rpc.{client,server}.{request,response}.size histograms. A
+// method name past the first 1,024 kinds of calls is recorded as "_OTHER".
 package tensorrpcotel
 
 import (
@@ -55,6 +62,7 @@ type config struct {
 	tp    trace.TracerProvider
 	mp    metric.MeterProvider
 	props propagation.TextMapPropagator
+	sizes bool
 }
 
 // Option configures Interceptor and ObserveStats.
@@ -74,6 +82,14 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 	return func(c *config) { c.props = p }
 }
 
+// WithSizeHistograms adds OpenTelemetry's RPC size histograms
+// (rpc.client.request.size, rpc.client.response.size,
+// rpc.server.request.size, rpc.server.response.size; By, the tensor
+// bytes) to the byte counters. They cost two more histogram recordings
+// per call (about 0.9 µs a side on a 2-core VM), which is why they are off
+// by default.
+func WithSizeHistograms() Option { return func(c *config) { c.sizes = true } }
+
 func newConfig(opts []Option) *config {
 	c := &config{tp: otel.GetTracerProvider(), mp: otel.GetMeterProvider(), props: otel.GetTextMapPropagator()}
 	if len(c.props.Fields()) == 0 {
@@ -85,17 +101,30 @@ func newConfig(opts []Option) *config {
 	return c
 }
 
-// instruments are one side's histograms.
+// instruments are one side's instruments.
 type instruments struct {
-	duration, reqSize, respSize metric.Float64Histogram
+	duration           metric.Float64Histogram
+	reqSize, respSize  metric.Float64Histogram // WithSizeHistograms only
+	reqBytes, respByte metric.Int64ObservableCounter
 }
 
-func newInstruments(m metric.Meter, side string) (instruments, error) {
+func newInstruments(m metric.Meter, side string, sizes bool) (instruments, error) {
 	var in instruments
 	var err error
 	if in.duration, err = m.Float64Histogram("rpc."+side+".duration", metric.WithUnit("ms"),
 		metric.WithDescription("tensorrpc calls (Fetch, Send, Call): duration, measured by the "+side)); err != nil {
 		return in, err
+	}
+	if in.reqBytes, err = m.Int64ObservableCounter("tensorrpc."+side+".request.bytes", metric.WithUnit("By"),
+		metric.WithDescription("tensor bytes the requests of calls carried")); err != nil {
+		return in, err
+	}
+	if in.respByte, err = m.Int64ObservableCounter("tensorrpc."+side+".response.bytes", metric.WithUnit("By"),
+		metric.WithDescription("tensor bytes the answers of calls carried")); err != nil {
+		return in, err
+	}
+	if !sizes {
+		return in, nil
 	}
 	if in.reqSize, err = m.Float64Histogram("rpc."+side+".request.size", metric.WithUnit("By"),
 		metric.WithDescription("tensor bytes a call's request carried")); err != nil {
@@ -109,54 +138,64 @@ func newInstruments(m metric.Meter, side string) (instruments, error) {
 }
 
 // Interceptor returns an rpc.Interceptor that records a span and metrics
-// for every call, on the client (rpc.Dial's WithInterceptors) and on the
-// server (NewServer's), telling the sides apart by CallInfo.Client. It
-// panics only if the MeterProvider refuses the instruments' names, which
-// a conforming provider does not.
+// for every call, on the client (rpc.Dial's options) and on the server
+// (NewServer's), telling the sides apart by CallInfo.Client. It never
+// blocks as long as the providers' exporters do their I/O elsewhere (the
+// SDK's batching span processor and periodic reader do; a synchronous
+// span exporter does not): give it with rpc.WithInlineInterceptors, so
+// that a Server still serves small calls where it reads them.
+//
+// Each Interceptor registers one callback with the MeterProvider (the
+// byte counters); make one per provider and share it between clients and
+// servers. It panics only if the MeterProvider refuses the instruments'
+// names, which a conforming provider does not.
 func Interceptor(opts ...Option) rpc.Interceptor {
 	c := newConfig(opts)
 	tracer := c.tp.Tracer(ScopeName)
 	meter := c.mp.Meter(ScopeName)
-	client, err := newInstruments(meter, "client")
+	client, err := newInstruments(meter, "client", c.sizes)
 	if err != nil {
 		panic(fmt.Sprintf("tensorrpcotel: %v", err))
 	}
-	server, err := newInstruments(meter, "server")
+	server, err := newInstruments(meter, "server", c.sizes)
 	if err != nil {
 		panic(fmt.Sprintf("tensorrpcotel: %v", err))
 	}
-	var sets attrSets
+	var kinds callKinds
+	// The byte counters are sums kept per kind and status code, read when
+	// the provider collects: a call adds to two integers.
+	if _, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		kinds.m.Range(func(_, v any) bool {
+			k := v.(*callKind)
+			in := server
+			if k.client {
+				in = client
+			}
+			k.sets.Range(func(_, v any) bool {
+				e := v.(*codeSet)
+				o.ObserveInt64(in.reqBytes, e.req.Load(), e.set)
+				o.ObserveInt64(in.respByte, e.resp.Load(), e.set)
+				return true
+			})
+			return true
+		})
+		return nil
+	}, client.reqBytes, client.respByte, server.reqBytes, server.respByte); err != nil {
+		panic(fmt.Sprintf("tensorrpcotel: %v", err))
+	}
 	return func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
-		method := string(info.Op)
-		name := "tensorrpc/" + method
-		if info.Op == rpc.OpCall {
-			method = info.Name
-			name = "tensorrpc/Call " + info.Name
-		}
-		attrs := []attribute.KeyValue{
-			attribute.String("rpc.system", "tensorrpc"),
-			attribute.String("rpc.service", "tensorrpc"),
-			attribute.String("rpc.method", method),
-			attribute.String("tensorrpc.operation", string(info.Op)),
-			attribute.String("tensorrpc.plane", info.Transport),
-			attribute.String("tensorrpc.path", info.Path),
-		}
+		k := kinds.of(info)
 		in, kind := server, trace.SpanKindServer
 		if info.Client {
 			in, kind = client, trace.SpanKindClient
-		} else if md, ok := metadata.FromIncomingContext(ctx); ok {
+		} else {
 			// The client's span is the parent of the server's: its context
 			// came in the call's metadata.
-			ctx = c.props.Extract(ctx, metadataCarrier(md))
+			ctx = c.props.Extract(ctx, incomingCarrier{ctx})
 		}
-		spanAttrs := append([]attribute.KeyValue(nil), attrs...)
-		if info.Op != rpc.OpCall {
-			spanAttrs = append(spanAttrs, attribute.String("tensorrpc.key", info.Name))
-		}
-		if info.Client {
-			spanAttrs = append(spanAttrs, attribute.String("server.address", info.Peer))
-		}
-		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(spanAttrs...))
+		// Attributes are set once, as the call ends, and only on a span
+		// that records: an unsampled call pays for none.
+		ctx, span := tracer.Start(ctx, k.name, trace.WithSpanKind(kind))
 		if info.Client {
 			var kv appendCarrier
 			c.props.Inject(ctx, &kv)
@@ -168,55 +207,119 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		err := next(ctx)
 		ms := float64(time.Since(start).Nanoseconds()) / 1e6
 		code := status.Code(err)
-		span.SetAttributes(
-			attribute.Int("rpc.grpc.status_code", int(code)),
-			attribute.Int64("tensorrpc.request.bytes", info.RequestBytes),
-			attribute.Int64("tensorrpc.response.bytes", info.ResponseBytes),
-		)
-		if info.Moved != "" {
-			span.SetAttributes(attribute.String("tensorrpc.moved", info.Moved), attribute.Int("tensorrpc.lanes", info.Lanes), attribute.Int("tensorrpc.copies", info.Copies))
-		}
-		if err != nil {
-			span.SetStatus(codes.Error, status.Convert(err).Message())
+		if span.IsRecording() {
+			attrs := make([]attribute.KeyValue, 0, len(k.span)+8)
+			attrs = append(attrs, k.span...)
+			if info.Op != rpc.OpCall {
+				attrs = append(attrs, attribute.String("tensorrpc.key", info.Name))
+			}
+			if info.Client {
+				attrs = append(attrs, attribute.String("server.address", info.Peer))
+			}
+			attrs = append(attrs,
+				attribute.Int("rpc.grpc.status_code", int(code)),
+				attribute.Int64("tensorrpc.request.bytes", info.RequestBytes),
+				attribute.Int64("tensorrpc.response.bytes", info.ResponseBytes))
+			if info.Moved != "" {
+				attrs = append(attrs, attribute.String("tensorrpc.moved", info.Moved), attribute.Int("tensorrpc.lanes", info.Lanes), attribute.Int("tensorrpc.copies", info.Copies))
+			}
+			span.SetAttributes(attrs...)
+			if err != nil {
+				span.SetStatus(codes.Error, status.Convert(err).Message())
+			}
 		}
 		span.End()
-		set := metric.WithAttributeSet(sets.of(setKey{info.Op, method, info.Transport, info.Path, code}, func() attribute.Set {
-			return attribute.NewSet(append(attrs, attribute.Int("rpc.grpc.status_code", int(code)))...)
-		}))
-		in.duration.Record(ctx, ms, set)
-		in.reqSize.Record(ctx, float64(info.RequestBytes), set)
-		in.respSize.Record(ctx, float64(info.ResponseBytes), set)
+		e := k.set(code)
+		in.duration.Record(ctx, ms, e.set)
+		e.req.Add(info.RequestBytes)
+		e.resp.Add(info.ResponseBytes)
+		if in.reqSize != nil {
+			in.reqSize.Record(ctx, float64(info.RequestBytes), e.set)
+			in.respSize.Record(ctx, float64(info.ResponseBytes), e.set)
+		}
 		return err
 	}
 }
 
-// setKey names a metric attribute set: what the metrics are broken down
-// by.
-type setKey struct {
+// kindKey names a kind of call: what its span's name and start attributes
+// and its metrics' attributes are made of.
+type kindKey struct {
 	op                  rpc.Operation
 	method, plane, path string
-	code                grpccodes.Code
+	client              bool
 }
 
-// attrSets keeps the attribute sets made so far: making one sorts and
-// allocates, which a call need not pay each time. Methods are few; should
-// a server see very many, past maxSets new sets are made and not kept.
-type attrSets struct {
-	m     sync.Map
+// callKind is what calls of one kind share, made once: the span's name,
+// its attributes, and the metrics' attribute sets by status code.
+type callKind struct {
+	name   string
+	client bool
+	span   []attribute.KeyValue // the span's attributes but the key, the peer and the outcome
+	base   []attribute.KeyValue // the metrics' attributes but the code
+	sets   sync.Map             // grpccodes.Code -> *codeSet
+}
+
+// codeSet is the metrics' attribute set of the calls of one kind that
+// ended with one status code, and their byte sums.
+type codeSet struct {
+	set       metric.MeasurementOption
+	req, resp atomic.Int64
+}
+
+// set is the codeSet of calls of k that ended with code.
+func (k *callKind) set(code grpccodes.Code) *codeSet {
+	if v, ok := k.sets.Load(code); ok {
+		return v.(*codeSet)
+	}
+	e := &codeSet{set: metric.WithAttributeSet(attribute.NewSet(append(k.base[:len(k.base):len(k.base)], attribute.Int("rpc.grpc.status_code", int(code)))...))}
+	v, _ := k.sets.LoadOrStore(code, e)
+	return v.(*codeSet)
+}
+
+// callKinds keeps the kinds of calls seen so far: making one sorts and
+// allocates, which a call need not pay each time. Methods are few; past
+// maxKinds kinds, calls of a method not seen yet are recorded with
+// rpc.method "_OTHER" (as OpenTelemetry's conventions do for methods a
+// server does not know), so that neither memory nor the metrics'
+// cardinality grows without bound.
+type callKinds struct {
+	m     sync.Map // kindKey -> *callKind
 	count atomic.Int64
 }
 
-const maxSets = 4096
+const maxKinds = 1024
 
-func (a *attrSets) of(k setKey, build func() attribute.Set) attribute.Set {
-	if v, ok := a.m.Load(k); ok {
-		return v.(attribute.Set)
+func (ks *callKinds) of(info *rpc.CallInfo) *callKind {
+	key := kindKey{info.Op, info.Name, info.Transport, info.Path, info.Client}
+	if info.Op != rpc.OpCall {
+		key.method = string(info.Op) // keys are not a kind: they can be many
 	}
-	s := build()
-	if a.count.Add(1) <= maxSets {
-		a.m.Store(k, s)
+	if v, ok := ks.m.Load(key); ok {
+		return v.(*callKind)
 	}
-	return s
+	if ks.count.Load() >= maxKinds {
+		key.method = "_OTHER"
+		if v, ok := ks.m.Load(key); ok {
+			return v.(*callKind)
+		}
+	}
+	k := &callKind{name: "tensorrpc/" + key.method, client: info.Client}
+	if info.Op == rpc.OpCall {
+		k.name = "tensorrpc/Call " + key.method
+	}
+	k.base = []attribute.KeyValue{
+		attribute.String("rpc.system", "tensorrpc"),
+		attribute.String("rpc.service", "tensorrpc"),
+		attribute.String("rpc.method", key.method),
+		attribute.String("tensorrpc.operation", string(info.Op)),
+		attribute.String("tensorrpc.plane", info.Transport),
+	}
+	k.span = append(k.base[:len(k.base):len(k.base)], attribute.String("tensorrpc.path", info.Path))
+	v, loaded := ks.m.LoadOrStore(key, k)
+	if !loaded {
+		ks.count.Add(1)
+	}
+	return v.(*callKind)
 }
 
 // appendCarrier collects what a propagator injects, as key-value pairs for
@@ -232,6 +335,24 @@ func (a *appendCarrier) Keys() []string {
 		keys = append(keys, (*a)[i])
 	}
 	return keys
+}
+
+// incomingCarrier reads a call's incoming metadata as a TextMapCarrier
+// without copying it (metadata.FromIncomingContext copies it all).
+type incomingCarrier struct{ ctx context.Context }
+
+func (c incomingCarrier) Get(key string) string {
+	if v := metadata.ValueFromIncomingContext(c.ctx, key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c incomingCarrier) Set(string, string) {}
+
+func (c incomingCarrier) Keys() []string {
+	md, _ := metadata.FromIncomingContext(c.ctx)
+	return metadataCarrier(md).Keys()
 }
 
 // metadataCarrier is gRPC metadata as a TextMapCarrier.

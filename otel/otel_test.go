@@ -29,16 +29,20 @@ func small() rpc.Option {
 	return rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(64<<20))
 }
 
-// pair starts a server and dials it over plane, both with tel (none when
-// nil), and
-// publishes "w" (64 KiB) and handles "echo".
+// pair starts a server and dials it over plane, both with tel as an
+// inline interceptor (none when nil), and publishes "w" (64 KiB) and
+// handles "echo".
 func pair(t testing.TB, plane string, tel rpc.Interceptor) (*rpc.Server, *rpc.Client) {
 	t.Helper()
-	var so []rpc.ServerOption
-	var do []rpc.DialOption
-	if tel != nil {
-		so, do = []rpc.ServerOption{rpc.WithInterceptors(tel)}, []rpc.DialOption{rpc.WithInterceptors(tel)}
+	if tel == nil {
+		return pairWith(t, plane, nil, nil)
 	}
+	return pairWith(t, plane, []rpc.ServerOption{rpc.WithInlineInterceptors(tel)}, []rpc.DialOption{rpc.WithInlineInterceptors(tel)})
+}
+
+// pairWith is pair with the server's options so and the client's do.
+func pairWith(t testing.TB, plane string, so []rpc.ServerOption, do []rpc.DialOption) (*rpc.Server, *rpc.Client) {
+	t.Helper()
 	srv, err := rpc.NewServer(append(so, small())...)
 	if err != nil {
 		t.Fatal(err)
@@ -92,12 +96,25 @@ func attr(kvs []attribute.KeyValue, key string) string {
 // client's, with the RPC attributes.
 func TestCallSpansShareATrace(t *testing.T) {
 	for _, plane := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
-		t.Run(plane, func(t *testing.T) {
+		for _, n := range []int{100, 1 << 20} { // in the frame (an Inline method's call runs where it is read), and pulled
+			t.Run(fmt.Sprintf("%s/%d", plane, n), func(t *testing.T) {
+				callSpansShareATrace(t, plane, n)
+			})
+		}
+	}
+}
+
+func callSpansShareATrace(t *testing.T, plane string, n int) {
+	{
+		{
 			exp := tracetest.NewInMemoryExporter()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 			defer tp.Shutdown(context.Background())
-			_, c := pair(t, plane, tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp)))
-			reply, err := c.Call(context.Background(), "echo", &rpc.Message{Tensors: []*rpc.Tensor{tensor(1 << 20)}})
+			srv, c := pair(t, plane, tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp)))
+			srv.Handle("echo-inline", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
+				return &rpc.Message{Tensors: req.Tensors}, nil
+			}, rpc.Inline())
+			reply, err := c.Call(context.Background(), "echo-inline", &rpc.Message{Tensors: []*rpc.Tensor{tensor(n)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,16 +136,16 @@ func TestCallSpansShareATrace(t *testing.T) {
 				t.Errorf("the server's span is not the client's child: client %v, server %v (parent %v)", client.SpanContext, server.SpanContext, server.Parent)
 			}
 			for _, s := range []*tracetest.SpanStub{client, server} {
-				for key, want := range map[string]string{"rpc.system": "tensorrpc", "rpc.method": "echo", "tensorrpc.operation": "Call", "tensorrpc.plane": plane, "rpc.grpc.status_code": "0", "tensorrpc.request.bytes": "1048576"} {
+				for key, want := range map[string]string{"rpc.system": "tensorrpc", "rpc.method": "echo-inline", "tensorrpc.operation": "Call", "tensorrpc.plane": plane, "rpc.grpc.status_code": "0", "tensorrpc.request.bytes": fmt.Sprint(n)} {
 					if got := attr(s.Attributes, key); got != want {
 						t.Errorf("%s span: %s = %q, want %q", s.SpanKind, key, got, want)
 					}
 				}
-				if s.Name != "tensorrpc/Call echo" {
+				if s.Name != "tensorrpc/Call echo-inline" {
 					t.Errorf("span name %q", s.Name)
 				}
 			}
-		})
+		}
 	}
 }
 
@@ -160,7 +177,7 @@ func TestDurationCountsEveryCall(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
-	_, c := pair(t, rpc.TransportTCP, tensorrpcotel.Interceptor(tensorrpcotel.WithMeterProvider(mp)))
+	_, c := pair(t, rpc.TransportTCP, tensorrpcotel.Interceptor(tensorrpcotel.WithMeterProvider(mp), tensorrpcotel.WithSizeHistograms()))
 	ctx := context.Background()
 	want := map[string]uint64{}
 	for i := range 1000 {
@@ -203,6 +220,50 @@ func TestDurationCountsEveryCall(t *testing.T) {
 			}
 		}
 	}
+	// The byte counters sum what the calls carried: 4 KiB per Send and per
+	// Call each way, 64 KiB per Fetch answered.
+	wantBytes := map[string]map[string]int64{
+		"request.bytes":  {"Send": int64(want["Send"]) * 4 << 10, "Call": int64(want["Call"]) * 4 << 10, "Fetch": 0},
+		"response.bytes": {"Send": 0, "Call": int64(want["Call"]) * 4 << 10, "Fetch": int64(want["Fetch"]-1) * 64 << 10},
+	}
+	for _, side := range []string{"client", "server"} {
+		for what, byOp := range wantBytes {
+			name := "tensorrpc." + side + "." + what
+			got := sumsByOp(t, rm, name)
+			for op, n := range byOp {
+				if got[op] != n {
+					t.Errorf("%s: %d for %s, want %d", name, got[op], op, n)
+				}
+			}
+		}
+	}
+}
+
+// sumsByOp sums the points of the int64 sum name by operation.
+func sumsByOp(t *testing.T, rm metricdata.ResourceMetrics, name string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	found := false
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			found = true
+			s, ok := m.Data.(metricdata.Sum[int64])
+			if !ok || !s.IsMonotonic {
+				t.Fatalf("%s is a %T", name, m.Data)
+			}
+			for _, p := range s.DataPoints {
+				op, _ := p.Attributes.Value("tensorrpc.operation")
+				out[op.AsString()] += p.Value
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no metric %s", name)
+	}
+	return out
 }
 
 // TestObserveStats: a Client's counters are exported as observable
@@ -249,38 +310,123 @@ func TestObserveStats(t *testing.T) {
 	}
 }
 
-// BenchmarkFetch4KiB: a 4 KiB Fetch over tcp without and with telemetry
-// (spans and metrics to the SDK with no exporter doing I/O).
+// BenchmarkFetch4KiB: 4 KiB Fetches over tcp without telemetry and with
+// it (spans and metrics to the SDK, its batching span processor with a
+// no-op exporter; all spans sampled, and one in a hundred), the
+// interceptor given as WithInlineInterceptors and, for comparison, as
+// WithInterceptors. The cases take turns, 200 calls at a time, so that a
+// noisy machine slows them alike; each reports its p50, and the ratio to
+// the p50 without telemetry.
 func BenchmarkFetch4KiB(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		b.Run(fmt.Sprintf("telemetry=%v", on), func(b *testing.B) {
-			var tel rpc.Interceptor // off: no interceptor at all
-			if on {
-				tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
-				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-				defer tp.Shutdown(context.Background())
-				defer mp.Shutdown(context.Background())
-				tel = tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp), tensorrpcotel.WithMeterProvider(mp))
-			}
-			srv, c := pair(b, rpc.TransportTCP, tel)
-			ctx := context.Background()
-			t, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
-			srv.Publish(ctx, "small", t)
-			t.Release()
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for range b.N {
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	defer mp.Shutdown(context.Background())
+	tracing := func(ratio float64) rpc.Interceptor {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
+			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
+		b.Cleanup(func() { tp.Shutdown(context.Background()) })
+		return tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp), tensorrpcotel.WithMeterProvider(mp))
+	}
+	all, some := tracing(1), tracing(0.01)
+	type mode struct {
+		name string
+		c    *rpc.Client
+		lat  []time.Duration
+	}
+	inline := func(i rpc.Interceptor) ([]rpc.ServerOption, []rpc.DialOption) {
+		return []rpc.ServerOption{rpc.WithInlineInterceptors(i)}, []rpc.DialOption{rpc.WithInlineInterceptors(i)}
+	}
+	var modes []*mode
+	for _, m := range []struct {
+		name string
+		i    rpc.Interceptor
+		inl  bool
+	}{{"off", nil, false}, {"sampled-1pct", some, true}, {"sampled-all", all, true}, {"sampled-all-not-inline", all, false}} {
+		var so []rpc.ServerOption
+		var do []rpc.DialOption
+		switch {
+		case m.i == nil:
+		case m.inl:
+			so, do = inline(m.i)
+		default:
+			so, do = []rpc.ServerOption{rpc.WithInterceptors(m.i)}, []rpc.DialOption{rpc.WithInterceptors(m.i)}
+		}
+		srv, c := pairWith(b, rpc.TransportTCP, so, do)
+		ctx := context.Background()
+		t, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
+		srv.Publish(ctx, "small", t)
+		t.Release()
+		modes = append(modes, &mode{name: m.name, c: c})
+	}
+	ctx := context.Background()
+	const turn = 200
+	b.ResetTimer()
+	for done := 0; done < b.N; done += turn {
+		for _, m := range modes {
+			for range min(turn, b.N-done) {
 				t0 := time.Now()
-				got, err := c.Fetch(ctx, "small")
+				got, err := m.c.Fetch(ctx, "small")
 				if err != nil {
 					b.Fatal(err)
 				}
 				got.Release()
-				lat = append(lat, time.Since(t0))
+				m.lat = append(m.lat, time.Since(t0))
 			}
-			b.StopTimer()
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-		})
+		}
+	}
+	b.StopTimer()
+	var off float64
+	for _, m := range modes {
+		slices.Sort(m.lat)
+		p50 := float64(m.lat[len(m.lat)/2].Nanoseconds()) / 1e3
+		if m.name == "off" {
+			off = p50
+		}
+		b.ReportMetric(p50, m.name+"-p50-µs")
+		if m.name != "off" {
+			b.ReportMetric(p50/off, m.name+"/off")
+		}
+	}
+}
+
+// TestManyMethodsAreBounded: past the kinds it keeps (1,024), calls of
+// methods not seen before are recorded as rpc.method "_OTHER", so that
+// a server called with ever new method names does not grow its metrics
+// without bound; every call is still counted.
+func TestManyMethodsAreBounded(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	tel := tensorrpcotel.Interceptor(tensorrpcotel.WithMeterProvider(mp))
+	const calls = 1500
+	for i := range calls {
+		info := &rpc.CallInfo{Op: rpc.OpCall, Name: fmt.Sprint("m", i), Transport: rpc.TransportTCP, Path: rpc.PathFrame, RequestBytes: 1}
+		if err := tel(context.Background(), info, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	methods := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "rpc.server.duration" {
+				for _, p := range h.DataPoints {
+					v, _ := p.Attributes.Value("rpc.method")
+					methods[v.AsString()] += p.Count
+				}
+			}
+		}
+	}
+	var total uint64
+	for _, n := range methods {
+		total += n
+	}
+	if total != calls || len(methods) != 1025 || methods["_OTHER"] != calls-1024 {
+		t.Errorf("%d calls in %d methods, %d of them _OTHER; want %d in 1025, %d _OTHER", total, len(methods), methods["_OTHER"], calls, calls-1024)
+	}
+	if got := sumsByOp(t, rm, "tensorrpc.server.request.bytes")["Call"]; got != calls {
+		t.Errorf("request bytes %d, want %d", got, calls)
 	}
 }

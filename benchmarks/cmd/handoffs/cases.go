@@ -11,6 +11,7 @@ import (
 	"runtime"
 
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/tensorrpc/tensorrpc/internal/callhint"
 	"github.com/tensorrpc/tensorrpc/rpc"
@@ -38,6 +39,7 @@ var allCases = []caseDef{
 	{"fetch-shm", "rpc Fetch of a published tensor, shm data plane", openFetch(rpc.TransportSHM)},
 	{"fetch-tcp-locked", "fetch-tcp from a goroutine locked to its thread, as a call through the C ABI (Python) is", locked(openFetch(rpc.TransportTCP))},
 	{"fetch-shm-locked", "fetch-shm from a goroutine locked to its thread, as a call through the C ABI (Python) is", locked(openFetch(rpc.TransportSHM))},
+	{"fetch-tcp-traced", "fetch-tcp with inline interceptors on both sides, the client's sending a W3C traceparent in the call's metadata, the server's reading it (what a tracing interceptor adds to the path)", openFetch(rpc.TransportTCP, traced()...)},
 	{"call-tcp", "rpc Call, a tensor in, the handler echoes it, tcp data plane", openCall(rpc.TransportTCP, false)},
 	{"call-shm", "rpc Call, a tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
 	{"call-inline-tcp", "call-tcp with the handler registered rpc.Inline", openCall(rpc.TransportTCP, true)},
@@ -53,11 +55,11 @@ type pair struct {
 	client *rpc.Client
 }
 
-func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error) (*pair, error) {
+func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error, opts ...rpc.Option) (*pair, error) {
 	transports := rpc.WithTransports(plane, rpc.TransportGRPC)
 	p := &pair{}
 	var err error
-	if p.server, err = rpc.NewServer(transports); err != nil {
+	if p.server, err = rpc.NewServer(append([]rpc.ServerOption{transports}, serverOpts(opts)...)...); err != nil {
 		return nil, err
 	}
 	if err := setup(p.server); err != nil {
@@ -70,7 +72,7 @@ func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error) 
 		return nil, err
 	}
 	go p.server.Serve(lis)
-	if p.client, err = rpc.Dial(ctx, lis.Addr().String(), transports, rpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if p.client, err = rpc.Dial(ctx, lis.Addr().String(), append([]rpc.DialOption{transports, rpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts(opts)...)...); err != nil {
 		p.server.Stop()
 		return nil, err
 	}
@@ -105,7 +107,37 @@ func locked(open func(context.Context) (func() error, func() error, error)) func
 	}
 }
 
-func openFetch(plane string) func(context.Context) (func() error, func() error, error) {
+func serverOpts(opts []rpc.Option) []rpc.ServerOption {
+	out := make([]rpc.ServerOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
+
+func dialOpts(opts []rpc.Option) []rpc.DialOption {
+	out := make([]rpc.DialOption, len(opts))
+	for i, o := range opts {
+		out[i] = o
+	}
+	return out
+}
+
+// traced is the options of fetch-tcp-traced: inline interceptors that
+// carry a W3C traceparent from the client to the server, as a tracing
+// interceptor does, without a tracing SDK's own cost.
+func traced() []rpc.Option {
+	return []rpc.Option{rpc.WithInlineInterceptors(func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+		if info.Client {
+			ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+		} else if len(metadata.ValueFromIncomingContext(ctx, "traceparent")) != 1 {
+			return errors.New("handoffs: the call carried no traceparent")
+		}
+		return next(ctx)
+	})}
+}
+
+func openFetch(plane string, opts ...rpc.Option) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
 		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
 			t, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
@@ -114,7 +146,7 @@ func openFetch(plane string) func(context.Context) (func() error, func() error, 
 			}
 			defer t.Release()
 			return s.Publish(ctx, tensorKey, t)
-		})
+		}, opts...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -60,7 +60,7 @@ func run(ctx context.Context, lis net.Listener, plane string, calls int, exit bo
 	defer mp.Shutdown(context.Background())
 	tel := tensorrpcotel.Interceptor(tensorrpcotel.WithMeterProvider(mp))
 
-	srv, err := rpc.NewServer(rpc.WithInterceptors(tel))
+	srv, err := rpc.NewServer(rpc.WithInlineInterceptors(tel))
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func run(ctx context.Context, lis net.Listener, plane string, calls int, exit bo
 	go srv.Serve(rl)
 	defer srv.Stop()
 	c, err := rpc.Dial(ctx, rl.Addr().String(), rpc.WithTransportCredentials(insecure.NewCredentials()),
-		rpc.WithTransports(plane), rpc.WithInterceptors(tel))
+		rpc.WithTransports(plane), rpc.WithInlineInterceptors(tel))
 	if err != nil {
 		return err
 	}
