@@ -1,0 +1,134 @@
+package zchunk
+
+import (
+	"fmt"
+	"time"
+)
+
+// Estimate is what a sample says of one codec on some bytes: how many
+// times smaller it made them, and how fast it compressed them on one core
+// (raw bytes a second).
+type Estimate struct {
+	Codec Codec
+	Ratio float64
+	Speed float64
+}
+
+// Sampling: SampleSlices slices of SampleSlice bytes, spread evenly over
+// the bytes (fewer when there are fewer).
+const (
+	SampleSlice  = 32 << 10
+	SampleSlices = 4
+)
+
+// Sample compresses a few slices spread over the first n bytes of src
+// with each of codecs, timing each, and returns an estimate per codec.
+func Sample(src Segments, n int, codecs ...Codec) []Estimate {
+	k := min(SampleSlices, max(1, n/SampleSlice))
+	var slices [][]byte
+	for i := range k {
+		off := 0
+		if k > 1 {
+			off = (n - SampleSlice) * i / (k - 1)
+		}
+		slices = append(slices, at(src, max(0, off), min(SampleSlice, n)))
+	}
+	buf := getBuf()
+	defer func() { putBuf(buf) }()
+	out := make([]Estimate, 0, len(codecs))
+	for _, c := range codecs {
+		var raw, comp int
+		t0 := time.Now()
+		for _, s := range slices {
+			buf = compress(c, buf[:0], s)
+			raw += len(s)
+			comp += min(len(buf), len(s)) // stored when it does not shrink
+		}
+		el := max(time.Since(t0), time.Microsecond)
+		out = append(out, Estimate{Codec: c, Ratio: float64(raw) / float64(max(comp, 1)), Speed: float64(raw) / el.Seconds()})
+	}
+	return out
+}
+
+// at returns the n bytes of src at off: a view when one segment holds
+// them, else a copy.
+func at(src Segments, off, n int) []byte {
+	for _, s := range src {
+		if off < len(s) {
+			if off+n <= len(s) {
+				return s[off : off+n]
+			}
+			out := make([]byte, 0, n)
+			for _, t := range src {
+				if off >= len(t) {
+					off -= len(t)
+					continue
+				}
+				m := min(len(t)-off, n-len(out))
+				out = append(out, t[off:off+m]...)
+				off = 0
+				if len(out) == n {
+					break
+				}
+			}
+			return out
+		}
+		off -= len(s)
+	}
+	return nil
+}
+
+// Prediction rules (Decide).
+const (
+	// Margin: a codec is chosen only when its predicted time, made this
+	// much longer, still beats sending the bytes as they are.
+	Margin = 0.25
+	// MinRatio: a sample compressed less than this is not compressible.
+	MinRatio = 1.15
+	// DecodeFactor: decompressing is taken to run at least this many
+	// times as fast as compressing (s2 and zstd-fastest both do, at 2-5×).
+	DecodeFactor = 2
+)
+
+// Plan is Decide's choice and what it was made from.
+type Plan struct {
+	Codec Codec // Stored: send the bytes as they are
+	// Raw and Packed are the predicted times as they are and with the
+	// chosen codec (or the best one, when none won).
+	Raw, Packed time.Duration
+	Est         Estimate // the estimate of Codec, or of the best codec
+}
+
+func (p Plan) String() string {
+	return fmt.Sprintf("%v (predicted %v raw, %v with %v at ratio %.2f, %.0f MB/s a core)",
+		p.Codec, p.Raw.Round(time.Microsecond), p.Packed.Round(time.Microsecond), p.Est.Codec, p.Est.Ratio, p.Est.Speed/1e6)
+}
+
+// Decide predicts the time of moving n bytes over a link that moves
+// goodput bytes a second, as they are and with each estimated codec,
+// compressing on cores cores and decompressing as many on the other side,
+// pipelined in chunks (the slowest of compressing, the wire and
+// decompressing, plus one chunk's compression to fill the pipeline), and
+// picks the fastest codec when it wins by Margin; else Stored.
+func Decide(n int, goodput float64, cores int, ests []Estimate) Plan {
+	cores = max(cores, 1)
+	raw := time.Duration(float64(n) / goodput * 1e9)
+	best := Plan{Codec: Stored, Raw: raw, Packed: -1}
+	for _, e := range ests {
+		if e.Ratio < MinRatio || e.Speed <= 0 {
+			continue
+		}
+		comp := float64(n) / (e.Speed * float64(cores))
+		wire := float64(n) / e.Ratio / goodput
+		dec := float64(n) / (e.Speed * DecodeFactor * float64(cores))
+		fill := float64(min(n, MaxChunk)) / e.Speed
+		t := time.Duration((max(comp, wire, dec) + fill) * 1e9)
+		if best.Packed < 0 || t < best.Packed {
+			best.Packed, best.Est = t, e
+		}
+	}
+	if best.Packed >= 0 && float64(best.Packed)*(1+Margin) < float64(raw) {
+		best.Codec = best.Est.Codec
+	}
+	return best
+}
