@@ -437,6 +437,56 @@ type SendRequest struct {
 	// Fence makes the request wait until every earlier Read of the queue
 	// pair has completed.
 	Fence bool
+	// Compress asks that a Read's data cross the wire compressed. Only a
+	// provider that moves bytes over a wire of its own (tcp) does so, and
+	// only when its queue pair allows it (AllowCompression); the others
+	// ignore it.
+	Compress Compression
+}
+
+// Codec names how a Read's data may be compressed on the wire.
+type Codec uint8
+
+// The codecs of a compressed Read.
+const (
+	CodecNone Codec = iota // as it is
+	// CodecAuto: the responder compresses with s2 or zstd when a sample
+	// of the data, compressed at the speed it measures, predicts a win
+	// over the requester's Goodput; else it sends the data as it is.
+	CodecAuto
+	CodecS2   // s2, each chunk stored when it does not shrink
+	CodecZstd // zstd at its fastest level, the same way
+)
+
+func (c Codec) String() string {
+	switch c {
+	case CodecNone:
+		return "none"
+	case CodecAuto:
+		return "auto"
+	case CodecS2:
+		return "s2"
+	case CodecZstd:
+		return "zstd"
+	}
+	return fmt.Sprintf("Codec(%d)", uint8(c))
+}
+
+// Compression is a Read's request to compress its data on the wire.
+type Compression struct {
+	Codec Codec
+	// Goodput is, for CodecAuto, the requester's estimate of the bytes a
+	// second this queue pair's wire moves (0: unknown, which compresses
+	// nothing).
+	Goodput float64
+}
+
+// Compressor is a queue pair that can compress the data of Reads it
+// serves (tcp). Compression is off until AllowCompression turns it on: a
+// peer cannot make a responder spend its CPU on compressing unless the
+// responder's side agreed to (package rpc does, per session).
+type Compressor interface {
+	AllowCompression(on bool)
 }
 
 // RecvRequest is a work request for PostRecv.
@@ -475,6 +525,9 @@ const (
 	// StatusFlushed: the queue pair was in the error state or closed before
 	// the request executed.
 	StatusFlushed
+	// StatusBadData: a Read's data came compressed and did not decode to
+	// what it declared (a broken or hostile responder).
+	StatusBadData
 )
 
 func (s Status) String() string {
@@ -497,6 +550,8 @@ func (s Status) String() string {
 		return "transport error"
 	case StatusFlushed:
 		return "flushed"
+	case StatusBadData:
+		return "bad data"
 	}
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
@@ -510,6 +565,11 @@ type Completion struct {
 	Len    int
 	Imm    uint32
 	HasImm bool
+	// Packed is, for a Read whose data crossed the wire compressed, the
+	// codec the responder chose (CodecS2, CodecZstd) and Wire the bytes
+	// that crossed it; CodecNone and 0 otherwise.
+	Packed Codec
+	Wire   int
 	// Key is, for OpRecvImm, the remote key the WriteImm wrote through,
 	// where the provider knows it (Attributes.RecvImmKey): a receiver that
 	// handed out one key per destination can check the write landed where

@@ -359,6 +359,13 @@ func discard(r io.Reader, left int, read *int64, corrupt error) error {
 	return corrupt
 }
 
+// Skip reads and drops a stream of n raw bytes, as ReadStream reads one,
+// without decoding it. It returns the bytes read from r.
+func Skip(r io.Reader, n int) (int64, error) {
+	var read int64
+	return read, discard(r, n, &read, nil)
+}
+
 func eof(err error) error {
 	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/internal/softrc"
 )
@@ -233,6 +234,27 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 			ctrl[i+1].hdr.op == frameAck && ctrl[i+1].hdr.status == 0 {
 			continue
 		}
+		if f.compress.Codec != verbs.CodecNone {
+			if codec := packFor(f.compress, f.payload); codec != zchunk.Stored {
+				// What is batched goes first, then the response as a
+				// stream of chunks, each compressed while the one before
+				// it is written.
+				if err := b.flush(conn); err != nil {
+					return err
+				}
+				h := f.hdr
+				h.flags, h.imm = flagCompress, uint32(codec)
+				var hb [headerSize]byte
+				h.put(hb[:])
+				if _, err := conn.Write(hb[:]); err != nil {
+					return err
+				}
+				if _, err := zchunk.WriteStream(conn, codec, zchunk.Segments{f.payload}, len(f.payload)); err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		b.add(&f.hdr, f.payload, inline)
 	}
 	for _, w := range reqs {
@@ -252,10 +274,25 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 			h.op = frameWriteImm
 		case verbs.OpRead:
 			h.op = frameReadReq
+			if w.Compress.Codec != verbs.CodecNone {
+				h.flags |= flagCompress
+				h.imm = compressImm(w.Compress)
+			}
 			b.add(&h, nil, inline)
 			continue
 		}
 		b.addVec(&h, w.Vec, w.N, inline)
+	}
+	return b.flush(conn)
+}
+
+// flush writes what the batch holds and empties it.
+func (b *frameBatch) flush(conn net.Conn) error {
+	defer func() {
+		b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
+	}()
+	if len(b.arena) == 0 && len(b.cuts) == 0 {
+		return nil
 	}
 	start := 0
 	for _, c := range b.cuts {
@@ -315,7 +352,15 @@ func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
 			q.quiesce()
 		}
 		if draining {
-			if h.hasPayload() {
+			if h.op == frameReadResp && h.flags&flagCompress != 0 {
+				if h.length > maxDrain {
+					err = fmt.Errorf("not reading a compressed %d-byte read response while in ERR", h.length)
+					break
+				}
+				if _, err = zchunk.Skip(br, int(h.length)); err != nil {
+					break
+				}
+			} else if h.hasPayload() {
 				if err = skipPayload(br, h.length); err != nil {
 					break
 				}
@@ -478,7 +523,11 @@ func (q *queuePair) applyReadRequest(h *header) bool {
 		return q.refuse(h, verbs.StatusRemoteAccess, aerr)
 	}
 	q.awaitCtrlRoom()
-	q.queueCtrl(ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, use: use})
+	f := ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, use: use}
+	if h.flags&flagCompress != 0 && q.compressOK.Load() {
+		f.compress = compressionOf(h.imm)
+	}
+	q.queueCtrl(f)
 	return false
 }
 
@@ -545,15 +594,34 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	}
 	status, fatal := verbs.StatusSuccess, false
 	var cause error
+	packed := h.flags&flagCompress != 0
+	if packed && w.Compress.Codec == verbs.CodecNone {
+		return false, fmt.Errorf("read response %d came compressed, unasked", h.seq)
+	}
 	if w.N > 0 {
 		if st, why := w.Vec.Hold(); st == verbs.StatusSuccess {
-			err := readVec(br, w.Vec, w.N)
+			var err error
+			if packed {
+				err = q.readPacked(h, w, br)
+			} else {
+				err = readVec(br, w.Vec, w.N)
+			}
 			w.Vec.Release()
-			if err != nil {
+			if errors.Is(err, zchunk.ErrCorrupt) {
+				status, fatal = verbs.StatusBadData, true
+				cause = q.Errorf("READ %d: %w", w.ID, err)
+				q.Fail(verbs.StatusFlushed, cause)
+			} else if err != nil {
 				return false, err
 			}
 		} else {
-			if _, err := br.Discard(int(h.length)); err != nil {
+			var err error
+			if packed {
+				_, err = zchunk.Skip(br, w.N)
+			} else {
+				_, err = br.Discard(int(h.length))
+			}
+			if err != nil {
 				return false, err
 			}
 			status, fatal = st, true
@@ -865,4 +933,22 @@ func (w *lazySweeper) isRunning() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.running
+}
+
+// readPacked reads a compressed Read response (flagCompress) into w's
+// local segments, and notes in w how it came.
+func (q *queuePair) readPacked(h *header, w *softrc.SendWR, br *bufio.Reader) error {
+	segs := make(zchunk.Segments, 0, len(w.Vec))
+	for _, s := range w.Vec {
+		segs = append(segs, s.B)
+	}
+	wire, err := zchunk.ReadStream(br, segs, w.N)
+	w.Packed, w.Wire = verbs.CodecNone, int(wire)
+	switch zchunk.Codec(h.imm) {
+	case zchunk.S2:
+		w.Packed = verbs.CodecS2
+	case zchunk.Zstd:
+		w.Packed = verbs.CodecZstd
+	}
+	return err
 }

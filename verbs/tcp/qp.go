@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -61,7 +62,13 @@ type queuePair struct {
 	lazyMark      uint64           // ctrlTakes at the sweeper's previous look
 	ctrlTakes     uint64           // how many times the queued responses were taken to be written
 	active        int              // goroutines that may still touch memory
+
+	compressOK atomic.Bool // AllowCompression
 }
+
+// AllowCompression lets the peer's Reads ask for their data compressed
+// (verbs.Compressor); until it is called they come as they are.
+func (q *queuePair) AllowCompression(on bool) { q.compressOK.Store(on) }
 
 // ctrlFrame is a response the receiver queues for the writer: an
 // acknowledgement or a read response whose payload is region memory.
@@ -69,6 +76,9 @@ type ctrlFrame struct {
 	hdr     header
 	payload []byte
 	use     softrc.Use // held while payload points into a region (a Read response)
+	// compress is, for a Read response, what the requester asked for
+	// (flagCompress) when this side allows compression.
+	compress verbs.Compression
 }
 
 // offered is an accepted connection and the hello it presented.

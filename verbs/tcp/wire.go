@@ -15,7 +15,11 @@ import (
 //	1      1    status (acknowledgements only): a verbs.Status, nonzero
 //	            fails request seq (see softrc.Refused)
 //	2      1    flags (flagImm: the imm field is valid; flagLazyAck:
-//	            the request's acknowledgement may wait, see queueAck)
+//	            the request's acknowledgement may wait, see queueAck;
+//	            flagCompress: on a Read request, the data may come
+//	            compressed, imm says how (compressImm); on a Read
+//	            response, it did: the payload is an internal/zchunk
+//	            stream of length raw bytes, imm the codec)
 //	3      1    reserved, zero
 //	4      4    remote key
 //	8      4    immediate value
@@ -38,9 +42,23 @@ const (
 var requestOps = [...]verbs.Opcode{frameWrite: verbs.OpWrite, frameWriteImm: verbs.OpWriteImm, frameSend: verbs.OpSend, frameReadReq: verbs.OpRead}
 
 const (
-	flagImm     = 1
-	flagLazyAck = 2
+	flagImm      = 1
+	flagLazyAck  = 2
+	flagCompress = 4
 )
+
+// compressImm is a Read request's imm with flagCompress: the codec asked
+// for in the top 8 bits, the requester's goodput estimate in KB/s in the
+// low 24 (clamped).
+func compressImm(c verbs.Compression) uint32 {
+	kbs := uint64(c.Goodput / 1e3)
+	return uint32(c.Codec)<<24 | uint32(min(kbs, 1<<24-1))
+}
+
+// compressionOf decodes compressImm.
+func compressionOf(imm uint32) verbs.Compression {
+	return verbs.Compression{Codec: verbs.Codec(imm >> 24), Goodput: float64(imm&(1<<24-1)) * 1e3}
+}
 
 // maxFrameLength bounds the length field so that lengths convert to int
 // without overflow on 64-bit platforms.
@@ -86,8 +104,11 @@ func parseHeader(b []byte) (header, error) {
 	if h.op < frameWrite || h.op > frameAck {
 		return h, fmt.Errorf("tcp: unknown frame opcode %d", h.op)
 	}
-	if b[3] != 0 || h.flags&^(flagImm|flagLazyAck) != 0 {
+	if b[3] != 0 || h.flags&^(flagImm|flagLazyAck|flagCompress) != 0 {
 		return h, fmt.Errorf("tcp: frame %d has reserved bits set", h.op)
+	}
+	if h.flags&flagCompress != 0 && h.op != frameReadReq && h.op != frameReadResp {
+		return h, fmt.Errorf("tcp: frame %d has the compression flag", h.op)
 	}
 	if h.length > maxFrameLength {
 		return h, fmt.Errorf("tcp: frame length %d too large", h.length)

@@ -71,6 +71,12 @@ type SendWR struct {
 	// LocalErr says the request's region was deregistered before its data
 	// moved; the flush completes it with StatusLocalProtection.
 	LocalErr bool
+	// Compress is a Read's request to compress its data on the wire;
+	// Packed and Wire, set by the provider that received the data, go
+	// into its completion (verbs.Completion).
+	Compress verbs.Compression
+	Packed   verbs.Codec
+	Wire     int
 }
 
 // RecvWR is a posted receive.
@@ -234,6 +240,7 @@ func (q *QP) PostSend(wrs ...verbs.SendRequest) error {
 	ws, err := CheckSends(q.Domain, q.Domain.Limits, wrs, func(w *SendWR) Vec { return w.seg[:0] }, func(w *SendWR, wr *verbs.SendRequest, vec Vec) {
 		w.ID, w.Op, w.Imm, w.HasImm = wr.ID, wr.Op, wr.Imm, wr.HasImm || wr.Op == verbs.OpWriteImm
 		w.Unsignaled, w.Lazy, w.Fence, w.Remote, w.Vec, w.N = wr.Unsignaled, wr.LazyCompletion, wr.Fence, wr.Remote, vec, vec.Len()
+		w.Compress, w.Packed, w.Wire = wr.Compress, verbs.CodecNone, 0
 	})
 	if err != nil {
 		return q.Errorf("%w", err)
@@ -343,6 +350,7 @@ func CompletionOf(w *SendWR, st verbs.Status, err error) verbs.Completion {
 	c := verbs.Completion{ID: w.ID, Op: w.Op, Status: st, Err: err}
 	if st == verbs.StatusSuccess {
 		c.Len, c.Err = w.N, nil
+		c.Packed, c.Wire = w.Packed, w.Wire
 		if w.Op == verbs.OpWriteImm || w.Op == verbs.OpSend && w.HasImm {
 			c.Imm, c.HasImm = w.Imm, true
 		}
