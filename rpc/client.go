@@ -137,6 +137,9 @@ func newClient(ctx context.Context, cc *grpc.ClientConn, o options) (*Client, er
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
+	if _, err := o.compressionMode(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	o.withCallLog()
 	c := &Client{
 		opts: o, log: o.logger, cc: cc, api: pb.NewTensorRPCClient(cc),

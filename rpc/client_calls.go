@@ -144,6 +144,10 @@ func matchInto(meta *pb.TensorMeta, dst *Tensor) error {
 // sets what came back in info (nil, and nothing allocated, without
 // interceptors).
 func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, name string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
+	ctx, err := clientCodec(ctx)
+	if err != nil {
+		return err
+	}
 	if len(c.opts.interceptors) == 0 {
 		return work(ctx, nil)
 	}

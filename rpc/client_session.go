@@ -31,6 +31,9 @@ type clientSession struct {
 	// reservations: the server takes reserved Sends
 	// (HandshakeResponse.send_reservations), which SendDevice pipelines.
 	reservations bool
+	// compression: the codecs both sides compress with
+	// (HandshakeResponse.compression); none when either is off.
+	compression []string
 
 	cancel   context.CancelFunc // ends the Session stream
 	done     <-chan struct{}    // closed when the stream's reader has stopped
@@ -238,7 +241,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			}
 		}
 	}()
-	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name}
+	hs := &pb.HandshakeRequest{ProtocolVersion: ProtocolVersion, ClientName: c.opts.name, Compression: c.opts.compressionOffer()}
 	for _, name := range c.opts.transports {
 		dom := c.domains[name]
 		if name == TransportGRPC || dom == nil {
@@ -274,6 +277,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
 	s.reservations = resp.SendReservations
+	s.compression = resp.Compression
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}
@@ -318,6 +322,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			return fail(err)
 		}
 		if rej == nil {
+			c.opts.squeeze(lanes, name, s.compression, &c.stats, c.log, s.id)
 			s.open(lanes, name, framePlane{c: c, s: s}, func(err error) { c.sessionEnded(s, err) })
 			break
 		}

@@ -72,6 +72,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
+		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2 or zstd"},
 		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
@@ -108,6 +109,13 @@ func (o *options) applyEnv() {
 			o.envErr = fmt.Errorf("tensorrpc: %s=%q: want microseconds from 0 to 1000", EnvPollSpin, v)
 		case err == nil && n >= 0 && n <= 1000:
 			o.pollSpin = time.Duration(n) * time.Microsecond
+		}
+	}
+	if v := strings.TrimSpace(os.Getenv(EnvCompression)); v != "" {
+		if _, err := parseCompression(v); err != nil && o.envErr == nil {
+			o.envErr = fmt.Errorf("%s: %w", EnvCompression, err)
+		} else if err == nil {
+			o.compression = v
 		}
 	}
 	if v := strings.TrimSpace(os.Getenv(EnvTransports)); v != "" {

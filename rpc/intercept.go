@@ -91,6 +91,17 @@ type CallInfo struct {
 	// Copies how many copies of them the client made.
 	Moved         string
 	Lanes, Copies int
+	// Compression says, on the side that read the call's tensor (the
+	// client for a Fetch or a Call's reply, the server for a Send or a
+	// Call's request), whether it crossed the wire compressed
+	// (CompressionS2, CompressionZstd) or not (CompressionOff), once read
+	// on a session that compresses ("" otherwise, and for tensors under
+	// 1 MiB); WireBytes how many bytes crossed for it, and Goodput the
+	// plane's goodput (bytes a second) the decision was made with (0 when
+	// the mode was not auto).
+	Compression string
+	WireBytes   int64
+	Goodput     float64
 }
 
 // How a call's bytes moved (CallInfo.Moved).
@@ -385,6 +396,7 @@ func (s *Server) intercept(ctx context.Context, ss *serverSession, op Operation,
 	} else {
 		info.Peer = peerAddr(ctx)
 	}
+	ctx = context.WithValue(ctx, callInfoKey{}, info)
 	return intercept(ctx, s.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 

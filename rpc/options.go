@@ -77,6 +77,7 @@ type options struct {
 	stageChunk     int           // 0: gpudirect.DefaultStageChunk
 	envErr         error         // an environment variable that could not be read (applyEnv)
 	interceptors   []Interceptor
+	compression    string // WithCompression; "" is auto
 	// mayBlock counts the interceptors given with WithInterceptors (not
 	// WithInlineInterceptors): with any, no call is served on a lane's
 	// receiving goroutine.

@@ -94,6 +94,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if o.envErr != nil {
 		return nil, status.Error(codes.InvalidArgument, o.envErr.Error())
 	}
+	if _, err := o.compressionMode(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	o.withCallLog()
 	s := &Server{
 		opts: o, log: o.logger, rv: rendezvous.New(),

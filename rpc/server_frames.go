@@ -453,7 +453,12 @@ func (s *Server) pull(ctx context.Context, ss *serverSession, l *engine.Link, m 
 		}
 		remote := verbs.Remote{Addr: loc.Address, Key: loc.RemoteKey}
 		done := ss.Pulling() // WithReservationTimeout bounds it
-		err = engine.ReadLanes(context.WithoutCancel(ctx), l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
+		var rctx context.Context
+		if rctx, err = serverCodec(context.WithoutCancel(ctx)); err == nil {
+			err = engine.ReadLanes(rctx, l, ss.lanes, local, remote, loc.Lanes, func() { buf.Release() })
+		} else {
+			buf.Release()
+		}
 		done()
 		if err != nil {
 			ss.stats.errors.Add(1)

@@ -194,9 +194,10 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 		s.log.Info("tensorrpc: CUDA IPC not used", "session", ss.id, "reason", cuda.Reason)
 	}
 	ss.ipc = ipc
+	agreed := s.opts.compressionAgreed(hs.Compression)
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold), Cuda: cuda,
-		SendReservations: !s.opts.noReservations,
+		SendReservations: !s.opts.noReservations, Compression: agreed,
 	}}}); err != nil {
 		return err
 	}
@@ -213,6 +214,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 			ss.link, ss.lanes = lanes[0], lanes
 		}
 		ss.transport = transport
+		s.opts.squeeze(lanes, transport, agreed, &ss.stats, s.log, ss.id)
 		s.sessions[ss.id] = ss
 		// Last: a frame call that sees its lane opened sees the fields
 		// above (an atomic store orders the writes before it).

@@ -49,6 +49,10 @@ type Stats struct {
 	// streams (over their count or byte budget) and transfers past a
 	// session's TransfersPerSession.
 	RefusedSessions, RefusedLanes, RefusedStreams, RefusedTransfers int64
+	// CompressedTransfers counts the tensors this side read that crossed
+	// the wire compressed (WithCompression), and CompressionSavedBytes the
+	// bytes that saved on the wire.
+	CompressedTransfers, CompressionSavedBytes int64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -59,6 +63,7 @@ type counters struct {
 	pinnedStaged, pageableStaged                        atomic.Int64
 	refusedSessions, refusedLanes                       atomic.Int64
 	refusedStreams, refusedTransfers                    atomic.Int64
+	compressed, compressedSaved                         atomic.Int64
 }
 
 // each calls f with every counter and its field of st: the one list of
@@ -77,6 +82,8 @@ func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
 	f(&c.pinnedStaged, &st.PinnedStagedBytes)
 	f(&c.pageableStaged, &st.PageableStagedBytes)
 	f(&c.ipc, &st.IPC)
+	f(&c.compressed, &st.CompressedTransfers)
+	f(&c.compressedSaved, &st.CompressionSavedBytes)
 	f(&c.refusedSessions, &st.RefusedSessions)
 	f(&c.refusedLanes, &st.RefusedLanes)
 	f(&c.refusedStreams, &st.RefusedStreams)

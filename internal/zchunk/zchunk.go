@@ -17,9 +17,9 @@
 // MaxChunk raw bytes, no more than the stream has left, and at most
 // MaxEncoded(raw) data bytes; its data must decode to exactly the raw
 // length it declared, into the destination and nowhere else. A chunk that
-// breaks one of these fails with ErrCorrupt once its data has been read
-// (the stream stays in step; the reader skips the rest with Discard), a
-// header that breaks them with ErrBadHeader (the stream is lost).
+// breaks one of these fails with ErrCorrupt, a header that breaks them
+// with ErrBadHeader; either way the stream is lost (a sender that lied
+// once cannot be trusted with the lengths that follow).
 //
 // Decide predicts, for a transfer of n bytes over a link of a given speed,
 // whether a codec wins by a margin, from a Sample of the bytes (a few
@@ -38,6 +38,7 @@ import (
 	"io"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
@@ -240,6 +241,9 @@ func WriteStream(w io.Writer, codec Codec, src Segments, n int) (int64, error) {
 				piece = raw
 			}
 			b := AppendChunk(getBuf(), codec, piece)
+			if f := tamper.Load(); f != nil {
+				(*f)(b)
+			}
 			left -= k
 			select {
 			case chunks <- b:
@@ -269,6 +273,20 @@ func WriteStream(w io.Writer, codec Codec, src Segments, n int) (int64, error) {
 	return wrote, err
 }
 
+// tamper, when set (SetTamper), sees every chunk WriteStream writes.
+var tamper atomic.Pointer[func([]byte)]
+
+// SetTamper makes WriteStream pass every chunk it writes, header and data,
+// to f before writing it, until SetTamper(nil): tests of readers use it
+// to play a sender that lies. Not for production use.
+func SetTamper(f func(chunk []byte)) {
+	if f == nil {
+		tamper.Store(nil)
+		return
+	}
+	tamper.Store(&f)
+}
+
 var bufs = sync.Pool{New: func() any { return make([]byte, 0, HeaderLen+MaxEncoded(MaxChunk)) }}
 
 func getBuf() []byte  { return bufs.Get().([]byte)[:0] }
@@ -277,11 +295,10 @@ func putBuf(b []byte) { bufs.Put(b[:0]) }
 // ReadStream reads a stream of n raw bytes from r into dst's segments,
 // decoding each chunk in place (a chunk that straddles segments is decoded
 // aside and copied). It returns the bytes read from r. A chunk that does
-// not decode fails with ErrCorrupt once the rest of the stream has been
-// read and dropped (the stream stays in step; dst holds what the chunks
-// before it held). A header that cannot be right fails with ErrBadHeader,
-// and a short read with r's error (io.ErrUnexpectedEOF for a stream cut
-// short): the stream cannot be followed past either.
+// not decode fails with ErrCorrupt, a header that cannot be right with
+// ErrBadHeader, a short read with r's error (io.ErrUnexpectedEOF for a
+// stream cut short): a sender that lied once cannot be trusted with the
+// lengths that follow, so the stream cannot be followed past any of them.
 func ReadStream(r io.Reader, dst Segments, n int) (int64, error) {
 	var read int64
 	var hb [HeaderLen]byte
@@ -308,7 +325,7 @@ func ReadStream(r io.Reader, dst Segments, n int) (int64, error) {
 		}
 		if len(seg) >= raw {
 			if err := decode(codec, seg[:raw], data); err != nil {
-				return read, discard(r, left-raw, &read, err)
+				return read, err
 			}
 			seg = seg[raw:]
 		} else {
@@ -317,7 +334,7 @@ func ReadStream(r io.Reader, dst Segments, n int) (int64, error) {
 			}
 			a := aside[:raw]
 			if err := decode(codec, a, data); err != nil {
-				return read, discard(r, left-raw, &read, err)
+				return read, err
 			}
 			for len(a) > 0 {
 				for len(seg) == 0 {
@@ -335,10 +352,9 @@ func ReadStream(r io.Reader, dst Segments, n int) (int64, error) {
 	return read, nil
 }
 
-// discard reads and drops the rest of a stream of which left raw bytes
-// have not been read, chunk by chunk, adding what it read to *read. It
-// returns corrupt, or its own failure: a bad header, a short read.
-func discard(r io.Reader, left int, read *int64, corrupt error) error {
+// discard reads and drops a stream of left raw bytes, chunk by chunk,
+// adding what it read to *read.
+func discard(r io.Reader, left int, read *int64) error {
 	var hb [HeaderLen]byte
 	for left > 0 {
 		if _, err := io.ReadFull(r, hb[:]); err != nil {
@@ -356,14 +372,15 @@ func discard(r io.Reader, left int, read *int64, corrupt error) error {
 		}
 		left -= raw
 	}
-	return corrupt
+	return nil
 }
 
 // Skip reads and drops a stream of n raw bytes, as ReadStream reads one,
 // without decoding it. It returns the bytes read from r.
 func Skip(r io.Reader, n int) (int64, error) {
 	var read int64
-	return read, discard(r, n, &read, nil)
+	err := discard(r, n, &read)
+	return read, err
 }
 
 func eof(err error) error {

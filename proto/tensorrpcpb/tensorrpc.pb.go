@@ -923,7 +923,12 @@ type HandshakeRequest struct {
 	ClientName      string            `protobuf:"bytes,3,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
 	// The client's CUDA devices, when it has a CUDA driver loaded and would
 	// use CUDA IPC with a server on the same host; unset otherwise.
-	Cuda          *CudaOffer `protobuf:"bytes,5,opt,name=cuda,proto3" json:"cuda,omitempty"`
+	Cuda *CudaOffer `protobuf:"bytes,5,opt,name=cuda,proto3" json:"cuda,omitempty"`
+	// The codecs ("s2", "zstd") the client would compress tensors with on
+	// a slow data plane (tcp, the gRPC fallback's streams), when its
+	// compression mode is not "off"; empty otherwise. A side that offers
+	// none never compresses and is never asked to.
+	Compression   []string `protobuf:"bytes,6,rep,name=compression,proto3" json:"compression,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -986,6 +991,13 @@ func (x *HandshakeRequest) GetCuda() *CudaOffer {
 	return nil
 }
 
+func (x *HandshakeRequest) GetCompression() []string {
+	if x != nil {
+		return x.Compression
+	}
+	return nil
+}
+
 type HandshakeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The version the session speaks: 3, or the client's 1 or 2 (see
@@ -1007,8 +1019,14 @@ type HandshakeResponse struct {
 	// leaves this unset: one from before these fields refuses a reserve as
 	// a tensor without inline data or location.
 	SendReservations bool `protobuf:"varint,7,opt,name=send_reservations,json=sendReservations,proto3" json:"send_reservations,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The codecs of HandshakeRequest.compression the server takes too
+	// (empty when its mode is "off" or the client offered none): on this
+	// session either side may ask the other for a tensor's bytes compressed
+	// with one of them (a tcp Read's flagCompress, a stream's compressed
+	// chunks), and the other does so when its own mode is not "off".
+	Compression   []string `protobuf:"bytes,8,rep,name=compression,proto3" json:"compression,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
@@ -1081,6 +1099,13 @@ func (x *HandshakeResponse) GetSendReservations() bool {
 		return x.SendReservations
 	}
 	return false
+}
+
+func (x *HandshakeResponse) GetCompression() []string {
+	if x != nil {
+		return x.Compression
+	}
+	return nil
 }
 
 // CudaOffer describes a peer's CUDA devices for CUDA IPC.
@@ -2319,13 +2344,14 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x16\n" +
-	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xd9\x01\n" +
+	"\x06verify\x18\x04 \x01(\bR\x06verify\"\xfb\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x124\n" +
 	"\x06offers\x18\x02 \x03(\v2\x1c.tensorrpc.v1.TransportOfferR\x06offers\x12\x1f\n" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
 	"clientName\x12+\n" +
-	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cudaJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xb7\x02\n" +
+	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cuda\x12 \n" +
+	"\vcompression\x18\x06 \x03(\tR\vcompressionJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xd9\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
@@ -2333,7 +2359,8 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\brejected\x18\x03 \x03(\v2 .tensorrpc.v1.TransportRejectionR\brejected\x12'\n" +
 	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12,\n" +
 	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cuda\x12+\n" +
-	"\x11send_reservations\x18\a \x01(\bR\x10sendReservationsJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
+	"\x11send_reservations\x18\a \x01(\bR\x10sendReservations\x12 \n" +
+	"\vcompression\x18\b \x03(\tR\vcompressionJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
 	"\tCudaOffer\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12!\n" +
 	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\"\x8e\x01\n" +

@@ -593,7 +593,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 		return false, fmt.Errorf("read response %d of %d bytes does not answer the oldest request %d (%v of %d bytes)", h.seq, h.length, w.Seq, w.Op, w.N)
 	}
 	status, fatal := verbs.StatusSuccess, false
-	var cause error
+	var cause, lost error
 	packed := h.flags&flagCompress != 0
 	if packed && w.Compress.Codec == verbs.CodecNone {
 		return false, fmt.Errorf("read response %d came compressed, unasked", h.seq)
@@ -607,10 +607,13 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 				err = readVec(br, w.Vec, w.N)
 			}
 			w.Vec.Release()
-			if errors.Is(err, zchunk.ErrCorrupt) {
+			if packed && (errors.Is(err, zchunk.ErrCorrupt) || errors.Is(err, zchunk.ErrBadHeader)) {
+				// The Read fails as bad data; then the connection, whose
+				// stream cannot be followed past a lie.
 				status, fatal = verbs.StatusBadData, true
 				cause = q.Errorf("READ %d: %w", w.ID, err)
 				q.Fail(verbs.StatusFlushed, cause)
+				lost = fmt.Errorf("read response %d: %w", h.seq, err)
 			} else if err != nil {
 				return false, err
 			}
@@ -639,7 +642,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 		softrc.Signal(q.wakeWriter) // a Fence request may go now
 	}
 	q.SendCQ.Queue(q.CompleteSend(nil, w, status, cause)...)
-	return fatal, nil
+	return fatal, lost
 }
 
 // applyAck completes the requests an acknowledgement covers (see

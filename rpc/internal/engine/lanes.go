@@ -237,8 +237,56 @@ func joinEnds(n int, failed func()) func(ok bool) {
 // at once. On failure, or when ctx ends while reads are under way, failed
 // runs once every read has completed (so local's memory is freed only
 // then); it never runs after ReadLanes returns nil.
+//
+// On a session that compresses (l.Squeeze), a read of at least
+// MinCompressed bytes asks for its data compressed as the session's mode,
+// or ctx's (WithCodec), says: in auto mode with the plane's measured
+// goodput, each lane told its share, after a probe of the first
+// probeBytes as they are when nothing measured the plane yet.
 func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
-	return postLanes(ctx, verbs.OpRead, l, lanes, local, remote, striped, failed)
+	z := l.Squeeze
+	codec, goodput, probe := z.plan(ctx, local.Length)
+	if codec == verbs.CodecNone {
+		_, err := postLanes(ctx, verbs.OpRead, l, lanes, local, remote, striped, 0, verbs.Compression{}, failed)
+		return err
+	}
+	t0 := time.Now()
+	rep := ReadReport{Bytes: local.Length, Asked: codec, Probed: probe}
+	skip := 0
+	if probe {
+		pl := local
+		pl.Length = probeBytes
+		if _, err := l.postWait(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: pl, Remote: remote}, failed, true, nil); err != nil {
+			return err
+		}
+		z.observe(probeBytes, 0, time.Since(t0))
+		goodput, skip = z.Goodput(), probeBytes
+	}
+	rep.Goodput = goodput
+	t1 := time.Now()
+	cs, err := postLanes(ctx, verbs.OpRead, l, lanes, local, remote, striped, skip, verbs.Compression{Codec: codec, Goodput: goodput}, failed)
+	if err != nil {
+		return err
+	}
+	rep.Wire = int64(skip)
+	for _, c := range cs {
+		if c.Packed != verbs.CodecNone {
+			rep.Packed = c.Packed
+			rep.Wire += int64(c.Wire)
+		} else {
+			rep.Wire += int64(c.Len)
+		}
+	}
+	if rep.Packed == verbs.CodecNone {
+		z.observe(local.Length-skip, 0, time.Since(t1))
+	} else {
+		z.observe(local.Length-skip, rep.Wire-int64(skip), time.Since(t1))
+	}
+	rep.Took = time.Since(t0)
+	if z.Report != nil {
+		z.Report(ctx, rep)
+	}
+	return nil
 }
 
 // WriteLanes is ReadLanes the other way: it writes local into remote (a
@@ -246,18 +294,29 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 // ReadLanes reads. When it returns nil the bytes are in place at the
 // peer (a Write completes when the target has applied it).
 func WriteLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
-	return postLanes(ctx, verbs.OpWrite, l, lanes, local, remote, striped, failed)
+	_, err := postLanes(ctx, verbs.OpWrite, l, lanes, local, remote, striped, 0, verbs.Compression{}, failed)
+	return err
 }
 
-func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
+// postLanes posts op for local's bytes from skip on (and the same offset
+// of remote, or of each lane's striped remote), on l or striped in parts
+// over the lanes, and returns the completions. A Read's parts ask for cz,
+// each lane told its share of cz.Goodput.
+func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, skip int, cz verbs.Compression, failed func()) ([]verbs.Completion, error) {
+	local.Offset += skip
+	local.Length -= skip
+	remote.Addr += uint64(skip)
 	n := local.Length
-	k := Stripes(n, len(lanes))
+	k := Stripes(n+skip, len(lanes))
 	if len(striped) != len(lanes) || k < 2 {
-		return l.Post(ctx, verbs.SendRequest{Op: op, Local: local, Remote: remote}, failed)
+		c, err := l.postWait(ctx, verbs.SendRequest{Op: op, Local: local, Remote: remote, Compress: cz}, failed, true, nil)
+		return []verbs.Completion{c}, err
 	}
+	cz.Goodput /= float64(k)
 	part := ((n+k-1)/k + 4095) &^ 4095 // k parts cover n
 	done := joinEnds(k, failed)
 	errs := make([]error, k)
+	cs := make([]verbs.Completion, k)
 	var wg sync.WaitGroup
 	for i := range k {
 		off := i * part
@@ -267,10 +326,11 @@ func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, loc
 			continue
 		}
 		wr := verbs.SendRequest{Op: op,
-			Local:  verbs.Local{Region: local.Region, Offset: local.Offset + off, Length: m},
-			Remote: verbs.Remote{Addr: striped[i].Address + uint64(off), Key: striped[i].RemoteKey}}
+			Local:    verbs.Local{Region: local.Region, Offset: local.Offset + off, Length: m},
+			Remote:   verbs.Remote{Addr: striped[i].Address + uint64(skip+off), Key: striped[i].RemoteKey},
+			Compress: cz}
 		wg.Go(func() {
-			if errs[i] = lanes[i].Post(ctx, wr, func() { done(false) }); errs[i] == nil {
+			if cs[i], errs[i] = lanes[i].postWait(ctx, wr, func() { done(false) }, true, nil); errs[i] == nil {
 				done(true)
 			}
 		})
@@ -278,8 +338,8 @@ func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, loc
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return cs, nil
 }

@@ -158,6 +158,9 @@ type Link struct {
 	// its answer (awaitBell).
 	bell   *bell
 	belled atomic.Bool
+	// Squeeze is the session's compression of what this side reads
+	// (nil: none), shared by its lanes; set before the session opens.
+	Squeeze *Compression
 }
 
 // Waiter receives the completion of one work request. When its poster
@@ -345,11 +348,18 @@ func (l *Link) Post(ctx context.Context, wr verbs.SendRequest, onFail func()) er
 // verifying round trip, and frames that took theirs already). unposted, if
 // not nil, runs when the request never reached the queue pair.
 func (l *Link) PostWith(ctx context.Context, wr verbs.SendRequest, onFail func(), credit bool, unposted func()) error {
-	fail := func(err error) error {
+	_, err := l.postWait(ctx, wr, onFail, credit, unposted)
+	return err
+}
+
+// postWait is PostWith, returning the request's completion when it
+// succeeded.
+func (l *Link) postWait(ctx context.Context, wr verbs.SendRequest, onFail func(), credit bool, unposted func()) (verbs.Completion, error) {
+	fail := func(err error) (verbs.Completion, error) {
 		if onFail != nil {
 			onFail()
 		}
-		return err
+		return verbs.Completion{}, err
 	}
 	if credit && wr.Op == verbs.OpSend {
 		if err := l.Acquire(ctx, false); err != nil {
@@ -364,7 +374,7 @@ func (l *Link) PostWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 		}
 		freeRoom = func() { <-l.room }
 	}
-	notPosted := func(err error) error {
+	notPosted := func(err error) (verbs.Completion, error) {
 		freeRoom()
 		if unposted != nil {
 			unposted()
@@ -406,7 +416,7 @@ func (l *Link) PostWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 				}
 			}
 			l.Mu.Unlock()
-			return status.FromContextError(ctx.Err()).Err()
+			return verbs.Completion{}, status.FromContextError(ctx.Err()).Err()
 		}
 		l.Mu.Unlock()
 		c = <-w.Ch // delivered just now
@@ -415,7 +425,7 @@ func (l *Link) PostWith(ctx context.Context, wr verbs.SendRequest, onFail func()
 	if err := CompletionStatus(c); err != nil {
 		return fail(err)
 	}
-	return nil
+	return c, nil
 }
 
 // takeRoom waits for room in the send queue for a request that takes no
@@ -514,6 +524,8 @@ func CompletionStatus(c verbs.Completion) error {
 		return status.Error(codes.PermissionDenied, verbs.CompletionError(c).Error())
 	case verbs.StatusLocalLength, verbs.StatusLocalProtection, verbs.StatusRemoteInvalidRequest:
 		return status.Error(codes.InvalidArgument, verbs.CompletionError(c).Error())
+	case verbs.StatusBadData:
+		return status.Error(codes.DataLoss, verbs.CompletionError(c).Error())
 	default:
 		return status.Error(codes.Unavailable, verbs.CompletionError(c).Error())
 	}

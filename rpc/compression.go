@@ -1,0 +1,204 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// Compression modes (WithCompression, UseCompression).
+const (
+	// CompressionOff never compresses: the default on shm and ibv, where
+	// the bytes move at memory speed.
+	CompressionOff = "off"
+	// CompressionAuto compresses a tensor only when it pays: the default
+	// on tcp and the gRPC fallback. Per transfer of at least 1 MiB, the
+	// side that holds the bytes compresses a few slices of them with s2
+	// and zstd, times it, and compresses (with the codec predicted
+	// fastest) only when compressing on one core per lane, pipelined with
+	// the wire and with decompressing on the other side, is predicted to
+	// beat sending the bytes as they are by a quarter, at the goodput the
+	// reading side measured on the plane (from its own transfers, and a
+	// probe of the first MiB when it has none). Above the fastest a codec
+	// was seen to compress, it does not even sample.
+	CompressionAuto = "auto"
+	// CompressionS2 and CompressionZstd compress every tensor of at least
+	// 1 MiB with that codec (klauspost/compress s2; zstd at its fastest
+	// level), chunk by chunk, storing chunks that do not shrink.
+	CompressionS2   = "s2"
+	CompressionZstd = "zstd"
+)
+
+// EnvCompression sets the compression mode (WithCompression).
+const EnvCompression = "TENSORRPC_COMPRESSION"
+
+// codecsOffered are the codecs a side that compresses offers
+// (HandshakeRequest.compression).
+var codecsOffered = []string{CompressionS2, CompressionZstd}
+
+// parseCompression reads a compression mode.
+func parseCompression(mode string) (verbs.Codec, error) {
+	switch strings.ToLower(strings.TrimSpace(mode)) {
+	case CompressionOff:
+		return verbs.CodecNone, nil
+	case CompressionAuto:
+		return verbs.CodecAuto, nil
+	case CompressionS2:
+		return verbs.CodecS2, nil
+	case CompressionZstd:
+		return verbs.CodecZstd, nil
+	}
+	return 0, fmt.Errorf("tensorrpc: compression mode %q: want off, auto, s2 or zstd", mode)
+}
+
+// WithCompression sets how this side compresses the tensors it reads over
+// tcp and the gRPC fallback, and whether it compresses those its peer
+// reads: CompressionOff, CompressionAuto (the default), CompressionS2 or
+// CompressionZstd. A session compresses only when both sides allow it
+// (neither is off); each side then asks for the tensors it reads (a
+// client's Fetches and Call replies, a server's Sends and Call requests)
+// as its own mode says, and UseCompression overrides that per call. shm
+// and ibv never compress. An unknown mode makes NewServer or Dial fail
+// with InvalidArgument. Stats counts compressed transfers and the bytes
+// they saved; CallInfo and the debug log (TENSORRPC_LOG=debug) say what
+// each call did and from what.
+func WithCompression(mode string) Option {
+	return sharedOption(func(o *options) { o.compression = mode })
+}
+
+// compressionKey is the call metadata that carries UseCompression's mode
+// to a server, for the tensors it reads of the call (a Send's, a Call's
+// request).
+const compressionKey = "tensorrpc-compression"
+
+// UseCompression returns ctx with the compression mode of the calls made
+// under it (CompressionOff, CompressionAuto, CompressionS2 or
+// CompressionZstd), replacing the side's WithCompression for them: for
+// the tensors the client reads (a Fetch, a Call's reply) and, carried in
+// the call's metadata, those the server reads (a Send, a Call's request
+// tensors). It changes nothing on a session that does not compress (a
+// side is off, or the plane is shm or ibv). A call with an unknown mode
+// fails with InvalidArgument.
+func UseCompression(ctx context.Context, mode string) context.Context {
+	ctx = context.WithValue(ctx, useCompressionKey{}, mode)
+	return metadata.AppendToOutgoingContext(ctx, compressionKey, mode)
+}
+
+type useCompressionKey struct{}
+
+// clientCodec returns ctx for the reads of a call the client makes
+// under it: with the call's own mode (UseCompression), or as it is.
+func clientCodec(ctx context.Context) (context.Context, error) {
+	mode, ok := ctx.Value(useCompressionKey{}).(string)
+	if !ok {
+		return ctx, nil
+	}
+	return withMode(ctx, mode)
+}
+
+// serverCodec returns ctx for the reads of a call the server serves under
+// it: with the mode the client's call carried (UseCompression), or as it
+// is.
+func serverCodec(ctx context.Context) (context.Context, error) {
+	v := metadata.ValueFromIncomingContext(ctx, compressionKey)
+	if len(v) == 0 {
+		return ctx, nil
+	}
+	return withMode(ctx, v[len(v)-1])
+}
+
+func withMode(ctx context.Context, mode string) (context.Context, error) {
+	c, err := parseCompression(mode)
+	if err != nil {
+		return ctx, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return engine.WithCodec(ctx, c), nil
+}
+
+// compressionMode is o's mode (WithCompression, else the environment, else
+// auto). It is checked by NewServer and Dial.
+func (o *options) compressionMode() (verbs.Codec, error) {
+	if o.compression == "" {
+		return verbs.CodecAuto, nil
+	}
+	return parseCompression(o.compression)
+}
+
+// compressionOffer is what a side offers in the handshake: the codecs,
+// or none when its mode is off.
+func (o *options) compressionOffer() []string {
+	if m, err := o.compressionMode(); err != nil || m == verbs.CodecNone {
+		return nil
+	}
+	return codecsOffered
+}
+
+// compressionAgreed is the server's answer to a client's offer: the codecs
+// both take.
+func (o *options) compressionAgreed(offer []string) []string {
+	var both []string
+	for _, c := range o.compressionOffer() {
+		if slices.Contains(offer, c) {
+			both = append(both, c)
+		}
+	}
+	return both
+}
+
+// squeeze sets up compression on a session's lanes when the session
+// compresses (agreed names codecs) and its plane is tcp: this side's
+// queue pairs compress what the peer reads, and this side's reads ask as
+// its mode says. Each read of a tensor is counted in stats, told to the
+// call's CallInfo and logged at debug level.
+func (o *options) squeeze(lanes []*engine.Link, transport string, agreed []string, stats *counters, log *slog.Logger, session string) {
+	mode, err := o.compressionMode()
+	if err != nil || mode == verbs.CodecNone || len(agreed) == 0 || transport != TransportTCP {
+		return
+	}
+	z := &engine.Compression{Mode: mode, Report: func(ctx context.Context, r engine.ReadReport) {
+		if r.Packed != verbs.CodecNone {
+			stats.compressed.Add(1)
+			stats.compressedSaved.Add(max(int64(r.Bytes)-r.Wire, 0))
+		}
+		explainCompression(ctx, r)
+		if log.Enabled(ctx, slog.LevelDebug) {
+			log.LogAttrs(ctx, slog.LevelDebug, "tensorrpc: read", slog.String("session", session),
+				slog.Int("bytes", r.Bytes), slog.String("asked", r.Asked.String()), slog.String("compressed", r.Packed.String()),
+				slog.Int64("wire_bytes", r.Wire), slog.Float64("goodput_mbps", r.Goodput*8/1e6), slog.Bool("probed", r.Probed),
+				slog.Duration("took", r.Took))
+		}
+	}}
+	for _, l := range lanes {
+		if c, ok := l.QP.(verbs.Compressor); ok {
+			c.AllowCompression(true)
+		}
+		l.Squeeze = z
+	}
+}
+
+// explainCompression records in ctx's CallInfo, if any, how a read of the
+// call's tensor was compressed.
+func explainCompression(ctx context.Context, r engine.ReadReport) {
+	info, _ := ctx.Value(callInfoKey{}).(*CallInfo)
+	if info == nil {
+		return
+	}
+	info.Compression = CompressionOff
+	switch r.Packed {
+	case verbs.CodecS2:
+		info.Compression = CompressionS2
+	case verbs.CodecZstd:
+		info.Compression = CompressionZstd
+	}
+	info.WireBytes = r.Wire
+	info.Goodput = r.Goodput
+}

@@ -1,0 +1,128 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// Compression is what one side of a session does about compressing the
+// tensors it reads over a slow data plane (tcp): its mode, and the
+// plane's goodput measured from its own reads. The session's lanes share
+// it (Link.Squeeze); nil on a session that does not compress.
+type Compression struct {
+	// Mode is the side's default for its reads: verbs.CodecAuto, CodecS2
+	// or CodecZstd (a side whose mode is off has no Compression).
+	Mode verbs.Codec
+	// Report, when not nil, is told of every read of at least
+	// MinCompressed bytes: how it went and what was decided from.
+	Report func(ctx context.Context, r ReadReport)
+
+	mu      sync.Mutex
+	goodput float64 // bytes a second, all lanes together; 0: not measured
+	since   int     // reads planned since the last probe
+}
+
+// ReadReport is how one read of a tensor went (Compression.Report).
+type ReadReport struct {
+	Bytes int // the tensor's
+	// Asked is what the reader asked for, Packed what the responder did
+	// on the lanes that compressed (CodecNone: none did), Wire the bytes
+	// that crossed the wire for the tensor.
+	Asked, Packed verbs.Codec
+	Wire          int64
+	// Goodput is the estimate the reader asked with (bytes a second, the
+	// plane's: each lane was told its share), Probed whether the read
+	// began with a probe that measured it.
+	Goodput float64
+	Probed  bool
+	Took    time.Duration
+}
+
+const (
+	// MinCompressed is the smallest tensor whose read may ask for
+	// compression: below it the bytes cost less than deciding.
+	MinCompressed = 1 << 20
+	// probeBytes is the part of a read that goes first, as it is, on one
+	// lane, to measure the plane when nothing measured it yet, and every
+	// reprobeEvery reads after that (so that an estimate made from
+	// compressed reads, which only bound the wire from below, does not
+	// keep a fast plane compressing).
+	probeBytes   = 1 << 20
+	reprobeEvery = 32
+	// measureMin: reads shorter than this, as they are, do not update the
+	// goodput (their time is mostly latency).
+	measureMin = 256 << 10
+)
+
+// codecKey carries a call's own compression mode (WithCodec).
+type codecKey struct{}
+
+// WithCodec returns ctx with the compression mode of the reads made under
+// it: verbs.CodecNone turns it off for them, CodecAuto, CodecS2 or
+// CodecZstd replace the session's mode (where the session compresses at
+// all).
+func WithCodec(ctx context.Context, c verbs.Codec) context.Context {
+	return context.WithValue(ctx, codecKey{}, c)
+}
+
+// codecOf is ctx's mode (WithCodec), or mode.
+func codecOf(ctx context.Context, mode verbs.Codec) verbs.Codec {
+	if c, ok := ctx.Value(codecKey{}).(verbs.Codec); ok {
+		return c
+	}
+	return mode
+}
+
+// plan says what a read of n bytes under ctx asks for, and whether it
+// probes first.
+func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodput float64, probe bool) {
+	if c == nil || n < MinCompressed {
+		return verbs.CodecNone, 0, false
+	}
+	codec = codecOf(ctx, c.Mode)
+	if codec != verbs.CodecAuto {
+		return codec, 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.since++
+	probe = n >= 2*probeBytes && (c.goodput == 0 || c.since >= reprobeEvery)
+	if probe {
+		c.since = 0
+	}
+	return codec, c.goodput, probe
+}
+
+// observe updates the goodput from a read of n bytes that took took: as
+// it was (wire 0), or compressed into wire bytes, which bounds the wire's
+// speed from below only.
+func (c *Compression) observe(n int, wire int64, took time.Duration) {
+	if c == nil || took <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if wire > 0 {
+		c.goodput = max(c.goodput, float64(wire)/took.Seconds())
+		return
+	}
+	if n < measureMin {
+		return
+	}
+	g := float64(n) / took.Seconds()
+	if c.goodput == 0 {
+		c.goodput = g
+	} else {
+		c.goodput = (c.goodput + g) / 2
+	}
+}
+
+// Goodput is the plane's measured goodput, bytes a second (0: none yet).
+func (c *Compression) Goodput() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.goodput
+}
