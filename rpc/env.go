@@ -72,7 +72,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvSocketIfname, Default: "the gRPC connection's local address", Meaning: "tcp data plane interface (NCCL_SOCKET_IFNAME syntax: prefixes, =exact, ^exclude)"},
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
-		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2 or zstd"},
+		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2, zstd or huff0"},
 		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {

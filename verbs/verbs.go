@@ -450,12 +450,15 @@ type Codec uint8
 // The codecs of a compressed Read.
 const (
 	CodecNone Codec = iota // as it is
-	// CodecAuto: the responder compresses with s2 or zstd when a sample
+	// CodecAuto: the responder compresses with s2, zstd or huff0 when a sample
 	// of the data, compressed at the speed it measures, predicts a win
 	// over the requester's Goodput; else it sends the data as it is.
 	CodecAuto
 	CodecS2   // s2, each chunk stored when it does not shrink
 	CodecZstd // zstd at its fastest level, the same way
+	// CodecHuff: huff0 entropy coding alone, the same way. CodecAuto
+	// may pick it (low-entropy floats); it is also asked for by name.
+	CodecHuff
 )
 
 func (c Codec) String() string {
@@ -468,6 +471,8 @@ func (c Codec) String() string {
 		return "s2"
 	case CodecZstd:
 		return "zstd"
+	case CodecHuff:
+		return "huff0"
 	}
 	return fmt.Sprintf("Codec(%d)", uint8(c))
 }
@@ -566,7 +571,7 @@ type Completion struct {
 	Imm    uint32
 	HasImm bool
 	// Packed is, for a Read whose data crossed the wire compressed, the
-	// codec the responder chose (CodecS2, CodecZstd) and Wire the bytes
+	// codec the responder chose (CodecS2, CodecZstd, CodecHuff) and Wire the bytes
 	// that crossed it; CodecNone and 0 otherwise.
 	Packed Codec
 	Wire   int

@@ -14,29 +14,39 @@ type Estimate struct {
 	Speed float64
 }
 
-// Sampling: SampleSlices slices of SampleSlice bytes, spread evenly over
-// the bytes (fewer when there are fewer).
+// Sampling: s2 compresses SampleSlices slices of SampleSlice bytes spread
+// evenly over the bytes; zstd one slice of ZstdSampleSlice from their
+// middle (its fastest level leaves slices of a few KiB of low-entropy
+// data uncompressed that it compresses 2:1 in a chunk: it needs the
+// larger slice to show what it does to a chunk). Fewer bytes are sampled
+// when there are fewer.
 const (
-	SampleSlice  = 32 << 10
-	SampleSlices = 4
+	SampleSlice     = 32 << 10
+	SampleSlices    = 4
+	ZstdSampleSlice = 256 << 10
 )
 
 // Sample compresses a few slices spread over the first n bytes of src
 // with each of codecs, timing each, and returns an estimate per codec.
 func Sample(src Segments, n int, codecs ...Codec) []Estimate {
-	k := min(SampleSlices, max(1, n/SampleSlice))
-	var slices [][]byte
-	for i := range k {
-		off := 0
-		if k > 1 {
-			off = (n - SampleSlice) * i / (k - 1)
-		}
-		slices = append(slices, at(src, max(0, off), min(SampleSlice, n)))
-	}
 	buf := getBuf()
 	defer func() { putBuf(buf) }()
 	out := make([]Estimate, 0, len(codecs))
 	for _, c := range codecs {
+		var slices [][]byte
+		if c == Zstd {
+			m := min(ZstdSampleSlice, n)
+			slices = append(slices, at(src, (n-m)/2, m))
+		} else {
+			k := min(SampleSlices, max(1, n/SampleSlice))
+			for i := range k {
+				off := 0
+				if k > 1 {
+					off = (n - SampleSlice) * i / (k - 1)
+				}
+				slices = append(slices, at(src, max(0, off), min(SampleSlice, n)))
+			}
+		}
 		var raw, comp int
 		t0 := time.Now()
 		for _, s := range slices {
@@ -82,7 +92,7 @@ func at(src Segments, off, n int) []byte {
 const (
 	// Margin: a codec is chosen only when its predicted time, made this
 	// much longer, still beats sending the bytes as they are.
-	Margin = 0.25
+	Margin = 0.15
 	// MinRatio: a sample compressed less than this is not compressible.
 	MinRatio = 1.15
 	// DecodeFactor: decompressing is taken to run at least this many

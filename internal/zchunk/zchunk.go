@@ -40,6 +40,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 )
@@ -52,7 +53,14 @@ const (
 	Stored Codec = 0 // the raw bytes as they are
 	S2     Codec = 1 // klauspost/compress s2, default level
 	Zstd   Codec = 2 // zstd, fastest level
+	// Huff is order-0 entropy coding alone (klauspost/compress huff0, 4
+	// streams) over blocks of HuffBlock bytes: no matches, but 2:1 on
+	// low-entropy floats at several times zstd's speed.
+	Huff Codec = 3
 )
+
+// HuffBlock is the raw bytes of one huff0 block of a Huff chunk.
+const HuffBlock = 64 << 10
 
 func (c Codec) String() string {
 	switch c {
@@ -62,6 +70,8 @@ func (c Codec) String() string {
 		return "s2"
 	case Zstd:
 		return "zstd"
+	case Huff:
+		return "huff0"
 	}
 	return fmt.Sprintf("Codec(%d)", uint8(c))
 }
@@ -85,7 +95,7 @@ var (
 )
 
 // MaxEncoded is the most data bytes a chunk of raw bytes may carry: the
-// larger of what s2 and zstd may make of incompressible bytes.
+// larger of what s2, zstd and huff0 may make of incompressible bytes.
 func MaxEncoded(raw int) int {
 	return max(s2.MaxEncodedLen(raw), raw+raw/128+1024)
 }
@@ -119,8 +129,103 @@ func compress(codec Codec, dst, src []byte) []byte {
 		return dst[:n+len(s2.Encode(dst[n:], src))]
 	case Zstd:
 		return zstdEnc().EncodeAll(src, dst)
+	case Huff:
+		return huffEncode(dst, src)
 	}
 	return append(dst, src...)
+}
+
+// Blocks of a Huff chunk: a type byte, then for huffStored the block's
+// raw bytes, for huffRLE the one byte it repeats, for huffCoded a
+// little-endian uint32 length and that many bytes of huff0 (its table and
+// four streams).
+const (
+	huffStored = 0
+	huffCoded  = 1
+	huffRLE    = 2
+)
+
+var huffScratch = sync.Pool{New: func() any { return new(huff0.Scratch) }}
+
+// huffEncode appends src, block by block, as a Huff chunk's data.
+func huffEncode(dst, src []byte) []byte {
+	sc := huffScratch.Get().(*huff0.Scratch)
+	defer huffScratch.Put(sc)
+	for len(src) > 0 {
+		b := src[:min(HuffBlock, len(src))]
+		src = src[len(b):]
+		sc.Reuse = huff0.ReusePolicyNone // each block carries its table
+		out, _, err := huff0.Compress4X(b, sc)
+		switch {
+		case err == huff0.ErrUseRLE:
+			dst = append(dst, huffRLE, b[0])
+		case err != nil || len(out)+5 >= len(b):
+			dst = append(append(dst, huffStored), b...)
+		default:
+			dst = binary.LittleEndian.AppendUint32(append(dst, huffCoded), uint32(len(out)))
+			dst = append(dst, out...)
+		}
+	}
+	return dst
+}
+
+// huffDecode decodes a Huff chunk's data into dst, whose length is the
+// chunk's raw length.
+func huffDecode(dst, data []byte) error {
+	sc := huffScratch.Get().(*huff0.Scratch)
+	defer huffScratch.Put(sc)
+	for len(dst) > 0 {
+		n := min(HuffBlock, len(dst))
+		if len(data) == 0 {
+			return fmt.Errorf("%w: huff0 data ends %d bytes short", ErrCorrupt, len(dst))
+		}
+		typ := data[0]
+		data = data[1:]
+		switch typ {
+		case huffStored:
+			if len(data) < n {
+				return fmt.Errorf("%w: a stored huff0 block of %d bytes, %d there", ErrCorrupt, n, len(data))
+			}
+			copy(dst, data[:n])
+			data = data[n:]
+		case huffRLE:
+			if len(data) < 1 {
+				return fmt.Errorf("%w: an RLE huff0 block without its byte", ErrCorrupt)
+			}
+			v := data[0]
+			for i := range dst[:n] {
+				dst[i] = v
+			}
+			data = data[1:]
+		case huffCoded:
+			if len(data) < 4 {
+				return fmt.Errorf("%w: a huff0 block without its length", ErrCorrupt)
+			}
+			k := int(binary.LittleEndian.Uint32(data))
+			data = data[4:]
+			if k > len(data) {
+				return fmt.Errorf("%w: a huff0 block of %d bytes, %d there", ErrCorrupt, k, len(data))
+			}
+			tsc, rem, err := huff0.ReadTable(data[:k], sc)
+			if err != nil {
+				return fmt.Errorf("%w: huff0 table: %v", ErrCorrupt, err)
+			}
+			tsc.MaxDecodedSize = n
+			out, err := tsc.Decompress4X(rem, n)
+			if err != nil || len(out) != n {
+				return fmt.Errorf("%w: huff0 block decodes to %d bytes, want %d (%v)", ErrCorrupt, len(out), n, err)
+			}
+			copy(dst, out)
+			data = data[k:]
+		default:
+			return fmt.Errorf("%w: huff0 block type %d", ErrCorrupt, typ)
+		}
+		dst = dst[n:]
+	}
+	if len(data) != 0 {
+		return fmt.Errorf("%w: %d bytes past a huff0 chunk's blocks", ErrCorrupt, len(data))
+	}
+	return nil
 }
 
 // AppendChunk appends one chunk of src (at most MaxChunk bytes) to dst:
@@ -158,7 +263,7 @@ func parseHeader(b []byte, left int) (codec Codec, raw, data int, err error) {
 	raw = int(binary.LittleEndian.Uint32(b[4:]))
 	data = int(binary.LittleEndian.Uint32(b[8:]))
 	switch {
-	case codec > Zstd || b[1]|b[2]|b[3] != 0:
+	case codec > Huff || b[1]|b[2]|b[3] != 0:
 		return 0, 0, 0, fmt.Errorf("%w: codec %d", ErrBadHeader, b[0])
 	case raw == 0 || raw > MaxChunk || raw > left:
 		return 0, 0, 0, fmt.Errorf("%w: %d raw bytes with %d left (at most %d a chunk)", ErrBadHeader, raw, left, MaxChunk)
@@ -197,6 +302,8 @@ func decode(codec Codec, dst, data []byte) error {
 			return fmt.Errorf("%w: zstd: %d bytes (%v)", ErrCorrupt, len(out), err)
 		}
 		return nil
+	case Huff:
+		return huffDecode(dst, data)
 	}
 	return fmt.Errorf("%w: codec %d", ErrCorrupt, codec)
 }

@@ -62,7 +62,7 @@ func split(b []byte, sizes ...int) Segments {
 // back exact; incompressible chunks are stored, compressible ones shrink.
 func TestRoundTrip(t *testing.T) {
 	for kind := range payloads {
-		for _, codec := range []Codec{Stored, S2, Zstd} {
+		for _, codec := range []Codec{Stored, S2, Zstd, Huff} {
 			for _, n := range []int{1, 100, 4 << 10, MaxChunk - 1, MaxChunk, MaxChunk + 1, 3*MaxChunk + 12345} {
 				src := fill(kind, n, uint64(n))
 				for _, layout := range []struct {
@@ -157,6 +157,12 @@ func TestHostileStreams(t *testing.T) {
 		{"truncated data", chunk(S2, 4096, good)[:HeaderLen+len(good)-3], 4096, io.ErrUnexpectedEOF},
 		{"truncated header", chunk(S2, 4096, good)[:5], 4096, io.ErrUnexpectedEOF},
 		{"cut after a chunk", chunk(S2, 4096, good), 8192, io.ErrUnexpectedEOF},
+		{"huff0: unknown block type", chunk(Huff, 4096, []byte{9, 1, 2, 3}), 4096, ErrCorrupt},
+		{"huff0: a stored block cut short", chunk(Huff, 4096, append([]byte{huffStored}, make([]byte, 100)...)), 4096, ErrCorrupt},
+		{"huff0: a coded block longer than its data", chunk(Huff, 4096, []byte{huffCoded, 0xff, 0xff, 0, 0, 1}), 4096, ErrCorrupt},
+		{"huff0: a garbage table", chunk(Huff, 4096, []byte{huffCoded, 4, 0, 0, 0, 0xff, 0xfe, 0xfd, 0xfc}), 4096, ErrCorrupt},
+		{"huff0: bytes past the blocks", chunk(Huff, 4, []byte{huffRLE, 7, 0}), 4, ErrCorrupt},
+		{"huff0: a block decoding to more than its chunk", chunk(Huff, 4000, huffEncode(nil, fill("lowent-f16", 4096, 1))), 4000, ErrCorrupt},
 	}
 	for _, c := range cases {
 		dst := make([]byte, c.n+64) // a guard past the destination
@@ -187,6 +193,9 @@ func FuzzReadStream(f *testing.F) {
 	WriteStream(&wire, Zstd, Segments{fill("lowent-f16", 3000, 2)}, 3000)
 	f.Add(wire.Bytes(), uint16(3000), uint16(1))
 	f.Add(chunk(Stored, 3, []byte{1, 2, 3}), uint16(3), uint16(2))
+	wire.Reset()
+	WriteStream(&wire, Huff, Segments{fill("lowent-f16", 5000, 3)}, 5000)
+	f.Add(wire.Bytes(), uint16(5000), uint16(4000))
 	f.Fuzz(func(t *testing.T, stream []byte, n, cut uint16) {
 		if n == 0 {
 			return
@@ -224,9 +233,9 @@ func TestSampleAndDecide(t *testing.T) {
 		}
 		return s
 	}
-	es := Sample(big(sparse), n, S2, Zstd)
-	er := Sample(big(random), n, S2, Zstd)
-	for i, c := range []Codec{S2, Zstd} {
+	es := Sample(big(sparse), n, S2, Zstd, Huff)
+	er := Sample(big(random), n, S2, Zstd, Huff)
+	for i, c := range []Codec{S2, Zstd, Huff} {
 		if es[i].Codec != c || es[i].Ratio < 3 || es[i].Speed <= 0 {
 			t.Errorf("sparse, %v: %+v", c, es[i])
 		}

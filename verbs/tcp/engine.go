@@ -952,6 +952,8 @@ func (q *queuePair) readPacked(h *header, w *softrc.SendWR, br *bufio.Reader) er
 		w.Packed = verbs.CodecS2
 	case zchunk.Zstd:
 		w.Packed = verbs.CodecZstd
+	case zchunk.Huff:
+		w.Packed = verbs.CodecHuff
 	}
 	return err
 }

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/suite"
+	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
 )
 
@@ -79,7 +80,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		codecSize    = fs.String("codec-size", "", "bytes per payload in the compression table (default 32MiB; quick 1MiB)")
 		serdesSizes  = fs.String("serdes-sizes", "", "tensor sizes of the ser/des micro-suite (default 4KiB,1MiB,64MiB; quick 4KiB,1MiB)")
 		verify       = fs.String("verify", "", "which transfers have their bytes checked (CRC32C against the source's, outside the timed region): all, last (each stream's last transfer of every round: every transfer of large sizes) or off (default last; quick all)")
-		sections     = fs.String("sections", "transfers,serdes,codecs", "what to run")
+		sections     = fs.String("sections", "transfers,serdes,codecs", "what to run: transfers, serdes, codecs, slowlink (tcp Fetch over a veth pair into a network namespace shaped with tbf to -slow-link-rates, each payload, compression off, auto and s2; and auto against off on unshaped loopback, tcp and shm; the shaped links need root and iproute2)")
+		slowRates    = fs.String("slow-link-rates", "1gbit,10gbit", "tc rates of the slowlink section's links")
+		slowSize     = fs.String("slow-link-size", "64MiB", "bytes of each Fetch of the slowlink section")
+		slowServe    = fs.String("slow-link-serve", "", "internal: serve the slowlink section's server on `ADDR` (run inside its namespace)")
 		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		memLimit     = fs.String("mem-limit", "8GiB", "Go soft memory limit (runtime/debug.SetMemoryLimit); the run is sized to stay under ~12 GiB")
 	)
@@ -96,6 +100,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	if *render != "" {
 		return renderFile(*render, *format, *plotDir, stdout, stderr, fs)
+	}
+	if *slowServe != "" {
+		return slowLinkServe(*slowServe)
 	}
 
 	cfg := suite.DefaultConfig()
@@ -195,6 +202,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-verify %q: want all, last or off", *verify)
 	}
 	cfg.Transfers, cfg.Serdes, cfg.Codecs = false, false, false
+	slowLink := false
 	for _, s := range strings.Split(*sections, ",") {
 		switch strings.TrimSpace(s) {
 		case "transfers":
@@ -203,8 +211,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.Serdes = true
 		case "codecs":
 			cfg.Codecs = true
+		case "slowlink":
+			slowLink = true
 		default:
-			return fmt.Errorf("-sections: unknown section %q (transfers, serdes, codecs)", s)
+			return fmt.Errorf("-sections: unknown section %q (transfers, serdes, codecs, slowlink)", s)
+		}
+	}
+	var slowCfg slowLinkConfig
+	if slowLink {
+		slowCfg = slowLinkConfig{reps: 3, payloads: cfg.Payloads, modes: []string{rpc.CompressionOff, rpc.CompressionAuto, rpc.CompressionS2}}
+		if *quick {
+			slowCfg.reps = 1
+		}
+		if *reps > 0 {
+			slowCfg.reps = *reps
+		}
+		for _, r := range strings.Split(*slowRates, ",") {
+			if _, err := parseRate(strings.TrimSpace(r)); err != nil {
+				return fmt.Errorf("-slow-link-rates: %w", err)
+			}
+			slowCfg.rates = append(slowCfg.rates, strings.TrimSpace(r))
+		}
+		if slowCfg.size, err = parseSize(*slowSize); err != nil {
+			return fmt.Errorf("-slow-link-size: %w", err)
 		}
 	}
 	limit, err := parseSize(*memLimit)
@@ -253,8 +282,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
-	if _, err := suite.Run(ctx, cfg, stdout, jsonl, stderr); err != nil {
-		return err
+	if cfg.Transfers || cfg.Serdes || cfg.Codecs {
+		if _, err := suite.Run(ctx, cfg, stdout, jsonl, stderr); err != nil {
+			return err
+		}
+	}
+	if slowLink {
+		if err := runSlowLink(ctx, slowCfg, stdout, jsonl, stderr); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stderr, "tensorbench: finished in %s\n", time.Since(start).Round(time.Second))
 	return nil

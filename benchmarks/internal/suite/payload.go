@@ -104,3 +104,9 @@ func fillRandom(r *rand.Rand, b []byte) {
 		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
 }
+
+// Fill writes n fresh bytes of the payload into b (no repeated block:
+// every byte comes from the random source seeded with seed).
+func (p Payload) Fill(b []byte, seed uint64) {
+	p.fill(rand.New(rand.NewPCG(seed, 0x51c0)), b)
+}

@@ -55,6 +55,10 @@ const (
 	// measureMin: reads shorter than this, as they are, do not update the
 	// goodput (their time is mostly latency).
 	measureMin = 256 << 10
+	// trustMin: a read this long, as it is, replaces the goodput outright
+	// (a probe's MiB can ride a burst, or a slow start, that a long read
+	// averages away).
+	trustMin = 8 << 20
 )
 
 // codecKey carries a call's own compression mode (WithCodec).
@@ -113,7 +117,7 @@ func (c *Compression) observe(n int, wire int64, took time.Duration) {
 		return
 	}
 	g := float64(n) / took.Seconds()
-	if c.goodput == 0 {
+	if c.goodput == 0 || n >= trustMin {
 		c.goodput = g
 	} else {
 		c.goodput = (c.goodput + g) / 2
