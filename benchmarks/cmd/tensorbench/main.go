@@ -34,8 +34,8 @@ import (
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/benchmarks/internal/suite"
-	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/internal/bytesize"
+	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
 func main() {

@@ -61,7 +61,7 @@ type slowLinkResult struct {
 // slowLinkServe is the child: a Server listening on addr (inside the
 // namespace), printing its address, until stdin closes.
 func slowLinkServe(addr string) error {
-	srv, err := rpc.NewServer(rpc.WithPoolOptions(mempool.WithLimit(2<<30)))
+	srv, err := rpc.NewServer(rpc.WithPoolOptions(mempool.WithLimit(2 << 30)))
 	if err != nil {
 		return err
 	}
@@ -335,7 +335,7 @@ func shapedRuns(ctx context.Context, cfg slowLinkConfig, emit func(slowLinkResul
 // and shm, at 4 KiB and the section's size, the two modes' Fetches taking
 // turns so that a noisy machine slows both alike.
 func loopbackAutoCost(ctx context.Context, cfg slowLinkConfig, emit func(slowLinkResult)) error {
-	srv, err := rpc.NewServer(rpc.WithPoolOptions(mempool.WithLimit(2<<30)))
+	srv, err := rpc.NewServer(rpc.WithPoolOptions(mempool.WithLimit(2 << 30)))
 	if err != nil {
 		return err
 	}
