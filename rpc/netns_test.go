@@ -2,6 +2,7 @@ package rpc_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,6 +22,8 @@ import (
 // veth pair, so the two share no loopback, as two machines.
 type twoHosts struct {
 	ns     string // the namespace
+	hostIf string // this side's end of the veth pair
+	nsIf   string // the namespace's end
 	hostIP string // this side of the veth
 	nsIP   string // the namespace's side
 	nsIP2  string // a second address of the namespace's side, not routed from here
@@ -41,6 +44,7 @@ func newTwoHosts(t *testing.T) *twoHosts {
 		nsIP2:  fmt.Sprintf("10.203.%d.2", id),
 	}
 	hostIf, nsIf := fmt.Sprintf("trpch%d", id), fmt.Sprintf("trpcn%d", id)
+	h.hostIf, h.nsIf = hostIf, nsIf
 	ip := func(args ...string) error {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		if err != nil {
@@ -175,5 +179,74 @@ func TestTwoHostsUnreachableDataPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	got.Release()
+	ch.Kill()
+}
+
+// shape makes the link between the hosts rate (tc's syntax) both ways,
+// with tbf (netem is not there on every machine).
+func (h *twoHosts) shape(t *testing.T, rate string) {
+	t.Helper()
+	for _, args := range [][]string{
+		{"tc", "qdisc", "add", "dev", h.hostIf, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"},
+		{"ip", "netns", "exec", h.ns, "tc", "qdisc", "add", "dev", h.nsIf, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			testenv.Need(t, "cannot shape the link with tc: %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// TestTwoHostsSlowLinkCompression: over a link shaped to 200 Mb/s (slower
+// than any codec, even under the race detector), with default options on
+// both sides (compression auto), sparse tensors cross compressed both
+// ways (the server reads a Send, the client a Fetch) and random ones do
+// not; every byte arrives exact.
+func TestTwoHostsSlowLinkCompression(t *testing.T) {
+	const size = 8 << 20
+	h := newTwoHosts(t)
+	h.shape(t, "200mbit")
+	t.Cleanup(func() { leakcheck.Check(t) })
+	ch, addr := h.serverIn(t, 4096)
+	ctx := ctxT(t)
+	var last rpc.CallInfo
+	look := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+		err := next(ctx)
+		last = *info
+		return err
+	}
+	c, err := rpc.Dial(ctx, addr, testPool(), insecureCreds(), rpc.WithInlineInterceptors(look))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeClient(t, c)
+	if c.Transport() != rpc.TransportTCP {
+		t.Fatalf("negotiated %s across hosts, want tcp: %v", c.Transport(), c.Rejections())
+	}
+	for _, kind := range []string{"sparse-f32", "random"} {
+		x := payloadTensor(t, c, kind, size, 11)
+		if err := c.Send(ctx, kind, x); err != nil {
+			t.Fatal(err)
+		}
+		before := c.Stats().CompressedTransfers
+		for i := range 2 { // the first may probe the link
+			got, err := c.Fetch(ctx, kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Bytes(), x.Bytes()) {
+				t.Fatalf("%s: fetched bytes differ", kind)
+			}
+			got.Release()
+			t.Logf("%s Fetch %d: compression %q, %d bytes on the wire, goodput %.0f Mb/s", kind, i, last.Compression, last.WireBytes, last.Goodput*8/1e6)
+		}
+		n := c.Stats().CompressedTransfers - before
+		switch {
+		case kind == "sparse-f32" && (n == 0 || last.Compression == rpc.CompressionOff || last.WireBytes > size/2):
+			t.Errorf("sparse: %d of 2 Fetches compressed, the last %q with %d bytes on the wire; want it compressed", n, last.Compression, last.WireBytes)
+		case kind == "random" && (n != 0 || last.Compression != rpc.CompressionOff):
+			t.Errorf("random: %d Fetches compressed (the last %q); want none", n, last.Compression)
+		}
+		x.Release()
+	}
 	ch.Kill()
 }
