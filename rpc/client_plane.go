@@ -124,11 +124,11 @@ func (p streams) fetch(ctx context.Context, key string, fo fetchOptions) (*Tenso
 func (p streams) send(ctx context.Context, key string, t *Tensor) error {
 	ctx, stop := p.c.untilClose(ctx)
 	defer stop()
-	return p.c.sendStream(ctx, key, t, nil)
+	return p.c.sendStream(ctx, p.s, key, t, nil)
 }
 
 func (p streams) call(ctx context.Context, method string, req *Message) (*Message, error) {
 	ctx, stop := p.c.untilClose(ctx)
 	defer stop()
-	return p.c.callStream(ctx, method, req)
+	return p.c.callStream(ctx, p.s, method, req)
 }

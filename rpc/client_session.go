@@ -34,6 +34,9 @@ type clientSession struct {
 	// compression: the codecs both sides compress with
 	// (HandshakeResponse.compression); none when either is off.
 	compression []string
+	// streamZ is the compression of the fallback streams this side sends
+	// (nil: none).
+	streamZ *engine.Compression
 
 	cancel   context.CancelFunc // ends the Session stream
 	done     <-chan struct{}    // closed when the stream's reader has stopped
@@ -278,6 +281,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	s.eager = int(resp.EagerThreshold)
 	s.reservations = resp.SendReservations
 	s.compression = resp.Compression
+	s.streamZ = c.opts.newStreamSqueeze(resp.Compression)
 	for _, r := range resp.Rejected {
 		s.rejections = append(s.rejections, newRejection(transportName(r.Transport), "server", r.Reason))
 	}

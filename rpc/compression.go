@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
+	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
@@ -210,4 +213,67 @@ func explainCompression(ctx context.Context, r engine.ReadReport) {
 	}
 	info.WireBytes = r.Wire
 	info.Goodput = r.Goodput
+}
+
+// zcodecs are the zchunk codecs of the modes that name one.
+var zcodecs = map[verbs.Codec]zchunk.Codec{verbs.CodecS2: zchunk.S2, verbs.CodecZstd: zchunk.Zstd, verbs.CodecHuff: zchunk.Huff}
+
+// newStreamSqueeze is the compression of a session's fallback streams, as
+// this side sends them: nil when the session does not compress (agreed is
+// empty, or this side's mode is off).
+func (o *options) newStreamSqueeze(agreed []string) *engine.Compression {
+	mode, err := o.compressionMode()
+	if err != nil || mode == verbs.CodecNone || len(agreed) == 0 {
+		return nil
+	}
+	return &engine.Compression{Mode: mode}
+}
+
+// streamCodec is how this side sends bufs down a fallback stream of a
+// session that compresses with z (nil: it does not), under ctx (whose
+// call may carry its own mode, engine.WithCodec): tensors of at least 1
+// MiB in all are compressed with the mode's codec or, in auto, with the
+// one zchunk.Choose picks from a sample at the stream's measured goodput
+// (none yet: not compressed, and the stream measures it).
+func streamCodec(ctx context.Context, z *engine.Compression, bufs []*mempool.Buffer) zchunk.Codec {
+	if z == nil {
+		return zchunk.Stored
+	}
+	var segs zchunk.Segments
+	n := 0
+	for _, b := range bufs {
+		segs = append(segs, b.Bytes())
+		n += len(b.Bytes())
+	}
+	if n < engine.MinCompressed {
+		return zchunk.Stored
+	}
+	mode := engine.CodecOf(ctx, z.Mode)
+	if c, ok := zcodecs[mode]; ok {
+		return c
+	}
+	if mode != verbs.CodecAuto {
+		return zchunk.Stored
+	}
+	return zchunk.Choose(segs, n, z.Goodput()).Codec
+}
+
+// sendMeasured runs send (a stream's chunks of bufs, compressed with
+// codec) and tells z, when not nil, how long the bytes took.
+func sendMeasured(z *engine.Compression, bufs []*mempool.Buffer, codec zchunk.Codec, c *counters, send func() error) error {
+	before := c.streamBytes.Load()
+	t0 := time.Now()
+	err := send()
+	if err == nil && z != nil {
+		n := 0
+		for _, b := range bufs {
+			n += len(b.Bytes())
+		}
+		var wire int64
+		if codec != zchunk.Stored {
+			wire = c.streamBytes.Load() - before
+		}
+		z.Observe(n, wire, time.Since(t0))
+	}
+	return err
 }

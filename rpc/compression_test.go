@@ -51,10 +51,10 @@ func payloadTensor(t *testing.T, c *rpc.Client, kind string, n int, seed uint64)
 // TestCompressionRoundTrips: with every mode on both sides, every payload
 // and sizes from 0 B to 64 MiB (16 MiB under the race detector) go
 // through Send, Fetch and a Call's request and reply exact on tcp and the
-// gRPC fallback. On tcp, s2 and zstd compress the compressible tensors of
-// at least 1 MiB that each side reads, and say so in Stats and CallInfo;
-// off never does, and auto never does on loopback (far faster than a
-// codec).
+// gRPC fallback. s2 and zstd compress the compressible tensors of at
+// least 1 MiB that cross (on the fallback, all but a Call's reply), and
+// Stats and CallInfo say so; off never does, and auto never does on tcp
+// loopback (far faster than a codec; the fallback's streams are not).
 func TestCompressionRoundTrips(t *testing.T) {
 	sizes := []int{0, 1, 4 << 10, 1<<20 - 1, 1 << 20, 3<<20 + 5, 16 << 20}
 	if !rpctest.Race {
@@ -91,19 +91,27 @@ func TestCompressionRoundTrips(t *testing.T) {
 							t.Fatalf("Fetch %s: wrong bytes", key)
 						}
 						got.Release()
+						// What CallInfo says of the Fetch: nothing under
+						// 1 MiB or when off; the codec when one was asked
+						// for (on the fallback's streams, "off" when every
+						// chunk was stored: random bytes); off in auto on
+						// tcp (on loopback, far faster than a codec).
 						want := ""
-						if plane == rpc.TransportTCP && n >= 1<<20 {
-							switch {
-							case mode == rpc.CompressionS2 || mode == rpc.CompressionZstd:
+						if n >= 1<<20 && mode != rpc.CompressionOff {
+							want = rpc.CompressionOff
+							if mode == rpc.CompressionS2 || mode == rpc.CompressionZstd {
 								want = mode
-							default:
-								want = rpc.CompressionOff
-							}
-							if mode == rpc.CompressionOff {
-								want = ""
 							}
 						}
-						if len(infos) != 1 || infos[0].Compression != want {
+						said := ""
+						if len(infos) == 1 {
+							said = infos[0].Compression
+						}
+						ok := said == want || plane == rpc.TransportGRPC && kind == "random" && said == rpc.CompressionOff
+						if plane == rpc.TransportGRPC && mode == rpc.CompressionAuto && said != "" {
+							ok = true // a codec may win on the fallback's loopback streams
+						}
+						if len(infos) != 1 || !ok {
 							t.Errorf("Fetch %s: CallInfo %+v, want compression %q", key, infos, want)
 						} else if want == mode && kind == "sparse-f32" && infos[0].WireBytes > int64(n)/2 {
 							t.Errorf("Fetch %s: %d bytes on the wire", key, infos[0].WireBytes)
@@ -120,7 +128,12 @@ func TestCompressionRoundTrips(t *testing.T) {
 					}
 				}
 				cs, ss := e.c.Stats(), e.srv.Stats()
-				compresses := plane == rpc.TransportTCP && (mode == rpc.CompressionS2 || mode == rpc.CompressionZstd)
+				compresses := mode == rpc.CompressionS2 || mode == rpc.CompressionZstd
+				if mode == rpc.CompressionAuto && plane == rpc.TransportGRPC {
+					// The fallback's streams move well under 1 GB/s on
+					// loopback, where a codec on sparse data may win.
+					return
+				}
 				if (cs.CompressedTransfers > 0) != compresses || (ss.CompressedTransfers > 0) != compresses {
 					t.Errorf("compressed transfers: client %d, server %d; want some: %v", cs.CompressedTransfers, ss.CompressedTransfers, compresses)
 				}

@@ -10,10 +10,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
+	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // The plain-gRPC fallback's chunk streams live in rpc/internal/fallback;
@@ -23,15 +26,36 @@ import (
 // recvTensors receives the bytes of the tensors metas describes into new
 // pool tensors (fallback.RecvBuffers). On error every tensor made so far
 // is released.
-func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool, metas []*pb.TensorMeta, limit int64, c *counters) ([]*Tensor, error) {
+//
+// compressed is the stream header's (ChunkHeader.compressed); accept says
+// whether this side takes compressed streams (its mode is not off, and
+// for a client, its session agreed): one it did not ask for fails the
+// stream with InvalidArgument.
+func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool, metas []*pb.TensorMeta, limit int64, c *counters, compressed, accept bool) ([]*Tensor, error) {
+	if compressed && !accept {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a compressed stream to a side that does not take compression (WithCompression off, or not agreed in the session's handshake)")
+	}
 	bufs, err := fallback.RecvBuffers(ctx, r, metas, fallback.Receiver{
-		Check:    func(m *pb.TensorMeta) error { return checkMeta(m, limit) },
-		Alloc:    func(ctx context.Context, n int) (*mempool.Buffer, error) { return allocBuffer(ctx, pool, n) },
-		Verify:   verifySum,
-		Counters: c,
+		Check:      func(m *pb.TensorMeta) error { return checkMeta(m, limit) },
+		Alloc:      func(ctx context.Context, n int) (*mempool.Buffer, error) { return allocBuffer(ctx, pool, n) },
+		Verify:     verifySum,
+		Counters:   c,
+		Compressed: compressed,
+		Packed: func(codec zchunk.Codec, wire int64) {
+			r := engine.ReadReport{Bytes: int(metaBytes(metas)), Wire: wire}
+			for v, z := range zcodecs {
+				if z == codec {
+					r.Packed = v
+				}
+			}
+			explainCompression(ctx, r)
+		},
 	})
 	if err != nil {
 		return nil, err
+	}
+	if n := metaBytes(metas); !compressed && accept && n >= engine.MinCompressed {
+		explainCompression(ctx, engine.ReadReport{Bytes: int(n), Wire: n})
 	}
 	out := make([]*Tensor, 0, len(bufs))
 	for i, buf := range bufs {
@@ -85,17 +109,29 @@ func (s service) FetchStream(req *pb.FetchRequest, stream grpc.ServerStreamingSe
 		defer s.count(ss, func(sc *counters) { sc.merge(&c) })
 		c.transfers.Add(1)
 		info.setResponse(n)
-		return sendChunks(ctx, chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, []*mempool.Buffer{e.Buf}, &c)
+		bufs := []*mempool.Buffer{e.Buf}
+		var z *engine.Compression
+		if ss != nil {
+			z = ss.streamZ
+		}
+		ctx, err = serverCodec(ctx)
+		if err != nil {
+			return err
+		}
+		codec := streamCodec(ctx, z, bufs)
+		return sendMeasured(z, bufs, codec, &c, func() error {
+			return sendChunks(ctx, chunkcodec.ServerStream(stream), &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(req.Key, e.Tensor, s.opts.checksums)}}, bufs, &c, codec)
+		})
 	})
 }
 
 // sendChunks sends header and the tensors in bufs down a stream
 // (fallback.SendChunks), and takes back what the stream still holds of
 // them before it returns.
-func sendChunks(ctx context.Context, out fallback.MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters) error {
+func sendChunks(ctx context.Context, out fallback.MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c *counters, codec zchunk.Codec) error {
 	refs := fallback.NewChunkRefs()
 	defer refs.Settle(ctx)
-	return fallback.SendChunks(out, header, bufs, c, refs)
+	return fallback.SendChunks(out, header, bufs, c, refs, codec)
 }
 
 // SendStream implements the SendStream method.
@@ -141,7 +177,9 @@ func (s service) CallStream(stream grpc.BidiStreamingServer[pb.Chunk, pb.Chunk])
 				return err
 			}
 			defer refund()
-			return sendChunks(ctx, in.stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &in.counters)
+			// Replies go as they are: a client stream names no session
+			// whose handshake agreed on compression.
+			return sendChunks(ctx, in.stream, &pb.ChunkHeader{Metadata: out.Metadata, Tensors: metas}, bufs, &in.counters, zchunk.Stored)
 		})
 	})
 }
@@ -194,7 +232,8 @@ func (in *streamRequest) receive(ctx context.Context) ([]*Tensor, error) {
 		return nil, err
 	}
 	ts, err := s.receiveIdle(in.stream, func(r fallback.MsgReceiver) ([]*Tensor, error) {
-		ts, err := recvTensors(ctx, r, s.pool, in.header.Tensors, s.opts.maxTensorBytes, &in.counters)
+		mode, _ := s.opts.compressionMode()
+		ts, err := recvTensors(ctx, r, s.pool, in.header.Tensors, s.opts.maxTensorBytes, &in.counters, in.header.Compressed, mode != verbs.CodecNone)
 		if err != nil {
 			return nil, err
 		}
@@ -274,7 +313,7 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 			return nil, err
 		}
 	}
-	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats)
+	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats, h.Compressed, s.streamZ != nil)
 	if err != nil {
 		c.stats.errors.Add(1)
 		return nil, err
@@ -324,7 +363,7 @@ func (c *Client) chunksOut(ctx context.Context, ts []*Tensor) (_ context.Context
 }
 
 // sendStream is Send over the fallback.
-func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []int64) (err error) {
+func (c *Client) sendStream(ctx context.Context, s *clientSession, key string, t *Tensor, rows []int64) (err error) {
 	defer func() { err = streamLost(err) }()
 	ctx, out, done, err := c.chunksOut(ctx, []*Tensor{t})
 	if err != nil {
@@ -335,7 +374,10 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []i
 	if err != nil {
 		return err
 	}
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}, Rows: rows}, out.bufs, &c.stats, out.refs); err != nil {
+	codec := streamCodec(ctx, s.streamZ, out.bufs)
+	if err := sendMeasured(s.streamZ, out.bufs, codec, &c.stats, func() error {
+		return fallback.SendChunks(stream, &pb.ChunkHeader{Tensors: []*pb.TensorMeta{metaOf(key, t.Tensor, c.opts.checksums)}, Rows: rows}, out.bufs, &c.stats, out.refs, codec)
+	}); err != nil {
 		if errors.Is(err, io.EOF) { // the server failed the call: its status is in CloseAndRecv
 			_, err = stream.CloseAndRecv()
 		}
@@ -356,7 +398,7 @@ func (c *Client) sendStream(ctx context.Context, key string, t *Tensor, rows []i
 }
 
 // callStream is Call over the fallback.
-func (c *Client) callStream(ctx context.Context, method string, req *Message) (_ *Message, err error) {
+func (c *Client) callStream(ctx context.Context, s *clientSession, method string, req *Message) (_ *Message, err error) {
 	defer func() { err = streamLost(err) }()
 	ctx, out, done, err := c.chunksOut(ctx, req.Tensors)
 	if err != nil {
@@ -368,7 +410,10 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (_
 		return nil, err
 	}
 	chunkcodec.Commit(stream) // see chunkcodec.Commit: avoids a leaked chunk reference in grpc-go's retry buffer
-	if err := fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: out.metas}, out.bufs, &c.stats, out.refs); err != nil && !errors.Is(err, io.EOF) {
+	codec := streamCodec(ctx, s.streamZ, out.bufs)
+	if err := sendMeasured(s.streamZ, out.bufs, codec, &c.stats, func() error {
+		return fallback.SendChunks(stream, &pb.ChunkHeader{Method: method, Metadata: req.Metadata, Tensors: out.metas}, out.bufs, &c.stats, out.refs, codec)
+	}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := stream.CloseSend(); err != nil {
@@ -378,7 +423,7 @@ func (c *Client) callStream(ctx context.Context, method string, req *Message) (_
 	if err != nil {
 		return nil, err
 	}
-	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats)
+	ts, err := recvTensors(ctx, stream, c.pool, h.Tensors, c.opts.maxTensorBytes, &c.stats, h.Compressed, false)
 	if err != nil {
 		return nil, err
 	}

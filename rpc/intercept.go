@@ -98,7 +98,8 @@ type CallInfo struct {
 	// on a session that compresses ("" otherwise, and for tensors under
 	// 1 MiB); WireBytes how many bytes crossed for it, and Goodput the
 	// plane's goodput (bytes a second) the decision was made with (0 when
-	// the mode was not auto).
+	// this side did not decide: the mode was not auto, or on the gRPC
+	// fallback, whose streams' sender decides).
 	Compression string
 	WireBytes   int64
 	Goodput     float64

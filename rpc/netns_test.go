@@ -201,12 +201,22 @@ func (h *twoHosts) shape(t *testing.T, rate string) {
 // both sides (compression auto), sparse tensors cross compressed both
 // ways (the server reads a Send, the client a Fetch) and random ones do
 // not; every byte arrives exact.
+//
+// On the gRPC fallback (the client allows no data plane) the same holds of
+// the second Fetch: the first measures the stream, as it is.
 func TestTwoHostsSlowLinkCompression(t *testing.T) {
-	const size = 8 << 20
 	h := newTwoHosts(t)
 	h.shape(t, "200mbit")
 	t.Cleanup(func() { leakcheck.Check(t) })
 	ch, addr := h.serverIn(t, 4096)
+	for _, plane := range []string{rpc.TransportTCP, rpc.TransportGRPC} {
+		t.Run(plane, func(t *testing.T) { slowLinkCompression(t, addr, plane) })
+	}
+	ch.Kill()
+}
+
+func slowLinkCompression(t *testing.T, addr, plane string) {
+	const size = 8 << 20
 	ctx := ctxT(t)
 	var last rpc.CallInfo
 	look := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
@@ -214,13 +224,13 @@ func TestTwoHostsSlowLinkCompression(t *testing.T) {
 		last = *info
 		return err
 	}
-	c, err := rpc.Dial(ctx, addr, testPool(), insecureCreds(), rpc.WithInlineInterceptors(look))
+	c, err := rpc.Dial(ctx, addr, testPool(), insecureCreds(), rpc.WithInlineInterceptors(look), rpc.WithTransports(plane))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeClient(t, c)
-	if c.Transport() != rpc.TransportTCP {
-		t.Fatalf("negotiated %s across hosts, want tcp: %v", c.Transport(), c.Rejections())
+	if c.Transport() != plane {
+		t.Fatalf("negotiated %s across hosts, want %s: %v", c.Transport(), plane, c.Rejections())
 	}
 	for _, kind := range []string{"sparse-f32", "random"} {
 		x := payloadTensor(t, c, kind, size, 11)
@@ -248,5 +258,4 @@ func TestTwoHostsSlowLinkCompression(t *testing.T) {
 		}
 		x.Release()
 	}
-	ch.Kill()
 }

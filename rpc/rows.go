@@ -288,7 +288,7 @@ func (c *Client) SendRows(ctx context.Context, key string, idx []int64, src *Ten
 		case streams:
 			ctx, stop := c.untilClose(ctx)
 			defer stop()
-			return c.sendStream(ctx, key, src, rows)
+			return c.sendStream(ctx, s, key, src, rows)
 		default:
 			return status.Errorf(codes.Unimplemented, "tensorrpc: SendRows on %T", p)
 		}

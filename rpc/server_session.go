@@ -36,10 +36,13 @@ type serverSession struct {
 	addr      string // the client's address, for interceptors
 	lanesHeld int    // lanes admitted (admission.lanes) for the session's plane
 	transport string
-	link      *engine.Link   // lane 0; nil for the grpc transport
-	lanes     []*engine.Link // every lane, link first
-	stats     counters
-	ipc       *ipcServerSession // nil unless the session negotiated CUDA IPC
+	// streamZ is the compression of the fallback streams the server sends
+	// the session's client (FetchStream's answers; nil: none).
+	streamZ *engine.Compression
+	link    *engine.Link   // lane 0; nil for the grpc transport
+	lanes   []*engine.Link // every lane, link first
+	stats   counters
+	ipc     *ipcServerSession // nil unless the session negotiated CUDA IPC
 
 	// activity counts the calls that named the session (reapIdle);
 	// unary, those of them on gRPC methods still under way.
@@ -195,6 +198,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	}
 	ss.ipc = ipc
 	agreed := s.opts.compressionAgreed(hs.Compression)
+	ss.streamZ = s.opts.newStreamSqueeze(agreed)
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold), Cuda: cuda,
 		SendReservations: !s.opts.noReservations, Compression: agreed,

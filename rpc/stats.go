@@ -112,3 +112,9 @@ func (c *counters) merge(src *counters) {
 func (c *counters) AddStreamBytes(n int64) { c.streamBytes.Add(n) }
 func (c *counters) AddCopied(n int)        { c.copied(n) }
 func (c *counters) AddTransfer()           { c.transfers.Add(1) }
+
+// AddCompressed counts the tensors of a compressed fallback stream.
+func (c *counters) AddCompressed(raw, wire int64) {
+	c.compressed.Add(1)
+	c.compressedSaved.Add(max(raw-wire, 0))
+}

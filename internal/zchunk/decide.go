@@ -2,6 +2,8 @@ package zchunk
 
 import (
 	"fmt"
+	"math"
+	"sync/atomic"
 	"time"
 )
 
@@ -141,4 +143,51 @@ func Decide(n int, goodput float64, cores int, ests []Estimate) Plan {
 		best.Codec = best.Est.Codec
 	}
 	return best
+}
+
+// MinAuto is the fewest bytes Choose compresses: below it a sample costs
+// more than compressing could save.
+const MinAuto = 256 << 10
+
+// ceilings are, per codec, the fastest it has compressed a compressible
+// sample here (bytes a second, float64 bits): a link faster than that,
+// with Margin, cannot gain from it, and Choose does not even sample it.
+// They start at 1.5 GB/s for s2, 0.4 GB/s for zstd and 1 GB/s for huff0
+// (on sparse and low-entropy data s2 runs at 0.4-0.9 GB/s a core, zstd at
+// 0.1-0.2 and huff0 at 0.2-0.4 on the machines we measured).
+var ceilings [Huff + 1]atomic.Uint64
+
+func init() {
+	ceilings[S2].Store(math.Float64bits(1.5e9))
+	ceilings[Zstd].Store(math.Float64bits(0.4e9))
+	ceilings[Huff].Store(math.Float64bits(1e9))
+}
+
+// Choose is auto's decision for n bytes of src about to cross a link that
+// moves goodput bytes a second, compressed on one core and decompressed
+// on one: Decide over a Sample of the codecs that could beat the link.
+// Under MinAuto bytes, or with no goodput known, it is Stored.
+func Choose(src Segments, n int, goodput float64) Plan {
+	if n < MinAuto || goodput <= 0 {
+		return Plan{Codec: Stored}
+	}
+	var codecs []Codec
+	for _, c := range []Codec{S2, Zstd, Huff} {
+		if goodput*(1+Margin) < math.Float64frombits(ceilings[c].Load()) {
+			codecs = append(codecs, c)
+		}
+	}
+	if len(codecs) == 0 {
+		return Plan{Codec: Stored}
+	}
+	ests := Sample(src, n, codecs...)
+	for _, e := range ests {
+		if e.Ratio >= MinRatio {
+			// Halfway to the newest measure: a slow sample (a busy core)
+			// lowers a ceiling only so far.
+			old := math.Float64frombits(ceilings[e.Codec].Load())
+			ceilings[e.Codec].Store(math.Float64bits((old + max(e.Speed, 0.05e9)) / 2))
+		}
+	}
+	return Decide(n, goodput, 1, ests)
 }

@@ -482,6 +482,23 @@ func discard(r io.Reader, left int, read *int64) error {
 	return nil
 }
 
+// DecodeChunk decodes one whole chunk (header and data, nothing after)
+// into the front of dst, and returns its raw length; it fails as
+// ReadStream does on a chunk that declares more than dst holds.
+func DecodeChunk(dst, chunk []byte) (int, error) {
+	if len(chunk) < HeaderLen {
+		return 0, fmt.Errorf("%w: a chunk of %d bytes", ErrBadHeader, len(chunk))
+	}
+	codec, raw, dlen, err := parseHeader(chunk, len(dst))
+	if err != nil {
+		return 0, err
+	}
+	if dlen != len(chunk)-HeaderLen {
+		return 0, fmt.Errorf("%w: %d data bytes declared, %d there", ErrBadHeader, dlen, len(chunk)-HeaderLen)
+	}
+	return raw, decode(codec, dst[:raw], chunk[HeaderLen:])
+}
+
 // Skip reads and drops a stream of n raw bytes, as ReadStream reads one,
 // without decoding it. It returns the bytes read from r.
 func Skip(r io.Reader, n int) (int64, error) {

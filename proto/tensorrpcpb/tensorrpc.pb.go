@@ -2172,7 +2172,15 @@ type ChunkHeader struct {
 	Tensors  []*TensorMeta `protobuf:"bytes,3,rep,name=tensors,proto3" json:"tensors,omitempty"`
 	// SendStream: as SendRequest.rows, a write of these rows of the
 	// published tensor instead of a publication.
-	Rows          []int64 `protobuf:"varint,4,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	Rows []int64 `protobuf:"varint,4,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	// The data chunks that follow carry the tensors' bytes compressed: each
+	// Chunk's data is one chunk of tensorrpc's compressed stream (a 12-byte
+	// header: the codec (0 stored, 1 s2, 2 zstd, 3 huff0), three zero bytes,
+	// the raw and the data length as little-endian uint32; then the data),
+	// of one tensor, at most 1 MiB raw. Only sent on the streams of a
+	// session whose handshake agreed on compression (HandshakeResponse.
+	// compression), so a client with only this file never gets it.
+	Compressed    bool `protobuf:"varint,5,opt,name=compressed,proto3" json:"compressed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2233,6 +2241,13 @@ func (x *ChunkHeader) GetRows() []int64 {
 		return x.Rows
 	}
 	return nil
+}
+
+func (x *ChunkHeader) GetCompressed() bool {
+	if x != nil {
+		return x.Compressed
+	}
+	return false
 }
 
 // Chunk is one message of a fallback stream: the first has a header, the
@@ -2447,12 +2462,15 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\x0etimeout_micros\x18\x02 \x01(\x04R\rtimeoutMicros\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x89\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xa9\x01\n" +
 	"\vChunkHeader\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x1a\n" +
 	"\bmetadata\x18\x02 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x03 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x12\n" +
-	"\x04rows\x18\x04 \x03(\x03R\x04rows\"N\n" +
+	"\x04rows\x18\x04 \x03(\x03R\x04rows\x12\x1e\n" +
+	"\n" +
+	"compressed\x18\x05 \x01(\bR\n" +
+	"compressed\"N\n" +
 	"\x05Chunk\x121\n" +
 	"\x06header\x18\x01 \x01(\v2\x19.tensorrpc.v1.ChunkHeaderR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data*\xac\x02\n" +

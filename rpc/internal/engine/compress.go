@@ -72,8 +72,8 @@ func WithCodec(ctx context.Context, c verbs.Codec) context.Context {
 	return context.WithValue(ctx, codecKey{}, c)
 }
 
-// codecOf is ctx's mode (WithCodec), or mode.
-func codecOf(ctx context.Context, mode verbs.Codec) verbs.Codec {
+// CodecOf is ctx's mode (WithCodec), or mode.
+func CodecOf(ctx context.Context, mode verbs.Codec) verbs.Codec {
 	if c, ok := ctx.Value(codecKey{}).(verbs.Codec); ok {
 		return c
 	}
@@ -86,7 +86,7 @@ func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodp
 	if c == nil || n < MinCompressed {
 		return verbs.CodecNone, 0, false
 	}
-	codec = codecOf(ctx, c.Mode)
+	codec = CodecOf(ctx, c.Mode)
 	if codec != verbs.CodecAuto {
 		return codec, 0, false
 	}
@@ -123,6 +123,12 @@ func (c *Compression) observe(n int, wire int64, took time.Duration) {
 		c.goodput = (c.goodput + g) / 2
 	}
 }
+
+// Observe updates the goodput from a transfer of n bytes this side sent
+// or read that took took, wire bytes of it compressed (0: none); for
+// planes whose reads ReadLanes does not make (the gRPC fallback's
+// streams).
+func (c *Compression) Observe(n int, wire int64, took time.Duration) { c.observe(n, wire, took) }
 
 // Goodput is the plane's measured goodput, bytes a second (0: none yet).
 func (c *Compression) Goodput() float64 {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
@@ -51,6 +52,9 @@ type Counters interface {
 	AddCopied(n int)
 	// AddTransfer counts one tensor received.
 	AddTransfer()
+	// AddCompressed counts the tensors of a compressed stream: raw bytes
+	// that crossed as wire bytes.
+	AddCompressed(raw, wire int64)
 }
 
 // SendChunks sends header, then the bytes of bufs back to back. The chunks
@@ -58,9 +62,17 @@ type Counters interface {
 // caller keeps its references. With refs, the references are also counted
 // there, so that the stream's owner can take back those gRPC never frees
 // (see ChunkRefs.Settle).
-func SendChunks(s MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c Counters, refs *ChunkRefs) error {
+//
+// With codec other than zchunk.Stored the header says compressed and each
+// data chunk is one zchunk chunk of at most ChunkSize raw bytes of one
+// tensor, made here (so no reference to bufs goes to gRPC).
+func SendChunks(s MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c Counters, refs *ChunkRefs, codec zchunk.Codec) error {
+	header.Compressed = codec != zchunk.Stored
 	if err := s.SendMsg(&chunkcodec.OutChunk{Header: header}); err != nil {
 		return err
+	}
+	if header.Compressed {
+		return sendPacked(s, bufs, c, codec)
 	}
 	for _, buf := range bufs {
 		b := buf.Bytes()
@@ -78,6 +90,24 @@ func SendChunks(s MsgSender, header *pb.ChunkHeader, bufs []*mempool.Buffer, c C
 				return err
 			}
 			c.AddStreamBytes(int64(len(piece)))
+		}
+	}
+	return nil
+}
+
+// sendPacked sends bufs as zchunk chunks compressed with codec.
+func sendPacked(s MsgSender, bufs []*mempool.Buffer, c Counters, codec zchunk.Codec) error {
+	for _, buf := range bufs {
+		b := buf.Bytes()
+		for off := 0; off < len(b); off += ChunkSize {
+			z := zchunk.AppendChunk(nil, codec, b[off:min(off+ChunkSize, len(b))])
+			out := &chunkcodec.OutChunk{Data: mem.BufferSlice{chunkcodec.Wrap(z, func() {})}}
+			err := s.SendMsg(out)
+			out.Free()
+			if err != nil {
+				return err
+			}
+			c.AddStreamBytes(int64(len(z)))
 		}
 	}
 	return nil
@@ -108,6 +138,13 @@ type Receiver struct {
 	Verify func(m *pb.TensorMeta, b []byte) error
 	// Counters counts the bytes, copies and tensors received.
 	Counters Counters
+	// Compressed says the stream's header did (ChunkHeader.compressed):
+	// each data chunk is one zchunk chunk of one tensor. Packed, when not
+	// nil, is told what a compressed stream came as: the codec of its
+	// first chunk that was not stored (zchunk.Stored if none) and the
+	// bytes it took.
+	Compressed bool
+	Packed     func(codec zchunk.Codec, wire int64)
 }
 
 // RecvBuffers receives the bytes of the tensors metas describes into new
@@ -132,6 +169,12 @@ func RecvBuffers(ctx context.Context, r MsgReceiver, metas []*pb.TensorMeta, rc 
 	}
 	var in chunkcodec.InChunk
 	defer in.Free()
+	if rc.Compressed {
+		if out, err = recvPacked(ctx, r, metas, rc, out, &in); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	pending := mem.BufferSlice(nil) // bytes received but not yet placed
 	for _, m := range metas {
 		buf, err := rc.Alloc(ctx, int(m.ByteLength))
@@ -169,6 +212,67 @@ func RecvBuffers(ctx context.Context, r MsgReceiver, metas []*pb.TensorMeta, rc 
 		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes past the last tensor", pending.Len())
 	}
 	return out, nil
+}
+
+// recvPacked is RecvBuffers of a compressed stream: each data chunk one
+// zchunk chunk, decoded into its tensor's buffer.
+func recvPacked(ctx context.Context, r MsgReceiver, metas []*pb.TensorMeta, rc Receiver, out []*mempool.Buffer, in *chunkcodec.InChunk) ([]*mempool.Buffer, error) {
+	var wire int64
+	codec := zchunk.Stored
+	for _, m := range metas {
+		buf, err := rc.Alloc(ctx, int(m.ByteLength))
+		if err != nil {
+			return out, err
+		}
+		out = append(out, buf)
+		dst := buf.Bytes()
+		for len(dst) > 0 {
+			in.Free()
+			if err := r.RecvMsg(in); err != nil {
+				if errors.Is(err, io.EOF) {
+					return out, status.Errorf(codes.InvalidArgument, "tensorrpc: stream ended %d bytes short", len(dst))
+				}
+				return out, err
+			}
+			if in.Header != nil {
+				return out, status.Error(codes.InvalidArgument, "tensorrpc: a second header chunk in a stream")
+			}
+			z := in.Data.Materialize()
+			rc.Counters.AddStreamBytes(int64(len(z)))
+			wire += int64(len(z))
+			if len(z) > 0 && codec == zchunk.Stored {
+				codec = zchunk.Codec(z[0])
+			}
+			n, err := zchunk.DecodeChunk(dst, z)
+			switch {
+			case errors.Is(err, zchunk.ErrCorrupt):
+				return out, status.Errorf(codes.DataLoss, "tensorrpc: streamed tensor %q: %v", m.Key, err)
+			case err != nil:
+				return out, status.Errorf(codes.InvalidArgument, "tensorrpc: streamed tensor %q: %v", m.Key, err)
+			}
+			dst = dst[n:]
+		}
+		if err := rc.Verify(m, buf.Bytes()); err != nil {
+			return out, err
+		}
+		if m.ByteLength > 0 {
+			rc.Counters.AddCopied(int(m.ByteLength)) // decoded out of gRPC's receive buffers
+		}
+		rc.Counters.AddTransfer()
+	}
+	rc.Counters.AddCompressed(metaBytes(metas), wire)
+	if rc.Packed != nil {
+		rc.Packed(codec, wire)
+	}
+	return out, nil
+}
+
+func metaBytes(metas []*pb.TensorMeta) int64 {
+	var n int64
+	for _, m := range metas {
+		n += int64(m.ByteLength)
+	}
+	return n
 }
 
 // copyFrom copies from the front of *src into dst and drops what it

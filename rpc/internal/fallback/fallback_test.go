@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/internal/pooltest"
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
@@ -52,11 +53,15 @@ func (p *pipe) RecvMsg(m any) error {
 	return p.codec.Unmarshal(data, m)
 }
 
-type counts struct{ stream, copied, transfers atomic.Int64 }
+type counts struct{ stream, copied, transfers, compressed, saved atomic.Int64 }
 
 func (c *counts) AddStreamBytes(n int64) { c.stream.Add(n) }
 func (c *counts) AddCopied(n int)        { c.copied.Add(int64(n)) }
 func (c *counts) AddTransfer()           { c.transfers.Add(1) }
+func (c *counts) AddCompressed(raw, wire int64) {
+	c.compressed.Add(1)
+	c.saved.Add(raw - wire)
+}
 
 func newPool(t *testing.T) *mempool.Pool { return pooltest.New(t, 8<<20) }
 
@@ -91,7 +96,7 @@ func TestRoundTrip(t *testing.T) {
 	s := newPipe()
 	var sent, got counts
 	refs := NewChunkRefs()
-	if err := SendChunks(s, &pb.ChunkHeader{Method: "m", Tensors: metas}, bufs, &sent, refs); err != nil {
+	if err := SendChunks(s, &pb.ChunkHeader{Method: "m", Tensors: metas}, bufs, &sent, refs, zchunk.Stored); err != nil {
 		t.Fatal(err)
 	}
 	refs.Settle(ctx) // the pipe copied every chunk and freed it
@@ -118,6 +123,78 @@ func TestRoundTrip(t *testing.T) {
 	if sent.stream.Load() != int64(total) || got.stream.Load() != int64(total) || got.copied.Load() != int64(total) || got.transfers.Load() != int64(len(sizes)) {
 		t.Errorf("counted sent %d, received %d, copied %d bytes and %d transfers; want %d bytes and %d transfers",
 			sent.stream.Load(), got.stream.Load(), got.copied.Load(), got.transfers.Load(), total, len(sizes))
+	}
+}
+
+// TestCompressedRoundTrip: tensors sent compressed (each codec) come
+// back exact, chunk by chunk, counted as compressed; a corrupt chunk
+// fails DataLoss and one that declares more than its tensor has left
+// InvalidArgument, releasing what was allocated (the pool's check).
+func TestCompressedRoundTrip(t *testing.T) {
+	p := newPool(t)
+	ctx := context.Background()
+	sizes := []int{0, 3, ChunkSize + 5, 7}
+	for _, codec := range []zchunk.Codec{zchunk.S2, zchunk.Zstd, zchunk.Huff} {
+		var bufs []*mempool.Buffer
+		var metas []*pb.TensorMeta
+		for _, n := range sizes {
+			b, err := p.Alloc(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range b.Bytes() {
+				b.Bytes()[j] = byte(j % 7)
+			}
+			bufs = append(bufs, b)
+			metas = append(metas, &pb.TensorMeta{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{int64(n)}, ByteLength: uint64(n)})
+		}
+		s := newPipe()
+		var sent, got counts
+		h := &pb.ChunkHeader{Tensors: metas}
+		if err := SendChunks(s, h, bufs, &sent, nil, codec); err != nil {
+			t.Fatal(err)
+		}
+		h, err := RecvHeader(s)
+		if err != nil || !h.Compressed {
+			t.Fatalf("RecvHeader: %v, %v", h, err)
+		}
+		rc := receiver(p, &got)
+		rc.Compressed = true
+		out, err := RecvBuffers(ctx, s, h.Tensors, rc)
+		if err != nil {
+			t.Fatalf("%v: %v", codec, err)
+		}
+		for i := range bufs {
+			if !bytes.Equal(out[i].Bytes(), bufs[i].Bytes()) {
+				t.Errorf("%v: tensor %d differs", codec, i)
+			}
+			out[i].Release()
+			bufs[i].Release()
+		}
+		if got.compressed.Load() != 1 || got.saved.Load() <= 0 || sent.stream.Load() != got.stream.Load() || sent.stream.Load() >= ChunkSize {
+			t.Errorf("%v: %d compressed, %d saved, %d bytes sent, %d received", codec, got.compressed.Load(), got.saved.Load(), sent.stream.Load(), got.stream.Load())
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		chunk []byte
+		want  codes.Code
+	}{
+		{"corrupt", func() []byte {
+			c := zchunk.AppendChunk(nil, zchunk.S2, bytes.Repeat([]byte{1}, 4096))
+			c[zchunk.HeaderLen] ^= 0xff
+			return c
+		}(), codes.DataLoss},
+		{"longer than its tensor", zchunk.AppendChunk(nil, zchunk.S2, bytes.Repeat([]byte{1}, 8192)), codes.InvalidArgument},
+	} {
+		s := newPipe()
+		s.SendMsg(&chunkcodec.OutChunk{Data: mem.BufferSlice{mem.SliceBuffer(tc.chunk)}})
+		rc := receiver(p, &counts{})
+		rc.Compressed = true
+		metas := []*pb.TensorMeta{{Dtype: pb.DType_DTYPE_UINT8, Shape: []int64{4096}, ByteLength: 4096}}
+		if _, err := RecvBuffers(ctx, s, metas, rc); status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
 	}
 }
 
