@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -195,14 +196,20 @@ func (o *options) squeeze(lanes []*engine.Link, transport string, agreed []strin
 	}
 }
 
-// explainCompression records in ctx's CallInfo, if any, how a read of the
-// call's tensor was compressed.
+// explainMu orders explainCompression's writes: a call's tensors may be
+// read at once (a Call's request tensors, on the server).
+var explainMu sync.Mutex
+
+// explainCompression adds to ctx's CallInfo, if any, how a read of one of
+// the call's tensors was compressed: the codec of any that was (else off),
+// the bytes that crossed for all of them, the goodput of the last.
 func explainCompression(ctx context.Context, r engine.ReadReport) {
 	info, _ := ctx.Value(callInfoKey{}).(*CallInfo)
 	if info == nil {
 		return
 	}
-	info.Compression = CompressionOff
+	explainMu.Lock()
+	defer explainMu.Unlock()
 	switch r.Packed {
 	case verbs.CodecS2:
 		info.Compression = CompressionS2
@@ -210,9 +217,15 @@ func explainCompression(ctx context.Context, r engine.ReadReport) {
 		info.Compression = CompressionZstd
 	case verbs.CodecHuff:
 		info.Compression = CompressionHuff
+	default:
+		if info.Compression == "" {
+			info.Compression = CompressionOff
+		}
 	}
-	info.WireBytes = r.Wire
-	info.Goodput = r.Goodput
+	info.WireBytes += r.Wire
+	if r.Goodput > 0 {
+		info.Goodput = r.Goodput
+	}
 }
 
 // zcodecs are the zchunk codecs of the modes that name one.

@@ -91,12 +91,13 @@ type CallInfo struct {
 	// Copies how many copies of them the client made.
 	Moved         string
 	Lanes, Copies int
-	// Compression says, on the side that read the call's tensor (the
+	// Compression says, on the side that read the call's tensors (the
 	// client for a Fetch or a Call's reply, the server for a Send or a
-	// Call's request), whether it crossed the wire compressed
-	// (CompressionS2, CompressionZstd) or not (CompressionOff), once read
-	// on a session that compresses ("" otherwise, and for tensors under
-	// 1 MiB); WireBytes how many bytes crossed for it, and Goodput the
+	// Call's request), whether one crossed the wire compressed
+	// (CompressionS2, CompressionZstd, CompressionHuff) or none did
+	// (CompressionOff), once read on a session that compresses (""
+	// otherwise, and for tensors under 1 MiB); WireBytes how many bytes
+	// crossed for those tensors, and Goodput the
 	// plane's goodput (bytes a second) the decision was made with (0 when
 	// this side did not decide: the mode was not auto, or on the gRPC
 	// fallback, whose streams' sender decides).
