@@ -34,12 +34,17 @@ func newStager(pool *mempool.Pool, o *options) *stager {
 }
 
 // async returns buf as an AsyncBuffer whose device's registrar has the
-// pool's arenas registered, or ok=false for a buffer that copies only
-// synchronously (or after close).
+// pool's arenas registered (a device without a registrar copies
+// asynchronously from pageable memory), or ok=false for a buffer that
+// copies only synchronously (or after close).
 func (g *stager) async(buf gpudirect.DeviceBuffer) (ab gpudirect.AsyncBuffer, ok bool) {
 	ab, ok = buf.(gpudirect.AsyncBuffer)
 	if !ok {
 		return nil, false
+	}
+	reg := ab.HostRegistrar()
+	if reg == nil {
+		return ab, true // it copies asynchronously, from pageable memory
 	}
 	g.mu.Lock()
 	if g.ended {
@@ -51,7 +56,7 @@ func (g *stager) async(buf gpudirect.DeviceBuffer) (ab gpudirect.AsyncBuffer, ok
 	}
 	pin := g.pin
 	g.mu.Unlock()
-	if err := pin.Pin(ab.HostRegistrar()); err != nil {
+	if err := pin.Pin(reg); err != nil {
 		// The pool or the stager closed: the synchronous path reports
 		// what is wrong.
 		return nil, false
@@ -73,7 +78,8 @@ func (g *stager) pinned(ab gpudirect.AsyncBuffer, b *mempool.Buffer) bool {
 	g.mu.Lock()
 	pin := g.pin
 	g.mu.Unlock()
-	return pin != nil && pin.Pinned(ab.HostRegistrar(), b.Arena())
+	reg := ab.HostRegistrar()
+	return pin != nil && reg != nil && pin.Pinned(reg, b.Arena())
 }
 
 // arenas is the number of arenas registered now (Stats.PinnedArenas).
