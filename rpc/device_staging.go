@@ -4,17 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
-	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
-	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // stager is a Client's or Server's pinned staging: the registrations of
@@ -152,96 +147,4 @@ func stagingStatus(buf gpudirect.DeviceBuffer, err error) error {
 		return err
 	}
 	return status.Errorf(codes.Internal, "tensorrpc: staging %s: %v", buf.Device(), err)
-}
-
-// fetchPipelined is FetchToDevice staged on a data plane: an ordinary
-// Fetch request, whose answer grants the whole tensor; the client reads
-// it a chunk at a time into a ring of pinned pool slots (over every lane
-// where it is granted on all) and copies each chunk to the device
-// asynchronously while it reads the next (gpudirect.StageInPipelined).
-// The server sees a Fetch like any other: nothing new on the wire.
-func (c *Client) fetchPipelined(ctx context.Context, e framePlane, key string, dst gpudirect.AsyncBuffer, offset int) (zerocopy.DType, []int64, error) {
-	s := e.s
-	l, resp, err := e.ask(ctx, key, fetchOptions{})
-	if err != nil {
-		return 0, nil, err
-	}
-	if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
-		c.releaseTransfer(s, resp.TransferId)
-		return 0, nil, err
-	}
-	dtype, shape := shapeOf(resp.Meta)
-	n := int(resp.Meta.ByteLength)
-	if offset < 0 || offset+n > dst.Len() {
-		c.releaseTransfer(s, resp.TransferId)
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
-	}
-	loc := resp.Meta.Location
-	if loc == nil { // small: it came inline
-		if len(resp.InlineData) != n {
-			return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: inline tensor %q: %d bytes for %d", key, len(resp.InlineData), n)
-		}
-		if err := c.stage.stageIn(ctx, &c.stats, dst, offset, resp.InlineData, nil); err != nil {
-			return 0, nil, err
-		}
-		c.stats.inlineBytes.Add(int64(n))
-		c.stats.transfers.Add(1)
-		return dtype, append([]int64(nil), shape...), nil
-	}
-	id := resp.TransferId
-	if loc.Transport != transportOf(s.transport) || id == 0 || loc.Length != uint64(n) {
-		c.releaseTransfer(s, id)
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: a location of %d bytes on %s for %d bytes on %s", key, loc.Length, loc.Transport, n, s.transport)
-	}
-	// The server's grant stays until every Read of it has completed,
-	// also those a cancelled transfer left under way.
-	var holds atomic.Int32
-	holds.Store(1)
-	drop := func() {
-		if holds.Add(-1) == 0 {
-			c.releaseTransfer(s, id)
-		}
-	}
-	var pinned atomic.Bool
-	err = gpudirect.StageInPipelined(ctx, c.pool, dst, offset, n, c.stage.ring, func(ctx context.Context, ch gpudirect.StageChunk) error {
-		local, err := l.Domain.Reg.Local(ch.Ring)
-		if err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
-		local.Offset += ch.At
-		local.Length = ch.Len
-		pinned.Store(c.stage.pinned(dst, ch.Ring))
-		striped := loc.Lanes
-		if len(striped) > 0 {
-			striped = make([]*pb.LaneRemote, len(loc.Lanes))
-			for i, lr := range loc.Lanes {
-				striped[i] = &pb.LaneRemote{Address: lr.Address + uint64(ch.Pos), RemoteKey: lr.RemoteKey}
-			}
-		}
-		holds.Add(1)
-		ch.Ring.Retain()
-		end := func() {
-			ch.Ring.Release()
-			drop()
-		}
-		remote := verbs.Remote{Addr: loc.Address + uint64(ch.Pos), Key: loc.RemoteKey}
-		if err := engine.ReadLanes(ctx, l, s.lanes, local, remote, striped, end); err != nil {
-			return err
-		}
-		end()
-		return nil
-	})
-	drop()
-	if err != nil {
-		c.stats.errors.Add(1)
-		return 0, nil, stagingStatus(dst, err)
-	}
-	if pinned.Load() {
-		c.stats.pinnedStaged.Add(int64(n))
-	} else {
-		c.stats.pageableStaged.Add(int64(n))
-	}
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
-	return dtype, append([]int64(nil), shape...), nil
 }
