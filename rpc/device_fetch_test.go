@@ -316,3 +316,62 @@ func TestFetchDeviceCancel(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishDeviceReleased: PublishDeviceInPlace's Released runs once,
+// when the publish ends by replacement, unpublish, take or the server's
+// close (and at once when the publish fails), never while published.
+func TestPublishDeviceReleased(t *testing.T) {
+	for _, end := range []string{"replace", "unpublish", "take", "close", "fail"} {
+		t.Run(end, func(t *testing.T) {
+			f := newFakeIPC(1)
+			s, c := ipcPair(t, rpc.TransportSHM, f, nil, nil)
+			ctx := ctxT(t)
+			src, _ := f.Alloc(5000)
+			defer src.Free()
+			var released atomic.Int32
+			tensor := rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{5000}, Buffer: src}
+			if end == "fail" {
+				tensor.Offset = 1 // does not fit
+			}
+			err := s.PublishDeviceInPlace(ctx, "k", tensor, rpc.Released(func() { released.Add(1) }))
+			if end == "fail" {
+				if status.Code(err) != codes.InvalidArgument || released.Load() != 1 {
+					t.Fatalf("failed publish: %v, released %d times", err, released.Load())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			dt, d, err := c.FetchDevice(ctx, "k", (&allocCounter{a: f}).alloc(t, 5000))
+			if err != nil || d.Path != gpudirect.IPC {
+				t.Fatalf("%v %+v", err, d)
+			}
+			dt.Buffer.Free()
+			if released.Load() != 0 {
+				t.Fatal("released while published")
+			}
+			switch end {
+			case "replace":
+				publishHost(t, s, "k", []byte{1})
+			case "unpublish":
+				s.UnpublishDevice(ctx, "k")
+			case "take":
+				tk, err := s.Take(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tk.Release()
+			case "close":
+				s.Stop()
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for released.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond) // the client's release of its transfer is asynchronous
+			}
+			if released.Load() != 1 {
+				t.Fatalf("released %d times after %s", released.Load(), end)
+			}
+		})
+	}
+}
