@@ -42,12 +42,12 @@ type deviceEntry struct {
 	// byte in it; exp is nil when buf exports no IPC handle.
 	handle gpudirect.IPCHandle
 	exp    *ipcExport
-	owned  bool          // the server allocated buf: freed with the last reference
+	owned  bool // the server allocated buf: freed with the last reference
 	// released, when set, is called with the last reference
 	// (PublishDeviceInPlace's Released).
 	released func()
-	refs   int           // under ipcServer.mu
-	done   chan struct{} // closed when refs reach 0
+	refs     int           // under ipcServer.mu
+	done     chan struct{} // closed when refs reach 0
 }
 
 // ipcExport is one allocation exported to sessions, named by an id for as
