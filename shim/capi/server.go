@@ -3,12 +3,6 @@ package main
 /*
 #include <stdlib.h>
 #include "tensorrpc.h"
-
-static void trpc_call_release(trpc_release_fn fn, void *owner) {
-	if (fn != NULL) {
-		fn(owner);
-	}
-}
 */
 import "C"
 

@@ -270,6 +270,7 @@ int trpc_invoke_handler(trpc_handler_fn fn, void *user_data, trpc_reply reply,
                         const char *method, const uint8_t *metadata,
                         int64_t metadata_len, DLManagedTensor **tensors,
                         int64_t n_tensors);
+void trpc_call_release(trpc_release_fn fn, void *owner);
 void trpc_set_capsule_api(void *is_valid, void *get_pointer);
 void trpc_dlpack_capsule_destructor(void *capsule);
 const char *trpc_dltensor_name(void);
