@@ -195,8 +195,9 @@ func trpc_server_publish_flags(h C.trpc_server, key *C.char, dl *C.DLTensor, fla
 // (also when this call fails; release may be NULL). A kDLCUDA tensor on a
 // server made with a CUDA driver (one the library loads without cost: see
 // trpc_client_fetch_device) is published in place on its device, not
-// copied: clients on the same host fetch it over CUDA IPC (device to
-// device), others and trpc_server_fetch get it staged out of it; release
+// copied: clients in other processes of the same host fetch it over CUDA
+// IPC (device to device), others (this process's too) and
+// trpc_server_fetch get it staged out of it; release
 // is called once the publish ends (the key replaced, unpublished or
 // taken, the server closed) and no client copies it any more. The caller
 // must not write the tensor while it is published, as with PyTorch's own

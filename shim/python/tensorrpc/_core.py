@@ -202,7 +202,8 @@ class Server:
 
         A CUDA tensor (any DLPack producer on kDLCUDA) on a server whose
         library has the CUDA driver is kept on its device, not copied:
-        clients on the same host fetch it over CUDA IPC, device to device.
+        clients in other processes of the same host fetch it over CUDA IPC,
+        device to device; others (this process too) get it staged.
         The server holds the producer's DLPack tensor (a reference to its
         memory) until the key is replaced, unpublished or taken, or the
         server closes: do not write the tensor while it is published (as
