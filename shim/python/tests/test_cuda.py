@@ -162,9 +162,13 @@ class CUDATest(unittest.TestCase):
         """A CUDA tensor published on a server with CUDA stays on its
         device: the server holds the producer's DLPack tensor (its deleter
         not called) until the key is unpublished, replaced or taken, or the
-        server closes; fetches, host and onto cuda:0, get its bytes. The
-        emulator has no CUDA IPC yet, so the device-to-device fetch itself
-        is tested in Go (rpc's TestFetchDeviceIPC, over a fake driver)."""
+        server closes; fetches, host and onto cuda:0, get its bytes. Client
+        and server are one process, which CUDA IPC refuses (the driver
+        opens no handle in the process that exported it): the fetches
+        stage. The device-to-device fetch between two processes is tested
+        in Go (rpc's TestCUDAIPC on the emulator, TestFetchDeviceIPC over
+        a fake driver). A failure midway ends the publish before the
+        producer's memory is freed, not at the class's teardown."""
         want = _common.pattern("float32", (64, 1000))
         with tensorrpc.Client(self.srv.address, output="tensor") as c:
             for end in ("unpublish", "replace", "take", "close"):
@@ -172,6 +176,12 @@ class CUDATest(unittest.TestCase):
                 cl = c if end != "close" else tensorrpc.Client(srv.address, output="tensor")
                 p = self.producer("float32", (64, 1000))
                 srv.publish("inplace", p)
+                # Cleanups run last first: this one before p.free.
+                if end == "close":
+                    self.addCleanup(srv.close)
+                    self.addCleanup(cl.close)
+                else:
+                    self.addCleanup(srv.unpublish, "inplace")
                 self.assertEqual(p.deleted, 0, end)
                 self.assertEqual(bytes(cl.fetch("inplace")), want)
                 t = cl.fetch("inplace", device="cuda:0")
