@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,6 +197,68 @@ func TestCUDAIPC(t *testing.T) {
 			if st := cl.Stats(); st.IPC != 2 || st.PinnedStagedBytes+st.PageableStagedBytes != 0 {
 				t.Errorf("stats after a fetch and a send over CUDA IPC: %+v", st)
 			}
+		})
+	}
+}
+
+// TestCUDAOneProcess: a Server and a Client of one process, both with the
+// CUDA driver (the Python package's tests, or any program that serves and
+// fetches itself), do not use CUDA IPC, whose handles the driver opens
+// only in another process than the one that exported them: the session
+// refuses it, saying why, and a device tensor published in place is
+// fetched onto the device staged, bit-exact.
+func TestCUDAOneProcess(t *testing.T) {
+	c := cudatest.Load(t)
+	for _, tr := range []string{rpc.TransportSHM, rpc.TransportTCP} {
+		t.Run(tr, func(t *testing.T) {
+			a, err := c.NewAllocator(0, 8<<20, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := a.Close(); err != nil {
+					t.Errorf("device memory not returned: %v", err)
+				}
+			}()
+			s, cl := pair(t, tr, []rpc.ServerOption{rpc.WithCUDA(c), rpc.WithDeviceAllocator(a)}, []rpc.DialOption{rpc.WithCUDA(c)})
+			if got := rejectionOf(cl, rpc.TransportCUDAIPC); !strings.Contains(got, "server: the client is in the server's own process") {
+				t.Fatalf("CUDA IPC rejection %q, want the one of a client in the server's process", got)
+			}
+			const n = 1<<20 + 7
+			src, err := a.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, n)
+			fill(want, 7)
+			if err := src.CopyFromHost(want, 0); err != nil {
+				t.Fatal(err)
+			}
+			released := make(chan struct{})
+			ctx := ctxT(t)
+			if err := s.PublishDeviceInPlace(ctx, "dev", rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: src}, rpc.Released(func() { close(released) })); err != nil {
+				t.Fatal(err)
+			}
+			got, d, err := cl.FetchDevice(ctx, "dev", func(_ zerocopy.DType, _ []int64, n int) (gpudirect.DeviceBuffer, error) { return a.Alloc(n) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer got.Buffer.Free()
+			if d.Path == gpudirect.IPC {
+				t.Errorf("FetchDevice took CUDA IPC (%s) within one process", d.Reason)
+			}
+			b := make([]byte, n)
+			if err := got.Buffer.CopyToHost(b, got.Offset); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, want) {
+				t.Fatal("the bytes fetched differ")
+			}
+			if !s.Unpublish("dev") {
+				t.Fatal("dev was not published")
+			}
+			<-released
+			src.Free()
 		})
 	}
 }

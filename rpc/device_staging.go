@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,9 +11,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/verbs"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // stager is a Client's or Server's pinned staging: the registrations of
@@ -34,12 +31,17 @@ func newStager(pool *mempool.Pool, o *options) *stager {
 }
 
 // async returns buf as an AsyncBuffer whose device's registrar has the
-// pool's arenas registered, or ok=false for a buffer that copies only
-// synchronously (or after close).
+// pool's arenas registered (a device without a registrar copies
+// asynchronously from pageable memory), or ok=false for a buffer that
+// copies only synchronously (or after close).
 func (g *stager) async(buf gpudirect.DeviceBuffer) (ab gpudirect.AsyncBuffer, ok bool) {
 	ab, ok = buf.(gpudirect.AsyncBuffer)
 	if !ok {
 		return nil, false
+	}
+	reg := ab.HostRegistrar()
+	if reg == nil {
+		return ab, true // it copies asynchronously, from pageable memory
 	}
 	g.mu.Lock()
 	if g.ended {
@@ -51,7 +53,7 @@ func (g *stager) async(buf gpudirect.DeviceBuffer) (ab gpudirect.AsyncBuffer, ok
 	}
 	pin := g.pin
 	g.mu.Unlock()
-	if err := pin.Pin(ab.HostRegistrar()); err != nil {
+	if err := pin.Pin(reg); err != nil {
 		// The pool or the stager closed: the synchronous path reports
 		// what is wrong.
 		return nil, false
@@ -73,7 +75,8 @@ func (g *stager) pinned(ab gpudirect.AsyncBuffer, b *mempool.Buffer) bool {
 	g.mu.Lock()
 	pin := g.pin
 	g.mu.Unlock()
-	return pin != nil && pin.Pinned(ab.HostRegistrar(), b.Arena())
+	reg := ab.HostRegistrar()
+	return pin != nil && reg != nil && pin.Pinned(reg, b.Arena())
 }
 
 // arenas is the number of arenas registered now (Stats.PinnedArenas).
@@ -159,93 +162,4 @@ func chunkAt(loc *pb.Location, pos int) (verbs.Remote, []*pb.LaneRemote) {
 		}
 	}
 	return verbs.Remote{Addr: loc.Address + uint64(pos), Key: loc.RemoteKey}, striped
-}
-
-// fetchPipelined is FetchToDevice staged on a data plane: an ordinary
-// Fetch request, whose answer grants the whole tensor; the client reads
-// it a chunk at a time into a ring of pinned pool slots (over every lane
-// where it is granted on all) and copies each chunk to the device
-// asynchronously while it reads the next (gpudirect.StageInPipelined).
-// The server sees a Fetch like any other: nothing new on the wire.
-func (c *Client) fetchPipelined(ctx context.Context, e framePlane, key string, dst gpudirect.AsyncBuffer, offset int) (zerocopy.DType, []int64, error) {
-	s := e.s
-	l, resp, err := c.askDevice(ctx, e, key, dst, offset)
-	if err != nil {
-		return 0, nil, err
-	}
-	dtype, shape := shapeOf(resp.Meta)
-	n := int(resp.Meta.ByteLength)
-	loc := resp.Meta.Location
-	if loc == nil { // small: it came inline
-		if len(resp.InlineData) != n {
-			return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: inline tensor %q: %d bytes for %d", key, len(resp.InlineData), n)
-		}
-		if err := c.stage.stageIn(ctx, &c.stats, dst, offset, resp.InlineData, nil); err != nil {
-			return 0, nil, err
-		}
-		c.stats.inlineBytes.Add(int64(n))
-		c.stats.transfers.Add(1)
-		return dtype, append([]int64(nil), shape...), nil
-	}
-	id := resp.TransferId
-	if loc.Transport != transportOf(s.transport) || id == 0 || loc.Length != uint64(n) {
-		c.releaseTransfer(s, id)
-		return 0, nil, status.Errorf(codes.InvalidArgument, "tensorrpc: tensor %q: a location of %d bytes on %s for %d bytes on %s", key, loc.Length, loc.Transport, n, s.transport)
-	}
-	// The server's grant stays until every Read of it has completed,
-	// also those a cancelled transfer left under way.
-	var holds atomic.Int32
-	holds.Store(1)
-	drop := func() {
-		if holds.Add(-1) == 0 {
-			c.releaseTransfer(s, id)
-		}
-	}
-	var pinned atomic.Bool
-	ring := c.stage.ring
-	if k := len(loc.Lanes); k > 1 && c.opts.stageChunk == 0 {
-		// A striped tensor: chunks large enough to be read over every
-		// lane at once (engine.Stripes), else each chunk's Read runs on
-		// two lanes while the whole Fetch would run on all (on 16 cores,
-		// 8 MiB chunks read 12 GB/s where the Fetch of the tensor read 30).
-		chunk := ring.Chunk
-		if chunk <= 0 {
-			chunk = gpudirect.DefaultStageChunk
-		}
-		ring.Chunk = max(chunk, k*engine.StripePart)
-	}
-	err = gpudirect.StageInPipelined(ctx, c.pool, dst, offset, n, ring, func(ctx context.Context, ch gpudirect.StageChunk) error {
-		local, err := l.Domain.Reg.Local(ch.Ring)
-		if err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
-		local.Offset += ch.At
-		local.Length = ch.Len
-		pinned.Store(c.stage.pinned(dst, ch.Ring))
-		remote, striped := chunkAt(loc, ch.Pos)
-		holds.Add(1)
-		ch.Ring.Retain()
-		end := func() {
-			ch.Ring.Release()
-			drop()
-		}
-		if err := engine.ReadLanes(ctx, l, s.lanes, local, remote, striped, end); err != nil {
-			return err
-		}
-		end()
-		return nil
-	})
-	drop()
-	if err != nil {
-		c.stats.errors.Add(1)
-		return 0, nil, stagingStatus(dst, err)
-	}
-	if pinned.Load() {
-		c.stats.pinnedStaged.Add(int64(n))
-	} else {
-		c.stats.pageableStaged.Add(int64(n))
-	}
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
-	return dtype, append([]int64(nil), shape...), nil
 }

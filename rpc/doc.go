@@ -122,8 +122,9 @@
 // With WithCUDA on both sides, a session between two processes of one
 // host (the shm plane's host identity) with a GPU in common negotiates
 // CUDA IPC beside its data plane ("cuda-ipc" in Client.Rejections says why
-// not: no CUDA driver on one side, not the same host, no common GPU, or,
-// for SendDevice only, no WithDeviceAllocator on the server). Then:
+// not: no CUDA driver on one side, not the same host, both in one process
+// (the driver opens no IPC handle in the process that exported it), no
+// common GPU, or, for SendDevice only, no WithDeviceAllocator on the server). Then:
 //
 //   - FetchToDevice of a tensor the server published with
 //     PublishDeviceInPlace (or one a client sent over CUDA IPC) gets its

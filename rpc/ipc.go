@@ -1,8 +1,10 @@
 package rpc
 
 import (
+	"crypto/rand"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -29,8 +31,8 @@ type ipcDriver interface {
 
 // WithCUDA gives a Server or Client a loaded CUDA driver
 // (gpudirect.LoadCUDA), which enables CUDA IPC: when both peers have one
-// and run on one host (the shm plane's host identity) with a GPU in
-// common, FetchToDevice and SendDevice move device tensors as CUDA IPC
+// and run in two processes of one host (the shm plane's host identity)
+// with a GPU in common, FetchToDevice and SendDevice move device tensors as CUDA IPC
 // handles, device to device, and host memory is never touched.
 // Otherwise they stage through host memory and Client.Rejections says
 // why ("cuda-ipc"). Without this option nothing loads libcuda.
@@ -66,6 +68,24 @@ func (o *options) hostIdentity() (string, error) {
 	return shm.HostIdentity()
 }
 
+// thisProcess is this process's identity for CUDA IPC (CudaOffer.process):
+// 16 random bytes, drawn once.
+var thisProcess = sync.OnceValue(func() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return string(b[:])
+})
+
+// processIdentity names this process for CUDA IPC: a server and a client
+// of one process must not use it, since the driver opens no IPC handle in
+// the process that exported it.
+func (o *options) processIdentity() string {
+	if o.ipcProcess != "" {
+		return o.ipcProcess
+	}
+	return thisProcess()
+}
+
 // cudaOffer is the client's CudaOffer, or nil without a CUDA driver. A
 // driver that cannot describe itself is a rejection.
 func (o *options) cudaOffer() (*pb.CudaOffer, *Rejection) {
@@ -80,7 +100,7 @@ func (o *options) cudaOffer() (*pb.CudaOffer, *Rejection) {
 	if err != nil {
 		return nil, rejectionPtr(TransportCUDAIPC, "client", "listing CUDA devices: "+err.Error())
 	}
-	offer := &pb.CudaOffer{Host: host}
+	offer := &pb.CudaOffer{Host: host, Process: []byte(o.processIdentity())}
 	for _, u := range uuids {
 		offer.DeviceUuids = append(offer.DeviceUuids, u[:])
 	}
@@ -105,6 +125,9 @@ func (s *Server) cudaAnswer(offer *pb.CudaOffer) (*pb.CudaAnswer, *ipcServerSess
 	}
 	if offer.Host != host {
 		return refuse("not the same host: CUDA IPC needs both processes on one host, sharing a kernel and network namespace")
+	}
+	if string(offer.Process) == s.opts.processIdentity() {
+		return refuse("the client is in the server's own process: CUDA IPC opens handles only in another process (cuIpcOpenMemHandle refuses its own)")
 	}
 	mine, err := s.opts.cuda.DeviceUUIDs()
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // ipcClientSession is a session's CUDA IPC state on the client: the GPUs
@@ -82,16 +81,6 @@ func (x *ipcClientSession) exportable(buf gpudirect.DeviceBuffer) (gpudirect.IPC
 // ipcDecision is the Decision of a transfer over CUDA IPC.
 var ipcDecision = gpudirect.Decision{Path: gpudirect.IPC, Reason: "CUDA IPC: copied device to device between two processes of one host"}
 
-// fetchDeviceIPC is FetchToDevice over CUDA IPC when the session
-// negotiated it; ok false: fetch staged or direct instead.
-func (c *Client) fetchDeviceIPC(ctx context.Context, s *clientSession, key string, dst gpudirect.DeviceBuffer, offset int) (zerocopy.DType, []int64, gpudirect.Decision, bool, error) {
-	if s.ipc == nil {
-		return 0, nil, gpudirect.Decision{}, false, nil
-	}
-	dtype, shape, ok, err := c.fetchIPC(ctx, s, key, dst, offset)
-	return dtype, shape, ipcDecision, ok, err
-}
-
 // sendDeviceIPC is SendDevice over CUDA IPC when the session negotiated
 // it; ok false: send staged or direct instead.
 func (c *Client) sendDeviceIPC(ctx context.Context, s *clientSession, key string, t DeviceTensor, n int) (gpudirect.Decision, bool, error) {
@@ -102,16 +91,21 @@ func (c *Client) sendDeviceIPC(ctx context.Context, s *clientSession, key string
 	return ipcDecision, ok, err
 }
 
-// fetchIPC is FetchToDevice over CUDA IPC. ok is false when the tensor
-// must be fetched staged instead: dst cannot take a device copy, or the
-// key holds a host tensor (or one the server cannot export to this
+// fetchIPC is a device fetch over CUDA IPC when the session negotiated
+// it. ok is false when the tensor must be fetched staged instead: the
+// destination cannot take a device copy (not a gpudirect.AsyncBuffer), or
+// the key holds a host tensor (or one the server cannot export to this
 // client).
-func (c *Client) fetchIPC(ctx context.Context, s *clientSession, key string, dst gpudirect.DeviceBuffer, offset int) (dtype zerocopy.DType, shape []int64, ok bool, err error) {
+func (c *Client) fetchIPC(ctx context.Context, s *clientSession, key string, dst *deviceDst) (t DeviceTensor, ok bool, err error) {
 	x := s.ipc
-	if _, async := dst.(gpudirect.AsyncBuffer); !async {
-		return 0, nil, false, nil
+	if x == nil {
+		return DeviceTensor{}, false, nil
+	}
+	if _, async := dst.buf.(gpudirect.AsyncBuffer); dst.alloc == nil && !async {
+		return DeviceTensor{}, false, nil
 	}
 	var resp *pb.FetchDeviceResponse
+	staged := false
 	err = c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
 		var err error
 		resp, err = c.api.FetchDevice(ctx, &pb.FetchRequest{SessionId: s.id, Key: key})
@@ -120,35 +114,45 @@ func (c *Client) fetchIPC(ctx context.Context, s *clientSession, key string, dst
 		}
 		x.cache.drop(resp.Gone)
 		if resp.Host {
+			staged = true
 			return nil
 		}
+		release := func() {
+			if resp.TransferId != 0 {
+				c.releaseIPC(s, resp.TransferId)
+			}
+		}
+		defer release()
 		if err := checkMeta(resp.Meta, c.opts.maxTensorBytes); err != nil {
-			c.releaseIPC(s, resp.TransferId)
 			return err
 		}
-		info.setResponse(int64(resp.Meta.ByteLength))
-		err = c.copyIPC(ctx, x, resp, dst, offset)
-		if resp.TransferId != 0 {
-			c.releaseIPC(s, resp.TransferId)
+		dtype, shape := shapeOf(resp.Meta)
+		n := int(resp.Meta.ByteLength)
+		buf, off, err := dst.get(dtype, shape, n)
+		if err != nil {
+			return err
 		}
-		return err
+		if _, async := buf.(gpudirect.AsyncBuffer); buf != nil && !async {
+			staged = true // the buffer alloc made copies synchronously only
+			return nil
+		}
+		t = DeviceTensor{DType: dtype, Shape: append([]int64(nil), shape...), Buffer: buf, Offset: off}
+		info.setResponse(int64(n))
+		return c.copyIPC(ctx, x, resp, buf, off)
 	})
 	if err != nil {
-		return 0, nil, true, err
+		return DeviceTensor{}, true, err
 	}
-	if resp.Host {
-		return 0, nil, false, nil
+	if staged {
+		return DeviceTensor{}, false, nil
 	}
-	dtype, shape = shapeOf(resp.Meta)
-	return dtype, append([]int64(nil), shape...), true, nil
+	return t, true, nil
 }
 
-// copyIPC copies the tensor resp names into dst at offset.
+// copyIPC copies the tensor resp names into dst at offset, which holds
+// it.
 func (c *Client) copyIPC(ctx context.Context, x *ipcClientSession, resp *pb.FetchDeviceResponse, dst gpudirect.DeviceBuffer, offset int) error {
 	n := int(resp.Meta.ByteLength)
-	if offset < 0 || offset > dst.Len() || n > dst.Len()-offset {
-		return status.Errorf(codes.InvalidArgument, "tensorrpc: %d bytes at offset %d do not fit %s (%d bytes)", n, offset, dst.Device(), dst.Len())
-	}
 	if n == 0 {
 		return nil
 	}

@@ -18,6 +18,12 @@ func WithIPCHost(id string) Option {
 	return sharedOption(func(o *options) { o.ipcHost = id })
 }
 
+// WithIPCProcess overrides the process identity CUDA IPC compares, so
+// that a Server and a Client of one test process may use it.
+func WithIPCProcess(id string) Option {
+	return sharedOption(func(o *options) { o.ipcProcess = id })
+}
+
 // IPCHandleCounts returns how many IPC handles the client's session opened
 // and closed.
 func IPCHandleCounts(c *Client) (opened, closed int) {

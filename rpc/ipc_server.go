@@ -42,9 +42,12 @@ type deviceEntry struct {
 	// byte in it; exp is nil when buf exports no IPC handle.
 	handle gpudirect.IPCHandle
 	exp    *ipcExport
-	owned  bool          // the server allocated buf: freed with the last reference
-	refs   int           // under ipcServer.mu
-	done   chan struct{} // closed when refs reach 0
+	owned  bool // the server allocated buf: freed with the last reference
+	// released, when set, is called with the last reference
+	// (PublishDeviceInPlace's Released).
+	released func()
+	refs     int           // under ipcServer.mu
+	done     chan struct{} // closed when refs reach 0
 }
 
 // ipcExport is one allocation exported to sessions, named by an id for as
@@ -108,6 +111,19 @@ func (r *ipcServer) remove(key string) *deviceEntry {
 	return e
 }
 
+// supersede unpublishes key's device tensor when a host tensor numbered
+// seq replaced it, and returns it for the caller to drop its reference.
+func (r *ipcServer) supersede(key string, seq uint64) *deviceEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[key]
+	if e == nil || e.seq > seq {
+		return nil
+	}
+	delete(r.entries, key)
+	return e
+}
+
 // removeAll unpublishes every key (Server.Close).
 func (r *ipcServer) removeAll() []*deviceEntry {
 	r.mu.Lock()
@@ -146,6 +162,9 @@ func (r *ipcServer) unref(e *deviceEntry) {
 	if last {
 		if e.owned {
 			e.buf.Free()
+		}
+		if e.released != nil {
+			e.released()
 		}
 		close(e.done)
 	}
@@ -275,15 +294,31 @@ func (x *ipcServerSession) handles(drv ipcDriver) *handleCache {
 // copying it). Buffers that export IPC handles (gpudirect.IPCExporter)
 // are fetched over CUDA IPC; others are always staged.
 //
+// Options: Released hands the buffer over until the publish ends;
+// Writable is refused (clients cannot write rows of a device tensor).
+//
 // Experimental.
-func (s *Server) PublishDeviceInPlace(ctx context.Context, key string, t DeviceTensor) error {
-	n, err := deviceBytes(t)
-	if err != nil {
+func (s *Server) PublishDeviceInPlace(ctx context.Context, key string, t DeviceTensor, opts ...PublishOption) error {
+	var po publishOptions
+	for _, o := range opts {
+		o(&po)
+	}
+	fail := func(err error) error {
+		if po.released != nil {
+			po.released()
+		}
 		return err
 	}
-	e := &deviceEntry{dtype: t.DType, shape: append([]int64(nil), t.Shape...), buf: t.Buffer, offset: t.Offset, n: n}
+	if po.writable {
+		return fail(status.Error(codes.InvalidArgument, "tensorrpc: a device tensor cannot be published writable"))
+	}
+	n, err := deviceBytes(t)
+	if err != nil {
+		return fail(err)
+	}
+	e := &deviceEntry{dtype: t.DType, shape: append([]int64(nil), t.Shape...), buf: t.Buffer, offset: t.Offset, n: n, released: po.released}
 	if err := exportEntry(e); err != nil {
-		return err
+		return fail(err)
 	}
 	s.publishDevice(key, e)
 	return nil

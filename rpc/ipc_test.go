@@ -19,7 +19,8 @@ import (
 )
 
 // ipcPair starts a Server and Client that both have the fake driver on
-// one "host", the server with device memory of the fake's for sends. The
+// one "host" as two "processes", the server with device memory of the
+// fake's for sends. The
 // cleanup checks that every opened handle is closed and every buffer the
 // server allocated is freed.
 func ipcPair(t *testing.T, transport string, f *fakeIPC, serverOpts []rpc.ServerOption, clientOpts []rpc.DialOption) (*rpc.Server, *rpc.Client) {
@@ -36,8 +37,8 @@ func ipcPair(t *testing.T, transport string, f *fakeIPC, serverOpts []rpc.Server
 			t.Errorf("%d fake device buffers allocated during the test are not freed", live-live0)
 		}
 	})
-	so := append([]rpc.ServerOption{rpc.WithIPCDriver(f), rpc.WithIPCHost("host-a"), rpc.WithDeviceAllocator(f)}, serverOpts...)
-	co := append([]rpc.DialOption{rpc.WithIPCDriver(f), rpc.WithIPCHost("host-a")}, clientOpts...)
+	so := append([]rpc.ServerOption{rpc.WithIPCDriver(f), rpc.WithIPCHost("host-a"), rpc.WithIPCProcess("server"), rpc.WithDeviceAllocator(f)}, serverOpts...)
+	co := append([]rpc.DialOption{rpc.WithIPCDriver(f), rpc.WithIPCHost("host-a"), rpc.WithIPCProcess("client")}, clientOpts...)
 	return pair(t, transport, so, co)
 }
 
@@ -192,8 +193,9 @@ func TestIPCHandleCache(t *testing.T) {
 	alloc.Free()
 }
 
-// TestIPCRefused: without CUDA on one side, on another host, without a
-// GPU in common or without server device memory, device tensors stage
+// TestIPCRefused: without CUDA on one side, on another host, in the
+// server's own process, without a GPU in common or without server device
+// memory, device tensors stage
 // through host memory and Rejections says why.
 func TestIPCRefused(t *testing.T) {
 	cases := []struct {
@@ -205,6 +207,7 @@ func TestIPCRefused(t *testing.T) {
 	}{
 		{"server-without-cuda", []rpc.ServerOption{rpc.WithIPCDriver(nil)}, nil, "server: the server has no CUDA driver", false},
 		{"other-host", []rpc.ServerOption{rpc.WithIPCHost("host-b")}, nil, "server: not the same host", false},
+		{"same-process", []rpc.ServerOption{rpc.WithIPCProcess("client")}, nil, "server: the client is in the server's own process", false},
 		{"no-common-gpu", []rpc.ServerOption{rpc.WithIPCDriver(newFakeIPC(2))}, nil, "server: no common GPU", false},
 		{"no-device-allocator", []rpc.ServerOption{rpc.WithDeviceAllocator(nil)}, nil, "SendDevice stages through host memory", false},
 		{"client-without-cuda", nil, []rpc.DialOption{rpc.WithIPCDriver(nil)}, "", false},

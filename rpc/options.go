@@ -85,6 +85,7 @@ type options struct {
 	cuda        ipcDriver           // WithCUDA: CUDA IPC (rpc/ipc.go)
 	deviceAlloc gpudirect.Allocator // WithDeviceAllocator
 	ipcHost     string              // tests: the host identity CUDA IPC compares
+	ipcProcess  string              // tests: the process identity CUDA IPC compares
 	// frameServe, set by the package's tests, wraps the frame handler of
 	// each lane of a server's session as the session sets it up.
 	frameServe func(ss *serverSession, lane int, serve func(wire.FrameHeader, []byte)) func(wire.FrameHeader, []byte)

@@ -220,7 +220,19 @@ func (s *Server) NewTensor(ctx context.Context, dtype zerocopy.DType, shape []in
 // PublishOption changes how Publish publishes a tensor.
 type PublishOption func(*publishOptions)
 
-type publishOptions struct{ writable bool }
+type publishOptions struct {
+	writable bool
+	released func()
+}
+
+// Released gives PublishDeviceInPlace a function it calls once, from any
+// goroutine, when the publish has ended (the key replaced, unpublished or
+// taken, or the Server closed) and no client copies the tensor any more:
+// the buffer is then the caller's again. It lets a caller hand a buffer
+// over for as long as it is published, e.g. a reference to the tensor
+// that owns it. It is called also when PublishDeviceInPlace fails.
+// Publish refuses it.
+func Released(fn func()) PublishOption { return func(o *publishOptions) { o.released = fn } }
 
 // Writable lets clients write rows of the published tensor in place
 // (Client.SendRows), each write visible to Fetches that start after it
@@ -245,6 +257,9 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor, opts ...Pub
 	if t == nil || !t.Valid() {
 		return status.Error(codes.InvalidArgument, "tensorrpc: Publish of a nil or invalid tensor")
 	}
+	if po.released != nil {
+		return status.Error(codes.InvalidArgument, "tensorrpc: Released is an option of PublishDeviceInPlace, not Publish")
+	}
 	if po.writable {
 		if _, _, err := rowBytesOf(t.DType(), t.Shape()); err != nil {
 			return err
@@ -258,9 +273,11 @@ func (s *Server) Publish(ctx context.Context, key string, t *Tensor, opts ...Pub
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: own.Tensor, Buf: own.buf, Writable: po.writable}); err != nil {
+	seq := s.rv.NextSeq()
+	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: own.Tensor, Buf: own.buf, Writable: po.writable, Seq: seq}); err != nil {
 		return rendezvousError(key, err)
 	}
+	s.ipc.unref(s.ipc.supersede(key, seq))
 	return nil
 }
 

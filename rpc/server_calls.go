@@ -194,9 +194,13 @@ func (s *Server) sendRequest(ctx context.Context, ss *serverSession, l *engine.L
 // into the pool, is published under key, ordered by seq (0: now) among
 // the Sends and Publishes of key. It takes over t.
 func (s *Server) send(key string, t *Tensor, seq uint64) error {
+	if seq == 0 {
+		seq = s.rv.NextSeq()
+	}
 	if err := s.rv.Publish(key, rendezvous.Entry{Tensor: t.Tensor, Buf: t.buf, Seq: seq}); err != nil {
 		return rendezvousError(key, err)
 	}
+	s.ipc.unref(s.ipc.supersede(key, seq))
 	return nil
 }
 

@@ -1115,7 +1115,14 @@ type CudaOffer struct {
 	// that share a kernel, machine id and network namespace (as shm).
 	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
 	// The UUIDs of the devices the peer's driver lists, 16 bytes each.
-	DeviceUuids   [][]byte `protobuf:"bytes,2,rep,name=device_uuids,json=deviceUuids,proto3" json:"device_uuids,omitempty"`
+	DeviceUuids [][]byte `protobuf:"bytes,2,rep,name=device_uuids,json=deviceUuids,proto3" json:"device_uuids,omitempty"`
+	// A random identity of the peer's process (16 bytes, drawn once per
+	// process). A server refuses CUDA IPC to a client in its own process:
+	// the driver opens no IPC handle in the process that exported it
+	// (cuIpcOpenMemHandle fails there), and device memory is shared within
+	// a process anyway. Unset by older clients, whose process is not
+	// compared.
+	Process       []byte `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1160,6 +1167,13 @@ func (x *CudaOffer) GetHost() string {
 func (x *CudaOffer) GetDeviceUuids() [][]byte {
 	if x != nil {
 		return x.DeviceUuids
+	}
+	return nil
+}
+
+func (x *CudaOffer) GetProcess() []byte {
+	if x != nil {
+		return x.Process
 	}
 	return nil
 }
@@ -2375,10 +2389,11 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12,\n" +
 	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cuda\x12+\n" +
 	"\x11send_reservations\x18\a \x01(\bR\x10sendReservations\x12 \n" +
-	"\vcompression\x18\b \x03(\tR\vcompressionJ\x04\b\x05\x10\x06R\x10data_plane_calls\"B\n" +
+	"\vcompression\x18\b \x03(\tR\vcompressionJ\x04\b\x05\x10\x06R\x10data_plane_calls\"\\\n" +
 	"\tCudaOffer\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12!\n" +
-	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\"\x8e\x01\n" +
+	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\x12\x18\n" +
+	"\aprocess\x18\x03 \x01(\fR\aprocess\"\x8e\x01\n" +
 	"\n" +
 	"CudaAnswer\x12\x10\n" +
 	"\x03ipc\x18\x01 \x01(\bR\x03ipc\x12\x16\n" +

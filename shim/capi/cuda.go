@@ -2,6 +2,23 @@
 
 package main
 
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+
+// trpc_libcuda_mapped reports whether libcuda.so.1 is loaded in the
+// process already (by PyTorch, say), without loading it.
+static int trpc_libcuda_mapped(void) {
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) {
+		return 0;
+	}
+	dlclose(h);
+	return 1;
+}
+*/
+import "C"
+
 import (
 	"os"
 	"sync"
@@ -47,6 +64,28 @@ func loadCUDA() (*gpudirect.CUDA, error) {
 	}
 	cudaDriver.cuda = c
 	return c, nil
+}
+
+// sessionCUDA returns the driver for the CUDA IPC of a new Client or
+// Server (rpc.WithCUDA), or nil, when loading it costs nothing worth
+// saying: the library loaded it already (a device call), or
+// $TENSORRPC_CUDA_LIBRARY names one, or libcuda.so.1 is loaded in the
+// process already (a CUDA build of PyTorch that initialised CUDA). A
+// process that never touched CUDA does not load it for a CPU-only
+// Client. Without it, CUDA tensors still move, staged through host
+// memory.
+func sessionCUDA() *gpudirect.CUDA {
+	cudaDriver.mu.Lock()
+	c := cudaDriver.cuda
+	cudaDriver.mu.Unlock()
+	if c != nil {
+		return c
+	}
+	if os.Getenv(cudaLibraryEnv) == "" && C.trpc_libcuda_mapped() == 0 {
+		return nil
+	}
+	c, _ = loadCUDA()
+	return c
 }
 
 // cudaDevice returns the driver after checking that it has the device with

@@ -10,16 +10,20 @@ import (
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
 	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // Device tensors (ABI version 5): CUDA tensors (DLPack kDLCUDA) in and
-// out. Today every device tensor is staged through host memory: sent from
-// a pool buffer the library copies the device bytes into, fetched into the
-// pool and copied onto the device (rpc's SendDevice and FetchToDevice take
-// the direct and IPC paths where they are negotiated).
+// out. Sends go through rpc's SendDevice; fetches through FetchDevice,
+// into memory allocated once the size is known, so they take CUDA IPC or
+// the pinned, pipelined staged read where the session has them; a server
+// with the driver publishes CUDA tensors in place
+// (trpc_server_publish_device, ABI version 6). Calls and handler replies
+// stage through pool buffers.
 //
 // Streams. The library's device copies are ordered after the legacy
 // default stream (cuMemcpy without a stream, or streams created blocking),
@@ -204,23 +208,32 @@ func trpc_client_fetch_device(h C.trpc_client, key *C.char, device C.DLDevice, f
 }
 
 func fetchDevice(ctx context.Context, c *clientEntry, cuda *gpudirect.CUDA, ordinal int, key string, flags C.int) (*C.DLManagedTensor, error) {
-	t, err := c.c.Fetch(ctx, key, fetchOptions(flags)...)
-	if err != nil {
-		return nil, err
+	var mem *deviceAlloc
+	alloc := func(dtype zerocopy.DType, shape []int64, n int) (gpudirect.DeviceBuffer, error) {
+		m, err := allocDevice(cuda, ordinal, n)
+		if err != nil {
+			return nil, err
+		}
+		mem = m
+		return m.buf, nil
 	}
-	defer t.Release()
-	n := len(t.Bytes())
-	mem, err := allocDevice(cuda, ordinal, n)
-	if err != nil {
-		return nil, err
-	}
-	if n > 0 {
-		if err := gpudirect.StageIn(mem.buf, 0, t.Bytes()); err != nil {
-			mem.free()
-			return nil, errorf(codes.Internal, "%v", err)
+	t, _, err := c.c.FetchDevice(ctx, key, alloc)
+	if status.Code(err) == codes.NotFound && flags&fetchWait != 0 {
+		// rpc.FetchDevice does not wait for a key: wait for it with a
+		// host Fetch (whose tensor is dropped), then fetch it again.
+		var w *rpc.Tensor
+		if w, err = c.c.Fetch(ctx, key, rpc.WaitForKey()); err == nil {
+			w.Release()
+			t, _, err = c.c.FetchDevice(ctx, key, alloc)
 		}
 	}
-	d := &deviceTensor{dtype: t.DType(), shape: append([]int64(nil), t.Shape()...), mem: mem}
+	if err != nil {
+		if mem != nil {
+			mem.free() // FetchDevice freed the buffer; this gives back its arena's share
+		}
+		return nil, err
+	}
+	d := &deviceTensor{dtype: t.DType, shape: t.Shape, mem: mem}
 	h := adoptDevice(d)
 	m, err := managedDevice(h, d)
 	if err != nil {

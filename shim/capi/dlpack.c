@@ -1,5 +1,6 @@
 // The C half of the shim: DLManagedTensor allocation and deleter, the
-// trampoline through which Go calls a handler's function pointer, and the
+// trampolines through which Go calls a handler's and a release function
+// pointer, and the
 // PyCapsule destructor the Python package uses. Go code cannot call C
 // function pointers itself, and a file with //export may only declare C
 // functions, so they live here.
@@ -44,6 +45,14 @@ int trpc_invoke_handler(trpc_handler_fn fn, void *user_data, trpc_reply reply,
                         int64_t n_tensors) {
   return fn(user_data, reply, method, metadata, metadata_len, tensors,
             n_tensors);
+}
+
+// trpc_call_release calls trpc_server_publish_device's release function,
+// when there is one.
+void trpc_call_release(trpc_release_fn fn, void *owner) {
+  if (fn != NULL) {
+    fn(owner);
+  }
 }
 
 // The Python package hands in PyCapsule_IsValid and PyCapsule_GetPointer so

@@ -81,6 +81,9 @@ func serverOptions(o *C.trpc_options) ([]rpc.ServerOption, error) {
 		return nil, err
 	}
 	var opts []rpc.ServerOption
+	if c := sessionCUDA(); c != nil {
+		opts = append(opts, rpc.WithCUDA(c))
+	}
 	for _, opt := range r.shared {
 		opts = append(opts, opt)
 	}
@@ -104,6 +107,9 @@ func dialOptions(o *C.trpc_options) ([]rpc.DialOption, error) {
 		return nil, err
 	}
 	opts := []rpc.DialOption{rpc.WithTransportCredentials(insecure.NewCredentials())}
+	if c := sessionCUDA(); c != nil {
+		opts = append(opts, rpc.WithCUDA(c))
+	}
 	for _, opt := range r.shared {
 		opts = append(opts, opt)
 	}

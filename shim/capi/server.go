@@ -26,6 +26,7 @@ type serverEntry struct {
 	lis    net.Listener
 	served chan struct{} // closed when Serve returns
 	dupSeq atomic.Uint64
+	cuda   bool // made with a CUDA driver (rpc.WithCUDA): CUDA tensors are published in place
 
 	mu       sync.Mutex
 	closed   bool
@@ -97,7 +98,7 @@ func trpc_server_new(listen *C.char, opts *C.trpc_options, out *C.trpc_server, e
 		lis.Close()
 		return report(errOut, err)
 	}
-	s := &serverEntry{srv: srv, lis: lis, served: make(chan struct{})}
+	s := &serverEntry{srv: srv, lis: lis, served: make(chan struct{}), cuda: sessionCUDA() != nil}
 	go func() {
 		defer close(s.served)
 		srv.Serve(lis)
@@ -186,6 +187,56 @@ func trpc_server_publish_flags(h C.trpc_server, key *C.char, dl *C.DLTensor, fla
 	}
 	defer done()
 	return report(errOut, s.srv.Publish(context.Background(), C.GoString(key), t, opts...))
+}
+
+// trpc_server_publish_device publishes the caller's tensor under key and
+// hands the library its owner: release(owner) is called exactly once,
+// from any thread, when the library no longer reads the tensor's memory
+// (also when this call fails; release may be NULL). A kDLCUDA tensor on a
+// server made with a CUDA driver (one the library loads without cost: see
+// trpc_client_fetch_device) is published in place on its device, not
+// copied: clients in other processes of the same host fetch it over CUDA
+// IPC (device to device), others (this process's too) and
+// trpc_server_fetch get it staged out of it; release
+// is called once the publish ends (the key replaced, unpublished or
+// taken, the server closed) and no client copies it any more. The caller
+// must not write the tensor while it is published, as with PyTorch's own
+// CUDA IPC. Other tensors (CPU, 0 bytes, a server without CUDA) are
+// published as trpc_server_publish_flags publishes them, and release is
+// called before it returns. flags: TRPC_PUBLISH_WRITABLE (a CUDA tensor
+// is then staged into the pool, as trpc_server_publish_flags does). Added
+// in ABI version 6.
+//
+//export trpc_server_publish_device
+func trpc_server_publish_device(h C.trpc_server, key *C.char, dl *C.DLTensor, release C.trpc_release_fn, owner unsafe.Pointer, flags C.int, errOut **C.char) C.int {
+	released := func() { C.trpc_call_release(release, owner) }
+	s, err := getServer(h)
+	if err != nil {
+		released()
+		return report(errOut, err)
+	}
+	if key == nil || dl == nil || dl.device.device_type != dlCUDA || !s.cuda || flags != 0 {
+		rc := trpc_server_publish_flags(h, key, dl, flags, errOut)
+		released()
+		return rc
+	}
+	in, err := openDevice(dl)
+	if err != nil {
+		released()
+		return report(errOut, err)
+	}
+	if in.n == 0 {
+		in.done()
+		rc := trpc_server_publish_flags(h, key, dl, flags, errOut)
+		released()
+		return rc
+	}
+	done := in.done
+	err = s.srv.PublishDeviceInPlace(context.Background(), C.GoString(key), in.t, rpc.Released(func() {
+		done()
+		released()
+	}))
+	return report(errOut, err)
 }
 
 // trpc_server_unpublish removes key; it returns 1 when key was published.

@@ -37,8 +37,10 @@ extern "C" {
  * trpc_client_fetch_device, trpc_cuda_device_count, trpc_device_stats
  * (trpc_device_mem_stats), TRPC_STREAM_LEGACY; and trpc_client_send,
  * trpc_client_call, trpc_server_publish(_flags) and trpc_reply_add_tensor
- * accept kDLCUDA tensors (staged through host memory). */
-#define TRPC_ABI_VERSION 5
+ * accept kDLCUDA tensors (staged through host memory). Version 6 added
+ * trpc_server_publish_device (trpc_release_fn): a CUDA tensor published
+ * in place on its device. */
+#define TRPC_ABI_VERSION 6
 
 /* The DLPack types (dlpack.h; DLTensor has the same layout in v0.x and
  * v1.x). A program that includes dlpack.h before this file uses dlpack.h's
@@ -149,6 +151,13 @@ typedef struct {
 
 /* Flags of trpc_server_publish_flags (ABI version 4). */
 #define TRPC_PUBLISH_WRITABLE 1 /* clients may write rows of it (trpc_client_send_rows) */
+
+/* trpc_release_fn is how trpc_server_publish_device (ABI version 6) gives
+ * back what it was handed: called once with the owner pointer, from any
+ * thread, when the library no longer reads the tensor. A DLPack
+ * producer's deleter (DLManagedTensor's or DLManagedTensorVersioned's,
+ * with the managed tensor as owner) is one. */
+typedef void (*trpc_release_fn)(void *owner);
 
 /* Rows (ABI version 4). A row is everything below a tensor's first
  * dimension: rows are indices along dimension 0. The functions that take
@@ -261,6 +270,7 @@ int trpc_invoke_handler(trpc_handler_fn fn, void *user_data, trpc_reply reply,
                         const char *method, const uint8_t *metadata,
                         int64_t metadata_len, DLManagedTensor **tensors,
                         int64_t n_tensors);
+void trpc_call_release(trpc_release_fn fn, void *owner);
 void trpc_set_capsule_api(void *is_valid, void *get_pointer);
 void trpc_dlpack_capsule_destructor(void *capsule);
 const char *trpc_dltensor_name(void);

@@ -214,6 +214,13 @@ int cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	char name[64];
 	shm_name(name, sizeof name, getpid(), id);
 	int fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EEXIST) {
+		// A leftover of a process that had this pid and died before it
+		// freed its memory (ids are unique within a process): without
+		// this, a test whose pid was reused fails its first allocation.
+		unlink(name);
+		fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	}
 	void *m = MAP_FAILED;
 	if (fd >= 0 && ftruncate(fd, mapped) == 0) {
 		m = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

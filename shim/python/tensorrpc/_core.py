@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from . import _lib
 from ._lib import lib
-from ._tensors import _dlpack_dtype, adopt, check_output, describe, dtype_name, need_output, row_indices
+from ._tensors import _Consumed, _dlpack_dtype, adopt, check_output, describe, dtype_name, need_output, row_indices
 from .errors import Error, FailedPreconditionError, InvalidArgumentError, error
 
 _open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # servers and clients to close at exit
@@ -198,10 +198,33 @@ class Server:
         needs at least one dimension); without, their send_rows raises
         PermissionDeniedError. The rows land in the published pool memory:
         publish a tensor from empty() to see them in it (fetch(key) returns
-        a view of that memory too)."""
+        a view of that memory too).
+
+        A CUDA tensor (any DLPack producer on kDLCUDA) on a server whose
+        library has the CUDA driver is kept on its device, not copied:
+        clients in other processes of the same host fetch it over CUDA IPC,
+        device to device; others (this process too) get it staged.
+        The server holds the producer's DLPack tensor (a reference to its
+        memory) until the key is replaced, unpublished or taken, or the
+        server closes: do not write the tensor while it is published (as
+        with torch's own CUDA IPC sharing). writable=True stages it into
+        the pool instead. Without a CUDA driver it is staged into the pool
+        (one device-to-host copy)."""
         d = describe(tensor)
         err = ctypes.c_void_p()
         flags = _lib.PUBLISH_WRITABLE if writable else 0
+        if d.dl.device.device_type == _lib.KDLCUDA:
+            # Kept on the device where the server has CUDA: the library
+            # calls the producer's deleter once the publish ends.
+            owner = next((k for k in d.keep if isinstance(k, _Consumed)), None) \
+                if isinstance(d.keep, tuple) else None
+            addr, deleter = (owner.addr, owner.deleter) if owner is not None else (None, None)
+            h = self._handle()
+            if owner is not None:
+                owner.deleter = None  # the library's to call from now on
+            _check(lib.trpc_server_publish_device(h, _key(key), ctypes.byref(d.dl), deleter, addr, flags,
+                                                  ctypes.byref(err)), err)
+            return
         _check(lib.trpc_server_publish_flags(self._handle(), _key(key), ctypes.byref(d.dl), flags,
                                              ctypes.byref(err)), err)
 

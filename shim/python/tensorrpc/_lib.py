@@ -9,7 +9,7 @@ import ctypes
 import os
 from typing import Any, Optional
 
-ABI_VERSION = 5  # TRPC_ABI_VERSION of tensorrpc.h
+ABI_VERSION = 6  # TRPC_ABI_VERSION of tensorrpc.h
 
 # Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
 FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
@@ -138,6 +138,8 @@ _PROTOTYPES = {
     "trpc_server_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
     "trpc_server_publish": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _err]),
     "trpc_server_publish_flags": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _c.c_int, _err]),
+    "trpc_server_publish_device": (_c.c_int, [_u64, _c.c_char_p, _c.POINTER(DLTensor), _c.c_void_p, _c.c_void_p,
+                                              _c.c_int, _err]),
     "trpc_server_unpublish": (_c.c_int, [_u64, _c.c_char_p]),
     "trpc_server_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
     "trpc_server_empty": (_c.c_int, [_u64, DLDataType, _c.c_int32, _c.POINTER(_c.c_int64), _mt_out, _err]),

@@ -21,6 +21,13 @@ _capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_cha
     ("PyCapsule_New", ctypes.pythonapi))
 
 
+# Producers with tensors a consumer still holds: DLPack has the producer
+# keep a managed tensor (and its deleter) valid until the deleter is
+# called, however late (a server calls it when a publish ends), so a
+# producer stays alive until then, as CuPy's and torch's tensors do.
+_held = set()
+
+
 class CUDAError(Exception):
     pass
 
@@ -88,7 +95,9 @@ class CUDAProducer:
     by hand as CuPy or torch would make it: __dlpack_device__() is (2,
     device_id); __dlpack__(stream=..., max_version=...) records the stream
     its consumer passed and hands out a DLPack 1.0 capsule when asked for
-    one, else a legacy capsule. deleted counts the deleter calls."""
+    one, else a legacy capsule. deleted counts the deleter calls; the
+    producer (its managed tensors, their deleters) stays alive until every
+    tensor it handed out is deleted."""
 
     def __init__(self, driver, name, shape, data=None, ptr=None, device_id=0, byte_offset=0, versioned=True):
         self.driver = driver
@@ -105,6 +114,7 @@ class CUDAProducer:
         self.ptr = ptr
         self.streams = []
         self.deleted = 0
+        self.outstanding = 0
         self.made = []
 
     def __dlpack_device__(self):
@@ -121,6 +131,9 @@ class CUDAProducer:
 
         def deleter(_p):
             self.deleted += 1
+            self.outstanding -= 1
+            if self.outstanding == 0:
+                _held.discard(self)
         d = type(m.deleter)(deleter)
         m.deleter = d
         dl = m.dl_tensor
@@ -140,6 +153,8 @@ class CUDAProducer:
                 s.deleter(ctypes.pointer(s))
         dd = _DESTRUCTOR(destructor)
         self.made += [m, d, dd]
+        self.outstanding += 1
+        _held.add(self)
         return _capsule_new(ctypes.addressof(m), name, ctypes.cast(dd, ctypes.c_void_p))
 
     def free(self):

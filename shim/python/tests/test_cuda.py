@@ -141,7 +141,7 @@ class CUDATest(unittest.TestCase):
                         del r, r2
 
     def test_publish_and_offsets(self):
-        """A Server publishes a CUDA tensor (copied into its pool); a
+        """A Server publishes a CUDA tensor (kept on its device); a
         producer's byte_offset is honoured; a 0-byte CUDA tensor moves."""
         with tensorrpc.Client(self.srv.address, output="tensor") as c:
             p = self.producer("float16", (7, 9), byte_offset=256)
@@ -157,6 +157,48 @@ class CUDATest(unittest.TestCase):
             self.assertEqual((t.dtype, t.shape, t.device), ("bfloat16", (0, 4), "cuda:0"))
             del got, t
             self.srv.unpublish("empty")
+
+    def test_publish_in_place(self):
+        """A CUDA tensor published on a server with CUDA stays on its
+        device: the server holds the producer's DLPack tensor (its deleter
+        not called) until the key is unpublished, replaced or taken, or the
+        server closes; fetches, host and onto cuda:0, get its bytes. Client
+        and server are one process, which CUDA IPC refuses (the driver
+        opens no handle in the process that exported it): the fetches
+        stage. The device-to-device fetch between two processes is tested
+        in Go (rpc's TestCUDAIPC on the emulator, TestFetchDeviceIPC over
+        a fake driver). A failure midway ends the publish before the
+        producer's memory is freed, not at the class's teardown."""
+        want = _common.pattern("float32", (64, 1000))
+        with tensorrpc.Client(self.srv.address, output="tensor") as c:
+            for end in ("unpublish", "replace", "take", "close"):
+                srv = self.srv if end != "close" else tensorrpc.Server(output="tensor")
+                cl = c if end != "close" else tensorrpc.Client(srv.address, output="tensor")
+                p = self.producer("float32", (64, 1000))
+                srv.publish("inplace", p)
+                # Cleanups run last first: this one before p.free.
+                if end == "close":
+                    self.addCleanup(srv.close)
+                    self.addCleanup(cl.close)
+                else:
+                    self.addCleanup(srv.unpublish, "inplace")
+                self.assertEqual(p.deleted, 0, end)
+                self.assertEqual(bytes(cl.fetch("inplace")), want)
+                t = cl.fetch("inplace", device="cuda:0")
+                self.assertEqual(_cudaemu.device_bytes(self.drv, t), want)
+                t.release()
+                self.assertEqual(p.deleted, 0, "released while published (%s)" % end)
+                if end == "unpublish":
+                    self.assertTrue(srv.unpublish("inplace"))
+                elif end == "replace":
+                    srv.publish("inplace", b"x")
+                    srv.unpublish("inplace")
+                elif end == "take":
+                    self.assertEqual(bytes(srv.take("inplace")), want)
+                else:
+                    cl.close()
+                    srv.close()
+                self.assertEqual(p.deleted, 1, "the producer's deleter after %s" % end)
 
     def test_large_allocation_and_arena_reuse(self):
         """A tensor above 16 MiB gets device memory of its own, given back
