@@ -51,9 +51,10 @@ type slowLinkResult struct {
 	// VsOff is this mode's median time over off's, measured in the same
 	// run (for loopback, in reps taking turns with off's): < 1 is faster.
 	VsOff float64 `json:"time_vs_off"`
-	// Compressed and WireBytes: what the client's Stats said of the timed
-	// Fetches (compressed transfers; bytes that crossed the wire per
-	// Fetch, from CallInfo).
+	// Compressed and WireBytes: what the client's Stats said of the
+	// measurement's Fetches, the untimed first one included (compressed
+	// transfers), and the bytes that crossed the wire for the last one
+	// (CallInfo; 0 where the session does not compress).
 	Compressed int64 `json:"compressed"`
 	WireBytes  int64 `json:"wire_bytes"`
 }
