@@ -184,7 +184,7 @@ func (o *options) squeeze(lanes []*engine.Link, transport string, agreed []strin
 		if log.Enabled(ctx, slog.LevelDebug) {
 			log.LogAttrs(ctx, slog.LevelDebug, "tensorrpc: read", slog.String("session", session),
 				slog.Int("bytes", r.Bytes), slog.String("asked", r.Asked.String()), slog.String("compressed", r.Packed.String()),
-				slog.Int64("wire_bytes", r.Wire), slog.Float64("goodput_mbps", r.Goodput*8/1e6), slog.Bool("probed", r.Probed),
+				slog.Int64("wire_bytes", r.Wire), slog.Float64("goodput_mbps", r.Goodput*8/1e6), slog.Float64("sampled_ratio", r.Sampled), slog.Bool("probed", r.Probed),
 				slog.Duration("took", r.Took))
 		}
 	}}
@@ -226,6 +226,7 @@ func explainCompression(ctx context.Context, r engine.ReadReport) {
 	if r.Goodput > 0 {
 		info.Goodput = r.Goodput
 	}
+	info.SampleRatio = max(info.SampleRatio, r.Sampled)
 }
 
 // zcodecs are the zchunk codecs of the modes that name one.

@@ -104,6 +104,11 @@ type CallInfo struct {
 	Compression string
 	WireBytes   int64
 	Goodput     float64
+	// SampleRatio is, in auto mode on tcp, the best ratio the other side's
+	// sample of the bytes showed (0: it sampled nothing: the link was
+	// faster than any codec runs, or the tensor too short): with Goodput,
+	// what auto decided from.
+	SampleRatio float64
 }
 
 // How a call's bytes moved (CallInfo.Moved).

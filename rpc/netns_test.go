@@ -247,7 +247,7 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 				t.Fatalf("%s: fetched bytes differ", kind)
 			}
 			got.Release()
-			t.Logf("%s Fetch %d: compression %q, %d bytes on the wire, goodput %.0f Mb/s", kind, i, last.Compression, last.WireBytes, last.Goodput*8/1e6)
+			t.Logf("%s Fetch %d: compression %q, %d bytes on the wire, goodput %.0f Mb/s, sampled ratio %.2f", kind, i, last.Compression, last.WireBytes, last.Goodput*8/1e6, last.SampleRatio)
 		}
 		n := c.Stats().CompressedTransfers - before
 		switch {
@@ -255,6 +255,10 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 			t.Errorf("sparse: %d of 2 Fetches compressed, the last %q with %d bytes on the wire; want it compressed", n, last.Compression, last.WireBytes)
 		case kind == "random" && (n != 0 || last.Compression != rpc.CompressionOff):
 			t.Errorf("random: %d Fetches compressed (the last %q); want none", n, last.Compression)
+		case plane == rpc.TransportTCP && kind == "random" && (last.SampleRatio < 0.99 || last.SampleRatio > 1.05):
+			t.Errorf("random: the sample's ratio %.2f, want about 1 (sampled, incompressible)", last.SampleRatio)
+		case plane == rpc.TransportTCP && kind == "sparse-f32" && last.SampleRatio < 3:
+			t.Errorf("sparse: the sample's ratio %.2f, want 3 or more", last.SampleRatio)
 		}
 		x.Release()
 	}

@@ -575,6 +575,11 @@ type Completion struct {
 	// that crossed it; CodecNone and 0 otherwise.
 	Packed Codec
 	Wire   int
+	// Sampled is, for a Read that asked for CodecAuto, the ratio the
+	// responder's sample of its data showed for the best codec (0: it
+	// did not sample: the link was too fast for any codec, or the data
+	// too short).
+	Sampled float64
 	// Key is, for OpRecvImm, the remote key the WriteImm wrote through,
 	// where the provider knows it (Attributes.RecvImmKey): a receiver that
 	// handed out one key per destination can check the write landed where

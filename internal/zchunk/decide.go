@@ -109,6 +109,8 @@ type Plan struct {
 	// chosen codec (or the best one, when none won).
 	Raw, Packed time.Duration
 	Est         Estimate // the estimate of Codec, or of the best codec
+	// Sampled is the best ratio of the estimates (0: none).
+	Sampled float64
 }
 
 func (p Plan) String() string {
@@ -126,6 +128,9 @@ func Decide(n int, goodput float64, cores int, ests []Estimate) Plan {
 	cores = max(cores, 1)
 	raw := time.Duration(float64(n) / goodput * 1e9)
 	best := Plan{Codec: Stored, Raw: raw, Packed: -1}
+	for _, e := range ests {
+		best.Sampled = max(best.Sampled, e.Ratio)
+	}
 	for _, e := range ests {
 		if e.Ratio < MinRatio || e.Speed <= 0 {
 			continue

@@ -10,16 +10,24 @@ import (
 // sample of payload and the requester's goodput (one core compressing on
 // each side: each lane's response is compressed by its own writer);
 // zchunk.Stored for as it is.
-func packFor(c verbs.Compression, payload []byte) zchunk.Codec {
+func packFor(c verbs.Compression, payload []byte) zchunk.Plan {
 	switch c.Codec {
 	case verbs.CodecS2:
-		return zchunk.S2
+		return zchunk.Plan{Codec: zchunk.S2}
 	case verbs.CodecZstd:
-		return zchunk.Zstd
+		return zchunk.Plan{Codec: zchunk.Zstd}
 	case verbs.CodecHuff:
-		return zchunk.Huff
+		return zchunk.Plan{Codec: zchunk.Huff}
 	case verbs.CodecAuto:
-		return zchunk.Choose(zchunk.Segments{payload}, len(payload), c.Goodput).Codec
+		return zchunk.Choose(zchunk.Segments{payload}, len(payload), c.Goodput)
 	}
-	return zchunk.Stored
+	return zchunk.Plan{Codec: zchunk.Stored}
+}
+
+// answerImm is the imm of the answer to a Read that asked for
+// compression: the codec it came with in the low 8 bits (0: as it is)
+// and, above them, the ratio auto's sample showed of the best codec, in
+// hundredths (0: no sample).
+func answerImm(p zchunk.Plan) uint32 {
+	return uint32(p.Codec) | uint32(min(p.Sampled*100, 0xffff))<<8
 }

@@ -235,7 +235,9 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 			continue
 		}
 		if f.compress.Codec != verbs.CodecNone {
-			if codec := packFor(f.compress, f.payload); codec != zchunk.Stored {
+			plan := packFor(f.compress, f.payload)
+			f.hdr.imm = answerImm(plan)
+			if codec := plan.Codec; codec != zchunk.Stored {
 				// What is batched goes first, then the response as a
 				// stream of chunks, each compressed while the one before
 				// it is written.
@@ -243,7 +245,7 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 					return err
 				}
 				h := f.hdr
-				h.flags, h.imm = flagCompress, uint32(codec)
+				h.flags = flagCompress
 				var hb [headerSize]byte
 				h.put(hb[:])
 				if _, err := conn.Write(hb[:]); err != nil {
@@ -598,6 +600,9 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 	if packed && w.Compress.Codec == verbs.CodecNone {
 		return false, fmt.Errorf("read response %d came compressed, unasked", h.seq)
 	}
+	if w.Compress.Codec != verbs.CodecNone {
+		w.Sampled = float64(h.imm>>8&0xffff) / 100
+	}
 	if w.N > 0 {
 		if st, why := w.Vec.Hold(); st == verbs.StatusSuccess {
 			var err error
@@ -947,7 +952,7 @@ func (q *queuePair) readPacked(h *header, w *softrc.SendWR, br *bufio.Reader) er
 	}
 	wire, err := zchunk.ReadStream(br, segs, w.N)
 	w.Packed, w.Wire = verbs.CodecNone, int(wire)
-	switch zchunk.Codec(h.imm) {
+	switch zchunk.Codec(h.imm & 0xff) {
 	case zchunk.S2:
 		w.Packed = verbs.CodecS2
 	case zchunk.Zstd:

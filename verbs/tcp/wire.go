@@ -19,7 +19,9 @@ import (
 //	            flagCompress: on a Read request, the data may come
 //	            compressed, imm says how (compressImm); on a Read
 //	            response, it did: the payload is an internal/zchunk
-//	            stream of length raw bytes, imm the codec)
+//	            stream of length raw bytes. The answer to a Read that
+//	            asked, compressed or not, says in imm the codec and the
+//	            ratio auto's sample showed (answerImm))
 //	3      1    reserved, zero
 //	4      4    remote key
 //	8      4    immediate value

@@ -34,9 +34,11 @@ type ReadReport struct {
 	Asked, Packed verbs.Codec
 	Wire          int64
 	// Goodput is the estimate the reader asked with (bytes a second, the
-	// plane's: each lane was told its share), Probed whether the read
-	// began with a probe that measured it.
+	// plane's: each lane was told its share), Sampled the best ratio the
+	// responder's samples showed (0: none sampled), Probed whether the
+	// read began with a probe that measured the goodput.
 	Goodput float64
+	Sampled float64
 	Probed  bool
 	Took    time.Duration
 }

@@ -270,6 +270,7 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 	}
 	rep.Wire = int64(skip)
 	for _, c := range cs {
+		rep.Sampled = max(rep.Sampled, c.Sampled)
 		if c.Packed != verbs.CodecNone {
 			rep.Packed = c.Packed
 			rep.Wire += int64(c.Wire)

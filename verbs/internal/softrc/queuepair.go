@@ -77,6 +77,7 @@ type SendWR struct {
 	Compress verbs.Compression
 	Packed   verbs.Codec
 	Wire     int
+	Sampled  float64
 }
 
 // RecvWR is a posted receive.
@@ -240,7 +241,7 @@ func (q *QP) PostSend(wrs ...verbs.SendRequest) error {
 	ws, err := CheckSends(q.Domain, q.Domain.Limits, wrs, func(w *SendWR) Vec { return w.seg[:0] }, func(w *SendWR, wr *verbs.SendRequest, vec Vec) {
 		w.ID, w.Op, w.Imm, w.HasImm = wr.ID, wr.Op, wr.Imm, wr.HasImm || wr.Op == verbs.OpWriteImm
 		w.Unsignaled, w.Lazy, w.Fence, w.Remote, w.Vec, w.N = wr.Unsignaled, wr.LazyCompletion, wr.Fence, wr.Remote, vec, vec.Len()
-		w.Compress, w.Packed, w.Wire = wr.Compress, verbs.CodecNone, 0
+		w.Compress, w.Packed, w.Wire, w.Sampled = wr.Compress, verbs.CodecNone, 0, 0
 	})
 	if err != nil {
 		return q.Errorf("%w", err)
@@ -350,7 +351,7 @@ func CompletionOf(w *SendWR, st verbs.Status, err error) verbs.Completion {
 	c := verbs.Completion{ID: w.ID, Op: w.Op, Status: st, Err: err}
 	if st == verbs.StatusSuccess {
 		c.Len, c.Err = w.N, nil
-		c.Packed, c.Wire = w.Packed, w.Wire
+		c.Packed, c.Wire, c.Sampled = w.Packed, w.Wire, w.Sampled
 		if w.Op == verbs.OpWriteImm || w.Op == verbs.OpSend && w.HasImm {
 			c.Imm, c.HasImm = w.Imm, true
 		}
