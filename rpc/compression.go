@@ -210,17 +210,10 @@ func explainCompression(ctx context.Context, r engine.ReadReport) {
 	}
 	explainMu.Lock()
 	defer explainMu.Unlock()
-	switch r.Packed {
-	case verbs.CodecS2:
-		info.Compression = CompressionS2
-	case verbs.CodecZstd:
-		info.Compression = CompressionZstd
-	case verbs.CodecHuff:
-		info.Compression = CompressionHuff
-	default:
-		if info.Compression == "" {
-			info.Compression = CompressionOff
-		}
+	if r.Packed != verbs.CodecNone {
+		info.Compression = r.Packed.String() // CompressionS2, CompressionZstd, CompressionHuff
+	} else if info.Compression == "" {
+		info.Compression = CompressionOff
 	}
 	info.WireBytes += r.Wire
 	if r.Goodput > 0 {
@@ -228,9 +221,6 @@ func explainCompression(ctx context.Context, r engine.ReadReport) {
 	}
 	info.SampleRatio = max(info.SampleRatio, r.Sampled)
 }
-
-// zcodecs are the zchunk codecs of the modes that name one.
-var zcodecs = map[verbs.Codec]zchunk.Codec{verbs.CodecS2: zchunk.S2, verbs.CodecZstd: zchunk.Zstd, verbs.CodecHuff: zchunk.Huff}
 
 // newStreamSqueeze is the compression of a session's fallback streams, as
 // this side sends them: nil when the session does not compress (agreed is
@@ -263,7 +253,7 @@ func streamCodec(ctx context.Context, z *engine.Compression, bufs []*mempool.Buf
 		return zchunk.Stored
 	}
 	mode := engine.CodecOf(ctx, z.Mode)
-	if c, ok := zcodecs[mode]; ok {
+	if c, ok := zchunk.Of(mode); ok {
 		return c
 	}
 	if mode != verbs.CodecAuto {

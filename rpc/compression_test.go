@@ -5,46 +5,26 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/payloadtest"
 	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 )
 
-// compressPayloads fill a tensor's bytes the ways tensors come.
-var compressPayloads = map[string]func(r *rand.Rand, b []byte){
-	"sparse-f32": func(r *rand.Rand, b []byte) {
-		clear(b)
-		for i := 0; i+4 <= len(b); i += 4 {
-			if r.IntN(10) == 0 {
-				binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(r.NormFloat64()*0.02)))
-			}
-		}
-	},
-	"lowent-f16": func(r *rand.Rand, b []byte) {
-		for i := 0; i+2 <= len(b); i += 2 {
-			binary.LittleEndian.PutUint16(b[i:], uint16(r.IntN(2))<<15|uint16(13+r.IntN(3))<<10|uint16(r.IntN(8))<<7)
-		}
-	},
-	"random": func(r *rand.Rand, b []byte) {
-		for i := range b {
-			b[i] = byte(r.Uint32())
-		}
-	},
-}
+// compressKinds are the payloads the compression tests move.
+var compressKinds = []string{"sparse-f32", "lowent-f16", "random"}
 
 // payloadTensor is a Client tensor of n bytes of payload kind.
 func payloadTensor(t *testing.T, c *rpc.Client, kind string, n int, seed uint64) *rpc.Tensor {
 	t.Helper()
 	x := newBytes(t, c, n, 0)
-	compressPayloads[kind](rand.New(rand.NewPCG(seed, 9)), x.Bytes())
+	payloadtest.Fill(kind, x.Bytes(), seed)
 	return x
 }
 
@@ -74,7 +54,7 @@ func TestCompressionRoundTrips(t *testing.T) {
 					return &rpc.Message{Tensors: req.Tensors}, nil
 				})
 				ctx := testCtx(t)
-				for kind := range compressPayloads {
+				for _, kind := range compressKinds {
 					for i, n := range sizes {
 						if n == 64<<20 && rpctest.Race && kind != "sparse-f32" {
 							continue // one payload of the largest size: the race detector is slow

@@ -42,13 +42,7 @@ func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool
 		Counters:   c,
 		Compressed: compressed,
 		Packed: func(codec zchunk.Codec, wire int64) {
-			r := engine.ReadReport{Bytes: int(metaBytes(metas)), Wire: wire}
-			for v, z := range zcodecs {
-				if z == codec {
-					r.Packed = v
-				}
-			}
-			explainCompression(ctx, r)
+			explainCompression(ctx, engine.ReadReport{Bytes: int(metaBytes(metas)), Wire: wire, Packed: codec.Verbs()})
 		},
 	})
 	if err != nil {

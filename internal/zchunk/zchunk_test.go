@@ -2,47 +2,22 @@ package zchunk
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"io"
-	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/klauspost/compress/s2"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/payloadtest"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
-// payloads are the kinds of tensor bytes the tests move.
-var payloads = map[string]func(r *rand.Rand, b []byte){
-	"zeros": func(r *rand.Rand, b []byte) { clear(b) },
-	"sparse-f32": func(r *rand.Rand, b []byte) {
-		clear(b)
-		for i := 0; i+4 <= len(b); i += 4 {
-			if r.IntN(10) == 0 {
-				binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(r.NormFloat64()*0.02)))
-			}
-		}
-	},
-	"lowent-f16": func(r *rand.Rand, b []byte) {
-		for i := 0; i+2 <= len(b); i += 2 {
-			binary.LittleEndian.PutUint16(b[i:], uint16(r.IntN(2))<<15|uint16(13+r.IntN(3))<<10|uint16(r.IntN(8))<<7)
-		}
-	},
-	"random": func(r *rand.Rand, b []byte) {
-		for i := range b {
-			b[i] = byte(r.Uint32())
-		}
-	},
-}
-
 func fill(kind string, n int, seed uint64) []byte {
 	b := make([]byte, n)
-	payloads[kind](rand.New(rand.NewPCG(seed, 7)), b)
+	payloadtest.Fill(kind, b, seed)
 	return b
 }
 
@@ -61,7 +36,7 @@ func split(b []byte, sizes ...int) Segments {
 // contiguous and in segments that chunks straddle on both sides, comes
 // back exact; incompressible chunks are stored, compressible ones shrink.
 func TestRoundTrip(t *testing.T) {
-	for kind := range payloads {
+	for _, kind := range payloadtest.Kinds {
 		for _, codec := range []Codec{Stored, S2, Zstd, Huff} {
 			for _, n := range []int{1, 100, 4 << 10, MaxChunk - 1, MaxChunk, MaxChunk + 1, 3*MaxChunk + 12345} {
 				src := fill(kind, n, uint64(n))

@@ -11,14 +11,10 @@ import (
 // each side: each lane's response is compressed by its own writer);
 // zchunk.Stored for as it is.
 func packFor(c verbs.Compression, payload []byte) zchunk.Plan {
-	switch c.Codec {
-	case verbs.CodecS2:
-		return zchunk.Plan{Codec: zchunk.S2}
-	case verbs.CodecZstd:
-		return zchunk.Plan{Codec: zchunk.Zstd}
-	case verbs.CodecHuff:
-		return zchunk.Plan{Codec: zchunk.Huff}
-	case verbs.CodecAuto:
+	if z, ok := zchunk.Of(c.Codec); ok {
+		return zchunk.Plan{Codec: z}
+	}
+	if c.Codec == verbs.CodecAuto {
 		return zchunk.Choose(zchunk.Segments{payload}, len(payload), c.Goodput)
 	}
 	return zchunk.Plan{Codec: zchunk.Stored}

@@ -5,33 +5,18 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
-	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+	"github.com/tensorrpc/tensorrpc/internal/payloadtest"
 	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-func sparseBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 1))
+func payload(kind string, n int, seed uint64) []byte {
 	b := make([]byte, n)
-	for i := 0; i+4 <= n; i += 4 {
-		if r.IntN(10) == 0 {
-			binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(r.NormFloat64())))
-		}
-	}
-	return b
-}
-
-func randomBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 2))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	payloadtest.Fill(kind, b, seed)
 	return b
 }
 
@@ -45,7 +30,7 @@ func TestCompressedReads(t *testing.T) {
 	defer a.pd.Close()
 	defer b.pd.Close()
 	const n = 3<<20 + 4096
-	sparse, random := sparseBytes(n, 1), randomBytes(n, 2)
+	sparse, random := payload("sparse-f32", n, 1), payload("random", n, 2)
 	src := append(append([]byte(nil), sparse...), random...)
 	smr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessRemoteRead)
 	if err != nil {

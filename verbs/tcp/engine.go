@@ -951,14 +951,6 @@ func (q *queuePair) readPacked(h *header, w *softrc.SendWR, br *bufio.Reader) er
 		segs = append(segs, s.B)
 	}
 	wire, err := zchunk.ReadStream(br, segs, w.N)
-	w.Packed, w.Wire = verbs.CodecNone, int(wire)
-	switch zchunk.Codec(h.imm & 0xff) {
-	case zchunk.S2:
-		w.Packed = verbs.CodecS2
-	case zchunk.Zstd:
-		w.Packed = verbs.CodecZstd
-	case zchunk.Huff:
-		w.Packed = verbs.CodecHuff
-	}
+	w.Packed, w.Wire = zchunk.Codec(h.imm&0xff).Verbs(), int(wire)
 	return err
 }
