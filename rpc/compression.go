@@ -253,7 +253,7 @@ func streamCodec(ctx context.Context, z *engine.Compression, bufs []*mempool.Buf
 		return zchunk.Stored
 	}
 	mode := engine.CodecOf(ctx, z.Mode)
-	if c, ok := zchunk.Of(mode); ok {
+	if c, ok := zchunk.Named(mode.String()); ok {
 		return c
 	}
 	if mode != verbs.CodecAuto {

@@ -42,7 +42,7 @@ func recvTensors(ctx context.Context, r fallback.MsgReceiver, pool *mempool.Pool
 		Counters:   c,
 		Compressed: compressed,
 		Packed: func(codec zchunk.Codec, wire int64) {
-			explainCompression(ctx, engine.ReadReport{Bytes: int(metaBytes(metas)), Wire: wire, Packed: codec.Verbs()})
+			explainCompression(ctx, engine.ReadReport{Bytes: int(metaBytes(metas)), Wire: wire, Packed: verbs.CodecNamed(codec.String())})
 		},
 	})
 	if err != nil {

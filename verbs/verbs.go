@@ -477,6 +477,17 @@ func (c Codec) String() string {
 	return fmt.Sprintf("Codec(%d)", uint8(c))
 }
 
+// CodecNamed returns the codec String names ("s2", "zstd", "huff0", ...),
+// or CodecNone.
+func CodecNamed(name string) Codec {
+	for c := CodecNone; c <= CodecHuff; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return CodecNone
+}
+
 // Compression is a Read's request to compress its data on the wire.
 type Compression struct {
 	Codec Codec

@@ -43,8 +43,6 @@ import (
 	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
-
-	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
 // Codec names how a chunk's data is encoded.
@@ -61,32 +59,15 @@ const (
 	Huff Codec = 3
 )
 
-// Of returns the codec a Read's compression names (verbs.CodecS2,
-// CodecZstd, CodecHuff), or false for none of them.
-func Of(c verbs.Codec) (Codec, bool) {
-	switch c {
-	case verbs.CodecS2:
-		return S2, true
-	case verbs.CodecZstd:
-		return Zstd, true
-	case verbs.CodecHuff:
-		return Huff, true
+// Named returns the codec of a name String gives ("s2", "zstd",
+// "huff0"), the names the handshake and package verbs use too, or false.
+func Named(name string) (Codec, bool) {
+	for _, c := range []Codec{S2, Zstd, Huff} {
+		if c.String() == name {
+			return c, true
+		}
 	}
 	return Stored, false
-}
-
-// Verbs is c as a Read's completion names it (verbs.CodecNone for
-// Stored).
-func (c Codec) Verbs() verbs.Codec {
-	switch c {
-	case S2:
-		return verbs.CodecS2
-	case Zstd:
-		return verbs.CodecZstd
-	case Huff:
-		return verbs.CodecHuff
-	}
-	return verbs.CodecNone
 }
 
 // HuffBlock is the raw bytes of one huff0 block of a Huff chunk.

@@ -11,7 +11,7 @@ import (
 // each side: each lane's response is compressed by its own writer);
 // zchunk.Stored for as it is.
 func packFor(c verbs.Compression, payload []byte) zchunk.Plan {
-	if z, ok := zchunk.Of(c.Codec); ok {
+	if z, ok := zchunk.Named(c.Codec.String()); ok {
 		return zchunk.Plan{Codec: z}
 	}
 	if c.Codec == verbs.CodecAuto {

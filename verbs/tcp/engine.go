@@ -951,6 +951,6 @@ func (q *queuePair) readPacked(h *header, w *softrc.SendWR, br *bufio.Reader) er
 		segs = append(segs, s.B)
 	}
 	wire, err := zchunk.ReadStream(br, segs, w.N)
-	w.Packed, w.Wire = zchunk.Codec(h.imm&0xff).Verbs(), int(wire)
+	w.Packed, w.Wire = verbs.CodecNamed(zchunk.Codec(h.imm&0xff).String()), int(wire)
 	return err
 }
