@@ -258,6 +258,9 @@ func AppendChunk(dst []byte, codec Codec, src []byte) []byte {
 		dst = append(dst, src...)
 	}
 	putHeader(dst[h:], codec, len(src), len(dst)-h-HeaderLen)
+	if f := tamper.Load(); f != nil {
+		(*f)(dst[h:])
+	}
 	return dst
 }
 
@@ -359,9 +362,6 @@ func WriteStream(w io.Writer, codec Codec, src Segments, n int) (int64, error) {
 				piece = raw
 			}
 			b := AppendChunk(getBuf(), codec, piece)
-			if f := tamper.Load(); f != nil {
-				(*f)(b)
-			}
 			left -= k
 			select {
 			case chunks <- b:
@@ -391,12 +391,12 @@ func WriteStream(w io.Writer, codec Codec, src Segments, n int) (int64, error) {
 	return wrote, err
 }
 
-// tamper, when set (SetTamper), sees every chunk WriteStream writes.
+// tamper, when set (SetTamper), sees every chunk AppendChunk makes.
 var tamper atomic.Pointer[func([]byte)]
 
-// SetTamper makes WriteStream pass every chunk it writes, header and data,
-// to f before writing it, until SetTamper(nil): tests of readers use it
-// to play a sender that lies. Not for production use.
+// SetTamper makes AppendChunk (and so WriteStream) pass every chunk it
+// makes, header and data, to f, until SetTamper(nil): tests of readers
+// use it to play a sender that lies. Not for production use.
 func SetTamper(f func(chunk []byte)) {
 	if f == nil {
 		tamper.Store(nil)
