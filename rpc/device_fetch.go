@@ -363,12 +363,6 @@ func (c *Client) readPipelined(ctx context.Context, e framePlane, l *engine.Link
 		c.stats.errors.Add(1)
 		return stagingStatus(dst, err)
 	}
-	if pinned.Load() {
-		c.stats.pinnedStaged.Add(int64(n))
-	} else {
-		c.stats.pageableStaged.Add(int64(n))
-	}
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
+	c.stats.stagedTransfer(n, pinned.Load())
 	return nil
 }

@@ -214,13 +214,7 @@ func (c *Client) sendPipelined(ctx context.Context, e framePlane, key string, t 
 		c.stats.errors.Add(1)
 		return stagingStatus(src, err)
 	}
-	if pinned.Load() {
-		c.stats.pinnedStaged.Add(int64(n))
-	} else {
-		c.stats.pageableStaged.Add(int64(n))
-	}
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
+	c.stats.stagedTransfer(n, pinned.Load())
 	return nil
 }
 

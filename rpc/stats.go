@@ -113,6 +113,18 @@ func (c *counters) AddStreamBytes(n int64) { c.streamBytes.Add(n) }
 func (c *counters) AddCopied(n int)        { c.copied(n) }
 func (c *counters) AddTransfer()           { c.transfers.Add(1) }
 
+// stagedTransfer counts a pipelined staged transfer of n bytes over the
+// data plane, its device copies pinned or not.
+func (c *counters) stagedTransfer(n int, pinned bool) {
+	if pinned {
+		c.pinnedStaged.Add(int64(n))
+	} else {
+		c.pageableStaged.Add(int64(n))
+	}
+	c.transfers.Add(1)
+	c.dataPlaneBytes.Add(int64(n))
+}
+
 // AddCompressed counts the tensors of a compressed fallback stream.
 func (c *counters) AddCompressed(raw, wire int64) {
 	c.compressed.Add(1)
