@@ -377,3 +377,86 @@ func TestCreditorOutlivesTransientError(t *testing.T) {
 		t.Error("the credit-only frame was never tried")
 	}
 }
+
+// TestFetchNowIntercepted: with inline interceptors only, a Fetch of a
+// published key (inline or a transfer) or of one not published is looked
+// up and answered where its frame was read, the interceptors around it,
+// each call seen once; an interceptor that fails the call after its work
+// gets its error to the client and what the work made is freed; one that
+// returns without running the work fails the call Internal; an answer
+// that finds no credit or buffer goes aside and still arrives (the pair's
+// cleanup checks that no buffer or goroutine is left).
+func TestFetchNowIntercepted(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			var mode atomic.Value
+			mode.Store("pass")
+			var seen atomic.Int64
+			look := func(ctx context.Context, info *CallInfo, next func(context.Context) error) error {
+				seen.Add(1)
+				switch mode.Load() {
+				case "fail":
+					if err := next(ctx); err != nil {
+						return err
+					}
+					return status.Error(codes.PermissionDenied, "not after all")
+				case "skip":
+					return nil
+				}
+				return next(ctx)
+			}
+			s, c := pair(t, tr, []ServerOption{WithInlineInterceptors(look)}, nil)
+			ctx := ctxT(t)
+			want := map[string][]byte{
+				"small": publishBytes(t, s, "small", 4<<10, 3),
+				"large": publishBytes(t, s, "large", 1<<20, 4),
+			}
+			ss := serverSessionOf(t, s)
+			// A call with a deadline runs as any other (runFrameCall);
+			// one without is answered at once.
+			calls := map[bool]context.Context{true: ctx, false: context.WithoutCancel(ctx)}
+			for _, aside := range []bool{false, true} {
+				for _, deadline := range []bool{true, false} {
+					ctx := calls[deadline]
+					answerAsideForTest.Store(aside)
+					for _, m := range []string{"pass", "fail", "skip"} {
+						mode.Store(m)
+						for _, key := range []string{"small", "large", "absent"} {
+							before, now := seen.Load(), ss.answeredNow.Load()
+							got, err := c.Fetch(ctx, key)
+							wantCode := map[string]codes.Code{"pass": codes.OK, "fail": codes.PermissionDenied, "skip": codes.Internal}[m]
+							if key == "absent" && m != "skip" {
+								wantCode = codes.NotFound
+							}
+							if status.Code(err) != wantCode {
+								t.Fatalf("aside=%v deadline=%v %s %s: %v, want %v", aside, deadline, m, key, err, wantCode)
+							}
+							if err == nil {
+								if !bytes.Equal(got.Bytes(), want[key]) {
+									t.Fatalf("aside=%v %s: wrong bytes", aside, key)
+								}
+								got.Release()
+							}
+							if n := seen.Load() - before; n != 1 {
+								t.Errorf("aside=%v %s %s: the interceptor saw it %d times", aside, m, key, n)
+							}
+							if !aside && !deadline && ss.answeredNow.Load() == now && m == "pass" && key == "small" {
+								// A miss can happen (no credit at that
+								// instant); a second one in a row would be odd.
+								got, err := c.Fetch(ctx, key)
+								if err != nil {
+									t.Fatal(err)
+								}
+								got.Release()
+								if ss.answeredNow.Load() == now {
+									t.Errorf("%s %s was not answered where its frame was read", m, key)
+								}
+							}
+						}
+					}
+				}
+			}
+			answerAsideForTest.Store(false)
+		})
+	}
+}

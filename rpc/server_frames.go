@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -58,6 +59,9 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			return
 		}
 		inline := direct && len(s.opts.interceptors) > 0 && s.opts.inlineOK() && !s.opts.checksums
+		if inline && s.fetchNowIntercepted(ss, l, h, hdr, string(body)) {
+			return
+		}
 		// An indirect key is pulled up to one byte past the longest, so
 		// that one too long fails as one inline does.
 		limit := wire.MaxKeyLen + 1
@@ -221,6 +225,122 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 	return true
 }
 
+// fetchNowIntercepted is fetchNow for a Server whose interceptors are all
+// inline ones (WithInlineInterceptors): the Fetch is looked up and
+// answered where its frame was read, wrapped by the interceptors, when
+// the call has no deadline of its own and the session takes it. It
+// reports whether it took the call (it then answers it exactly once);
+// if not, the call runs as any other. Unlike fetchNow it cannot hand a
+// call it could not answer at once back to the call path (the
+// interceptors have seen it): an answer that finds no credit or buffer
+// goes from a goroutine of its own, the call counted as under way until
+// it has gone.
+func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, key string) bool {
+	if hdr.timeout != 0 || !l.Opened.Load() || !ss.Accepts(h.Ref) {
+		return false
+	}
+	ctx := ss.Context()
+	if hdr.md != nil {
+		ctx = metadata.NewIncomingContext(ctx, hdr.md)
+	}
+	var resp *pb.FetchResponse
+	var view *mempool.Buffer // what an inline resp views
+	err := s.intercept(ctx, ss, OpFetch, key, PathFrame, 0, func(ctx context.Context, info *CallInfo) error {
+		e, err := s.fetch(ctx, key, false)
+		if err != nil {
+			return err
+		}
+		n := len(e.Tensor.Bytes())
+		if n > engine.FrameInline(s.opts.eagerThreshold) {
+			// A transfer, granted and offered as fetchNow does.
+			if resp, err = s.fetchAnswer(ctx, ss, l, h.Ref, key, e, -1, nil); err != nil {
+				return err
+			}
+		} else {
+			view = e.Buf
+			resp = &pb.FetchResponse{Meta: metaOf(key, e.Tensor, false), InlineData: e.Tensor.Bytes()[:n:n]}
+		}
+		info.setResponse(int64(n))
+		return nil
+	})
+	if err == nil && resp == nil {
+		err = errSkipped(OpFetch)
+	}
+	var inline int
+	if err != nil {
+		// An interceptor failed a call whose work was done: what it made
+		// for the client goes now.
+		s.withdraw(ss, resp, view)
+		resp, view = nil, nil
+	} else if view != nil {
+		inline = len(resp.InlineData)
+	}
+	var st [4]byte
+	raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
+	var body proto.Message
+	if resp != nil {
+		body = resp
+	}
+	ss.answeredNow.Add(1)
+	if !answerAsideForTest.Load() && l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, body, nil) {
+		if view != nil {
+			s.countInline(ss, inline)
+			view.Release()
+		}
+		return true
+	}
+	ss.answeredNow.Add(-1)
+	// No credit or buffer at hand: the answer waits for them aside, as a
+	// call under way (Session.Run), so that a graceful stop lets it go.
+	raw = append([]byte(nil), raw...)
+	ran := false
+	ss.Run(l, h.Ref, func() {}, true, func(_ error, over func()) bool {
+		ran = true
+		go func() {
+			posted, err := l.PostFrame(ss.Context(), wire.FrameFetchResp, 0, h.Ref, raw, body, over)
+			if err != nil {
+				s.withdraw(ss, resp, nil)
+			} else if view != nil {
+				s.countInline(ss, inline)
+			}
+			if view != nil {
+				view.Release()
+			}
+			if !posted {
+				over()
+			}
+		}()
+		return true
+	})
+	if !ran { // the session closed
+		s.withdraw(ss, resp, view)
+	}
+	return true
+}
+
+// errSkipped is the error of a call whose interceptors returned neither
+// an error nor ran it: there is no answer to give.
+func errSkipped(op Operation) error {
+	return status.Errorf(codes.Internal, "tensorrpc: an interceptor ended a %s without an error and without running it", op)
+}
+
+// answerAsideForTest makes fetchNowIntercepted answer as when no credit
+// or buffer is at hand (tests).
+var answerAsideForTest atomic.Bool
+
+// withdraw frees what a Fetch's answer that will not go made for the
+// client: the transfer it offers, or the buffer its inline bytes view.
+func (s *Server) withdraw(ss *serverSession, resp *pb.FetchResponse, view *mempool.Buffer) {
+	if view != nil {
+		view.Release()
+	}
+	if resp != nil && resp.TransferId != 0 {
+		if t := ss.Remove(resp.TransferId); t != nil {
+			ss.FinishAside([]*engine.Transfer{t})
+		}
+	}
+}
+
 // responseBytes is the tensor bytes a frame call's answer offers.
 func responseBytes(body proto.Message) int64 {
 	switch m := body.(type) {
@@ -304,18 +424,24 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 				break
 			}
 			name, reqBytes := desc()
-			worked := false
+			worked, ran := false, false
 			err = s.intercept(ctx, ss, op, name, PathFrame, reqBytes, func(ctx context.Context, info *CallInfo) error {
 				var err error
+				ran = true
 				flags, body, err = work(ctx, &held)
 				worked = err == nil
 				info.setResponse(responseBytes(body))
 				return err
 			})
+			if err == nil && !ran {
+				err = errSkipped(op)
+			}
 			if err != nil && worked {
 				// An interceptor failed a call whose work was done: what
-				// it made for the client goes now.
-				engine.FinishAll(ss.ReleaseRef(ref))
+				// it made for the client goes now, aside (revoking a
+				// grant may wait for the peer, whose answer an inline
+				// call's goroutine is the one to read).
+				ss.FinishAside(ss.ReleaseRef(ref))
 			}
 			if err != nil && ctx.Err() == context.DeadlineExceeded {
 				err = status.Error(codes.DeadlineExceeded, "tensorrpc: the call's deadline passed")
