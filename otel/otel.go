@@ -38,6 +38,8 @@ package tensorrpcotel
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,8 +167,7 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 	// The byte counters are sums kept per kind and status code, read when
 	// the provider collects: a call adds to two integers.
 	if _, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		kinds.m.Range(func(_, v any) bool {
-			k := v.(*callKind)
+		for _, k := range kinds.all() {
 			in := server
 			if k.client {
 				in = client
@@ -177,17 +178,18 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 				o.ObserveInt64(in.respByte, e.resp.Load(), e.set)
 				return true
 			})
-			return true
-		})
+		}
 		return nil
 	}, client.reqBytes, client.respByte, server.reqBytes, server.respByte); err != nil {
 		panic(fmt.Sprintf("tensorrpcotel: %v", err))
 	}
+	clientStart := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	serverStart := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 	return func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
 		k := kinds.of(info)
-		in, kind := server, trace.SpanKindServer
+		in, start := server, serverStart
 		if info.Client {
-			in, kind = client, trace.SpanKindClient
+			in, start = client, clientStart
 		} else {
 			// The client's span is the parent of the server's: its context
 			// came in the call's metadata.
@@ -195,17 +197,14 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		}
 		// Attributes are set once, as the call ends, and only on a span
 		// that records: an unsampled call pays for none.
-		ctx, span := tracer.Start(ctx, k.name, trace.WithSpanKind(kind))
+		ctx, span := tracer.Start(ctx, k.name, start...)
 		if info.Client {
-			var kv appendCarrier
-			c.props.Inject(ctx, &kv)
-			if len(kv) > 0 {
-				ctx = metadata.AppendToOutgoingContext(ctx, kv...)
-			}
+			// Into the call's metadata without a new context.
+			c.props.Inject(ctx, infoCarrier{info})
 		}
-		start := time.Now()
+		t0 := time.Now()
 		err := next(ctx)
-		ms := float64(time.Since(start).Nanoseconds()) / 1e6
+		ms := float64(time.Since(t0).Nanoseconds()) / 1e6
 		code := status.Code(err)
 		if span.IsRecording() {
 			attrs := make([]attribute.KeyValue, 0, len(k.span)+8)
@@ -230,12 +229,12 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		}
 		span.End()
 		e := k.set(code)
-		in.duration.Record(ctx, ms, e.set)
+		in.duration.Record(ctx, ms, e.record...)
 		e.req.Add(info.RequestBytes)
 		e.resp.Add(info.ResponseBytes)
 		if in.reqSize != nil {
-			in.reqSize.Record(ctx, float64(info.RequestBytes), e.set)
-			in.respSize.Record(ctx, float64(info.ResponseBytes), e.set)
+			in.reqSize.Record(ctx, float64(info.RequestBytes), e.record...)
+			in.respSize.Record(ctx, float64(info.ResponseBytes), e.record...)
 		}
 		return err
 	}
@@ -263,6 +262,7 @@ type callKind struct {
 // ended with one status code, and their byte sums.
 type codeSet struct {
 	set       metric.MeasurementOption
+	record    []metric.RecordOption // set, as a recording takes it
 	req, resp atomic.Int64
 }
 
@@ -272,6 +272,7 @@ func (k *callKind) set(code grpccodes.Code) *codeSet {
 		return v.(*codeSet)
 	}
 	e := &codeSet{set: metric.WithAttributeSet(attribute.NewSet(append(k.base[:len(k.base):len(k.base)], attribute.Int("rpc.grpc.status_code", int(code)))...))}
+	e.record = []metric.RecordOption{e.set}
 	v, _ := k.sets.LoadOrStore(code, e)
 	return v.(*codeSet)
 }
@@ -283,8 +284,8 @@ func (k *callKind) set(code grpccodes.Code) *codeSet {
 // server does not know), so that neither memory nor the metrics'
 // cardinality grows without bound.
 type callKinds struct {
-	m     sync.Map // kindKey -> *callKind
-	count atomic.Int64
+	m  atomic.Pointer[map[kindKey]*callKind] // read without a lock, replaced whole
+	mu sync.Mutex                            // held to replace m
 }
 
 const maxKinds = 1024
@@ -294,13 +295,31 @@ func (ks *callKinds) of(info *rpc.CallInfo) *callKind {
 	if info.Op != rpc.OpCall {
 		key.method = string(info.Op) // keys are not a kind: they can be many
 	}
-	if v, ok := ks.m.Load(key); ok {
-		return v.(*callKind)
+	m := ks.m.Load()
+	if m != nil {
+		if k, ok := (*m)[key]; ok {
+			return k
+		}
+		if len(*m) >= maxKinds {
+			key.method = "_OTHER"
+			if k, ok := (*m)[key]; ok {
+				return k
+			}
+		}
 	}
-	if ks.count.Load() >= maxKinds {
-		key.method = "_OTHER"
-		if v, ok := ks.m.Load(key); ok {
-			return v.(*callKind)
+	return ks.add(key, info)
+}
+
+// add makes the kind key names and adds it, unless another call did.
+// Kinds are few (past maxKinds, one more per operation, plane, path and
+// side: "_OTHER"), so that copying the map to add one is cheap in all.
+func (ks *callKinds) add(key kindKey, info *rpc.CallInfo) *callKind {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	old := ks.m.Load()
+	if old != nil {
+		if k, ok := (*old)[key]; ok {
+			return k
 		}
 	}
 	k := &callKind{name: "tensorrpc/" + key.method, client: info.Client}
@@ -315,27 +334,32 @@ func (ks *callKinds) of(info *rpc.CallInfo) *callKind {
 		attribute.String("tensorrpc.plane", info.Transport),
 	}
 	k.span = append(k.base[:len(k.base):len(k.base)], attribute.String("tensorrpc.path", info.Path))
-	v, loaded := ks.m.LoadOrStore(key, k)
-	if !loaded {
-		ks.count.Add(1)
+	m := make(map[kindKey]*callKind, 1)
+	if old != nil {
+		m = maps.Clone(*old)
 	}
-	return v.(*callKind)
+	m[key] = k
+	ks.m.Store(&m)
+	return k
 }
 
-// appendCarrier collects what a propagator injects, as key-value pairs for
-// metadata.AppendToOutgoingContext (cheaper than copying the outgoing
-// metadata).
-type appendCarrier []string
-
-func (a *appendCarrier) Get(string) string     { return "" }
-func (a *appendCarrier) Set(key, value string) { *a = append(*a, key, value) }
-func (a *appendCarrier) Keys() []string {
-	var keys []string
-	for i := 0; i < len(*a); i += 2 {
-		keys = append(keys, (*a)[i])
+// all is the kinds seen so far.
+func (ks *callKinds) all() []*callKind {
+	m := ks.m.Load()
+	if m == nil {
+		return nil
 	}
-	return keys
+	return slices.Collect(maps.Values(*m))
 }
+
+// infoCarrier puts what a propagator injects into a client call's
+// metadata (rpc.CallInfo.AddMetadata: no new context, no copy of the
+// outgoing metadata).
+type infoCarrier struct{ info *rpc.CallInfo }
+
+func (c infoCarrier) Get(string) string     { return "" }
+func (c infoCarrier) Set(key, value string) { c.info.AddMetadata(key, value) }
+func (c infoCarrier) Keys() []string        { return nil }
 
 // incomingCarrier reads a call's incoming metadata as a TextMapCarrier
 // without copying it (metadata.FromIncomingContext copies it all).

@@ -532,7 +532,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 	if hold == nil {
 		hold = func() {}
 	}
-	pre, err := callHeaders(ctx)
+	pre, err := callHeaders(ctx, len(raw))
 	if err != nil {
 		hold()
 		return engine.FrameReply{}, 0, err

@@ -286,7 +286,7 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	defer func() { err = streamLost(err) }()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.api.FetchStream(ctx, &pb.FetchRequest{SessionId: s.id, Key: key, Wait: fo.wait, Rows: fo.rows}, chunkcodec.CallOptions()...)
+	stream, err := c.api.FetchStream(withAddedMetadata(ctx), &pb.FetchRequest{SessionId: s.id, Key: key, Wait: fo.wait, Rows: fo.rows}, chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -364,7 +364,7 @@ func (c *Client) sendStream(ctx context.Context, s *clientSession, key string, t
 		return err
 	}
 	defer done()
-	stream, err := c.api.SendStream(ctx, chunkcodec.CallOptions()...)
+	stream, err := c.api.SendStream(withAddedMetadata(ctx), chunkcodec.CallOptions()...)
 	if err != nil {
 		return err
 	}
@@ -399,7 +399,7 @@ func (c *Client) callStream(ctx context.Context, s *clientSession, method string
 		return nil, err
 	}
 	defer done()
-	stream, err := c.api.CallStream(ctx, chunkcodec.CallOptions()...)
+	stream, err := c.api.CallStream(withAddedMetadata(ctx), chunkcodec.CallOptions()...)
 	if err != nil {
 		return nil, err
 	}

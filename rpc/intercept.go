@@ -1,11 +1,13 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -24,8 +26,10 @@ import (
 //   - Metadata: the client sets it as for a gRPC call, with
 //     metadata.NewOutgoingContext or metadata.AppendToOutgoingContext
 //     (google.golang.org/grpc/metadata); the handler reads it with
-//     metadata.FromIncomingContext. Keys are lower case; as in gRPC, a key
-//     whose value is binary ends in "-bin". On the gRPC paths it is the
+//     metadata.FromIncomingContext. A client interceptor may also add
+//     entries with CallInfo.AddMetadata (no new context, no copy: for an
+//     entry on every call, such as a trace context). Keys are lower case;
+//     as in gRPC, a key whose value is binary ends in "-bin". On the gRPC paths it is the
 //     call's gRPC metadata (so the incoming side also holds gRPC's own
 //     entries, such as "user-agent"); on frames it rides the request, at
 //     most MaxFrameMetadataBytes of it encoded.
@@ -109,6 +113,46 @@ type CallInfo struct {
 	// faster than any codec runs, or the tensor too short): with Goodput,
 	// what auto decided from.
 	SampleRatio float64
+
+	// added is what AddMetadata added (key, value, ...), in addedBuf
+	// while it fits.
+	added    []string
+	addedBuf [4]string
+}
+
+// AddMetadata adds key (lowered) and value to the metadata the call
+// carries to the server, as metadata.AppendToOutgoingContext on the
+// context a client interceptor passes to next would, but without a new
+// context and without the copies the metadata package makes on the way:
+// for interceptors that add an entry to every call (a trace context). It
+// must be called before next; on a server's CallInfo it does nothing.
+func (info *CallInfo) AddMetadata(key, value string) {
+	if !info.Client {
+		return
+	}
+	if info.added == nil {
+		info.added = info.addedBuf[:0]
+	}
+	info.added = append(info.added, strings.ToLower(key), value)
+}
+
+// addedMetadata is what interceptors added to the call ctx is under with
+// AddMetadata (nil: nothing).
+func addedMetadata(ctx context.Context) []string {
+	if info, _ := ctx.Value(callInfoKey{}).(*CallInfo); info != nil && info.Client {
+		return info.added
+	}
+	return nil
+}
+
+// withAddedMetadata is ctx with what interceptors added with AddMetadata
+// in its outgoing metadata: for the calls made as gRPC calls (the frames
+// carry it from the CallInfo, see callHeaders).
+func withAddedMetadata(ctx context.Context) context.Context {
+	if kv := addedMetadata(ctx); len(kv) > 0 {
+		return metadata.AppendToOutgoingContext(ctx, kv...)
+	}
+	return ctx
 }
 
 // How a call's bytes moved (CallInfo.Moved).
@@ -230,9 +274,24 @@ func intercept(ctx context.Context, is []Interceptor, info *CallInfo, work func(
 }
 
 // callHeaders is what a request frame made under ctx carries before its
-// body (frameHeaders), nil when nothing.
-func callHeaders(ctx context.Context) ([]byte, error) {
-	b, _, err := appendHeaders(nil, ctx)
+// body (frameHeaders), nil when nothing; with room for more bytes after
+// it (the body's raw part, appended next).
+func callHeaders(ctx context.Context, more int) ([]byte, error) {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	added := addedMetadata(ctx)
+	if _, ok := ctx.Deadline(); len(md) == 0 && len(added) == 0 && !ok {
+		return nil, nil
+	}
+	n := 4 + 11 + more // the length, a timeout
+	for k, vs := range md {
+		for _, v := range vs {
+			n += 16 + len(k) + len(v)
+		}
+	}
+	for _, s := range added {
+		n += 8 + len(s)
+	}
+	b, _, err := encodeHeaders(make([]byte, 0, n), md, added, ctx)
 	return b, err
 }
 
@@ -243,23 +302,25 @@ func callHeaders(ctx context.Context) ([]byte, error) {
 // false (and appends nothing) when there is nothing to carry.
 func appendHeaders(b []byte, ctx context.Context) ([]byte, bool, error) {
 	md, _ := metadata.FromOutgoingContext(ctx)
+	return encodeHeaders(b, md, addedMetadata(ctx), ctx)
+}
+
+// encodeHeaders is appendHeaders with ctx's outgoing metadata md and
+// what interceptors added to the call (key, value, ...; AddMetadata).
+func encodeHeaders(b []byte, md metadata.MD, added []string, ctx context.Context) ([]byte, bool, error) {
 	dl, hasDeadline := ctx.Deadline()
-	if len(md) == 0 && !hasDeadline {
+	if len(md) == 0 && len(added) == 0 && !hasDeadline {
 		return b, false, nil
 	}
 	off := len(b)
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	for k, vs := range md {
 		for _, v := range vs {
-			// Header{key = 1, value = 2} as CallHeaders.metadata = 1.
-			n := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
-			b = protowire.AppendTag(b, 1, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(n))
-			b = protowire.AppendTag(b, 1, protowire.BytesType)
-			b = protowire.AppendString(b, k)
-			b = protowire.AppendTag(b, 2, protowire.BytesType)
-			b = protowire.AppendString(b, v)
+			b = appendHeader(b, k, v)
 		}
+	}
+	for i := 0; i+1 < len(added); i += 2 {
+		b = appendHeader(b, added[i], added[i+1])
 	}
 	if n := len(b) - off - 4; n > MaxFrameMetadataBytes {
 		return b[:off], false, status.Errorf(codes.ResourceExhausted, "tensorrpc: call metadata of %d bytes encoded, over the %d a call may carry (rpc.MaxFrameMetadataBytes)", n, MaxFrameMetadataBytes)
@@ -274,6 +335,18 @@ func appendHeaders(b []byte, ctx context.Context) ([]byte, bool, error) {
 	}
 	binary.LittleEndian.PutUint32(b[off:], uint32(len(b)-off-4))
 	return b, true, nil
+}
+
+// appendHeader appends one entry, a Header{key = 1, value = 2} as
+// CallHeaders.metadata = 1.
+func appendHeader(b []byte, k, v string) []byte {
+	n := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, k)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	return protowire.AppendString(b, v)
 }
 
 // headers is a request's decoded CallHeaders.
@@ -298,6 +371,22 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 	bad := func(what string) (headers, []byte, error) {
 		return headers{}, nil, fmt.Errorf("%w: headers: %s", wire.ErrInvalidFrame, what)
 	}
+	// Keys and values are cut from one copy of the headers, and the
+	// values' slices from one array: a call's metadata costs a few
+	// allocations, not a few per entry.
+	var all string
+	var vals []string
+	if entries := bytes.Count(p, []byte{1<<3 | byte(protowire.BytesType)}); entries > 0 {
+		all, vals = string(p), make([]string, 0, entries) // entries: at most the tag bytes
+	}
+	base := cap(p)
+	cut := func(b []byte) string { // b views p
+		if len(b) == 0 {
+			return ""
+		}
+		off := base - cap(b)
+		return all[off : off+len(b)]
+	}
 	for len(p) > 0 {
 		num, typ, k := protowire.ConsumeTag(p)
 		if k < 0 {
@@ -311,14 +400,20 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 				return bad("a bad metadata entry")
 			}
 			p = p[k:]
-			key, value, err := decodeHeader(e)
+			kb, vb, err := decodeHeader(e)
 			if err != nil {
 				return bad(err.Error())
 			}
 			if h.md == nil {
-				h.md = metadata.MD{}
+				h.md = make(metadata.MD, min(cap(vals), 16))
 			}
-			h.md.Append(key, value)
+			key := strings.ToLower(cut(kb))
+			if len(vals) < cap(vals) && len(h.md[key]) == 0 {
+				vals = append(vals, cut(vb))
+				h.md[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+			} else {
+				h.md[key] = append(h.md[key], cut(vb))
+			}
 		case num == 2 && typ == protowire.VarintType:
 			v, k := protowire.ConsumeVarint(p)
 			if k < 0 {
@@ -337,30 +432,30 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 	return h, rest, nil
 }
 
-// decodeHeader decodes one Header (key = 1, value = 2).
-func decodeHeader(e []byte) (key, value string, err error) {
+// decodeHeader decodes one Header (key = 1, value = 2): views of e.
+func decodeHeader(e []byte) (key, value []byte, err error) {
 	for len(e) > 0 {
 		num, typ, k := protowire.ConsumeTag(e)
 		if k < 0 {
-			return "", "", errors.New("a bad metadata tag")
+			return nil, nil, errors.New("a bad metadata tag")
 		}
 		e = e[k:]
 		if typ != protowire.BytesType || (num != 1 && num != 2) {
 			if k = protowire.ConsumeFieldValue(num, typ, e); k < 0 {
-				return "", "", errors.New("a bad metadata field")
+				return nil, nil, errors.New("a bad metadata field")
 			}
 			e = e[k:]
 			continue
 		}
 		v, k := protowire.ConsumeBytes(e)
 		if k < 0 {
-			return "", "", errors.New("a bad metadata string")
+			return nil, nil, errors.New("a bad metadata string")
 		}
 		e = e[k:]
 		if num == 1 {
-			key = string(v)
+			key = v
 		} else {
-			value = string(v)
+			value = v
 		}
 	}
 	return key, value, nil

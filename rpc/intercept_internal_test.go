@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -115,4 +116,69 @@ func TestFrameHeadersAreCallHeaders(t *testing.T) {
 	if err != nil || string(rest) != "rest" || h.timeout != 5*time.Microsecond || h.md.Get("k")[0] != "v" {
 		t.Errorf("splitHeaders of protobuf's encoding: %+v, %q, %v", h, rest, err)
 	}
+}
+
+// TestFrameHeadersEntries: keys with several values, empty values, binary
+// values holding the entries' tag byte, an uppercase key from a peer that
+// did not lower it, and an entry without a key all decode as gRPC's
+// metadata would hold them.
+func TestFrameHeadersEntries(t *testing.T) {
+	md := metadata.MD{"a": {"1", "2", ""}, "b-bin": {"\n\n\x0a\x00"}, "c": {""}}
+	b, _, err := appendHeaders(nil, metadata.NewOutgoingContext(context.Background(), md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One more entry, as a peer might write it: an uppercase key.
+	extra := protowire.AppendTag(nil, 1, protowire.BytesType)
+	extra = protowire.AppendString(extra, "Up")
+	extra = protowire.AppendTag(extra, 2, protowire.BytesType)
+	extra = protowire.AppendString(extra, "x")
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendBytes(b, extra)
+	// And one without a key.
+	nokey := protowire.AppendTag(nil, 2, protowire.BytesType)
+	nokey = protowire.AppendString(nokey, "v")
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendBytes(b, nokey)
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-4))
+	h, rest, err := splitHeaders(append(b, "body"...))
+	if err != nil || string(rest) != "body" {
+		t.Fatalf("splitHeaders: %q, %v", rest, err)
+	}
+	want := metadata.MD{"a": {"1", "2", ""}, "b-bin": {"\n\n\x0a\x00"}, "c": {""}, "up": {"x"}, "": {"v"}}
+	if !reflect.DeepEqual(h.md, want) {
+		t.Errorf("decoded %q, want %q", h.md, want)
+	}
+	// Appending to a decoded value must not write into another's.
+	h.md["c"] = append(h.md["c"], "more")
+	if !reflect.DeepEqual(h.md["a"], []string{"1", "2", ""}) || !reflect.DeepEqual(h.md["b-bin"], want["b-bin"]) {
+		t.Errorf("an append to one key changed another: %q", h.md)
+	}
+}
+
+// FuzzSplitHeaders: whatever a peer sends, splitHeaders returns an error
+// or headers that encode and decode again to themselves.
+func FuzzSplitHeaders(f *testing.F) {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "k", "v1", "k", "v2", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	b, _, _ := appendHeaders(nil, ctx)
+	f.Add(b)
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{2, 0, 0, 0, 0x0a, 0x00})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		h, _, err := splitHeaders(body)
+		if err != nil {
+			return
+		}
+		again, _, err := encodeHeaders(nil, h.md, nil, context.Background())
+		if err != nil {
+			return // over the size a call may carry, once its keys are lowered
+		}
+		h2, _, err := splitHeaders(again)
+		if len(again) == 0 && len(h.md) == 0 {
+			return
+		}
+		if err != nil || !reflect.DeepEqual(h.md, h2.md) {
+			t.Fatalf("%x: decoded %q, again %q (%v)", body, h.md, h2.md, err)
+		}
+	})
 }

@@ -285,7 +285,8 @@ func TestInterceptorsSeeUnaryCalls(t *testing.T) {
 // TestMetadataAndDeadline: on every plane, the handler (and, for Fetch and
 // Send, the server's interceptor) sees the caller's metadata, binary
 // values included, and its deadline; metadata a client interceptor adds
-// arrives too.
+// arrives too, with metadata.AppendToOutgoingContext or with
+// CallInfo.AddMetadata.
 func TestMetadataAndDeadline(t *testing.T) {
 	for _, plane := range planes {
 		t.Run(plane, func(t *testing.T) {
@@ -309,7 +310,11 @@ func TestMetadataAndDeadline(t *testing.T) {
 			addTrace := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
 				return next(metadata.AppendToOutgoingContext(ctx, "traceparent", "00-abc-def-01"))
 			}
-			e := start(t, plane, []rpc.ServerOption{rpc.WithInterceptors(onServer)}, []rpc.DialOption{rpc.WithInterceptors(addTrace)})
+			addInfo := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				info.AddMetadata("X-Added", "yes")
+				return next(ctx)
+			}
+			e := start(t, plane, []rpc.ServerOption{rpc.WithInterceptors(onServer)}, []rpc.DialOption{rpc.WithInterceptors(addTrace, addInfo)})
 			e.srv.Handle("look", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
 				record(ctx)
 				return nil, nil
@@ -351,6 +356,9 @@ func TestMetadataAndDeadline(t *testing.T) {
 				}
 				if v := md.Get("traceparent"); len(v) != 1 || v[0] != "00-abc-def-01" {
 					t.Errorf("call %d: traceparent %q (added by the client's interceptor)", i, v)
+				}
+				if v := md["x-added"]; len(v) != 1 || v[0] != "yes" {
+					t.Errorf("call %d: x-added %q (added with CallInfo.AddMetadata)", i, v)
 				}
 				// The deadline travels as the time left: the server's is
 				// the caller's, give or take the time on the way.

@@ -108,7 +108,7 @@ func (c *Client) fetchIPC(ctx context.Context, s *clientSession, key string, dst
 	staged := false
 	err = c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
 		var err error
-		resp, err = c.api.FetchDevice(ctx, &pb.FetchRequest{SessionId: s.id, Key: key})
+		resp, err = c.api.FetchDevice(withAddedMetadata(ctx), &pb.FetchRequest{SessionId: s.id, Key: key})
 		if err != nil {
 			return sessionError(s, err)
 		}
@@ -188,7 +188,7 @@ func (c *Client) sendIPC(ctx context.Context, s *clientSession, key string, t De
 		}
 	}
 	err = c.intercept(ctx, s, OpSend, key, int64(n), func(ctx context.Context, _ *CallInfo) error {
-		if _, err := c.api.SendDevice(ctx, req); err != nil {
+		if _, err := c.api.SendDevice(withAddedMetadata(ctx), req); err != nil {
 			return sessionError(s, err)
 		}
 		return nil
