@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
@@ -314,9 +316,12 @@ func TestObserveStats(t *testing.T) {
 // it (spans and metrics to the SDK, its batching span processor with a
 // no-op exporter; all spans sampled, and one in a hundred), the
 // interceptor given as WithInlineInterceptors and, for comparison, as
-// WithInterceptors. The cases take turns, 200 calls at a time, so that a
-// noisy machine slows them alike; each reports its p50, and the ratio to
-// the p50 without telemetry.
+// WithInterceptors; and, to tell the costs apart, an inline interceptor
+// that does nothing but call next, and telemetry with metrics only (a
+// no-op TracerProvider: no span, no trace context on the wire). The cases
+// take turns, 200 calls at a time and each turn in another order, so that
+// a noisy machine slows them alike; each reports its p50, its ratio to the p50 without telemetry,
+// and the process's CPU time per call (both sides: user and system).
 func BenchmarkFetch4KiB(b *testing.B) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	defer mp.Shutdown(context.Background())
@@ -327,26 +332,29 @@ func BenchmarkFetch4KiB(b *testing.B) {
 		return tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp), tensorrpcotel.WithMeterProvider(mp))
 	}
 	all, some := tracing(1), tracing(0.01)
+	metricsOnly := tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tracenoop.NewTracerProvider()), tensorrpcotel.WithMeterProvider(mp))
+	nothing := func(ctx context.Context, _ *rpc.CallInfo, next func(context.Context) error) error { return next(ctx) }
 	type mode struct {
 		name string
 		c    *rpc.Client
 		lat  []time.Duration
-	}
-	inline := func(i rpc.Interceptor) ([]rpc.ServerOption, []rpc.DialOption) {
-		return []rpc.ServerOption{rpc.WithInlineInterceptors(i)}, []rpc.DialOption{rpc.WithInlineInterceptors(i)}
+		cpu  time.Duration
 	}
 	var modes []*mode
 	for _, m := range []struct {
 		name string
 		i    rpc.Interceptor
 		inl  bool
-	}{{"off", nil, false}, {"sampled-1pct", some, true}, {"sampled-all", all, true}, {"sampled-all-not-inline", all, false}} {
+	}{
+		{"off", nil, false}, {"nothing", nothing, true}, {"metrics-only", metricsOnly, true},
+		{"sampled-1pct", some, true}, {"sampled-all", all, true}, {"sampled-all-not-inline", all, false},
+	} {
 		var so []rpc.ServerOption
 		var do []rpc.DialOption
 		switch {
 		case m.i == nil:
 		case m.inl:
-			so, do = inline(m.i)
+			so, do = []rpc.ServerOption{rpc.WithInlineInterceptors(m.i)}, []rpc.DialOption{rpc.WithInlineInterceptors(m.i)}
 		default:
 			so, do = []rpc.ServerOption{rpc.WithInterceptors(m.i)}, []rpc.DialOption{rpc.WithInterceptors(m.i)}
 		}
@@ -360,8 +368,12 @@ func BenchmarkFetch4KiB(b *testing.B) {
 	ctx := context.Background()
 	const turn = 200
 	b.ResetTimer()
-	for done := 0; done < b.N; done += turn {
-		for _, m := range modes {
+	for done, r := 0, 0; done < b.N; done, r = done+turn, r+1 {
+		// Each turn starts with another case: the first of a turn runs
+		// while the last one's pollers wind down.
+		for i := range modes {
+			m := modes[(r+i)%len(modes)]
+			c0 := cpuTime()
 			for range min(turn, b.N-done) {
 				t0 := time.Now()
 				got, err := m.c.Fetch(ctx, "small")
@@ -371,6 +383,7 @@ func BenchmarkFetch4KiB(b *testing.B) {
 				got.Release()
 				m.lat = append(m.lat, time.Since(t0))
 			}
+			m.cpu += cpuTime() - c0
 		}
 	}
 	b.StopTimer()
@@ -382,10 +395,20 @@ func BenchmarkFetch4KiB(b *testing.B) {
 			off = p50
 		}
 		b.ReportMetric(p50, m.name+"-p50-µs")
+		b.ReportMetric(float64(m.cpu.Nanoseconds())/1e3/float64(len(m.lat)), m.name+"-cpu-µs")
 		if m.name != "off" {
 			b.ReportMetric(p50/off, m.name+"/off")
 		}
 	}
+}
+
+// cpuTime is the CPU time this process has used (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestManyMethodsAreBounded: past the kinds it keeps (1,024), calls of
