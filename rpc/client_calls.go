@@ -568,21 +568,38 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 		}
 		return engine.FrameReply{}, ref, sessionError(s, err)
 	}
+	r, err := c.awaitReply(ctx, s, l, ref, pc, hold)
+	return r, ref, err
+}
+
+// awaitReply waits for the answer pc awaits (to the request ref) and runs
+// hold as roundTrip says.
+func (c *Client) awaitReply(ctx context.Context, s *clientSession, l *engine.Link, ref uint64, pc *engine.PendingCall, hold func()) (engine.FrameReply, error) {
 	if r, ok := l.AwaitAnswer(ctx, pc, c.opts.pollSpin); ok {
 		hold()
-		return r, ref, nil
+		return r, nil
 	}
 	select {
 	case r := <-pc.Ch:
 		hold()
-		return r, ref, nil
+		return r, nil
 	case <-ctx.Done():
 		l.Abandon(ref, pc, hold)
 		c.releaseRef(s, ref) // cancels the server's call and frees what it made
-		return engine.FrameReply{}, ref, sessionError(s, status.FromContextError(ctx.Err()).Err())
+		return engine.FrameReply{}, sessionError(s, status.FromContextError(ctx.Err()).Err())
 	case <-l.Dead:
+		// The receiver hands an answer over before it fails the link
+		// for what followed it (a server that answered, then stopped):
+		// an answer already here is the call's, whichever case select
+		// picked.
+		select {
+		case r := <-pc.Ch:
+			hold()
+			return r, nil
+		default:
+		}
 		l.Abandon(ref, pc, hold) // runs when the link closes
-		return engine.FrameReply{}, ref, sessionError(s, engine.Unavailable(l.Failure))
+		return engine.FrameReply{}, sessionError(s, engine.Unavailable(l.Failure))
 	}
 }
 

@@ -460,3 +460,27 @@ func TestFetchNowIntercepted(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerBeforeDeath: an answer the receiver handed over before the
+// link died (the server answered, then closed the connection) is the
+// call's, every time, though both are at hand when the caller looks.
+func TestAnswerBeforeDeath(t *testing.T) {
+	_, c, _ := framedPair(t, TransportTCP)
+	s, err := c.session(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.last.link
+	l.Fail(status.Error(codes.Unavailable, "the server closed the connection"))
+	for i := range 100 {
+		ref := uint64(1<<40 + i)
+		pc := l.Frames.Expect(ref, wire.FrameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
+		pc.Ch <- engine.FrameReply{Msg: &pb.SendResponse{}}
+		held := 0
+		r, err := c.awaitReply(ctxT(t), s, l, ref, pc, func() { held++ })
+		l.Frames.Forget(ref)
+		if err != nil || r.Msg == nil || held != 1 {
+			t.Fatalf("try %d: %v, %v, hold ran %d times; want the answer", i, r.Msg, err, held)
+		}
+	}
+}

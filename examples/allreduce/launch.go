@@ -264,9 +264,14 @@ func (s *storeCoordinator) put(ctx context.Context, key string, val []byte) erro
 		return err
 	}
 	if s.rank == 0 {
-		return s.srv.Publish(ctx, key, rpc.WrapTensor(zt))
+		err = s.srv.Publish(ctx, key, rpc.WrapTensor(zt))
+	} else {
+		err = s.client.Send(ctx, key, rpc.WrapTensor(zt))
 	}
-	return s.client.Send(ctx, key, rpc.WrapTensor(zt))
+	if err != nil {
+		return fmt.Errorf("putting store key %s: %w", key, err)
+	}
+	return nil
 }
 
 // get returns what key holds, waiting until some rank puts it.
