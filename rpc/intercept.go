@@ -377,7 +377,9 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 	var all string
 	var vals []string
 	if entries := bytes.Count(p, []byte{1<<3 | byte(protowire.BytesType)}); entries > 0 {
-		all, vals = string(p), make([]string, 0, entries) // entries: at most the tag bytes
+		// At most the tag bytes (values may hold that byte too): room for
+		// the first few, which is what calls carry; more append.
+		all, vals = string(p), make([]string, 0, min(entries, 8))
 	}
 	base := cap(p)
 	cut := func(b []byte) string { // b views p
@@ -405,7 +407,7 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 				return bad(err.Error())
 			}
 			if h.md == nil {
-				h.md = make(metadata.MD, min(cap(vals), 16))
+				h.md = make(metadata.MD, cap(vals))
 			}
 			key := strings.ToLower(cut(kb))
 			if len(vals) < cap(vals) && len(h.md[key]) == 0 {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -181,4 +182,22 @@ func FuzzSplitHeaders(f *testing.F) {
 			t.Fatalf("%x: decoded %q, again %q (%v)", body, h.md, h2.md, err)
 		}
 	})
+}
+
+// TestFrameHeadersManyEntries: past the entries decoded into one array,
+// more (here 100, one key repeated and many keys) still decode in order.
+func TestFrameHeadersManyEntries(t *testing.T) {
+	md := metadata.MD{}
+	for i := range 50 {
+		md.Append("same", fmt.Sprint(i))
+		md.Append(fmt.Sprint("k", i), "\n")
+	}
+	b, _, err := appendHeaders(nil, metadata.NewOutgoingContext(context.Background(), md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := splitHeaders(b)
+	if err != nil || !reflect.DeepEqual(h.md, md) {
+		t.Fatalf("decoded %d keys (%v), want %d", len(h.md), err, len(md))
+	}
 }
