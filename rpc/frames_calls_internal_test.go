@@ -383,7 +383,8 @@ func TestCreditorOutlivesTransientError(t *testing.T) {
 // up and answered where its frame was read, the interceptors around it,
 // each call seen once; an interceptor that fails the call after its work
 // gets its error to the client and what the work made is freed; one that
-// returns without running the work fails the call Internal; an answer
+// returns without running the work fails the call Internal; one that runs
+// it twice gets the second answer (the first is freed); an answer
 // that finds no credit or buffer goes aside and still arrives (the pair's
 // cleanup checks that no buffer or goroutine is left).
 func TestFetchNowIntercepted(t *testing.T) {
@@ -402,6 +403,11 @@ func TestFetchNowIntercepted(t *testing.T) {
 					return status.Error(codes.PermissionDenied, "not after all")
 				case "skip":
 					return nil
+				case "twice":
+					if err := next(ctx); err != nil {
+						return err
+					}
+					return next(ctx)
 				}
 				return next(ctx)
 			}
@@ -419,12 +425,12 @@ func TestFetchNowIntercepted(t *testing.T) {
 				for _, deadline := range []bool{true, false} {
 					ctx := calls[deadline]
 					answerAsideForTest.Store(aside)
-					for _, m := range []string{"pass", "fail", "skip"} {
+					for _, m := range []string{"pass", "fail", "skip", "twice"} {
 						mode.Store(m)
 						for _, key := range []string{"small", "large", "absent"} {
 							before, now := seen.Load(), ss.answeredNow.Load()
 							got, err := c.Fetch(ctx, key)
-							wantCode := map[string]codes.Code{"pass": codes.OK, "fail": codes.PermissionDenied, "skip": codes.Internal}[m]
+							wantCode := map[string]codes.Code{"pass": codes.OK, "fail": codes.PermissionDenied, "skip": codes.Internal, "twice": codes.OK}[m]
 							if key == "absent" && m != "skip" {
 								wantCode = codes.NotFound
 							}

@@ -246,6 +246,10 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	var resp *pb.FetchResponse
 	var view *mempool.Buffer // what an inline resp views
 	err := s.intercept(ctx, ss, OpFetch, key, PathFrame, 0, func(ctx context.Context, info *CallInfo) error {
+		// An interceptor that runs the work again (a retry) gets a new
+		// answer; the first one's goes.
+		s.withdraw(ss, resp, view)
+		resp, view = nil, nil
 		e, err := s.fetch(ctx, key, false)
 		if err != nil {
 			return err
