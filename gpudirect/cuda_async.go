@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
 	"unsafe"
@@ -275,14 +274,15 @@ type cudaEvent struct {
 }
 
 // Wait polls the event (cuEventQuery, about a microsecond): for the first
-// 100 µs between yields of the goroutine, so that a copy that is about to
-// complete is seen at once, then with sleeps growing to 200 µs, so that a
-// long copy costs no core. No thread sleeps in cuEventSynchronize, and a
-// waiter whose ctx ends is not stuck in the driver.
+// spinWait (2 ms) after yielding between looks, so that a copy that ends
+// within it is seen at once (a sleep shorter than a millisecond takes a
+// millisecond: see wait.go; waiting so after 100 µs, this made a 200 µs
+// copy a 1.2 ms one), then a millisecond at a time, so that a long copy
+// costs no core. No thread sleeps in cuEventSynchronize, and a waiter
+// whose ctx ends is not stuck in the driver.
 func (ev *cudaEvent) Wait(ctx context.Context) error {
 	start := time.Now()
-	pause := 10 * time.Microsecond
-	for {
+	for i := 0; ; i++ {
 		done, err := ev.api.eventQuery(ev.dev, ev.e)
 		if done || err != nil {
 			return err
@@ -290,12 +290,11 @@ func (ev *cudaEvent) Wait(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if time.Since(start) < 100*time.Microsecond {
-			runtime.Gosched()
+		if time.Since(start) < spinWait {
+			yield(i)
 			continue
 		}
-		time.Sleep(pause)
-		pause = min(2*pause, 200*time.Microsecond)
+		time.Sleep(sleepStep)
 	}
 }
 

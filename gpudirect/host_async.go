@@ -80,7 +80,7 @@ func (st *hostStream) work() {
 		}
 		a := st.alloc
 		if wait := a.delay + a.copyTime(op.n); wait > 0 {
-			time.Sleep(wait)
+			sleepUntil(time.Now().Add(wait)) // a time.Sleep under 1 ms takes 1 ms
 		}
 		if err := op.copy(); err != nil {
 			st.errMu.Lock()

@@ -204,7 +204,7 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 		return err
 	}
 	var err error
-	var waited time.Duration
+	var full time.Time // since when the ring is full
 	for {
 		err = tx.put(&rec)
 		if !errors.Is(err, mempool.ErrRingFull) {
@@ -213,13 +213,15 @@ func (qp *queuePair) ringSend(m *message, fd int) error {
 		// The peer reads its ring all the time and we never have more
 		// than a few messages in flight, so a full ring means a peer
 		// that stopped reading. Give it a moment, then give up.
-		if waited >= ringFullLimit || qp.InError() {
-			err = fmt.Errorf("shm: the peer's control ring stayed full for %v: it does not read its control messages", waited)
+		if full.IsZero() {
+			full = time.Now()
+		}
+		if waited := time.Since(full); waited >= ringFullLimit || qp.InError() {
+			err = fmt.Errorf("shm: the peer's control ring stayed full for %v: it does not read its control messages", waited.Round(time.Millisecond))
 			break
 		}
 		qp.wakePeerLocked()
-		time.Sleep(100 * time.Microsecond)
-		waited += 100 * time.Microsecond
+		time.Sleep(100 * time.Microsecond) // about a millisecond, in fact: see gpudirect/wait.go
 	}
 	if err != nil {
 		tx.broken = fmt.Errorf("shm: peer control ring: %w", err)

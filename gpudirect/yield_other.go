@@ -1,0 +1,7 @@
+//go:build !linux
+
+package gpudirect
+
+import "runtime"
+
+func osYield() { runtime.Gosched() }
