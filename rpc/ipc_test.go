@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/gpudirect"
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -362,4 +364,45 @@ func TestIPCCancelled(t *testing.T) {
 	if _, err := s.UnpublishDevice(wctx, "k"); err != nil {
 		t.Fatalf("UnpublishDevice after a cancelled fetch: %v", err)
 	}
+}
+
+// TestIPCReleasesCoalesced: the transfers of FetchToDevices made close
+// together are given back to the server together, after them, every one
+// of them: UnpublishDevice (which waits for the tensor's transfers to be
+// given back) returns, and the ReleaseDevice calls name each transfer
+// once. How many calls that takes depends on the machine's speed; the
+// test logs it.
+func TestIPCReleasesCoalesced(t *testing.T) {
+	var calls, ids atomic.Int64
+	count := grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if r, ok := req.(*pb.ReleaseRequest); ok && strings.HasSuffix(info.FullMethod, "/ReleaseDevice") {
+			calls.Add(1)
+			ids.Add(int64(len(r.TransferIds)))
+		}
+		return h(ctx, req)
+	})
+	f := newFakeIPC(1)
+	s, c := ipcPair(t, rpc.TransportSHM, f, []rpc.ServerOption{rpc.WithGRPCServerOptions(count)}, nil)
+	const n, fetches = 4 << 10, 100
+	src, _ := f.Alloc(n)
+	defer src.Free()
+	if err := s.PublishDeviceInPlace(ctxT(t), "k", rpc.DeviceTensor{DType: zerocopy.Uint8, Shape: []int64{n}, Buffer: src}); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := f.Alloc(n)
+	defer dst.Free()
+	for range fetches {
+		if _, _, d, err := c.FetchToDevice(ctxT(t), "k", dst, 0); err != nil || d.Path != gpudirect.IPC {
+			t.Fatalf("FetchToDevice: %v (%s)", err, d.Path)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+	defer cancel()
+	if _, err := s.UnpublishDevice(wctx, "k"); err != nil {
+		t.Fatalf("UnpublishDevice after %d fetches: %v", fetches, err)
+	}
+	if ids.Load() != fetches {
+		t.Errorf("ReleaseDevice named %d transfers, want %d", ids.Load(), fetches)
+	}
+	t.Logf("%d transfers given back in %d ReleaseDevice calls", ids.Load(), calls.Load())
 }
