@@ -640,6 +640,22 @@ type CompletionRunner interface {
 	Run(ctx context.Context, handle func([]Completion)) error
 }
 
+// Detacher is implemented by completion queues (CompletionRunner) whose
+// handler, when it runs in a provider's receiver, may have to wait: a
+// handler that calls DeliveryToken (in the handler, in the goroutine
+// running it) gets a non-zero token when the goroutine delivering is a
+// receiver that can hand its role over, else 0. Detach(token), from any
+// goroutine while that handler still runs, makes the provider continue
+// receiving and delivering in a new goroutine, so that the rest of the
+// queue's completions, and the peer's messages, no longer wait for the
+// handler; the old goroutine finishes the handler and then leaves. It
+// reports false when that delivery is over. The tcp and shm providers'
+// queues implement it.
+type Detacher interface {
+	DeliveryToken() uint64
+	Detach(token uint64) bool
+}
+
 // Poller is implemented by queue pairs whose incoming messages a goroutine
 // waiting for one may handle itself, instead of being woken by the
 // provider's receiver. Such a goroutine calls BeginPoll; when it returns

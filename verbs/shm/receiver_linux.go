@@ -30,21 +30,30 @@ func (in *inbound) stopTimer() {
 }
 
 // runReceiver reads the peer's control messages until the connection ends.
-func (qp *queuePair) runReceiver() {
-	defer close(qp.readerDone)
-	defer qp.receiverEnded()
-	bufs := newMsgBuffers()
+func (qp *queuePair) runReceiver() { qp.socketReceiver(newMsgBuffers()) }
+
+// socketReceiver is runReceiver's loop. A delivery of what a message
+// completed that the consumer detaches (verbs.Detacher) hands the loop to
+// a new goroutine (Continue), and this one returns.
+func (qp *queuePair) socketReceiver(bufs *msgBuffers) {
+	resume := func() { qp.Continue(func() { qp.socketReceiver(bufs) }) }
 	for {
 		m, fd, err := readMessage(qp.conn, bufs)
 		if err != nil {
 			qp.failAndClose(fmt.Errorf("shm: connection to the peer lost: %w", err))
+			break
+		}
+		detached, err := qp.handleFrom(m, fd, resume)
+		if detached {
 			return
 		}
-		if err := qp.handle(m, fd); err != nil {
+		if err != nil {
 			qp.failAndClose(fmt.Errorf("shm: peer broke the protocol: %w", err))
-			return
+			break
 		}
 	}
+	qp.receiverEnded()
+	close(qp.readerDone)
 }
 
 // failAndClose fails the queue pair and closes its connection: the peer
@@ -60,9 +69,21 @@ func (qp *queuePair) failAndClose(err error) {
 // completions, see softrc.CQ.Queue), so that the consumer's reaction (a
 // reply to a received request) runs here without waking anyone.
 func (qp *queuePair) handle(m message, fd int) error {
-	err := qp.handleMessage(m, fd)
-	qp.Deliver()
+	_, err := qp.handleFrom(m, fd, nil)
 	return err
+}
+
+// handleFrom is handle in a receiver, which resume continues in a new
+// goroutine if the consumer detaches the delivery (softrc.QP.DeliverFrom):
+// detached then reports that the caller is no longer the receiver. A
+// message that broke the protocol is delivered without resume: the
+// receiver that acts on the error is the caller.
+func (qp *queuePair) handleFrom(m message, fd int, resume func()) (detached bool, err error) {
+	if err := qp.handleMessage(m, fd); err != nil || resume == nil {
+		qp.Deliver()
+		return false, err
+	}
+	return qp.DeliverFrom(resume), nil
 }
 
 func (qp *queuePair) handleMessage(m message, fd int) error {

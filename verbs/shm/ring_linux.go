@@ -74,6 +74,9 @@ type ringRx struct {
 	// EndPoll must set it back.
 	pollers atomic.Int32
 	claimed bool
+	// resume continues the ring receiver in a new goroutine (set before
+	// it starts).
+	resume func()
 }
 
 // newRingRx makes the memfd of the ring we will consume and formats it.
@@ -253,13 +256,31 @@ func (qp *queuePair) wakePeerLocked() error {
 // for a while when it runs dry (WithRingSpin), then sleeps on the socket
 // until a wake-up, the fd of a record, or the end of the connection.
 func (qp *queuePair) runRingReceiver() {
-	defer close(qp.readerDone)
-	defer qp.receiverEnded()
 	bufs := newMsgBuffers()
-	defer func() { closeFD(bufs.pendingFD) }()
+	qp.rx.resume = func() { qp.Continue(func() { qp.ringReceiver(bufs, true) }) }
+	qp.ringReceiver(bufs, false)
+}
+
+// ringReceiver is runRingReceiver's loop. resumed starts it in a goroutine
+// taking over from one whose delivery was detached in the middle of a
+// drain (see drainRing): it holds rx.consume, and finishes that drain
+// first. A goroutine that hands the loop over returns at once.
+func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 	rx := qp.rx
 	for {
-		n, err := qp.drainLocked(bufs)
+		var n int
+		var err error
+		if resumed {
+			// The receiver is awake; the drain it took over may have
+			// begun after it said it slept, see below.
+			rx.sleeping.Store(0)
+			if n, err = qp.drainHeld(bufs); err == nil && bufs.pendingFD >= 0 {
+				err = fmt.Errorf("shm: peer broke the protocol: the fd of record %d on the socket, and no record marked for it in the ring", bufs.pendingSeq)
+			}
+			resumed = false
+		} else {
+			n, err = qp.drainLocked(bufs)
+		}
 		// Poll for a while before sleeping, which costs the peer a
 		// wake-up message and us a trip through the netpoller. Between
 		// looks, let the other threads of the host run (the peer's, which
@@ -285,7 +306,9 @@ func (qp *queuePair) runRingReceiver() {
 			if n, err = qp.drainLocked(bufs); n == 0 && err == nil {
 				err = qp.awaitWake(bufs)
 			}
-			rx.sleeping.Store(0)
+			if err != errDetached {
+				rx.sleeping.Store(0)
+			}
 			if err == nil && bufs.pendingFD >= 0 {
 				// The peer commits a record before it sends its fd: the
 				// record is in the ring now, and takes the fd.
@@ -294,11 +317,17 @@ func (qp *queuePair) runRingReceiver() {
 				}
 			}
 		}
+		if err == errDetached {
+			return // another goroutine receives now
+		}
 		if err != nil {
 			qp.failAndClose(err)
-			return
+			break
 		}
 	}
+	closeFD(bufs.pendingFD)
+	qp.receiverEnded()
+	close(qp.readerDone)
 }
 
 // awaitWake sleeps on the socket until the peer's wake-up, or until the fd
@@ -324,14 +353,29 @@ func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
 // drainLocked is drainRing under the ring's consume lock, for the
 // receiver.
 func (qp *queuePair) drainLocked(bufs *msgBuffers) (int, error) {
+	qp.rx.consume.Lock()
+	return qp.drainHeld(bufs)
+}
+
+// drainHeld is drainLocked for a receiver that holds the consume lock
+// already; it releases it, unless the receiver's role was handed over
+// (errDetached), with the lock, to the goroutine taking over.
+func (qp *queuePair) drainHeld(bufs *msgBuffers) (int, error) {
 	rx := qp.rx
-	rx.consume.Lock()
-	defer rx.consume.Unlock()
 	if rx.released {
+		rx.consume.Unlock()
 		return 0, errQueuePairClosed
 	}
-	return qp.drainRing(bufs)
+	n, err := qp.drainRing(bufs)
+	if err != errDetached {
+		rx.consume.Unlock()
+	}
+	return n, err
 }
+
+// errDetached ends a receiver's drain whose delivery was detached (see
+// handleFrom): a new goroutine, holding the consume lock, finishes it.
+var errDetached = errors.New("shm: the receiver's role was handed over")
 
 // errPollStops ends a poller's drain at a record marked flagFD: its fd
 // comes on the socket, which only the receiver reads.
@@ -453,7 +497,15 @@ func (qp *queuePair) drainRing(bufs *msgBuffers) (int, error) {
 				return n, err
 			}
 		}
-		if err := qp.handle(m, fd); err != nil {
+		var resume func()
+		if bufs != nil {
+			resume = rx.resume // the receiver's
+		}
+		detached, err := qp.handleFrom(m, fd, resume)
+		if detached {
+			return n, errDetached
+		}
+		if err != nil {
 			return n, fmt.Errorf("shm: peer broke the protocol: %w", err)
 		}
 	}

@@ -330,66 +330,103 @@ func (b *frameBatch) flush(conn net.Conn) error {
 //
 // The completions it produces it Queues and hands over itself (Deliver)
 // after each frame, so that the consumer's reaction (a reply posted on a
-// received request) runs here, without waking another goroutine.
+// received request) runs here, without waking another goroutine. A
+// consumer whose reaction may wait detaches the delivery
+// (verbs.Detacher): the receiver then goes on in a new goroutine
+// (receiving.resume), and this one leaves once the reaction is done.
 func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
-	defer q.Deliver()
-	var raw syscall.RawConn
-	sndbuf := 0 // the send buffer's size, as sendQueueRoom last read it
+	r := &receiving{q: q, conn: conn, br: br}
 	if sc, ok := conn.(syscall.Conn); ok {
-		raw, _ = sc.SyscallConn()
+		r.raw, _ = sc.SyscallConn()
 	}
-	draining := false
+	r.cont = func() { r.loop(true) }
+	r.resume = func() { q.Continue(r.cont) }
+	r.loop(false)
+}
+
+// receiving is the receiver's state, which a goroutine taking over the
+// role (resume) continues from.
+type receiving struct {
+	q        *queuePair
+	conn     net.Conn
+	br       *bufio.Reader
+	raw      syscall.RawConn
+	sndbuf   int // the send buffer's size, as sendQueueRoom last read it
+	draining bool
+	// err and fatal are the last frame's outcome (apply's), which the
+	// goroutine that delivered it, or the one taking over, acts on.
+	err   error
+	fatal bool
+	// cont continues the loop after a delivery; resume runs it in a new
+	// goroutine of the queue pair's (Continue).
+	cont, resume func()
+}
+
+// loop receives until the connection fails; afterDeliver starts it where
+// a detached delivery left it, the last frame's outcome still to act on.
+func (r *receiving) loop(afterDeliver bool) {
+	q, br := r.q, r.br
 	var hb [headerSize]byte
-	var err error
 	for {
-		if _, err = io.ReadFull(br, hb[:]); err != nil {
-			break
-		}
-		var h header
-		if h, err = parseHeader(hb[:]); err != nil {
-			break
-		}
-		if !draining && q.InError() {
-			draining = true
-			q.quiesce()
-		}
-		if draining {
-			if h.op == frameReadResp && h.flags&flagCompress != 0 {
-				if h.length > maxDrain {
-					err = fmt.Errorf("not reading a compressed %d-byte read response while in ERR", h.length)
-					break
-				}
-				if _, err = zchunk.Skip(br, int(h.length)); err != nil {
-					break
-				}
-			} else if h.hasPayload() {
-				if err = skipPayload(br, h.length); err != nil {
-					break
-				}
+		if !afterDeliver {
+			if _, r.err = io.ReadFull(br, hb[:]); r.err != nil {
+				break
 			}
-			continue
+			var h header
+			if h, r.err = parseHeader(hb[:]); r.err != nil {
+				break
+			}
+			if !r.draining && q.InError() {
+				r.draining = true
+				q.quiesce()
+			}
+			if r.draining {
+				if r.err = r.skip(&h); r.err != nil {
+					break
+				}
+				continue
+			}
+			r.fatal, r.err = q.apply(&h, br)
+			if q.DeliverFrom(r.resume) {
+				return // another goroutine receives now (resume)
+			}
 		}
-		var fatal bool
-		fatal, err = q.apply(&h, br)
-		q.Deliver()
-		if err != nil {
+		afterDeliver = false
+		if r.err != nil {
 			break
 		}
 		if br.Buffered() == 0 {
-			q.flushAcks(conn, raw, &sndbuf) // the next read may wait
+			q.flushAcks(r.conn, r.raw, &r.sndbuf) // the next read may wait
 		}
-		if fatal {
-			draining = true
+		if r.fatal {
+			r.draining = true
 			q.quiesce()
 		}
 	}
+	err := r.err
 	if errors.Is(err, io.EOF) {
 		err = fmt.Errorf("the peer closed the connection: %w", err)
 	}
 	q.Fail(verbs.StatusTransport, q.Errorf("reading from the peer: %w", err))
-	if !draining {
+	if !r.draining {
 		q.quiesce()
 	}
+	q.Deliver()
+}
+
+// skip reads past the payload of a frame received while draining.
+func (r *receiving) skip(h *header) error {
+	if h.op == frameReadResp && h.flags&flagCompress != 0 {
+		if h.length > maxDrain {
+			return fmt.Errorf("not reading a compressed %d-byte read response while in ERR", h.length)
+		}
+		_, err := zchunk.Skip(r.br, int(h.length))
+		return err
+	}
+	if h.hasPayload() {
+		return skipPayload(r.br, h.length)
+	}
+	return nil
 }
 
 // apply executes one frame. fatal reports that the queue pair entered ERR

@@ -34,6 +34,7 @@ var cases = []testCase{
 	{"UnsignaledFailure", testUnsignaledFailure},
 	{"Fence", testFence},
 	{"OutstandingReads", testOutstandingReads},
+	{"DetachDelivery", testDetach},
 
 	// Posting: checks at post time, all or none (posting.go, features.go).
 	{"LocalErrors", testLocalErrors},

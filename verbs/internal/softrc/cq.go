@@ -45,6 +45,12 @@ type CQ struct {
 	delivering bool
 	idle       sync.Cond
 	batch      []verbs.Completion
+	// gen numbers deliveries: each one that starts takes the next (see
+	// DeliveryToken), and Detach moves it on, so that the goroutine whose
+	// delivery was detached knows it. resume is the delivering
+	// goroutine's (DeliverFrom; nil from Deliver).
+	gen    uint64
+	resume func()
 }
 
 // Entry is a completion and the work queue slots its poll frees.
@@ -150,27 +156,88 @@ const deliverBatch = 64
 // no locks held, before its goroutine blocks, after Queue; the handler
 // runs in it, so that goroutine must not be one the handler could wait
 // for (see verbs.CompletionRunner).
-func (q *CQ) Deliver() {
+func (q *CQ) Deliver() { q.DeliverFrom(nil) }
+
+// DeliverFrom is Deliver for a provider's receiver that can hand its role
+// to a new goroutine (verbs.Detacher): if the handler Detaches this
+// delivery while it runs, resume is called, in the detaching goroutine,
+// to continue the receiver in a goroutine of its own, and DeliverFrom
+// returns true once the handler returns: the calling goroutine is then no
+// longer the receiver, and must return without touching the receiver's
+// state. resume runs while the calling goroutine is still in the
+// handler, so the receiver's state must be at rest before DeliverFrom.
+// With a nil resume a delivery cannot be detached.
+func (q *CQ) DeliverFrom(resume func()) (detached bool) {
 	q.mu.Lock()
 	if q.handle == nil || q.delivering || q.n == 0 {
 		q.mu.Unlock()
-		return
+		return false
 	}
 	q.delivering = true
+	q.gen++
+	gen := q.gen
+	q.resume = resume
 	if q.batch == nil {
 		q.batch = make([]verbs.Completion, deliverBatch)
 	}
+	batch := q.batch
 	for q.n > 0 && q.handle != nil {
-		handle, batch := q.handle, q.batch
+		handle := q.handle
 		k := q.takeLocked(batch)
 		q.mu.Unlock()
 		handle(batch[:k])
 		clear(batch[:k])
 		q.mu.Lock()
+		if q.gen != gen {
+			// Detached: another goroutine delivers now, with a batch
+			// of its own; this one was ours alone.
+			q.mu.Unlock()
+			return true
+		}
 	}
 	q.delivering = false
+	q.resume = nil
 	q.idle.Broadcast()
 	q.mu.Unlock()
+	return false
+}
+
+// DeliveryToken names the delivery under way, for its handler to Detach:
+// called in the handler, it returns a non-zero token when the goroutine
+// delivering can hand its role over (DeliverFrom with a resume), else 0.
+func (q *CQ) DeliveryToken() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.delivering || q.resume == nil {
+		return 0
+	}
+	return q.gen
+}
+
+// Detach ends the delivery named tok while its handler still runs (in
+// another goroutine): the queue is free for another goroutine to deliver,
+// the receiver that was delivering continues in a new goroutine (its
+// resume), and Run's goroutine is woken for what is queued. It reports
+// false, doing nothing, when that delivery is over.
+func (q *CQ) Detach(tok uint64) bool {
+	q.mu.Lock()
+	if tok == 0 || !q.delivering || q.gen != tok || q.resume == nil {
+		q.mu.Unlock()
+		return false
+	}
+	resume := q.resume
+	q.gen++
+	q.delivering = false
+	q.resume = nil
+	q.batch = nil // the detached goroutine's until its handler returns
+	q.idle.Broadcast()
+	more := q.n > 0
+	q.mu.Unlock()
+	resume()
+	if more {
+		q.signal()
+	}
+	return true
 }
 
 // Run implements verbs.CompletionRunner: until ctx ends or the queue is

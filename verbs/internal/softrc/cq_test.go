@@ -271,3 +271,86 @@ func TestRunStopsWithContext(t *testing.T) {
 		t.Errorf("Poll after Run = %d (%v), want completion 9", n, out[:n])
 	}
 }
+
+// TestDeliverDetach: a handler running in a receiver's delivery
+// (DeliverFrom) gets a token, and Detach from another goroutine while it
+// runs calls the receiver's resume once and frees the queue: completions
+// queued after it go to the handler in another goroutine's Deliver while
+// the first handler still runs, and the first DeliverFrom reports the
+// detach once its handler returns. A plain Deliver's handler gets no
+// token, and a token whose delivery ended detaches nothing.
+func TestDeliverDetach(t *testing.T) {
+	var q *CQ
+	release := make(chan struct{})
+	tokens := make(chan uint64, 4)
+	var handled atomic.Int32
+	q, w, ran := runCQ(t, func(cs []verbs.Completion) {
+		for _, c := range cs {
+			handled.Add(1)
+			tokens <- q.DeliveryToken()
+			if c.ID == 1 {
+				<-release
+			}
+		}
+	})
+	// A plain Deliver: no token.
+	q.Queue(entry(t, w, 0))
+	q.Deliver()
+	if tok := <-tokens; tok != 0 {
+		t.Fatalf("a plain Deliver's handler got token %d, want 0", tok)
+	}
+	var resumed atomic.Int32
+	detached := make(chan bool, 1)
+	q.Queue(entry(t, w, 1))
+	go func() { detached <- q.DeliverFrom(func() { resumed.Add(1) }) }()
+	tok := <-tokens
+	if tok == 0 {
+		t.Fatal("a receiver's delivery gave its handler no token")
+	}
+	// Held in the handler: another goroutine cannot deliver yet.
+	q.Queue(entry(t, w, 2))
+	q.Deliver()
+	if n := handled.Load(); n != 2 {
+		t.Fatalf("%d completions handled while the first delivery holds the queue, want 2", n)
+	}
+	if !q.Detach(tok) {
+		t.Fatal("Detach of the delivery under way failed")
+	}
+	if q.Detach(tok) {
+		t.Fatal("a second Detach of the same delivery succeeded")
+	}
+	if resumed.Load() != 1 {
+		t.Fatalf("resume ran %d times, want 1", resumed.Load())
+	}
+	// Completion 2 was queued: Run's goroutine, woken by Detach, or this
+	// Deliver hands it over while the first handler still runs.
+	q.Deliver()
+	waitFor(t, "completion 2 after the detach", func() bool { return handled.Load() == 3 })
+	<-tokens
+	select {
+	case <-detached:
+		t.Fatal("DeliverFrom returned while its handler still ran")
+	default:
+	}
+	close(release)
+	if !<-detached {
+		t.Fatal("the detached DeliverFrom reported false")
+	}
+	if q.Detach(tok) {
+		t.Fatal("Detach of an ended delivery succeeded")
+	}
+	// The queue delivers as before.
+	q.Queue(entry(t, w, 3))
+	q.Deliver()
+	if handled.Load() != 4 {
+		t.Fatalf("%d handled after the detached delivery ended, want 4", handled.Load())
+	}
+	<-tokens
+	if u := w.Outstanding(); u != 0 {
+		t.Fatalf("%d slots held, want 0", u)
+	}
+	q.Close()
+	if err := <-ran; !errors.Is(err, verbs.ErrClosed) {
+		t.Fatalf("Run: %v", err)
+	}
+}

@@ -138,6 +138,10 @@ type QP struct {
 	Inflight []*SendWR
 	Recvq    []*RecvWR
 	conn     net.Conn // the wire's connection (Start)
+	// roles counts the wire's goroutines (Start's, and Continue's, which
+	// take over one of them) still running: the last to return closes
+	// conn.
+	roles atomic.Int32
 }
 
 // Start records conn, the connection Connect's link made, and runs the
@@ -145,18 +149,32 @@ type QP struct {
 // last of them to return closes conn; Close closes it and waits for them.
 func (q *QP) Start(conn net.Conn, fs ...func()) {
 	q.conn = conn
-	var running atomic.Int32
-	running.Store(int32(len(fs)))
+	q.roles.Store(int32(len(fs)))
 	for _, f := range fs {
-		q.wg.Add(1)
-		go func() {
-			defer q.wg.Done()
-			f()
-			if running.Add(-1) == 0 {
-				conn.Close()
-			}
-		}()
+		q.run(f)
 	}
+}
+
+// Continue runs f, a wire's goroutine taking over from one of Start's
+// (or an earlier Continue's) that is about to return having handed its
+// role over (a receiver whose delivery was detached, see DeliverFrom):
+// counted as they are, so that Close waits for it and conn closes only
+// when the last of them returns. Call it before the goroutine it takes
+// over from returns.
+func (q *QP) Continue(f func()) {
+	q.roles.Add(1)
+	q.run(f)
+}
+
+func (q *QP) run(f func()) {
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		f()
+		if q.roles.Add(-1) == 0 {
+			q.conn.Close()
+		}
+	}()
 }
 
 // ConnLocked is the wire's connection, nil before Start; the caller holds
@@ -428,11 +446,19 @@ func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refu
 // Deliver hands what the calling goroutine Queued on the queue pair's
 // completion queues to their Run handlers (see CQ.Deliver): the wire's
 // receiver calls it, with no locks held, before it blocks to read again.
-func (q *QP) Deliver() {
-	q.RecvCQ.Deliver()
-	if q.SendCQ != q.RecvCQ {
-		q.SendCQ.Deliver()
+func (q *QP) Deliver() { q.DeliverFrom(nil) }
+
+// DeliverFrom is Deliver for a receiver that can hand its role to a new
+// goroutine: see CQ.DeliverFrom. When it reports true the caller is no
+// longer the receiver: resume continues it.
+func (q *QP) DeliverFrom(resume func()) (detached bool) {
+	if q.RecvCQ.DeliverFrom(resume) {
+		return true
 	}
+	if q.SendCQ != q.RecvCQ {
+		return q.SendCQ.DeliverFrom(resume)
+	}
+	return false
 }
 
 // CompleteRecv is the completion entry of r with c's outcome.
