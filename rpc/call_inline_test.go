@@ -59,13 +59,14 @@ func callBytes(t *testing.T, c *rpc.Client, method string, n int) []byte {
 }
 
 // TestInlineHandler: a handler registered Inline runs where its call's
-// frame was read when the request came in the frame, and on a goroutine
-// of its own when it did not (a request tensor past the eager threshold)
-// or when it is not Inline; every call answers the same.
+// frame was read when the request came in the frame, even on a Server
+// given WithHandlerGoroutines, and on a goroutine of its own when it did
+// not (a request tensor past the eager threshold); one not Inline then
+// runs on a goroutine of its own. Every call answers the same.
 func TestInlineHandler(t *testing.T) {
 	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM} {
 		t.Run(tr, func(t *testing.T) {
-			s, c := pair(t, tr, nil, nil)
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithHandlerGoroutines()}, nil)
 			var inline, plain atomic.Bool
 			s.Handle("inline", inlineEcho(s, &inline, 0), rpc.Inline())
 			s.Handle("inline-big-reply", inlineEcho(s, &inline, 1<<20), rpc.Inline())
@@ -77,7 +78,7 @@ func TestInlineHandler(t *testing.T) {
 				}
 				callBytes(t, c, "plain", 4<<10)
 				if plain.Load() {
-					t.Fatalf("call %d: a handler not registered Inline ran where frames are read", i)
+					t.Fatalf("call %d: with WithHandlerGoroutines, a handler not registered Inline ran where frames are read", i)
 				}
 			}
 			if got := callBytes(t, c, "inline-big-reply", 4<<10); len(got) != 1<<20 || !inline.Load() {

@@ -74,10 +74,12 @@ type options struct {
 	lanes          int           // 0: DefaultLanes for each data plane
 	pollSpin       time.Duration // how long a caller polls or watches for its answer (EnvPollSpin)
 	noHealth       bool          // WithoutHealth
-	stageChunk     int           // 0: gpudirect.DefaultStageChunk
-	envErr         error         // an environment variable that could not be read (applyEnv)
-	interceptors   []Interceptor
-	compression    string // WithCompression; "" is auto
+	// handlersInGoroutines: WithHandlerGoroutines.
+	handlersInGoroutines bool
+	stageChunk           int   // 0: gpudirect.DefaultStageChunk
+	envErr               error // an environment variable that could not be read (applyEnv)
+	interceptors         []Interceptor
+	compression          string // WithCompression; "" is auto
 	// mayBlock counts the interceptors given with WithInterceptors (not
 	// WithInlineInterceptors): with any, no call is served on a lane's
 	// receiving goroutine.

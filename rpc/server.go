@@ -170,9 +170,13 @@ func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
 // Pool is the pool the Server carves tensors from.
 func (s *Server) Pool() *mempool.Pool { return s.pool }
 
-// Handle registers h for method, replacing any handler it had.
+// Handle registers h for method, replacing any handler it had. A small
+// call of h (its request in the frame) runs where its frame is read; if it
+// takes longer than a millisecond or two, the lane moves on without it
+// and the method's next calls run on goroutines of their own for a while:
+// h may block. See WithHandlerGoroutines and Inline.
 func (s *Server) Handle(method string, h Handler, opts ...HandlerOption) {
-	r := registered{h: h}
+	r := registered{h: h, pace: &handlerPace{leftBehind: &s.total.leftBehind}}
 	for _, o := range opts {
 		o(&r)
 	}
@@ -185,6 +189,7 @@ func (s *Server) Handle(method string, h Handler, opts ...HandlerOption) {
 type registered struct {
 	h      Handler
 	inline bool
+	pace   *handlerPace // where its calls run (not Inline ones)
 }
 
 // HandlerOption configures a handler (Handle).
@@ -199,7 +204,10 @@ type HandlerOption func(*registered)
 // goroutine as the frame is read, like a Fetch of a published tensor,
 // instead of on a goroutine of its own: the call costs one goroutine and
 // one wake-up fewer (eRPC's handlers that run in the dispatch thread).
-// Other calls of the method run as any handler's do.
+// Other calls of the method run as any handler's do. A handler not Inline
+// runs so too, watched: one that runs long is left behind (see
+// WithHandlerGoroutines). An Inline one is not watched, and runs so even
+// on a Server given WithHandlerGoroutines.
 //
 // While it runs, nothing else of its lane is read: a handler that blocks
 // holds up every call of the lane, and one that waits for an answer from
@@ -541,9 +549,9 @@ func (s *Server) handler(method string) (Handler, error) {
 	return r.h, nil
 }
 
-// inlineHandler reports whether method's handler was registered Inline.
-func (s *Server) inlineHandler(method string) bool {
+// handlerOf is method's registration (zero if none).
+func (s *Server) handlerOf(method string) registered {
 	s.hmu.RLock()
 	defer s.hmu.RUnlock()
-	return s.handlers[method].inline
+	return s.handlers[method]
 }

@@ -85,13 +85,17 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			key = string(b)
 			return nil
 		})
-		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, inline, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		mode := engine.RunGoroutine
+		if inline {
+			mode = engine.RunInline
+		}
+		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, mode, nil, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
 		})
 	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, false, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, engine.RunGoroutine, nil, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			resp, err := s.sendRequest(ctx, ss, l, h.Ref, req)
 			if resp == nil || err != nil {
 				return 0, nil, err
@@ -101,29 +105,75 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	case wire.FrameCallReq:
 		req := &pb.CallRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, wire.FrameCallResp, hdr, OpCall, s.callInline(h, bad, req), load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		mode, pace := s.callMode(h, bad, req)
+		s.runFrameCall(ss, l, h.Ref, wire.FrameCallResp, hdr, OpCall, mode, pace, load, func() (string, int64) { return req.Method, metaBytes(req.Tensors) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			return s.callForFrame(ctx, ss, l, h.Ref, req, held)
 		})
 	}
 }
 
-// callInline reports whether a CALL_REQ runs where its frame was read
-// (runFrameCall's inline): its method's handler was registered Inline,
-// its request and its tensors came in the frame (nothing to pull, which
-// waits for completions), and no interceptor that may wait wraps it (only
-// WithInlineInterceptors' ones).
-// req was decoded already: takeRequest decodes a frame that is not
+// callMode is where a CALL_REQ runs (runFrameCall's mode), and the pace
+// of its handler when that is where its frame was read, rescued
+// (engine.RunRescued). It runs where its frame was read when its
+// request and its tensors came in the frame (nothing to pull, which waits
+// for completions) and no interceptor that may wait wraps it (only
+// WithInlineInterceptors' ones): as it is (RunInline) when its method's
+// handler was registered Inline, rescued when not, unless the handler's
+// recent calls took long (handlerPace): those run in goroutines of their
+// own. req was decoded already: takeRequest decodes a frame that is not
 // indirect at once.
-func (s *Server) callInline(h wire.FrameHeader, bad error, req *pb.CallRequest) bool {
-	if bad != nil || h.Flags&wire.FlagIndirect != 0 || !s.opts.inlineOK() || !s.inlineHandler(req.Method) {
-		return false
+func (s *Server) callMode(h wire.FrameHeader, bad error, req *pb.CallRequest) (engine.RunMode, *handlerPace) {
+	if bad != nil || h.Flags&wire.FlagIndirect != 0 || !s.opts.inlineOK() {
+		return engine.RunGoroutine, nil
 	}
 	for _, m := range req.Tensors {
 		if m.GetLocation() != nil {
-			return false
+			return engine.RunGoroutine, nil
 		}
 	}
-	return true
+	r := s.handlerOf(req.Method)
+	switch {
+	case r.inline:
+		return engine.RunInline, nil
+	case r.pace == nil:
+		// No such method: its Unimplemented answer goes at once.
+		return engine.RunInline, nil
+	case s.opts.handlersInGoroutines || !r.pace.here():
+		return engine.RunGoroutine, r.pace
+	}
+	return engine.RunRescued, r.pace
+}
+
+// handlerPace keeps a handler's calls off the frame path while they are
+// left behind there (engine.Pacer): such a call held its lane 1-2 ms
+// (engine.RescueAfter), until the lane's receiving moved on without it.
+// After one, the method's next calls run on goroutines of their own: 1,
+// 2, 4 ... up to 1,024 of them after consecutive ones left behind; a call
+// on the frame path that is not ends the penalty.
+type handlerPace struct {
+	skip, penalty atomic.Int32
+	leftBehind    *atomic.Int64 // the Server's count (Stats.LeftBehind)
+}
+
+// here reports whether a call may run where its frame was read.
+func (p *handlerPace) here() bool {
+	if p.skip.Load() <= 0 {
+		return true
+	}
+	p.skip.Add(-1)
+	return false
+}
+
+// Ran implements engine.Pacer.
+func (p *handlerPace) Ran(leftBehind bool) {
+	if !leftBehind {
+		p.penalty.Store(0)
+		return
+	}
+	p.leftBehind.Add(1)
+	n := min(max(2*p.penalty.Load(), 1), 1024)
+	p.penalty.Store(n)
+	p.skip.Store(n)
 }
 
 // takeRequest decodes a request frame's body with decode: at once, in the
@@ -298,7 +348,7 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	// call under way (Session.Run), so that a graceful stop lets it go.
 	raw = append([]byte(nil), raw...)
 	ran := false
-	ss.Run(l, h.Ref, func() {}, true, func(_ error, over func()) bool {
+	ss.Run(l, h.Ref, func() {}, engine.RunInline, nil, func(_ error, over func()) bool {
 		ran = true
 		go func() {
 			posted, err := l.PostFrame(ss.Context(), wire.FrameFetchResp, 0, h.Ref, raw, body, over)
@@ -380,13 +430,15 @@ func (s *Server) releaseFramed(ss *serverSession, ids []uint64) {
 // view the pool buffers the work adds to held until it is sent). A
 // response that cannot be sent frees what the call made for the client.
 //
-// With inline set (an Inline handler's call, see callInline) it runs in
-// the calling goroutine, where the link's frames are read, and never waits
-// for pool memory or for a credit: an answer that cannot go at once goes
-// from a goroutine of its own.
-func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, inline bool, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
+// mode is where it runs (engine.Session.Run). With RunInline (an Inline
+// handler's call, a Fetch, see callMode) it runs in the calling
+// goroutine, where the link's frames are read, and never waits for pool
+// memory or for a credit; with RunInline or RunRescued an answer that
+// cannot go at once goes from a goroutine of its own.
+func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, resp uint8, hdr headers, op Operation, mode engine.RunMode, pace engine.Pacer, load func(context.Context) error, desc func() (name string, reqBytes int64), work func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error)) {
 	var ctx context.Context
 	var cancel context.CancelFunc
+	inline := mode == engine.RunInline
 	if inline && op == OpFetch && hdr.timeout == 0 {
 		// A Fetch served inline runs no handler, only interceptors, and
 		// ends before anything else of its lane is read: the session's
@@ -403,7 +455,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 	if inline {
 		ctx = context.WithValue(ctx, noPoolWait{}, true)
 	}
-	ss.Run(l, ref, cancel, inline, func(refusal error, over func()) (handedOver bool) {
+	ss.Run(l, ref, cancel, mode, pace, func(refusal error, over func()) (handedOver bool) {
 		// The session is open on l once open (Session) has set its lanes;
 		// a client that sends before it heard so is refused.
 		opened := l.Opened.Load()
@@ -468,7 +520,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		// the call need not wait for the answer's acknowledgement. It
 		// stays under way (over) until that Send completes, so that a
 		// graceful stop closes the session only after the answers left.
-		if inline {
+		if mode != engine.RunGoroutine {
 			if l.TrySendFrame(resp, flags, ref, raw, body, over) {
 				return true
 			}

@@ -71,6 +71,24 @@ func WithoutHealth() ServerOption {
 	return serverOption(func(o *options) { o.noHealth = true })
 }
 
+// WithHandlerGoroutines runs every call of a handler not registered
+// Inline on a goroutine of its own, as grpc-go runs a handler. By default
+// a call that arrives as a frame with its request in it (the eager path:
+// small calls, on a Server without interceptors that may block) runs
+// where its frame is read, as an Inline handler's call does, saving the
+// goroutine and the wake-up of an idle thread to run it. A watchdog looks
+// at such calls every millisecond: one still running at its second look
+// is left behind, the lane's receiving moving on to a new goroutine while
+// the call runs on where it is, and the method's next calls run on
+// goroutines of their own for a while (1, 2, 4 ... up to 1,024 calls
+// after consecutive ones left behind; Stats.LeftBehind counts them). A
+// handler may so block on anything, even on a call of its own over the
+// same session; what this option saves is the lane's wait of 1-2 ms
+// behind a handler that blocks, or runs long, now and then.
+func WithHandlerGoroutines() ServerOption {
+	return serverOption(func(o *options) { o.handlersInGoroutines = true })
+}
+
 // WithGracefulStopTimeout bounds how long GracefulStop waits for calls
 // under way (default DefaultGracefulStopTimeout); after it, GracefulStop
 // ends them as Stop does.

@@ -53,6 +53,12 @@ type Stats struct {
 	// the wire compressed (WithCompression), and CompressionSavedBytes the
 	// bytes that saved on the wire.
 	CompressedTransfers, CompressionSavedBytes int64
+	// LeftBehind counts a Server's calls of handlers not registered
+	// Inline that ran where their frames were read and ran past the
+	// watchdog's second look (1-2 ms): the lane's receiving moved on
+	// without them (see WithHandlerGoroutines). Many of them say that a
+	// handler blocks or runs long: such a call holds its lane 1-2 ms.
+	LeftBehind int64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -64,6 +70,7 @@ type counters struct {
 	refusedSessions, refusedLanes                       atomic.Int64
 	refusedStreams, refusedTransfers                    atomic.Int64
 	compressed, compressedSaved                         atomic.Int64
+	leftBehind                                          atomic.Int64
 }
 
 // each calls f with every counter and its field of st: the one list of
@@ -88,6 +95,7 @@ func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
 	f(&c.refusedLanes, &st.RefusedLanes)
 	f(&c.refusedStreams, &st.RefusedStreams)
 	f(&c.refusedTransfers, &st.RefusedTransfers)
+	f(&c.leftBehind, &st.LeftBehind)
 }
 
 func (c *counters) copied(n int) {

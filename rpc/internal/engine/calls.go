@@ -29,10 +29,15 @@ import (
 // over, which it handed to the Send of its answer (Link.PostFrame), so
 // that a graceful stop ends the session only after the answers left.
 //
-// With inline set, call runs in the calling goroutine instead (a handler
-// registered to run where frames are read); call must then never wait for
-// what the link's completions bring.
-func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, inline bool, call func(refusal error, over func()) (handedOver bool)) {
+// mode says where call runs: RunGoroutine as above; RunInline in the
+// calling goroutine (a handler registered to run where frames are read),
+// and call must then never wait for what the link's completions bring;
+// RunRescued in the calling goroutine too, where it can be (Link.runHere)
+// and otherwise in its own, and call may wait: if it takes long, the
+// link's receiving moves on to a new goroutine and leaves it behind.
+// pace, when not nil, hears how a RunRescued call run where its frame was
+// read went.
+func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, mode RunMode, pace Pacer, call func(refusal error, over func()) (handedOver bool)) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -99,12 +104,23 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, inline boo
 		}()
 		handedOver = call(refusal, over)
 	}
-	if inline {
+	switch {
+	case mode == RunInline:
 		run()
-		return
+	case mode == RunRescued && l.runHere(run, pace):
+	default:
+		go run()
 	}
-	go run()
 }
+
+// RunMode is where Session.Run runs a call.
+type RunMode uint8
+
+const (
+	RunGoroutine RunMode = iota // in a goroutine of its own
+	RunInline                   // where its frame was read; it never waits
+	RunRescued                  // where its frame was read, left behind if it takes long
+)
 
 // frameCall is a call that arrived as a frame and is running.
 type frameCall struct{ cancel context.CancelFunc }

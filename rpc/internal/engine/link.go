@@ -161,6 +161,11 @@ type Link struct {
 	// Squeeze is the session's compression of what this side reads
 	// (nil: none), shared by its lanes; set before the session opens.
 	Squeeze *Compression
+	// rescue runs calls where their frames are read (RunRescued);
+	// lastOfBatch says, to the goroutine handling completions, that the
+	// one it handles is the last of its batch.
+	rescue      *rescue
+	lastOfBatch bool
 }
 
 // Waiter receives the completion of one work request. When its poster
@@ -205,6 +210,7 @@ func NewLink(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Ad
 	if _, ok := qp.(verbs.Poller); !ok {
 		l.bell = newBell()
 	}
+	l.rescue = newRescue(cq)
 	return l, nil
 }
 
@@ -263,7 +269,8 @@ func (l *Link) poll() {
 	defer l.wg.Done()
 	if r, ok := l.cq.(verbs.CompletionRunner); ok {
 		r.Run(context.Background(), func(cs []verbs.Completion) {
-			for _, c := range cs {
+			for i, c := range cs {
+				l.lastOfBatch = i == len(cs)-1
 				l.complete(c)
 			}
 		})
@@ -489,9 +496,12 @@ func (l *Link) Close(reason error) {
 	if l.Frames != nil && l.Frames.Cancel != nil {
 		l.Frames.Cancel() // the creditor
 	}
-	l.QP.Close()
+	l.QP.Close() // waits for the provider's goroutines, a detached one too (see rescue)
 	l.cq.Close()
 	l.wg.Wait()
+	if l.rescue != nil {
+		dog.drop(l.rescue)
+	}
 	l.Mu.Lock()
 	left := l.Waiters
 	l.Waiters = map[uint64]*Waiter{}

@@ -214,7 +214,7 @@ func TestSessionCalls(t *testing.T) {
 	defer s.Close(nil, errors.New("test over"))
 	started, release := make(chan struct{}), make(chan struct{})
 	ctx, cancel := context.WithCancel(s.Context())
-	s.Run(nil, 1, cancel, false, func(refusal error, _ func()) bool {
+	s.Run(nil, 1, cancel, RunGoroutine, nil, func(refusal error, _ func()) bool {
 		if refusal != nil {
 			t.Errorf("a call refused on an open session: %v", refusal)
 		}
@@ -233,7 +233,7 @@ func TestSessionCalls(t *testing.T) {
 	s.ReleaseRef(2)
 	ctx2, cancel2 := context.WithCancel(s.Context())
 	overtaken := make(chan error, 1)
-	s.Run(nil, 2, cancel2, false, func(error, func()) bool { overtaken <- ctx2.Err(); return false })
+	s.Run(nil, 2, cancel2, RunGoroutine, nil, func(error, func()) bool { overtaken <- ctx2.Err(); return false })
 	if err := <-overtaken; err == nil {
 		t.Fatal("a call whose ref was already released runs uncancelled")
 	}
@@ -247,7 +247,7 @@ func TestSessionCalls(t *testing.T) {
 	for s.Accepts(3) {
 		time.Sleep(time.Millisecond) // until FinishCalls drains
 	}
-	s.Run(nil, 3, func() {}, false, func(refusal error, _ func()) bool { refused <- refusal; return false })
+	s.Run(nil, 3, func() {}, RunGoroutine, nil, func(refusal error, _ func()) bool { refused <- refusal; return false })
 	if err := <-refused; status.Code(err) != codes.Unavailable {
 		t.Fatalf("a call while draining: %v, want Unavailable", err)
 	}
@@ -285,7 +285,7 @@ func TestSessionCallsBounded(t *testing.T) {
 	var refusals sync.WaitGroup
 	refusals.Add(MaxFrameCalls)
 	for ref := range uint64(2 * MaxFrameCalls) {
-		s.Run(l, ref+1, func() {}, false, func(refusal error, _ func()) bool {
+		s.Run(l, ref+1, func() {}, RunGoroutine, nil, func(refusal error, _ func()) bool {
 			if ref >= MaxFrameCalls {
 				if status.Code(refusal) != codes.ResourceExhausted {
 					t.Errorf("call %d past the bound: %v, want ResourceExhausted", ref, refusal)
@@ -303,7 +303,7 @@ func TestSessionCallsBounded(t *testing.T) {
 		t.Fatalf("%+v, want %d running and as many refusing", h, MaxFrameCalls)
 	}
 	cancelled := false
-	s.Run(l, 1<<40, func() { cancelled = true }, false, func(error, func()) bool { t.Error("a call past every bound ran"); return false })
+	s.Run(l, 1<<40, func() { cancelled = true }, RunGoroutine, nil, func(error, func()) bool { t.Error("a call past every bound ran"); return false })
 	select {
 	case <-l.Dead:
 	case <-time.After(10 * time.Second):
@@ -325,7 +325,7 @@ func TestSessionCallHandedOver(t *testing.T) {
 	defer s.Close(nil, errors.New("test over"))
 	overs := make(chan func(), 1)
 	_, cancel := context.WithCancel(s.Context())
-	s.Run(nil, 1, cancel, false, func(refusal error, over func()) bool {
+	s.Run(nil, 1, cancel, RunGoroutine, nil, func(refusal error, over func()) bool {
 		overs <- over
 		return true
 	})

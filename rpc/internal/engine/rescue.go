@@ -1,0 +1,232 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/verbs"
+)
+
+// RescueAfter is how long a call run where its frame was read
+// (RunRescued) may keep the link's completions waiting before the
+// provider's receiving moves on to a new goroutine without it: a
+// watchdog looks every RescueAfter, so a call is left behind between one
+// and two of them after it began.
+//
+// A timer per call would be more precise, and costs more than it saves:
+// arming one wakes a sleeping thread to reschedule its sleep (measured:
+// 0.3 more idle-P starts per 4 KiB tcp Call on 2 CPUs, 0.6 with 16 Ps).
+const RescueAfter = time.Millisecond
+
+// rescue runs one call at a time where the link's completions are handled
+// (runHere), watched by the watchdog, which detaches the delivery
+// (verbs.Detacher) if the call runs past RescueAfter: a handler that
+// blocks, on anything, even on what this lane must bring (a nested call's
+// answer, pool memory a release frees), no longer holds up the lane, and
+// the call goes on where it is, as a call of its own goroutine would.
+// Running the call there saves the goroutine a call would start, and the
+// wake-up of an idle thread to run it, which on a machine with many cores
+// costs more than a small call's work.
+type rescue struct {
+	det verbs.Detacher
+	// state: rescueIdle, rescueArming (tok being set), rescueRunning (a
+	// call runs, watched), rescueDetached (left behind: the call runs on).
+	state    atomic.Int32
+	tok      atomic.Uint64
+	armed    atomic.Int64 // when the running call began (UnixNano)
+	detaches atomic.Int64 // for tests
+}
+
+const (
+	rescueIdle = iota
+	rescueArming
+	rescueRunning
+	rescueDetached
+)
+
+// newRescue is the link's rescue, nil where its queue cannot detach a
+// delivery; the watchdog watches it until Link.Close (drop).
+func newRescue(cq verbs.CompletionQueue) *rescue {
+	det, ok := cq.(verbs.Detacher)
+	if !ok {
+		return nil
+	}
+	r := &rescue{det: det}
+	dog.add(r)
+	return r
+}
+
+// runHere runs fn in the calling goroutine, which handles the link's
+// completions, watched; it reports false, without running fn, where it
+// cannot: the queue cannot detach this delivery (it is not a provider's
+// receiver delivering), fn's completion is not the last of its batch (the
+// rest would wait for fn, and a detached goroutine would go on with them
+// out of turn), or another call runs so already (left behind).
+//
+// pace, when not nil, hears whether fn was left behind once fn returns.
+func (l *Link) runHere(fn func(), pace Pacer) bool {
+	r := l.rescue
+	if r == nil || !l.lastOfBatch {
+		return false
+	}
+	tok := r.det.DeliveryToken()
+	if tok == 0 || !r.state.CompareAndSwap(rescueIdle, rescueArming) {
+		return false
+	}
+	r.tok.Store(tok)
+	r.armed.Store(time.Now().UnixNano())
+	r.state.Store(rescueRunning)
+	dog.watch()
+	fn()
+	behind := !r.state.CompareAndSwap(rescueRunning, rescueIdle)
+	if behind {
+		r.state.Store(rescueIdle) // detached: fn ran on in this goroutine, which the provider leaves
+	}
+	if pace != nil {
+		pace.Ran(behind)
+	}
+	return true
+}
+
+// Pacer hears, for each call run where its frame was read (RunRescued),
+// whether it was left behind: it ran past RescueAfter, and the link's
+// receiving moved on without it.
+type Pacer interface {
+	Ran(leftBehind bool)
+}
+
+// check leaves the call running behind if it began at least RescueAfter
+// before now, and reports whether one runs.
+func (r *rescue) check(now int64) (running bool) {
+	if r.state.Load() != rescueRunning {
+		return false
+	}
+	if now-r.armed.Load() < int64(RescueAfter) {
+		return true // (or the next call, which began after this look)
+	}
+	if r.state.CompareAndSwap(rescueRunning, rescueDetached) && r.det.Detach(r.tok.Load()) {
+		r.detaches.Add(1)
+	}
+	return false
+}
+
+// Detaches is how many calls run where their frames were read the link
+// left behind (RescueAfter), for tests.
+func (l *Link) Detaches() int64 {
+	if l.rescue == nil {
+		return 0
+	}
+	return l.rescue.detaches.Load()
+}
+
+// dog is the process's watchdog of the calls run where their frames were
+// read: one goroutine while links with a rescue exist, which looks at
+// them every RescueAfter while calls run so, and naps, woken by the next
+// such call, once none has for a while; it ends with the last link.
+var dog watchdog
+
+type watchdog struct {
+	mu      sync.Mutex
+	links   map[*rescue]struct{}
+	list    atomic.Pointer[[]*rescue] // links, read without the lock
+	running bool                      // the goroutine runs (under mu)
+	napping atomic.Bool
+	wake    chan struct{} // one slot: a call began while it napped, or a link went
+}
+
+// dogNap is how many looks that found no call running the watchdog makes
+// before it naps.
+const dogNap = 8
+
+func (d *watchdog) add(r *rescue) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.links == nil {
+		d.links = make(map[*rescue]struct{})
+		d.wake = make(chan struct{}, 1)
+	}
+	d.links[r] = struct{}{}
+	d.publish()
+	if !d.running {
+		d.running = true
+		go d.loop()
+	}
+}
+
+// drop stops watching r (its link closed).
+func (d *watchdog) drop(r *rescue) {
+	d.mu.Lock()
+	delete(d.links, r)
+	d.publish()
+	empty := len(d.links) == 0
+	d.mu.Unlock()
+	if empty {
+		d.signal() // to end
+	}
+}
+
+// publish copies the links for the goroutine to read; the caller holds mu.
+func (d *watchdog) publish() {
+	list := make([]*rescue, 0, len(d.links))
+	for r := range d.links {
+		list = append(list, r)
+	}
+	d.list.Store(&list)
+}
+
+// watch wakes the watchdog if it naps: a call began.
+func (d *watchdog) watch() {
+	if d.napping.Load() && d.napping.CompareAndSwap(true, false) {
+		d.signal()
+	}
+}
+
+func (d *watchdog) signal() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// look checks every link's call; it reports whether any runs.
+func (d *watchdog) look() bool {
+	now := time.Now().UnixNano()
+	any := false
+	for _, r := range *d.list.Load() {
+		if r.check(now) {
+			any = true
+		}
+	}
+	return any
+}
+
+func (d *watchdog) loop() {
+	idle := 0
+	for {
+		d.mu.Lock()
+		if len(d.links) == 0 {
+			d.running = false
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+		if d.look() {
+			idle = 0
+		} else if idle++; idle >= dogNap {
+			// Nap until a call begins (watch) or a link goes. Said
+			// before the last look, so that a call that began after it
+			// wakes us (Dekker: each side stores, then loads the other's).
+			d.napping.Store(true)
+			if d.look() {
+				d.napping.Store(false)
+			} else {
+				<-d.wake
+				d.napping.Store(false)
+			}
+			idle = 0
+			continue
+		}
+		time.Sleep(RescueAfter)
+	}
+}

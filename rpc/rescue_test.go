@@ -1,0 +1,251 @@
+package rpc_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
+)
+
+// frameTransports are the planes whose calls travel as frames, where a
+// handler can run where its frame is read.
+var frameTransports = []string{rpc.TransportTCP, rpc.TransportSHM}
+
+// TestHandlersRunWhereFramesAreRead: a handler not registered Inline runs
+// where its call's frame was read when the request came in the frame,
+// and on a goroutine of its own when it did not (a request tensor past
+// the eager threshold, which is pulled) or when the Server was given
+// WithHandlerGoroutines; every call answers the same.
+func TestHandlersRunWhereFramesAreRead(t *testing.T) {
+	for _, tr := range frameTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			var here atomic.Bool
+			s.Handle("plain", inlineEcho(s, &here, 0))
+			for i := range 3 {
+				callBytes(t, c, "plain", 4<<10)
+				// A call left behind (it ran past the watchdog's second
+				// look: a slow machine, the race detector) sends the
+				// next to a goroutine (TestHandlerPace).
+				if !here.Load() && s.Stats().LeftBehind == 0 {
+					t.Fatalf("call %d: a handler with a 4 KiB request ran on a goroutine of its own", i)
+				}
+			}
+			callBytes(t, c, "plain", 1<<20)
+			if here.Load() {
+				t.Fatal("a handler whose 1 MiB request tensor is pulled ran where frames are read")
+			}
+		})
+		t.Run(tr+"/goroutines", func(t *testing.T) {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithHandlerGoroutines()}, nil)
+			var here atomic.Bool
+			s.Handle("plain", inlineEcho(s, &here, 0))
+			callBytes(t, c, "plain", 4<<10)
+			if here.Load() {
+				t.Fatal("with WithHandlerGoroutines, a handler ran where frames are read")
+			}
+		})
+	}
+}
+
+// TestBlockingHandlerLeftBehind: on one lane, a handler that waits for
+// what only the same lane can bring (another call of the same client, or
+// its own nested call to the same server) would wait forever where its
+// frame was read; the lane's receiving moves on without it
+// (engine.RescueAfter), and every call completes.
+func TestBlockingHandlerLeftBehind(t *testing.T) {
+	for _, tr := range frameTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1)}, []rpc.DialOption{rpc.WithLanes(1)})
+			open := make(chan struct{})
+			s.Handle("wait", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				select {
+				case <-open:
+					return &rpc.Message{Metadata: []byte("waited")}, nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			})
+			s.Handle("open", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				close(open)
+				return &rpc.Message{}, nil
+			})
+			s.Handle("inner", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				return &rpc.Message{Metadata: append([]byte("inner "), in.Metadata...)}, nil
+			})
+			s.Handle("outer", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				// A nested call over the same session and lane.
+				return c.Call(ctx, "inner", &rpc.Message{Metadata: in.Metadata})
+			})
+			ctx := ctxT(t)
+			waited := make(chan error, 1)
+			go func() {
+				reply, err := c.Call(ctx, "wait", &rpc.Message{})
+				if err == nil {
+					if string(reply.Metadata) != "waited" {
+						err = fmt.Errorf("reply %q", reply.Metadata)
+					}
+					reply.Release()
+				}
+				waited <- err
+			}()
+			// Give "wait" time to start holding the lane's receiver.
+			time.Sleep(5 * time.Millisecond)
+			reply, err := c.Call(ctx, "open", &rpc.Message{})
+			if err != nil {
+				t.Fatalf("a call behind a blocked handler on its lane: %v", err)
+			}
+			reply.Release()
+			if err := <-waited; err != nil {
+				t.Fatalf("the blocked handler's call: %v", err)
+			}
+			for i := range 3 {
+				reply, err := c.Call(ctx, "outer", &rpc.Message{Metadata: []byte(fmt.Sprint(i))})
+				if err != nil {
+					t.Fatalf("a handler's nested call over its own lane: %v", err)
+				}
+				if want := fmt.Sprint("inner ", i); string(reply.Metadata) != want {
+					t.Fatalf("nested call: reply %q, want %q", reply.Metadata, want)
+				}
+				reply.Release()
+			}
+		})
+	}
+}
+
+// TestHandlerPace: a handler whose call was left behind where its frame
+// was read (here: it waits for the next call of its lane) has its next
+// call run on a goroutine of its own; the one after runs where its frame
+// was read again. Stats.LeftBehind counts the one left behind.
+func TestHandlerPace(t *testing.T) {
+	for _, tr := range frameTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1)}, []rpc.DialOption{rpc.WithLanes(1)})
+			var mu sync.Mutex
+			var where []bool
+			first := true
+			open := make(chan struct{})
+			s.Handle("open", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				close(open)
+				return &rpc.Message{}, nil
+			})
+			s.Handle("m", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				mu.Lock()
+				where = append(where, ranWhereFramesAreRead())
+				f := first
+				first = false
+				mu.Unlock()
+				if f {
+					<-open // only the lane, moved on, can read the call that opens it
+				}
+				return &rpc.Message{}, nil
+			})
+			ctx := ctxT(t)
+			opened := make(chan error, 1)
+			go func() {
+				time.Sleep(5 * time.Millisecond)
+				reply, err := c.Call(ctx, "open", &rpc.Message{})
+				if err == nil {
+					reply.Release()
+				}
+				opened <- err
+			}()
+			for range 3 {
+				reply, err := c.Call(ctx, "m", &rpc.Message{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				reply.Release()
+			}
+			if err := <-opened; err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if want := []bool{true, false, true}; fmt.Sprint(where) != fmt.Sprint(want) {
+				t.Fatalf("where the calls ran (true: where the frame was read): %v, want %v", where, want)
+			}
+			if n := s.Stats().LeftBehind; n < 1 {
+				t.Fatalf("Stats.LeftBehind %d, want at least 1", n)
+			}
+		})
+	}
+}
+
+// TestHandlersLeftBehindUnderLoad: callers on one lane, side by side,
+// call handlers that return at once, sleep past the rescue, or wait for a
+// call of another caller; every reply is its request's, and the session
+// ends clean (pair's cleanup checks goroutines and pool memory).
+func TestHandlersLeftBehindUnderLoad(t *testing.T) {
+	for _, tr := range frameTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1)}, []rpc.DialOption{rpc.WithLanes(1)})
+			tick := make(chan struct{}, 1024)
+			echo := func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				o, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(len(in.Tensors[0].Bytes()))})
+				if err != nil {
+					return nil, err
+				}
+				copy(o.Bytes(), in.Tensors[0].Bytes())
+				return &rpc.Message{Metadata: in.Metadata, Tensors: []*rpc.Tensor{o}}, nil
+			}
+			s.Handle("quick", echo)
+			s.Handle("sleep", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				time.Sleep(300 * time.Microsecond)
+				return echo(ctx, in)
+			})
+			s.Handle("give", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				tick <- struct{}{}
+				return echo(ctx, in)
+			})
+			s.Handle("take", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				select {
+				case <-tick:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				return echo(ctx, in)
+			})
+			methods := []string{"quick", "sleep", "give", "take"}
+			const callers, calls = 4, 60
+			var wg sync.WaitGroup
+			errs := make(chan error, callers)
+			for g := range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range calls {
+						// Caller g calls methods[g] only: the takers'
+						// ticks come from the givers.
+						m := methods[g]
+						b := make([]byte, 512+i)
+						pattern(b, byte(g*calls+i))
+						meta := []byte(fmt.Sprint(g, "/", i))
+						reply, err := c.Call(ctxT(t), m, &rpc.Message{Metadata: meta, Tensors: []*rpc.Tensor{rpc.WrapTensor(mustTensor(zerocopy.Uint8, []int64{int64(len(b))}, b))}})
+						if err != nil {
+							errs <- fmt.Errorf("%s call %d: %v", m, i, err)
+							return
+						}
+						ok := bytes.Equal(reply.Metadata, meta) && len(reply.Tensors) == 1 && bytes.Equal(reply.Tensors[0].Bytes(), b)
+						reply.Release()
+						if !ok {
+							errs <- fmt.Errorf("%s call %d: the reply is not its request's", m, i)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+		})
+	}
+}
