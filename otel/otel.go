@@ -22,7 +22,10 @@
 // tensorrpc.copies; see rpc.CallInfo).
 //
 // Spans get their attributes as the call ends, and only when sampled: a
-// sampler sees a span's name and kind, not its attributes.
+// sampler sees a span's name and kind, not its attributes. On a server,
+// the span ends and the metrics are recorded once the call's answer has
+// gone (rpc.CallInfo.AfterAnswer), so that they do not hold it up; the
+// duration is the call's work, as before.
 //
 // Metrics, by rpc.method, tensorrpc.operation, tensorrpc.plane and
 // rpc.grpc.status_code: the histograms rpc.client.duration and
@@ -190,10 +193,10 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		in, start := server, serverStart
 		if info.Client {
 			in, start = client, clientStart
-		} else {
+		} else if md := info.IncomingMetadata(); md != nil {
 			// The client's span is the parent of the server's: its context
-			// came in the call's metadata.
-			ctx = c.props.Extract(ctx, incomingCarrier{ctx})
+			// came in the call's metadata (none: no parent).
+			ctx = c.props.Extract(ctx, metadataCarrier(md))
 		}
 		// Attributes are set once, as the call ends, and only on a span
 		// that records: an unsampled call pays for none.
@@ -205,38 +208,51 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		t0 := time.Now()
 		err := next(ctx)
 		ms := float64(time.Since(t0).Nanoseconds()) / 1e6
-		code := status.Code(err)
-		if span.IsRecording() {
-			attrs := make([]attribute.KeyValue, 0, len(k.span)+8)
-			attrs = append(attrs, k.span...)
-			if info.Op != rpc.OpCall {
-				attrs = append(attrs, attribute.String("tensorrpc.key", info.Name))
-			}
-			if info.Client {
-				attrs = append(attrs, attribute.String("server.address", info.Peer))
-			}
-			attrs = append(attrs,
-				attribute.Int("rpc.grpc.status_code", int(code)),
-				attribute.Int64("tensorrpc.request.bytes", info.RequestBytes),
-				attribute.Int64("tensorrpc.response.bytes", info.ResponseBytes))
-			if info.Moved != "" {
-				attrs = append(attrs, attribute.String("tensorrpc.moved", info.Moved), attribute.Int("tensorrpc.lanes", info.Lanes), attribute.Int("tensorrpc.copies", info.Copies))
-			}
-			span.SetAttributes(attrs...)
-			if err != nil {
-				span.SetStatus(codes.Error, status.Convert(err).Message())
-			}
-		}
-		span.End()
-		e := k.set(code)
-		in.duration.Record(ctx, ms, e.record...)
-		e.req.Add(info.RequestBytes)
-		e.resp.Add(info.ResponseBytes)
-		if in.reqSize != nil {
-			in.reqSize.Record(ctx, float64(info.RequestBytes), e.record...)
-			in.respSize.Record(ctx, float64(info.ResponseBytes), e.record...)
+		if info.Client {
+			finish(info, k, in, span, ms, err)
+		} else {
+			// The server's span ends, and its metrics are recorded, once
+			// the answer has gone: they need not hold it up.
+			info.AfterAnswer(func() { finish(info, k, in, span, ms, err) })
 		}
 		return err
+	}
+}
+
+// finish ends a call's span and records its metrics.
+func finish(info *rpc.CallInfo, k *callKind, in instruments, span trace.Span, ms float64, err error) {
+	ctx := context.Background() // exemplars: the span's context, when it records
+	code := status.Code(err)
+	if span.IsRecording() {
+		ctx = trace.ContextWithSpan(ctx, span)
+		attrs := make([]attribute.KeyValue, 0, len(k.span)+8)
+		attrs = append(attrs, k.span...)
+		if info.Op != rpc.OpCall {
+			attrs = append(attrs, attribute.String("tensorrpc.key", info.Name))
+		}
+		if info.Client {
+			attrs = append(attrs, attribute.String("server.address", info.Peer))
+		}
+		attrs = append(attrs,
+			attribute.Int("rpc.grpc.status_code", int(code)),
+			attribute.Int64("tensorrpc.request.bytes", info.RequestBytes),
+			attribute.Int64("tensorrpc.response.bytes", info.ResponseBytes))
+		if info.Moved != "" {
+			attrs = append(attrs, attribute.String("tensorrpc.moved", info.Moved), attribute.Int("tensorrpc.lanes", info.Lanes), attribute.Int("tensorrpc.copies", info.Copies))
+		}
+		span.SetAttributes(attrs...)
+		if err != nil {
+			span.SetStatus(codes.Error, status.Convert(err).Message())
+		}
+	}
+	span.End()
+	e := k.set(code)
+	in.duration.Record(ctx, ms, e.record...)
+	e.req.Add(info.RequestBytes)
+	e.resp.Add(info.ResponseBytes)
+	if in.reqSize != nil {
+		in.reqSize.Record(ctx, float64(info.RequestBytes), e.record...)
+		in.respSize.Record(ctx, float64(info.ResponseBytes), e.record...)
 	}
 }
 
@@ -360,24 +376,6 @@ type infoCarrier struct{ info *rpc.CallInfo }
 func (c infoCarrier) Get(string) string     { return "" }
 func (c infoCarrier) Set(key, value string) { c.info.AddMetadata(key, value) }
 func (c infoCarrier) Keys() []string        { return nil }
-
-// incomingCarrier reads a call's incoming metadata as a TextMapCarrier
-// without copying it (metadata.FromIncomingContext copies it all).
-type incomingCarrier struct{ ctx context.Context }
-
-func (c incomingCarrier) Get(key string) string {
-	if v := metadata.ValueFromIncomingContext(c.ctx, key); len(v) > 0 {
-		return v[0]
-	}
-	return ""
-}
-
-func (c incomingCarrier) Set(string, string) {}
-
-func (c incomingCarrier) Keys() []string {
-	md, _ := metadata.FromIncomingContext(c.ctx)
-	return metadataCarrier(md).Keys()
-}
 
 // metadataCarrier is gRPC metadata as a TextMapCarrier.
 type metadataCarrier metadata.MD

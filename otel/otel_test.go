@@ -1,10 +1,15 @@
 package tensorrpcotel_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,7 +21,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
 	"github.com/tensorrpc/tensorrpc/mempool"
@@ -121,7 +128,10 @@ func callSpansShareATrace(t *testing.T, plane string, n int) {
 				t.Fatal(err)
 			}
 			reply.Release()
-			spans := exp.GetSpans()
+			// The server's span ends once its answer has gone: maybe
+			// after the client has it.
+			var spans tracetest.SpanStubs
+			eventually(t, "both spans", func() bool { spans = exp.GetSpans(); return len(spans) >= 2 })
 			var client, server *tracetest.SpanStub
 			for i := range spans {
 				switch spans[i].SpanKind {
@@ -147,6 +157,16 @@ func callSpansShareATrace(t *testing.T, plane string, n int) {
 					t.Errorf("span name %q", s.Name)
 				}
 			}
+		}
+	}
+}
+
+// eventually waits, up to a generous deadline, for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
 }
@@ -210,10 +230,19 @@ func TestDurationCountsEveryCall(t *testing.T) {
 		t.Fatal("Fetch of a missing key succeeded")
 	}
 	want["Fetch"]++
+	// The server records a call once its answer has gone: the last one
+	// may still be on its way when the client has its answer.
 	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
+	eventually(t, "the server's last call recorded", func() bool {
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		n := uint64(0)
+		for _, c := range histogramCounts(t, rm, "rpc.server.duration") {
+			n += c
+		}
+		return n >= 1001
+	})
 	for _, name := range []string{"rpc.client.duration", "rpc.server.duration", "rpc.client.request.size", "rpc.server.response.size"} {
 		got := histogramCounts(t, rm, name)
 		for op, n := range want {
@@ -322,18 +351,140 @@ func TestObserveStats(t *testing.T) {
 // take turns, 200 calls at a time and each turn in another order, so that
 // a noisy machine slows them alike; each reports its p50, its ratio to the p50 without telemetry,
 // and the process's CPU time per call (both sides: user and system).
-func BenchmarkFetch4KiB(b *testing.B) {
+// Server and client share the process; BenchmarkFetch4KiBTwoProcesses
+// puts the servers in a process of their own.
+func BenchmarkFetch4KiB(b *testing.B) { benchFetch4KiB(b, nil) }
+
+// BenchmarkFetch4KiBTwoProcesses is BenchmarkFetch4KiB with the servers in
+// a child process (this test binary again, TestBenchServers), as a
+// service and its client are deployed: the CPU time reported is the
+// client's alone.
+func BenchmarkFetch4KiBTwoProcesses(b *testing.B) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchServers$")
+	cmd.Env = append(os.Environ(), benchChildEnv+"=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		in.Close() // the child stops its servers and exits
+		cmd.Wait()
+	}()
+	addrs := map[string]string{}
+	sc := bufio.NewScanner(out)
+	for len(addrs) < len(benchModes) && sc.Scan() {
+		if name, addr, ok := strings.Cut(sc.Text(), " "); ok {
+			addrs[name] = addr
+		}
+	}
+	if len(addrs) < len(benchModes) {
+		b.Fatalf("the servers' process gave %d addresses, want %d", len(addrs), len(benchModes))
+	}
+	benchFetch4KiB(b, addrs)
+}
+
+// benchChildEnv makes TestBenchServers serve.
+const benchChildEnv = "TENSORRPC_OTEL_BENCH_SERVERS"
+
+// TestBenchServers is BenchmarkFetch4KiBTwoProcesses's child: it serves
+// each case's server, prints "case address" lines, and stops when its
+// stdin closes. Without benchChildEnv it does nothing.
+func TestBenchServers(t *testing.T) {
+	if os.Getenv(benchChildEnv) == "" {
+		t.Skip("the servers' process of BenchmarkFetch4KiBTwoProcesses")
+	}
+	ic := benchInterceptors(t)
+	for _, m := range benchModes {
+		srv, err := rpc.NewServer(append(m.server(ic), small())...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		st, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
+		srv.Publish(ctx, "small", st)
+		st.Release()
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(lis)
+		defer srv.Stop()
+		fmt.Println(m.name, lis.Addr().String())
+	}
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// benchMode is one of BenchmarkFetch4KiB's cases: the interceptor both
+// sides have (of the process's, benchIcepts), inline or not.
+type benchMode struct {
+	name string
+	i    func(ic benchIcepts) rpc.Interceptor
+	inl  bool
+}
+
+var benchModes = []benchMode{
+	{"off", func(benchIcepts) rpc.Interceptor { return nil }, false},
+	{"nothing", func(ic benchIcepts) rpc.Interceptor { return ic.nothing }, true},
+	{"metrics-only", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true},
+	{"sampled-1pct", func(ic benchIcepts) rpc.Interceptor { return ic.some }, true},
+	{"sampled-all", func(ic benchIcepts) rpc.Interceptor { return ic.all }, true},
+	{"sampled-all-not-inline", func(ic benchIcepts) rpc.Interceptor { return ic.all }, false},
+}
+
+func (m benchMode) server(ic benchIcepts) []rpc.ServerOption {
+	switch i := m.i(ic); {
+	case i == nil:
+		return nil
+	case m.inl:
+		return []rpc.ServerOption{rpc.WithInlineInterceptors(i)}
+	default:
+		return []rpc.ServerOption{rpc.WithInterceptors(i)}
+	}
+}
+
+func (m benchMode) dial(ic benchIcepts) []rpc.DialOption {
+	switch i := m.i(ic); {
+	case i == nil:
+		return nil
+	case m.inl:
+		return []rpc.DialOption{rpc.WithInlineInterceptors(i)}
+	default:
+		return []rpc.DialOption{rpc.WithInterceptors(i)}
+	}
+}
+
+// benchIcepts are the interceptors of one process's cases.
+type benchIcepts struct{ nothing, metricsOnly, some, all rpc.Interceptor }
+
+func benchInterceptors(t testing.TB) benchIcepts {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	defer mp.Shutdown(context.Background())
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
 	tracing := func(ratio float64) rpc.Interceptor {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
 			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
-		b.Cleanup(func() { tp.Shutdown(context.Background()) })
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
 		return tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp), tensorrpcotel.WithMeterProvider(mp))
 	}
-	all, some := tracing(1), tracing(0.01)
-	metricsOnly := tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tracenoop.NewTracerProvider()), tensorrpcotel.WithMeterProvider(mp))
-	nothing := func(ctx context.Context, _ *rpc.CallInfo, next func(context.Context) error) error { return next(ctx) }
+	return benchIcepts{
+		nothing:     func(ctx context.Context, _ *rpc.CallInfo, next func(context.Context) error) error { return next(ctx) },
+		metricsOnly: tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tracenoop.NewTracerProvider()), tensorrpcotel.WithMeterProvider(mp)),
+		some:        tracing(0.01),
+		all:         tracing(1),
+	}
+}
+
+// benchFetch4KiB runs the cases, against servers of this process (addrs
+// nil) or at addrs (by case).
+func benchFetch4KiB(b *testing.B, addrs map[string]string) {
+	ic := benchInterceptors(b)
 	type mode struct {
 		name string
 		c    *rpc.Client
@@ -341,31 +492,26 @@ func BenchmarkFetch4KiB(b *testing.B) {
 		cpu  time.Duration
 	}
 	var modes []*mode
-	for _, m := range []struct {
-		name string
-		i    rpc.Interceptor
-		inl  bool
-	}{
-		{"off", nil, false}, {"nothing", nothing, true}, {"metrics-only", metricsOnly, true},
-		{"sampled-1pct", some, true}, {"sampled-all", all, true}, {"sampled-all-not-inline", all, false},
-	} {
-		var so []rpc.ServerOption
-		var do []rpc.DialOption
-		switch {
-		case m.i == nil:
-		case m.inl:
-			so, do = []rpc.ServerOption{rpc.WithInlineInterceptors(m.i)}, []rpc.DialOption{rpc.WithInlineInterceptors(m.i)}
-		default:
-			so, do = []rpc.ServerOption{rpc.WithInterceptors(m.i)}, []rpc.DialOption{rpc.WithInterceptors(m.i)}
+	ctx := context.Background()
+	for _, m := range benchModes {
+		var c *rpc.Client
+		if addrs == nil {
+			var srv *rpc.Server
+			srv, c = pairWith(b, rpc.TransportTCP, m.server(ic), m.dial(ic))
+			t, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
+			srv.Publish(ctx, "small", t)
+			t.Release()
+		} else {
+			var err error
+			c, err = rpc.Dial(ctx, addrs[m.name], append(m.dial(ic), rpc.WithTransportCredentials(insecure.NewCredentials()),
+				rpc.WithTransports(rpc.TransportTCP), small())...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Close() })
 		}
-		srv, c := pairWith(b, rpc.TransportTCP, so, do)
-		ctx := context.Background()
-		t, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
-		srv.Publish(ctx, "small", t)
-		t.Release()
 		modes = append(modes, &mode{name: m.name, c: c})
 	}
-	ctx := context.Background()
 	const turn = 200
 	b.ResetTimer()
 	for done, r := 0, 0; done < b.N; done, r = done+turn, r+1 {
@@ -420,32 +566,42 @@ func TestManyMethodsAreBounded(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	tel := tensorrpcotel.Interceptor(tensorrpcotel.WithMeterProvider(mp))
-	const calls = 1500
-	for i := range calls {
-		info := &rpc.CallInfo{Op: rpc.OpCall, Name: fmt.Sprint("m", i), Transport: rpc.TransportTCP, Path: rpc.PathFrame, RequestBytes: 1}
-		if err := tel(context.Background(), info, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	// Calls of methods the server does not have (Unimplemented), through a
+	// server that records them.
+	_, c := pairWith(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithInlineInterceptors(tel)}, nil)
+	one, err := zerocopy.New(zerocopy.Uint8, []int64{1}, make([]byte, 1))
+	if err != nil {
 		t.Fatal(err)
 	}
-	methods := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "rpc.server.duration" {
-				for _, p := range h.DataPoints {
-					v, _ := p.Attributes.Value("rpc.method")
-					methods[v.AsString()] += p.Count
+	const calls = 1500
+	for i := range calls {
+		if _, err := c.Call(context.Background(), fmt.Sprint("m", i), &rpc.Message{Tensors: []*rpc.Tensor{rpc.WrapTensor(one)}}); status.Code(err) != grpccodes.Unimplemented {
+			t.Fatalf("call %d: %v, want Unimplemented", i, err)
+		}
+	}
+	// The server records a call once its answer has gone: the last ones
+	// may still be on their way.
+	var rm metricdata.ResourceMetrics
+	var methods map[string]uint64
+	var total uint64
+	eventually(t, "every call recorded", func() bool {
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		methods, total = map[string]uint64{}, 0
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "rpc.server.duration" {
+					for _, p := range h.DataPoints {
+						v, _ := p.Attributes.Value("rpc.method")
+						methods[v.AsString()] += p.Count
+						total += p.Count
+					}
 				}
 			}
 		}
-	}
-	var total uint64
-	for _, n := range methods {
-		total += n
-	}
+		return total >= calls
+	})
 	if total != calls || len(methods) != 1025 || methods["_OTHER"] != calls-1024 {
 		t.Errorf("%d calls in %d methods, %d of them _OTHER; want %d in 1025, %d _OTHER", total, len(methods), methods["_OTHER"], calls, calls-1024)
 	}

@@ -153,7 +153,9 @@ func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, 
 	}
 	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
 	ctx = context.WithValue(ctx, callInfoKey{}, info)
-	return intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
+	err = intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
+	info.answered()
+	return err
 }
 
 // receive materializes a tensor the server offered: inline bytes, or a

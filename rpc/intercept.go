@@ -118,6 +118,55 @@ type CallInfo struct {
 	// while it fits.
 	added    []string
 	addedBuf [4]string
+	// after is what AfterAnswer deferred, until the answer has gone.
+	after []func()
+	// md is a server call's incoming metadata when known (mdKnown: the
+	// frame paths, or once IncomingMetadata looked it up in mdCtx).
+	md      metadata.MD
+	mdKnown bool
+	mdCtx   context.Context
+}
+
+// IncomingMetadata is, on a server, the metadata the call carried, for
+// an interceptor to read without a context lookup per key (as
+// metadata.ValueFromIncomingContext does) or a copy of it all (as
+// metadata.FromIncomingContext does): for a call that travelled as a
+// frame, the map the handler's context carries itself, keys lowered; on
+// the gRPC paths, a copy made at the first call. Do not modify it. It is
+// nil when the call carried none, and on a client.
+func (info *CallInfo) IncomingMetadata() metadata.MD {
+	if info.Client {
+		return nil
+	}
+	if !info.mdKnown && info.mdCtx != nil {
+		info.md, _ = metadata.FromIncomingContext(info.mdCtx)
+		info.mdKnown = true
+	}
+	return info.md
+}
+
+// AfterAnswer defers f until the call's answer has gone: on a server, for
+// a call that travelled as a frame, f runs once the answer frame was
+// handed to the data plane (or could not be), in the goroutine that
+// answered, so that what an interceptor records after its call (a
+// metric, the end of a span) does not hold up the answer; elsewhere (the
+// gRPC paths, a client) it runs as the interceptors return. f sees the
+// CallInfo as the interceptors left it. Calls made in f delay the next
+// frame of the lane: keep f short, and never let it block.
+func (info *CallInfo) AfterAnswer(f func()) {
+	info.after = append(info.after, f)
+}
+
+// answered runs what AfterAnswer deferred (info may be nil: no
+// interceptors).
+func (info *CallInfo) answered() {
+	if info == nil {
+		return
+	}
+	for _, f := range info.after {
+		f()
+	}
+	info.after = nil
 }
 
 // AddMetadata adds key (lowered) and value to the metadata the call
@@ -491,17 +540,31 @@ func tensorBytes(ts []*Tensor) int64 {
 // interceptors. ss is the call's session (nil for a call without one);
 // work sets what came back in info.
 func (s *Server) intercept(ctx context.Context, ss *serverSession, op Operation, name, path string, reqBytes int64, work func(context.Context, *CallInfo) error) error {
+	info, err := s.interceptAnswer(ctx, ss, op, name, path, reqBytes, nil, false, work)
+	info.answered()
+	return err
+}
+
+// interceptAnswer is intercept for a caller that answers the call itself
+// and then runs what the interceptors deferred until then
+// (info.answered; info is nil when there are no interceptors). md is the
+// call's incoming metadata, when mdKnown (a frame's headers); otherwise
+// IncomingMetadata looks it up in ctx.
+func (s *Server) interceptAnswer(ctx context.Context, ss *serverSession, op Operation, name, path string, reqBytes int64, md metadata.MD, mdKnown bool, work func(context.Context, *CallInfo) error) (*CallInfo, error) {
 	if len(s.opts.interceptors) == 0 {
-		return work(ctx, nil)
+		return nil, work(ctx, nil)
 	}
-	info := &CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC}
+	info := &CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC, md: md, mdKnown: mdKnown}
+	if !mdKnown {
+		info.mdCtx = ctx
+	}
 	if ss != nil {
 		info.Session, info.Transport, info.Peer = ss.id, ss.transport, ss.addr
 	} else {
 		info.Peer = peerAddr(ctx)
 	}
 	ctx = context.WithValue(ctx, callInfoKey{}, info)
-	return intercept(ctx, s.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
+	return info, intercept(ctx, s.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
 }
 
 // metaBytes is the sum of metas' byte lengths.

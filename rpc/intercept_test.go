@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -508,5 +509,145 @@ func TestInlineInterceptorsKeepTheFramePath(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestAfterAnswer: what a server interceptor defers with AfterAnswer runs
+// once per call, after the answer has gone where the call travelled as a
+// frame: here it waits for the client to have its answer, which it could
+// not have if it ran first. On the grpc plane, and on the client, it runs
+// as the interceptors return. Fetch and Call, inline interceptors.
+func TestAfterAnswer(t *testing.T) {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
+		t.Run(tr, func(t *testing.T) {
+			frames := tr != rpc.TransportGRPC
+			var got atomic.Int32 // calls the client has its answer of
+			var ran atomic.Int32 // deferred funcs run on the server
+			var clientRan atomic.Int32
+			fail := make(chan string, 16)
+			serverSide := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				want := got.Load() + 1
+				info.AfterAnswer(func() {
+					if frames {
+						deadline := time.Now().Add(10 * time.Second)
+						for got.Load() < want {
+							if time.Now().After(deadline) {
+								fail <- fmt.Sprintf("%s %s: ran before its answer reached the client", info.Op, info.Name)
+								break
+							}
+							runtime.Gosched()
+						}
+					}
+					ran.Add(1)
+				})
+				return next(ctx)
+			}
+			clientSide := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				err := next(ctx)
+				info.AfterAnswer(func() { clientRan.Add(1) })
+				return err
+			}
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithInlineInterceptors(serverSide)}, []rpc.DialOption{rpc.WithInlineInterceptors(clientSide)})
+			s.Handle("echo", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				return &rpc.Message{Metadata: in.Metadata}, nil
+			})
+			ctx := ctxT(t)
+			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Publish(ctx, "small", small); err != nil {
+				t.Fatal(err)
+			}
+			small.Release()
+			const calls = 5
+			for i := range calls {
+				// Without a deadline: answered where the frame is read
+				// (fetchNowIntercepted); the Call runs runFrameCall.
+				tt, err := c.Fetch(context.Background(), "small")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tt.Release()
+				got.Add(1)
+				reply, err := c.Call(ctx, "echo", &rpc.Message{Metadata: []byte{byte(i)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				reply.Release()
+				got.Add(1)
+			}
+			waitFor(t, "every deferred func", func() bool { return ran.Load() == 2*calls })
+			select {
+			case msg := <-fail:
+				t.Fatal(msg)
+			default:
+			}
+			if n := clientRan.Load(); n != 2*calls {
+				t.Fatalf("client: deferred funcs ran %d times, want %d", n, 2*calls)
+			}
+		})
+	}
+}
+
+// TestIncomingMetadata: a server interceptor reads the call's metadata
+// from its CallInfo, on every plane, for a Fetch and a Call: what the
+// client sent (with the metadata package or AddMetadata), nil when it sent
+// none; a client's CallInfo has none.
+func TestIncomingMetadata(t *testing.T) {
+	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
+		t.Run(tr, func(t *testing.T) {
+			var mu sync.Mutex
+			var seen []string
+			server := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				md := info.IncomingMetadata()
+				mu.Lock()
+				seen = append(seen, fmt.Sprintf("%s:%v:%v", info.Op, md.Get("k"), md.Get("added")))
+				mu.Unlock()
+				return next(ctx)
+			}
+			add := true
+			client := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+				if info.IncomingMetadata() != nil {
+					t.Error("a client's CallInfo has incoming metadata")
+				}
+				if add {
+					info.AddMetadata("Added", "a")
+				}
+				return next(ctx)
+			}
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithInlineInterceptors(server)}, []rpc.DialOption{rpc.WithInlineInterceptors(client)})
+			s.Handle("echo", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) { return &rpc.Message{}, nil })
+			ctx := ctxT(t)
+			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Publish(ctx, "small", small); err != nil {
+				t.Fatal(err)
+			}
+			small.Release()
+			call := func(ctx context.Context) {
+				tt, err := c.Fetch(ctx, "small")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tt.Release()
+				reply, err := c.Call(ctx, "echo", &rpc.Message{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				reply.Release()
+			}
+			call(metadata.AppendToOutgoingContext(context.Background(), "k", "v"))
+			add = false
+			call(context.Background())
+			mu.Lock()
+			defer mu.Unlock()
+			want := "[Fetch:[v]:[a] Call:[v]:[a] Fetch:[]:[] Call:[]:[]]"
+			if got := fmt.Sprint(seen); got != want {
+				t.Fatalf("the server's interceptor read %s, want %s", got, want)
+			}
+		})
 	}
 }

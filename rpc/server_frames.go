@@ -295,7 +295,7 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	}
 	var resp *pb.FetchResponse
 	var view *mempool.Buffer // what an inline resp views
-	err := s.intercept(ctx, ss, OpFetch, key, PathFrame, 0, func(ctx context.Context, info *CallInfo) error {
+	info, err := s.interceptAnswer(ctx, ss, OpFetch, key, PathFrame, 0, hdr.md, true, func(ctx context.Context, info *CallInfo) error {
 		// An interceptor that runs the work again (a retry) gets a new
 		// answer; the first one's goes.
 		s.withdraw(ss, resp, view)
@@ -341,8 +341,10 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 			s.countInline(ss, inline)
 			view.Release()
 		}
+		info.answered()
 		return true
 	}
+	defer info.answered() // once the answer is on its way aside
 	ss.answeredNow.Add(-1)
 	// No credit or buffer at hand: the answer waits for them aside, as a
 	// call under way (Session.Run), so that a graceful stop lets it go.
@@ -467,6 +469,8 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 				b.Release()
 			}
 		}()
+		var info *CallInfo
+		defer func() { info.answered() }() // once the answer went (or could not)
 		var err error
 		switch {
 		case !opened:
@@ -481,7 +485,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 			}
 			name, reqBytes := desc()
 			worked, ran := false, false
-			err = s.intercept(ctx, ss, op, name, PathFrame, reqBytes, func(ctx context.Context, info *CallInfo) error {
+			info, err = s.interceptAnswer(ctx, ss, op, name, PathFrame, reqBytes, hdr.md, true, func(ctx context.Context, info *CallInfo) error {
 				var err error
 				ran = true
 				flags, body, err = work(ctx, &held)
