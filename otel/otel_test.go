@@ -439,26 +439,30 @@ var benchModes = []benchMode{
 	{"sampled-all-not-inline", func(ic benchIcepts) rpc.Interceptor { return ic.all }, false},
 }
 
-func (m benchMode) server(ic benchIcepts) []rpc.ServerOption {
+// option gives both sides m's interceptor (nil: none).
+func (m benchMode) option(ic benchIcepts) rpc.Option {
 	switch i := m.i(ic); {
 	case i == nil:
 		return nil
 	case m.inl:
-		return []rpc.ServerOption{rpc.WithInlineInterceptors(i)}
+		return rpc.WithInlineInterceptors(i)
 	default:
-		return []rpc.ServerOption{rpc.WithInterceptors(i)}
+		return rpc.WithInterceptors(i)
 	}
 }
 
-func (m benchMode) dial(ic benchIcepts) []rpc.DialOption {
-	switch i := m.i(ic); {
-	case i == nil:
-		return nil
-	case m.inl:
-		return []rpc.DialOption{rpc.WithInlineInterceptors(i)}
-	default:
-		return []rpc.DialOption{rpc.WithInterceptors(i)}
+func (m benchMode) server(ic benchIcepts) []rpc.ServerOption {
+	if o := m.option(ic); o != nil {
+		return []rpc.ServerOption{o}
 	}
+	return nil
+}
+
+func (m benchMode) dial(ic benchIcepts) []rpc.DialOption {
+	if o := m.option(ic); o != nil {
+		return []rpc.DialOption{o}
+	}
+	return nil
 }
 
 // benchIcepts are the interceptors of one process's cases.
