@@ -32,7 +32,13 @@ import (
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(benchChildEnv) != "" {
+		serveBench() // BenchmarkFetch4KiBTwoProcesses's child
+		return
+	}
+	leakcheck.Main(m)
+}
 
 func small() rpc.Option {
 	return rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(64<<20))
@@ -356,11 +362,11 @@ func TestObserveStats(t *testing.T) {
 func BenchmarkFetch4KiB(b *testing.B) { benchFetch4KiB(b, nil) }
 
 // BenchmarkFetch4KiBTwoProcesses is BenchmarkFetch4KiB with the servers in
-// a child process (this test binary again, TestBenchServers), as a
+// a child process (this test binary again, serveBench), as a
 // service and its client are deployed: the CPU time reported is the
 // client's alone.
 func BenchmarkFetch4KiBTwoProcesses(b *testing.B) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchServers$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), benchChildEnv+"=1")
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -391,21 +397,25 @@ func BenchmarkFetch4KiBTwoProcesses(b *testing.B) {
 	benchFetch4KiB(b, addrs)
 }
 
-// benchChildEnv makes TestBenchServers serve.
+// benchChildEnv makes the test binary serveBench.
 const benchChildEnv = "TENSORRPC_OTEL_BENCH_SERVERS"
 
-// TestBenchServers is BenchmarkFetch4KiBTwoProcesses's child: it serves
-// each case's server, prints "case address" lines, and stops when its
-// stdin closes. Without benchChildEnv it does nothing.
-func TestBenchServers(t *testing.T) {
-	if os.Getenv(benchChildEnv) == "" {
-		t.Skip("the servers' process of BenchmarkFetch4KiBTwoProcesses")
-	}
-	ic := benchInterceptors(t)
+// serveBench is BenchmarkFetch4KiBTwoProcesses's child (this test binary
+// run with benchChildEnv set): it serves each case's server, prints
+// "case address" lines, and stops when its stdin closes.
+func serveBench() {
+	var cleanups []func()
+	defer func() {
+		for _, f := range slices.Backward(cleanups) {
+			f()
+		}
+	}()
+	ic := benchInterceptors(func(f func()) { cleanups = append(cleanups, f) })
 	for _, m := range benchModes {
 		srv, err := rpc.NewServer(append(m.server(ic), small())...)
 		if err != nil {
-			t.Fatal(err)
+			fmt.Fprintln(os.Stderr, err)
+			return
 		}
 		ctx := context.Background()
 		st, _ := srv.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
@@ -413,10 +423,11 @@ func TestBenchServers(t *testing.T) {
 		st.Release()
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			fmt.Fprintln(os.Stderr, err)
+			return
 		}
 		go srv.Serve(lis)
-		defer srv.Stop()
+		cleanups = append(cleanups, srv.Stop)
 		fmt.Println(m.name, lis.Addr().String())
 	}
 	io.Copy(io.Discard, os.Stdin)
@@ -468,13 +479,15 @@ func (m benchMode) dial(ic benchIcepts) []rpc.DialOption {
 // benchIcepts are the interceptors of one process's cases.
 type benchIcepts struct{ nothing, metricsOnly, some, all rpc.Interceptor }
 
-func benchInterceptors(t testing.TB) benchIcepts {
+// benchInterceptors makes a process's interceptors; cleanup takes what
+// ends their providers.
+func benchInterceptors(cleanup func(func())) benchIcepts {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	cleanup(func() { mp.Shutdown(context.Background()) })
 	tracing := func(ratio float64) rpc.Interceptor {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
 			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		cleanup(func() { tp.Shutdown(context.Background()) })
 		return tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp), tensorrpcotel.WithMeterProvider(mp))
 	}
 	return benchIcepts{
@@ -488,7 +501,7 @@ func benchInterceptors(t testing.TB) benchIcepts {
 // benchFetch4KiB runs the cases, against servers of this process (addrs
 // nil) or at addrs (by case).
 func benchFetch4KiB(b *testing.B, addrs map[string]string) {
-	ic := benchInterceptors(b)
+	ic := benchInterceptors(b.Cleanup)
 	type mode struct {
 		name string
 		c    *rpc.Client

@@ -25,7 +25,7 @@ func testDetach(t *testing.T, env Env) {
 	run, ok := p.b.rcq.(verbs.CompletionRunner)
 	det, ok2 := p.b.rcq.(verbs.Detacher)
 	if !ok || !ok2 {
-		t.Skipf("%s: completion queues are not a verbs.CompletionRunner and verbs.Detacher", env.Name)
+		t.Skipf("%s: its completion queues cannot hand their receiver's role over (not a verbs.CompletionRunner and verbs.Detacher): nothing to check", env.Name)
 	}
 	// A completion the receiver queued may still be handed over by Run's
 	// goroutine, as Run starts (no token): each such one sends the next
