@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -245,6 +246,72 @@ func TestHandlersLeftBehindUnderLoad(t *testing.T) {
 			close(errs)
 			for err := range errs {
 				t.Error(err)
+			}
+		})
+	}
+}
+
+// TestSendLeftBehind: a small Send runs where its frame is read; one that
+// waits there for pool memory (the pool is full) is left behind, and the
+// lane serves another call meanwhile; the Send completes once memory
+// frees. Stats.LeftBehind counts it.
+func TestSendLeftBehind(t *testing.T) {
+	for _, tr := range frameTransports {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1), rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(8<<20))}, []rpc.DialOption{rpc.WithLanes(1)})
+			ctx := ctxT(t)
+			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Publish(ctx, "small", small); err != nil {
+				t.Fatal(err)
+			}
+			small.Release()
+			// Fill the pool.
+			var hogs []*rpc.Tensor
+			for _, n := range []int64{1 << 20, 64 << 10, 4 << 10, 256} {
+				for {
+					short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+					h, err := s.NewTensor(short, zerocopy.Uint8, []int64{n})
+					cancel()
+					if err != nil {
+						break
+					}
+					hogs = append(hogs, h)
+				}
+			}
+			b := make([]byte, 4<<10)
+			pattern(b, 3)
+			sent := make(chan error, 1)
+			go func() { sent <- c.Send(ctx, "sent", rpc.WrapTensor(mustTensor(zerocopy.Uint8, []int64{4 << 10}, b))) }()
+			time.Sleep(5 * time.Millisecond)
+			got, err := c.Fetch(ctx, "small")
+			if err != nil {
+				t.Fatalf("a Fetch on the lane of a Send waiting for pool memory: %v", err)
+			}
+			got.Release()
+			select {
+			case err := <-sent:
+				t.Fatalf("the Send into a full pool returned (%v) before memory freed", err)
+			default:
+			}
+			for _, h := range hogs {
+				h.Release()
+			}
+			if err := <-sent; err != nil {
+				t.Fatalf("Send: %v", err)
+			}
+			back, err := s.Take(ctx, "sent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back.Bytes(), b) {
+				t.Error("the Send's bytes differ")
+			}
+			back.Release()
+			if n := s.Stats().LeftBehind; n < 1 {
+				t.Fatalf("Stats.LeftBehind %d, want at least 1", n)
 			}
 		})
 	}

@@ -51,15 +51,17 @@ type Handler func(ctx context.Context, req *Message) (*Message, error)
 // clients fetch and send to, and methods they call. It is safe for
 // concurrent use.
 type Server struct {
-	opts    options
-	log     *slog.Logger
-	pool    *mempool.Pool
-	ownPool bool
-	ctl     *mempool.Pool // the links' own buffers
-	grpc    *grpc.Server
-	rv      *rendezvous.Rendezvous
-	domains map[string]*engine.Domain
-	missing map[string]string // transport → why its device did not open
+	opts options
+	log  *slog.Logger
+	// sendPace is where small Sends run (see sendMode).
+	sendPace handlerPace
+	pool     *mempool.Pool
+	ownPool  bool
+	ctl      *mempool.Pool // the links' own buffers
+	grpc     *grpc.Server
+	rv       *rendezvous.Rendezvous
+	domains  map[string]*engine.Domain
+	missing  map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
 	// handlers has its own lock: every call looks its method up, and must
@@ -104,6 +106,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		handlers: map[string]registered{}, sessions: map[string]*serverSession{},
 		drain: make(chan struct{}), adm: newAdmission(o.admission),
 	}
+	s.sendPace.leftBehind = &s.total.leftBehind
 	if err := s.openPool(); err != nil {
 		return nil, err
 	}

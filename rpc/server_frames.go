@@ -95,7 +95,8 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
-		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, engine.RunGoroutine, nil, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		mode, pace := s.sendMode(h, bad, req)
+		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, mode, pace, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			resp, err := s.sendRequest(ctx, ss, l, h.Ref, req)
 			if resp == nil || err != nil {
 				return 0, nil, err
@@ -122,7 +123,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 // recent calls took long (handlerPace): those run in goroutines of their
 // own. req was decoded already: takeRequest decodes a frame that is not
 // indirect at once.
-func (s *Server) callMode(h wire.FrameHeader, bad error, req *pb.CallRequest) (engine.RunMode, *handlerPace) {
+func (s *Server) callMode(h wire.FrameHeader, bad error, req *pb.CallRequest) (engine.RunMode, engine.Pacer) {
 	if bad != nil || h.Flags&wire.FlagIndirect != 0 || !s.opts.inlineOK() {
 		return engine.RunGoroutine, nil
 	}
@@ -139,9 +140,29 @@ func (s *Server) callMode(h wire.FrameHeader, bad error, req *pb.CallRequest) (e
 		// No such method: its Unimplemented answer goes at once.
 		return engine.RunInline, nil
 	case s.opts.handlersInGoroutines || !r.pace.here():
-		return engine.RunGoroutine, r.pace
+		return engine.RunGoroutine, nil
 	}
 	return engine.RunRescued, r.pace
+}
+
+// sendMode is where a SEND_REQ runs (runFrameCall's mode), and its pace:
+// where its frame was read, rescued (engine.RunRescued), when its tensor
+// came in the frame (nothing to pull: no location, no rows to read, no
+// reservation to grant) and no interceptor that may wait wraps it, as a
+// small Call's handler does; in a goroutine of its own otherwise, with
+// WithHandlerGoroutines, and while recent Sends were left behind (a full
+// pool they waited on). req was decoded already (not indirect).
+func (s *Server) sendMode(h wire.FrameHeader, bad error, req *pb.SendRequest) (engine.RunMode, engine.Pacer) {
+	if bad != nil || h.Flags&wire.FlagIndirect != 0 || !s.opts.inlineOK() || s.opts.handlersInGoroutines {
+		return engine.RunGoroutine, nil
+	}
+	if req.Meta == nil || req.Meta.Location != nil || req.Rows != nil || req.Reserve || req.Commit != 0 {
+		return engine.RunGoroutine, nil
+	}
+	if !s.sendPace.here() {
+		return engine.RunGoroutine, nil
+	}
+	return engine.RunRescued, &s.sendPace
 }
 
 // handlerPace keeps a handler's calls off the frame path while they are

@@ -72,7 +72,8 @@ func WithoutHealth() ServerOption {
 }
 
 // WithHandlerGoroutines runs every call of a handler not registered
-// Inline on a goroutine of its own, as grpc-go runs a handler. By default
+// Inline, and every Send, on a goroutine of its own, as grpc-go runs a
+// handler. By default
 // a call that arrives as a frame with its request in it (the eager path:
 // small calls, on a Server without interceptors that may block) runs
 // where its frame is read, as an Inline handler's call does, saving the
@@ -84,7 +85,9 @@ func WithoutHealth() ServerOption {
 // after consecutive ones left behind; Stats.LeftBehind counts them). A
 // handler may so block on anything, even on a call of its own over the
 // same session; what this option saves is the lane's wait of 1-2 ms
-// behind a handler that blocks, or runs long, now and then.
+// behind a handler that blocks, or runs long, now and then. A small Send
+// (its tensor in the frame) runs where its frame is read the same way:
+// one that waits for pool memory is left behind.
 func WithHandlerGoroutines() ServerOption {
 	return serverOption(func(o *options) { o.handlersInGoroutines = true })
 }

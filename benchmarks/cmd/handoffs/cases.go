@@ -44,6 +44,10 @@ var allCases = []caseDef{
 	{"call-shm", "rpc Call, a tensor in, the handler echoes it, shm data plane", openCall(rpc.TransportSHM, false)},
 	{"call-inline-tcp", "call-tcp with the handler registered rpc.Inline", openCall(rpc.TransportTCP, true)},
 	{"call-inline-shm", "call-shm with the handler registered rpc.Inline", openCall(rpc.TransportSHM, true)},
+	{"call-goroutine-tcp", "call-tcp on a server given rpc.WithHandlerGoroutines (a goroutine per call)", openCall(rpc.TransportTCP, false, rpc.WithHandlerGoroutines())},
+	{"send-tcp", "rpc Send of a tensor, which the server publishes, tcp data plane", openSend(rpc.TransportTCP)},
+	{"send-shm", "rpc Send of a tensor, which the server publishes, shm data plane", openSend(rpc.TransportSHM)},
+	{"send-goroutine-tcp", "send-tcp on a server given rpc.WithHandlerGoroutines (a goroutine per Send)", openSend(rpc.TransportTCP, rpc.WithHandlerGoroutines())},
 	{"pingpong-tcp", "raw loopback TCP: request and reply of -size bytes, one goroutine each side", openPingPong("tcp")},
 	{"pingpong-unix", "raw unix socket: request and reply of -size bytes, one goroutine each side", openPingPong("unix")},
 }
@@ -56,10 +60,19 @@ type pair struct {
 }
 
 func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error, opts ...rpc.Option) (*pair, error) {
+	return openPairWith(ctx, plane, setup, serverOpts(opts), dialOpts(opts))
+}
+
+// openPairServer is openPair with options for the server only.
+func openPairServer(ctx context.Context, plane string, setup func(*rpc.Server) error, so []rpc.ServerOption) (*pair, error) {
+	return openPairWith(ctx, plane, setup, so, nil)
+}
+
+func openPairWith(ctx context.Context, plane string, setup func(*rpc.Server) error, so []rpc.ServerOption, do []rpc.DialOption) (*pair, error) {
 	transports := rpc.WithTransports(plane, rpc.TransportGRPC)
 	p := &pair{}
 	var err error
-	if p.server, err = rpc.NewServer(append([]rpc.ServerOption{transports}, serverOpts(opts)...)...); err != nil {
+	if p.server, err = rpc.NewServer(append([]rpc.ServerOption{transports}, so...)...); err != nil {
 		return nil, err
 	}
 	if err := setup(p.server); err != nil {
@@ -72,7 +85,7 @@ func openPair(ctx context.Context, plane string, setup func(*rpc.Server) error, 
 		return nil, err
 	}
 	go p.server.Serve(lis)
-	if p.client, err = rpc.Dial(ctx, lis.Addr().String(), append([]rpc.DialOption{transports, rpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts(opts)...)...); err != nil {
+	if p.client, err = rpc.Dial(ctx, lis.Addr().String(), append([]rpc.DialOption{transports, rpc.WithTransportCredentials(insecure.NewCredentials())}, do...)...); err != nil {
 		p.server.Stop()
 		return nil, err
 	}
@@ -174,16 +187,16 @@ func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
 	return &rpc.Message{Tensors: req.Tensors}, nil
 }
 
-func openCall(plane string, inline bool) func(context.Context) (func() error, func() error, error) {
+func openCall(plane string, inline bool, opts ...rpc.ServerOption) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
-		p, err := openPair(ctx, plane, func(s *rpc.Server) error {
+		p, err := openPairServer(ctx, plane, func(s *rpc.Server) error {
 			if inline {
 				s.Handle(echoMethod, echo, rpc.Inline())
 			} else {
 				s.Handle(echoMethod, echo)
 			}
 			return nil
-		})
+		}, opts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -206,6 +219,28 @@ func openCall(plane string, inline bool) func(context.Context) (func() error, fu
 		}
 		closeAll := func() error {
 			req.Release()
+			return p.close()
+		}
+		return call, closeAll, nil
+	}
+}
+
+// openSend Sends a tensor to the same key again and again; the server
+// publishes each in place of the last.
+func openSend(plane string, opts ...rpc.ServerOption) func(context.Context) (func() error, func() error, error) {
+	return func(ctx context.Context) (func() error, func() error, error) {
+		p, err := openPairServer(ctx, plane, func(*rpc.Server) error { return nil }, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
+		if err != nil {
+			p.close()
+			return nil, nil, err
+		}
+		call := func() error { return p.client.Send(ctx, tensorKey, t) }
+		closeAll := func() error {
+			t.Release()
 			return p.close()
 		}
 		return call, closeAll, nil
