@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
@@ -85,6 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		slowSize     = fs.String("slow-link-size", "64MiB", "bytes of each Fetch of the slowlink section")
 		slowServe    = fs.String("slow-link-serve", "", "internal: serve the slowlink section's server on `ADDR` (run inside its namespace)")
 		cpuProfile   = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		mutexProfile = fs.String("mutexprofile", "", "write a profile of contended mutexes (every contention sampled) to this file")
+		blockProfile = fs.String("blockprofile", "", "write a profile of where goroutines blocked (every event sampled) to this file")
 		memLimit     = fs.String("mem-limit", "8GiB", "Go soft memory limit (runtime/debug.SetMemoryLimit); the run is sized to stay under ~12 GiB")
 	)
 	fs.Usage = func() {
@@ -280,6 +283,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	for _, p := range []struct {
+		file, name string
+		start      func()
+	}{
+		{*mutexProfile, "mutex", func() { runtime.SetMutexProfileFraction(1) }},
+		{*blockProfile, "block", func() { runtime.SetBlockProfileRate(1) }},
+	} {
+		if p.file == "" {
+			continue
+		}
+		f, err := os.Create(p.file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		p.start()
+		defer pprof.Lookup(p.name).WriteTo(f, 0)
 	}
 	start := time.Now()
 	if cfg.Transfers || cfg.Serdes || cfg.Codecs {
