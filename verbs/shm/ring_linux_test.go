@@ -384,3 +384,29 @@ func TestPollSavesWakeups(t *testing.T) {
 		t.Fatalf("%d wake-ups for %d messages handled with pollers running", wakes, 2*rounds)
 	}
 }
+
+// TestAdaptSpin: a sleep the peer ended within maxRingSpin doubles the
+// receiver's spin, up to maxRingSpin; a long one halves it, down to the
+// configured spin; a receiver configured not to spin never does.
+func TestAdaptSpin(t *testing.T) {
+	base := 20 * time.Microsecond
+	spin := base
+	for range 8 {
+		spin = adaptSpin(spin, base, 60*time.Microsecond)
+	}
+	if spin != maxRingSpin {
+		t.Fatalf("after short sleeps: spin %v, want %v", spin, maxRingSpin)
+	}
+	if got := adaptSpin(spin, base, 2*maxRingSpin); got != spin {
+		t.Fatalf("after a middling sleep: spin %v, want it kept (%v)", got, spin)
+	}
+	for range 8 {
+		spin = adaptSpin(spin, base, 10*time.Millisecond)
+	}
+	if spin != base {
+		t.Fatalf("after long sleeps: spin %v, want the configured %v", spin, base)
+	}
+	if got := adaptSpin(0, 0, time.Microsecond); got != 0 {
+		t.Fatalf("configured not to spin: spin %v", got)
+	}
+}
