@@ -128,8 +128,10 @@
 // socket is the wake-up and the sign of the peer's death.
 //
 // Wake-ups: a receiver whose ring is empty polls it for a while (20 µs,
-// yielding the processor between looks, so it costs little when the host
-// is busy), then publishes a sleeping word in the ring's memory, looks at
+// longer, up to 200 µs, while its peer's records keep coming within that
+// after it slept: a peer copying a large tensor between records; see
+// adaptSpin), yielding the processor between looks, so it costs little
+// when the host is busy, then publishes a sleeping word in the ring's memory, looks at
 // the ring once more and, if it is still empty, blocks reading the socket.
 // A sender commits its record, then atomically swaps the sleeping word
 // from 1 to 0 and, if it did, writes a wake-up message on the socket. With
