@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -29,14 +31,17 @@ func TestHandlersRunWhereFramesAreRead(t *testing.T) {
 			s, c := pair(t, tr, nil, nil)
 			var here atomic.Bool
 			s.Handle("plain", inlineEcho(s, &here, 0))
-			for i := range 3 {
+			// A long call (past engine.LongCall: a slow machine, the race
+			// detector) sends the next ones to goroutines (TestHandlerPace,
+			// TestLongCallPace): even if every call is long, the first
+			// runs where its frame was read, and one of the next four.
+			var where []bool
+			for range 5 {
 				callBytes(t, c, "plain", 4<<10)
-				// A call left behind (it ran past the watchdog's second
-				// look: a slow machine, the race detector) sends the
-				// next to a goroutine (TestHandlerPace).
-				if !here.Load() && s.Stats().LeftBehind == 0 {
-					t.Fatalf("call %d: a handler with a 4 KiB request ran on a goroutine of its own", i)
-				}
+				where = append(where, here.Load())
+			}
+			if !where[0] || !slices.Contains(where[1:], true) {
+				t.Fatalf("where five calls of a handler with a 4 KiB request ran (true: where the frame was read): %v", where)
 			}
 			callBytes(t, c, "plain", 1<<20)
 			if here.Load() {
@@ -122,8 +127,8 @@ func TestBlockingHandlerLeftBehind(t *testing.T) {
 
 // TestHandlerPace: a handler whose call was left behind where its frame
 // was read (here: it waits for the next call of its lane) has its next
-// call run on a goroutine of its own; the one after runs where its frame
-// was read again. Stats.LeftBehind counts the one left behind.
+// call run on a goroutine of its own (checkPaced); a later one runs where
+// its frame was read again. Stats.LeftBehind counts the one left behind.
 func TestHandlerPace(t *testing.T) {
 	for _, tr := range frameTransports {
 		t.Run(tr, func(t *testing.T) {
@@ -157,7 +162,7 @@ func TestHandlerPace(t *testing.T) {
 				}
 				opened <- err
 			}()
-			for range 3 {
+			for range 5 {
 				reply, err := c.Call(ctx, "m", &rpc.Message{})
 				if err != nil {
 					t.Fatal(err)
@@ -169,9 +174,7 @@ func TestHandlerPace(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if want := []bool{true, false, true}; fmt.Sprint(where) != fmt.Sprint(want) {
-				t.Fatalf("where the calls ran (true: where the frame was read): %v, want %v", where, want)
-			}
+			checkPaced(t, where)
 			if n := s.Stats().LeftBehind; n < 1 {
 				t.Fatalf("Stats.LeftBehind %d, want at least 1", n)
 			}
@@ -314,5 +317,48 @@ func TestSendLeftBehind(t *testing.T) {
 				t.Fatalf("Stats.LeftBehind %d, want at least 1", n)
 			}
 		})
+	}
+}
+
+// TestLongCallPace: a call that took longer than engine.LongCall where its
+// frame was read, without being left behind, also sends its method's next
+// call to a goroutine: the calls behind it on its lane waited for it.
+func TestLongCallPace(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, nil, nil)
+	var mu sync.Mutex
+	var where []bool
+	s.Handle("long", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+		mu.Lock()
+		where = append(where, ranWhereFramesAreRead())
+		first := len(where) == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(2 * engine.LongCall)
+		}
+		return &rpc.Message{}, nil
+	})
+	for range 5 {
+		reply, err := c.Call(ctxT(t), "long", &rpc.Message{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply.Release()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	checkPaced(t, where)
+}
+
+// checkPaced checks where a method's calls ran (true: where the frame was
+// read) after its first was long: the first there, one of the next two on
+// a goroutine (the penalty; the second when the call it follows was let
+// in while the long one's goroutine was still noting it, or when the long
+// one was left behind and the lane moved on before), and a later one
+// there again (a short call ends the penalty; even if every call were
+// long, the third or the fourth).
+func checkPaced(t *testing.T, where []bool) {
+	t.Helper()
+	if len(where) != 5 || !where[0] || !slices.Contains(where[1:3], false) || !slices.Contains(where[2:], true) {
+		t.Fatalf("where the calls ran (true: where the frame was read): %v; want the first there, one of the next two on a goroutine, a later one there", where)
 	}
 }

@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -166,11 +167,13 @@ func (s *Server) sendMode(h wire.FrameHeader, bad error, req *pb.SendRequest) (e
 }
 
 // handlerPace keeps a handler's calls off the frame path while they are
-// left behind there (engine.Pacer): such a call held its lane 1-2 ms
-// (engine.RescueAfter), until the lane's receiving moved on without it.
-// After one, the method's next calls run on goroutines of their own: 1,
-// 2, 4 ... up to 1,024 of them after consecutive ones left behind; a call
-// on the frame path that is not ends the penalty.
+// long there (engine.Pacer): left behind (such a call held its lane 1-2
+// ms, engine.RescueAfter, until the lane's receiving moved on without
+// it), or longer than engine.LongCall (the calls behind it on its lane
+// waited, where goroutines would have run them side by side). After one,
+// the method's next calls run on goroutines of their own: 1, 2, 4 ... up
+// to 1,024 of them after consecutive long ones; a short call on the frame
+// path ends the penalty.
 type handlerPace struct {
 	skip, penalty atomic.Int32
 	leftBehind    *atomic.Int64 // the Server's count (Stats.LeftBehind)
@@ -186,12 +189,13 @@ func (p *handlerPace) here() bool {
 }
 
 // Ran implements engine.Pacer.
-func (p *handlerPace) Ran(leftBehind bool) {
-	if !leftBehind {
+func (p *handlerPace) Ran(took time.Duration, leftBehind bool) {
+	if leftBehind {
+		p.leftBehind.Add(1)
+	} else if took <= engine.LongCall {
 		p.penalty.Store(0)
 		return
 	}
-	p.leftBehind.Add(1)
 	n := min(max(2*p.penalty.Load(), 1), 1024)
 	p.penalty.Store(n)
 	p.skip.Store(n)

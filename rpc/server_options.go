@@ -82,7 +82,9 @@ func WithoutHealth() ServerOption {
 // is left behind, the lane's receiving moving on to a new goroutine while
 // the call runs on where it is, and the method's next calls run on
 // goroutines of their own for a while (1, 2, 4 ... up to 1,024 calls
-// after consecutive ones left behind; Stats.LeftBehind counts them). A
+// after consecutive ones left behind, or that took longer than
+// engine.LongCall, 200 µs, holding up the calls behind them on their
+// lane; Stats.LeftBehind counts those left behind). A
 // handler may so block on anything, even on a call of its own over the
 // same session; what this option saves is the lane's wait of 1-2 ms
 // behind a handler that blocks, or runs long, now and then. A small Send

@@ -75,7 +75,8 @@ func (l *Link) runHere(fn func(), pace Pacer) bool {
 		return false
 	}
 	r.tok.Store(tok)
-	r.armed.Store(time.Now().UnixNano())
+	t0 := time.Now()
+	r.armed.Store(t0.UnixNano())
 	r.state.Store(rescueRunning)
 	dog.watch()
 	fn()
@@ -84,17 +85,24 @@ func (l *Link) runHere(fn func(), pace Pacer) bool {
 		r.state.Store(rescueIdle) // detached: fn ran on in this goroutine, which the provider leaves
 	}
 	if pace != nil {
-		pace.Ran(behind)
+		pace.Ran(time.Since(t0), behind)
 	}
 	return true
 }
 
 // Pacer hears, for each call run where its frame was read (RunRescued),
-// whether it was left behind: it ran past RescueAfter, and the link's
-// receiving moved on without it.
+// how long it took and whether it was left behind: it ran past
+// RescueAfter, and the link's receiving moved on without it.
 type Pacer interface {
-	Ran(leftBehind bool)
+	Ran(took time.Duration, leftBehind bool)
 }
+
+// LongCall is how long a call run where its frame was read may take
+// before its kind is better run on goroutines (Pacer): a call saves a
+// goroutine's hand-off there (5-20 µs), and holds up the calls behind it
+// on its lane, which goroutines would have run side by side, for as long
+// as it takes.
+const LongCall = 200 * time.Microsecond
 
 // check leaves the call running behind if it began at least RescueAfter
 // before now, and reports whether one runs.
