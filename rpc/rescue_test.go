@@ -13,6 +13,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/rpc"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/verbs/tcp"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
@@ -122,6 +123,54 @@ func TestBlockingHandlerLeftBehind(t *testing.T) {
 				reply.Release()
 			}
 		})
+	}
+}
+
+// TestLeftBehindWhereQueuesAreWaitedOn: on a server whose completion
+// queues are polled with Wait (as ibv's are: no provider receiver to hand
+// over; hookProvider.WaitOnly over tcp), a handler's call still runs where
+// its frame was read, and one that waits for the next call of its lane is
+// left behind, the engine starting another poller.
+func TestLeftBehindWhereQueuesAreWaitedOn(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithLanes(1), rpc.WithProvider(hookProvider{Provider: tcp.New(), WaitOnly: true})}, []rpc.DialOption{rpc.WithLanes(1)})
+	var here atomic.Bool
+	open := make(chan struct{})
+	s.Handle("wait", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+		here.Store(ranWhereFramesAreRead())
+		select {
+		case <-open:
+			return &rpc.Message{}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	s.Handle("open", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+		close(open)
+		return &rpc.Message{}, nil
+	})
+	ctx := ctxT(t)
+	waited := make(chan error, 1)
+	go func() {
+		reply, err := c.Call(ctx, "wait", &rpc.Message{})
+		if err == nil {
+			reply.Release()
+		}
+		waited <- err
+	}()
+	time.Sleep(5 * time.Millisecond)
+	reply, err := c.Call(ctx, "open", &rpc.Message{})
+	if err != nil {
+		t.Fatalf("a call behind a blocked handler on its lane: %v", err)
+	}
+	reply.Release()
+	if err := <-waited; err != nil {
+		t.Fatalf("the blocked handler's call: %v", err)
+	}
+	if !here.Load() {
+		t.Fatal("the handler ran on a goroutine of its own")
+	}
+	if n := s.Stats().LeftBehind; n != 1 {
+		t.Fatalf("Stats.LeftBehind %d, want 1", n)
 	}
 }
 

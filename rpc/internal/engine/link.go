@@ -166,6 +166,7 @@ type Link struct {
 	// one it handles is the last of its batch.
 	rescue      *rescue
 	lastOfBatch bool
+	waiter      waitPoller // the Detacher of a queue polled with Wait
 }
 
 // Waiter receives the completion of one work request. When its poster
@@ -210,7 +211,12 @@ func NewLink(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Ad
 	if _, ok := qp.(verbs.Poller); !ok {
 		l.bell = newBell()
 	}
-	l.rescue = newRescue(cq)
+	l.waiter.l = l
+	var det verbs.Detacher = &l.waiter
+	if _, ok := cq.(verbs.CompletionRunner); ok {
+		det, _ = cq.(verbs.Detacher) // the provider's receiver hands over, or none
+	}
+	l.rescue = newRescue(det)
 	return l, nil
 }
 
@@ -276,16 +282,54 @@ func (l *Link) poll() {
 		})
 		return
 	}
+	l.pollWait()
+}
+
+// pollWait is poll for a queue without a CompletionRunner (ibv's): it
+// waits for completions and handles them, until the queue is closed or a
+// call it ran was left behind (waitPoller.Detach): another goroutine
+// polls then, and this one leaves once that call returns.
+func (l *Link) pollWait() {
+	gen := l.waiter.gen.Load()
 	batch := make([]verbs.Completion, 64)
 	for {
 		n, err := l.cq.Wait(context.Background(), batch)
 		if err != nil {
 			return // the queue was closed
 		}
-		for _, c := range batch[:n] {
+		for i, c := range batch[:n] {
+			l.lastOfBatch = i == n-1
 			l.complete(c)
+			if l.waiter.gen.Load() != gen {
+				return // detached after the batch's last: the next poller has the rest
+			}
 		}
 	}
+}
+
+// waitPoller is the verbs.Detacher of a link whose queue is polled with
+// Wait (pollWait): the goroutine delivering is always the link's poller,
+// and handing its role over is starting another.
+type waitPoller struct {
+	l   *Link
+	gen atomic.Uint64 // the poller's; Detach moves it on
+}
+
+// DeliveryToken implements verbs.Detacher (called in the poller).
+func (w *waitPoller) DeliveryToken() uint64 { return w.gen.Load() + 1 }
+
+// Detach implements verbs.Detacher: a new poller takes over; the old one
+// leaves once the call it runs returns.
+func (w *waitPoller) Detach(tok uint64) bool {
+	if tok == 0 || !w.gen.CompareAndSwap(tok-1, tok) {
+		return false
+	}
+	w.l.wg.Add(1) // the old poller is still counted: Close waits for both
+	go func() {
+		defer w.l.wg.Done()
+		w.l.pollWait()
+	}()
+	return true
 }
 
 func (l *Link) complete(c verbs.Completion) {

@@ -45,11 +45,11 @@ const (
 	rescueDetached
 )
 
-// newRescue is the link's rescue, nil where its queue cannot detach a
-// delivery; the watchdog watches it until Link.Close (drop).
-func newRescue(cq verbs.CompletionQueue) *rescue {
-	det, ok := cq.(verbs.Detacher)
-	if !ok {
+// newRescue is the link's rescue, nil where its deliveries cannot be
+// detached (det nil: a CompletionRunner that is not a verbs.Detacher); the
+// watchdog watches it until Link.Close (drop).
+func newRescue(det verbs.Detacher) *rescue {
+	if det == nil {
 		return nil
 	}
 	r := &rescue{det: det}

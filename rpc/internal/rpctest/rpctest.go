@@ -92,6 +92,9 @@ func SkipWithoutDevice(t testing.TB, transport string) {
 type HookProvider struct {
 	verbs.Provider
 	OnPost func(verbs.SendRequest) error
+	// WaitOnly hides the completion queues' verbs.CompletionRunner (and
+	// verbs.Detacher): they are polled with Wait, as ibv's are.
+	WaitOnly bool
 }
 
 // Open opens the wrapped provider's device, with hooked queue pairs.
@@ -100,15 +103,36 @@ func (p HookProvider) Open(name string) (verbs.ProtectionDomain, error) {
 	if err != nil {
 		return nil, err
 	}
-	return hookDomain{pd, p.OnPost}, nil
+	onPost := p.OnPost
+	if onPost == nil {
+		onPost = func(verbs.SendRequest) error { return nil }
+	}
+	return hookDomain{pd, onPost, p.WaitOnly}, nil
 }
 
 type hookDomain struct {
 	verbs.ProtectionDomain
-	onPost func(verbs.SendRequest) error
+	onPost   func(verbs.SendRequest) error
+	waitOnly bool
+}
+
+// waitCQ is a completion queue with its CompletionRunner hidden.
+type waitCQ struct{ verbs.CompletionQueue }
+
+func (d hookDomain) NewCompletionQueue(capacity int) (verbs.CompletionQueue, error) {
+	cq, err := d.ProtectionDomain.NewCompletionQueue(capacity)
+	if err != nil || !d.waitOnly {
+		return cq, err
+	}
+	return waitCQ{cq}, nil
 }
 
 func (d hookDomain) NewQueuePair(cfg verbs.QueuePairConfig) (verbs.QueuePair, error) {
+	for _, cq := range []*verbs.CompletionQueue{&cfg.SendCQ, &cfg.RecvCQ} {
+		if w, ok := (*cq).(waitCQ); ok {
+			*cq = w.CompletionQueue // the provider's own
+		}
+	}
 	qp, err := d.ProtectionDomain.NewQueuePair(cfg)
 	if err != nil {
 		return nil, err
