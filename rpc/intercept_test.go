@@ -552,14 +552,7 @@ func TestAfterAnswer(t *testing.T) {
 				return &rpc.Message{Metadata: in.Metadata}, nil
 			})
 			ctx := ctxT(t)
-			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Publish(ctx, "small", small); err != nil {
-				t.Fatal(err)
-			}
-			small.Release()
+			publishBytes(t, s, "small", 4<<10, 1)
 			const calls = 5
 			for i := range calls {
 				// Without a deadline: answered where the frame is read
@@ -618,15 +611,7 @@ func TestIncomingMetadata(t *testing.T) {
 			}
 			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithInlineInterceptors(server)}, []rpc.DialOption{rpc.WithInlineInterceptors(client)})
 			s.Handle("echo", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) { return &rpc.Message{}, nil })
-			ctx := ctxT(t)
-			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{64})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Publish(ctx, "small", small); err != nil {
-				t.Fatal(err)
-			}
-			small.Release()
+			publishBytes(t, s, "small", 64, 1)
 			call := func(ctx context.Context) {
 				tt, err := c.Fetch(ctx, "small")
 				if err != nil {

@@ -70,19 +70,7 @@ func TestBlockingHandlerLeftBehind(t *testing.T) {
 	for _, tr := range frameTransports {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1)}, []rpc.DialOption{rpc.WithLanes(1)})
-			open := make(chan struct{})
-			s.Handle("wait", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
-				select {
-				case <-open:
-					return &rpc.Message{Metadata: []byte("waited")}, nil
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			})
-			s.Handle("open", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
-				close(open)
-				return &rpc.Message{}, nil
-			})
+			waitThenOpen(t, s, c)
 			s.Handle("inner", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
 				return &rpc.Message{Metadata: append([]byte("inner "), in.Metadata...)}, nil
 			})
@@ -91,27 +79,6 @@ func TestBlockingHandlerLeftBehind(t *testing.T) {
 				return c.Call(ctx, "inner", &rpc.Message{Metadata: in.Metadata})
 			})
 			ctx := ctxT(t)
-			waited := make(chan error, 1)
-			go func() {
-				reply, err := c.Call(ctx, "wait", &rpc.Message{})
-				if err == nil {
-					if string(reply.Metadata) != "waited" {
-						err = fmt.Errorf("reply %q", reply.Metadata)
-					}
-					reply.Release()
-				}
-				waited <- err
-			}()
-			// Give "wait" time to start holding the lane's receiver.
-			time.Sleep(5 * time.Millisecond)
-			reply, err := c.Call(ctx, "open", &rpc.Message{})
-			if err != nil {
-				t.Fatalf("a call behind a blocked handler on its lane: %v", err)
-			}
-			reply.Release()
-			if err := <-waited; err != nil {
-				t.Fatalf("the blocked handler's call: %v", err)
-			}
 			for i := range 3 {
 				reply, err := c.Call(ctx, "outer", &rpc.Message{Metadata: []byte(fmt.Sprint(i))})
 				if err != nil {
@@ -126,20 +93,19 @@ func TestBlockingHandlerLeftBehind(t *testing.T) {
 	}
 }
 
-// TestLeftBehindWhereQueuesAreWaitedOn: on a server whose completion
-// queues are polled with Wait (as ibv's are: no provider receiver to hand
-// over; hookProvider.WaitOnly over tcp), a handler's call still runs where
-// its frame was read, and one that waits for the next call of its lane is
-// left behind, the engine starting another poller.
-func TestLeftBehindWhereQueuesAreWaitedOn(t *testing.T) {
-	s, c := pair(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithLanes(1), rpc.WithProvider(hookProvider{Provider: tcp.New(), WaitOnly: true})}, []rpc.DialOption{rpc.WithLanes(1)})
-	var here atomic.Bool
+// waitThenOpen registers "wait", a handler that waits until "open" is
+// called, calls it, and calls "open" from this goroutine while it waits:
+// on one lane, only a lane that moved on without "wait" reads "open". It
+// reports whether "wait" ran where its frame was read.
+func waitThenOpen(t *testing.T, s *rpc.Server, c *rpc.Client) (here bool) {
+	t.Helper()
+	var ranHere atomic.Bool
 	open := make(chan struct{})
 	s.Handle("wait", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
-		here.Store(ranWhereFramesAreRead())
+		ranHere.Store(ranWhereFramesAreRead())
 		select {
 		case <-open:
-			return &rpc.Message{}, nil
+			return &rpc.Message{Metadata: []byte("waited")}, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -153,10 +119,14 @@ func TestLeftBehindWhereQueuesAreWaitedOn(t *testing.T) {
 	go func() {
 		reply, err := c.Call(ctx, "wait", &rpc.Message{})
 		if err == nil {
+			if string(reply.Metadata) != "waited" {
+				err = fmt.Errorf("reply %q", reply.Metadata)
+			}
 			reply.Release()
 		}
 		waited <- err
 	}()
+	// Give "wait" time to start holding the lane's receiver.
 	time.Sleep(5 * time.Millisecond)
 	reply, err := c.Call(ctx, "open", &rpc.Message{})
 	if err != nil {
@@ -166,7 +136,17 @@ func TestLeftBehindWhereQueuesAreWaitedOn(t *testing.T) {
 	if err := <-waited; err != nil {
 		t.Fatalf("the blocked handler's call: %v", err)
 	}
-	if !here.Load() {
+	return ranHere.Load()
+}
+
+// TestLeftBehindWhereQueuesAreWaitedOn: on a server whose completion
+// queues are polled with Wait (as ibv's are: no provider receiver to hand
+// over; hookProvider.WaitOnly over tcp), a handler's call still runs where
+// its frame was read, and one that waits for the next call of its lane is
+// left behind, the engine starting another poller.
+func TestLeftBehindWhereQueuesAreWaitedOn(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, []rpc.ServerOption{rpc.WithLanes(1), rpc.WithProvider(hookProvider{Provider: tcp.New(), WaitOnly: true})}, []rpc.DialOption{rpc.WithLanes(1)})
+	if !waitThenOpen(t, s, c) {
 		t.Fatal("the handler ran on a goroutine of its own")
 	}
 	if n := s.Stats().LeftBehind; n != 1 {
@@ -312,14 +292,7 @@ func TestSendLeftBehind(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			s, c := pair(t, tr, []rpc.ServerOption{rpc.WithLanes(1), rpc.WithPoolOptions(mempool.WithArenaSize(4<<20), mempool.WithLimit(8<<20))}, []rpc.DialOption{rpc.WithLanes(1)})
 			ctx := ctxT(t)
-			small, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{4 << 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Publish(ctx, "small", small); err != nil {
-				t.Fatal(err)
-			}
-			small.Release()
+			publishBytes(t, s, "small", 4<<10, 1)
 			// Fill the pool.
 			var hogs []*rpc.Tensor
 			for _, n := range []int64{1 << 20, 64 << 10, 4 << 10, 256} {

@@ -189,7 +189,7 @@ func echo(_ context.Context, req *rpc.Message) (*rpc.Message, error) {
 
 func openCall(plane string, inline bool, opts ...rpc.ServerOption) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
-		p, err := openPairServer(ctx, plane, func(s *rpc.Server) error {
+		p, t, err := openWithTensor(ctx, plane, func(s *rpc.Server) error {
 			if inline {
 				s.Handle(echoMethod, echo, rpc.Inline())
 			} else {
@@ -198,11 +198,6 @@ func openCall(plane string, inline bool, opts ...rpc.ServerOption) func(context.
 			return nil
 		}, opts)
 		if err != nil {
-			return nil, nil, err
-		}
-		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
-		if err != nil {
-			p.close()
 			return nil, nil, err
 		}
 		req := &rpc.Message{Tensors: []*rpc.Tensor{t}}
@@ -225,17 +220,27 @@ func openCall(plane string, inline bool, opts ...rpc.ServerOption) func(context.
 	}
 }
 
+// openWithTensor opens a pair (the server's options so) and a client
+// tensor of -size bytes for its calls.
+func openWithTensor(ctx context.Context, plane string, setup func(*rpc.Server) error, so []rpc.ServerOption) (*pair, *rpc.Tensor, error) {
+	p, err := openPairServer(ctx, plane, setup, so)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
+	if err != nil {
+		p.close()
+		return nil, nil, err
+	}
+	return p, t, nil
+}
+
 // openSend Sends a tensor to the same key again and again; the server
 // publishes each in place of the last.
 func openSend(plane string, opts ...rpc.ServerOption) func(context.Context) (func() error, func() error, error) {
 	return func(ctx context.Context) (func() error, func() error, error) {
-		p, err := openPairServer(ctx, plane, func(*rpc.Server) error { return nil }, opts)
+		p, t, err := openWithTensor(ctx, plane, func(*rpc.Server) error { return nil }, opts)
 		if err != nil {
-			return nil, nil, err
-		}
-		t, err := p.client.NewTensor(ctx, zerocopy.Uint8, []int64{int64(size)})
-		if err != nil {
-			p.close()
 			return nil, nil, err
 		}
 		call := func() error { return p.client.Send(ctx, tensorKey, t) }
