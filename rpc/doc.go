@@ -214,6 +214,13 @@
 // keep one, Publish it (which takes a reference) or copy it. The tensors of
 // the handler's reply pass to tensorrpc.
 //
+// A handler's small calls (the request and its tensors in the frame) run
+// where their frame is read, without a goroutine per call; a handler may
+// still block or run long: the call is then left behind, the lane reading
+// on in another goroutine, and the method's next calls get goroutines of
+// their own for a while. Server.Handle, Inline and WithHandlerGoroutines
+// say more.
+//
 // When a call's context ends while a one-sided operation is under way, the
 // call returns at once but the buffers the operation uses are released only
 // when it completes; a cancelled Send may still have delivered its tensor.
