@@ -649,7 +649,9 @@ type CompletionRunner interface {
 // receiving and delivering in a new goroutine, so that the rest of the
 // queue's completions, and the peer's messages, no longer wait for the
 // handler; the old goroutine finishes the handler and then leaves. It
-// reports false when that delivery is over. The tcp and shm providers'
+// reports false when that delivery is over. A CompletionRunner implements
+// it (the conformance suite checks); a queue polled with Wait does not
+// need to: its poller hands its own role over. The tcp and shm providers'
 // queues implement it.
 type Detacher interface {
 	DeliveryToken() uint64
