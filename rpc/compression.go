@@ -29,11 +29,15 @@ const (
 	// side that holds the bytes compresses a few slices of them with s2,
 	// zstd and huff0, times it, and compresses (with the codec predicted
 	// fastest) only when compressing on one core per lane, pipelined with
-	// the wire and with decompressing on the other side, is predicted to
-	// beat sending the bytes as they are by a quarter, at the goodput the
-	// reading side measured on the plane (from its own transfers, and a
-	// probe of the first MiB when it has none). Above the fastest a codec
-	// was seen to compress, it does not even sample.
+	// the wire and with decompressing on the other side (as fast as the
+	// sample decoded), is predicted to beat sending the bytes as they are
+	// by a quarter, at the goodput the reading side measured on the plane
+	// (from its own transfers, and a probe of the first MiB when it has
+	// none; a probe can show a fast plane several times slower than it
+	// is, so after a read that came compressed on a probe's word the next
+	// one crosses whole as it is, once a session, to measure the plane).
+	// Above the fastest a codec was seen to compress, it does not even
+	// sample.
 	CompressionAuto = "auto"
 	// CompressionS2 and CompressionZstd compress every tensor of at least
 	// 1 MiB with that codec (klauspost/compress s2; zstd at its fastest
@@ -185,7 +189,7 @@ func (o *options) squeeze(lanes []*engine.Link, transport string, agreed []strin
 			log.LogAttrs(ctx, slog.LevelDebug, "tensorrpc: read", slog.String("session", session),
 				slog.Int("bytes", r.Bytes), slog.String("asked", r.Asked.String()), slog.String("compressed", r.Packed.String()),
 				slog.Int64("wire_bytes", r.Wire), slog.Float64("goodput_mbps", r.Goodput*8/1e6), slog.Float64("sampled_ratio", r.Sampled), slog.Bool("probed", r.Probed),
-				slog.Duration("took", r.Took))
+				slog.Bool("checked", r.Checked), slog.Duration("took", r.Took))
 		}
 	}}
 	for _, l := range lanes {

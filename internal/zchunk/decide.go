@@ -8,12 +8,14 @@ import (
 )
 
 // Estimate is what a sample says of one codec on some bytes: how many
-// times smaller it made them, and how fast it compressed them on one core
-// (raw bytes a second).
+// times smaller it made them, how fast it compressed them on one core
+// (raw bytes a second), and how fast one core decoded them again (raw
+// bytes a second; 0: not measured, the sample did not shrink).
 type Estimate struct {
-	Codec Codec
-	Ratio float64
-	Speed float64
+	Codec       Codec
+	Ratio       float64
+	Speed       float64
+	DecodeSpeed float64
 }
 
 // Sampling: s2 compresses SampleSlices slices of SampleSlice bytes spread
@@ -30,9 +32,15 @@ const (
 
 // Sample compresses a few slices spread over the first n bytes of src
 // with each of codecs, timing each, and returns an estimate per codec.
+// When a codec shrank them, it also times decoding its last slice:
+// decoding is usually several times faster than compressing, but not
+// always (s2 decodes bytes that repeat with a short period, a pattern or
+// a tiled tensor, at a tenth of the speed it compresses them: 1.1 against
+// 9 GB/s on the 2-core VM), and a transfer goes only as fast as its
+// slowest stage.
 func Sample(src Segments, n int, codecs ...Codec) []Estimate {
-	buf := getBuf()
-	defer func() { putBuf(buf) }()
+	buf, dec := getBuf(), getBuf()
+	defer func() { putBuf(buf); putBuf(dec) }()
 	out := make([]Estimate, 0, len(codecs))
 	for _, c := range codecs {
 		var slices [][]byte
@@ -57,9 +65,26 @@ func Sample(src Segments, n int, codecs ...Codec) []Estimate {
 			comp += min(len(buf), len(s)) // stored when it does not shrink
 		}
 		el := max(time.Since(t0), time.Microsecond)
-		out = append(out, Estimate{Codec: c, Ratio: float64(raw) / float64(max(comp, 1)), Speed: float64(raw) / el.Seconds()})
+		e := Estimate{Codec: c, Ratio: float64(raw) / float64(max(comp, 1)), Speed: float64(raw) / el.Seconds()}
+		if last := slices[len(slices)-1]; e.Ratio >= MinRatio && len(buf) < len(last) {
+			dec = slicesGrow(dec[:0], len(last))
+			t0 = time.Now()
+			if decode(c, dec, buf) == nil {
+				e.DecodeSpeed = float64(len(last)) / max(time.Since(t0), time.Microsecond).Seconds()
+			}
+		}
+		out = append(out, e)
 	}
 	return out
+}
+
+// slicesGrow is b with length n, reallocated only when its capacity is
+// short.
+func slicesGrow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
 }
 
 // at returns the n bytes of src at off: a view when one segment holds
@@ -97,8 +122,9 @@ const (
 	Margin = 0.15
 	// MinRatio: a sample compressed less than this is not compressible.
 	MinRatio = 1.15
-	// DecodeFactor: decompressing is taken to run at least this many
-	// times as fast as compressing (s2 and zstd-fastest both do, at 2-5×).
+	// DecodeFactor: where a sample did not time decoding, decompressing
+	// is taken to run this many times as fast as compressing (s2 and
+	// zstd-fastest usually do, at 2-5×).
 	DecodeFactor = 2
 )
 
@@ -114,8 +140,8 @@ type Plan struct {
 }
 
 func (p Plan) String() string {
-	return fmt.Sprintf("%v (predicted %v raw, %v with %v at ratio %.2f, %.0f MB/s a core)",
-		p.Codec, p.Raw.Round(time.Microsecond), p.Packed.Round(time.Microsecond), p.Est.Codec, p.Est.Ratio, p.Est.Speed/1e6)
+	return fmt.Sprintf("%v (predicted %v raw, %v with %v at ratio %.2f, %.0f MB/s a core, decoding %.0f MB/s)",
+		p.Codec, p.Raw.Round(time.Microsecond), p.Packed.Round(time.Microsecond), p.Est.Codec, p.Est.Ratio, p.Est.Speed/1e6, p.Est.DecodeSpeed/1e6)
 }
 
 // Decide predicts the time of moving n bytes over a link that moves
@@ -137,7 +163,11 @@ func Decide(n int, goodput float64, cores int, ests []Estimate) Plan {
 		}
 		comp := float64(n) / (e.Speed * float64(cores))
 		wire := float64(n) / e.Ratio / goodput
-		dec := float64(n) / (e.Speed * DecodeFactor * float64(cores))
+		decSpeed := e.DecodeSpeed
+		if decSpeed <= 0 {
+			decSpeed = e.Speed * DecodeFactor
+		}
+		dec := float64(n) / (decSpeed * float64(cores))
 		fill := float64(min(n, MaxChunk)) / e.Speed
 		t := time.Duration((max(comp, wire, dec) + fill) * 1e9)
 		if best.Packed < 0 || t < best.Packed {

@@ -229,6 +229,25 @@ func TestSampleAndDecide(t *testing.T) {
 	if p := Decide(n, 400*gbit, 2, es); p.Codec != Stored {
 		t.Errorf("sparse at 400 Gb/s: %v", p)
 	}
+	for i, c := range []Codec{S2, Zstd, Huff} {
+		if es[i].DecodeSpeed <= 0 || er[i].DecodeSpeed != 0 {
+			t.Errorf("%v: decoding timed at %.0f MB/s on sparse data, %.0f on random; want > 0 and 0 (not timed: it did not shrink)", c, es[i].DecodeSpeed/1e6, er[i].DecodeSpeed/1e6)
+		}
+	}
+	// Made-up estimates: compressing fast and 100:1, decoding slower than
+	// the link (s2 on bytes that repeat with a short period): the bytes go
+	// as they are. Without the decoding measured, the old assumption
+	// (decoding twice as fast as compressing) would compress.
+	slowDecode := []Estimate{{Codec: S2, Ratio: 100, Speed: 9e9, DecodeSpeed: 1e9}}
+	if p := Decide(n, 4e9, 1, slowDecode); p.Codec != Stored {
+		t.Errorf("decoding at 1 GB/s over a 4 GB/s link: %v", p)
+	}
+	if p := Decide(n, 4e9, 1, []Estimate{{Codec: S2, Ratio: 100, Speed: 9e9}}); p.Codec != S2 {
+		t.Errorf("decoding not timed, over a 4 GB/s link: %v", p)
+	}
+	if p := Decide(n, 0.2e9, 1, slowDecode); p.Codec != S2 {
+		t.Errorf("decoding at 1 GB/s over a 0.2 GB/s link: %v", p)
+	}
 	// A made-up case: ratio 2 at 100 MB/s a core over 100 MB/s: on one
 	// core compressing is the bottleneck (no win), on four it wins.
 	e := []Estimate{{Codec: Zstd, Ratio: 2, Speed: 100e6}}

@@ -23,6 +23,15 @@ type Compression struct {
 	mu      sync.Mutex
 	goodput float64 // bytes a second, all lanes together; 0: not measured
 	since   int     // reads planned since the last probe
+	// whole: a read of a whole tensor as it is measured the goodput (not
+	// only a probe); packed: a read came compressed. A probe's MiB, on
+	// one lane and often into memory not touched yet, can show a fast
+	// plane several times slower than it is (0.5 against 4-5 GB/s on
+	// the 2-core VM's loopback), and auto then compresses what crosses
+	// faster as it is: so the first read after one that came compressed
+	// on a probe's word goes whole as it is (check), and the plane's
+	// goodput is what it measured.
+	whole, packed bool
 }
 
 // ReadReport is how one read of a tensor went (Compression.Report).
@@ -36,10 +45,12 @@ type ReadReport struct {
 	// Goodput is the estimate the reader asked with (bytes a second, the
 	// plane's: each lane was told its share), Sampled the best ratio the
 	// responder's samples showed (0: none sampled), Probed whether the
-	// read began with a probe that measured the goodput.
+	// read began with a probe that measured the goodput, Checked whether
+	// it went as it is to check auto's choice (Compression.whole).
 	Goodput float64
 	Sampled float64
 	Probed  bool
+	Checked bool
 	Took    time.Duration
 }
 
@@ -82,41 +93,50 @@ func CodecOf(ctx context.Context, mode verbs.Codec) verbs.Codec {
 	return mode
 }
 
-// plan says what a read of n bytes under ctx asks for, and whether it
-// probes first.
-func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodput float64, probe bool) {
+// plan says what a read of n bytes under ctx asks for, whether it
+// probes first, and whether it checks auto's choice: a read that auto
+// would have made that goes as it is (CodecNone), to be measured.
+func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodput float64, probe, check bool) {
 	if c == nil || n < MinCompressed {
-		return verbs.CodecNone, 0, false
+		return verbs.CodecNone, 0, false, false
 	}
 	codec = CodecOf(ctx, c.Mode)
 	if codec != verbs.CodecAuto {
-		return codec, 0, false
+		return codec, 0, false, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.packed && !c.whole {
+		return verbs.CodecNone, c.goodput, false, true
+	}
 	c.since++
 	probe = n >= 2*probeBytes && (c.goodput == 0 || c.since >= reprobeEvery)
 	if probe {
 		c.since = 0
 	}
-	return codec, c.goodput, probe
+	return codec, c.goodput, probe, false
 }
 
 // observe updates the goodput from a read of n bytes that took took: as
 // it was (wire 0), or compressed into wire bytes, which bounds the wire's
-// speed from below only.
-func (c *Compression) observe(n int, wire int64, took time.Duration) {
+// speed from below only. whole says that the read was a tensor's, or
+// all of it but a probe, not a probe.
+func (c *Compression) observe(n int, wire int64, took time.Duration, whole bool) {
 	if c == nil || took <= 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if wire > 0 {
+		c.packed = true
 		c.goodput = max(c.goodput, float64(wire)/took.Seconds())
 		return
 	}
 	if n < measureMin {
 		return
+	}
+	if whole {
+		c.whole = true
 	}
 	g := float64(n) / took.Seconds()
 	if c.goodput == 0 || n >= trustMin {
@@ -130,7 +150,9 @@ func (c *Compression) observe(n int, wire int64, took time.Duration) {
 // or read that took took, wire bytes of it compressed (0: none); for
 // planes whose reads ReadLanes does not make (the gRPC fallback's
 // streams).
-func (c *Compression) Observe(n int, wire int64, took time.Duration) { c.observe(n, wire, took) }
+func (c *Compression) Observe(n int, wire int64, took time.Duration) {
+	c.observe(n, wire, took, true)
+}
 
 // Goodput is the plane's measured goodput, bytes a second (0: none yet).
 func (c *Compression) Goodput() float64 {

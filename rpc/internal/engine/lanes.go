@@ -245,13 +245,13 @@ func joinEnds(n int, failed func()) func(ok bool) {
 // probeBytes as they are when nothing measured the plane yet.
 func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, remote verbs.Remote, striped []*pb.LaneRemote, failed func()) error {
 	z := l.Squeeze
-	codec, goodput, probe := z.plan(ctx, local.Length)
-	if codec == verbs.CodecNone {
+	codec, goodput, probe, check := z.plan(ctx, local.Length)
+	if codec == verbs.CodecNone && !check {
 		_, err := postLanes(ctx, verbs.OpRead, l, lanes, local, remote, striped, 0, verbs.Compression{}, failed)
 		return err
 	}
 	t0 := time.Now()
-	rep := ReadReport{Bytes: local.Length, Asked: codec, Probed: probe}
+	rep := ReadReport{Bytes: local.Length, Asked: codec, Probed: probe, Checked: check}
 	skip := 0
 	if probe {
 		pl := local
@@ -259,7 +259,7 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 		if _, err := l.postWait(ctx, verbs.SendRequest{Op: verbs.OpRead, Local: pl, Remote: remote}, failed, true, nil); err != nil {
 			return err
 		}
-		z.observe(probeBytes, 0, time.Since(t0))
+		z.observe(probeBytes, 0, time.Since(t0), false)
 		goodput, skip = z.Goodput(), probeBytes
 	}
 	rep.Goodput = goodput
@@ -279,9 +279,9 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 		}
 	}
 	if rep.Packed == verbs.CodecNone {
-		z.observe(local.Length-skip, 0, time.Since(t1))
+		z.observe(local.Length-skip, 0, time.Since(t1), true)
 	} else {
-		z.observe(local.Length-skip, rep.Wire-int64(skip), time.Since(t1))
+		z.observe(local.Length-skip, rep.Wire-int64(skip), time.Since(t1), true)
 	}
 	rep.Took = time.Since(t0)
 	if z.Report != nil {
