@@ -48,7 +48,8 @@ const (
 	// EnvPollSpin is how long, in microseconds, a caller alone on its
 	// lane polls (shm) or, when it called from a foreign thread through
 	// the C ABI, watches (tcp) for its answer before it parks: 0 to
-	// 1000, default 50. Longer spins trade a core's time for the
+	// 1000, default 50 (a watch on tcp lasts twice as long as the link's
+	// recent waits, up to 8 times this). Longer spins trade a core's time for the
 	// wake-up of a parked caller (an OS wake-up for a thread-locked one);
 	// a tuning knob for measurements, like UCX's and NCCL's spin counts.
 	EnvPollSpin = "TENSORRPC_POLL_US"
@@ -73,7 +74,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvTCPAddr, Default: "unset", Meaning: "tcp data plane listen address host[:port]"},
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2, zstd or huff0"},
-		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers) for its answer before it parks, 0 to 1000"},
+		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)

@@ -185,4 +185,27 @@ func TestAwaitBellLocked(t *testing.T) {
 		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin)
 		wantBytes(t, r, ok)
 	}
+	// Half the answers came 10 spins late: the link's moving average of
+	// the waits is longer than one spin, and the next watch longer too.
+	if lately := time.Duration(client.answerWait.Load()); lately <= PollSpin || watchFor(PollSpin, lately) <= PollSpin {
+		t.Errorf("after waits of up to %v: the waits lately %v, the next watch %v; want both over one spin (%v)", 10*PollSpin, lately, watchFor(PollSpin, lately), PollSpin)
+	}
+}
+
+// TestWatchFor: a locked caller watches twice as long as such callers
+// waited lately, at least its spin and at most maxWatchFactor spins; with
+// no spin, not at all.
+func TestWatchFor(t *testing.T) {
+	const us = time.Microsecond
+	for _, c := range []struct{ spin, lately, want time.Duration }{
+		{50 * us, 0, 50 * us},
+		{50 * us, 10 * us, 50 * us},
+		{50 * us, 60 * us, 120 * us},
+		{50 * us, 10 * time.Millisecond, maxWatchFactor * 50 * us},
+		{0, 60 * us, 0},
+	} {
+		if got := watchFor(c.spin, c.lately); got != c.want {
+			t.Errorf("watchFor(%v, %v) = %v, want %v", c.spin, c.lately, got, c.want)
+		}
+	}
 }

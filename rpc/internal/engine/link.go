@@ -158,6 +158,9 @@ type Link struct {
 	// its answer (awaitBell).
 	bell   *bell
 	belled atomic.Bool
+	// answerWait is how long, lately, a locked caller on this link waited
+	// for its answer (nanoseconds, a moving average; awaitBell).
+	answerWait atomic.Int64
 	// Squeeze is the session's compression of what this side reads
 	// (nil: none), shared by its lanes; set before the session opens.
 	Squeeze *Compression
