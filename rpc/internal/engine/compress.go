@@ -68,9 +68,9 @@ const (
 	// measureMin: reads shorter than this, as they are, do not update the
 	// goodput (their time is mostly latency).
 	measureMin = 256 << 10
-	// trustMin: a read this long, as it is, replaces the goodput outright
-	// (a probe's MiB can ride a burst, or a slow start, that a long read
-	// averages away).
+	// trustMin: a read this long, as it is, slower than the goodput
+	// lowers it by half the difference, a shorter one by a quarter (a
+	// probe's MiB can ride a burst that a long read averages away).
 	trustMin = 8 << 20
 )
 
@@ -138,11 +138,22 @@ func (c *Compression) observe(n int, wire int64, took time.Duration, whole bool)
 	if whole {
 		c.whole = true
 	}
+	// A read faster than the estimate shows what the plane can do, and
+	// replaces it; a slower one lowers it by a quarter of the difference
+	// (half, from a read of trustMin or more): a busy moment (a noisy
+	// host, a read that met the page faults of fresh memory) must not
+	// leave auto compressing what crosses faster as it is. Compressing
+	// when it does not pay costs more than not compressing when it would:
+	// a codec bound by the CPU is slower than a fast wire several times
+	// over, and compressed reads do not measure the wire again.
 	g := float64(n) / took.Seconds()
-	if c.goodput == 0 || n >= trustMin {
+	switch {
+	case c.goodput == 0 || g > c.goodput:
 		c.goodput = g
-	} else {
+	case n >= trustMin:
 		c.goodput = (c.goodput + g) / 2
+	default:
+		c.goodput -= (c.goodput - g) / 4
 	}
 }
 

@@ -60,3 +60,37 @@ func TestAutoChecksAProbesWord(t *testing.T) {
 		t.Fatalf("a small read: %v check %v", codec, check)
 	}
 }
+
+// TestGoodputEstimate: a read faster than the estimate replaces it; a
+// slower one lowers it by half the difference when it is long (trustMin),
+// a quarter when shorter; compressed reads only raise it, to their wire
+// bytes' rate.
+func TestGoodputEstimate(t *testing.T) {
+	z := &Compression{Mode: verbs.CodecAuto}
+	const n = 16 << 20
+	rate := func(b int, d time.Duration) float64 { return float64(b) / d.Seconds() }
+	near := func(what string, want float64) {
+		t.Helper()
+		if got := z.Goodput(); got < want*0.999 || got > want*1.001 {
+			t.Errorf("%s: goodput %.4g, want %.4g", what, got, want)
+		}
+	}
+	z.observe(probeBytes, 0, 2*time.Millisecond, false)
+	near("the first measure", rate(probeBytes, 2*time.Millisecond))
+	z.observe(n, 0, 4*time.Millisecond, true)
+	fast := rate(n, 4*time.Millisecond)
+	near("a faster read", fast)
+	z.observe(n, 0, 10*time.Millisecond, true)
+	near("a slower long read", fast-(fast-rate(n, 10*time.Millisecond))/2)
+	z.observe(n, 0, 4*time.Millisecond, true)
+	near("fast again", fast)
+	z.observe(probeBytes, 0, 2*time.Millisecond, false)
+	near("a slower probe", fast-(fast-rate(probeBytes, 2*time.Millisecond))/4)
+	before := z.Goodput()
+	z.observe(n, 4480, 10*time.Millisecond, true)
+	near("a compressed read of few wire bytes", before)
+	z.observe(n, n/2, time.Millisecond, true)
+	near("a compressed read whose wire bytes went faster", rate(n/2, time.Millisecond))
+	z.observe(measureMin-1, 0, time.Second, true)
+	near("a read too short to measure", rate(n/2, time.Millisecond))
+}
