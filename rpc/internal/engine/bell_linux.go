@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,14 +14,33 @@ import (
 // thread to run it (wakep); a bell rung by the receiver is found instead
 // by the receiver's own thread when it next looks for work, just as it
 // finds a socket that became readable, so the caller runs there.
-type bell struct{ f *os.File }
+//
+// The waiter never reads the eventfd: each ring is a write, and each
+// write is a new edge for Go's edge-triggered netpoller, whether the
+// counter was zero or not, so waiting needs no syscall of its own (a read
+// to reset the counter cost two a call: one that found nothing before
+// parking, one after). What a read would have found, a ring before the
+// wait, the waiter learns from what the ringer did before ringing (the
+// answer in its channel: wait's ready). The counter grows by one a ring;
+// it would take thousands of years at ten million calls a second to
+// fill.
+type bell struct {
+	f  *os.File
+	rc syscall.RawConn
+}
 
 func newBell() *bell {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		return nil // callers wait on their channels instead
 	}
-	return &bell{f: os.NewFile(uintptr(fd), "tensorrpc-answer-bell")}
+	f := os.NewFile(uintptr(fd), "tensorrpc-answer-bell")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	return &bell{f: f, rc: rc}
 }
 
 var one = binary.NativeEndian.AppendUint64(nil, 1)
@@ -29,12 +49,22 @@ var one = binary.NativeEndian.AppendUint64(nil, 1)
 // nothing new and waits again).
 func (b *bell) ring() { b.f.Write(one) }
 
-// wait returns once the bell rang since the last wait, or with an error
-// once it is closed.
-func (b *bell) wait() error {
-	var buf [8]byte
-	_, err := b.f.Read(buf[:])
-	return err
+// wait returns at once when ready reports true, else once the bell
+// rings (or, now and then, after an earlier ring: callers look for what
+// they wait for again), or with an error once it is closed. ready must
+// report true when what a ring before the wait announced is there.
+func (b *bell) wait(ready func() bool) error {
+	looked := false
+	return b.rc.Read(func(uintptr) bool {
+		// Read has just forgotten the edges the netpoller saw (it expects
+		// a read syscall to find what they announced): ready stands in
+		// for that read. A ring from now on is an edge that ends the park.
+		if looked {
+			return true
+		}
+		looked = true
+		return ready()
+	})
 }
 
 func (b *bell) close() { b.f.Close() }

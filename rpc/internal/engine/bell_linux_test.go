@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,5 +209,60 @@ func TestWatchFor(t *testing.T) {
 		if got := watchFor(c.spin, c.lately); got != c.want {
 			t.Errorf("watchFor(%v, %v) = %v, want %v", c.spin, c.lately, got, c.want)
 		}
+	}
+}
+
+// TestBellRings: the bell, which is never read, still wakes each waiter:
+// a ring before the wait (which ready reports, as a caller's channel
+// does), a ring during it, many rings in a row; and a closed bell ends a
+// wait with an error.
+func TestBellRings(t *testing.T) {
+	b := newBell()
+	if b == nil {
+		t.Fatal("no eventfd")
+	}
+	var rang atomic.Bool // what the ringer did before ringing
+	waited := func(what string, ring func()) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- b.wait(func() bool { return rang.Load() }) }()
+		ring()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the wait did not end", what)
+		}
+	}
+	ring := func() { rang.Store(true); b.ring() }
+	ring()
+	waited("rung before the wait", func() {})
+	for i := range 100 {
+		rang.Store(false)
+		waited(fmt.Sprint("rung during wait ", i), ring)
+	}
+	for range 1000 {
+		ring()
+	}
+	waited("after many rings", func() {})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if err := b.wait(func() bool { return false }); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	b.close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a closed bell's wait ended without an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the bell did not end the wait")
 	}
 }

@@ -6,7 +6,7 @@ package engine
 // channels.
 type bell struct{}
 
-func newBell() *bell      { return nil }
-func (*bell) ring()       {}
-func (*bell) wait() error { return nil }
-func (*bell) close()      {}
+func newBell() *bell                 { return nil }
+func (*bell) ring()                  {}
+func (*bell) wait(func() bool) error { return nil }
+func (*bell) close()                 {}

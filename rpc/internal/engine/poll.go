@@ -152,8 +152,18 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 			}
 			watchUntil = time.Time{}
 		}
-		if l.bell.wait() != nil {
+		if l.bell.wait(func() bool { return len(pc.Ch) > 0 || ctx.Err() != nil || isDone(l.Dead) }) != nil {
 			return FrameReply{}, false
 		}
+	}
+}
+
+// isDone reports whether ch is closed.
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
