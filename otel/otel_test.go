@@ -356,7 +356,9 @@ func TestObserveStats(t *testing.T) {
 // no-op TracerProvider: no span, no trace context on the wire). The cases
 // take turns, 200 calls at a time and each turn in another order, so that
 // a noisy machine slows them alike; each reports its p50, its ratio to the p50 without telemetry,
-// and the process's CPU time per call (both sides: user and system).
+// the median over the turns of its p50 against off's in the same turn
+// ("/off-paired"), and the process's CPU time per call (both sides: user
+// and system).
 // Server and client share the process; BenchmarkFetch4KiBTwoProcesses
 // puts the servers in a process of their own.
 func BenchmarkFetch4KiB(b *testing.B) { benchFetch4KiB(b, nil) }
@@ -507,6 +509,7 @@ func benchFetch4KiB(b *testing.B, addrs map[string]string) {
 		c    *rpc.Client
 		lat  []time.Duration
 		cpu  time.Duration
+		turn []float64 // each turn's p50, µs
 	}
 	var modes []*mode
 	ctx := context.Background()
@@ -537,6 +540,7 @@ func benchFetch4KiB(b *testing.B, addrs map[string]string) {
 		for i := range modes {
 			m := modes[(r+i)%len(modes)]
 			c0 := cpuTime()
+			from := len(m.lat)
 			for range min(turn, b.N-done) {
 				t0 := time.Now()
 				got, err := m.c.Fetch(ctx, "small")
@@ -547,22 +551,42 @@ func benchFetch4KiB(b *testing.B, addrs map[string]string) {
 				m.lat = append(m.lat, time.Since(t0))
 			}
 			m.cpu += cpuTime() - c0
+			m.turn = append(m.turn, p50us(slices.Clone(m.lat[from:])))
 		}
 	}
 	b.StopTimer()
-	var off float64
+	off := modes[0]
 	for _, m := range modes {
-		slices.Sort(m.lat)
-		p50 := float64(m.lat[len(m.lat)/2].Nanoseconds()) / 1e3
 		if m.name == "off" {
-			off = p50
-		}
-		b.ReportMetric(p50, m.name+"-p50-µs")
-		b.ReportMetric(float64(m.cpu.Nanoseconds())/1e3/float64(len(m.lat)), m.name+"-cpu-µs")
-		if m.name != "off" {
-			b.ReportMetric(p50/off, m.name+"/off")
+			off = m
 		}
 	}
+	offP50 := p50us(off.lat)
+	for _, m := range modes {
+		p50 := p50us(m.lat)
+		b.ReportMetric(p50, m.name+"-p50-µs")
+		b.ReportMetric(float64(m.cpu.Nanoseconds())/1e3/float64(len(m.lat)), m.name+"-cpu-µs")
+		if m == off {
+			continue
+		}
+		b.ReportMetric(p50/offP50, m.name+"/off")
+		// Paired: each turn's p50 against off's in the same turn (the
+		// cases of a turn run within milliseconds of each other), the
+		// median over the turns; a noisy minute then weighs on both
+		// sides of a ratio, not on one case's pooled p50.
+		ratios := make([]float64, len(m.turn))
+		for i := range m.turn {
+			ratios[i] = m.turn[i] / off.turn[i]
+		}
+		slices.Sort(ratios)
+		b.ReportMetric(ratios[len(ratios)/2], m.name+"/off-paired")
+	}
+}
+
+// p50us is the median of ds, in µs; it sorts ds.
+func p50us(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
 }
 
 // cpuTime is the CPU time this process has used (user and system).
