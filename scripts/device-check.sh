@@ -64,14 +64,14 @@ if [ "${DEVICE_CHECK_QUICK:-0}" = 1 ]; then
   BENCH_CUDA_ARGS='--sizes 4K,1M --iters 5 --big-iters 2'
   HANDOFF_CALLS=200
   TENSORBENCH_ARGS='-sizes 4KiB,1MiB -concurrency 1,4 -budget 200ms -reps 3 -min-reps 2'
-  SPIN_ARGS='--sizes 4K --rounds 1 --iters 20'
+  SPIN_ARGS='--sizes 4K --rounds 1 --iters 20 --big-iters 2'
   ALLREDUCE_P='2' ALLREDUCE_N=$((1 << 20)) ALLREDUCE_ITERS=2
 else
   DEVBENCH_ARGS='-sizes 64MiB,256MiB,1GiB -reps 3'
   BENCH_CUDA_ARGS='--sizes 4K,1M,64M,256M --iters 50 --big-iters 8'
   HANDOFF_CALLS=2000
   TENSORBENCH_ARGS='-sizes 4KiB,1MiB,64MiB -concurrency 1,4,16,64 -budget 500ms'
-  SPIN_ARGS='--sizes 4K,1M --rounds 2 --iters 200'
+  SPIN_ARGS='--sizes 4K,1M,16M,256M --rounds 2 --iters 200 --big-iters 8'
   ALLREDUCE_P='4 8' ALLREDUCE_N=$((1 << 24)) ALLREDUCE_ITERS=5
 fi
 BUDGET=${DEVICE_CHECK_BUDGET:-500}
@@ -199,7 +199,7 @@ run() {
   step --gpu bench-cuda 120 "$py python3 $root/shim/examples/bench_cuda.py $BENCH_CUDA_ARGS | tee $T/bench-cuda.jsonl"
   step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
-  step python-spin 80 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS --no-torch-rpc > $T/python-spin50.jsonl; TENSORRPC_POLL_US=200 $py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS --no-torch-rpc > $T/python-spin200.jsonl; grep -h '| \\(go\\|py-tensor\\) |' $T/python-spin*.jsonl"
+  step python-spin 90 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|py-tensor\\|torch-rpc\\) |' $T/python-spin50.jsonl"
   step allreduce 100 "for p in $ALLREDUCE_P; do for plane in tcp shm; do echo \"allreduce-run plane=\$plane p=\$p\"; $B/allreduce -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS -transports \$plane,grpc | tail -1; done; echo \"allreduce-run plane=gloo p=\$p\"; python3 $root/examples/allreduce/gloo_allreduce.py -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS 2>&1 | tail -1; done"
   if [ $dry = 1 ]; then
     printf '%-16s (≤ %3ss) %s\n' summary "$RESERVE" "python3 scripts/device_check_summary.py \$TMPDIR OUTDIR (summary.md, results.jsonl); tar czf OUTDIR/logs.tgz; OUTDIR/all.log as it goes"

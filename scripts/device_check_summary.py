@@ -210,6 +210,17 @@ class Summary:
                                   "%.1f µs" % py["p50_us"], "%.1f µs (Go)" % go["p50_us"], py["p50_over_go"])
                     elif step == "python-spin":
                         self.goal("python-spin", name, "≤ %.1f" % target, None)
+        # Against PyTorch's own RPC (TensorPipe), where torch ran: at least
+        # 2× on shm and 1.5× on tcp, at every size measured.
+        for plane, target in (("shm", 2.0), ("tcp", 1.5)):
+            rows = [r for r in self.data.get("python-spin", []) if r.get("transport") == plane and r.get("case") == "torch-rpc"]
+            for r in sorted(rows, key=lambda r: r["bytes"]):
+                py = self.find("python-spin", transport=plane, bytes=r["bytes"], case="py-tensor")
+                if not py or "p50_over_py_tensor" not in r:
+                    continue
+                name = "PyTorch RPC p50 / Python p50, %s, %s" % (plane, size_name(r["bytes"]))
+                self.goal("python-spin", name, "≥ %.1f" % target, lambda x: x >= target,
+                          "%.1f µs" % py["p50_us"], "%.1f µs (torch RPC)" % r["p50_us"], r["p50_over_py_tensor"])
 
     def allreduce(self):
         """Parses the allreduce step's log: mean ms per all-reduce by plane and P."""

@@ -129,6 +129,7 @@ func TestDeviceCheckSummaryH100(t *testing.T) {
 		"| 4 KiB Calls/s, 16 callers, call-rate / gRPC unary | 110357 calls/s | 45480 calls/s | 2.42 | ≥ 6 | **no** |",
 		"| hand-offs per 4 KiB call, fetch-shm (idle-P starts) | 0.07 (1.07) |",
 		"| Python / Go p50, shm, 4 KiB (poll 50 µs) | 47.9 µs | 17.5 µs (Go) | 2.73 | ≤ 1.5 | **no** |",
+		"| PyTorch RPC p50 / Python p50, tcp, 16 MiB | 2095.0 µs | 6250.5 µs (torch RPC) | 2.98 | ≥ 1.5 | yes |",
 		"| all-reduce tcp, P = 4, Gloo time / ours | 38.90 ms | 54.20 ms (Gloo) | 1.39 | ≥ 1.5 | **no** |",
 		"| all-reduce shm, P = 4, Gloo time / ours | — | — | — | ≥ 1.5 | not measured: step allreduce did not run |",
 	} {
