@@ -564,6 +564,10 @@ func benchFetch4KiB(b *testing.B, addrs map[string]string) {
 	offP50 := p50us(off.lat)
 	for _, m := range modes {
 		p50 := p50us(m.lat)
+		if os.Getenv("PCT") != "" {
+			n := len(m.lat)
+			fmt.Fprintf(os.Stderr, "%-24s p10 %.1f p25 %.1f p50 %.1f p75 %.1f p90 %.1f\n", m.name, us(m.lat[n/10]), us(m.lat[n/4]), us(m.lat[n/2]), us(m.lat[3*n/4]), us(m.lat[9*n/10]))
+		}
 		b.ReportMetric(p50, m.name+"-p50-µs")
 		b.ReportMetric(float64(m.cpu.Nanoseconds())/1e3/float64(len(m.lat)), m.name+"-cpu-µs")
 		if m == off {
@@ -582,6 +586,8 @@ func benchFetch4KiB(b *testing.B, addrs map[string]string) {
 		b.ReportMetric(ratios[len(ratios)/2], m.name+"/off-paired")
 	}
 }
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // p50us is the median of ds, in µs; it sorts ds.
 func p50us(ds []time.Duration) float64 {

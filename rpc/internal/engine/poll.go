@@ -17,6 +17,12 @@ import (
 // on a many-core machine are most of a small call's time.
 const PollSpin = 50 * time.Microsecond
 
+// fewProcs is the most Ps at which a polling caller yields to its
+// process's goroutines (runtime.Gosched) after handling what was not its
+// answer, even with no other call in flight: on so few, a goroutine the
+// handling made ready may have no other P to run on.
+const fewProcs = 4
+
 // maxWatchFactor bounds how long a caller locked to its thread watches
 // for its answer on tcp (awaitBell): at most this many times its spin.
 const maxWatchFactor = 8
@@ -69,10 +75,14 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 			// What we handled was for other goroutines (the answers of
 			// callers waiting on their channels): they were made ready on
 			// this P, and with few Ps spinning here would keep them off it.
-			// A caller locked to its thread yields the thread instead: its
-			// Gosched would park the thread and make another wake it up
-			// again (stoplockedm, startlockedm), two OS-level switches.
-			if locked {
+			// With many Ps and no other call of the link in flight, what
+			// we handled readied nobody (an ack, a credit, a request our
+			// server ran where it read it), and Gosched would start an
+			// idle P for nothing (Go's wakep): only the thread yields, as
+			// does a caller locked to its thread, whose Gosched would park
+			// the thread and make another wake it up again (stoplockedm,
+			// startlockedm), two OS-level switches.
+			if locked || (l.Frames.InFlight() <= 1 && runtime.GOMAXPROCS(0) > fewProcs) {
 				osYield()
 			} else {
 				runtime.Gosched()
