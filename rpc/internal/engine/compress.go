@@ -32,6 +32,12 @@ type Compression struct {
 	// on a probe's word goes whole as it is (check), and the plane's
 	// goodput is what it measured.
 	whole, packed bool
+	// recheck: a read came compressed slower than the goodput says the
+	// plane moves it as it is (a slow moment took the estimate down, or
+	// the codec is slower than its sample said): the next read goes as
+	// it is and measures (check). On a slow plane, where compressing
+	// pays, compressed reads beat the estimate and nothing is rechecked.
+	recheck bool
 }
 
 // ReadReport is how one read of a tensor went (Compression.Report).
@@ -46,7 +52,8 @@ type ReadReport struct {
 	// plane's: each lane was told its share), Sampled the best ratio the
 	// responder's samples showed (0: none sampled), Probed whether the
 	// read began with a probe that measured the goodput, Checked whether
-	// it went as it is to check auto's choice (Compression.whole).
+	// it went as it is to check auto's choice (Compression.whole,
+	// Compression.recheck).
 	Goodput float64
 	Sampled float64
 	Probed  bool
@@ -72,6 +79,11 @@ const (
 	// lowers it by half the difference, a shorter one by a quarter (a
 	// probe's MiB can ride a burst that a long read averages away).
 	trustMin = 8 << 20
+	// recheckBelow: a compressed read that moved its tensor at less than
+	// this share of the goodput, as it is, makes the next read go as it
+	// is (Compression.recheck); the margin keeps a codec about as fast as
+	// the plane from taking turns with it.
+	recheckBelow = 0.9
 )
 
 // codecKey carries a call's own compression mode (WithCodec).
@@ -106,7 +118,8 @@ func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodp
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.packed && !c.whole {
+	if c.packed && !c.whole || c.recheck {
+		c.recheck = false
 		return verbs.CodecNone, c.goodput, false, true
 	}
 	c.since++
@@ -129,6 +142,9 @@ func (c *Compression) observe(n int, wire int64, took time.Duration, whole bool)
 	defer c.mu.Unlock()
 	if wire > 0 {
 		c.packed = true
+		if whole && float64(n)/took.Seconds() < c.goodput*recheckBelow {
+			c.recheck = true
+		}
 		c.goodput = max(c.goodput, float64(wire)/took.Seconds())
 		return
 	}
