@@ -19,8 +19,9 @@ too) between:
                  transport busy-polls two cores while idle.
 Every client is a process of its own, talking to a server in another
 process, and measures each call with its own clock after a warm-up call.
-Sizes up to 1 MiB make --iters calls per round, larger ones fewer
-(--big-iters). It prints a Markdown table (p50, p99, GB/s at p50, and the
+Sizes up to 1 MiB make --iters calls per round, larger ones enough to
+move --big-bytes (512 MiB) a round and at least --big-iters (at 16 MiB,
+32: with 8, a p50 of 32 calls moved 10-30% from run to run here). It prints a Markdown table (p50, p99, GB/s at p50, and the
 ratios to go's p50 and of torch-rpc's p50 to py-tensor's, all from this run;
 and the client process's voluntary context switches per call, all threads:
 how often one of its threads slept and was woken) and one JSON line per
@@ -237,7 +238,8 @@ def main():
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per case")
     ap.add_argument("--iters", type=int, default=200, help="calls per round, sizes up to 1 MiB")
-    ap.add_argument("--big-iters", type=int, default=8, help="calls per round, larger sizes")
+    ap.add_argument("--big-iters", type=int, default=8, help="least calls per round, larger sizes")
+    ap.add_argument("--big-bytes", default="512M", help="bytes per round of a size's calls, larger sizes")
     ap.add_argument("--no-torch-rpc", action="store_true")
     ap.add_argument("--torch-rpc-worker", nargs=3, metavar=("TRANSPORT", "PORT", "RANK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -254,7 +256,7 @@ def main():
             trpc = TorchRPC(transport) if use_torch else None
             try:
                 for size in sizes:
-                    iters = args.iters if size <= BIG else args.big_iters
+                    iters = args.iters if size <= BIG else max(args.big_iters, parse_size(args.big_bytes) // size)
                     res = measure_plane(gopeer, transport, size, iters, args.rounds, trpc)
                     go50 = percentile(res["go"][0], 0.5)
                     py50 = percentile(res["py-tensor"][0], 0.5)
@@ -272,8 +274,8 @@ def main():
                 if trpc is not None:
                     trpc.close()
     print()
-    print("%d alternating rounds; %d calls per round up to 1 MiB, %d above; one process per client, server in another"
-          % (args.rounds, args.iters, args.big_iters))
+    print("%d alternating rounds; %d calls per round up to 1 MiB, above as many as move %s and at least %d;"
+          " one process per client, server in another" % (args.rounds, args.iters, args.big_bytes, args.big_iters))
     print()
     print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | torch-rpc p50 / py-tensor p50 | switches/call |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
