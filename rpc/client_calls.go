@@ -701,7 +701,7 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 		flags |= wire.FlagRows
 		raw, msg = nil, &pb.FetchRequest{Key: key, Rows: fo.rows}
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, answerOr(func() proto.Message { return &pb.FetchResponse{} }), nil)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, intoFetchAnswer, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -712,7 +712,19 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 	if err != nil {
 		return nil, err
 	}
+	if a, ok := m.(*fetchAnswer); ok {
+		return &a.FetchResponse, nil
+	}
 	return m.(*pb.FetchResponse), nil
+}
+
+// intoFetchAnswer is what a Fetch's answer frame decodes into, by its
+// flags (answerOr's for a FetchResponse, without a closure a call).
+func intoFetchAnswer(flags uint16) proto.Message {
+	if flags&wire.FlagIndirect != 0 {
+		return &pb.TensorMeta{}
+	}
+	return &fetchAnswer{}
 }
 
 // replyError is the error a response frame carries: the server's status,

@@ -80,6 +80,7 @@ func (e framePlane) fetch(ctx context.Context, key string, fo fetchOptions) (*Te
 		}
 	}
 	t, err := e.c.receive(ctx, e.s, l, resp.Meta, resp.InlineData, resp.TransferId, fo)
+	recycleInline(resp.InlineData) // copied into the tensor, or failed
 	if err != nil {
 		e.c.stats.errors.Add(1)
 	}

@@ -91,6 +91,15 @@ type FrameReply struct {
 	Bad    error
 }
 
+// FrameUnmarshaler is a response message that decodes a frame's body
+// itself rather than through proto.Unmarshal (which copies each bytes
+// field into new memory): a Fetch's answer, whose inline tensor goes
+// into reused memory.
+type FrameUnmarshaler interface {
+	proto.Message
+	UnmarshalFrame(body []byte) error
+}
+
 // PendingCall is a request frame awaiting its response; into says what
 // the response's body decodes into, by its flags. Once its caller has
 // stopped waiting, late holds what the caller leaves to do when the
@@ -115,7 +124,13 @@ func (pc *PendingCall) decodeReply(flags uint16, body []byte) FrameReply {
 		r.Status = st
 	default:
 		m := pc.Into(flags)
-		if err := proto.Unmarshal(rest, m); err != nil {
+		var err error
+		if u, ok := m.(FrameUnmarshaler); ok {
+			err = u.UnmarshalFrame(rest)
+		} else {
+			err = proto.Unmarshal(rest, m)
+		}
+		if err != nil {
 			r.Bad = fmt.Errorf("%w: %v", errFrame, err)
 		}
 		r.Msg = m
