@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/metadata"
 )
 
 // TestInjectW3CAsThePropagators: injectW3C writes what
@@ -76,6 +77,44 @@ func TestConfigTakesW3CWay(t *testing.T) {
 	} {
 		if got := newConfig(c.opts); got.w3c != c.w3c || got.baggage != c.baggage {
 			t.Errorf("%s: w3c %v baggage %v, want %v %v", c.name, got.w3c, got.baggage, c.w3c, c.baggage)
+		}
+	}
+}
+
+// TestExtractW3CAsThePropagators: extractW3C finds in incoming metadata
+// the span context and baggage the propagators find, for headers valid,
+// malformed, upper-case, with trace state and baggage, and none.
+func TestExtractW3CAsThePropagators(t *testing.T) {
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	mds := map[string]metadata.MD{
+		"none":            {},
+		"traceparent":     {"traceparent": {tp}},
+		"two values":      {"traceparent": {tp, "00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}},
+		"trace state":     {"traceparent": {tp}, "tracestate": {"vendor=abc"}},
+		"bad trace state": {"traceparent": {tp}, "tracestate": {"=="}},
+		"upper case":      {"traceparent": {"00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01"}},
+		"version ff":      {"traceparent": {"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+		"future version":  {"traceparent": {"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-09-extra"}},
+		"zero trace id":   {"traceparent": {"00-00000000000000000000000000000000-b7ad6b7169203331-01"}},
+		"short":           {"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b71692033-01"}},
+		"baggage":         {"traceparent": {tp}, "baggage": {"user=ann,team=ml"}},
+		"baggage alone":   {"baggage": {"user=ann"}},
+		"bad baggage":     {"baggage": {"=;="}},
+	}
+	both := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	for name, md := range mds {
+		for _, p := range []struct {
+			props      propagation.TextMapPropagator
+			baggageToo bool
+		}{{propagation.TraceContext{}, false}, {both, true}} {
+			want := p.props.Extract(context.Background(), metadataCarrier(md))
+			got := extractW3C(context.Background(), md, p.baggageToo)
+			if ws, gs := trace.SpanContextFromContext(want), trace.SpanContextFromContext(got); !ws.Equal(gs) || ws.IsRemote() != gs.IsRemote() {
+				t.Errorf("%s (baggage %v): extractW3C found %v, the propagators %v", name, p.baggageToo, gs, ws)
+			}
+			if wb, gb := baggage.FromContext(want).String(), baggage.FromContext(got).String(); wb != gb {
+				t.Errorf("%s (baggage %v): extractW3C found baggage %q, the propagators %q", name, p.baggageToo, gb, wb)
+			}
 		}
 	}
 }

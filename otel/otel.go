@@ -211,7 +211,11 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		} else if md := info.IncomingMetadata(); md != nil {
 			// The client's span is the parent of the server's: its context
 			// came in the call's metadata (none: no parent).
-			ctx = c.props.Extract(ctx, metadataCarrier(md))
+			if c.w3c {
+				ctx = extractW3C(ctx, md, c.baggage)
+			} else {
+				ctx = c.props.Extract(ctx, metadataCarrier(md))
+			}
 		}
 		// Attributes are set once, as the call ends, and only on a span
 		// that records: an unsampled call pays for none.
@@ -406,6 +410,33 @@ func injectW3C(ctx context.Context, sc trace.SpanContext, carrier propagation.Te
 		}
 	}
 }
+
+// extractW3C is ctx with what propagation.TraceContext, followed with
+// baggage by propagation.Baggage, extracts from a server call's incoming
+// metadata md (keys lowered, as the frames and gRPC carry them), without
+// a composite's loop, and baggage looked for only when md has it.
+func extractW3C(ctx context.Context, md metadata.MD, baggageToo bool) context.Context {
+	ctx = propagation.TraceContext{}.Extract(ctx, loweredCarrier(md))
+	if baggageToo && len(md["baggage"]) > 0 {
+		ctx = propagation.Baggage{}.Extract(ctx, loweredCarrier(md))
+	}
+	return ctx
+}
+
+// loweredCarrier is incoming metadata as a TextMapCarrier read with keys
+// already lowered (the W3C propagators' own): a map lookup a key.
+type loweredCarrier metadata.MD
+
+func (m loweredCarrier) Get(key string) string {
+	if v := m[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (m loweredCarrier) Set(key, value string) { m[key] = []string{value} }
+
+func (m loweredCarrier) Keys() []string { return slices.Collect(maps.Keys(m)) }
 
 // traceparent is sc as a W3C traceparent header, version 00: the
 // sampled and random flags only, as propagation.TraceContext writes it.

@@ -118,8 +118,10 @@ type CallInfo struct {
 	// while it fits.
 	added    []string
 	addedBuf [4]string
-	// after is what AfterAnswer deferred, until the answer has gone.
-	after []func()
+	// after is what AfterAnswer deferred, until the answer has gone, in
+	// afterBuf while it fits (one interceptor's: no allocation a call).
+	after    []func()
+	afterBuf [1]func()
 	// md is a server call's incoming metadata when known (mdKnown: the
 	// frame paths, or once IncomingMetadata looked it up in mdCtx).
 	md      metadata.MD
@@ -154,6 +156,9 @@ func (info *CallInfo) IncomingMetadata() metadata.MD {
 // CallInfo as the interceptors left it. Calls made in f delay the next
 // frame of the lane: keep f short, and never let it block.
 func (info *CallInfo) AfterAnswer(f func()) {
+	if info.after == nil {
+		info.after = info.afterBuf[:0]
+	}
 	info.after = append(info.after, f)
 }
 
@@ -166,6 +171,7 @@ func (info *CallInfo) answered() {
 	for _, f := range info.after {
 		f()
 	}
+	clear(info.afterBuf[:])
 	info.after = nil
 }
 
