@@ -19,9 +19,10 @@
 #   4. shim/examples/bench_cuda.py: torch's copies and RPC (cuda -> cuda)
 #      beside the Python package's CUDA fetch
 #   5. the 16-core goals: handoffs, tensorbench (1/4/16/64 streams, the
-#      4 KiB call rate), Python vs Go at 4 KiB / 1 MiB (the default poll
-#      spin and TENSORRPC_POLL_US=200), examples/allreduce (tcp, shm)
-#      against Gloo at P = 4 and 8
+#      4 KiB call rate), Python vs Go and PyTorch RPC (4 KiB to 256 MiB),
+#      examples/allreduce (tcp, shm) against Gloo at P = 4 and 8, and the
+#      telemetry's cost (otel.test: 4 KiB Fetches with and without the
+#      OpenTelemetry interceptor, the servers in a process of their own)
 #   6. the summary: scripts/device_check_summary.py writes summary.md (the
 #      steps, then one line per goal: measured, ceiling, ratio, target, met)
 #      and results.jsonl (every step's JSON lines, each with its step)
@@ -66,6 +67,7 @@ if [ "${DEVICE_CHECK_QUICK:-0}" = 1 ]; then
   TENSORBENCH_ARGS='-sizes 4KiB,1MiB -concurrency 1,4 -budget 200ms -reps 3 -min-reps 2'
   SPIN_ARGS='--sizes 4K --rounds 1 --iters 20 --big-iters 2'
   ALLREDUCE_P='2' ALLREDUCE_N=$((1 << 20)) ALLREDUCE_ITERS=2
+  OTEL_CALLS=2000x
 else
   DEVBENCH_ARGS='-sizes 64MiB,256MiB,1GiB -reps 3'
   BENCH_CUDA_ARGS='--sizes 4K,1M,64M,256M --iters 50 --big-iters 8'
@@ -73,6 +75,7 @@ else
   TENSORBENCH_ARGS='-sizes 4KiB,1MiB,64MiB -concurrency 1,4,16,64 -budget 500ms'
   SPIN_ARGS='--sizes 4K,1M,16M,256M --rounds 2 --iters 200 --big-iters 8'
   ALLREDUCE_P='4 8' ALLREDUCE_N=$((1 << 24)) ALLREDUCE_ITERS=5
+  OTEL_CALLS=45000x
 fi
 BUDGET=${DEVICE_CHECK_BUDGET:-500}
 RESERVE=15 # seconds kept for the summary and the packing
@@ -145,6 +148,8 @@ build() {
     run_or_say go build -ldflags='-s -w' -o "$B/tensorbench" ./cmd/tensorbench &&
     run_or_say go build -ldflags='-s -w' -o "$B/handoffs" ./cmd/handoffs &&
     run_or_say go build -ldflags='-s -w' -o "$B/devbench" ./cmd/devbench) || exit 1
+  (cd "$root/otel" &&
+    run_or_say go test -c -ldflags='-s -w' -o "$B/otel.test" .) || exit 1
   unset -f run_or_say
   if [ $dry = 1 ]; then
     echo "XZ_OPT=-T2 tar cJf $dir/bins.txz -C $B . && rm -r $B   (fails at 60 MiB or more)"
@@ -200,6 +205,7 @@ run() {
   step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
   step python-spin 90 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|py-tensor\\|torch-rpc\\) |' $T/python-spin50.jsonl"
+  step otel 45 "$B/otel.test -test.run XXX -test.bench Fetch4KiBTwoProcesses -test.benchtime $OTEL_CALLS"
   step allreduce 100 "for p in $ALLREDUCE_P; do for plane in tcp shm; do echo \"allreduce-run plane=\$plane p=\$p\"; $B/allreduce -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS -transports \$plane,grpc | tail -1; done; echo \"allreduce-run plane=gloo p=\$p\"; python3 $root/examples/allreduce/gloo_allreduce.py -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS 2>&1 | tail -1; done"
   if [ $dry = 1 ]; then
     printf '%-16s (≤ %3ss) %s\n' summary "$RESERVE" "python3 scripts/device_check_summary.py \$TMPDIR OUTDIR (summary.md, results.jsonl); tar czf OUTDIR/logs.tgz; OUTDIR/all.log as it goes"

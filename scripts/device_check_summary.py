@@ -222,6 +222,27 @@ class Summary:
                 self.goal("python-spin", name, "≥ %.1f" % target, lambda x: x >= target,
                           "%.1f µs" % py["p50_us"], "%.1f µs (torch RPC)" % r["p50_us"], r["p50_over_py_tensor"])
 
+    # --- issue 27: the telemetry's cost
+
+    def otel_goals(self):
+        """Parses the otel step's benchmark line: each case's p50 and its
+        p50 against no telemetry's, paired by turn."""
+        vals = {}
+        for line in read(os.path.join(self.tmp, "otel.log")).splitlines():
+            if line.startswith("BenchmarkFetch4KiBTwoProcesses"):
+                for v, unit in re.findall(r"([\d.]+) (\S+)", line):
+                    vals[unit] = float(v)
+        if vals:
+            self.data["otel"] = [dict({"case": "Fetch4KiBTwoProcesses"}, **vals)]
+        for case, label in (("metrics-only", "metrics only"), ("sampled-1pct", "1% of traces sampled")):
+            name = "4 KiB Fetch p50 with telemetry (%s) / without, two processes" % label
+            ratio = vals.get(case + "/off-paired")
+            if ratio is not None and case + "-p50-µs" in vals and "off-p50-µs" in vals:
+                self.goal("otel", name, "≤ 1.15", lambda x: x <= 1.15, "%.1f µs" % vals[case + "-p50-µs"],
+                          "%.1f µs (off)" % vals["off-p50-µs"], ratio)
+            else:
+                self.goal("otel", name, "≤ 1.15", None)
+
     def allreduce(self):
         """Parses the allreduce step's log: mean ms per all-reduce by plane and P."""
         ms, cur = {}, None
@@ -285,6 +306,7 @@ class Summary:
         self.handoff_goals()
         self.python_goals()
         self.allreduce_goals()
+        self.otel_goals()
         md = ["# device check", ""]
         if self.nogpu:
             md += ["**%s**: the GPU steps were skipped and the device goals are not measured." % self.nogpu, ""]

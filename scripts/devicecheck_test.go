@@ -37,7 +37,7 @@ func deviceCheck(t *testing.T, args ...string) string {
 func TestDeviceCheckDryRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "devbin")
 	build := deviceCheck(t, "build", dir, "--dry-run")
-	for _, want := range []string{"gpudirect.test", "rpc.test", "tensorbench", "handoffs", "devbench", "allreduce",
+	for _, want := range []string{"gpudirect.test", "rpc.test", "otel.test", "tensorbench", "handoffs", "devbench", "allreduce",
 		"-buildmode=c-shared -o " + dir + "/bin/libtensorrpc.so", "gopeer", "tar cJf"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("build --dry-run does not mention %q:\n%s", want, build)
@@ -45,7 +45,7 @@ func TestDeviceCheckDryRun(t *testing.T) {
 	}
 	run := deviceCheck(t, "run", dir, "--dry-run")
 	for _, step := range []string{"facts", "gpudirect-tests", "rpc-tests", "cuda-check", "devbench", "bench-cuda",
-		"handoffs", "tensorbench", "python-spin", "allreduce", "summary"} {
+		"handoffs", "tensorbench", "python-spin", "otel", "allreduce", "summary"} {
 		if !strings.Contains(run, "\n"+step+" ") {
 			t.Errorf("run --dry-run does not list the step %s:\n%s", step, run)
 		}
@@ -119,8 +119,16 @@ func TestDeviceCheckSummaryH100(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(steps, "allreduce.log"), []byte(allreduce), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The otel step's benchmark line, as the 2-core VM printed it
+	// (session 15, -test.benchtime 45000x).
+	otel := "BenchmarkFetch4KiBTwoProcesses-2   \t   45000\t   4265331 ns/op\t        31.19 metrics-only-cpu-µs\t        45.98 metrics-only-p50-µs\t         1.166 metrics-only/off\t         1.165 metrics-only/off-paired\t        29.95 nothing-cpu-µs\t        41.33 nothing-p50-µs\t         1.048 nothing/off\t         1.048 nothing/off-paired\t        28.71 off-cpu-µs\t        39.43 off-p50-µs\t        32.83 sampled-1pct-cpu-µs\t        50.85 sampled-1pct-p50-µs\t         1.290 sampled-1pct/off\t         1.291 sampled-1pct/off-paired\n"
+	if err := os.WriteFile(filepath.Join(steps, "otel.log"), []byte(otel), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	md := summarize(t, steps, "")
 	for _, want := range []string{
+		"| 4 KiB Fetch p50 with telemetry (metrics only) / without, two processes | 46.0 µs | 39.4 µs (off) | 1.17 | ≤ 1.15 | **no** |",
+		"| 4 KiB Fetch p50 with telemetry (1% of traces sampled) / without, two processes | 50.9 µs | 39.4 µs (off) | 1.29 | ≤ 1.15 | **no** |",
 		"| gpudirect pinned htod / torch pinned, 256 MiB | 54.9 GB/s | 54.9 GB/s | 1.00 | ≥ 0.8 | yes |",
 		"| staged FetchToDevice tcp / min(tcp Fetch, pinned copy), 1024 MiB | 16.1 GB/s | 16.7 GB/s (min(fetch-tcp, pinned-htod)) | 0.96 | ≥ 0.8 | yes |",
 		"| CUDA IPC / PyTorch RPC cuda→cuda, 256 MiB | 160.8 GB/s | 74.0 GB/s (torch RPC) | 2.17 | ≥ 1.5 | yes |",
