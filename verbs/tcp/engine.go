@@ -176,6 +176,9 @@ type frameBatch struct {
 	arena []byte
 	cuts  []cut
 	bufs  net.Buffers
+	// out is what WriteTo consumes (it advances the slice it is called
+	// on): a field, so that the call does not move a local to the heap.
+	out net.Buffers
 }
 
 // cut ends an arena segment at end and follows it with an external payload.
@@ -313,8 +316,9 @@ func (b *frameBatch) flush(conn net.Conn) error {
 		// not annotated. Every payload is in the arena.
 		_, err = conn.Write(b.arena)
 	} else {
-		bufs := b.bufs
-		_, err = bufs.WriteTo(conn)
+		b.out = b.bufs
+		_, err = b.out.WriteTo(conn)
+		b.out = nil
 	}
 	clear(b.bufs) // drop references to user memory
 	for i := range b.cuts {
@@ -675,8 +679,7 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 		}
 	}
 	q.Mu.Lock()
-	q.Inflight[0] = nil
-	q.Inflight = q.Inflight[1:]
+	q.Inflight = softrc.TakeFront(q.Inflight, 1)
 	q.readsInflight--
 	fenced := q.readsInflight == 0 && len(q.Sendq) > 0
 	q.Mu.Unlock()

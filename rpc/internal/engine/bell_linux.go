@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"syscall"
@@ -27,6 +28,17 @@ import (
 type bell struct {
 	f  *os.File
 	rc syscall.RawConn
+	// The waiter's (one at a time: Link.belled), read by look in the
+	// waiter's own goroutine (RawConn.Read calls it there): kept here, and
+	// look made once, so that a wait allocates nothing.
+	ready  func() bool
+	looked bool
+	look   func(uintptr) bool
+	// waitAnswer's: what its waiter waits for, and answered, made once.
+	pc       *PendingCall
+	ctx      context.Context
+	dead     <-chan struct{}
+	answered func() bool
 }
 
 func newBell() *bell {
@@ -40,7 +52,9 @@ func newBell() *bell {
 		f.Close()
 		return nil
 	}
-	return &bell{f: f, rc: rc}
+	b := &bell{f: f, rc: rc}
+	b.look, b.answered = b.lookOnce, b.answerIn
+	return b
 }
 
 var one = binary.NativeEndian.AppendUint64(nil, 1)
@@ -54,17 +68,33 @@ func (b *bell) ring() { b.f.Write(one) }
 // they wait for again), or with an error once it is closed. ready must
 // report true when what a ring before the wait announced is there.
 func (b *bell) wait(ready func() bool) error {
-	looked := false
-	return b.rc.Read(func(uintptr) bool {
-		// Read has just forgotten the edges the netpoller saw (it expects
-		// a read syscall to find what they announced): ready stands in
-		// for that read. A ring from now on is an edge that ends the park.
-		if looked {
-			return true
-		}
-		looked = true
-		return ready()
-	})
+	b.ready, b.looked = ready, false
+	err := b.rc.Read(b.look)
+	b.ready = nil
+	return err
+}
+
+// waitAnswer is wait for pc's answer in its channel, ctx's end or
+// dead's closing (awaitBell), without allocating.
+func (b *bell) waitAnswer(pc *PendingCall, ctx context.Context, dead <-chan struct{}) error {
+	b.pc, b.ctx, b.dead = pc, ctx, dead
+	err := b.wait(b.answered)
+	b.pc, b.ctx, b.dead = nil, nil, nil
+	return err
+}
+
+func (b *bell) answerIn() bool { return len(b.pc.Ch) > 0 || b.ctx.Err() != nil || isDone(b.dead) }
+
+// lookOnce is wait's RawConn.Read callback. The first time, Read has
+// just forgotten the edges the netpoller saw (it expects a read syscall
+// to find what they announced): ready stands in for that read. A ring
+// from then on is an edge that ends the park.
+func (b *bell) lookOnce(uintptr) bool {
+	if b.looked {
+		return true
+	}
+	b.looked = true
+	return b.ready()
 }
 
 func (b *bell) close() { b.f.Close() }

@@ -266,3 +266,28 @@ func TestBellRings(t *testing.T) {
 		t.Fatal("closing the bell did not end the wait")
 	}
 }
+
+// TestBellWaitAllocatesNothing: waiting for an answer on the bell (found
+// at once, or after a ring) allocates nothing: the bell keeps what the
+// waiter waits for, and its netpoller callback is made once.
+func TestBellWaitAllocatesNothing(t *testing.T) {
+	b := newBell()
+	if b == nil {
+		t.Skip("no eventfd here")
+	}
+	defer b.close()
+	pc := &PendingCall{Ch: make(chan FrameReply, 1)}
+	ctx := context.Background()
+	dead := make(chan struct{})
+	allocs := testing.AllocsPerRun(200, func() {
+		pc.Ch <- FrameReply{}
+		b.ring()
+		if err := b.waitAnswer(pc, ctx, dead); err != nil {
+			t.Fatal(err)
+		}
+		<-pc.Ch
+	})
+	if allocs != 0 {
+		t.Errorf("waitAnswer allocated %.1f times a wait, want 0", allocs)
+	}
+}

@@ -2,6 +2,8 @@
 
 package engine
 
+import "context"
+
 // bell exists only on Linux (an eventfd); elsewhere callers wait on their
 // channels.
 type bell struct{}
@@ -9,4 +11,6 @@ type bell struct{}
 func newBell() *bell                 { return nil }
 func (*bell) ring()                  {}
 func (*bell) wait(func() bool) error { return nil }
-func (*bell) close()                 {}
+
+func (*bell) waitAnswer(*PendingCall, context.Context, <-chan struct{}) error { return nil }
+func (*bell) close()                                                          {}

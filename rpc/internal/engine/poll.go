@@ -162,7 +162,7 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 			}
 			watchUntil = time.Time{}
 		}
-		if l.bell.wait(func() bool { return len(pc.Ch) > 0 || ctx.Err() != nil || isDone(l.Dead) }) != nil {
+		if l.bell.waitAnswer(pc, ctx, l.Dead) != nil {
 			return FrameReply{}, false
 		}
 	}

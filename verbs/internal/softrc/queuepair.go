@@ -137,7 +137,8 @@ type QP struct {
 	Sendq    []*SendWR
 	Inflight []*SendWR
 	Recvq    []*RecvWR
-	conn     net.Conn // the wire's connection (Start)
+	ackDone  []*SendWR // AckLocked's done, reused by Ack
+	conn     net.Conn  // the wire's connection (Start)
 	// roles counts the wire's goroutines (Start's, and Continue's, which
 	// take over one of them) still running: the last to return closes
 	// conn.
@@ -401,13 +402,24 @@ func (q *QP) AckLocked(seq uint64, status verbs.Status) (done []*SendWR, refused
 			return nil, nil, fmt.Errorf("acknowledgement %d covers read %d, which has no response", seq, w.Seq)
 		}
 	}
-	done = append(done, q.Inflight[:n]...)
+	done = append(q.ackDone[:0], q.Inflight[:n]...)
 	if n == k {
 		refused = q.Inflight[k]
 	}
-	clear(q.Inflight[:k+1])
-	q.Inflight = q.Inflight[k+1:]
+	q.Inflight = TakeFront(q.Inflight, k+1)
 	return done, refused, nil
+}
+
+// TakeFront is ws without its first n entries, which it clears. When it
+// takes them all it keeps ws's memory, from its start, for the next
+// appends: a queue that empties after each exchange then never grows
+// into new memory.
+func TakeFront[W any](ws []*W, n int) []*W {
+	clear(ws[:n])
+	if n == len(ws) {
+		return ws[:0]
+	}
+	return ws[n:]
 }
 
 // Ack applies the peer's acknowledgement of request seq, with the status
@@ -432,6 +444,8 @@ func (q *QP) Ack(seq uint64, status verbs.Status, took func(done []*SendWR, refu
 	for _, w := range done {
 		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
 	}
+	clear(done)
+	q.ackDone = done[:0]
 	if refused != nil {
 		st, why := Refused(status)
 		cause := fmt.Errorf("the peer refused %v %d: %w", refused.Op, refused.ID, why)
