@@ -66,7 +66,8 @@ type Framing struct {
 	reserve     int // 0 or 1: the slot kept for credit-only frames
 	Outstanding int // posted and not yet returned by the peer
 	Unreturned  uint32
-	wake        chan struct{} // closed when credits come back
+	wake        chan struct{} // closed when credits come back to waiters
+	waiting     int           // Acquires waiting on wake (wakeLocked)
 	Pending     map[uint64]*PendingCall
 	inflight    atomic.Int32 // len(Pending), kept under Mu and read without it (InFlight)
 	abandoned   int          // pending requests whose callers stopped waiting
@@ -256,8 +257,7 @@ func (l *Link) HandleFrame(b []byte) error {
 			f.reserve, n = 1, n-1
 		}
 		f.Credits += n
-		close(f.wake)
-		f.wake = make(chan struct{})
+		f.wakeLocked()
 	}
 	f.Mu.Unlock()
 	server := f.serve != nil
@@ -315,8 +315,11 @@ func (l *Link) HandleFrame(b []byte) error {
 // credit-only frame take the reserved slot.
 func (l *Link) Acquire(ctx context.Context, reserve bool) error {
 	f := l.Frames
-	for {
+	for waited := false; ; waited = true {
 		f.Mu.Lock()
+		if waited {
+			f.waiting--
+		}
 		switch {
 		case f.Credits > 0:
 			f.Credits--
@@ -330,14 +333,21 @@ func (l *Link) Acquire(ctx context.Context, reserve bool) error {
 			return nil
 		}
 		wake := f.wake
+		f.waiting++
 		f.Mu.Unlock()
+		var err error
 		select {
 		case <-wake:
+			continue
 		case <-l.Dead:
-			return Unavailable(l.Failure)
+			err = Unavailable(l.Failure)
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			err = status.FromContextError(ctx.Err()).Err()
 		}
+		f.Mu.Lock()
+		f.waiting--
+		f.Mu.Unlock()
+		return err
 	}
 }
 
@@ -355,8 +365,17 @@ func (f *Framing) Refund(returns uint32, ids, refs []uint64) {
 	f.Unreturned += returns
 	f.relIDs = append(f.relIDs, ids...)
 	f.relRefs = append(f.relRefs, refs...)
-	close(f.wake)
-	f.wake = make(chan struct{})
+	f.wakeLocked()
+}
+
+// wakeLocked wakes the Acquires waiting for credits, if any (a new
+// channel only then: credits come back with every frame). The caller
+// holds f.Mu.
+func (f *Framing) wakeLocked() {
+	if f.waiting > 0 {
+		close(f.wake)
+		f.wake = make(chan struct{})
+	}
 }
 
 // take takes the credits the next frame returns and up to room queued
@@ -522,12 +541,7 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 // back when it completes, and then sent runs, if not nil. If the post
 // fails, buf goes back at once and sent never runs.
 func (l *Link) postFrameBuf(local verbs.Local, buf *mempool.Buffer, sent func()) error {
-	err := l.PostAsync(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, func(verbs.Completion) {
-		buf.Release()
-		if sent != nil {
-			sent()
-		}
-	})
+	err := l.postWaiter(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, &Waiter{frame: buf, sent: sent})
 	if err != nil {
 		buf.Release()
 	}

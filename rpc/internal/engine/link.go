@@ -182,6 +182,29 @@ type Waiter struct {
 	Ch        chan verbs.Completion
 	abandoned func(verbs.Completion)
 	done      func(verbs.Completion)
+	// frame, for a frame's Send nothing waits on (postFrameBuf): its
+	// buffer, released as the Send completes, and then sent runs (if not
+	// nil); without a closure a frame.
+	frame *mempool.Buffer
+	sent  func()
+}
+
+// finish runs what w does when its request completes (c), but for a
+// plain waiter's channel and an abandoned one's: it reports whether it
+// did.
+func (w *Waiter) finish(c verbs.Completion) bool {
+	switch {
+	case w.done != nil:
+		w.done(c)
+	case w.frame != nil:
+		w.frame.Release()
+		if w.sent != nil {
+			w.sent()
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 // verifyBytes is the size of the buffers of the verifying round trip; the
@@ -358,8 +381,7 @@ func (l *Link) complete(c verbs.Completion) {
 		return
 	}
 	switch {
-	case w.done != nil:
-		w.done(c)
+	case w.finish(c):
 	case w.abandoned != nil:
 		// The poster's onFail may wait (a Deregister on shm waits for
 		// the peer): not here, which may be the provider's receiver.
@@ -507,6 +529,11 @@ func (l *Link) takeRoom(ctx context.Context) error {
 // close), so it must never wait. On error the request was not posted
 // and done does not run.
 func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) error {
+	return l.postWaiter(wr, &Waiter{done: done})
+}
+
+// postWaiter is PostAsync with the request's waiter w made by the caller.
+func (l *Link) postWaiter(wr verbs.SendRequest, w *Waiter) error {
 	wr.ID = l.NextID.Add(1)
 	l.Mu.Lock()
 	if l.closed || l.Failure != nil {
@@ -514,7 +541,7 @@ func (l *Link) PostAsync(wr verbs.SendRequest, done func(verbs.Completion)) erro
 		l.Mu.Unlock()
 		return Unavailable(err)
 	}
-	l.Waiters[wr.ID] = &Waiter{done: done}
+	l.Waiters[wr.ID] = w
 	l.Mu.Unlock()
 	if err := l.QP.PostSend(wr); err != nil {
 		l.Mu.Lock()
@@ -556,8 +583,7 @@ func (l *Link) Close(reason error) {
 	for _, w := range left {
 		c := verbs.Completion{Status: verbs.StatusFlushed, Err: reason}
 		switch {
-		case w.done != nil:
-			w.done(c)
+		case w.finish(c):
 		case w.abandoned != nil:
 			w.abandoned(c)
 		default:
