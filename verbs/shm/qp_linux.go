@@ -47,7 +47,8 @@ type queuePair struct {
 	inbound *inbound // a Send or WriteImm being received
 	// heldRecv is a successful receive completion held back until the
 	// ack of its request is on the wire (see releaseRecv).
-	heldRecv *verbs.Completion
+	heldRecv verbs.Completion // when held (a value: no allocation a receive)
+	held     bool
 
 	// mapWanted is the request id and key of the sender's outstanding
 	// msgMapRequest; any other msgMapReply is a protocol violation.
@@ -185,7 +186,7 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	qp.executing = true
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
-	st, err, ran, doorbell := qp.start(wr, false)
+	st, err, ran, doorbell, ring := qp.start(wr, false)
 	qp.Mu.Lock()
 	qp.inline.Done()
 	qp.runningInline = true
@@ -197,9 +198,9 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	if qp.StateLocked() == verbs.QPError {
 		// Failed or closed while we copied; the peer never heard of it.
 		st, err = qp.FailureLocked()
-		doorbell = nil
+		ring = false
 	}
-	qp.ringLocked(wr, st, err, doorbell)
+	qp.ringLocked(wr, st, err, doorbell, ring)
 	return true
 }
 
@@ -207,8 +208,8 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 // to ring, wr waits on the core's Inflight for the ack that the receiver
 // completes it with (onAck); otherwise it completes now (finishSendLocked).
 // The caller holds Mu, which ringLocked may release for a while.
-func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, doorbell *message) {
-	if doorbell == nil {
+func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, doorbell message, ring bool) {
+	if !ring {
 		qp.executing = false
 		qp.finishSendLocked(wr, st, err)
 		return
@@ -217,7 +218,7 @@ func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, d
 	wr.Seq, doorbell.seq = qp.nextSeq, qp.nextSeq
 	qp.Inflight = append(qp.Inflight, wr)
 	qp.Mu.Unlock()
-	err = qp.send(doorbell, -1)
+	err = qp.send(&doorbell, -1)
 	qp.Mu.Lock()
 	if err != nil {
 		acks := qp.failLocked(verbs.StatusTransport, fmt.Errorf("shm: connection to the peer lost: %w", err))
@@ -336,7 +337,7 @@ func (qp *queuePair) completeRecv(c verbs.Completion) {
 // peer's queue pair still waiting for it.
 func (qp *queuePair) holdRecvLocked(c verbs.Completion) {
 	qp.releaseRecvLocked()
-	qp.heldRecv = &c
+	qp.heldRecv, qp.held = c, true
 }
 
 // releaseRecv queues the held receive completion, if any. Every failure
@@ -351,18 +352,20 @@ func (qp *queuePair) releaseRecv() {
 // completion over itself (softrc.CQ.Queue, then Deliver in runReceiver).
 func (qp *queuePair) releaseRecvHere() {
 	qp.Mu.Lock()
-	if c := qp.heldRecv; c != nil {
-		qp.heldRecv = nil
-		e, _ := qp.RecvQ.Complete(*c, false)
+	if qp.held {
+		c := qp.heldRecv
+		qp.heldRecv, qp.held = verbs.Completion{}, false
+		e, _ := qp.RecvQ.Complete(c, false)
 		qp.RecvCQ.Queue(e)
 	}
 	qp.Mu.Unlock()
 }
 
 func (qp *queuePair) releaseRecvLocked() {
-	if c := qp.heldRecv; c != nil {
-		qp.heldRecv = nil
-		qp.completeRecv(*c)
+	if qp.held {
+		c := qp.heldRecv
+		qp.heldRecv, qp.held = verbs.Completion{}, false
+		qp.completeRecv(c)
 	}
 }
 

@@ -19,15 +19,14 @@ func (qp *queuePair) runSender() {
 		if !ok {
 			return
 		}
-		st, err, _, doorbell := qp.start(wr, true)
+		st, err, _, doorbell, ring := qp.start(wr, true)
 		qp.Mu.Lock()
-		qp.Sendq[0] = nil
-		qp.Sendq = qp.Sendq[1:]
-		if doorbell != nil && qp.StateLocked() == verbs.QPError {
+		qp.Sendq = softrc.TakeFront(qp.Sendq, 1)
+		if ring && qp.StateLocked() == verbs.QPError {
 			st, err = qp.FailureLocked()
-			doorbell = nil
+			ring = false
 		}
-		qp.ringLocked(wr, st, err, doorbell)
+		qp.ringLocked(wr, st, err, doorbell, ring)
 		qp.Mu.Unlock()
 	}
 }
@@ -40,25 +39,25 @@ func (qp *queuePair) runSender() {
 // or, with fetch false (PostSend running wr itself), ran false when the
 // remote region is not mapped yet: asking the peer for it is the sender's
 // job.
-func (qp *queuePair) start(wr *softrc.SendWR, fetch bool) (st verbs.Status, err error, ran bool, doorbell *message) {
+func (qp *queuePair) start(wr *softrc.SendWR, fetch bool) (st verbs.Status, err error, ran bool, doorbell message, ring bool) {
 	if qp.peerDown() {
-		return verbs.StatusTransport, errPeerDown, true, nil
+		return verbs.StatusTransport, errPeerDown, true, doorbell, false
 	}
 	switch wr.Op {
 	case verbs.OpWrite, verbs.OpWriteImm:
 		st, err, ran = qp.write(wr, fetch)
 		if ran && st == verbs.StatusSuccess && wr.Op == verbs.OpWriteImm {
-			doorbell = &message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}
+			doorbell, ring = message{typ: msgWriteImm, imm: wr.Imm, key: wr.Remote.Key, length: uint64(wr.N)}, true
 		}
-		return st, err, ran, doorbell
+		return st, err, ran, doorbell, ring
 	case verbs.OpRead:
 		st, err, ran = qp.read(wr, fetch)
-		return st, err, ran, nil
+		return st, err, ran, doorbell, false
 	case verbs.OpSend:
-		st, err, doorbell = qp.sendMessage(wr)
-		return st, err, true, doorbell
+		st, err, doorbell, ring = qp.sendMessage(wr)
+		return st, err, true, doorbell, ring
 	}
-	return 0, nil, false, nil
+	return 0, nil, false, doorbell, false
 }
 
 // nextSend waits for the next request. Once the queue pair is in the
@@ -133,9 +132,9 @@ func (qp *queuePair) read(wr *softrc.SendWR, fetch bool) (verbs.Status, error, b
 // sendMessage moves a Send through our staging buffer, in chunks of its
 // size: we copy each chunk in, the peer copies it out into its Recv buffer
 // and acks. It returns the last chunk's message, for the caller to ring.
-func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error, *message) {
+func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error, message, bool) {
 	if st, err := wr.Vec.Hold(); st != verbs.StatusSuccess {
-		return st, err, nil
+		return st, err, message{}, false
 	}
 	defer wr.Vec.Release()
 	for off := 0; ; {
@@ -147,10 +146,10 @@ func (qp *queuePair) sendMessage(wr *softrc.SendWR) (verbs.Status, error, *messa
 		}
 		if off += n; off == wr.N {
 			m.flags |= flagLast
-			return verbs.StatusSuccess, nil, &m
+			return verbs.StatusSuccess, nil, m, true
 		}
 		if st, err := qp.request(m); st != verbs.StatusSuccess {
-			return st, err, nil
+			return st, err, message{}, false
 		}
 	}
 }
