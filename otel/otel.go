@@ -25,7 +25,12 @@
 // sampler sees a span's name and kind, not its attributes. On a server,
 // the span ends and the metrics are recorded once the call's answer has
 // gone (rpc.CallInfo.AfterAnswer), so that they do not hold it up; the
-// duration is the call's work, as before.
+// duration is the call's work, as before. With W3C trace context (the
+// default, or WithPropagators(propagation.TraceContext{})), the client
+// writes traceparent, tracestate and baggage into the call's metadata
+// from its span, and the server reads them by key, as the propagators
+// would but without their carrier's lookups; any other propagator is
+// called as it is.
 //
 // Metrics, by rpc.method, tensorrpc.operation, tensorrpc.plane and
 // rpc.grpc.status_code: the histograms rpc.client.duration and
