@@ -273,7 +273,7 @@ func TestBellRings(t *testing.T) {
 func TestBellWaitAllocatesNothing(t *testing.T) {
 	b := newBell()
 	if b == nil {
-		t.Skip("no eventfd here")
+		t.Fatal("no eventfd")
 	}
 	defer b.close()
 	pc := &PendingCall{Ch: make(chan FrameReply, 1)}
