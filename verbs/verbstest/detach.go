@@ -35,8 +35,13 @@ func testDetach(t *testing.T, env Env) {
 		t.Fatalf("%s: a verbs.CompletionRunner that is not a verbs.Detacher: a handler that waits in its receiver holds the queue pair up", env.Name)
 	}
 	// A completion the receiver queued may still be handed over by Run's
-	// goroutine, as Run starts (no token): each such one sends the next
-	// message, up to tries.
+	// goroutine (no token): as Run starts, or when it came while Run's
+	// goroutine was still in the handler (which takes what is queued
+	// before it waits again). Each such one has another goroutine send
+	// the next message once the handler has returned, a little later each
+	// time, up to tries. (Sent from the handler, every message of a
+	// receiver quicker than the handler's return came that way: seen in
+	// CI on shm.)
 	const tries = 8
 	src := p.region(p.a, (tries+1)*64, local)
 	dst := p.region(p.b, (tries+1)*64, local)
@@ -49,6 +54,21 @@ func testDetach(t *testing.T, env Env) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	detached := false
+	retry := make(chan int, 1)
+	posted := make(chan struct{})
+	defer func() { cancel(); <-posted }() // before p.close, on every way out
+	go func() {
+		defer close(posted)
+		for {
+			select {
+			case i := <-retry:
+				time.Sleep(time.Millisecond << i)
+				p.postSend(p.a, send(uint64(10+i), src, i*64, 64))
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	go func() {
 		ran <- run.Run(ctx, func(cs []verbs.Completion) {
 			for _, c := range cs {
@@ -62,7 +82,7 @@ func testDetach(t *testing.T, env Env) {
 						result <- fmt.Errorf("none of %d Recv completions was delivered with a token", tries)
 						return
 					}
-					p.postSend(p.a, send(uint64(10+sent), src, sent*64, 64))
+					retry <- sent
 					sent++
 					continue
 				}
@@ -95,6 +115,7 @@ func testDetach(t *testing.T, env Env) {
 	}
 	p.wait(p.a.scq, sent, "send completions")
 	cancel()
+	<-posted
 	if err := <-ran; !errors.Is(err, context.Canceled) {
 		t.Fatalf("%s: Run: %v", env.Name, err)
 	}
