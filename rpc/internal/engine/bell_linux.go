@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -98,3 +99,86 @@ func (b *bell) lookOnce(uintptr) bool {
 }
 
 func (b *bell) close() { b.f.Close() }
+
+// threadBell is the bell of a caller locked to its thread (a call from a
+// foreign thread through the C ABI): an eventfd outside the netpoller,
+// which that caller reads in a blocking read(2), so that the receiver's
+// ring wakes its thread straight from the kernel, as a socket wakes a
+// thread reading it. Parked in the netpoller instead, the caller is made
+// ready by whichever thread polls, and a goroutine locked to its thread
+// can only run there: that thread hands its P over and wakes the locked
+// one (startlockedm), then sleeps itself, two OS-level switches a call.
+//
+// Its descriptor is closed by whoever is last of close and a waiter, so
+// that neither a read nor a ring ever reaches a number the process has
+// since reused.
+type threadBell struct {
+	mu      sync.Mutex
+	fd      int
+	waiting bool // a waiter is in read(2) or about to be
+	closed  bool // close was called; fd is closed once nobody waits
+}
+
+func newThreadBell() *threadBell {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil
+	}
+	return &threadBell{fd: fd}
+}
+
+// ring wakes the waiter, or makes the next read return at once.
+func (b *threadBell) ring() {
+	b.mu.Lock()
+	if !b.closed {
+		unix.Write(b.fd, one)
+	}
+	b.mu.Unlock()
+}
+
+// waitAnswer blocks its thread until pc's answer is in its channel, ctx
+// ends or dead is closed (whoever ends them rings), or the bell is
+// closed. A ring for an earlier call (one whose answer came before its
+// caller read) makes one read return early: the loop looks again.
+func (b *threadBell) waitAnswer(pc *PendingCall, ctx context.Context, dead <-chan struct{}) error {
+	var buf [8]byte
+	for {
+		if len(pc.Ch) > 0 || ctx.Err() != nil || isDone(dead) {
+			return nil
+		}
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return os.ErrClosed
+		}
+		b.waiting = true
+		b.mu.Unlock()
+		_, err := unix.Read(b.fd, buf[:])
+		b.mu.Lock()
+		b.waiting = false
+		if b.closed && b.fd >= 0 {
+			unix.Close(b.fd)
+			b.fd = -1
+		}
+		b.mu.Unlock()
+		if err != nil && err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// close wakes a waiter and closes the descriptor once it has gone.
+func (b *threadBell) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.closed = true
+	if b.waiting {
+		unix.Write(b.fd, one) // the waiter closes it
+		return
+	}
+	unix.Close(b.fd)
+	b.fd = -1
+}

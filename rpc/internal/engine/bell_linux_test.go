@@ -291,3 +291,129 @@ func TestBellWaitAllocatesNothing(t *testing.T) {
 		t.Errorf("waitAnswer allocated %.1f times a wait, want 0", allocs)
 	}
 }
+
+// TestThreadBellRings: a thread bell's blocking wait ends for an answer
+// there before it waits, for a ring during it (100 times), after many
+// rings, for its context's end and its link's death; closing it ends a
+// blocked wait with an error, and a ring after the close writes nothing.
+func TestThreadBellRings(t *testing.T) {
+	b := newThreadBell()
+	if b == nil {
+		t.Fatal("no eventfd")
+	}
+	pc := &PendingCall{Ch: make(chan FrameReply, 1)}
+	dead := make(chan struct{})
+	waited := func(what string, ctx context.Context, dead <-chan struct{}, during func()) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- b.waitAnswer(pc, ctx, dead) }()
+		during()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the wait did not end", what)
+		}
+	}
+	answer := func() { pc.Ch <- FrameReply{}; b.ring() }
+	ctx := context.Background()
+	pc.Ch <- FrameReply{}
+	waited("answered before the wait", ctx, dead, func() {})
+	<-pc.Ch
+	for i := range 100 {
+		waited(fmt.Sprint("answered during wait ", i), ctx, dead, func() {
+			if i%2 == 0 {
+				blockedOn(b) // in read(2), most likely
+			}
+			answer()
+		})
+		<-pc.Ch
+	}
+	for range 1000 {
+		b.ring()
+	}
+	waited("after many rings", ctx, dead, answer) // the stale rings end a read or two early
+	<-pc.Ch
+	cctx, cancel := context.WithCancel(ctx)
+	waited("context ends", cctx, dead, func() { blockedOn(b); cancel(); b.ring() })
+	died := make(chan struct{})
+	waited("link dies", ctx, died, func() { blockedOn(b); close(died); b.ring() })
+
+	done := make(chan error, 1)
+	go func() { done <- b.waitAnswer(pc, ctx, dead) }()
+	blockedOn(b)
+	b.close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a closed thread bell's wait ended without an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the thread bell did not end the wait")
+	}
+	b.mu.Lock()
+	fd := b.fd
+	b.mu.Unlock()
+	if fd != -1 {
+		t.Fatalf("the thread bell's descriptor %d stays open after its waiter left", fd)
+	}
+	b.ring() // closed: nothing to write to
+	if err := b.waitAnswer(pc, ctx, dead); err == nil {
+		t.Fatal("a wait on a closed thread bell did not fail")
+	}
+}
+
+// blockedOn returns once a waiter is about to block on b, and most likely
+// blocked.
+func blockedOn(b *threadBell) {
+	for {
+		b.mu.Lock()
+		w := b.waiting
+		b.mu.Unlock()
+		if w {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	time.Sleep(time.Millisecond)
+}
+
+// TestAwaitBellLockedBlocks: a caller locked to its thread whose watch
+// ran out waits on the link's thread bell, in a blocking read, not on the
+// netpoller's bell, and gets its answer; its context's end and the link's
+// failure end that wait too.
+func TestAwaitBellLockedBlocks(t *testing.T) {
+	client, answer := heldServer(t)
+	if client.tbell == nil {
+		t.Fatal("a tcp link on Linux has no thread bell")
+	}
+	for ref := uint64(1); ref <= 4; ref++ {
+		pc := askFetch(t, client, ref)
+		go func() { blockedOn(client.tbell); answer(ref) }()
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, 0)
+		wantBytes(t, r, ok)
+		if pc.bell.Load() != nil || pc.tbell.Load() != client.tbell {
+			t.Fatal("a locked caller waited on the netpoller's bell, not the thread bell")
+		}
+	}
+	pc := askFetch(t, client, 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { blockedOn(client.tbell); cancel() }()
+	if r, ok := client.AwaitAnswer(callhint.Locked(ctx), pc, 0); ok {
+		t.Fatalf("AwaitAnswer answered %+v with no answer sent", r)
+	}
+	answer(5) // late: rings the thread bell with nobody waiting
+	<-pc.Ch
+	pc = askFetch(t, client, 6)
+	go func() { blockedOn(client.tbell); client.Fail(errors.New("test: the link failed")) }()
+	if r, ok := client.AwaitAnswer(callhint.Locked(context.Background()), pc, 0); ok {
+		t.Fatalf("AwaitAnswer answered %+v on a failed link", r)
+	}
+	select {
+	case <-client.Dead:
+	default:
+		t.Fatal("AwaitAnswer returned before the link failed")
+	}
+}

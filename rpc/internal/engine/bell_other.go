@@ -14,3 +14,11 @@ func (*bell) wait(func() bool) error { return nil }
 
 func (*bell) waitAnswer(*PendingCall, context.Context, <-chan struct{}) error { return nil }
 func (*bell) close()                                                          {}
+
+type threadBell struct{}
+
+func newThreadBell() *threadBell { return nil }
+func (*threadBell) ring()        {}
+func (*threadBell) close()       {}
+
+func (*threadBell) waitAnswer(*PendingCall, context.Context, <-chan struct{}) error { return nil }

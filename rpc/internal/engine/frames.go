@@ -112,6 +112,9 @@ type PendingCall struct {
 	late func()
 	// bell, when set, is rung after the answer is in Ch (awaitBell).
 	bell atomic.Pointer[bell]
+	// tbell, when set, is rung instead: its caller is locked to its
+	// thread (awaitBell).
+	tbell atomic.Pointer[threadBell]
 }
 
 // decodeReply decodes a response frame's body for pc.
@@ -303,6 +306,8 @@ func (l *Link) HandleFrame(b []byte) error {
 		default:
 			pc.Ch <- pc.decodeReply(h.Flags, body) // buffered
 			if b := pc.bell.Load(); b != nil {
+				b.ring()
+			} else if b := pc.tbell.Load(); b != nil {
 				b.ring()
 			}
 		}

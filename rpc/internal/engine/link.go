@@ -157,6 +157,7 @@ type Link struct {
 	// is what one caller at a time, the one that set belled, waits on for
 	// its answer (awaitBell).
 	bell   *bell
+	tbell  *threadBell // the bell of callers locked to their threads
 	belled atomic.Bool
 	// answerWait is how long, lately, a locked caller on this link waited
 	// for its answer (nanoseconds, a moving average; awaitBell).
@@ -236,6 +237,7 @@ func NewLink(ctx context.Context, dom *Domain, ctl *mempool.Pool, local netip.Ad
 	l := &Link{Domain: dom, QP: qp, cq: cq, out: out, CtlPool: ctl, verifyCh: make(chan []byte, 1), Waiters: make(map[uint64]*Waiter), Dead: make(chan struct{}), shut: make(chan struct{}), room: make(chan struct{}, sendRoom)}
 	if _, ok := qp.(verbs.Poller); !ok {
 		l.bell = newBell()
+		l.tbell = newThreadBell()
 	}
 	l.waiter.l = l
 	var det verbs.Detacher = &l.waiter
@@ -404,6 +406,9 @@ func (l *Link) Fail(err error) {
 		close(l.Dead)
 		if l.bell != nil {
 			l.bell.close() // the caller waiting on it returns
+		}
+		if l.tbell != nil {
+			l.tbell.close()
 		}
 	}
 }

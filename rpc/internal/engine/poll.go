@@ -124,12 +124,17 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 		return FrameReply{}, false
 	}
 	defer l.belled.Store(false)
+	locked := l.tbell != nil && callhint.IsLocked(ctx)
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, l.bell.ring)
+		ring := l.bell.ring
+		if locked {
+			ring = l.tbell.ring
+		}
+		stop := context.AfterFunc(ctx, ring)
 		defer stop()
 	}
 	var start, watchUntil time.Time
-	if watch > 0 && callhint.IsLocked(ctx) && l.Frames.InFlight() == 1 {
+	if watch > 0 && locked && l.Frames.InFlight() == 1 {
 		start = time.Now()
 		watchUntil = start.Add(watchFor(watch, time.Duration(l.answerWait.Load())))
 	}
@@ -141,7 +146,9 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 			l.answerWait.Store(old + (took-old)/4)
 		}()
 	}
-	pc.bell.Store(l.bell)
+	if !locked {
+		pc.bell.Store(l.bell)
+	}
 	for i := 1; ; i++ {
 		select {
 		case r := <-pc.Ch:
@@ -161,6 +168,17 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 				continue
 			}
 			watchUntil = time.Time{}
+		}
+		if locked {
+			// Set only now, so that an answer the watch saw cost its
+			// receiver no ring; the wait looks at pc.Ch before it
+			// blocks, after this store, and the receiver looks for a
+			// bell after it filled pc.Ch.
+			pc.tbell.Store(l.tbell)
+			if l.tbell.waitAnswer(pc, ctx, l.Dead) != nil {
+				return FrameReply{}, false
+			}
+			continue
 		}
 		if l.bell.waitAnswer(pc, ctx, l.Dead) != nil {
 			return FrameReply{}, false
