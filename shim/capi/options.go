@@ -119,14 +119,18 @@ func dialOptions(o *C.trpc_options) ([]rpc.DialOption, error) {
 // callContext is the context of one call: timeoutMs milliseconds, or no
 // deadline when it is negative.
 // It is marked callhint.Locked: the calling goroutine is locked to the
-// foreign thread that called in.
+// foreign thread that called in. Without a deadline it is one context for
+// every call, which nothing cancels (its Done is nil): a call made with it
+// allocates no context and arranges nothing for its end (a cancellable
+// one had every tcp call register and stop a context.AfterFunc).
 func callContext(timeoutMs C.int64_t) (context.Context, context.CancelFunc) {
-	ctx := callhint.Locked(context.Background())
 	if timeoutMs < 0 {
-		return context.WithCancel(ctx)
+		return lockedBackground, func() {}
 	}
-	return context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+	return context.WithTimeout(lockedBackground, time.Duration(timeoutMs)*time.Millisecond)
 }
+
+var lockedBackground = callhint.Locked(context.Background())
 
 func fillPoolStats(out *C.trpc_pool_stats, s mempool.Stats) {
 	*out = C.trpc_pool_stats{

@@ -57,6 +57,8 @@ def _timeout_ms(timeout: Optional[float]) -> int:
 
 
 def _key(key: Union[str, bytes], what: str = "key") -> bytes:
+    if type(key) is str:  # the common case first: a call's hot path
+        return key.encode()
     if isinstance(key, str):
         key = key.encode("utf-8")
     if not isinstance(key, bytes):
