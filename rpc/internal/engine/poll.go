@@ -114,8 +114,12 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 // A caller locked to its thread (callhint.Locked: a call from a foreign
 // thread through the C ABI) first watches pc.Ch for up to watch, or
 // twice as long as such callers on the link waited lately, up to
-// maxWatchFactor times watch: waking it, through the bell or a channel,
-// is an OS-level wake-up of its thread, which is awake now. (A fixed
+// maxWatchFactor times watch: waking it is an OS-level wake-up of its
+// thread, which is awake now. Past the watch it blocks in read(2) on the
+// link's thread bell (threadBell), which the receiver then rings: the
+// kernel wakes its thread, as a socket would, where parked in the
+// netpoller it took a P hand-over to a thread that had to be woken and a
+// second thread put to sleep. (A fixed
 // 50 µs ran out before half the answers of 4 KiB tcp Fetches between two
 // processes on the 2-core VM, whose median took 46-55 µs: Python's p50
 // was 1.7-1.9× Go's with it, 1.3-1.5× watching 200 µs.)
