@@ -23,6 +23,9 @@ Sizes up to 1 MiB make --iters calls per round, larger ones enough to
 move --big-bytes (512 MiB) a round and at least --big-iters (at 16 MiB,
 32: with 8, a p50 of 32 calls moved 10-30% from run to run here). It prints a Markdown table (p50, p99, GB/s at p50, and the
 ratios to go's p50 and of torch-rpc's p50 to py-tensor's, all from this run;
+"by round": the median over rounds of a round's p50 against the go round's
+of the same round, which a host whose speed drifts between rounds moves
+less than the ratio of the pooled p50s;
 and the client process's voluntary context switches per call, all threads:
 how often one of its threads slept and was woken) and one JSON line per
 case. gopeer is $TENSORRPC_GOPEER, else built with
@@ -221,9 +224,10 @@ def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
             for r in range(rounds):
                 for name, run in cases if r % 2 == 0 else cases[::-1]:
                     ds, switches = run()
-                    res.setdefault(name, ([], []))
+                    res.setdefault(name, ([], [], []))
                     res[name][0].extend(ds)
                     res[name][1].append(switches)
+                    res[name][2].append(percentile(ds, 0.5))
         code, _, err = srv.stop()
         if code != 0:
             raise RuntimeError("gopeer bench-serve: " + err)
@@ -260,11 +264,14 @@ def main():
                     res = measure_plane(gopeer, transport, size, iters, args.rounds, trpc)
                     go50 = percentile(res["go"][0], 0.5)
                     py50 = percentile(res["py-tensor"][0], 0.5)
-                    for case, (ds, switches) in res.items():
+                    go_rounds = res["go"][2]
+                    for case, (ds, switches, round_p50s) in res.items():
                         p50, p99 = percentile(ds, 0.5), percentile(ds, 0.99)
                         row = {"transport": transport, "bytes": size, "case": case, "n": len(ds),
                                "p50_us": p50 * 1e6, "p99_us": p99 * 1e6, "min_us": min(ds) * 1e6,
                                "p50_GBps": size / p50 / 1e9, "p50_over_go": p50 / go50,
+                               "p50_over_go_by_round": statistics.median(
+                                   c / g for c, g in zip(round_p50s, go_rounds)),
                                "switches_per_call": statistics.median(switches)}
                         if case == "torch-rpc":
                             row["p50_over_py_tensor"] = p50 / py50
@@ -277,12 +284,13 @@ def main():
     print("%d alternating rounds; %d calls per round up to 1 MiB, above as many as move %s and at least %d;"
           " one process per client, server in another" % (args.rounds, args.iters, args.big_bytes, args.big_iters))
     print()
-    print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | torch-rpc p50 / py-tensor p50 | switches/call |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| plane | size | client | p50 µs | p99 µs | min µs | GB/s at p50 | p50 / go p50 | by round | torch-rpc p50 / py-tensor p50 | switches/call |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %.1f |" % (
+        print("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %s | %.1f |" % (
             r["transport"], size_name(r["bytes"]), r["case"], r["p50_us"], r["p99_us"], r["min_us"],
-            r["p50_GBps"], r["p50_over_go"], "%.2f" % r["p50_over_py_tensor"] if "p50_over_py_tensor" in r else "",
+            r["p50_GBps"], r["p50_over_go"], r["p50_over_go_by_round"],
+            "%.2f" % r["p50_over_py_tensor"] if "p50_over_py_tensor" in r else "",
             r["switches_per_call"]))
 
 

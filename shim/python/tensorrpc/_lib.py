@@ -152,7 +152,9 @@ _PROTOTYPES = {
     "trpc_client_dial": (_c.c_int, [_c.c_char_p, _c.POINTER(Options), _c.c_int64, _c.POINTER(_u64), _err]),
     "trpc_client_close": (_c.c_int, [_u64, _c.POINTER(_c.c_int64), _err]),
     "trpc_client_transport": (_c.c_int, [_u64, _c.POINTER(_c.c_void_p), _err]),
-    "trpc_client_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _mt_out, _err]),
+    # out and err as plain pointers: Client.fetch passes one array for both
+    # (tensor, message) and a pointer into it.
+    "trpc_client_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _c.c_void_p, _c.c_void_p]),
     "trpc_client_fetch_into": (_c.c_int, [
         _u64, _c.c_char_p, _c.POINTER(DLTensor), _rows, _c.c_size_t, _c.c_int, _c.c_int64, _err]),
     "trpc_client_fetch_rows": (_c.c_int, [_u64, _c.c_char_p, _rows, _c.c_size_t, _c.c_int, _c.c_int64, _mt_out, _err]),

@@ -668,9 +668,14 @@ class Tensor:
             lib.trpc_managed_deleter(m)
 
     def __del__(self) -> None:
-        # At interpreter shutdown the module globals may be gone already.
-        if self._m and lib is not None:
-            self.release()
+        # Nothing refers to this object any more, so that no release() can
+        # run beside this one: no lock (a call's hot path: a fetched tensor
+        # dropped). At interpreter shutdown the module globals may be gone
+        # already.
+        m = self._m
+        if m and lib is not None:
+            self._m = None
+            lib.trpc_managed_deleter(m)
 
     def __enter__(self) -> "Tensor":
         return self
