@@ -455,7 +455,7 @@ class Client:
                                          ctypes.byref(res, _SECOND))
             if code != 0:
                 _raise(code, res[1])
-            return adopt(res[0], output)
+            return adopt(res[0], output, False if not lease else None)  # only a lease is read-only
         err = ctypes.c_void_p()
         dev = _parse_device(device) if device is not None else (_lib.KDLCPU, 0)
         if dev[0] != _lib.KDLCPU:

@@ -36,8 +36,10 @@ OUTPUTS = ("numpy", "torch", "tensor")
 # DLTensor as bytes: data, device (type, id), ndim, dtype (code, bits,
 # lanes), shape, strides, byte_offset.
 _DLTENSOR = struct.Struct("=QiiiBBHQQQ")
-_SHAPES: Dict[int, struct.Struct] = {}  # ndim -> the struct of a shape array, filled as met
-_TYPESTRS: Dict[str, str] = {}  # dtype name -> NumPy typestr, filled as met
+_DLTENSOR_BYTES = ctypes.c_char * _DLTENSOR.size  # read in place (unpack_from), not copied out
+# ndim -> the struct of a shape array and its ctypes bytes, filled as met
+_SHAPES: Dict[int, Tuple[struct.Struct, Any]] = {}
+_NP_DTYPES: Dict[str, Any] = {}  # dtype name -> numpy.dtype, filled as met
 _release_lock = threading.RLock()  # two threads never both delete one tensor; reentrant for GC
 
 
@@ -434,20 +436,6 @@ def need_output(output: str) -> str:
 _ready_outputs = {"tensor"}
 
 
-class _ArrayOwner:
-    """The base of the NumPy arrays numpy() makes: it owns a reference to
-    the memory (a Tensor), released when the last array over it is
-    collected."""
-
-    __slots__ = ("tensor", "__array_interface__")
-
-    def __init__(self, tensor: "Tensor", shape: Tuple[int, ...], typestr: str, data: int, readonly: bool) -> None:
-        self.tensor = tensor
-        self.__array_interface__ = {
-            "version": 3, "shape": shape, "typestr": typestr, "data": (data, readonly),
-        }
-
-
 class Tensor:
     """A tensor in tensorrpc's pool memory (or leased from a server's),
     received or allocated by the library.
@@ -562,18 +550,19 @@ class Tensor:
         dev = self._dl().device
         return (int(dev.device_type), int(dev.device_id))
 
-    def _meta(self) -> Tuple[str, Tuple[int, ...], int]:
-        """The dtype's name, the shape and the data address, read from the
-        DLTensor in two reads (ctypes structure fields cost a Python object
-        each)."""
-        data, _, _, ndim, code, bits, _, shape_p, _, _ = _DLTENSOR.unpack(
-            ctypes.string_at(self._check(), _DLTENSOR.size))
+    def _meta(self) -> Tuple[str, Tuple[int, ...], int, int]:
+        """The dtype's name, the shape, the data address and the device
+        type, read from the DLTensor in two reads (ctypes structure fields
+        cost a Python object each)."""
+        data, dev_type, _, ndim, code, bits, _, shape_p, _, _ = _DLTENSOR.unpack_from(
+            _DLTENSOR_BYTES.from_address(self._check()))
         if not ndim:
-            return _NAMES[(code, bits)], (), data
-        st = _SHAPES.get(ndim)
-        if st is None:
-            st = _SHAPES[ndim] = struct.Struct("=%dq" % ndim)
-        return _NAMES[(code, bits)], st.unpack(ctypes.string_at(shape_p, st.size)), data
+            return _NAMES[(code, bits)], (), data, dev_type
+        sh = _SHAPES.get(ndim)
+        if sh is None:
+            st = struct.Struct("=%dq" % ndim)
+            sh = _SHAPES[ndim] = (st, ctypes.c_char * st.size)
+        return _NAMES[(code, bits)], sh[0].unpack_from(sh[1].from_address(shape_p)), data, dev_type
 
     def numpy(self) -> Any:
         """A NumPy array viewing the tensor's memory, writable unless the
@@ -582,17 +571,21 @@ class Tensor:
         np.from_dlpack(t) works too.)"""
         return self._to_numpy(False)
 
-    def _to_numpy(self, give: bool) -> Any:
+    def _to_numpy(self, give: bool, readonly: Optional[bool] = None) -> Any:
         """numpy(); with give, the array takes over this object's reference
-        (adopt: nobody else holds this object) instead of a new one."""
+        (adopt: nobody else holds this object) instead of a new one.
+        readonly, when known (a fetch that asked for no lease is writable),
+        saves asking the library."""
         np = _numpy()
-        self._host("numpy()")
-        name, shape, data = self._meta()
+        name, shape, data, dev_type = self._meta()
+        if dev_type != _lib.KDLCPU:
+            self._host("numpy()")
         if name == "bfloat16":
             raise InvalidArgumentError("bfloat16 has no NumPy dtype; use output='torch' or Tensor.torch()")
         if 0 in shape:
             return np.empty(shape, dtype=name)
-        readonly = bool(lib.trpc_dlpack_flags(self._m) & _lib.FLAG_READ_ONLY)
+        if readonly is None:
+            readonly = bool(lib.trpc_dlpack_flags(self._m) & _lib.FLAG_READ_ONLY)
         if give:
             owner = self
         else:
@@ -600,10 +593,23 @@ class Tensor:
             if not p:
                 raise InvalidArgumentError("tensor was already released")
             owner = Tensor(p)
-        typestr = _TYPESTRS.get(name)
-        if typestr is None:
-            typestr = _TYPESTRS[name] = np.dtype(name).str
-        return np.asarray(_ArrayOwner(owner, shape, typestr, data, readonly))
+        dt = _NP_DTYPES.get(name)
+        if dt is None:
+            dt = _NP_DTYPES[name] = np.dtype(name)
+        n = dt.itemsize
+        for d in shape:
+            n *= d
+        # The array views a ctypes array over the memory, which holds the
+        # reference (owner) until the last array over it is collected:
+        # half the time of an __array_interface__ (2.5 -> 1.5 us for 4 KiB).
+        mem = (ctypes.c_ubyte * n).from_address(data)
+        mem._tensorrpc_owner = owner
+        a = np.frombuffer(mem, dtype=dt)
+        if len(shape) != 1:
+            a = a.reshape(shape)
+        if readonly:
+            a.flags.writeable = False
+        return a
 
     def torch(self) -> Any:
         """A torch tensor viewing the tensor's memory."""
@@ -613,7 +619,7 @@ class Tensor:
         """torch(); with give, the torch tensor takes over this object's
         reference (adopt: nobody else holds this object) instead of a new
         one."""
-        name, shape, _ = self._meta()
+        name, shape, _, _ = self._meta()
         if name in _TORCH_MISSING:
             raise InvalidArgumentError("%s has no torch dtype in this PyTorch; use output='numpy'" % name)
         torch = _torch()
@@ -622,8 +628,8 @@ class Tensor:
             # empty DLPack tensor (it would leak the reference).
             return torch.empty(shape, dtype=getattr(torch, name), device=self.device)
         if give:
-            with _release_lock:
-                p, self._m = self._check(), None  # the capsule owns it now (and deletes it unless consumed)
+            # Ours alone (adopt): no release() can run beside this, no lock.
+            p, self._m = self._check(), None  # the capsule owns it now (and deletes it unless consumed)
             is_bool = name == "bool"
             if is_bool:  # as _share(True) does
                 _lib.DLManagedTensor.from_address(p).dl_tensor.dtype.code = DTYPES["uint8"][0]
@@ -691,9 +697,9 @@ class Tensor:
             self.dtype, self.shape, "" if dev == "cpu" else ", device=%s" % dev, ", readonly" if self.readonly else "")
 
 
-def adopt(managed: Optional[int], output: str) -> Any:
+def adopt(managed: Optional[int], output: str, readonly: Optional[bool] = None) -> Any:
     """Takes over the DLManagedTensor at address managed and returns it in
-    the output form."""
+    the output form; readonly as Tensor._to_numpy takes it."""
     if not managed:
         raise InvalidArgumentError("tensorrpc: the library returned a NULL tensor")
     t = Tensor(managed)
@@ -701,4 +707,4 @@ def adopt(managed: Optional[int], output: str) -> Any:
         return t
     # t is ours alone: the array or torch tensor takes its reference over
     # (on failure, collecting t releases it).
-    return t._to_numpy(True) if output == "numpy" else t._to_torch(True)
+    return t._to_numpy(True, readonly) if output == "numpy" else t._to_torch(True)
