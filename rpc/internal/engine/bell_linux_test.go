@@ -224,17 +224,7 @@ func TestBellRings(t *testing.T) {
 	var rang atomic.Bool // what the ringer did before ringing
 	waited := func(what string, ring func()) {
 		t.Helper()
-		done := make(chan error, 1)
-		go func() { done <- b.wait(func() bool { return rang.Load() }) }()
-		ring()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: the wait did not end", what)
-		}
+		waitEnds(t, what, func() error { return b.wait(func() bool { return rang.Load() }) }, ring)
 	}
 	ring := func() { rang.Store(true); b.ring() }
 	ring()
@@ -305,17 +295,7 @@ func TestThreadBellRings(t *testing.T) {
 	dead := make(chan struct{})
 	waited := func(what string, ctx context.Context, dead <-chan struct{}, during func()) {
 		t.Helper()
-		done := make(chan error, 1)
-		go func() { done <- b.waitAnswer(pc, ctx, dead) }()
-		during()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: the wait did not end", what)
-		}
+		waitEnds(t, what, func() error { return b.waitAnswer(pc, ctx, dead) }, during)
 	}
 	answer := func() { pc.Ch <- FrameReply{}; b.ring() }
 	ctx := context.Background()
@@ -415,5 +395,22 @@ func TestAwaitBellLockedBlocks(t *testing.T) {
 	case <-client.Dead:
 	default:
 		t.Fatal("AwaitAnswer returned before the link failed")
+	}
+}
+
+// waitEnds runs wait in a goroutine and during beside it, and fails the
+// test unless wait ends, without an error, within ten seconds.
+func waitEnds(t *testing.T, what string, wait func() error, during func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- wait() }()
+	during()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the wait did not end", what)
 	}
 }
