@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -412,5 +413,26 @@ func waitEnds(t *testing.T, what string, wait func() error, during func()) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s: the wait did not end", what)
+	}
+}
+
+// TestAwaitBellLockedOneP: with a single P, a caller locked to its thread
+// neither watches nor blocks on the thread bell, which would hold the P
+// the receiver needs to answer it: it parks on the netpoller's bell, and
+// gets its answer.
+func TestAwaitBellLockedOneP(t *testing.T) {
+	client, answer := heldServer(t)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for ref := uint64(1); ref <= 3; ref++ {
+		pc := askFetch(t, client, ref)
+		whenBelled(client, func() { answer(ref) })
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin)
+		wantBytes(t, r, ok)
+		if pc.tbell.Load() != nil || pc.bell.Load() != client.bell {
+			t.Fatal("with one P a locked caller waited on the thread bell, not the netpoller's")
+		}
+	}
+	if lockedWaiters.Load() != 0 {
+		t.Fatalf("%d locked waiters left counted", lockedWaiters.Load())
 	}
 }
