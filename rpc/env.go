@@ -47,7 +47,8 @@ const (
 	EnvLanes = "TENSORRPC_LANES"
 	// EnvPollSpin is how long, in microseconds, a caller alone on its
 	// lane polls (shm) or, when it called from a foreign thread through
-	// the C ABI, watches (tcp) for its answer before it parks: 0 to
+	// the C ABI, watches (tcp; not while the process has no P to spare
+	// for its receivers) for its answer before it parks: 0 to
 	// 1000, default 50 (a watch on tcp lasts twice as long as the link's
 	// recent waits, up to 8 times this). Longer spins trade a core's time for the
 	// wake-up of a parked caller (an OS wake-up for a thread-locked one);
