@@ -310,7 +310,13 @@ func TestSendLeftBehind(t *testing.T) {
 			pattern(b, 3)
 			sent := make(chan error, 1)
 			go func() { sent <- c.Send(ctx, "sent", rpc.WrapTensor(mustTensor(zerocopy.Uint8, []int64{4 << 10}, b))) }()
-			time.Sleep(5 * time.Millisecond)
+			// Until the Send waits for pool memory where its frame was read
+			// (a fixed 5 ms was too short for a loaded CI machine now and
+			// then: the Send arrived after the memory had freed, and nothing
+			// was left behind).
+			for deadline := time.Now().Add(10 * time.Second); s.Pool().Stats().Waiting < 1 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
 			got, err := c.Fetch(ctx, "small")
 			if err != nil {
 				t.Fatalf("a Fetch on the lane of a Send waiting for pool memory: %v", err)
