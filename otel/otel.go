@@ -60,6 +60,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -208,6 +209,10 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 	}
 	clientStart := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 	serverStart := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	// A no-op TracerProvider (metrics only) starts no span: its spans
+	// would only carry the parent's context on, which ctx already does
+	// (the client injects it, the server's handler gets it).
+	_, noTraces := c.tp.(tracenoop.TracerProvider)
 	return func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
 		k := kinds.of(info)
 		in, start := server, serverStart
@@ -224,11 +229,14 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		}
 		// Attributes are set once, as the call ends, and only on a span
 		// that records: an unsampled call pays for none.
-		ctx, span := tracer.Start(ctx, k.name, start...)
+		var span trace.Span
+		if !noTraces {
+			ctx, span = tracer.Start(ctx, k.name, start...)
+		}
 		if info.Client {
 			// Into the call's metadata without a new context.
 			if c.w3c {
-				injectW3C(ctx, span.SpanContext(), infoCarrier{info}, c.baggage)
+				injectW3C(ctx, trace.SpanContextFromContext(ctx), infoCarrier{info}, c.baggage)
 			} else {
 				c.props.Inject(ctx, infoCarrier{info})
 			}
@@ -247,11 +255,12 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 	}
 }
 
-// finish ends a call's span and records its metrics.
+// finish ends a call's span (nil: none was started) and records its
+// metrics.
 func finish(info *rpc.CallInfo, k *callKind, in instruments, span trace.Span, ms float64, err error) {
 	ctx := context.Background() // exemplars: the span's context, when it records
 	code := status.Code(err)
-	if span.IsRecording() {
+	if span != nil && span.IsRecording() {
 		ctx = trace.ContextWithSpan(ctx, span)
 		attrs := make([]attribute.KeyValue, 0, len(k.span)+8)
 		attrs = append(attrs, k.span...)
@@ -273,7 +282,9 @@ func finish(info *rpc.CallInfo, k *callKind, in instruments, span trace.Span, ms
 			span.SetStatus(codes.Error, status.Convert(err).Message())
 		}
 	}
-	span.End()
+	if span != nil {
+		span.End()
+	}
 	e := k.set(code)
 	in.duration.Record(ctx, ms, e.record...)
 	e.req.Add(info.RequestBytes)

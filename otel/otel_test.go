@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -354,7 +355,8 @@ func TestObserveStats(t *testing.T) {
 // interceptor given as WithInlineInterceptors and, for comparison, as
 // WithInterceptors; and, to tell the costs apart, an inline interceptor
 // that does nothing but call next, and telemetry with metrics only (a
-// no-op TracerProvider: no span, no trace context on the wire). The cases
+// no-op TracerProvider: no span, no trace context on the wire), also on
+// one side only ("metrics-client", "metrics-server"). The cases
 // take turns, 200 calls at a time and each turn in another order
 // (shuffled), so that a noisy machine slows them alike; each reports its p50, its ratio to the p50 without telemetry,
 // the median over the turns of its p50 against off's in the same turn
@@ -450,15 +452,18 @@ type benchMode struct {
 	name string
 	i    func(ic benchIcepts) rpc.Interceptor
 	inl  bool
+	side string // "client" or "server": that side alone has it
 }
 
 var benchModes = []benchMode{
-	{"off", func(benchIcepts) rpc.Interceptor { return nil }, false},
-	{"nothing", func(ic benchIcepts) rpc.Interceptor { return ic.nothing }, true},
-	{"metrics-only", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true},
-	{"sampled-1pct", func(ic benchIcepts) rpc.Interceptor { return ic.some }, true},
-	{"sampled-all", func(ic benchIcepts) rpc.Interceptor { return ic.all }, true},
-	{"sampled-all-not-inline", func(ic benchIcepts) rpc.Interceptor { return ic.all }, false},
+	{"off", func(benchIcepts) rpc.Interceptor { return nil }, false, ""},
+	{"nothing", func(ic benchIcepts) rpc.Interceptor { return ic.nothing }, true, ""},
+	{"metrics-only", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true, ""},
+	{"sampled-1pct", func(ic benchIcepts) rpc.Interceptor { return ic.some }, true, ""},
+	{"sampled-all", func(ic benchIcepts) rpc.Interceptor { return ic.all }, true, ""},
+	{"sampled-all-not-inline", func(ic benchIcepts) rpc.Interceptor { return ic.all }, false, ""},
+	{"metrics-client", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true, "client"},
+	{"metrics-server", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true, "server"},
 }
 
 // option gives both sides m's interceptor (nil: none).
@@ -474,6 +479,9 @@ func (m benchMode) option(ic benchIcepts) rpc.Option {
 }
 
 func (m benchMode) server(ic benchIcepts) []rpc.ServerOption {
+	if m.side == "client" {
+		return nil
+	}
 	if o := m.option(ic); o != nil {
 		return []rpc.ServerOption{o}
 	}
@@ -481,6 +489,9 @@ func (m benchMode) server(ic benchIcepts) []rpc.ServerOption {
 }
 
 func (m benchMode) dial(ic benchIcepts) []rpc.DialOption {
+	if m.side == "server" {
+		return nil
+	}
 	if o := m.option(ic); o != nil {
 		return []rpc.DialOption{o}
 	}
@@ -676,5 +687,61 @@ func TestManyMethodsAreBounded(t *testing.T) {
 	}
 	if got := sumsByOp(t, rm, "tensorrpc.server.request.bytes")["Call"]; got != calls {
 		t.Errorf("request bytes %d, want %d", got, calls)
+	}
+}
+
+// TestNoopTracerCarriesTheContext: with a no-op TracerProvider (metrics
+// only) the interceptor starts no span, yet the caller's trace context
+// and baggage still reach the handler on every plane, as the no-op
+// tracer's spans would carry them, and the call is still counted.
+func TestNoopTracerCarriesTheContext(t *testing.T) {
+	for _, plane := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
+		t.Run(plane, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			defer mp.Shutdown(context.Background())
+			srv, c := pair(t, plane, tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tracenoop.NewTracerProvider()), tensorrpcotel.WithMeterProvider(mp)))
+			type seen struct {
+				sc     trace.SpanContext
+				tenant string
+			}
+			got := make(chan seen, 1)
+			srv.Handle("look", func(ctx context.Context, req *rpc.Message) (*rpc.Message, error) {
+				got <- seen{trace.SpanContextFromContext(ctx), baggage.FromContext(ctx).Member("tenant").Value()}
+				return &rpc.Message{}, nil
+			}, rpc.Inline())
+			// The caller's span, from a tracer of its own.
+			outer := sdktrace.NewTracerProvider()
+			defer outer.Shutdown(context.Background())
+			ctx, span := outer.Tracer("app").Start(context.Background(), "app")
+			defer span.End()
+			m, err := baggage.NewMember("tenant", "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := baggage.New(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reply, err := c.Call(baggage.ContextWithBaggage(ctx, b), "look", &rpc.Message{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reply.Release()
+			s := <-got
+			if want := span.SpanContext(); s.sc.TraceID() != want.TraceID() || s.sc.SpanID() != want.SpanID() || !s.sc.IsRemote() {
+				t.Errorf("the handler's span context %v, want the caller's %v, remote", s.sc, want)
+			}
+			if s.tenant != "a" {
+				t.Errorf("the handler's baggage tenant = %q, want a", s.tenant)
+			}
+			var rm metricdata.ResourceMetrics
+			eventually(t, "both sides' durations", func() bool {
+				if err := reader.Collect(context.Background(), &rm); err != nil {
+					t.Fatal(err)
+				}
+				return histogramCounts(t, rm, "rpc.client.duration")["Call"] == 1 && histogramCounts(t, rm, "rpc.server.duration")["Call"] == 1
+			})
+		})
 	}
 }
