@@ -12,13 +12,18 @@
 // syscall's return without a P, and goroutine creations; idle Ps started
 // and of those the ones that ran nothing before stopping; syscalls. Server
 // and client run in this one process, so the counts are both sides'
-// together.
+// together. With -timeline (the JSON always has it) it also prints the
+// scheduler's events of a call, in the order most calls saw them, with
+// the median time since the call began: where a call's time goes
+// between system calls, wake-ups and code (traced, so a little slower
+// than untraced).
 //
 // Usage:
 //
 //	go run ./benchmarks/cmd/handoffs                     # Markdown table, -n 2000
 //	GOMAXPROCS=16 go run ./benchmarks/cmd/handoffs       # as on a 16-core machine
 //	go run ./benchmarks/cmd/handoffs -json -cases fetch-shm,pingpong-unix
+//	go run ./benchmarks/cmd/handoffs -cases fetch-tcp,pingpong-tcp -timeline
 package main
 
 import (
@@ -74,6 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cases  = fs.String("cases", "", "comma-separated cases (default all: "+strings.Join(names, ",")+")")
 		asJSON = fs.Bool("json", false, "print one JSON object per case instead of a Markdown table")
 		sites  = fs.Int("sites", 0, "also list, per case, the N places with the most hand-offs (who woke whom); the JSON has them all")
+		tl     = fs.Bool("timeline", false, "also print, per case, the scheduler events most calls went through, in order, with the median time since the call began (the JSON always has it)")
 		bytes  = fs.Int("size", size, "bytes of each call's tensor (4 KiB rides in the frames; past the eager threshold, 16 KiB, a Fetch's bytes take the data plane)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -126,6 +132,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if *sites > 0 {
 			printSites(stdout, results, *sites)
 		}
+		if *tl {
+			printTimelines(stdout, results)
+		}
 	}
 	return nil
 }
@@ -144,6 +153,29 @@ func printSites(w io.Writer, rs []result, n int) {
 		}
 	}
 }
+
+// printTimelines prints each case's timeline: the steps most calls
+// took, with the median time since the call began and since the step
+// before.
+func printTimelines(w io.Writer, rs []result) {
+	for _, r := range rs {
+		tl := r.Timeline
+		if tl == nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: the scheduler's events in a call, as %d of %d calls went (median µs since the call began, traced; the gaps are system calls, wake-ups and code)\n\n", r.Case, tl.Calls, r.Calls)
+		fmt.Fprintln(w, "| step | µs | gap µs | what |\n|--:|--:|--:|---|")
+		var prev float64
+		for i, s := range tl.Steps {
+			at := float64(s.At.Nanoseconds()) / 1e3
+			fmt.Fprintf(w, "| %d | %.1f | %.1f | %s |\n", i+1, at, at-prev, strings.ReplaceAll(s.What, modulePrefix, ""))
+			prev = at
+		}
+	}
+}
+
+// modulePrefix is left out of the timelines' function names.
+const modulePrefix = "github.com/tensorrpc/tensorrpc/"
 
 func measure(ctx context.Context, c caseDef, n, warmup int) (handoff.Counts, error) {
 	call, closeCase, err := c.open(ctx)

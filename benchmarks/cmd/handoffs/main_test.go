@@ -41,6 +41,9 @@ func TestJSON(t *testing.T) {
 		if calls, _ := obj["calls"].(float64); calls != 20 {
 			t.Errorf("%s: calls = %v, want 20", name, obj["calls"])
 		}
+		if tl, _ := obj["timeline"].(map[string]any); tl == nil || tl["calls"].(float64) < 1 || len(tl["steps"].([]any)) == 0 {
+			t.Errorf("%s: timeline %v, want the steps of at least one call", name, obj["timeline"])
+		}
 		if p50, _ := obj["p50_ns"].(float64); p50 <= 0 {
 			t.Errorf("%s: p50_ns = %v, want > 0", name, obj["p50_ns"])
 		}
@@ -77,6 +80,25 @@ func TestTable(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("the table has no %q:\n%s", want, text)
 		}
+	}
+}
+
+// TestTimelineTable: -timeline prints each case's steps, the module's
+// prefix left out of the functions named.
+func TestTimelineTable(t *testing.T) {
+	defer leakcheck.Check(t)
+	var out, progress bytes.Buffer
+	if err := run(context.Background(), []string{"-n", "20", "-warmup", "5", "-cases", "fetch-tcp", "-timeline"}, &out, &progress); err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	text := out.String()
+	for _, want := range []string{"fetch-tcp: the scheduler's events in a call", "| step | µs | gap µs | what |", "verbs/tcp."} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the timeline has no %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text[strings.Index(text, "| step |"):], modulePrefix) {
+		t.Errorf("the timeline names the module:\n%s", text)
 	}
 }
 

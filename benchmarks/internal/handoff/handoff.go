@@ -3,6 +3,14 @@
 // with runtime/trace into memory and reads the trace back with
 // golang.org/x/exp/trace.
 //
+// It also lays out the calls' timelines: what the scheduler saw in each
+// call (a goroutine parked, woken, run, in and out of a system call,
+// where), in order, with the time since the call began, for the sequence
+// most calls took (Counts.Timeline). The gaps between the steps are
+// where the time goes: a system call's, a wake-up's, or code's between
+// two scheduler events. Tracing slows each step down by a little, so
+// that the times are longer than an untraced call's.
+//
 // A hand-off is a goroutine made runnable by something other than itself:
 // unblocked by another goroutine (a channel send, a mutex or a sync.Cond
 // release), by the runtime with no goroutine running (the netpoller, a
@@ -59,6 +67,10 @@ type Counts struct {
 	// of Calls calls: tracing slows calls down.
 	P50 time.Duration `json:"p50_ns"`
 
+	// Timeline is the sequence of scheduler events most calls went
+	// through, with the median time each step came after the call began.
+	Timeline *Timeline `json:"timeline,omitempty"`
+
 	// Sites are where the hand-offs happen, most frequent first: who made
 	// a goroutine runnable and where that goroutine was waiting.
 	Sites []Site `json:"sites,omitempty"`
@@ -69,6 +81,23 @@ type Counts struct {
 	// the cause: the runtime wakes an idle P from the code that made work
 	// for it, which is usually the latest thing traced.
 	PStartSites []Site `json:"p_start_sites,omitempty"`
+}
+
+// Timeline is the sequence of scheduler events that Calls of the traced
+// calls went through, in order (calls going other ways are left out).
+type Timeline struct {
+	Calls int    `json:"calls"`
+	Steps []Step `json:"steps"`
+}
+
+// Step is one event of a Timeline: What happened (a goroutine's state
+// transition, "park", "wake", "run", "syscall", "syscall return", "yield"
+// or "create"; "spin" for a goroutine that yielded and ran again, any
+// number of times; and where: the goroutine's function, see Site), and
+// At, the median time since its call began.
+type Step struct {
+	What string        `json:"what"`
+	At   time.Duration `json:"at_ns"`
 }
 
 // Site is one place hand-offs happen: From (the function of the
@@ -130,6 +159,7 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	trace.Log(ctx, logCategory, "begin")
 	var callErr error
 	for i := range n {
+		trace.Log(ctx, logCategory, callMark)
 		if err := call(); err != nil {
 			callErr = fmt.Errorf("traced call %d: %w", i, err)
 			break
@@ -148,7 +178,51 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	c.P50 = times[n/2]
 	c.Sites = sites(t.Sites, n)
 	c.PStartSites = sites(t.PStartSites, n)
+	c.Timeline = timeline(t.Calls)
 	return c, nil
+}
+
+// callMark is the log message Measure writes as each traced call begins.
+const callMark = "call"
+
+// timeline is the sequence of steps most calls took, with the median
+// time of each step (nil without calls).
+func timeline(calls [][]event) *Timeline {
+	bySeq := map[string][][]event{}
+	best := ""
+	for _, c := range calls {
+		var k strings.Builder
+		for _, e := range c {
+			k.WriteString(e.what)
+			k.WriteByte('\n')
+		}
+		key := k.String()
+		bySeq[key] = append(bySeq[key], c)
+		if n, m := len(bySeq[key]), len(bySeq[best]); n > m || n == m && key < best {
+			best = key
+		}
+	}
+	same := bySeq[best]
+	if len(same) == 0 {
+		return nil
+	}
+	tl := &Timeline{Calls: len(same)}
+	at := make([]time.Duration, len(same))
+	for i, e := range same[0] {
+		for j, c := range same {
+			at[j] = c[i].at
+		}
+		slices.Sort(at)
+		tl.Steps = append(tl.Steps, Step{What: e.what, At: at[len(at)/2]})
+	}
+	return tl
+}
+
+// event is one scheduler event of a traced call: what (see Step) and
+// when, since the call began.
+type event struct {
+	what string
+	at   time.Duration
 }
 
 // sites lists counts per call, the most first.
@@ -179,6 +253,9 @@ type Totals struct {
 	// PStartSites counts the P starts by what happened last, on another
 	// P, before each: {a goroutine's transition, where it was}.
 	PStartSites map[[2]string]int
+	// Calls are the scheduler events of each call, in order (see Step),
+	// for the calls whose beginnings the trace marks (Measure's).
+	Calls [][]event
 }
 
 // Handoffs is the sum of the four kinds of hand-off.
@@ -226,7 +303,30 @@ func Count(r io.Reader) (Totals, error) {
 		procs   = map[xtrace.ProcID]*procState{}
 		tracer  = map[xtrace.GoID]bool{}
 		waitsIn = map[xtrace.GoID]string{} // where each waiting goroutine blocked
+		where   = map[xtrace.GoID]string{} // where each goroutine last parked, yielded or entered a system call
+		callAt  xtrace.Time                // when the call under way began
+		inCall  bool
 	)
+	// step adds what happened at time to the call under way. A goroutine
+	// that yields and runs again, over and over (one that polls), is one
+	// step: "spin", at its first yield.
+	step := func(what string, at xtrace.Time) {
+		if !inCall {
+			return
+		}
+		c := &t.Calls[len(t.Calls)-1]
+		if w, ok := strings.CutPrefix(what, "run "); ok && len(*c) > 0 {
+			switch last := &(*c)[len(*c)-1]; last.what {
+			case "yield " + w:
+				last.what = "spin " + w
+				if n := len(*c); n > 1 && (*c)[n-2].what == last.what {
+					*c = (*c)[:n-1]
+				}
+				return
+			}
+		}
+		*c = append(*c, event{what: what, at: time.Duration(at - callAt)})
+	}
 	proc := func(id xtrace.ProcID) *procState {
 		p := procs[id]
 		if p == nil {
@@ -249,8 +349,13 @@ func Count(r io.Reader) (Totals, error) {
 				switch l.Message {
 				case "begin":
 					in = true
+				case callMark:
+					if in {
+						callAt, inCall = ev.Time(), true
+						t.Calls = append(t.Calls, nil)
+					}
 				case "end":
-					in, seenEnd = false, true
+					in, seenEnd, inCall = false, true, false
 				}
 			}
 		case xtrace.EventStateTransition:
@@ -265,6 +370,9 @@ func Count(r io.Reader) (Totals, error) {
 					}
 					waitsIn[id] = site(ev.Stack())
 				}
+				if from == xtrace.GoRunning && (to == xtrace.GoWaiting || to == xtrace.GoRunnable || to == xtrace.GoSyscall) {
+					where[id] = site(ev.Stack())
+				}
 				if to.Executing() && ev.Proc() != xtrace.NoProc {
 					proc(ev.Proc()).ran = true
 				}
@@ -273,6 +381,9 @@ func Count(r io.Reader) (Totals, error) {
 				}
 				if ev.Goroutine() != xtrace.NoGoroutine && !tracer[ev.Goroutine()] {
 					last, lastP = [2]string{from.String() + "→" + to.String(), site(ev.Stack())}, ev.Proc()
+				}
+				if what := stepOf(from, to, ev, st, where, id); what != "" {
+					step(what, ev.Time())
 				}
 				switch {
 				case from == xtrace.GoNotExist && to == xtrace.GoRunnable:
@@ -320,7 +431,37 @@ func Count(r io.Reader) (Totals, error) {
 	return t, nil
 }
 
-// waiting is where goroutine id blocked, as far as the trace says.
+// stepOf names goroutine id's transition from → to, of event ev, as a
+// timeline step ("" for none worth one); where is where each goroutine
+// last parked, yielded or entered a system call.
+func stepOf(from, to xtrace.GoState, ev xtrace.Event, st xtrace.StateTransition, where map[xtrace.GoID]string, id xtrace.GoID) string {
+	switch {
+	case from == xtrace.GoNotExist && to == xtrace.GoRunnable:
+		return "create " + site(st.Stack) + " by " + site(ev.Stack())
+	case from == xtrace.GoWaiting && to == xtrace.GoRunnable:
+		by := "netpoller"
+		if ev.Goroutine() != xtrace.NoGoroutine {
+			by = site(ev.Stack())
+		}
+		return "wake " + waiting(where, id) + " by " + by
+	case from == xtrace.GoRunnable && to == xtrace.GoRunning:
+		return "run " + waiting(where, id)
+	case from == xtrace.GoRunning && to == xtrace.GoWaiting:
+		return "park " + site(ev.Stack())
+	case from == xtrace.GoRunning && to == xtrace.GoSyscall:
+		return "syscall " + site(ev.Stack())
+	case from == xtrace.GoSyscall && to == xtrace.GoRunning:
+		return "syscall return " + waiting(where, id)
+	case from == xtrace.GoSyscall && to == xtrace.GoRunnable:
+		return "syscall return, P lost " + waiting(where, id)
+	case from == xtrace.GoRunning && to == xtrace.GoRunnable:
+		return "yield " + site(ev.Stack())
+	}
+	return ""
+}
+
+// waiting is where goroutine id blocked (or, given where, last stopped
+// running), as far as the trace says.
 func waiting(waitsIn map[xtrace.GoID]string, id xtrace.GoID) string {
 	if w, ok := waitsIn[id]; ok {
 		return w

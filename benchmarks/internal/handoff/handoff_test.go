@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	xtrace "golang.org/x/exp/trace"
 
@@ -175,5 +178,81 @@ func TestTraceReader(t *testing.T) {
 	}
 	if isTraceReader(stack("runtime.gopark", "runtime.StartTrace", "runtime/trace.(*traceMultiplexer).startLocked", "runtime/trace.Start", "main.main")) {
 		t.Error("the caller of trace.Start is taken for the trace reader")
+	}
+}
+
+// checkTimeline checks what every timeline must be: steps most calls
+// took, each a known kind of event, at medians that never go back.
+func checkTimeline(t *testing.T, c Counts) {
+	t.Helper()
+	tl := c.Timeline
+	if tl == nil || tl.Calls < 1 || tl.Calls > c.Calls || len(tl.Steps) == 0 {
+		t.Fatalf("timeline %+v of %d calls", tl, c.Calls)
+	}
+	var prev time.Duration
+	for i, s := range tl.Steps {
+		kind, _, _ := strings.Cut(s.What, " ")
+		if !slices.Contains([]string{"park", "wake", "run", "syscall", "yield", "spin", "create"}, kind) {
+			t.Errorf("step %d: %q is no kind of step", i+1, s.What)
+		}
+		// Each call's steps are in order, so are their medians.
+		if s.At < prev {
+			t.Errorf("step %d (%q) at %v, before the step before it (%v)", i+1, s.What, s.At, prev)
+		}
+		prev = s.At
+	}
+}
+
+// TestTimelinePingPong: in a channel ping-pong round the caller wakes
+// the echo goroutine, which runs and wakes the caller.
+func TestTimelinePingPong(t *testing.T) {
+	defer leakcheck.Check(t)
+	ping, pong := make(chan int), make(chan int)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v := range ping {
+			pong <- v
+		}
+	}()
+	defer func() { close(ping); <-done }()
+	c, err := Measure(context.Background(), 500, Options{Warmup: 10}, func() error {
+		ping <- 1
+		<-pong
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTimeline(t, c)
+	t.Logf("%d calls: %+v", c.Timeline.Calls, c.Timeline.Steps)
+	woke := 0
+	for _, s := range c.Timeline.Steps {
+		if strings.HasPrefix(s.What, "wake ") && strings.Contains(s.What, " by ") && strings.Contains(s.What, "TestTimelinePingPong") {
+			woke++
+		}
+	}
+	if woke == 0 {
+		t.Errorf("no step wakes one of the test's goroutines: %+v", c.Timeline.Steps)
+	}
+}
+
+// TestTimelineSpin: a goroutine that yields again and again, as one
+// polling does, is one step, "spin", however many times it yields.
+func TestTimelineSpin(t *testing.T) {
+	defer leakcheck.Check(t)
+	c, err := Measure(context.Background(), 300, Options{Warmup: 10}, func() error {
+		for range 20 {
+			runtime.Gosched()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTimeline(t, c)
+	t.Logf("%d calls: %+v", c.Timeline.Calls, c.Timeline.Steps)
+	if st := c.Timeline.Steps; len(st) != 1 || !strings.HasPrefix(st[0].What, "spin ") || !strings.Contains(st[0].What, "TestTimelineSpin") {
+		t.Errorf("steps %+v, want the caller's spin alone", st)
 	}
 }
