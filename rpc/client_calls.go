@@ -605,12 +605,8 @@ func (c *Client) awaitReply(ctx context.Context, s *clientSession, l *engine.Lin
 	}
 }
 
-func protoSize(m proto.Message) int {
-	if m == nil {
-		return 0
-	}
-	return proto.Size(m)
-}
+// protoSize is the length of m's encoding in a frame (0 for nil).
+func protoSize(m proto.Message) int { return engine.MessageSize(m) }
 
 // indirect puts a request body too large for a slot (raw, then msg) into
 // a pool buffer and grants the server read access to it: the TensorMeta
@@ -627,7 +623,7 @@ func (c *Client) indirect(ctx context.Context, s *clientSession, l *engine.Link,
 	}
 	b := append(buf.Bytes()[:0:n], raw...)
 	if msg != nil {
-		b, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, msg)
+		b, err = engine.AppendMessage(b, msg)
 	}
 	if err != nil || len(b) != n || &b[0] != &buf.Bytes()[0] {
 		buf.Release()
@@ -716,6 +712,15 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 		return &a.FetchResponse, nil
 	}
 	return m.(*pb.FetchResponse), nil
+}
+
+// intoCallAnswer is what a Call's answer frame decodes into, by its
+// flags.
+func intoCallAnswer(flags uint16) proto.Message {
+	if flags&wire.FlagIndirect != 0 {
+		return &pb.TensorMeta{}
+	}
+	return &callAnswer{}
 }
 
 // intoFetchAnswer is what a Fetch's answer frame decodes into, by its
@@ -909,7 +914,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, creq, answerOr(func() proto.Message { return &pb.CallResponse{} }), hold)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, callRequestFrame{creq}, intoCallAnswer, hold)
 	if err != nil {
 		return nil, err
 	}
@@ -920,7 +925,13 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 	if err != nil {
 		return nil, err
 	}
-	resp := m.(*pb.CallResponse)
+	resp, ok := m.(*pb.CallResponse)
+	if a, isA := m.(*callAnswer); isA {
+		resp, ok = &a.CallResponse, true
+	}
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "tensorrpc: a Call's answer decoded as %T", m)
+	}
 	for _, t := range req.Tensors {
 		c.stats.transfers.Add(1)
 		if n := int64(len(t.Bytes())); n <= int64(engine.FrameInline(s.eager)) {

@@ -20,6 +20,9 @@ type fetchAnswer struct{ pb.FetchResponse }
 // UnmarshalFrame decodes b as proto.Unmarshal would, the inline tensor
 // into inlineBuf's memory.
 func (a *fetchAnswer) UnmarshalFrame(b []byte) error {
+	if fastFetchAnswer(b, &a.FetchResponse) {
+		return nil
+	}
 	start, end, data, ok := inlineField(b)
 	if !ok || len(data) < minPooledInline {
 		return proto.Unmarshal(b, &a.FetchResponse)
@@ -97,4 +100,108 @@ func recycleInline(b []byte) {
 	case 16 << 10:
 		inline16K.Put((*[16 << 10]byte)(b[:cap(b)]))
 	}
+}
+
+// fastFetchAnswer decodes b, the FetchResponse of a FETCH_RESP frame,
+// into a (a new one) as proto.Unmarshal would, the inline tensor into
+// inlineBuf's memory, when b holds only what answers carry: meta (its
+// key, dtype, shape, byte_length, crc32c and transfer_id), inline_data,
+// transfer_id and rows_of_source, meta and inline_data once. Protobuf's
+// reflection took about two thirds of a microsecond to decode a 4 KiB
+// Fetch's answer, more than the rest of its decoding. For anything else
+// (a location, a field it does not know, an encoding it does not
+// follow, a key that is not UTF-8) it reports false and sets nothing:
+// proto.Unmarshal then decodes or refuses b.
+func fastFetchAnswer(b []byte, a *pb.FetchResponse) bool {
+	var (
+		meta     *pb.TensorMeta
+		data     []byte
+		haveData bool
+		transfer uint64
+		rows     bool
+	)
+	for len(b) > 0 {
+		num, typ, v, bs, rest, ok := field(b)
+		if !ok {
+			return false
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType && meta == nil:
+			if meta = fastTensorMeta(bs); meta == nil {
+				return false
+			}
+		case num == 2 && typ == protowire.BytesType && !haveData:
+			data, haveData = bs, true
+		case num == 3 && typ == protowire.VarintType:
+			transfer = v
+		case num == 4 && typ == protowire.VarintType:
+			rows = v != 0
+		default:
+			return false
+		}
+	}
+	a.Meta, a.TransferId, a.RowsOfSource = meta, transfer, rows
+	if len(data) > 0 { // protobuf leaves empty bytes nil
+		a.InlineData = inlineBuf(len(data))
+		copy(a.InlineData, data)
+	}
+	return true
+}
+
+// inlineReply is a Fetch's inline answer as a frame carries it: a
+// FetchResponse that encodes itself (engine.FrameMarshaler), into the
+// bytes proto.Marshal writes, without protobuf's reflection (which took
+// more than the 4 KiB copy to encode a 4 KiB Fetch's answer).
+type inlineReply struct{ pb.FetchResponse }
+
+// FrameSize is the length of r's encoding (proto.Size's).
+func (r *inlineReply) FrameSize() int {
+	if !r.fast() {
+		return proto.Size(&r.FetchResponse)
+	}
+	n := 0
+	if m := r.Meta; m != nil {
+		n += bytesField(metaSize(m))
+	}
+	if len(r.InlineData) > 0 {
+		n += bytesField(len(r.InlineData))
+	}
+	if r.TransferId != 0 {
+		n += varintField(r.TransferId)
+	}
+	if r.RowsOfSource {
+		n += 2
+	}
+	return n
+}
+
+// AppendFrame appends r's encoding (proto.Marshal's) to b.
+func (r *inlineReply) AppendFrame(b []byte) []byte {
+	if !r.fast() {
+		return marshalAppend(b, &r.FetchResponse)
+	}
+	if m := r.Meta; m != nil {
+		b = appendMetaField(b, 1, m)
+	}
+	if len(r.InlineData) > 0 {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, r.InlineData)
+	}
+	if r.TransferId != 0 {
+		b = protowire.AppendTag(b, 3, protowire.VarintType)
+		b = protowire.AppendVarint(b, r.TransferId)
+	}
+	if r.RowsOfSource {
+		b = protowire.AppendTag(b, 4, protowire.VarintType)
+		b = append(b, 1)
+	}
+	return b
+}
+
+// fast reports whether r holds only what AppendFrame encodes itself: no
+// location and no unknown fields, in it or its meta, and a key that
+// proto.Marshal takes (UTF-8).
+func (r *inlineReply) fast() bool {
+	return len(r.ProtoReflect().GetUnknown()) == 0 && (r.Meta == nil || fastMeta(r.Meta))
 }

@@ -290,7 +290,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 	// Inline: the answer views the published buffer, counted only once
 	// it has gone (if it cannot, the call path answers and counts it).
 	defer e.Buf.Release()
-	resp := &pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}
+	resp := &inlineReply{pb.FetchResponse{Meta: metaOf(key, e.Tensor, s.opts.checksums), InlineData: e.Tensor.Bytes()[:n:n]}}
 	ss.answeredNow.Add(1)
 	if !l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, engine.AppendStatus(st[:0], nil, 0), resp, nil) {
 		ss.answeredNow.Add(-1)
@@ -320,6 +320,7 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	}
 	var resp *pb.FetchResponse
 	var view *mempool.Buffer // what an inline resp views
+	var reply *inlineReply   // resp, when inline
 	info, err := s.interceptAnswer(ctx, ss, OpFetch, key, PathFrame, 0, hdr.md, true, func(ctx context.Context, info *CallInfo) error {
 		// An interceptor that runs the work again (a retry) gets a new
 		// answer; the first one's goes.
@@ -337,7 +338,8 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 			}
 		} else {
 			view = e.Buf
-			resp = &pb.FetchResponse{Meta: metaOf(key, e.Tensor, false), InlineData: e.Tensor.Bytes()[:n:n]}
+			reply = &inlineReply{pb.FetchResponse{Meta: metaOf(key, e.Tensor, false), InlineData: e.Tensor.Bytes()[:n:n]}}
+			resp = &reply.FetchResponse
 		}
 		info.setResponse(int64(n))
 		return nil
@@ -357,7 +359,10 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	var st [4]byte
 	raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 	var body proto.Message
-	if resp != nil {
+	switch {
+	case reply != nil && resp == &reply.FetchResponse:
+		body = reply
+	case resp != nil:
 		body = resp
 	}
 	ss.answeredNow.Add(1)
@@ -427,7 +432,11 @@ func responseBytes(body proto.Message) int64 {
 	switch m := body.(type) {
 	case *pb.FetchResponse:
 		return int64(m.GetMeta().GetByteLength())
+	case *inlineReply:
+		return int64(m.GetMeta().GetByteLength())
 	case *pb.CallResponse:
+		return metaBytes(m.Tensors)
+	case callReplyFrame:
 		return metaBytes(m.Tensors)
 	}
 	return 0
@@ -435,6 +444,9 @@ func responseBytes(body proto.Message) int64 {
 
 // unmarshalFrame decodes a request frame's body.
 func unmarshalFrame(body []byte, m proto.Message) error {
+	if r, ok := m.(*pb.CallRequest); ok && fastCallRequest(body, r) {
+		return nil
+	}
 	if err := proto.Unmarshal(body, m); err != nil {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: a request frame's body: %v", err)
 	}
@@ -609,10 +621,10 @@ func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine
 // that holds it, which the client reads like a tensor. ids are the
 // transfers resp names, released if the answer cannot be made.
 func (s *Server) answer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, resp proto.Message, ids []uint64) (uint16, proto.Message, error) {
-	if wire.FrameHeaderLen+4+proto.Size(resp) <= l.Frames.SlotSize {
+	if wire.FrameHeaderLen+4+engine.MessageSize(resp) <= l.Frames.SlotSize {
 		return 0, resp, nil
 	}
-	body, err := proto.Marshal(resp)
+	body, err := engine.AppendMessage(nil, resp)
 	if err != nil {
 		s.releaseTransfers(ss, ids)
 		return 0, nil, status.Errorf(codes.Internal, "tensorrpc: answer: %v", err)
@@ -692,5 +704,5 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.
 	if err != nil {
 		return 0, nil, err
 	}
-	return s.answer(ctx, ss, l, ref, resp, resp.TransferIds)
+	return s.answer(ctx, ss, l, ref, callReplyFrame{resp}, resp.TransferIds)
 }

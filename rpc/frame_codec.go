@@ -1,0 +1,407 @@
+package rpc
+
+import (
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
+)
+
+// The messages a small call's frames carry (a Call's request and reply,
+// a Fetch's inline answer) are encoded and decoded here without
+// protobuf's reflection, which took longer than the rest of a 4 KiB
+// call's encoding, into and from exactly what protobuf writes and reads.
+// What they do not cover (a location, a field they do not know, an
+// encoding they do not follow, a string that is not UTF-8) goes to
+// protobuf as before: the fast paths decline and set nothing.
+
+// field reads the first field of b, a protobuf encoding: its number, its
+// varint value (VarintType) or its bytes (BytesType), and the rest of b.
+// ok is false at a malformed field or one of another wire type.
+func field(b []byte) (num protowire.Number, typ protowire.Type, v uint64, bs, rest []byte, ok bool) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return 0, 0, 0, nil, nil, false
+	}
+	b = b[n:]
+	switch typ {
+	case protowire.VarintType:
+		v, n = protowire.ConsumeVarint(b)
+	case protowire.BytesType:
+		bs, n = protowire.ConsumeBytes(b)
+	default:
+		return 0, 0, 0, nil, nil, false
+	}
+	if n < 0 {
+		return 0, 0, 0, nil, nil, false
+	}
+	return num, typ, v, bs, b[n:], true
+}
+
+// fastTensorMeta decodes a TensorMeta without a location: nil for what
+// it leaves to protobuf.
+func fastTensorMeta(b []byte) *pb.TensorMeta {
+	m := &pb.TensorMeta{}
+	for len(b) > 0 {
+		num, typ, v, bs, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType && utf8.Valid(bs):
+			m.Key = string(bs)
+		case num == 3 && typ == protowire.BytesType: // packed
+			for len(bs) > 0 {
+				x, k := protowire.ConsumeVarint(bs)
+				if k < 0 {
+					return nil
+				}
+				m.Shape = append(m.Shape, int64(x))
+				bs = bs[k:]
+			}
+		case typ != protowire.VarintType:
+			return nil
+		case num == 2:
+			m.Dtype = pb.DType(int32(v))
+		case num == 3: // unpacked
+			m.Shape = append(m.Shape, int64(v))
+		case num == 4:
+			m.ByteLength = v
+		case num == 5:
+			crc := uint32(v)
+			m.Crc32C = &crc
+		case num == 7:
+			idx := uint32(v)
+			m.InlineIndex = &idx
+		case num == 8:
+			m.TransferId = v
+		default:
+			return nil
+		}
+	}
+	return m
+}
+
+// fastMeta reports whether appendMeta encodes m: no location, no unknown
+// fields, a UTF-8 key.
+func fastMeta(m *pb.TensorMeta) bool {
+	return m.Location == nil && len(m.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(m.Key)
+}
+
+// bytesField is the length of a length-delimited field of field number
+// below 16 holding n bytes.
+func bytesField(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
+
+// varintField is the length of a varint field of field number below 16.
+func varintField(v uint64) int { return 1 + protowire.SizeVarint(v) }
+
+// appendBytesField appends field num, length-delimited, holding b.
+func appendBytesField(out []byte, num protowire.Number, b []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(out, num, protowire.BytesType), b)
+}
+
+// appendVarintField appends field num, a varint.
+func appendVarintField(out []byte, num protowire.Number, v uint64) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(out, num, protowire.VarintType), v)
+}
+
+// metaSize is the length of m's encoding, without a location.
+func metaSize(m *pb.TensorMeta) int {
+	n := 0
+	if m.Key != "" {
+		n += bytesField(len(m.Key))
+	}
+	if m.Dtype != 0 {
+		n += varintField(uint64(int64(m.Dtype)))
+	}
+	if len(m.Shape) > 0 {
+		n += bytesField(packedSize(m.Shape))
+	}
+	if m.ByteLength != 0 {
+		n += varintField(m.ByteLength)
+	}
+	if m.Crc32C != nil {
+		n += varintField(uint64(*m.Crc32C))
+	}
+	if m.InlineIndex != nil {
+		n += varintField(uint64(*m.InlineIndex))
+	}
+	if m.TransferId != 0 {
+		n += varintField(m.TransferId)
+	}
+	return n
+}
+
+// packedSize is the length of vs as packed varints.
+func packedSize[T int64 | uint64](vs []T) int {
+	n := 0
+	for _, v := range vs {
+		n += protowire.SizeVarint(uint64(v))
+	}
+	return n
+}
+
+// appendPacked appends field num holding vs as packed varints.
+func appendPacked[T int64 | uint64](out []byte, num protowire.Number, vs []T) []byte {
+	out = protowire.AppendTag(out, num, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(packedSize(vs)))
+	for _, v := range vs {
+		out = protowire.AppendVarint(out, uint64(v))
+	}
+	return out
+}
+
+// appendMetaField appends field num holding m (fastMeta), as protobuf
+// writes it: fields in order.
+func appendMetaField(out []byte, num protowire.Number, m *pb.TensorMeta) []byte {
+	out = protowire.AppendTag(out, num, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(metaSize(m)))
+	if m.Key != "" {
+		out = protowire.AppendString(protowire.AppendTag(out, 1, protowire.BytesType), m.Key)
+	}
+	if m.Dtype != 0 {
+		out = appendVarintField(out, 2, uint64(int64(m.Dtype)))
+	}
+	if len(m.Shape) > 0 {
+		out = appendPacked(out, 3, m.Shape)
+	}
+	if m.ByteLength != 0 {
+		out = appendVarintField(out, 4, m.ByteLength)
+	}
+	if m.Crc32C != nil {
+		out = appendVarintField(out, 5, uint64(*m.Crc32C))
+	}
+	if m.InlineIndex != nil {
+		out = appendVarintField(out, 7, uint64(*m.InlineIndex))
+	}
+	if m.TransferId != 0 {
+		out = appendVarintField(out, 8, m.TransferId)
+	}
+	return out
+}
+
+// marshalAppend is protobuf's encoding of m appended to b, for a fast
+// path that declines (on an error, b: the frame's check of its length
+// against FrameSize fails the send).
+func marshalAppend(b []byte, m proto.Message) []byte {
+	out, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// callRequestFrame is a CallRequest that encodes itself into a CALL_REQ
+// frame (engine.FrameMarshaler).
+type callRequestFrame struct{ *pb.CallRequest }
+
+func (r callRequestFrame) fast() bool {
+	if len(r.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(r.SessionId) || !utf8.ValidString(r.Method) {
+		return false
+	}
+	for _, m := range r.Tensors {
+		if m == nil || !fastMeta(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// FrameSize is proto.Size(r).
+func (r callRequestFrame) FrameSize() int {
+	if !r.fast() {
+		return proto.Size(r.CallRequest)
+	}
+	n := 0
+	if r.SessionId != "" {
+		n += bytesField(len(r.SessionId))
+	}
+	if r.Method != "" {
+		n += bytesField(len(r.Method))
+	}
+	if len(r.Metadata) > 0 {
+		n += bytesField(len(r.Metadata))
+	}
+	for _, m := range r.Tensors {
+		n += bytesField(metaSize(m))
+	}
+	for _, d := range r.InlineData {
+		n += bytesField(len(d))
+	}
+	return n
+}
+
+// AppendFrame appends proto.Marshal(r) to b.
+func (r callRequestFrame) AppendFrame(b []byte) []byte {
+	if !r.fast() {
+		return marshalAppend(b, r.CallRequest)
+	}
+	if r.SessionId != "" {
+		b = protowire.AppendString(protowire.AppendTag(b, 1, protowire.BytesType), r.SessionId)
+	}
+	if r.Method != "" {
+		b = protowire.AppendString(protowire.AppendTag(b, 2, protowire.BytesType), r.Method)
+	}
+	if len(r.Metadata) > 0 {
+		b = appendBytesField(b, 3, r.Metadata)
+	}
+	for _, m := range r.Tensors {
+		b = appendMetaField(b, 4, m)
+	}
+	for _, d := range r.InlineData {
+		b = appendBytesField(b, 5, d)
+	}
+	return b
+}
+
+// fastCallRequest decodes b into m (a new CallRequest) as proto.Unmarshal
+// would, or reports false and sets nothing.
+func fastCallRequest(b []byte, m *pb.CallRequest) bool {
+	var r pb.CallRequest // fields set here, then moved to m
+	for len(b) > 0 {
+		num, typ, _, bs, rest, ok := field(b)
+		if !ok || typ != protowire.BytesType {
+			return false
+		}
+		b = rest
+		switch num {
+		case 1, 2:
+			if !utf8.Valid(bs) {
+				return false
+			}
+			if num == 1 {
+				r.SessionId = string(bs)
+			} else {
+				r.Method = string(bs)
+			}
+		case 3:
+			r.Metadata = append(r.Metadata[:0], bs...)
+		case 4:
+			t := fastTensorMeta(bs)
+			if t == nil {
+				return false
+			}
+			r.Tensors = append(r.Tensors, t)
+		case 5:
+			r.InlineData = append(r.InlineData, append([]byte{}, bs...))
+		default:
+			return false
+		}
+	}
+	m.SessionId, m.Method, m.Metadata, m.Tensors, m.InlineData = r.SessionId, r.Method, r.Metadata, r.Tensors, r.InlineData
+	return true
+}
+
+// callReplyFrame is a CallResponse that encodes itself into a CALL_RESP
+// frame (engine.FrameMarshaler).
+type callReplyFrame struct{ *pb.CallResponse }
+
+func (r callReplyFrame) fast() bool {
+	if len(r.ProtoReflect().GetUnknown()) > 0 {
+		return false
+	}
+	for _, m := range r.Tensors {
+		if m == nil || !fastMeta(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// FrameSize is proto.Size(r).
+func (r callReplyFrame) FrameSize() int {
+	if !r.fast() {
+		return proto.Size(r.CallResponse)
+	}
+	n := 0
+	if len(r.Metadata) > 0 {
+		n += bytesField(len(r.Metadata))
+	}
+	for _, m := range r.Tensors {
+		n += bytesField(metaSize(m))
+	}
+	for _, d := range r.InlineData {
+		n += bytesField(len(d))
+	}
+	if len(r.TransferIds) > 0 {
+		n += bytesField(packedSize(r.TransferIds))
+	}
+	return n
+}
+
+// AppendFrame appends proto.Marshal(r) to b.
+func (r callReplyFrame) AppendFrame(b []byte) []byte {
+	if !r.fast() {
+		return marshalAppend(b, r.CallResponse)
+	}
+	if len(r.Metadata) > 0 {
+		b = appendBytesField(b, 1, r.Metadata)
+	}
+	for _, m := range r.Tensors {
+		b = appendMetaField(b, 2, m)
+	}
+	for _, d := range r.InlineData {
+		b = appendBytesField(b, 3, d)
+	}
+	if len(r.TransferIds) > 0 {
+		b = appendPacked(b, 4, r.TransferIds)
+	}
+	return b
+}
+
+// callAnswer is a Call's reply as a CALL_RESP frame carries it, decoded
+// by fastCallResponse (engine.FrameUnmarshaler).
+type callAnswer struct{ pb.CallResponse }
+
+// UnmarshalFrame decodes b as proto.Unmarshal would.
+func (a *callAnswer) UnmarshalFrame(b []byte) error {
+	if fastCallResponse(b, &a.CallResponse) {
+		return nil
+	}
+	return proto.Unmarshal(b, &a.CallResponse)
+}
+
+// fastCallResponse decodes b into m (a new CallResponse) as
+// proto.Unmarshal would, or reports false and sets nothing.
+func fastCallResponse(b []byte, m *pb.CallResponse) bool {
+	var r pb.CallResponse
+	for len(b) > 0 {
+		num, typ, v, bs, rest, ok := field(b)
+		if !ok {
+			return false
+		}
+		b = rest
+		switch {
+		case num == 4 && typ == protowire.VarintType: // unpacked
+			r.TransferIds = append(r.TransferIds, v)
+		case typ != protowire.BytesType:
+			return false
+		case num == 1:
+			r.Metadata = append(r.Metadata[:0], bs...)
+		case num == 2:
+			t := fastTensorMeta(bs)
+			if t == nil {
+				return false
+			}
+			r.Tensors = append(r.Tensors, t)
+		case num == 3:
+			r.InlineData = append(r.InlineData, append([]byte{}, bs...))
+		case num == 4: // packed
+			for len(bs) > 0 {
+				x, k := protowire.ConsumeVarint(bs)
+				if k < 0 {
+					return false
+				}
+				r.TransferIds = append(r.TransferIds, x)
+				bs = bs[k:]
+			}
+		default:
+			return false
+		}
+	}
+	m.Metadata, m.Tensors, m.InlineData, m.TransferIds = r.Metadata, r.Tensors, r.InlineData, r.TransferIds
+	return true
+}
