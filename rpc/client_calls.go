@@ -852,7 +852,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		free()
 		out.finish()
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameSendReq, 0, nil, req, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameSendReq, 0, nil, sendRequestBody{req}, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
 	if err == nil {
 		err = c.replyError(s, ref, r)
 	}
@@ -914,7 +914,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, callRequestFrame{creq}, intoCallAnswer, hold)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, callRequestBody{creq}, intoCallAnswer, hold)
 	if err != nil {
 		return nil, err
 	}

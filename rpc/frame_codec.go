@@ -194,11 +194,11 @@ func marshalAppend(b []byte, m proto.Message) []byte {
 	return out
 }
 
-// callRequestFrame is a CallRequest that encodes itself into a CALL_REQ
+// callRequestBody is a CallRequest that encodes itself into a CALL_REQ
 // frame (engine.FrameMarshaler).
-type callRequestFrame struct{ *pb.CallRequest }
+type callRequestBody struct{ *pb.CallRequest }
 
-func (r callRequestFrame) fast() bool {
+func (r callRequestBody) fast() bool {
 	if len(r.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(r.SessionId) || !utf8.ValidString(r.Method) {
 		return false
 	}
@@ -211,7 +211,7 @@ func (r callRequestFrame) fast() bool {
 }
 
 // FrameSize is proto.Size(r).
-func (r callRequestFrame) FrameSize() int {
+func (r callRequestBody) FrameSize() int {
 	if !r.fast() {
 		return proto.Size(r.CallRequest)
 	}
@@ -235,7 +235,7 @@ func (r callRequestFrame) FrameSize() int {
 }
 
 // AppendFrame appends proto.Marshal(r) to b.
-func (r callRequestFrame) AppendFrame(b []byte) []byte {
+func (r callRequestBody) AppendFrame(b []byte) []byte {
 	if !r.fast() {
 		return marshalAppend(b, r.CallRequest)
 	}
@@ -295,11 +295,11 @@ func fastCallRequest(b []byte, m *pb.CallRequest) bool {
 	return true
 }
 
-// callReplyFrame is a CallResponse that encodes itself into a CALL_RESP
+// callReplyBody is a CallResponse that encodes itself into a CALL_RESP
 // frame (engine.FrameMarshaler).
-type callReplyFrame struct{ *pb.CallResponse }
+type callReplyBody struct{ *pb.CallResponse }
 
-func (r callReplyFrame) fast() bool {
+func (r callReplyBody) fast() bool {
 	if len(r.ProtoReflect().GetUnknown()) > 0 {
 		return false
 	}
@@ -312,7 +312,7 @@ func (r callReplyFrame) fast() bool {
 }
 
 // FrameSize is proto.Size(r).
-func (r callReplyFrame) FrameSize() int {
+func (r callReplyBody) FrameSize() int {
 	if !r.fast() {
 		return proto.Size(r.CallResponse)
 	}
@@ -333,7 +333,7 @@ func (r callReplyFrame) FrameSize() int {
 }
 
 // AppendFrame appends proto.Marshal(r) to b.
-func (r callReplyFrame) AppendFrame(b []byte) []byte {
+func (r callReplyBody) AppendFrame(b []byte) []byte {
 	if !r.fast() {
 		return marshalAppend(b, r.CallResponse)
 	}
@@ -403,5 +403,116 @@ func fastCallResponse(b []byte, m *pb.CallResponse) bool {
 		}
 	}
 	m.Metadata, m.Tensors, m.InlineData, m.TransferIds = r.Metadata, r.Tensors, r.InlineData, r.TransferIds
+	return true
+}
+
+// sendRequestBody is a SendRequest that encodes itself into a SEND_REQ
+// frame (engine.FrameMarshaler).
+type sendRequestBody struct{ *pb.SendRequest }
+
+func (r sendRequestBody) fast() bool {
+	return len(r.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(r.SessionId) && (r.Meta == nil || fastMeta(r.Meta))
+}
+
+// FrameSize is proto.Size(r).
+func (r sendRequestBody) FrameSize() int {
+	if !r.fast() {
+		return proto.Size(r.SendRequest)
+	}
+	n := 0
+	if r.SessionId != "" {
+		n += bytesField(len(r.SessionId))
+	}
+	if r.Meta != nil {
+		n += bytesField(metaSize(r.Meta))
+	}
+	if len(r.InlineData) > 0 {
+		n += bytesField(len(r.InlineData))
+	}
+	if len(r.Rows) > 0 {
+		n += bytesField(packedSize(r.Rows))
+	}
+	if r.Reserve {
+		n += 2
+	}
+	if r.Commit != 0 {
+		n += varintField(r.Commit)
+	}
+	return n
+}
+
+// AppendFrame appends proto.Marshal(r) to b.
+func (r sendRequestBody) AppendFrame(b []byte) []byte {
+	if !r.fast() {
+		return marshalAppend(b, r.SendRequest)
+	}
+	if r.SessionId != "" {
+		b = protowire.AppendString(protowire.AppendTag(b, 1, protowire.BytesType), r.SessionId)
+	}
+	if r.Meta != nil {
+		b = appendMetaField(b, 2, r.Meta)
+	}
+	if len(r.InlineData) > 0 {
+		b = appendBytesField(b, 3, r.InlineData)
+	}
+	if len(r.Rows) > 0 {
+		b = appendPacked(b, 6, r.Rows)
+	}
+	if r.Reserve {
+		b = appendVarintField(b, 7, 1)
+	}
+	if r.Commit != 0 {
+		b = appendVarintField(b, 8, r.Commit)
+	}
+	return b
+}
+
+// fastSendRequest decodes b into m (a new SendRequest) as proto.Unmarshal
+// would, or reports false and sets nothing.
+func fastSendRequest(b []byte, m *pb.SendRequest) bool {
+	var r pb.SendRequest
+	for len(b) > 0 {
+		num, typ, v, bs, rest, ok := field(b)
+		if !ok {
+			return false
+		}
+		b = rest
+		switch {
+		case typ == protowire.VarintType:
+			switch num {
+			case 6: // unpacked
+				r.Rows = append(r.Rows, int64(v))
+			case 7:
+				r.Reserve = v != 0
+			case 8:
+				r.Commit = v
+			default:
+				return false
+			}
+		case num == 1:
+			if !utf8.Valid(bs) {
+				return false
+			}
+			r.SessionId = string(bs)
+		case num == 2 && r.Meta == nil: // twice: protobuf merges them
+			if r.Meta = fastTensorMeta(bs); r.Meta == nil {
+				return false
+			}
+		case num == 3:
+			r.InlineData = append(r.InlineData[:0], bs...)
+		case num == 6: // packed
+			for len(bs) > 0 {
+				x, k := protowire.ConsumeVarint(bs)
+				if k < 0 {
+					return false
+				}
+				r.Rows = append(r.Rows, int64(x))
+				bs = bs[k:]
+			}
+		default:
+			return false
+		}
+	}
+	m.SessionId, m.Meta, m.InlineData, m.Rows, m.Reserve, m.Commit = r.SessionId, r.Meta, r.InlineData, r.Rows, r.Reserve, r.Commit
 	return true
 }

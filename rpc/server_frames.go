@@ -436,7 +436,7 @@ func responseBytes(body proto.Message) int64 {
 		return int64(m.GetMeta().GetByteLength())
 	case *pb.CallResponse:
 		return metaBytes(m.Tensors)
-	case callReplyFrame:
+	case callReplyBody:
 		return metaBytes(m.Tensors)
 	}
 	return 0
@@ -444,8 +444,15 @@ func responseBytes(body proto.Message) int64 {
 
 // unmarshalFrame decodes a request frame's body.
 func unmarshalFrame(body []byte, m proto.Message) error {
-	if r, ok := m.(*pb.CallRequest); ok && fastCallRequest(body, r) {
-		return nil
+	switch r := m.(type) {
+	case *pb.CallRequest:
+		if fastCallRequest(body, r) {
+			return nil
+		}
+	case *pb.SendRequest:
+		if fastSendRequest(body, r) {
+			return nil
+		}
 	}
 	if err := proto.Unmarshal(body, m); err != nil {
 		return status.Errorf(codes.InvalidArgument, "tensorrpc: a request frame's body: %v", err)
@@ -704,5 +711,5 @@ func (s *Server) callForFrame(ctx context.Context, ss *serverSession, l *engine.
 	if err != nil {
 		return 0, nil, err
 	}
-	return s.answer(ctx, ss, l, ref, callReplyFrame{resp}, resp.TransferIds)
+	return s.answer(ctx, ss, l, ref, callReplyBody{resp}, resp.TransferIds)
 }
