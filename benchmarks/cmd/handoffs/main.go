@@ -164,6 +164,10 @@ func printTimelines(w io.Writer, rs []result) {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s: the scheduler's events in a call, as %d of %d calls went (median µs since the call began, traced; the gaps are system calls, wake-ups and code)\n\n", r.Case, tl.Calls, r.Calls)
+		if len(tl.Steps) == 0 {
+			fmt.Fprintln(w, "(no events: the calls neither parked, yielded nor made a system call)")
+			continue
+		}
 		fmt.Fprintln(w, "| step | µs | gap µs | what |\n|--:|--:|--:|---|")
 		var prev float64
 		for i, s := range tl.Steps {

@@ -41,8 +41,12 @@ func TestJSON(t *testing.T) {
 		if calls, _ := obj["calls"].(float64); calls != 20 {
 			t.Errorf("%s: calls = %v, want 20", name, obj["calls"])
 		}
-		if tl, _ := obj["timeline"].(map[string]any); tl == nil || tl["calls"].(float64) < 1 || len(tl["steps"].([]any)) == 0 {
+		// Steps, or none where most calls saw no scheduler event (a
+		// poller on many cores may find every answer so).
+		if tl, _ := obj["timeline"].(map[string]any); tl == nil || tl["calls"].(float64) < 1 {
 			t.Errorf("%s: timeline %v, want the steps of at least one call", name, obj["timeline"])
+		} else if _, ok := tl["steps"].([]any); !ok {
+			t.Errorf("%s: timeline steps %v, want a list", name, tl["steps"])
 		}
 		if p50, _ := obj["p50_ns"].(float64); p50 <= 0 {
 			t.Errorf("%s: p50_ns = %v, want > 0", name, obj["p50_ns"])

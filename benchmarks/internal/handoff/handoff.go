@@ -84,7 +84,9 @@ type Counts struct {
 }
 
 // Timeline is the sequence of scheduler events that Calls of the traced
-// calls went through, in order (calls going other ways are left out).
+// calls went through, in order (calls going other ways are left out); no
+// steps when most calls saw none (a caller that found its answer without
+// parking, yielding or a system call).
 type Timeline struct {
 	Calls int    `json:"calls"`
 	Steps []Step `json:"steps"`
@@ -206,7 +208,7 @@ func timeline(calls [][]event) *Timeline {
 	if len(same) == 0 {
 		return nil
 	}
-	tl := &Timeline{Calls: len(same)}
+	tl := &Timeline{Calls: len(same), Steps: []Step{}} // none: most calls saw no event
 	at := make([]time.Duration, len(same))
 	for i, e := range same[0] {
 		for j, c := range same {
