@@ -40,6 +40,20 @@ func field(b []byte) (num protowire.Number, typ protowire.Type, v uint64, bs, re
 	return num, typ, v, bs, b[n:], true
 }
 
+// appendUnpacked appends the packed varints bs holds to vs; ok is false
+// for a malformed one.
+func appendUnpacked[T int64 | uint64](vs []T, bs []byte) (_ []T, ok bool) {
+	for len(bs) > 0 {
+		x, k := protowire.ConsumeVarint(bs)
+		if k < 0 {
+			return vs, false
+		}
+		vs = append(vs, T(x))
+		bs = bs[k:]
+	}
+	return vs, true
+}
+
 // fastTensorMeta decodes a TensorMeta without a location: nil for what
 // it leaves to protobuf.
 func fastTensorMeta(b []byte) *pb.TensorMeta {
@@ -54,13 +68,8 @@ func fastTensorMeta(b []byte) *pb.TensorMeta {
 		case num == 1 && typ == protowire.BytesType && utf8.Valid(bs):
 			m.Key = string(bs)
 		case num == 3 && typ == protowire.BytesType: // packed
-			for len(bs) > 0 {
-				x, k := protowire.ConsumeVarint(bs)
-				if k < 0 {
-					return nil
-				}
-				m.Shape = append(m.Shape, int64(x))
-				bs = bs[k:]
+			if m.Shape, ok = appendUnpacked(m.Shape, bs); !ok {
+				return nil
 			}
 		case typ != protowire.VarintType:
 			return nil
@@ -183,6 +192,41 @@ func appendMetaField(out []byte, num protowire.Number, m *pb.TensorMeta) []byte 
 	return out
 }
 
+// fastMetas reports whether appendMetaField encodes every one of ms.
+func fastMetas(ms []*pb.TensorMeta) bool {
+	for _, m := range ms {
+		if m == nil || !fastMeta(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// tensorsSize is the length of fields holding ms and then ds, each of
+// its own (repeated TensorMeta, then repeated bytes).
+func tensorsSize(ms []*pb.TensorMeta, ds [][]byte) int {
+	n := 0
+	for _, m := range ms {
+		n += bytesField(metaSize(m))
+	}
+	for _, d := range ds {
+		n += bytesField(len(d))
+	}
+	return n
+}
+
+// appendTensors appends ms as field metaNum and then ds as field
+// dataNum, repeated.
+func appendTensors(b []byte, metaNum protowire.Number, ms []*pb.TensorMeta, dataNum protowire.Number, ds [][]byte) []byte {
+	for _, m := range ms {
+		b = appendMetaField(b, metaNum, m)
+	}
+	for _, d := range ds {
+		b = appendBytesField(b, dataNum, d)
+	}
+	return b
+}
+
 // marshalAppend is protobuf's encoding of m appended to b, for a fast
 // path that declines (on an error, b: the frame's check of its length
 // against FrameSize fails the send).
@@ -199,15 +243,7 @@ func marshalAppend(b []byte, m proto.Message) []byte {
 type callRequestBody struct{ *pb.CallRequest }
 
 func (r callRequestBody) fast() bool {
-	if len(r.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(r.SessionId) || !utf8.ValidString(r.Method) {
-		return false
-	}
-	for _, m := range r.Tensors {
-		if m == nil || !fastMeta(m) {
-			return false
-		}
-	}
-	return true
+	return len(r.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(r.SessionId) && utf8.ValidString(r.Method) && fastMetas(r.Tensors)
 }
 
 // FrameSize is proto.Size(r).
@@ -225,13 +261,7 @@ func (r callRequestBody) FrameSize() int {
 	if len(r.Metadata) > 0 {
 		n += bytesField(len(r.Metadata))
 	}
-	for _, m := range r.Tensors {
-		n += bytesField(metaSize(m))
-	}
-	for _, d := range r.InlineData {
-		n += bytesField(len(d))
-	}
-	return n
+	return n + tensorsSize(r.Tensors, r.InlineData)
 }
 
 // AppendFrame appends proto.Marshal(r) to b.
@@ -248,13 +278,7 @@ func (r callRequestBody) AppendFrame(b []byte) []byte {
 	if len(r.Metadata) > 0 {
 		b = appendBytesField(b, 3, r.Metadata)
 	}
-	for _, m := range r.Tensors {
-		b = appendMetaField(b, 4, m)
-	}
-	for _, d := range r.InlineData {
-		b = appendBytesField(b, 5, d)
-	}
-	return b
+	return appendTensors(b, 4, r.Tensors, 5, r.InlineData)
 }
 
 // fastCallRequest decodes b into m (a new CallRequest) as proto.Unmarshal
@@ -300,15 +324,7 @@ func fastCallRequest(b []byte, m *pb.CallRequest) bool {
 type callReplyBody struct{ *pb.CallResponse }
 
 func (r callReplyBody) fast() bool {
-	if len(r.ProtoReflect().GetUnknown()) > 0 {
-		return false
-	}
-	for _, m := range r.Tensors {
-		if m == nil || !fastMeta(m) {
-			return false
-		}
-	}
-	return true
+	return len(r.ProtoReflect().GetUnknown()) == 0 && fastMetas(r.Tensors)
 }
 
 // FrameSize is proto.Size(r).
@@ -320,12 +336,7 @@ func (r callReplyBody) FrameSize() int {
 	if len(r.Metadata) > 0 {
 		n += bytesField(len(r.Metadata))
 	}
-	for _, m := range r.Tensors {
-		n += bytesField(metaSize(m))
-	}
-	for _, d := range r.InlineData {
-		n += bytesField(len(d))
-	}
+	n += tensorsSize(r.Tensors, r.InlineData)
 	if len(r.TransferIds) > 0 {
 		n += bytesField(packedSize(r.TransferIds))
 	}
@@ -340,12 +351,7 @@ func (r callReplyBody) AppendFrame(b []byte) []byte {
 	if len(r.Metadata) > 0 {
 		b = appendBytesField(b, 1, r.Metadata)
 	}
-	for _, m := range r.Tensors {
-		b = appendMetaField(b, 2, m)
-	}
-	for _, d := range r.InlineData {
-		b = appendBytesField(b, 3, d)
-	}
+	b = appendTensors(b, 2, r.Tensors, 3, r.InlineData)
 	if len(r.TransferIds) > 0 {
 		b = appendPacked(b, 4, r.TransferIds)
 	}
@@ -390,13 +396,8 @@ func fastCallResponse(b []byte, m *pb.CallResponse) bool {
 		case num == 3:
 			r.InlineData = append(r.InlineData, append([]byte{}, bs...))
 		case num == 4: // packed
-			for len(bs) > 0 {
-				x, k := protowire.ConsumeVarint(bs)
-				if k < 0 {
-					return false
-				}
-				r.TransferIds = append(r.TransferIds, x)
-				bs = bs[k:]
+			if r.TransferIds, ok = appendUnpacked(r.TransferIds, bs); !ok {
+				return false
 			}
 		default:
 			return false
@@ -501,13 +502,8 @@ func fastSendRequest(b []byte, m *pb.SendRequest) bool {
 		case num == 3:
 			r.InlineData = append(r.InlineData[:0], bs...)
 		case num == 6: // packed
-			for len(bs) > 0 {
-				x, k := protowire.ConsumeVarint(bs)
-				if k < 0 {
-					return false
-				}
-				r.Rows = append(r.Rows, int64(x))
-				bs = bs[k:]
+			if r.Rows, ok = appendUnpacked(r.Rows, bs); !ok {
+				return false
 			}
 		default:
 			return false
