@@ -300,6 +300,25 @@ class Summary:
             rows.append("- cuda-check: %s" % ("cuda check OK" if "cuda check OK" in check else "did not print 'cuda check OK'"))
         return rows
 
+    def timelines(self):
+        """The scheduler's events of a 4 KiB call, as most calls went
+        (handoffs' timelines, when its JSON lines have them)."""
+        md = []
+        for case in ("fetch-tcp", "pingpong-tcp", "fetch-shm", "call-tcp"):
+            r = self.find("handoffs", case=case)
+            tl = (r or {}).get("timeline") or {}
+            steps = tl.get("steps") or []
+            if not steps:
+                continue
+            md += ["", "%s: the scheduler's events in a call, as %d of %d calls went (median µs since the call began, traced)" %
+                   (case, tl.get("calls", 0), r.get("calls", 0)), "", "| step | µs | gap µs | what |", "| ---: | ---: | ---: | --- |"]
+            prev = 0.0
+            for i, st in enumerate(steps):
+                at = st.get("at_ns", 0) / 1e3
+                md.append("| %d | %.1f | %.1f | %s |" % (i + 1, at, at - prev, st.get("what", "").replace("github.com/tensorrpc/tensorrpc/", "")))
+                prev = at
+        return md
+
     def markdown(self):
         self.device_goals()
         self.tensorbench_goals()
@@ -323,6 +342,7 @@ class Summary:
         met = sum(1 for g in self.goals if g[5] == "yes")
         missed = sum(1 for g in self.goals if g[5] == "**no**")
         md += ["", "%d goals met, %d missed, %d not measured." % (met, missed, len(self.goals) - met - missed)]
+        md += self.timelines()
         return "\n".join(md) + "\n"
 
     def jsonl(self):

@@ -95,6 +95,30 @@ func TestDeviceCheckSummaryNoGPU(t *testing.T) {
 	}
 }
 
+// TestDeviceCheckSummaryTimelines: the summary lays out handoffs'
+// timelines, when its JSON lines have them (session 17's, 2 cores).
+func TestDeviceCheckSummaryTimelines(t *testing.T) {
+	steps := t.TempDir()
+	b, err := os.ReadFile(filepath.Join("..", "benchmarks", "results", "handoffs-2core-session17-2026-11-27.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(steps, "handoffs.jsonl"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	md := summarize(t, steps, "")
+	for _, want := range []string{
+		"fetch-tcp: the scheduler's events in a call, as 2959 of 3000 calls went",
+		"| 1 | 2.1 | 2.1 | syscall verbs/tcp.(*frameBatch).flush |",
+		"| 23 | 27.6 | 0.1 | run rpc/internal/engine.(*bell).wait |",
+		"pingpong-tcp: the scheduler's events in a call",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 // TestDeviceCheckSummaryH100 makes the summary of the H100 run committed
 // in benchmarks/results and checks goals of each kind.
 func TestDeviceCheckSummaryH100(t *testing.T) {
