@@ -102,8 +102,8 @@ type FrameUnmarshaler interface {
 }
 
 // FrameMarshaler is a message that encodes itself into a frame's body,
-// faster than proto.Marshal, into what proto.Marshal would write: a
-// Fetch's inline answer.
+// faster than proto.Marshal, into what proto.Marshal would write (package
+// rpc's small calls' bodies).
 type FrameMarshaler interface {
 	proto.Message
 	// FrameSize is the length of the encoding; AppendFrame appends it.
