@@ -9,12 +9,13 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 )
 
-// The messages a small call's frames carry (a Call's request and reply,
-// a Fetch's inline answer) are encoded and decoded here without
-// protobuf's reflection, which took longer than the rest of a 4 KiB
-// call's encoding, into and from exactly what protobuf writes and reads.
-// What they do not cover (a location, a field they do not know, an
-// encoding they do not follow, a string that is not UTF-8) goes to
+// The messages a small call's frames carry (a Fetch's inline answer, see
+// inline_answer.go; a Send's request; a Call's request and reply) are
+// encoded and decoded here without protobuf's reflection, which took
+// longer than the rest of a 4 KiB call's encoding, into and from exactly
+// what protobuf writes and reads. What they do not cover (a location, a
+// field they do not know, an encoding they do not follow, a message field
+// twice, which protobuf merges, a string that is not UTF-8) goes to
 // protobuf as before: the fast paths decline and set nothing.
 
 // field reads the first field of b, a protobuf encoding: its number, its
