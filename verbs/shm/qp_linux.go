@@ -280,7 +280,7 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 func (qp *queuePair) PostRecvUnlock() {
 	var acks []message
 	if in := qp.inbound; in != nil && in.recv == nil && len(qp.Recvq) > 0 {
-		acks = qp.deliverLocked(in)
+		acks = qp.deliverLocked(in, nil)
 	}
 	qp.Mu.Unlock()
 	qp.sendAll(acks)

@@ -173,7 +173,8 @@ func (qp *queuePair) onRequest(m message) error {
 		}
 		in.chunk, in.seq = m, m.seq
 	}
-	acks := qp.deliverLocked(in)
+	var buf [1]message // the one ack of the usual delivery, without an allocation
+	acks := qp.deliverLocked(in, buf[:0])
 	qp.Mu.Unlock()
 	qp.sendAll(acks)
 	qp.releaseRecvHere()
@@ -193,9 +194,10 @@ func (qp *queuePair) checkWriteImm(m message) error {
 }
 
 // deliverLocked completes in's latest chunk, taking a Recv first if in has
-// none (there is one). It returns the acks to send after unlocking; the
+// none (there is one). It returns the acks to send after unlocking,
+// appended to acks (a caller's array spares an allocation a message); the
 // caller then calls releaseRecv.
-func (qp *queuePair) deliverLocked(in *inbound) []message {
+func (qp *queuePair) deliverLocked(in *inbound, acks []message) []message {
 	m := in.chunk
 	if in.recv == nil {
 		r := qp.TakeRecvLocked()
@@ -210,13 +212,13 @@ func (qp *queuePair) deliverLocked(in *inbound) []message {
 				qp.inbound = nil
 				qp.releaseRecvLocked()
 				qp.completeRecv(verbs.Completion{ID: r.ID, Op: verbs.OpRecv, Status: st, Err: err})
-				acks := []message{{typ: msgAck, seq: m.seq, status: peer}}
+				acks = append(acks, message{typ: msgAck, seq: m.seq, status: peer})
 				return append(acks, qp.failLocked(verbs.StatusFlushed, err)...)
 			}
 			r.Vec.Release()
 		}
 	}
-	ack := []message{{typ: msgAck, seq: m.seq}}
+	ack := append(acks, message{typ: msgAck, seq: m.seq})
 	if in.send {
 		if _, ok := in.recv.Vec.Acquire(); ok {
 			in.recv.Vec.Scatter(int(m.offset), qp.peerStaging[:m.length])
