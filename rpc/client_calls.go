@@ -77,8 +77,14 @@ func WaitForKey() FetchOption { return func(o *fetchOptions) { o.wait = true } }
 // comes from the Client's pool; release it when done.
 func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*Tensor, error) {
 	var fo fetchOptions
-	for _, o := range opts {
-		o(&fo)
+	if len(opts) > 0 {
+		// The options write through a pointer the compiler cannot follow:
+		// to the heap only when there are any.
+		p := new(fetchOptions)
+		for _, o := range opts {
+			o(p)
+		}
+		fo = *p
 	}
 	if err := fo.check(key); err != nil {
 		return nil, err
@@ -88,8 +94,21 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 		return nil, err
 	}
 	defer c.leave()
+	if len(c.opts.interceptors) == 0 {
+		// Without the interceptors' closure, which would take fo and the
+		// result to the heap.
+		if ctx, err = clientCodec(ctx); err != nil {
+			return nil, err
+		}
+		return s.calls.fetch(ctx, key, fo)
+	}
+	return c.fetchIntercepted(ctx, s, key, fo)
+}
+
+// fetchIntercepted is Fetch through the Client's interceptors.
+func (c *Client) fetchIntercepted(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
 	var t *Tensor
-	err = c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
+	err := c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
 		var err error
 		t, err = s.calls.fetch(ctx, key, fo)
 		if t != nil {

@@ -49,8 +49,6 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	}
 	switch h.Type {
 	case wire.FrameFetchReq:
-		var key string
-		var rows []int64
 		// fetchNow answers where completions are handled. With
 		// interceptors, all of them inline ones (WithInlineInterceptors),
 		// the call runs there too, wrapped by them (runFrameCall's
@@ -63,36 +61,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		if inline && s.fetchNowIntercepted(ss, l, h, hdr, string(body)) {
 			return
 		}
-		// An indirect key is pulled up to one byte past the longest, so
-		// that one too long fails as one inline does.
-		limit := wire.MaxKeyLen + 1
-		if h.Flags&wire.FlagRows != 0 {
-			limit = MaxRecvMsgBytes
-		}
-		load := s.takeRequest(ss, l, h, body, bad, limit, func(b []byte) error {
-			if h.Flags&wire.FlagRows != 0 {
-				req := &pb.FetchRequest{}
-				if err := unmarshalFrame(b, req); err != nil {
-					return err
-				}
-				if req.Rows == nil {
-					return status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the ROWS flag names no row")
-				}
-				b, rows = []byte(req.Key), req.Rows
-			}
-			if len(b) > wire.MaxKeyLen {
-				return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
-			}
-			key = string(b)
-			return nil
-		})
-		mode := engine.RunGoroutine
-		if inline {
-			mode = engine.RunInline
-		}
-		s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, mode, nil, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-			return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
-		})
+		s.serveFetchFrame(ss, l, h, hdr, body, bad, inline)
 	case wire.FrameSendReq:
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
@@ -235,6 +204,45 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 		defer buf.Release()
 		return decode(buf.Bytes())
 	}
+}
+
+// serveFetchFrame runs a FETCH_REQ that fetchNow did not answer at once
+// (runFrameCall: where it was read when inline, else in a goroutine of
+// its own). Apart from serveFrame, so that the frames fetchNow answers do
+// not allocate what these calls' closures share.
+func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, body []byte, bad error, inline bool) {
+	var key string
+	var rows []int64
+	// An indirect key is pulled up to one byte past the longest, so
+	// that one too long fails as one inline does.
+	limit := wire.MaxKeyLen + 1
+	if h.Flags&wire.FlagRows != 0 {
+		limit = MaxRecvMsgBytes
+	}
+	load := s.takeRequest(ss, l, h, body, bad, limit, func(b []byte) error {
+		if h.Flags&wire.FlagRows != 0 {
+			req := &pb.FetchRequest{}
+			if err := unmarshalFrame(b, req); err != nil {
+				return err
+			}
+			if req.Rows == nil {
+				return status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the ROWS flag names no row")
+			}
+			b, rows = []byte(req.Key), req.Rows
+		}
+		if len(b) > wire.MaxKeyLen {
+			return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
+		}
+		key = string(b)
+		return nil
+	})
+	mode := engine.RunGoroutine
+	if inline {
+		mode = engine.RunInline
+	}
+	s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, mode, nil, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+		return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
+	})
 }
 
 // fetchNow answers a FETCH_REQ at once, where the link's completions are
