@@ -433,6 +433,12 @@ func (c *Client) Send(ctx context.Context, key string, t *Tensor) error {
 		return err
 	}
 	defer c.leave()
+	if len(c.opts.interceptors) == 0 { // without the interceptors' closure
+		if ctx, err = clientCodec(ctx); err != nil {
+			return err
+		}
+		return s.calls.send(ctx, key, t)
+	}
 	return c.intercept(ctx, s, OpSend, key, int64(len(t.Bytes())), func(ctx context.Context, _ *CallInfo) error {
 		return s.calls.send(ctx, key, t)
 	})
@@ -457,8 +463,8 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		req = &Message{}
 	}
 	for i, t := range req.Tensors {
-		if err := checkOutgoing(t, fmt.Sprintf("request tensor %d", i)); err != nil {
-			return nil, err
+		if checkOutgoing(t, "") != nil { // named only when it fails
+			return nil, checkOutgoing(t, fmt.Sprintf("request tensor %d", i))
 		}
 	}
 	s, err := c.start(ctx)
@@ -466,8 +472,21 @@ func (c *Client) Call(ctx context.Context, method string, req *Message) (*Messag
 		return nil, err
 	}
 	defer c.leave()
+	if len(c.opts.interceptors) == 0 {
+		// Without the interceptors' closure, which would take the reply
+		// to the heap.
+		if ctx, err = clientCodec(ctx); err != nil {
+			return nil, err
+		}
+		return s.calls.call(ctx, method, req)
+	}
+	return c.callIntercepted(ctx, s, method, req)
+}
+
+// callIntercepted is Call through the Client's interceptors.
+func (c *Client) callIntercepted(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
 	var reply *Message
-	err = c.intercept(ctx, s, OpCall, method, tensorBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
+	err := c.intercept(ctx, s, OpCall, method, tensorBytes(req.Tensors), func(ctx context.Context, info *CallInfo) error {
 		var err error
 		reply, err = s.calls.call(ctx, method, req)
 		if reply != nil {
