@@ -107,20 +107,35 @@ func (c *Client) Fetch(ctx context.Context, key string, opts ...FetchOption) (*T
 
 // fetchIntercepted is Fetch through the Client's interceptors.
 func (c *Client) fetchIntercepted(ctx context.Context, s *clientSession, key string, fo fetchOptions) (*Tensor, error) {
-	var t *Tensor
-	err := c.intercept(ctx, s, OpFetch, key, 0, func(ctx context.Context, info *CallInfo) error {
-		var err error
-		t, err = s.calls.fetch(ctx, key, fo)
-		if t != nil {
-			info.setResponse(int64(len(t.Bytes())))
-		}
-		return err
-	})
-	if err != nil && t != nil {
-		t.Release() // an interceptor failed the call after it succeeded
-		t = nil
+	ctx, err := clientCodec(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return t, err
+	f := &interceptedFetch{s: s, key: key, fo: fo}
+	err = c.interceptCall(ctx, s, &f.icall, OpFetch, key, 0, f)
+	if err != nil && f.t != nil {
+		f.t.Release() // an interceptor failed the call after it succeeded
+		f.t = nil
+	}
+	return f.t, err
+}
+
+// interceptedFetch is a Fetch through interceptors, in one allocation.
+type interceptedFetch struct {
+	icall
+	s   *clientSession
+	key string
+	fo  fetchOptions
+	t   *Tensor // what came back
+}
+
+func (f *interceptedFetch) work(ctx context.Context, info *CallInfo) error {
+	var err error
+	f.t, err = f.s.calls.fetch(ctx, f.key, f.fo)
+	if f.t != nil {
+		info.setResponse(int64(len(f.t.Bytes())))
+	}
+	return err
 }
 
 // check checks the options before anything is asked for.
@@ -170,10 +185,17 @@ func (c *Client) intercept(ctx context.Context, s *clientSession, op Operation, 
 	if len(c.opts.interceptors) == 0 {
 		return work(ctx, nil)
 	}
-	info := &CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
-	ctx = context.WithValue(ctx, callInfoKey{}, info)
-	err = intercept(ctx, c.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
-	info.answered()
+	return c.interceptCall(ctx, s, &icall{}, op, name, reqBytes, workFunc(work))
+}
+
+// interceptCall is intercept, after clientCodec, for a Client that has
+// interceptors, with the call's icall given (part of a larger allocation
+// of the caller's) and its work w.
+func (c *Client) interceptCall(ctx context.Context, s *clientSession, ic *icall, op Operation, name string, reqBytes int64, w callWork) error {
+	ic.Context, ic.w = ctx, w
+	ic.info = CallInfo{Op: op, Name: name, Client: true, Peer: c.cc.Target(), Session: s.id, Transport: s.transport, Path: s.path(), RequestBytes: reqBytes}
+	err := intercept(ic, c.opts.interceptors, &ic.info, ic.next)
+	ic.info.answered()
 	return err
 }
 

@@ -560,18 +560,57 @@ func (s *Server) interceptAnswer(ctx context.Context, ss *serverSession, op Oper
 	if len(s.opts.interceptors) == 0 {
 		return nil, work(ctx, nil)
 	}
-	info := &CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC, md: md, mdKnown: mdKnown}
+	ic := &icall{}
+	return &ic.info, s.interceptCall(ctx, ss, ic, op, name, path, reqBytes, md, mdKnown, workFunc(work))
+}
+
+// interceptCall is interceptAnswer with the call's icall given (part of
+// a larger allocation of the caller's) and its work w, for a Server that
+// has interceptors.
+func (s *Server) interceptCall(ctx context.Context, ss *serverSession, ic *icall, op Operation, name, path string, reqBytes int64, md metadata.MD, mdKnown bool, w callWork) error {
+	ic.Context, ic.w = ctx, w
+	ic.info = CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC, md: md, mdKnown: mdKnown}
 	if !mdKnown {
-		info.mdCtx = ctx
+		ic.info.mdCtx = ctx
 	}
 	if ss != nil {
-		info.Session, info.Transport, info.Peer = ss.id, ss.transport, ss.addr
+		ic.info.Session, ic.info.Transport, ic.info.Peer = ss.id, ss.transport, ss.addr
 	} else {
-		info.Peer = peerAddr(ctx)
+		ic.info.Peer = peerAddr(ctx)
 	}
-	ctx = context.WithValue(ctx, callInfoKey{}, info)
-	return info, intercept(ctx, s.opts.interceptors, info, func(ctx context.Context) error { return work(ctx, info) })
+	return intercept(ic, s.opts.interceptors, &ic.info, ic.next)
 }
+
+// icall is an intercepted call in one allocation: its CallInfo, the
+// context its interceptors get (the call's, carrying the CallInfo, as
+// context.WithValue would make it), and the work they wrap.
+type icall struct {
+	context.Context // the call's
+	info            CallInfo
+	w               callWork
+}
+
+// Value is the call's CallInfo for callInfoKey, the call's context's
+// value otherwise.
+func (c *icall) Value(key any) any {
+	if _, ok := key.(callInfoKey); ok {
+		return &c.info
+	}
+	return c.Context.Value(key)
+}
+
+// next runs the call's work: the next of its last interceptor.
+func (c *icall) next(ctx context.Context) error { return c.w.work(ctx, &c.info) }
+
+// callWork is a call's work, which its interceptors wrap.
+type callWork interface {
+	work(ctx context.Context, info *CallInfo) error
+}
+
+// workFunc is a function as a callWork.
+type workFunc func(context.Context, *CallInfo) error
+
+func (f workFunc) work(ctx context.Context, info *CallInfo) error { return f(ctx, info) }
 
 // metaBytes is the sum of metas' byte lengths.
 func metaBytes(metas []*pb.TensorMeta) int64 {

@@ -326,72 +326,93 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	if hdr.md != nil {
 		ctx = metadata.NewIncomingContext(ctx, hdr.md)
 	}
-	var resp *pb.FetchResponse
-	var view *mempool.Buffer // what an inline resp views
-	var reply *inlineReply   // resp, when inline
-	info, err := s.interceptAnswer(ctx, ss, OpFetch, key, PathFrame, 0, hdr.md, true, func(ctx context.Context, info *CallInfo) error {
-		// An interceptor that runs the work again (a retry) gets a new
-		// answer; the first one's goes.
-		s.withdraw(ss, resp, view)
-		resp, view = nil, nil
-		e, err := s.fetch(ctx, key, false)
-		if err != nil {
-			return err
-		}
-		n := len(e.Tensor.Bytes())
-		if n > engine.FrameInline(s.opts.eagerThreshold) {
-			// A transfer, granted and offered as fetchNow does.
-			if resp, err = s.fetchAnswer(ctx, ss, l, h.Ref, key, e, -1, nil); err != nil {
-				return err
-			}
-		} else {
-			view = e.Buf
-			reply = &inlineReply{pb.FetchResponse{Meta: metaOf(key, e.Tensor, false), InlineData: e.Tensor.Bytes()[:n:n]}}
-			resp = &reply.FetchResponse
-		}
-		info.setResponse(int64(n))
-		return nil
-	})
-	if err == nil && resp == nil {
+	f := &fetchNowCall{s: s, ss: ss, l: l, ref: h.Ref, key: key}
+	err := s.interceptCall(ctx, ss, &f.icall, OpFetch, key, PathFrame, 0, hdr.md, true, f)
+	if err == nil && f.resp == nil {
 		err = errSkipped(OpFetch)
 	}
 	var inline int
 	if err != nil {
 		// An interceptor failed a call whose work was done: what it made
 		// for the client goes now.
-		s.withdraw(ss, resp, view)
-		resp, view = nil, nil
-	} else if view != nil {
-		inline = len(resp.InlineData)
+		s.withdraw(ss, f.resp, f.view)
+		f.resp, f.view = nil, nil
+	} else if f.view != nil {
+		inline = len(f.resp.InlineData)
 	}
 	var st [4]byte
 	raw := engine.AppendStatus(st[:0], err, l.Frames.SlotSize-wire.FrameHeaderLen)
 	var body proto.Message
 	switch {
-	case reply != nil && resp == &reply.FetchResponse:
-		body = reply
-	case resp != nil:
-		body = resp
+	case f.resp == &f.reply.FetchResponse:
+		body = &f.reply
+	case f.resp != nil:
+		body = f.resp
 	}
 	ss.answeredNow.Add(1)
 	if !answerAsideForTest.Load() && l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, body, nil) {
-		if view != nil {
+		if f.view != nil {
 			s.countInline(ss, inline)
-			view.Release()
+			f.view.Release()
 		}
-		info.answered()
+		f.info.answered()
 		return true
 	}
-	defer info.answered() // once the answer is on its way aside
 	ss.answeredNow.Add(-1)
-	// No credit or buffer at hand: the answer waits for them aside, as a
-	// call under way (Session.Run), so that a graceful stop lets it go.
-	raw = append([]byte(nil), raw...)
+	s.answerAside(ss, l, h.Ref, append([]byte(nil), raw...), body, f.resp, f.view, inline)
+	f.info.answered() // once the answer is on its way aside
+	return true
+}
+
+// fetchNowCall is a Fetch that fetchNowIntercepted answers, in one
+// allocation: what its interceptors wrap, and its answer.
+type fetchNowCall struct {
+	icall
+	s    *Server
+	ss   *serverSession
+	l    *engine.Link
+	ref  uint64
+	key  string
+	resp *pb.FetchResponse // the answer: &reply.FetchResponse when inline
+	view *mempool.Buffer   // what an inline resp views
+	// reply is an inline answer, which encodes itself.
+	reply inlineReply
+}
+
+func (f *fetchNowCall) work(ctx context.Context, info *CallInfo) error {
+	// An interceptor that runs the work again (a retry) gets a new
+	// answer; the first one's goes.
+	f.s.withdraw(f.ss, f.resp, f.view)
+	f.resp, f.view = nil, nil
+	e, err := f.s.fetch(ctx, f.key, false)
+	if err != nil {
+		return err
+	}
+	n := len(e.Tensor.Bytes())
+	if n > engine.FrameInline(f.s.opts.eagerThreshold) {
+		// A transfer, granted and offered as fetchNow does.
+		if f.resp, err = f.s.fetchAnswer(ctx, f.ss, f.l, f.ref, f.key, e, -1, nil); err != nil {
+			return err
+		}
+	} else {
+		f.view = e.Buf
+		f.reply.Meta, f.reply.InlineData = metaOf(f.key, e.Tensor, false), e.Tensor.Bytes()[:n:n]
+		f.resp = &f.reply.FetchResponse
+	}
+	info.setResponse(int64(n))
+	return nil
+}
+
+// answerAside sends a Fetch's answer (raw, then body; resp, the answer
+// body is or holds, view what an inline one views, inline its bytes)
+// that found no credit or buffer at hand: it waits for them aside, as a
+// call under way (Session.Run), so that a graceful stop lets it go.
+func (s *Server) answerAside(ss *serverSession, l *engine.Link, ref uint64, raw []byte, body proto.Message, resp *pb.FetchResponse, view *mempool.Buffer, inline int) {
 	ran := false
-	ss.Run(l, h.Ref, func() {}, engine.RunInline, nil, func(_ error, over func()) bool {
+	ss.Run(l, ref, func() {}, engine.RunInline, nil, func(_ error, over func()) bool {
 		ran = true
 		go func() {
-			posted, err := l.PostFrame(ss.Context(), wire.FrameFetchResp, 0, h.Ref, raw, body, over)
+			posted, err := l.PostFrame(ss.Context(), wire.FrameFetchResp, 0, ref, raw, body, over)
 			if err != nil {
 				s.withdraw(ss, resp, nil)
 			} else if view != nil {
@@ -409,7 +430,6 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	if !ran { // the session closed
 		s.withdraw(ss, resp, view)
 	}
-	return true
 }
 
 // errSkipped is the error of a call whose interceptors returned neither
