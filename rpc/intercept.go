@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -123,11 +124,16 @@ type CallInfo struct {
 	after    []func()
 	afterBuf [1]func()
 	// md is a server call's incoming metadata when known (mdKnown: the
-	// frame paths, or once IncomingMetadata looked it up in mdCtx).
+	// frame paths, or once IncomingMetadata looked it up in mdCtx), or
+	// as mdSrc decodes it when asked for (a Fetch answered at once).
 	md      metadata.MD
 	mdKnown bool
 	mdCtx   context.Context
+	mdSrc   lazyMetadata
 }
+
+// lazyMetadata decodes a call's metadata when asked for (once; nil: none).
+type lazyMetadata interface{ metadata() metadata.MD }
 
 // IncomingMetadata is, on a server, the metadata the call carried, for
 // an interceptor to read without a context lookup per key (as
@@ -139,6 +145,9 @@ type CallInfo struct {
 func (info *CallInfo) IncomingMetadata() metadata.MD {
 	if info.Client {
 		return nil
+	}
+	if info.mdSrc != nil {
+		return info.mdSrc.metadata()
 	}
 	if !info.mdKnown && info.mdCtx != nil {
 		info.md, _ = metadata.FromIncomingContext(info.mdCtx)
@@ -404,16 +413,28 @@ func appendHeader(b []byte, k, v string) []byte {
 	return protowire.AppendString(b, v)
 }
 
-// headers is a request's decoded CallHeaders.
+// headers is a request's CallHeaders: its deadline, and its metadata,
+// decoded from entries by decode.
 type headers struct {
-	md      metadata.MD // nil: none
+	md      metadata.MD // nil: none, or not decoded yet
+	entries string      // the encoded CallHeaders when it has metadata entries not yet decoded
 	timeout time.Duration
 }
 
 // splitHeaders splits a request frame's body that carries headers into
-// them and the rest. It decodes CallHeaders with protowire: unknown
-// fields are skipped, as protobuf would.
+// them, decoded, and the rest.
 func splitHeaders(body []byte) (headers, []byte, error) {
+	h, rest, err := cutHeaders(body)
+	h.decode()
+	return h, rest, err
+}
+
+// cutHeaders splits a request frame's body that carries headers into
+// them and the rest, reading the deadline and checking the metadata
+// entries, which decode decodes (from a copy of them: the frame's body
+// may be reused). It reads CallHeaders with protowire: unknown fields
+// are skipped, as protobuf would.
+func cutHeaders(body []byte) (headers, []byte, error) {
 	var h headers
 	if len(body) < 4 {
 		return h, nil, fmt.Errorf("%w: headers in a body of %d bytes", wire.ErrInvalidFrame, len(body))
@@ -423,27 +444,11 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 		return h, nil, fmt.Errorf("%w: headers of %d bytes in a body of %d", wire.ErrInvalidFrame, n, len(body))
 	}
 	p, rest := body[4:4+n], body[4+n:]
+	all := p
 	bad := func(what string) (headers, []byte, error) {
 		return headers{}, nil, fmt.Errorf("%w: headers: %s", wire.ErrInvalidFrame, what)
 	}
-	// Keys and values are cut from one copy of the headers, and the
-	// values' slices from one array: a call's metadata costs a few
-	// allocations, not a few per entry.
-	var all string
-	var vals []string
-	if entries := bytes.Count(p, []byte{1<<3 | byte(protowire.BytesType)}); entries > 0 {
-		// At most the tag bytes (values may hold that byte too): room for
-		// the first few, which is what calls carry; more append.
-		all, vals = string(p), make([]string, 0, min(entries, 8))
-	}
-	base := cap(p)
-	cut := func(b []byte) string { // b views p
-		if len(b) == 0 {
-			return ""
-		}
-		off := base - cap(b)
-		return all[off : off+len(b)]
-	}
+	entries := false
 	for len(p) > 0 {
 		num, typ, k := protowire.ConsumeTag(p)
 		if k < 0 {
@@ -457,20 +462,10 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 				return bad("a bad metadata entry")
 			}
 			p = p[k:]
-			kb, vb, err := decodeHeader(e)
-			if err != nil {
+			if _, _, err := decodeHeader(e); err != nil {
 				return bad(err.Error())
 			}
-			if h.md == nil {
-				h.md = make(metadata.MD, cap(vals))
-			}
-			key := strings.ToLower(cut(kb))
-			if len(vals) < cap(vals) && len(h.md[key]) == 0 {
-				vals = append(vals, cut(vb))
-				h.md[key] = vals[len(vals)-1 : len(vals) : len(vals)]
-			} else {
-				h.md[key] = append(h.md[key], cut(vb))
-			}
+			entries = true
 		case num == 2 && typ == protowire.VarintType:
 			v, k := protowire.ConsumeVarint(p)
 			if k < 0 {
@@ -486,7 +481,54 @@ func splitHeaders(body []byte) (headers, []byte, error) {
 			p = p[k:]
 		}
 	}
+	if entries {
+		h.entries = string(all)
+	}
 	return h, rest, nil
+}
+
+// decode decodes the metadata entries cutHeaders checked, once. Keys and
+// values are cut from the one copy of the headers, and the values'
+// slices from one array: a call's metadata costs a few allocations, not
+// a few per entry.
+func (h *headers) decode() metadata.MD {
+	if h.entries == "" {
+		return h.md
+	}
+	all := h.entries
+	h.entries = ""
+	p := unsafe.Slice(unsafe.StringData(all), len(all)) // read only
+	// At most the tag bytes (values may hold that byte too): room for
+	// the first few, which is what calls carry; more append.
+	vals := make([]string, 0, min(bytes.Count(p, []byte{1<<3 | byte(protowire.BytesType)}), 8))
+	cut := func(b []byte) string { // b views p
+		if len(b) == 0 {
+			return ""
+		}
+		off := len(all) - cap(b)
+		return all[off : off+len(b)]
+	}
+	md := make(metadata.MD, cap(vals))
+	for len(p) > 0 {
+		num, typ, k := protowire.ConsumeTag(p)
+		p = p[k:]
+		if num != 1 || typ != protowire.BytesType {
+			p = p[protowire.ConsumeFieldValue(num, typ, p):]
+			continue
+		}
+		e, k := protowire.ConsumeBytes(p)
+		p = p[k:]
+		kb, vb, _ := decodeHeader(e) // checked by cutHeaders
+		key := strings.ToLower(cut(kb))
+		if len(vals) < cap(vals) && len(md[key]) == 0 {
+			vals = append(vals, cut(vb))
+			md[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		} else {
+			md[key] = append(md[key], cut(vb))
+		}
+	}
+	h.md = md
+	return md
 }
 
 // decodeHeader decodes one Header (key = 1, value = 2): views of e.
@@ -561,15 +603,16 @@ func (s *Server) interceptAnswer(ctx context.Context, ss *serverSession, op Oper
 		return nil, work(ctx, nil)
 	}
 	ic := &icall{}
-	return &ic.info, s.interceptCall(ctx, ss, ic, op, name, path, reqBytes, md, mdKnown, workFunc(work))
+	return &ic.info, s.interceptCall(ctx, ss, ic, op, name, path, reqBytes, md, mdKnown, nil, workFunc(work))
 }
 
 // interceptCall is interceptAnswer with the call's icall given (part of
 // a larger allocation of the caller's) and its work w, for a Server that
-// has interceptors.
-func (s *Server) interceptCall(ctx context.Context, ss *serverSession, ic *icall, op Operation, name, path string, reqBytes int64, md metadata.MD, mdKnown bool, w callWork) error {
+// has interceptors; src, if not nil, decodes the call's metadata when
+// asked for (ctx does not carry it then: ic answers for it).
+func (s *Server) interceptCall(ctx context.Context, ss *serverSession, ic *icall, op Operation, name, path string, reqBytes int64, md metadata.MD, mdKnown bool, src lazyMetadata, w callWork) error {
 	ic.Context, ic.w = ctx, w
-	ic.info = CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC, md: md, mdKnown: mdKnown}
+	ic.info = CallInfo{Op: op, Name: name, Path: path, RequestBytes: reqBytes, Transport: TransportGRPC, md: md, mdKnown: mdKnown, mdSrc: src}
 	if !mdKnown {
 		ic.info.mdCtx = ctx
 	}
@@ -596,7 +639,52 @@ func (c *icall) Value(key any) any {
 	if _, ok := key.(callInfoKey); ok {
 		return &c.info
 	}
+	if c.info.mdSrc != nil && key == incomingMDKey {
+		// The call's metadata, decoded now, as metadata.NewIncomingContext
+		// would have put it in ctx.
+		if md := c.info.mdSrc.metadata(); md != nil {
+			return md
+		}
+	}
 	return c.Context.Value(key)
+}
+
+// incomingMDKey is the key under which gRPC's metadata package looks for
+// a server call's incoming metadata in a context (learnt by asking a
+// context that notes the keys it is asked for), so that an icall can
+// answer it with metadata it decodes only then; nil, and metadata goes in
+// contexts with metadata.NewIncomingContext, if that is not how the
+// package finds it (a context answering the key with an MD must be read
+// by FromIncomingContext and ValueFromIncomingContext).
+var incomingMDKey = func() any {
+	p := &keyProbe{Context: context.Background()}
+	metadata.FromIncomingContext(p)
+	if len(p.keys) != 1 {
+		return nil
+	}
+	a := &keyProbe{Context: context.Background(), answer: p.keys[0], md: metadata.MD{"k": {"v"}}}
+	md, ok := metadata.FromIncomingContext(a)
+	if v := metadata.ValueFromIncomingContext(a, "k"); !ok || len(md["k"]) != 1 || md["k"][0] != "v" || len(v) != 1 || v[0] != "v" {
+		return nil
+	}
+	return p.keys[0]
+}()
+
+// keyProbe is a context that notes the keys it is asked for, and answers
+// md for answer.
+type keyProbe struct {
+	context.Context
+	keys   []any
+	answer any
+	md     metadata.MD
+}
+
+func (p *keyProbe) Value(key any) any {
+	if p.answer != nil && key == p.answer {
+		return p.md
+	}
+	p.keys = append(p.keys, key)
+	return p.Context.Value(key)
 }
 
 // next runs the call's work: the next of its last interceptor.

@@ -201,3 +201,27 @@ func TestFrameHeadersManyEntries(t *testing.T) {
 		t.Fatalf("decoded %d keys (%v), want %d", len(h.md), err, len(md))
 	}
 }
+
+// TestIncomingMetadataKeyLearnt: the gRPC metadata package in go.mod is
+// one whose incoming metadata key an icall answers (so that a Fetch
+// answered at once decodes its metadata only when asked for), and an
+// icall's answer reads as metadata.NewIncomingContext's would.
+func TestIncomingMetadataKeyLearnt(t *testing.T) {
+	if incomingMDKey == nil {
+		t.Fatal("the incoming metadata key was not learnt from google.golang.org/grpc/metadata")
+	}
+	b, _, _ := appendHeaders(nil, metadata.AppendToOutgoingContext(context.Background(), "k", "v", "k", "w"))
+	h, _, err := cutHeaders(b)
+	if err != nil || h.md != nil || h.entries == "" {
+		t.Fatalf("cutHeaders: %v, %v, %q", err, h.md, h.entries)
+	}
+	f := &fetchNowCall{hdr: h}
+	ic := &icall{Context: context.Background()}
+	ic.info.mdSrc = f
+	if got := metadata.ValueFromIncomingContext(ic, "k"); fmt.Sprint(got) != "[v w]" {
+		t.Fatalf("ValueFromIncomingContext: %q", got)
+	}
+	if md, ok := metadata.FromIncomingContext(ic); !ok || fmt.Sprint(md["k"]) != "[v w]" {
+		t.Fatalf("FromIncomingContext: %v, %v", md, ok)
+	}
+}

@@ -586,7 +586,8 @@ func TestAfterAnswer(t *testing.T) {
 // TestIncomingMetadata: a server interceptor reads the call's metadata
 // from its CallInfo, on every plane, for a Fetch and a Call: what the
 // client sent (with the metadata package or AddMetadata), nil when it sent
-// none; a client's CallInfo has none.
+// none, and the same from its context (which a Fetch answered where its
+// frame was read decodes only then); a client's CallInfo has none.
 func TestIncomingMetadata(t *testing.T) {
 	for _, tr := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
 		t.Run(tr, func(t *testing.T) {
@@ -594,6 +595,11 @@ func TestIncomingMetadata(t *testing.T) {
 			var seen []string
 			server := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
 				md := info.IncomingMetadata()
+				// The context carries the same, however it is read.
+				fromCtx, _ := metadata.FromIncomingContext(ctx)
+				if a, b, c := fmt.Sprint(md.Get("k"), md.Get("added")), fmt.Sprint(fromCtx.Get("k"), fromCtx.Get("added")), fmt.Sprint(metadata.ValueFromIncomingContext(ctx, "k"), metadata.ValueFromIncomingContext(ctx, "added")); a != b || len(md.Get("k"))+len(md.Get("added")) != len(metadata.ValueFromIncomingContext(ctx, "k"))+len(metadata.ValueFromIncomingContext(ctx, "added")) {
+					t.Errorf("%s: IncomingMetadata has %s, the context %s and %s", info.Op, a, b, c)
+				}
 				mu.Lock()
 				seen = append(seen, fmt.Sprintf("%s:%v:%v", info.Op, md.Get("k"), md.Get("added")))
 				mu.Unlock()

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,7 +44,9 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 	var hdr headers
 	var bad error
 	if h.Flags&wire.FlagHeaders != 0 {
-		if hdr, body, bad = splitHeaders(body); bad != nil {
+		// Its metadata is decoded where a call looks at it (a Fetch
+		// answered at once: when something asks for it).
+		if hdr, body, bad = cutHeaders(body); bad != nil {
 			bad = status.Error(codes.InvalidArgument, bad.Error())
 		}
 	}
@@ -61,8 +64,10 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		if inline && s.fetchNowIntercepted(ss, l, h, hdr, string(body)) {
 			return
 		}
+		hdr.decode()
 		s.serveFetchFrame(ss, l, h, hdr, body, bad, inline)
 	case wire.FrameSendReq:
+		hdr.decode()
 		req := &pb.SendRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		mode, pace := s.sendMode(h, bad, req)
@@ -74,6 +79,7 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 			return 0, resp, nil
 		})
 	case wire.FrameCallReq:
+		hdr.decode()
 		req := &pb.CallRequest{}
 		load := s.takeRequest(ss, l, h, body, bad, MaxRecvMsgBytes, func(b []byte) error { return unmarshalFrame(b, req) })
 		mode, pace := s.callMode(h, bad, req)
@@ -322,12 +328,18 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 	if hdr.timeout != 0 || !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
+	f := &fetchNowCall{s: s, ss: ss, l: l, ref: h.Ref, key: key, hdr: hdr}
 	ctx := ss.Context()
-	if hdr.md != nil {
-		ctx = metadata.NewIncomingContext(ctx, hdr.md)
+	var src lazyMetadata
+	if incomingMDKey == nil {
+		// The metadata goes in the context as gRPC puts it there.
+		if md := f.hdr.decode(); md != nil {
+			ctx = metadata.NewIncomingContext(ctx, md)
+		}
+	} else {
+		src = f // decoded when asked for, by IncomingMetadata or through ctx
 	}
-	f := &fetchNowCall{s: s, ss: ss, l: l, ref: h.Ref, key: key}
-	err := s.interceptCall(ctx, ss, &f.icall, OpFetch, key, PathFrame, 0, hdr.md, true, f)
+	err := s.interceptCall(ctx, ss, &f.icall, OpFetch, key, PathFrame, 0, f.hdr.md, true, src, f)
 	if err == nil && f.resp == nil {
 		err = errSkipped(OpFetch)
 	}
@@ -377,6 +389,15 @@ type fetchNowCall struct {
 	view *mempool.Buffer   // what an inline resp views
 	// reply is an inline answer, which encodes itself.
 	reply inlineReply
+	// hdr is the call's headers, its metadata decoded once (mdOnce) when
+	// asked for (metadata).
+	hdr    headers
+	mdOnce sync.Once
+}
+
+func (f *fetchNowCall) metadata() metadata.MD {
+	f.mdOnce.Do(func() { f.hdr.decode() })
+	return f.hdr.md
 }
 
 func (f *fetchNowCall) work(ctx context.Context, info *CallInfo) error {
