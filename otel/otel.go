@@ -25,7 +25,12 @@
 // sampler sees a span's name and kind, not its attributes. On a server,
 // the span ends and the metrics are recorded once the call's answer has
 // gone (rpc.CallInfo.AfterAnswer), so that they do not hold it up; the
-// duration is the call's work, as before. With W3C trace context (the
+// duration is the call's work, as before. A Fetch or a Send runs no
+// handler of the service's, so that its server span is made only then
+// too, with the call's start and end times (its parent, the client's
+// span, read from the metadata then): the context the interceptors after
+// this one pass on carries the client's trace context only for a Call.
+// With W3C trace context (the
 // default, or WithPropagators(propagation.TraceContext{})), the client
 // writes traceparent, tracestate and baggage into the call's metadata
 // from its span, and the server reads them by key, as the propagators
@@ -221,17 +226,18 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 	_, noTraces := c.tp.(tracenoop.TracerProvider)
 	return func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
 		k := kinds.of(info)
+		if !info.Client && info.Op != rpc.OpCall {
+			var t trace.Tracer
+			if !noTraces {
+				t = tracer
+			}
+			return kinds.serveAnswered(ctx, c, t, info, k, next)
+		}
 		start := serverStart
 		if info.Client {
 			start = clientStart
-		} else if md := info.IncomingMetadata(); md != nil {
-			// The client's span is the parent of the server's: its context
-			// came in the call's metadata (none: no parent).
-			if c.w3c {
-				ctx = extractW3C(ctx, md, c.baggage)
-			} else {
-				ctx = c.props.Extract(ctx, metadataCarrier(md))
-			}
+		} else {
+			ctx = c.parent(ctx, info)
 		}
 		// Attributes are set once, as the call ends, and only on a span
 		// that records: an unsampled call pays for none.
@@ -249,30 +255,67 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 		}
 		t0 := time.Now()
 		err := next(ctx)
-		ms := float64(time.Since(t0).Nanoseconds()) / 1e6
+		took := time.Since(t0)
 		if info.Client {
-			kinds.finish(info, k, span, ms, err)
+			kinds.finish(info, k, span, took, err, time.Time{})
 		} else {
 			// The server's span ends, and its metrics are recorded, once
 			// the answer has gone: they need not hold it up.
-			info.AfterAnswer(func() { kinds.finish(info, k, span, ms, err) })
+			info.AfterAnswer(func() { kinds.finish(info, k, span, took, err, time.Time{}) })
 		}
 		return err
 	}
+}
+
+// serveAnswered runs a Fetch or a Send on a server, a call that runs no
+// handler of the service's: its server span (with tracer; none when nil)
+// is made once the answer has gone, with the call's start and end times,
+// its parent read from the metadata then too, so that neither holds the
+// answer up.
+func (ks *callKinds) serveAnswered(ctx context.Context, c *config, tracer trace.Tracer, info *rpc.CallInfo, k *callKind, next func(context.Context) error) error {
+	t0 := time.Now()
+	err := next(ctx)
+	t1 := time.Now()
+	info.AfterAnswer(func() {
+		var span trace.Span
+		if tracer != nil {
+			_, span = tracer.Start(c.parent(ctx, info), k.name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(t0))
+		}
+		ks.finish(info, k, span, t1.Sub(t0), err, t1)
+	})
+	return err
+}
+
+// parent is ctx with what a server call's metadata carries of the
+// client's span's context (the parent of the server's) and baggage.
+func (c *config) parent(ctx context.Context, info *rpc.CallInfo) context.Context {
+	md := info.IncomingMetadata()
+	switch {
+	case md == nil:
+		return ctx
+	case c.w3c:
+		return extractW3C(ctx, md, c.baggage)
+	}
+	return c.props.Extract(ctx, metadataCarrier(md))
 }
 
 // finish ends a call's span (nil: none was started) and records its
 // metrics: at once for a call whose span records (its context goes with
 // the recording, for exemplars), held back for the others
 // (holdRecordings).
-func (ks *callKinds) finish(info *rpc.CallInfo, k *callKind, span trace.Span, ms float64, err error) {
+func (ks *callKinds) finish(info *rpc.CallInfo, k *callKind, span trace.Span, took time.Duration, err error, end time.Time) {
+	ms := float64(took.Nanoseconds()) / 1e6
+	var endOpts []trace.SpanEndOption
+	if span != nil && !end.IsZero() {
+		endOpts = []trace.SpanEndOption{trace.WithTimestamp(end)}
+	}
 	code := status.Code(err)
 	e := k.set(code)
 	e.req.Add(info.RequestBytes)
 	e.resp.Add(info.ResponseBytes)
 	if span == nil || !span.IsRecording() {
 		if span != nil {
-			span.End()
+			span.End(endOpts...)
 		}
 		ks.hold(k, e, heldCall{ms, info.RequestBytes, info.ResponseBytes})
 		return
@@ -296,7 +339,7 @@ func (ks *callKinds) finish(info *rpc.CallInfo, k *callKind, span trace.Span, ms
 	if err != nil {
 		span.SetStatus(codes.Error, status.Convert(err).Message())
 	}
-	span.End()
+	span.End(endOpts...)
 	k.in.record(trace.ContextWithSpan(context.Background(), span), e, heldCall{ms, info.RequestBytes, info.ResponseBytes})
 }
 

@@ -170,6 +170,57 @@ func callSpansShareATrace(t *testing.T, plane string, n int) {
 }
 
 // eventually waits, up to a generous deadline, for cond.
+// TestFetchAndSendSpansShareATrace: a Fetch's and a Send's server span,
+// made once the answer has gone, is the client span's child, with the
+// call's times (within the client's) and the key.
+func TestFetchAndSendSpansShareATrace(t *testing.T) {
+	for _, plane := range []string{rpc.TransportTCP, rpc.TransportSHM, rpc.TransportGRPC} {
+		t.Run(plane, func(t *testing.T) {
+			exp := tracetest.NewInMemoryExporter()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+			defer tp.Shutdown(context.Background())
+			_, c := pair(t, plane, tensorrpcotel.Interceptor(tensorrpcotel.WithTracerProvider(tp)))
+			ctx := context.Background()
+			got, err := c.Fetch(ctx, "w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.Release()
+			if err := c.Send(ctx, "s", tensor(4<<10)); err != nil {
+				t.Fatal(err)
+			}
+			var spans tracetest.SpanStubs
+			eventually(t, "four spans", func() bool { spans = exp.GetSpans(); return len(spans) >= 4 })
+			for _, op := range []string{"Fetch", "Send"} {
+				var client, server *tracetest.SpanStub
+				for i := range spans {
+					if attr(spans[i].Attributes, "tensorrpc.operation") != op {
+						continue
+					}
+					switch spans[i].SpanKind {
+					case trace.SpanKindClient:
+						client = &spans[i]
+					case trace.SpanKindServer:
+						server = &spans[i]
+					}
+				}
+				if client == nil || server == nil {
+					t.Fatalf("%s: spans %+v", op, spans)
+				}
+				if server.Parent.SpanID() != client.SpanContext.SpanID() || server.SpanContext.TraceID() != client.SpanContext.TraceID() {
+					t.Errorf("%s: the server's span is not the client's child: client %v, server %v (parent %v)", op, client.SpanContext, server.SpanContext, server.Parent)
+				}
+				if server.StartTime.Before(client.StartTime) || server.EndTime.After(client.EndTime) || server.EndTime.Before(server.StartTime) {
+					t.Errorf("%s: the server's span (%v to %v) is not within the client's (%v to %v)", op, server.StartTime, server.EndTime, client.StartTime, client.EndTime)
+				}
+				if server.Name != "tensorrpc/"+op || attr(server.Attributes, "tensorrpc.plane") != plane || attr(server.Attributes, "tensorrpc.key") == "" {
+					t.Errorf("%s: server span %q, attributes %v", op, server.Name, server.Attributes)
+				}
+			}
+		})
+	}
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
