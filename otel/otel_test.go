@@ -515,6 +515,8 @@ var benchModes = []benchMode{
 	{"sampled-all-not-inline", func(ic benchIcepts) rpc.Interceptor { return ic.all }, false, ""},
 	{"metrics-client", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true, "client"},
 	{"metrics-server", func(ic benchIcepts) rpc.Interceptor { return ic.metricsOnly }, true, "server"},
+	{"sampled-1pct-client", func(ic benchIcepts) rpc.Interceptor { return ic.some }, true, "client"},
+	{"sampled-1pct-server", func(ic benchIcepts) rpc.Interceptor { return ic.some }, true, "server"},
 }
 
 // option gives both sides m's interceptor (nil: none).
