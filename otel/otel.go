@@ -203,7 +203,7 @@ func Interceptor(opts ...Option) rpc.Interceptor {
 	kinds := &callKinds{client: &client, server: &server}
 	// The byte counters are sums kept per kind and status code, read when
 	// the provider collects: a call adds to two integers. The durations
-	// held back (holdRecordings) are recorded first.
+	// held back (callKinds.hold) are recorded first.
 	if _, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, k := range kinds.all() {
 			k.sets.Range(func(_, v any) bool {
@@ -302,7 +302,7 @@ func (c *config) parent(ctx context.Context, info *rpc.CallInfo) context.Context
 // finish ends a call's span (nil: none was started) and records its
 // metrics: at once for a call whose span records (its context goes with
 // the recording, for exemplars), held back for the others
-// (holdRecordings).
+// (callKinds.hold).
 func (ks *callKinds) finish(info *rpc.CallInfo, k *callKind, span trace.Span, took time.Duration, err error, end time.Time) {
 	ms := float64(took.Nanoseconds()) / 1e6
 	var endOpts []trace.SpanEndOption
