@@ -44,6 +44,37 @@ func TestLeastBusy(t *testing.T) {
 	if l := LeastBusy(lanes); l != lanes[2] {
 		t.Fatal("a lane whose requests were answered was not picked")
 	}
+
+	// A one-sided request under way (a Fetch's Read, after its answer)
+	// makes its lane busy too.
+	for i := range lanes {
+		lanes[i].room = make(chan struct{}, sendRoom)
+	}
+	lanes[2].room <- struct{}{}
+	lanes[0].Frames.Forget(1)
+	lanes[1].Frames.Forget(2)
+	if l := LeastBusy(lanes); l != lanes[0] {
+		t.Fatal("with loads 0, 0, 1 (a Read) the first lane was not picked")
+	}
+	lanes[0].room <- struct{}{}
+	if l := LeastBusy(lanes); l != lanes[1] {
+		t.Fatal("a lane reading was picked over an idle one")
+	}
+	lanes[1].room <- struct{}{}
+	lanes[1].room <- struct{}{}
+	if got := []int{lanes[0].Busy(), lanes[1].Busy(), lanes[2].Busy()}; !slices.Equal(got, []int{1, 2, 1}) {
+		t.Fatalf("Busy: %v, want [1 2 1]", got)
+	}
+	if l := LeastBusy(lanes); l != lanes[0] {
+		t.Fatal("with loads 1, 2, 1 the first of the least busy was not picked")
+	}
+	<-lanes[0].room
+	<-lanes[1].room
+	<-lanes[1].room
+	<-lanes[2].room
+	if l := LeastBusy(lanes); l != lanes[0] {
+		t.Fatal("with the Reads done the first lane was not picked")
+	}
 }
 
 // TestOnDead: the first lane to fail runs died, once, with its failure;

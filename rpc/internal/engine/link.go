@@ -509,6 +509,17 @@ func (l *Link) postWait(ctx context.Context, wr verbs.SendRequest, onFail func()
 	return c, nil
 }
 
+// Busy is how many requests are under way on the link: frame calls
+// awaiting their answers, and one-sided Reads and Writes (a Fetch's
+// bytes, read after its answer came).
+func (l *Link) Busy() int {
+	n := len(l.room)
+	if l.Frames != nil {
+		n += l.Frames.InFlight()
+	}
+	return n
+}
+
 // takeRoom waits for room in the send queue for a request that takes no
 // frame credit (see sendRoom).
 func (l *Link) takeRoom(ctx context.Context) error {
