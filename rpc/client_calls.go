@@ -1000,5 +1000,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.stats.dataPlaneBytes.Add(n)
 		}
 	}
-	return c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	reply, err := c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	recycleInlines(resp.InlineData) // copied into the reply's tensors, or failed
+	return reply, err
 }

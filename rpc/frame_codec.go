@@ -311,7 +311,7 @@ func fastCallRequest(b []byte, m *pb.CallRequest) bool {
 			}
 			r.Tensors = append(r.Tensors, t)
 		case 5:
-			r.InlineData = append(r.InlineData, append([]byte{}, bs...))
+			r.InlineData = append(r.InlineData, inlineCopy(bs))
 		default:
 			return false
 		}
@@ -395,7 +395,7 @@ func fastCallResponse(b []byte, m *pb.CallResponse) bool {
 			}
 			r.Tensors = append(r.Tensors, t)
 		case num == 3:
-			r.InlineData = append(r.InlineData, append([]byte{}, bs...))
+			r.InlineData = append(r.InlineData, inlineCopy(bs))
 		case num == 4: // packed
 			if r.TransferIds, ok = appendUnpacked(r.TransferIds, bs); !ok {
 				return false
@@ -501,7 +501,7 @@ func fastSendRequest(b []byte, m *pb.SendRequest) bool {
 				return false
 			}
 		case num == 3:
-			r.InlineData = append(r.InlineData[:0], bs...)
+			r.InlineData = inlineCopy(bs)
 		case num == 6: // packed
 			if r.Rows, ok = appendUnpacked(r.Rows, bs); !ok {
 				return false

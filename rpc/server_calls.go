@@ -306,7 +306,11 @@ func (s service) Call(ctx context.Context, req *pb.CallRequest) (*pb.CallRespons
 func (s *Server) callRequest(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, req *pb.CallRequest, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
 	var resp *pb.CallResponse
 	err := s.call(ctx, ss, req.Method, req.Metadata, req.Tensors, func(ctx context.Context) ([]*Tensor, error) {
-		return s.requestTensors(ctx, ss, l, req)
+		ts, err := s.requestTensors(ctx, ss, l, req)
+		if l != nil {
+			recycleInlines(req.InlineData) // a frame's, decoded by fastCallRequest: copied into the pool now
+		}
+		return ts, err
 	}, func(out *Message) error {
 		var err error
 		resp, err = s.reply(ctx, ss, l, ref, out, inlineMax, held)

@@ -73,6 +73,8 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		mode, pace := s.sendMode(h, bad, req)
 		s.runFrameCall(ss, l, h.Ref, wire.FrameSendResp, hdr, OpSend, mode, pace, load, func() (string, int64) { return req.GetMeta().GetKey(), int64(req.GetMeta().GetByteLength()) }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 			resp, err := s.sendRequest(ctx, ss, l, h.Ref, req)
+			recycleInline(req.InlineData) // copied into the pool, or refused
+			req.InlineData = nil
 			if resp == nil || err != nil {
 				return 0, nil, err
 			}
