@@ -410,3 +410,34 @@ func TestAdaptSpin(t *testing.T) {
 		t.Fatalf("configured not to spin: spin %v", got)
 	}
 }
+
+// TestRingSpinnersBounded: with more than shmFewProcs Ps, at most a
+// quarter of the Ps' worth of ring receivers spin at once; the others
+// sleep at once (their peers wake them), and a receiver that stops
+// spinning makes room for another.
+func TestRingSpinnersBounded(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8)) // a limit of 2
+	if n := ringSpinners.Load(); n != 0 {
+		t.Fatalf("%d receivers spinning with no queue pair open", n)
+	}
+	if !mayRingSpin() || !mayRingSpin() {
+		t.Fatal("a receiver within the limit may not spin")
+	}
+	if mayRingSpin() {
+		t.Fatal("a third receiver may spin with 8 Ps")
+	}
+	ringSpun()
+	if !mayRingSpin() {
+		t.Fatal("a receiver may not spin after another stopped")
+	}
+	ringSpun()
+	ringSpun()
+	if n := ringSpinners.Load(); n != 0 {
+		t.Fatalf("%d spinning after all stopped", n)
+	}
+	runtime.GOMAXPROCS(2)
+	if !mayRingSpin() {
+		t.Fatal("the one receiver of 2 Ps may not spin")
+	}
+	ringSpun()
+}
