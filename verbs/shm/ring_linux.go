@@ -64,8 +64,8 @@ const shmFewProcs = 4
 // mayRingSpin bounds.
 var ringSpinners atomic.Int32
 
-// mayRingSpin reports whether a ring receiver may spin now (with more
-// than shmFewProcs Ps), counting it in ringSpinners (ringSpun when it
+// mayRingSpin reports whether a ring receiver may spin now (with procs
+// Ps, more than shmFewProcs), counting it in ringSpinners (ringSpun when it
 // stops): at most a quarter of the Ps' worth of receivers spin at once.
 // Their sched_yield keeps the thread and its P: with 16 streams of 1
 // MiB Fetches on 8 lanes on the 16-core machine, the 16 receivers of
@@ -74,8 +74,8 @@ var ringSpinners atomic.Int32
 // the Ps the copying streams needed, holding 16 streams to 1.4x one
 // stream's throughput. A receiver that may not spin sleeps at once, and
 // its peer wakes it (a message on the socket) for its next record.
-func mayRingSpin() bool {
-	limit := int32(max(runtime.GOMAXPROCS(0)/4, 1))
+func mayRingSpin(procs int) bool {
+	limit := int32(max(procs/4, 1))
 	if ringSpinners.Add(1) > limit {
 		ringSpinners.Add(-1)
 		return false
@@ -322,9 +322,10 @@ func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 		// a caller polling its answer). With many, never: there, Gosched
 		// mostly wakes an idle P's thread for nothing, which costs more
 		// than the look (shmFewProcs).
-		few := runtime.GOMAXPROCS(0) <= shmFewProcs
+		procs := runtime.GOMAXPROCS(0)
+		few := procs <= shmFewProcs
 		base := qp.pd.opts.ringSpin
-		if n == 0 && err == nil && spin > 0 && (few || mayRingSpin()) {
+		if n == 0 && err == nil && spin > 0 && (few || mayRingSpin(procs)) {
 			for start := time.Now(); n == 0 && err == nil; {
 				if time.Since(start) >= spin {
 					break

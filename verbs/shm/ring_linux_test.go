@@ -416,27 +416,29 @@ func TestAdaptSpin(t *testing.T) {
 // sleep at once (their peers wake them), and a receiver that stops
 // spinning makes room for another.
 func TestRingSpinnersBounded(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8)) // a limit of 2
 	if n := ringSpinners.Load(); n != 0 {
 		t.Fatalf("%d receivers spinning with no queue pair open", n)
 	}
-	if !mayRingSpin() || !mayRingSpin() {
+	if !mayRingSpin(8) || !mayRingSpin(8) {
 		t.Fatal("a receiver within the limit may not spin")
 	}
-	if mayRingSpin() {
+	if mayRingSpin(8) {
 		t.Fatal("a third receiver may spin with 8 Ps")
 	}
 	ringSpun()
-	if !mayRingSpin() {
+	if !mayRingSpin(8) {
 		t.Fatal("a receiver may not spin after another stopped")
 	}
-	ringSpun()
-	ringSpun()
+	if !mayRingSpin(16) {
+		t.Fatal("a third receiver may not spin with 16 Ps")
+	}
+	for range 3 {
+		ringSpun()
+	}
 	if n := ringSpinners.Load(); n != 0 {
 		t.Fatalf("%d spinning after all stopped", n)
 	}
-	runtime.GOMAXPROCS(2)
-	if !mayRingSpin() {
+	if !mayRingSpin(2) {
 		t.Fatal("the one receiver of 2 Ps may not spin")
 	}
 	ringSpun()
