@@ -824,9 +824,8 @@ func (q *queuePair) armLazyAcks() {
 
 // lazyAckSweep is what the sweeper does with the queue pair: it wakes the
 // writer for acknowledgements owed since the previous sweep that no frame
-// took meanwhile (sent), and reports whether the queue pair still owes
-// any.
-func (q *queuePair) lazyAckSweep() (keep, sent bool) {
+// took meanwhile, and reports whether the queue pair still owes any.
+func (q *queuePair) lazyAckSweep() (keep bool) {
 	q.Mu.Lock()
 	owed := q.delayedAcks > 0
 	due := owed && q.lazyMark == q.ctrlTakes
@@ -841,30 +840,21 @@ func (q *queuePair) lazyAckSweep() (keep, sent bool) {
 	if due {
 		softrc.Signal(q.wakeWriter)
 	}
-	return owed && !due, due
+	return owed && !due
 }
 
 // lazyAcks is the sweeper of lazy acknowledgements: one goroutine for the
 // process, which runs only while some queue pair owes lazy
-// acknowledgements, and looks at them every lazyAckDelay, and less often
-// (doubling, up to lazySweepMax times) while every acknowledgement owed
-// at a sweep was taken by a frame before the next (a steady exchange,
-// where the sweeper has nothing to send): on 2 CPUs its wake-ups were
-// 0.02-0.03 of a 4 KiB tcp Call's 3.05 hand-offs. When an exchange stops,
-// its last acknowledgements then wait up to twice the longest period. (A
-// timer per queue pair, reset on every exchange, would wake the
-// netpoller's thread each time.)
+// acknowledgements, and looks at them every lazyAckDelay. (A timer per
+// queue pair, reset on every exchange, would wake the netpoller's thread
+// each time.)
 var lazyAcks lazySweeper
-
-// lazySweepMax bounds the sweeper's period: lazyAckDelay times it.
-const lazySweepMax = 16
 
 type lazySweeper struct {
 	mu      sync.Mutex
 	qps     map[*queuePair]struct{}
 	running bool
 	emptied chan struct{} // remove took the last queue pair off the list
-	longest atomic.Int64  // the longest period, in lazyAckDelays, since started (tests)
 }
 
 func (w *lazySweeper) add(q *queuePair) {
@@ -904,10 +894,9 @@ const lazySweeperIdle = 20
 
 func (w *lazySweeper) run() {
 	idle := 0
-	every := 1 // lazyAckDelays
 	for {
 		closed := false
-		t := time.NewTimer(time.Duration(lazyAckDelay.Load() * int64(every)))
+		t := time.NewTimer(time.Duration(lazyAckDelay.Load()))
 		select {
 		case <-t.C:
 		case <-w.emptied:
@@ -920,20 +909,11 @@ func (w *lazySweeper) run() {
 			w.mu.Unlock()
 			return
 		}
-		sentAny := false
 		for q := range w.qps {
-			keep, sent := q.lazyAckSweep()
-			if !keep {
+			if !q.lazyAckSweep() {
 				delete(w.qps, q)
 			}
-			sentAny = sentAny || sent
 		}
-		if sentAny {
-			every = 1
-		} else {
-			every = min(2*every, lazySweepMax)
-		}
-		w.longest.Store(max(w.longest.Load(), int64(every)))
 		if len(w.qps) > 0 {
 			idle = 0
 		} else if idle++; idle >= lazySweeperIdle {

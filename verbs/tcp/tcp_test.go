@@ -622,62 +622,6 @@ func TestLazyAckRidesTheFrameBack(t *testing.T) {
 	}
 }
 
-// TestLazyAckAfterASteadyExchange: in a steady exchange, where every
-// lazy acknowledgement rides the frame back, the sweeper looks less often
-// (lazySweepMax); when the exchange stops, the last one still arrives.
-func TestLazyAckAfterASteadyExchange(t *testing.T) {
-	defer leakcheck.Check(t)
-	a, b, amr, bmr := lazyPair(t)
-	defer a.pd.Close()
-	defer b.pd.Close()
-	lazyAcks.longest.Store(0)
-	exchange := func(i int, back bool) {
-		t.Helper()
-		if err := a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Length: 8}, LazyCompletion: true}); err != nil {
-			t.Fatal(err)
-		}
-		if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 100 || c.Status != verbs.StatusSuccess {
-			t.Fatalf("b's receive %d: %+v, %v", i, c, ok)
-		}
-		if err := b.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: bmr, Offset: 8, Length: 8}}); err != nil {
-			t.Fatal(err)
-		}
-		if back { // the reply, which carries the acknowledgement
-			if err := b.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		want := 1 // a's lazy Send
-		if back {
-			want = 2 // and a's receive of the reply
-		}
-		got := map[uint64]bool{}
-		for range want {
-			c, ok := waitCompletion(t, a.cq, 10*time.Second)
-			if !ok || c.Status != verbs.StatusSuccess {
-				t.Fatalf("a's completions in exchange %d: %+v, %v (have %v)", i, c, ok, got)
-			}
-			got[c.ID] = true
-		}
-		if back {
-			if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 2 {
-				t.Fatalf("b's reply %d: %+v, %v", i, c, ok)
-			}
-			if err := a.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: amr, Offset: 8, Length: 8}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; lazyAcks.longest.Load() < lazySweepMax && time.Now().Before(deadline); i++ {
-		exchange(i, true)
-	}
-	if n := lazyAcks.longest.Load(); n < lazySweepMax {
-		t.Fatalf("after 10 s of exchanges the sweeper's longest period was %d lazyAckDelays, want %d", n, lazySweepMax)
-	}
-	exchange(-1, false) // nothing back: the sweeper sends the acknowledgement
-}
-
 // TestLazyAckArrivesWithNothingBack: when nothing goes back, the sweeper
 // sends the lazy acknowledgement on its own, and the Send completes.
 func TestLazyAckArrivesWithNothingBack(t *testing.T) {
