@@ -432,7 +432,12 @@ type SendRequest struct {
 	// for a message going back, for a bounded time (tcp: the next frame
 	// the peer sends, or after about a millisecond), saving the peer a
 	// write and this side a wake-up on every request-response exchange.
-	// Providers with hardware acknowledgements ignore it.
+	// Posted while the queue's completions are being delivered to a
+	// CompletionRunner's handler (an answer posted by a handler running
+	// where its request was delivered), tcp completes it as soon as its
+	// bytes are written to the connection, within that delivery, and the
+	// peer acknowledges nothing. Providers with hardware acknowledgements
+	// ignore it.
 	LazyCompletion bool
 	// Fence makes the request wait until every earlier Read of the queue
 	// pair has completed.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,7 +24,8 @@ import (
 //
 // Ownership rules that make every completion happen exactly once:
 //   - a send request is in sendq until the writer takes it, then in
-//     inflight until the receiver pops it on its response;
+//     inflight until the receiver pops it on its response, or, Early,
+//     until the writer has written it (completeEarly);
 //   - a receive is in recvq until the receiver takes it for a message;
 //   - whoever removes a request from those lists completes it;
 //   - in ERR, what is left is flushed once both goroutines have stopped
@@ -114,10 +116,15 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		}
 	}
 	err = q.batch.write(conn, ctrl, send, q.maxInline)
+	early := false
 	for _, w := range send {
 		if payloadBytes(w) > 0 {
 			w.Vec.Release()
 		}
+		early = early || w.Early
+	}
+	if early && err == nil {
+		q.completeEarly(send)
 	}
 	for i := range ctrl {
 		ctrl[i].use.Release()
@@ -166,7 +173,55 @@ func (q *queuePair) takeLocked() []*softrc.SendWR {
 	q.Inflight = append(q.Inflight, reqs...)
 	q.unackedBytes += bytes
 	q.sendqBytes -= bytes
+	q.earlyLocked(reqs)
 	return reqs
+}
+
+// earlyLocked marks the Lazy requests of reqs Early when a delivery of
+// the send queue's completions is under way, which then takes their
+// completions as they are written (completeEarly): a server's answer
+// posted by a handler running where its request was delivered. The frame
+// says so (flagNoAck) and the peer writes no acknowledgement for it, nor
+// wakes for one to write: a request-response exchange then leaves
+// nothing owed for the lazy-ack sweeper. Elsewhere (a goroutine of its
+// own posting, the writer batching) a Lazy request waits for its
+// acknowledgement as before, as completing it there would wake the
+// queue's poller. The caller holds q.Mu.
+func (q *queuePair) earlyLocked(reqs []*softrc.SendWR) {
+	checked, delivering := false, false
+	for _, w := range reqs {
+		if !w.Lazy || w.Op == verbs.OpRead {
+			continue
+		}
+		if !checked {
+			checked, delivering = true, q.SendCQ.Delivering()
+		}
+		w.Early = delivering
+	}
+}
+
+// completeEarly completes the Early requests of send, just written, that
+// are still in flight (a cumulative acknowledgement of a later request
+// may have completed one already), and hands their completions to the
+// send queue (softrc.CQ.Hand): the delivery under way takes them.
+func (q *queuePair) completeEarly(send []*softrc.SendWR) {
+	var buf [4]softrc.Entry
+	es := buf[:0]
+	q.Mu.Lock()
+	for _, w := range send {
+		if !w.Early {
+			continue
+		}
+		i := slices.Index(q.Inflight, w)
+		if i < 0 {
+			continue
+		}
+		q.Inflight = slices.Delete(q.Inflight, i, i+1)
+		q.unackedBytes -= payloadBytes(w)
+		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
+	}
+	q.Mu.Unlock()
+	q.SendCQ.Hand(es...)
 }
 
 // frameBatch gathers frames into one writev: headers and small payloads are
@@ -267,7 +322,9 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 		if w.HasImm {
 			h.flags = flagImm
 		}
-		if w.Lazy {
+		if w.Early {
+			h.flags |= flagNoAck
+		} else if w.Lazy {
 			h.flags |= flagLazyAck
 		}
 		switch w.Op {
@@ -515,9 +572,11 @@ func (q *queuePair) applyWrite(h *header, br *bufio.Reader) (bool, error) {
 		}
 		return false, err
 	}
-	if r != nil {
+	switch {
+	case h.flags&flagNoAck != 0:
+	case r != nil:
 		q.queueAck(h.seq, h.flags&flagLazyAck != 0)
-	} else {
+	default:
 		q.queueCtrl(ctrlFrame{hdr: header{op: frameAck, seq: h.seq}})
 	}
 	if r != nil {
@@ -553,7 +612,9 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	}
 	// The acknowledgement is queued first so that a reply posted on the
 	// receive completion carries it.
-	q.queueAck(h.seq, h.flags&flagLazyAck != 0)
+	if h.flags&flagNoAck == 0 {
+		q.queueAck(h.seq, h.flags&flagLazyAck != 0)
+	}
 	q.RecvCQ.Queue(q.CompleteRecv(r, c))
 	return false, nil
 }
@@ -694,11 +755,26 @@ func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error)
 // softrc.QP.Ack). A negative acknowledgement fails its request and moves
 // the queue pair to ERR.
 func (q *queuePair) applyAck(h *header) (bool, error) {
-	return q.Ack(h.seq, verbs.Status(h.status), func(done []*softrc.SendWR, _ *softrc.SendWR) {
+	failed, err := q.Ack(h.seq, verbs.Status(h.status), func(done []*softrc.SendWR, _ *softrc.SendWR) {
 		for _, w := range done {
 			q.unackedBytes -= payloadBytes(w)
 		}
 	})
+	if err != nil && h.status != 0 && h.seq <= q.sentSeq() {
+		// The refusal of a request completed as it was written (Early):
+		// the queue pair ends with what the peer said.
+		st, why := softrc.Refused(verbs.Status(h.status))
+		q.Fail(st, q.Errorf("the peer refused request %d: %w", h.seq, why))
+		return true, nil
+	}
+	return failed, err
+}
+
+// sentSeq is the sequence number of the last request posted.
+func (q *queuePair) sentSeq() uint64 {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.nextSeq
 }
 
 // refuse reports a failed request to the peer and moves the queue pair to

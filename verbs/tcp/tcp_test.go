@@ -622,6 +622,109 @@ func TestLazyAckRidesTheFrameBack(t *testing.T) {
 	}
 }
 
+// TestLazySendInADeliveryCompletesAsWritten: a request marked
+// LazyCompletion that is posted while the queue's completions are being
+// delivered (a handler answering in the receiver that delivered its
+// request) completes once written, with nothing coming back and the
+// sweeper never sending; the peer owes no acknowledgement for it. Posted
+// outside a delivery, the same request still waits for one.
+func TestLazySendInADeliveryCompletesAsWritten(t *testing.T) {
+	defer leakcheck.Check(t)
+	old := lazyAckDelay.Load()
+	defer lazyAckDelay.Store(old)
+	lazyAckDelay.Store(int64(time.Hour)) // the sweeper never sends here
+	deadline := time.Now().Add(10 * time.Second)
+	for lazyAcks.isRunning() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	a, b, amr, bmr := lazyPair(t)
+	defer a.pd.Close()
+	defer b.pd.Close()
+	got := make(chan verbs.Completion, 16)
+	postErr := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- a.cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
+			for _, c := range cs {
+				if c.Op == verbs.OpRecv && c.ID == 100 {
+					// The answer, posted where its request was delivered.
+					postErr <- a.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Length: 8}, LazyCompletion: true})
+				}
+				got <- c
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		<-ran
+	}()
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 7, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-postErr; err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]bool{100: true, 1: true}
+	timeout := time.After(10 * time.Second)
+	for len(want) > 0 {
+		select {
+		case c := <-got:
+			if c.Status != verbs.StatusSuccess {
+				t.Fatalf("a's completion %+v", c)
+			}
+			delete(want, c.ID)
+		case <-timeout:
+			t.Fatalf("a's completions %v never came: the lazy Send posted in a delivery waited for an acknowledgement", want)
+		}
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+		t.Fatalf("b's first completion: %+v, %v", c, ok)
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+		t.Fatalf("b's second completion: %+v, %v", c, ok)
+	}
+	if any, _ := b.qp.(*queuePair).owedAcks(); any {
+		t.Fatal("b owes an acknowledgement of a request sent without one")
+	}
+	// Outside a delivery: the lazy Send waits for what b sends back.
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: bmr, Offset: 8, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Length: 8}, LazyCompletion: true}); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 100 {
+		t.Fatalf("b's receive: %+v, %v", c, ok)
+	}
+	select {
+	case c := <-got:
+		t.Fatalf("a's lazy Send posted outside a delivery completed (%+v) before b sent anything back", c)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if any, _ := b.qp.(*queuePair).owedAcks(); !any {
+		t.Fatal("b owes no acknowledgement of a lazy Send sent with flagLazyAck")
+	}
+	if err := a.qp.PostRecv(verbs.RecvRequest{ID: 101, Local: verbs.Local{Region: amr, Offset: 8, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 8, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	want = map[uint64]bool{2: true, 101: true}
+	for len(want) > 0 {
+		select {
+		case c := <-got:
+			delete(want, c.ID)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a's completions %v never came after b's Send", want)
+		}
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.ID != 8 {
+		t.Fatalf("b's Send: %+v, %v", c, ok)
+	}
+}
+
 // TestLazyAckArrivesWithNothingBack: when nothing goes back, the sweeper
 // sends the lazy acknowledgement on its own, and the Send completes.
 func TestLazyAckArrivesWithNothingBack(t *testing.T) {
@@ -643,6 +746,26 @@ func TestLazyAckArrivesWithNothingBack(t *testing.T) {
 		}
 		if c, ok := waitCompletion(t, a.cq, 10*time.Second); !ok || c.ID != 1 || c.Status != verbs.StatusSuccess {
 			t.Fatalf("a's lazy Send %d never completed: %+v, %v", i, c, ok)
+		}
+	}
+}
+
+// TestNoAckFlag: flagNoAck is accepted on the requests that carry bytes
+// and refused on Read requests, Read responses and acknowledgements.
+func TestNoAckFlag(t *testing.T) {
+	for _, tc := range []struct {
+		op uint8
+		ok bool
+	}{{frameSend, true}, {frameWrite, true}, {frameWriteImm, true}, {frameReadReq, false}, {frameReadResp, false}, {frameAck, false}} {
+		var b [headerSize]byte
+		h := header{op: tc.op, flags: flagNoAck, seq: 1}
+		h.put(b[:])
+		got, err := parseHeader(b[:])
+		if (err == nil) != tc.ok {
+			t.Errorf("frame %d with flagNoAck: err %v, want ok=%v", tc.op, err, tc.ok)
+		}
+		if err == nil && got.flags != flagNoAck {
+			t.Errorf("frame %d: flags %#x after parsing", tc.op, got.flags)
 		}
 	}
 }

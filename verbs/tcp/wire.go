@@ -16,6 +16,9 @@ import (
 //	            fails request seq (see softrc.Refused)
 //	2      1    flags (flagImm: the imm field is valid; flagLazyAck:
 //	            the request's acknowledgement may wait, see queueAck;
+//	            flagNoAck: the request is not acknowledged at all, its
+//	            sender completed it as it wrote it (see earlyLocked),
+//	            though a refusal is still reported;
 //	            flagCompress: on a Read request, the data may come
 //	            compressed, imm says how (compressImm); on a Read
 //	            response, it did: the payload is an internal/zchunk
@@ -47,6 +50,7 @@ const (
 	flagImm      = 1
 	flagLazyAck  = 2
 	flagCompress = 4
+	flagNoAck    = 8
 )
 
 // compressImm is a Read request's imm with flagCompress: the codec asked
@@ -106,8 +110,11 @@ func parseHeader(b []byte) (header, error) {
 	if h.op < frameWrite || h.op > frameAck {
 		return h, fmt.Errorf("tcp: unknown frame opcode %d", h.op)
 	}
-	if b[3] != 0 || h.flags&^(flagImm|flagLazyAck|flagCompress) != 0 {
+	if b[3] != 0 || h.flags&^(flagImm|flagLazyAck|flagCompress|flagNoAck) != 0 {
 		return h, fmt.Errorf("tcp: frame %d has reserved bits set", h.op)
+	}
+	if h.flags&flagNoAck != 0 && (h.op == frameReadReq || h.op == frameReadResp || h.op == frameAck) {
+		return h, fmt.Errorf("tcp: frame %d has the no-acknowledgement flag", h.op)
 	}
 	if h.flags&flagCompress != 0 && h.op != frameReadReq && h.op != frameReadResp {
 		return h, fmt.Errorf("tcp: frame %d has the compression flag", h.op)

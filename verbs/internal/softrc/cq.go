@@ -120,11 +120,37 @@ func (q *CQ) Queue(es ...Entry) {
 	}
 }
 
+// Hand appends completions produced by a goroutine that may not deliver
+// them: when a delivery to Run's handler is under way (Delivering), that
+// delivery takes them before it ends and nobody is woken, as with Queue;
+// else it is Push. The caller may hold locks.
+func (q *CQ) Hand(es ...Entry) {
+	if ok, _, delivering := q.pushAll(es); ok && !delivering {
+		q.signal()
+	}
+}
+
+// Delivering reports whether a goroutine hands completions to Run's
+// handler now: what is queued before that delivery ends goes to the
+// handler without waking anybody (see Hand).
+func (q *CQ) Delivering() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.handle != nil && q.delivering
+}
+
 // push appends es and reports whether it did (false: none, or the queue
 // is closed and they were dropped) and whether Run is running.
 func (q *CQ) push(es []Entry) (ok, running bool) {
+	ok, running, _ = q.pushAll(es)
+	return ok, running
+}
+
+// pushAll is push that also reports whether a delivery was under way as
+// es went in (it then takes them).
+func (q *CQ) pushAll(es []Entry) (ok, running, delivering bool) {
 	if len(es) == 0 {
-		return false, false
+		return false, false, false
 	}
 	q.mu.Lock()
 	if q.closed {
@@ -132,7 +158,7 @@ func (q *CQ) push(es []Entry) (ok, running bool) {
 		for _, e := range es {
 			e.free()
 		}
-		return false, false
+		return false, false, false
 	}
 	for _, e := range es {
 		if q.n == len(q.ring) {
@@ -142,8 +168,9 @@ func (q *CQ) push(es []Entry) (ok, running bool) {
 		q.n++
 	}
 	running = q.handle != nil
+	delivering = running && q.delivering
 	q.mu.Unlock()
-	return true, running
+	return true, running, delivering
 }
 
 // deliverBatch is how many completions Deliver hands to the handler at

@@ -122,6 +122,52 @@ func TestRunPush(t *testing.T) {
 	<-ran
 }
 
+// TestHand: a completion Handed while a delivery is under way (from its
+// handler, as a provider's writer completing a request it just wrote)
+// goes to that delivery's handler before Deliver returns, and Delivering
+// says so; Handed with no delivery under way, Run's goroutine handles it.
+func TestHand(t *testing.T) {
+	var mu sync.Mutex
+	var got []uint64
+	var inHandler atomic.Bool
+	var w *WorkQueue
+	var q *CQ
+	var sawDelivering atomic.Bool
+	q, w, ran := runCQ(t, func(cs []verbs.Completion) {
+		inHandler.Store(true)
+		defer inHandler.Store(false)
+		for _, c := range cs {
+			if c.ID == 1 {
+				sawDelivering.Store(q.Delivering())
+				q.Hand(entry(t, w, 2))
+			}
+			mu.Lock()
+			got = append(got, c.ID)
+			mu.Unlock()
+		}
+	})
+	if q.Delivering() {
+		t.Fatal("Delivering with no delivery under way")
+	}
+	q.Queue(entry(t, w, 1))
+	q.Deliver()
+	mu.Lock()
+	n := len(got)
+	mu.Unlock()
+	if n != 2 || !sawDelivering.Load() {
+		t.Fatalf("after the delivery: %d handled (want 2: the one Handed in it too), Delivering in the handler %v", n, sawDelivering.Load())
+	}
+	q.Hand(entry(t, w, 3))
+	waitFor(t, "the Handed completion to be handled by Run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 3
+	})
+	waitFor(t, "the slots to be freed", func() bool { return w.Outstanding() == 0 })
+	q.Close()
+	<-ran
+}
+
 // TestRunOrderOneAtATime: producers Queueing and Delivering and others
 // Pushing at once: the handler never runs in two goroutines at once, and
 // each producer's completions are handled in the order it queued them.

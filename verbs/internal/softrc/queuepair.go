@@ -60,7 +60,13 @@ type SendWR struct {
 	HasImm     bool // a WriteImm always has one
 	Unsignaled bool
 	// Lazy is the request's LazyCompletion.
-	Lazy   bool
+	Lazy bool
+	// Early, set by a provider that acknowledges in software as it takes
+	// a Lazy request to write, says that the request completes once its
+	// bytes are written (the writer completes it, and the peer is told not
+	// to acknowledge it): done where a delivery of completions is under
+	// way, which takes that completion with it (CQ.Hand).
+	Early  bool
 	Fence  bool
 	Remote verbs.Remote
 	Vec    Vec // the local segments
