@@ -246,6 +246,7 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 		// last, after one that came compressed.
 		const fetches = 3
 		var modes []string
+		smallest := int64(size)
 		for i := range fetches {
 			got, err := c.Fetch(ctx, kind)
 			if err != nil {
@@ -257,9 +258,19 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 			got.Release()
 			t.Logf("%s Fetch %d: compression %q, %d bytes on the wire, goodput %.0f Mb/s, sampled ratio %.2f", kind, i, last.Compression, last.WireBytes, last.Goodput*8/1e6, last.SampleRatio)
 			modes = append(modes, last.Compression)
-			if kind == "sparse-f32" && last.Compression != rpc.CompressionOff && last.WireBytes > size/2 {
-				t.Errorf("sparse: Fetch %d compressed into %d bytes of %d", i, last.WireBytes, size)
+			// A Fetch is several Reads, each deciding on its own: on the
+			// first, the probe's MiB and, on a loaded machine, Reads
+			// whose sample compressed too slowly cross as they are. So
+			// every compressed one shrinks, and one at least by half.
+			if kind == "sparse-f32" && last.Compression != rpc.CompressionOff {
+				if last.WireBytes >= size {
+					t.Errorf("sparse: Fetch %d compressed into %d bytes of %d", i, last.WireBytes, size)
+				}
+				smallest = min(smallest, last.WireBytes)
 			}
+		}
+		if kind == "sparse-f32" && smallest > size/2 {
+			t.Errorf("sparse: no Fetch compressed into half its %d bytes or less (smallest %d; %q)", size, smallest, modes)
 		}
 		n := c.Stats().CompressedTransfers - before
 		lastOff := last.Compression == rpc.CompressionOff
