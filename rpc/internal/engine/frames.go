@@ -576,8 +576,13 @@ func (l *Link) TrySendFrame(typ uint8, flags uint16, ref uint64, raw []byte, msg
 // back when it completes, and then sent runs, if not nil. If the post
 // fails, buf goes back at once and sent never runs.
 func (l *Link) postFrameBuf(local verbs.Local, buf *mempool.Buffer, sent func()) error {
-	err := l.postWaiter(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, &Waiter{frame: buf, sent: sent})
+	w := frameWaiters.Get().(*Waiter)
+	w.frame, w.sent = buf, sent
+	err := l.postWaiter(verbs.SendRequest{Op: verbs.OpSend, Local: local, LazyCompletion: true}, w)
 	if err != nil {
+		// postWaiter took it off Waiters again: it is ours.
+		*w = Waiter{}
+		frameWaiters.Put(w)
 		buf.Release()
 	}
 	return err

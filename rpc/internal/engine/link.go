@@ -198,15 +198,24 @@ func (w *Waiter) finish(c verbs.Completion) bool {
 	case w.done != nil:
 		w.done(c)
 	case w.frame != nil:
-		w.frame.Release()
-		if w.sent != nil {
-			w.sent()
+		// A frame's waiter is nobody's once its request completes (the
+		// link took it off Waiters): it goes back to frameWaiters first.
+		buf, sent := w.frame, w.sent
+		*w = Waiter{}
+		frameWaiters.Put(w)
+		buf.Release()
+		if sent != nil {
+			sent()
 		}
 	default:
 		return false
 	}
 	return true
 }
+
+// frameWaiters recycles the Waiters of frames' Sends (postFrameBuf), two
+// a small call.
+var frameWaiters = sync.Pool{New: func() any { return new(Waiter) }}
 
 // verifyBytes is the size of the buffers of the verifying round trip; the
 // message is the session id.
@@ -561,8 +570,14 @@ func (l *Link) postWaiter(wr verbs.SendRequest, w *Waiter) error {
 	l.Mu.Unlock()
 	if err := l.QP.PostSend(wr); err != nil {
 		l.Mu.Lock()
+		_, ours := l.Waiters[wr.ID]
 		delete(l.Waiters, wr.ID)
 		l.Mu.Unlock()
+		if !ours {
+			// A Close that began meanwhile took w and finished it
+			// (flushed): it has heard, as if posted.
+			return nil
+		}
 		return err
 	}
 	return nil
