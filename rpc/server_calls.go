@@ -127,11 +127,16 @@ func (s *Server) offer(ctx context.Context, ss *serverSession, l *engine.Link, r
 // count applies f to the session's counters, or to the server's totals for
 // calls without a session.
 func (s *Server) count(ss *serverSession, f func(*counters)) {
+	f(s.countersOf(ss))
+}
+
+// countersOf is where ss's counts go: its own, or the server's total
+// without a session.
+func (s *Server) countersOf(ss *serverSession) *counters {
 	if ss != nil {
-		f(&ss.stats)
-		return
+		return &ss.stats
 	}
-	f(&s.total)
+	return &s.total
 }
 
 // countInline counts a tensor of n bytes that went inline, in a control
@@ -406,13 +411,11 @@ func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), 
 func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
 	resp := &pb.CallResponse{Metadata: out.Metadata}
 	for i, t := range out.Tensors {
-		var c counters
-		buf, err := poolBuffer(ctx, s.pool, t, &c)
+		buf, err := poolBuffer(ctx, s.pool, t, s.countersOf(ss))
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)
 			return nil, status.Errorf(codes.Internal, "tensorrpc: reply tensor %d: %v", i, err)
 		}
-		s.count(ss, func(sc *counters) { sc.merge(&c) })
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
 		meta, inline, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
