@@ -975,9 +975,13 @@ const lazySweeperIdle = 2
 
 func (w *lazySweeper) run() {
 	idle := 0
-	for {
+	t := time.NewTimer(time.Duration(lazyAckDelay.Load()))
+	defer t.Stop()
+	for first := true; ; first = false {
+		if !first {
+			t.Reset(time.Duration(lazyAckDelay.Load())) // fired or stopped: nothing stale in t.C (Go 1.23 timers)
+		}
 		closed := false
-		t := time.NewTimer(time.Duration(lazyAckDelay.Load()))
 		select {
 		case <-t.C:
 		case <-w.emptied:
