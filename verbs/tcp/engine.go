@@ -38,7 +38,7 @@ import (
 func (q *queuePair) writer(conn net.Conn) {
 	for {
 		q.writeMu.Lock()
-		wrote, failed, err := q.writeQueued(conn, false)
+		wrote, failed, err := q.writeQueued(conn, false, false)
 		q.writeMu.Unlock()
 		if err != nil {
 			break
@@ -77,8 +77,11 @@ const directMaxQueued = 16 << 10
 // writeMu. With direct set it does nothing unless the batch is small and
 // the queue pair is not in ERR. It reports whether it wrote anything and
 // whether the queue pair is in ERR (then requests are left for the flush).
-// A failed write moves the queue pair to ERR and closes conn.
-func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool, err error) {
+// A failed write moves the queue pair to ERR and closes conn. delivers
+// says that the caller is the receiver, which delivers the completions of
+// the Early requests written (Queue) before it waits; else they are
+// handed to a delivery under way, or Run's goroutine (Hand).
+func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, failed bool, err error) {
 	q.Mu.Lock()
 	failed = q.StateLocked() == verbs.QPError
 	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) {
@@ -124,7 +127,7 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool) (wrote, failed bool,
 		early = early || w.Early
 	}
 	if early && err == nil {
-		q.completeEarly(send)
+		q.completeEarly(send, delivers)
 	}
 	for i := range ctrl {
 		ctrl[i].use.Release()
@@ -173,38 +176,83 @@ func (q *queuePair) takeLocked() []*softrc.SendWR {
 	q.Inflight = append(q.Inflight, reqs...)
 	q.unackedBytes += bytes
 	q.sendqBytes -= bytes
-	q.earlyLocked(reqs)
 	return reqs
 }
 
-// earlyLocked marks the Lazy requests of reqs Early when a delivery of
-// the send queue's completions is under way, which then takes their
-// completions as they are written (completeEarly): a server's answer
-// posted by a handler running where its request was delivered. The frame
-// says so (flagNoAck) and the peer writes no acknowledgement for it, nor
-// wakes for one to write: a request-response exchange then leaves
-// nothing owed for the lazy-ack sweeper. Elsewhere (a goroutine of its
-// own posting, the writer batching) a Lazy request waits for its
-// acknowledgement as before, as completing it there would wake the
-// queue's poller. The caller holds q.Mu.
-func (q *queuePair) earlyLocked(reqs []*softrc.SendWR) {
+// earlyLocked marks the Lazy requests of ws Early when they are posted
+// while a delivery of the send queue's completions is under way (a
+// server's answer posted by a handler running where its request was
+// delivered), and reports whether all of ws are Early. An Early request
+// completes as it is written (completeEarly), and its frame says so
+// (flagNoAck): the peer writes no acknowledgement for it, nor wakes for
+// one to write, and a request-response exchange leaves nothing owed for
+// the lazy-ack sweeper. Posted elsewhere (a goroutine of its own, not in
+// a delivery) a Lazy request waits for its acknowledgement as before, as
+// completing it where it is written would wake the queue's poller. The
+// caller holds q.Mu.
+func (q *queuePair) earlyLocked(ws []softrc.SendWR) (all bool) {
 	checked, delivering := false, false
-	for _, w := range reqs {
+	all = len(ws) > 0
+	for i := range ws {
+		w := &ws[i]
 		if !w.Lazy || w.Op == verbs.OpRead {
+			all = false
 			continue
 		}
 		if !checked {
 			checked, delivering = true, q.SendCQ.Delivering()
 		}
 		w.Early = delivering
+		all = all && delivering
 	}
+	return all
+}
+
+// holdEarly is the receiver's, as it delivers a frame with more of the
+// peer's frames read already: the Early requests posted meanwhile (the
+// answers of the calls it runs) wait in the send queue, and it writes
+// them, in one batch with their acknowledgements, when it has delivered
+// what it read (releaseHeld): a burst of requests is answered with one
+// write, not one each, and without waking the writer goroutine.
+func (q *queuePair) holdEarly() {
+	q.Mu.Lock()
+	q.holding = true
+	q.Mu.Unlock()
+}
+
+// releaseHeld ends holdEarly as the receiver is about to wait for the
+// next frame, writing what was held back: itself, on the terms of
+// flushAcks (nobody else writing, room in the kernel's send queue), else
+// through the writer. The completions of what it wrote are the
+// receiver's to deliver (it does, before it waits).
+func (q *queuePair) releaseHeld(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
+	q.Mu.Lock()
+	q.holding = false
+	held, n := q.held, q.sendqBytes+q.ctrlBytes+(len(q.Sendq)+len(q.ctrl))*headerSize
+	q.held = false
+	q.Mu.Unlock()
+	if !held {
+		return
+	}
+	if raw != nil && q.writeMu.TryLock() {
+		wrote := false
+		if sendQueueRoom(raw, n, sndbuf) {
+			wrote, _, _ = q.writeQueued(conn, false, true)
+		}
+		q.writeMu.Unlock()
+		if wrote {
+			return
+		}
+	}
+	softrc.Signal(q.wakeWriter)
 }
 
 // completeEarly completes the Early requests of send, just written, that
 // are still in flight (a cumulative acknowledgement of a later request
-// may have completed one already), and hands their completions to the
-// send queue (softrc.CQ.Hand): the delivery under way takes them.
-func (q *queuePair) completeEarly(send []*softrc.SendWR) {
+// may have completed one already): their completions are queued for the
+// caller to deliver (delivers: the receiver), or handed to the send
+// queue (softrc.CQ.Hand): the delivery under way takes them.
+func (q *queuePair) completeEarly(send []*softrc.SendWR, delivers bool) {
 	var buf [4]softrc.Entry
 	es := buf[:0]
 	q.Mu.Lock()
@@ -221,7 +269,11 @@ func (q *queuePair) completeEarly(send []*softrc.SendWR) {
 		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
 	}
 	q.Mu.Unlock()
-	q.SendCQ.Hand(es...)
+	if delivers {
+		q.SendCQ.Queue(es...)
+	} else {
+		q.SendCQ.Hand(es...)
+	}
 }
 
 // frameBatch gathers frames into one writev: headers and small payloads are
@@ -414,6 +466,7 @@ type receiving struct {
 	raw      syscall.RawConn
 	sndbuf   int // the send buffer's size, as sendQueueRoom last read it
 	draining bool
+	holding  bool // holdEarly is on
 	// err and fatal are the last frame's outcome (apply's), which the
 	// goroutine that delivered it, or the one taking over, acts on.
 	err   error
@@ -448,6 +501,10 @@ func (r *receiving) loop(afterDeliver bool) {
 				continue
 			}
 			r.fatal, r.err = q.apply(&h, br)
+			if !r.holding && br.Buffered() > 0 {
+				r.holding = true
+				q.holdEarly()
+			}
 			if q.DeliverFrom(r.resume) {
 				return // another goroutine receives now (resume)
 			}
@@ -457,7 +514,15 @@ func (r *receiving) loop(afterDeliver bool) {
 			break
 		}
 		if br.Buffered() == 0 {
-			q.flushAcks(r.conn, r.raw, &r.sndbuf) // the next read may wait
+			// The next read may wait.
+			if r.holding {
+				r.holding = false
+				q.releaseHeld(r.conn, r.raw, &r.sndbuf)
+			}
+			q.flushAcks(r.conn, r.raw, &r.sndbuf)
+			if q.DeliverFrom(r.resume) {
+				return // (the completions of Early requests written here)
+			}
 		}
 		if r.fatal {
 			r.draining = true
@@ -877,7 +942,7 @@ func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
 	if raw != nil && q.writeMu.TryLock() {
 		wrote := false
 		if sendQueueRoom(raw, directMaxQueued+maxDelayedAcks*headerSize, sndbuf) {
-			wrote, _, _ = q.writeQueued(conn, true)
+			wrote, _, _ = q.writeQueued(conn, true, true)
 		}
 		q.writeMu.Unlock()
 		if wrote {

@@ -59,6 +59,8 @@ type queuePair struct {
 	delayedAcks   int              // acknowledgements queued without waking the writer (queueAck)
 	urgentAcks    int              // how many of them are not lazy (flagLazyAck)
 	lazyArmed     bool             // on the lazy-ack sweeper's list (armLazyAcks)
+	holding       bool             // the receiver writes Early requests itself before it next waits (holdEarly)
+	held          bool             // an Early request was posted while holding
 	lazyMark      uint64           // ctrlTakes at the sweeper's previous look
 	ctrlTakes     uint64           // how many times the queued responses were taken to be written
 	active        int              // goroutines that may still touch memory
@@ -175,8 +177,11 @@ func (q *queuePair) accept(ctx context.Context, peer softrc.Info) (net.Conn, err
 
 // PostSendUnlock queues checked requests for the writer, or writes them
 // itself when the connection is nearly idle (the direct path, see
-// writeQueued).
+// writeQueued). Lazy requests posted while the queue's completions are
+// being delivered are Early (see earlyLocked); while the receiver holds
+// such requests back (holdEarly) they wait for it.
 func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
+	allEarly := q.earlyLocked(ws)
 	for i := range ws {
 		w := &ws[i]
 		q.nextSeq++
@@ -184,10 +189,15 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.sendqBytes += payloadBytes(w)
 		q.Sendq = append(q.Sendq, w)
 	}
+	if allEarly && q.holding {
+		q.held = true
+		q.Mu.Unlock()
+		return
+	}
 	conn := q.ConnLocked()
 	q.Mu.Unlock()
 	if q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(conn, true)
+		wrote, _, _ := q.writeQueued(conn, true, false)
 		q.writeMu.Unlock()
 		if wrote {
 			return // or failed: the requests are posted, the flush completes them

@@ -725,6 +725,102 @@ func TestLazySendInADeliveryCompletesAsWritten(t *testing.T) {
 	}
 }
 
+// TestAnswersToABurstGoInOneWrite: requests that arrive together are
+// delivered one by one, and the lazy answers posted in those deliveries
+// are held until the receiver has delivered the burst, then written in
+// one batch, and complete without anything coming back.
+func TestAnswersToABurstGoInOneWrite(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	reg := func(e end, n int) verbs.MemoryRegion {
+		mr, err := e.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, n)}, verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mr
+	}
+	const burst = 4
+	amr, bmr := reg(a, 16*burst), reg(b, 16*burst)
+	bq := b.qp.(*queuePair)
+	held := make(chan bool, 64)
+	done := make(chan verbs.Completion, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- b.cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
+			for _, c := range cs {
+				if c.Op == verbs.OpRecv {
+					// Answer it where it was delivered.
+					if err := b.qp.PostSend(verbs.SendRequest{ID: 1000 + c.ID, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: int(c.ID) * 8, Length: 8}, LazyCompletion: true}); err != nil {
+						t.Error(err)
+					}
+					bq.Mu.Lock()
+					holding, h := bq.holding, bq.held
+					bq.Mu.Unlock()
+					if holding {
+						held <- h
+					}
+				}
+				done <- c
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		<-ran
+	}()
+	sawHold := false
+	for try := 0; try < 20 && !sawHold; try++ {
+		for i := range burst {
+			if err := b.qp.PostRecv(verbs.RecvRequest{ID: uint64(i), Local: verbs.Local{Region: bmr, Offset: 8 * burst, Length: 8}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.qp.PostRecv(verbs.RecvRequest{ID: uint64(100 + i), Local: verbs.Local{Region: amr, Offset: 8 * burst, Length: 8}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// One post, so that the burst goes out in one write.
+		var reqs []verbs.SendRequest
+		for i := range burst {
+			reqs = append(reqs, verbs.SendRequest{ID: uint64(10 + i), Op: verbs.OpSend, Local: verbs.Local{Region: amr, Offset: 8 * i, Length: 8}})
+		}
+		if err := a.qp.PostSend(reqs...); err != nil {
+			t.Fatal(err)
+		}
+		// a: its Sends and the receives of the answers; b: its receives and
+		// its answers' Sends, completed as written, nothing coming back.
+		for n := 0; n < 2*burst; n++ {
+			if c, ok := waitCompletion(t, a.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+				t.Fatalf("try %d: a's completion %d: %+v, %v", try, n, c, ok)
+			}
+		}
+		for n := 0; n < 2*burst; n++ {
+			select {
+			case c := <-done:
+				if c.Status != verbs.StatusSuccess {
+					t.Fatalf("try %d: b's completion %+v", try, c)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("try %d: b has %d of its %d completions", try, n, 2*burst)
+			}
+		}
+		for len(held) > 0 {
+			if !<-held {
+				t.Fatalf("try %d: an answer posted while the receiver held the burst's answers was not held", try)
+			}
+			sawHold = true
+		}
+	}
+	if !sawHold {
+		t.Fatal("in 20 bursts the receiver never had the next request read while it delivered one")
+	}
+	if any, _ := a.qp.(*queuePair).owedAcks(); any {
+		t.Fatal("a owes acknowledgements of answers sent without one")
+	}
+}
+
 // TestLazyAckArrivesWithNothingBack: when nothing goes back, the sweeper
 // sends the lazy acknowledgement on its own, and the Send completes.
 func TestLazyAckArrivesWithNothingBack(t *testing.T) {
