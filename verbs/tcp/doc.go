@@ -85,7 +85,13 @@
 // took the receiver writes before it waits for the next frame (the writer
 // does when the socket's send queue is not nearly empty). A
 // request-response exchange thus costs one write per direction and wakes
-// neither the writer nor a poller.
+// neither the writer nor a poller. A request marked LazyCompletion and
+// posted while the completion queue's Run handler is being given
+// completions (an answer posted where its request was delivered) is
+// Early: it completes as soon as it is written, within that delivery,
+// and its frame tells the target not to acknowledge it at all. Such
+// answers to a burst of requests read at once are held until the
+// receiver has delivered the burst, and then written in one batch.
 //
 // # Caveats
 //
