@@ -157,11 +157,13 @@ func (info *CallInfo) IncomingMetadata() metadata.MD {
 }
 
 // AfterAnswer defers f until the call's answer has gone: on a server, for
-// a call that travelled as a frame, f runs once the answer frame was
-// handed to the data plane (or could not be), in the goroutine that
-// answered, so that what an interceptor records after its call (a
-// metric, the end of a span) does not hold up the answer; elsewhere (the
-// gRPC paths, a client) it runs as the interceptors return. f sees the
+// a call that travelled as a frame, f runs once the answer frame's Send
+// has completed (on tcp as soon as it is written) where the lane's
+// completions are handled, or, when the answer could not go at once,
+// as it is handed to the data plane from a goroutine of its own or
+// fails; so that what an interceptor records after its call (a metric,
+// the end of a span) does not hold up the answer; elsewhere (the gRPC
+// paths, a client) it runs as the interceptors return. f sees the
 // CallInfo as the interceptors left it. Calls made in f delay the next
 // frame of the lane: keep f short, and never let it block.
 func (info *CallInfo) AfterAnswer(f func()) {

@@ -364,12 +364,18 @@ func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.F
 		body = f.resp
 	}
 	ss.answeredNow.Add(1)
-	if !answerAsideForTest.Load() && l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, body, nil) {
+	// What the interceptors deferred runs once the answer has gone: as
+	// its Send completes (on tcp as it is written, which, answering a
+	// burst of requests, is after the burst was delivered).
+	var sent func()
+	if len(f.info.after) > 0 {
+		sent = f.info.answered
+	}
+	if !answerAsideForTest.Load() && l.TrySendFrame(wire.FrameFetchResp, 0, h.Ref, raw, body, sent) {
 		if f.view != nil {
 			s.countInline(ss, inline)
 			f.view.Release()
 		}
-		f.info.answered()
 		return true
 	}
 	ss.answeredNow.Add(-1)
@@ -620,9 +626,20 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 		// stays under way (over) until that Send completes, so that a
 		// graceful stop closes the session only after the answers left.
 		if mode != engine.RunGoroutine {
-			if l.TrySendFrame(resp, flags, ref, raw, body, over) {
+			// What the interceptors deferred runs once the answer has
+			// gone, as its Send completes (see fetchNowIntercepted).
+			sent, after := over, info
+			if after != nil && len(after.after) > 0 {
+				sent = func() {
+					after.answered()
+					over()
+				}
+				info = nil // (the deferred answered: nothing to run)
+			}
+			if l.TrySendFrame(resp, flags, ref, raw, body, sent) {
 				return true
 			}
+			info = after // the answer goes aside: they run as it does
 			// No credit or buffer at hand: the answer waits for them
 			// aside, with what it views.
 			own := held
