@@ -172,15 +172,17 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 	if !locked {
 		pc.bell.Store(l.bell)
 	}
+	done := ctx.Done()
 	for i := 1; ; i++ {
+		// One-case selects, as in AwaitAnswer: the watch below looks
+		// many times, and a select of several cases locks them all.
 		select {
 		case r := <-pc.Ch:
 			return r, true
-		case <-l.Dead:
-			return FrameReply{}, false
-		case <-ctx.Done():
-			return FrameReply{}, false
 		default:
+		}
+		if isDone(l.Dead) || done != nil && isDone(done) {
+			return FrameReply{}, false
 		}
 		if !watchUntil.IsZero() {
 			if i%32 != 0 {
