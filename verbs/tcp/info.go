@@ -50,7 +50,23 @@ func parseInfo(b []byte) (softrc.Info, error) {
 //
 // and the accepting side answers handshakeMagic followed by one status
 // byte: handshakeOK or handshakeRefused.
-var handshakeMagic = [8]byte{'t', 'r', 'p', 'c', 't', 'c', 'p', 1}
+//
+// The magic's last byte is the version of the frames that follow (wire.go):
+// 2 since flagNoAck, which a peer of version 1 would refuse mid-session as
+// a reserved bit; peers of different versions refuse each other here
+// instead, and the session takes another plane.
+var handshakeMagic = [8]byte{'t', 'r', 'p', 'c', 't', 'c', 'p', wireVersion}
+
+// wireVersion is the version of the tcp frames (see handshakeMagic).
+const wireVersion = 2
+
+// magicError describes a handshake's magic that is not ours.
+func magicError(what string, got []byte) error {
+	if bytes.Equal(got[:7], handshakeMagic[:7]) {
+		return fmt.Errorf("tcp: %s speaks tcp wire version %d, this side %d", what, got[7], wireVersion)
+	}
+	return fmt.Errorf("tcp: %s has a bad magic %x", what, got[:8])
+}
 
 const (
 	helloSize        = 8 + 2*secretSize + 8
@@ -77,7 +93,7 @@ func readHello(r io.Reader) (hello, error) {
 		return h, fmt.Errorf("tcp: reading the handshake: %w", err)
 	}
 	if !bytes.Equal(b[:8], handshakeMagic[:]) {
-		return h, fmt.Errorf("tcp: handshake has a bad magic %x", b[:8])
+		return h, magicError("the dialing peer's handshake", b[:])
 	}
 	copy(h.Acceptor[:], b[8:])
 	copy(h.Dialer[:], b[8+secretSize:])
@@ -95,7 +111,7 @@ func readReply(r io.Reader) (byte, error) {
 		return 0, fmt.Errorf("tcp: reading the handshake reply: %w", err)
 	}
 	if !bytes.Equal(b[:8], handshakeMagic[:]) {
-		return 0, fmt.Errorf("tcp: handshake reply has a bad magic %x", b[:8])
+		return 0, magicError("the accepting peer's reply", b[:])
 	}
 	return b[8], nil
 }

@@ -865,3 +865,23 @@ func TestNoAckFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestHandshakeWireVersion: a peer whose handshake carries another tcp
+// wire version (one that would not know flagNoAck) is refused at the
+// handshake, saying so, not mid-session.
+func TestHandshakeWireVersion(t *testing.T) {
+	h := encodeHello(hello{QPID: 7})
+	if got, err := readHello(bytes.NewReader(h)); err != nil || got.QPID != 7 {
+		t.Fatalf("our own hello: %+v, %v", got, err)
+	}
+	h[7] = 1
+	_, err := readHello(bytes.NewReader(h))
+	if err == nil || !strings.Contains(err.Error(), "tcp wire version 1, this side 2") {
+		t.Fatalf("a version-1 hello: %v", err)
+	}
+	r := replyBytes(handshakeOK)
+	r[7] = 1
+	if _, err := readReply(bytes.NewReader(r)); err == nil || !strings.Contains(err.Error(), "tcp wire version 1") {
+		t.Fatalf("a version-1 reply: %v", err)
+	}
+}

@@ -18,7 +18,8 @@ import (
 //	            the request's acknowledgement may wait, see queueAck;
 //	            flagNoAck: the request is not acknowledged at all, its
 //	            sender completed it as it wrote it (see earlyLocked),
-//	            though a refusal is still reported;
+//	            though a refusal is still reported; since wire version
+//	            2, see handshakeMagic;
 //	            flagCompress: on a Read request, the data may come
 //	            compressed, imm says how (compressImm); on a Read
 //	            response, it did: the payload is an internal/zchunk
