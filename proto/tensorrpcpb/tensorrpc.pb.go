@@ -1024,7 +1024,12 @@ type HandshakeResponse struct {
 	// session either side may ask the other for a tensor's bytes compressed
 	// with one of them (a tcp Read's flagCompress, a stream's compressed
 	// chunks), and the other does so when its own mode is not "off".
-	Compression   []string `protobuf:"bytes,8,rep,name=compression,proto3" json:"compression,omitempty"`
+	Compression []string `protobuf:"bytes,8,rep,name=compression,proto3" json:"compression,omitempty"`
+	// The largest tensor, in bytes, the server Writes into a Fetch's
+	// landing (FetchRequest.landing) on a tcp data plane; 0: it takes no
+	// landing, and a client must not send the LANDING flag (a server from
+	// before it refuses the frame).
+	FetchLanding  uint64 `protobuf:"varint,9,opt,name=fetch_landing,json=fetchLanding,proto3" json:"fetch_landing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1106,6 +1111,13 @@ func (x *HandshakeResponse) GetCompression() []string {
 		return x.Compression
 	}
 	return nil
+}
+
+func (x *HandshakeResponse) GetFetchLanding() uint64 {
+	if x != nil {
+		return x.FetchLanding
+	}
+	return 0
 }
 
 // CudaOffer describes a peer's CUDA devices for CUDA IPC.
@@ -1500,7 +1512,21 @@ type FetchRequest struct {
 	// a data plane (a FETCH_REQ with the ROWS flag, whose body is then this
 	// message) the server may instead grant the whole published tensor and
 	// set FetchResponse.rows_of_source: the client reads the rows itself.
-	Rows          []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	Rows []int64 `protobuf:"varint,6,rep,packed,name=rows,proto3" json:"rows,omitempty"`
+	// A landing: a buffer of the client's, granted writable on the lane the
+	// request goes on (transport, remote_key, address and length; no
+	// lanes), into which the server may Write the tensor's bytes before it
+	// answers, saving the client's Read of them (a round trip). Only in a
+	// FETCH_REQ frame with the LANDING flag (whose body is then this
+	// message), on a tcp data plane of a session whose
+	// HandshakeResponse.fetch_landing is not 0, for a Fetch of the whole
+	// tensor (no rows, no lease). The server lands a tensor only when it
+	// fits (at most length bytes, and at most fetch_landing): it then
+	// Writes the bytes on that lane, then answers with
+	// FetchResponse.landed, meta without a location; else it answers as
+	// for any Fetch and writes nothing. The client revokes the grant once
+	// the answer (or the link's end) came, and only then reuses the buffer.
+	Landing       *Location `protobuf:"bytes,7,opt,name=landing,proto3" json:"landing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1563,6 +1589,13 @@ func (x *FetchRequest) GetRows() []int64 {
 	return nil
 }
 
+func (x *FetchRequest) GetLanding() *Location {
+	if x != nil {
+		return x.Landing
+	}
+	return nil
+}
+
 type FetchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Meta  *TensorMeta            `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
@@ -1577,7 +1610,12 @@ type FetchResponse struct {
 	// meta.location grants the whole published tensor (location.length its
 	// bytes), from which the client reads each row it asked for: row i at
 	// rows[i] * row_bytes, row_bytes = byte_length / len(rows).
-	RowsOfSource  bool `protobuf:"varint,4,opt,name=rows_of_source,json=rowsOfSource,proto3" json:"rows_of_source,omitempty"`
+	RowsOfSource bool `protobuf:"varint,4,opt,name=rows_of_source,json=rowsOfSource,proto3" json:"rows_of_source,omitempty"`
+	// The tensor's bytes were written into FetchRequest.landing, before
+	// this answer on the same lane: meta has no location, inline_data is
+	// empty, transfer_id is 0, and the bytes are the first
+	// meta.byte_length of the landing.
+	Landed        bool `protobuf:"varint,5,opt,name=landed,proto3" json:"landed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1636,6 +1674,13 @@ func (x *FetchResponse) GetTransferId() uint64 {
 func (x *FetchResponse) GetRowsOfSource() bool {
 	if x != nil {
 		return x.RowsOfSource
+	}
+	return false
+}
+
+func (x *FetchResponse) GetLanded() bool {
+	if x != nil {
+		return x.Landed
 	}
 	return false
 }
@@ -2380,7 +2425,7 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\vclient_name\x18\x03 \x01(\tR\n" +
 	"clientName\x12+\n" +
 	"\x04cuda\x18\x05 \x01(\v2\x17.tensorrpc.v1.CudaOfferR\x04cuda\x12 \n" +
-	"\vcompression\x18\x06 \x03(\tR\vcompressionJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xd9\x02\n" +
+	"\vcompression\x18\x06 \x03(\tR\vcompressionJ\x04\b\x04\x10\x05R\x10data_plane_calls\"\xfe\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1d\n" +
 	"\n" +
@@ -2389,7 +2434,8 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\x0feager_threshold\x18\x04 \x01(\x04R\x0eeagerThreshold\x12,\n" +
 	"\x04cuda\x18\x06 \x01(\v2\x18.tensorrpc.v1.CudaAnswerR\x04cuda\x12+\n" +
 	"\x11send_reservations\x18\a \x01(\bR\x10sendReservations\x12 \n" +
-	"\vcompression\x18\b \x03(\tR\vcompressionJ\x04\b\x05\x10\x06R\x10data_plane_calls\"\\\n" +
+	"\vcompression\x18\b \x03(\tR\vcompression\x12#\n" +
+	"\rfetch_landing\x18\t \x01(\x04R\ffetchLandingJ\x04\b\x05\x10\x06R\x10data_plane_calls\"\\\n" +
 	"\tCudaOffer\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12!\n" +
 	"\fdevice_uuids\x18\x02 \x03(\fR\vdeviceUuids\x12\x18\n" +
@@ -2422,21 +2468,23 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x122\n" +
-	"\x06handle\x18\x03 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\"\x86\x01\n" +
+	"\x06handle\x18\x03 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\"\xb8\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x12\n" +
-	"\x04rows\x18\x06 \x03(\x03R\x04rowsJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
-	"client_ref\"\xa5\x01\n" +
+	"\x04rows\x18\x06 \x03(\x03R\x04rows\x120\n" +
+	"\alanding\x18\a \x01(\v2\x16.tensorrpc.v1.LocationR\alandingJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
+	"client_ref\"\xbd\x01\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
 	"\vinline_data\x18\x02 \x01(\fR\n" +
 	"inlineData\x12\x1f\n" +
 	"\vtransfer_id\x18\x03 \x01(\x04R\n" +
 	"transferId\x12$\n" +
-	"\x0erows_of_source\x18\x04 \x01(\bR\frowsOfSource\"\xdf\x01\n" +
+	"\x0erows_of_source\x18\x04 \x01(\bR\frowsOfSource\x12\x16\n" +
+	"\x06landed\x18\x05 \x01(\bR\x06landed\"\xdf\x01\n" +
 	"\vSendRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
@@ -2597,41 +2645,42 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	14, // 17: tensorrpc.v1.FetchDeviceResponse.handle:type_name -> tensorrpc.v1.DeviceHandle
 	4,  // 18: tensorrpc.v1.SendDeviceRequest.meta:type_name -> tensorrpc.v1.TensorMeta
 	14, // 19: tensorrpc.v1.SendDeviceRequest.handle:type_name -> tensorrpc.v1.DeviceHandle
-	4,  // 20: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 21: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	2,  // 22: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
-	4,  // 23: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 24: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	26, // 25: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
-	4,  // 26: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	27, // 27: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 28: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	17, // 29: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	19, // 30: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	21, // 31: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	23, // 32: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	17, // 33: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	28, // 34: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	28, // 35: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	17, // 36: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
-	16, // 37: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
-	23, // 38: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
-	8,  // 39: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	18, // 40: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	20, // 41: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	22, // 42: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	24, // 43: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	28, // 44: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	20, // 45: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	28, // 46: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	15, // 47: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
-	20, // 48: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
-	24, // 49: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
-	39, // [39:50] is the sub-list for method output_type
-	28, // [28:39] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	2,  // 20: tensorrpc.v1.FetchRequest.landing:type_name -> tensorrpc.v1.Location
+	4,  // 21: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 22: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	2,  // 23: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
+	4,  // 24: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 25: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	26, // 26: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 27: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	27, // 28: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 29: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	17, // 30: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	19, // 31: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	21, // 32: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	23, // 33: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	17, // 34: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	28, // 35: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	28, // 36: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	17, // 37: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
+	16, // 38: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
+	23, // 39: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
+	8,  // 40: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	18, // 41: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	20, // 42: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	22, // 43: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	24, // 44: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	28, // 45: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	20, // 46: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	28, // 47: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	15, // 48: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
+	20, // 49: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
+	24, // 50: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
+	40, // [40:51] is the sub-list for method output_type
+	29, // [29:40] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }

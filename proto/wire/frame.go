@@ -46,6 +46,11 @@ const (
 	// FlagRows (FETCH_REQ): the body is a protobuf FetchRequest (the key
 	// and the rows asked for) instead of the raw key.
 	FlagRows uint16 = 1 << 4
+	// FlagLanding (FETCH_REQ): the body is a protobuf FetchRequest (the
+	// key, and a landing the server may Write the tensor into before it
+	// answers, see FetchRequest.landing); only on a session whose
+	// HandshakeResponse.fetch_landing is not 0.
+	FlagLanding uint16 = 1 << 5
 )
 
 // ErrInvalidFrame wraps every frame decoding error.
@@ -54,7 +59,7 @@ var ErrInvalidFrame = errors.New("wire: invalid frame")
 // frameFlags are the flags each type allows; index 0 and the types past
 // FrameRelease are unknown.
 var frameFlags = [...]uint16{
-	FrameFetchReq:  FlagWait | FlagLease | FlagIndirect | FlagHeaders | FlagRows,
+	FrameFetchReq:  FlagWait | FlagLease | FlagIndirect | FlagHeaders | FlagRows | FlagLanding,
 	FrameFetchResp: FlagIndirect,
 	FrameSendReq:   FlagIndirect | FlagHeaders,
 	FrameCallReq:   FlagIndirect | FlagHeaders,
