@@ -228,6 +228,7 @@ func (q *queuePair) holdEarly() {
 func (q *queuePair) releaseHeld(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
 	q.Mu.Lock()
 	q.holding = false
+	q.heldLarge.Store(false)
 	held, n := q.held, q.sendqBytes+q.ctrlBytes+(len(q.Sendq)+len(q.ctrl))*headerSize
 	q.held = false
 	q.Mu.Unlock()
@@ -515,7 +516,7 @@ func (r *receiving) loop(afterDeliver bool) {
 		}
 		if br.Buffered() == 0 {
 			// The next read may wait.
-			if r.holding {
+			if r.holding || q.heldLarge.Load() {
 				r.holding = false
 				q.releaseHeld(r.conn, r.raw, &r.sndbuf)
 			}

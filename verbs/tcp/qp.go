@@ -61,9 +61,13 @@ type queuePair struct {
 	lazyArmed     bool             // on the lazy-ack sweeper's list (armLazyAcks)
 	holding       bool             // the receiver writes Early requests itself before it next waits (holdEarly)
 	held          bool             // an Early request was posted while holding
-	lazyMark      uint64           // ctrlTakes at the sweeper's previous look
-	ctrlTakes     uint64           // how many times the queued responses were taken to be written
-	active        int              // goroutines that may still touch memory
+	// heldLarge: Early requests too large for the direct path were held
+	// for the receiver without holdEarly (PostSendUnlock), which it
+	// writes as it would held ones before it next waits.
+	heldLarge atomic.Bool
+	lazyMark  uint64 // ctrlTakes at the sweeper's previous look
+	ctrlTakes uint64 // how many times the queued responses were taken to be written
+	active    int    // goroutines that may still touch memory
 
 	compressOK atomic.Bool // AllowCompression
 }
@@ -189,7 +193,17 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.sendqBytes += payloadBytes(w)
 		q.Sendq = append(q.Sendq, w)
 	}
-	if allEarly && q.holding {
+	if allEarly && (q.holding || q.sendqBytes > directMaxQueued) {
+		// Held for the receiver, which delivers the completions these
+		// answer and writes what was held before it next waits: within
+		// a burst (holdEarly), with the rest of the burst's answers;
+		// past the direct path's bound (a Fetch's landing Written with
+		// its answer), without waking the writer, as the direct path
+		// would for a small answer.
+		if !q.holding {
+			q.holding = true
+			q.heldLarge.Store(true)
+		}
 		q.held = true
 		q.Mu.Unlock()
 		return

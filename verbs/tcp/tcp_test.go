@@ -885,3 +885,93 @@ func TestHandshakeWireVersion(t *testing.T) {
 		t.Fatalf("a version-1 reply: %v", err)
 	}
 }
+
+// TestLargeEarlyWriteGoesWithTheAnswer: a Write past the direct path's
+// bound, posted with its answer where the request was delivered (a
+// Fetch's landing), is held for the receiver, which writes both before
+// it next waits, instead of waking the writer; the bytes are in place
+// when the answer arrives, and nothing is owed an acknowledgement.
+func TestLargeEarlyWriteGoesWithTheAnswer(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	const n = 4 * directMaxQueued
+	src := make([]byte, n+8)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	dst := make([]byte, n+8)
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: dst}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.qp.Grant(amr, 0, n, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Revoke()
+	bq := b.qp.(*queuePair)
+	heldLarge := make(chan bool, 1)
+	done := make(chan verbs.Completion, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- b.cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
+			for _, c := range cs {
+				if c.Op == verbs.OpRecv {
+					err := b.qp.PostSend(
+						verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
+						verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
+					if err != nil {
+						t.Error(err)
+					}
+					heldLarge <- bq.heldLarge.Load()
+				}
+				done <- c
+			}
+		})
+	}()
+	defer func() {
+		cancel()
+		<-ran
+	}()
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 9, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostRecv(verbs.RecvRequest{ID: 8, Local: verbs.Local{Region: amr, Offset: n, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 7, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Offset: n, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a's Send, and the answer's receive
+		c, ok := waitCompletion(t, a.cq, 10*time.Second)
+		if !ok || c.Status != verbs.StatusSuccess {
+			t.Fatalf("a's completion: %+v, %v", c, ok)
+		}
+		if c.Op == verbs.OpRecv && !bytes.Equal(dst[:n], src[:n]) {
+			t.Fatal("the answer arrived before the bytes Written ahead of it")
+		}
+	}
+	if !<-heldLarge {
+		t.Error("a Write past the direct path's bound, posted in a delivery, was not held for the receiver")
+	}
+	for range 3 { // b's receive, Write and answer
+		select {
+		case c := <-done:
+			if c.Status != verbs.StatusSuccess {
+				t.Fatalf("b's completion %+v", c)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("b's Write and answer did not complete")
+		}
+	}
+	if any, _ := a.qp.(*queuePair).owedAcks(); any {
+		t.Fatal("a owes acknowledgements of requests sent without one")
+	}
+}
