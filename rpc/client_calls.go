@@ -31,6 +31,8 @@ type fetchOptions struct {
 	// whose rows the client reads (FetchResponse.rows_of_source).
 	rowsOfSource bool
 	sourceBytes  uint64
+	// land: the request grants this landing (FetchRequest.landing).
+	land *landing
 }
 
 // Rows fetches only these rows (indices along dimension 0, in this order;
@@ -753,11 +755,16 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 		flags |= wire.FlagLease
 	}
 	raw, msg := []byte(key), proto.Message(nil)
-	if fo.rows != nil {
+	var hold func()
+	switch {
+	case fo.rows != nil:
 		flags |= wire.FlagRows
 		raw, msg = nil, &pb.FetchRequest{Key: key, Rows: fo.rows}
+	case fo.land != nil:
+		flags |= wire.FlagLanding
+		raw, msg, hold = nil, &pb.FetchRequest{Key: key, Landing: fo.land.loc}, fo.land.revoke
 	}
-	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, intoFetchAnswer, nil)
+	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, intoFetchAnswer, hold)
 	if err != nil {
 		return nil, err
 	}

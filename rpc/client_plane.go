@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -56,9 +57,33 @@ type framePlane struct {
 }
 
 func (e framePlane) fetch(ctx context.Context, key string, fo fetchOptions) (*Tensor, error) {
-	l, resp, err := e.ask(ctx, key, fo)
+	l := e.s.lane()
+	fo.land = e.c.landingFor(ctx, e.s, l, key, fo)
+	var t0 time.Time
+	if fo.land != nil && l.Squeeze != nil {
+		t0 = time.Now()
+	}
+	resp, err := e.c.askFrame(ctx, e.s, l, key, fo)
+	if fo.land != nil {
+		if err == nil && resp.Landed {
+			if !t0.IsZero() {
+				// What a Read would have measured for auto's goodput.
+				l.Squeeze.Observe(int(resp.Meta.GetByteLength()), 0, time.Since(t0))
+			}
+			t, err := e.c.landed(ctx, fo.land, resp.Meta, resp)
+			if err == nil {
+				e.s.hints.put(key, len(t.Bytes()))
+			}
+			return t, err
+		}
+		fo.land.done()
+		fo.land = nil
+	}
 	if err != nil {
 		return nil, err
+	}
+	if n := int(resp.Meta.GetByteLength()); fo.rows == nil && n > engine.FrameInline(e.s.eager) {
+		e.s.hints.put(key, n)
 	}
 	fo.rowsOfSource = resp.RowsOfSource
 	if fo.rowsOfSource {

@@ -34,6 +34,11 @@ type clientSession struct {
 	// compression: the codecs both sides compress with
 	// (HandshakeResponse.compression); none when either is off.
 	compression []string
+	// landing is the largest tensor a Fetch of the session lands (the
+	// smaller of HandshakeResponse.fetch_landing and this side's
+	// WithFetchLanding; 0: none), and hints the sizes its keys had.
+	landing int
+	hints   landingHints
 	// streamZ is the compression of the fallback streams this side sends
 	// (nil: none).
 	streamZ *engine.Compression
@@ -280,6 +285,7 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 	s.id = resp.SessionId
 	s.eager = int(resp.EagerThreshold)
 	s.reservations = resp.SendReservations
+	s.landing = int(min(resp.FetchLanding, uint64(c.opts.fetchLanding)))
 	s.compression = resp.Compression
 	s.streamZ = c.opts.newStreamSqueeze(resp.Compression)
 	for _, r := range resp.Rejected {

@@ -106,12 +106,13 @@ func TestFramesPullForeignGrant(t *testing.T) {
 }
 
 // TestFramesReleasesPiggyback: the releases of many Fetches ride on frames
-// (no Release method) and every server transfer ends.
+// (no Release method) and every server transfer ends. (Without landings,
+// which make no transfer to release.)
 func TestFramesReleasesPiggyback(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
 			u := rpctest.NewMethodCalls()
-			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.Intercept)})
+			s, c := pair(t, TransportTCP, []ServerOption{WithLanes(lanes)}, []DialOption{WithLanes(lanes), withUnaryCounter(u.Intercept), WithFetchLanding(0)})
 			publishBytes(t, s, "big", 256<<10, 4)
 			ctx := ctxT(t)
 			for range 200 {

@@ -233,6 +233,10 @@ const (
 	// MovedInPlace: as MovedPulled, but straight into or out of the
 	// caller's own memory (rpc.Into, caller memory sent), no pool buffer.
 	MovedInPlace = "in-place"
+	// MovedLanded: written by the server into a pool buffer the client
+	// granted with its Fetch (a landing, WithFetchLanding), before the
+	// answer: no Read.
+	MovedLanded = "landed"
 	// MovedLeased: not moved: the client maps the server's memory (shm
 	// lease).
 	MovedLeased = "leased"

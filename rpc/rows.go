@@ -125,7 +125,7 @@ func (s *Server) offerRows(ctx context.Context, ss *serverSession, l *engine.Lin
 		if err != nil {
 			return nil, err
 		}
-		return s.fetchAnswer(ctx, ss, l, ref, key, g, inlineMax, held)
+		return s.fetchAnswer(ctx, ss, l, ref, key, g, inlineMax, held, nil)
 	}
 	meta, _, id, err := s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, -1, nil)
 	if err != nil {

@@ -33,7 +33,7 @@ func (s service) Fetch(ctx context.Context, req *pb.FetchRequest) (*pb.FetchResp
 				return err
 			}
 		}
-		resp, err = s.fetchAnswer(ctx, ss, nil, 0, req.Key, e, s.opts.eagerThreshold, nil)
+		resp, err = s.fetchAnswer(ctx, ss, nil, 0, req.Key, e, s.opts.eagerThreshold, nil, nil)
 		info.setResponse(int64(resp.GetMeta().GetByteLength()))
 		return err
 	})
@@ -62,7 +62,15 @@ func (s *Server) fetch(ctx context.Context, key string, wait bool) (rendezvous.E
 // fetchAnswer is a fetched entry offered to a session's client (l nil:
 // the Fetch method's) as a FetchResponse; it takes over e's reference,
 // offered and held as in offer.
-func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer) (*pb.FetchResponse, error) {
+//
+// With land (a FETCH_REQ's landing) a tensor above inlineMax is Written
+// there, and the answer says it landed, where it fits (Server.land).
+func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer, land *pb.Location) (*pb.FetchResponse, error) {
+	if land != nil && len(e.Tensor.Bytes()) > inlineMax {
+		if resp, ok := s.land(ss, l, key, e, land); ok {
+			return resp, nil
+		}
+	}
 	meta, inline, id, err := s.offer(ctx, ss, l, ref, key, e.Tensor, e.Buf, inlineMax, held)
 	if err != nil {
 		return nil, err

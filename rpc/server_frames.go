@@ -56,12 +56,21 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		// interceptors, all of them inline ones (WithInlineInterceptors),
 		// the call runs there too, wrapped by them (runFrameCall's
 		// inline); with any other, where every other call's work runs.
-		direct := bad == nil && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(body) <= wire.MaxKeyLen
-		if direct && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(body)) {
+		key, land, landOK := body, (*pb.Location)(nil), true
+		if h.Flags&wire.FlagLanding != 0 {
+			// The key and the landing, decoded here when the frame holds
+			// them; else serveFetchFrame decodes or refuses it.
+			key, land, landOK = nil, nil, false
+			if req, err := landingRequest(h, body); bad == nil && err == nil {
+				key, land, landOK = []byte(req.Key), req.Landing, true
+			}
+		}
+		direct := bad == nil && landOK && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(key) <= wire.MaxKeyLen
+		if direct && len(s.opts.interceptors) == 0 && s.fetchNow(ss, l, h, string(key), land) {
 			return
 		}
 		inline := direct && len(s.opts.interceptors) > 0 && s.opts.inlineOK() && !s.opts.checksums
-		if inline && s.fetchNowIntercepted(ss, l, h, hdr, string(body)) {
+		if inline && s.fetchNowIntercepted(ss, l, h, hdr, string(key), land) {
 			return
 		}
 		hdr.decode()
@@ -221,14 +230,16 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, body []byte, bad error, inline bool) {
 	var key string
 	var rows []int64
+	var land *pb.Location
 	// An indirect key is pulled up to one byte past the longest, so
 	// that one too long fails as one inline does.
 	limit := wire.MaxKeyLen + 1
-	if h.Flags&wire.FlagRows != 0 {
+	if h.Flags&(wire.FlagRows|wire.FlagLanding) != 0 {
 		limit = MaxRecvMsgBytes
 	}
 	load := s.takeRequest(ss, l, h, body, bad, limit, func(b []byte) error {
-		if h.Flags&wire.FlagRows != 0 {
+		switch {
+		case h.Flags&wire.FlagRows != 0:
 			req := &pb.FetchRequest{}
 			if err := unmarshalFrame(b, req); err != nil {
 				return err
@@ -237,6 +248,12 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 				return status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the ROWS flag names no row")
 			}
 			b, rows = []byte(req.Key), req.Rows
+		case h.Flags&wire.FlagLanding != 0:
+			req, err := landingRequest(h, b)
+			if err != nil {
+				return err
+			}
+			b, land = []byte(req.Key), req.Landing
 		}
 		if len(b) > wire.MaxKeyLen {
 			return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)
@@ -249,7 +266,7 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 		mode = engine.RunInline
 	}
 	s.runFrameCall(ss, l, h.Ref, wire.FrameFetchResp, hdr, OpFetch, mode, nil, load, func() (string, int64) { return key, 0 }, func(ctx context.Context, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
-		return s.fetchForFrame(ctx, ss, l, h, key, rows, held)
+		return s.fetchForFrame(ctx, ss, l, h, key, rows, land, held)
 	})
 }
 
@@ -260,7 +277,7 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 // fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
-func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string) bool {
+func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, land *pb.Location) bool {
 	if !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
@@ -289,7 +306,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 		// A transfer: granted here (on tcp a local table entry, on shm a
 		// message the peer's receiver takes), offered as the call path
 		// does; withdrawn if the answer cannot go at once.
-		resp, err := s.fetchAnswer(ss.Context(), ss, l, h.Ref, key, e, -1, nil)
+		resp, err := s.fetchAnswer(ss.Context(), ss, l, h.Ref, key, e, -1, nil, land)
 		if err != nil {
 			return false
 		}
@@ -326,11 +343,11 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 // interceptors have seen it): an answer that finds no credit or buffer
 // goes from a goroutine of its own, the call counted as under way until
 // it has gone.
-func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, key string) bool {
+func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, key string, land *pb.Location) bool {
 	if hdr.timeout != 0 || !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
-	f := &fetchNowCall{s: s, ss: ss, l: l, ref: h.Ref, key: key, hdr: hdr}
+	f := &fetchNowCall{s: s, ss: ss, l: l, ref: h.Ref, key: key, land: land, hdr: hdr}
 	ctx := ss.Context()
 	var src lazyMetadata
 	if incomingMDKey == nil {
@@ -393,6 +410,7 @@ type fetchNowCall struct {
 	l    *engine.Link
 	ref  uint64
 	key  string
+	land *pb.Location      // the request's landing, if any
 	resp *pb.FetchResponse // the answer: &reply.FetchResponse when inline
 	view *mempool.Buffer   // what an inline resp views
 	// reply is an inline answer, which encodes itself.
@@ -420,7 +438,7 @@ func (f *fetchNowCall) work(ctx context.Context, info *CallInfo) error {
 	n := len(e.Tensor.Bytes())
 	if n > engine.FrameInline(f.s.opts.eagerThreshold) {
 		// A transfer, granted and offered as fetchNow does.
-		if f.resp, err = f.s.fetchAnswer(ctx, f.ss, f.l, f.ref, f.key, e, -1, nil); err != nil {
+		if f.resp, err = f.s.fetchAnswer(ctx, f.ss, f.l, f.ref, f.key, e, -1, nil, f.land); err != nil {
 			return err
 		}
 	} else {
@@ -670,7 +688,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, rows []int64, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, rows []int64, land *pb.Location, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	e, err := s.fetch(ctx, key, h.Flags&wire.FlagWait != 0)
 	if err != nil {
 		return 0, nil, err
@@ -679,7 +697,7 @@ func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine
 	if rows != nil {
 		resp, err = s.offerRows(ctx, ss, l, h.Ref, key, e, rows, engine.FrameInline(s.opts.eagerThreshold), held)
 	} else {
-		resp, err = s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held)
+		resp, err = s.fetchAnswer(ctx, ss, l, h.Ref, key, e, engine.FrameInline(s.opts.eagerThreshold), held, land)
 	}
 	if err != nil {
 		return 0, nil, err

@@ -201,7 +201,7 @@ func (s service) Session(stream pb.TensorRPC_SessionServer) error {
 	ss.streamZ = s.opts.newStreamSqueeze(agreed)
 	if err := stream.Send(&pb.SessionResponse{Msg: &pb.SessionResponse_Handshake{Handshake: &pb.HandshakeResponse{
 		ProtocolVersion: version, SessionId: ss.id, Rejected: rejected, EagerThreshold: uint64(s.opts.eagerThreshold), Cuda: cuda,
-		SendReservations: !s.opts.noReservations, Compression: agreed,
+		SendReservations: !s.opts.noReservations, Compression: agreed, FetchLanding: uint64(s.opts.fetchLanding),
 	}}}); err != nil {
 		return err
 	}

@@ -59,6 +59,11 @@ type Stats struct {
 	// without them (see WithHandlerGoroutines). Many of them say that a
 	// handler blocks or runs long: such a call holds its lane 1-2 ms.
 	LeftBehind int64
+	// Landed counts the Fetches whose bytes the server wrote into the
+	// client's landing before it answered (WithFetchLanding): by a
+	// Client, those it fetched so; by a Server, those it wrote. They are
+	// counted in Transfers and DataPlaneBytes too.
+	Landed int64
 }
 
 // counters is the live, concurrently updated form of Stats.
@@ -70,7 +75,7 @@ type counters struct {
 	refusedSessions, refusedLanes                       atomic.Int64
 	refusedStreams, refusedTransfers                    atomic.Int64
 	compressed, compressedSaved                         atomic.Int64
-	leftBehind                                          atomic.Int64
+	leftBehind, landed                                  atomic.Int64
 }
 
 // each calls f with every counter and its field of st: the one list of
@@ -96,6 +101,7 @@ func (c *counters) each(st *Stats, f func(c *atomic.Int64, field *int64)) {
 	f(&c.refusedStreams, &st.RefusedStreams)
 	f(&c.refusedTransfers, &st.RefusedTransfers)
 	f(&c.leftBehind, &st.LeftBehind)
+	f(&c.landed, &st.Landed)
 }
 
 func (c *counters) copied(n int) {

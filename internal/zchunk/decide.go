@@ -198,6 +198,19 @@ func init() {
 	ceilings[Huff].Store(math.Float64bits(1e9))
 }
 
+// mayBeat reports whether codec c compresses fast enough here to gain
+// on a link of goodput bytes a second (its ceiling, with Margin).
+func mayBeat(c Codec, goodput float64) bool {
+	return goodput*(1+Margin) < math.Float64frombits(ceilings[c].Load())
+}
+
+// Pays reports whether any codec compresses fast enough here to gain on
+// a link of goodput bytes a second: where none does, Choose stores
+// whatever it is given.
+func Pays(goodput float64) bool {
+	return mayBeat(S2, goodput) || mayBeat(Zstd, goodput) || mayBeat(Huff, goodput)
+}
+
 // Choose is auto's decision for n bytes of src about to cross a link that
 // moves goodput bytes a second, compressed on one core and decompressed
 // on one: Decide over a Sample of the codecs that could beat the link.
@@ -208,7 +221,7 @@ func Choose(src Segments, n int, goodput float64) Plan {
 	}
 	var codecs []Codec
 	for _, c := range []Codec{S2, Zstd, Huff} {
-		if goodput*(1+Margin) < math.Float64frombits(ceilings[c].Load()) {
+		if mayBeat(c, goodput) {
 			codecs = append(codecs, c)
 		}
 	}

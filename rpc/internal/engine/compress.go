@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -179,6 +180,27 @@ func (c *Compression) observe(n int, wire int64, took time.Duration, whole bool)
 // streams).
 func (c *Compression) Observe(n int, wire int64, took time.Duration) {
 	c.observe(n, wire, took, true)
+}
+
+// Plain reports whether a transfer of n bytes under ctx goes as it is on
+// a plane of this compression: c is nil (the session does not
+// compress), n is below MinCompressed, ctx's mode is off, or in auto mode
+// the plane was measured faster than any codec here compresses
+// (zchunk.Pays). A transfer that cannot be compressed (a Fetch's
+// landing, Written by the server) is made only where Plain, so that a
+// slow link's tensors still go compressed.
+func (c *Compression) Plain(ctx context.Context, n int) bool {
+	if c == nil || n < MinCompressed {
+		return true
+	}
+	switch CodecOf(ctx, c.Mode) {
+	case verbs.CodecNone:
+		return true
+	case verbs.CodecAuto:
+		g := c.Goodput()
+		return g > 0 && !zchunk.Pays(g)
+	}
+	return false
 }
 
 // Goodput is the plane's measured goodput, bytes a second (0: none yet).
