@@ -106,7 +106,9 @@ func (c *Client) landingFor(ctx context.Context, s *clientSession, l *engine.Lin
 	if n <= engine.FrameInline(s.eager) || n > s.landing || !l.Squeeze.Plain(ctx, n) {
 		return nil
 	}
-	buf, err := allocBuffer(ctx, c.pool, n)
+	// Only memory at hand: a Fetch that lands no more than the size it
+	// had waits for pool memory after the answer, as any other.
+	buf, err := c.pool.TryAlloc(n)
 	if err != nil {
 		return nil
 	}

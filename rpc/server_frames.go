@@ -239,6 +239,12 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 	}
 	load := s.takeRequest(ss, l, h, body, bad, limit, func(b []byte) error {
 		switch {
+		case h.Flags&wire.FlagLanding != 0:
+			req, err := landingRequest(h, b)
+			if err != nil {
+				return err
+			}
+			b, land = []byte(req.Key), req.Landing
 		case h.Flags&wire.FlagRows != 0:
 			req := &pb.FetchRequest{}
 			if err := unmarshalFrame(b, req); err != nil {
@@ -248,12 +254,6 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 				return status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the ROWS flag names no row")
 			}
 			b, rows = []byte(req.Key), req.Rows
-		case h.Flags&wire.FlagLanding != 0:
-			req, err := landingRequest(h, b)
-			if err != nil {
-				return err
-			}
-			b, land = []byte(req.Key), req.Landing
 		}
 		if len(b) > wire.MaxKeyLen {
 			return status.Errorf(codes.InvalidArgument, "tensorrpc: a key of %d bytes, longer than %d", len(b), wire.MaxKeyLen)

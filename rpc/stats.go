@@ -8,7 +8,7 @@ type Stats struct {
 	Transport string
 	// Transfers is the number of tensors sent or received.
 	Transfers int64
-	// DataPlaneBytes moved over the data plane (Read or lease);
+	// DataPlaneBytes moved over the data plane (Read, Write or lease);
 	// InlineBytes inside control messages (tensors up to the eager
 	// threshold); StreamBytes through the plain-gRPC fallback streams.
 	DataPlaneBytes, InlineBytes, StreamBytes int64
