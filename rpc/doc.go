@@ -74,11 +74,15 @@
 //   - Fetch: the server returns a descriptor of its pool buffer; the client
 //     reads it with one one-sided Read into its own pool buffer (no CPU copy
 //     on tcp's receive path beyond the socket, one memcpy on shm) and then
-//     releases the server's buffer.
+//     releases the server's buffer. On tcp, a Fetch of a key fetched
+//     before lands (WithFetchLanding): the client grants a pool buffer of
+//     the size the tensor had with its request, and the server writes the
+//     tensor into it before it answers, saving the Read's round trip.
 //   - Send and Call: the client grants the server read access to its pool
 //     buffer and names it in the request; the server reads it into a
 //     buffer of its own (all of a Call's tensors at once), publishes a
-//     Send's tensor and only then answers. The receiver always pulls.
+//     Send's tensor and only then answers. The receiver pulls, but for a
+//     landed Fetch.
 //   - Frames: on a data-plane session every call's request and answer (a
 //     small tensor inline) are frames on the data plane's own queue pairs,
 //     not gRPC calls, which saves the gRPC round trip; a request or answer
