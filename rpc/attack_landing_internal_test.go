@@ -11,6 +11,7 @@ import (
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
 	"github.com/tensorrpc/tensorrpc/verbs"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // TestAttackLandings: landing requests that break the format are refused
@@ -58,6 +59,9 @@ func TestAttackLandings(t *testing.T) {
 		{"other-plane", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(func(l *pb.Location) { l.Transport = pb.Transport_TRANSPORT_SHM })}), codes.OK, false},
 		{"striped", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(func(l *pb.Location) { l.Lanes = []*pb.LaneRemote{{RemoteKey: r.Key, Address: r.Addr}} })}), codes.OK, false},
 		{"huge", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(func(l *pb.Location) { l.Length = 1 << 62 })}), codes.OK, true},
+		{"into-other-shape", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(nil), LandingInto: &pb.TensorMeta{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n / 2, 2}, ByteLength: n}}), codes.OK, false},
+		{"into-other-dtype", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(nil), LandingInto: &pb.TensorMeta{Dtype: pb.DType(zerocopy.Int8), Shape: []int64{n}, ByteLength: n}}), codes.OK, false},
+		{"into-same", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(nil), LandingInto: &pb.TensorMeta{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n}}), codes.OK, true},
 		{"fits", wire.FlagLanding, marshal(t, &pb.FetchRequest{Key: "big", Landing: landing(nil)}), codes.OK, true},
 	}
 	for i, tc := range cases {

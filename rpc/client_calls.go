@@ -762,7 +762,7 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 		raw, msg = nil, &pb.FetchRequest{Key: key, Rows: fo.rows}
 	case fo.land != nil:
 		flags |= wire.FlagLanding
-		raw, msg, hold = nil, &pb.FetchRequest{Key: key, Landing: fo.land.loc}, fo.land.revoke
+		raw, msg, hold = nil, fo.land.request(key), fo.land.revoke
 	}
 	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameFetchReq, flags, raw, msg, intoFetchAnswer, hold)
 	if err != nil {

@@ -76,7 +76,14 @@ func (e framePlane) fetch(ctx context.Context, key string, fo fetchOptions) (*Te
 			}
 			return t, err
 		}
-		fo.land.done()
+		d := fo.land
+		d.done()
+		if d.into != nil {
+			// Caller memory is the caller's again when Fetch returns:
+			// the grant must be revoked first (it is once the answer, or
+			// the lane's end, came).
+			awaitReads(e.s, d.revoked)
+		}
 		fo.land = nil
 	}
 	if err != nil {

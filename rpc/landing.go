@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -59,20 +60,26 @@ func (h *landingHints) put(key string, n int) {
 	h.sizes.Store(key, n)
 }
 
-// landing is a Fetch's landing on the client: its buffer and the grant
-// that opens it to the server. Of the call's two ends, the revoke (the
-// call's hold: its answer came, or the link ended) and the caller's
-// (done, or keep), the second frees the buffer, unless keep took it.
+// landing is a Fetch's landing on the client: its memory (a pool buffer
+// of the Fetch's own, or the tensor of an Into) and the grant that opens
+// it to the server. Of the call's two ends, the revoke (the call's hold:
+// its answer came, or the link ended) and the caller's (done, or keep),
+// the second frees what the landing holds: its buffer, unless keep took
+// it, and an Into's registration of caller memory.
 type landing struct {
-	buf  *mempool.Buffer
-	g    verbs.Grant
-	loc  *pb.Location
-	ends atomic.Int32
+	buf     *mempool.Buffer // nil for an Into's
+	into    *Tensor         // an Into's tensor, nil otherwise
+	release func()          // drops an Into's registration, or nil
+	g       verbs.Grant
+	loc     *pb.Location
+	ends    atomic.Int32
+	revoked chan struct{} // closed once the grant is revoked
 }
 
 // revoke ends the grant: no Write of the server lands after it.
 func (d *landing) revoke() {
 	d.g.Revoke()
+	close(d.revoked)
 	d.end()
 }
 
@@ -82,25 +89,46 @@ func (d *landing) done() { d.end() }
 
 func (d *landing) end() {
 	if d.ends.Add(1) == 2 {
-		d.buf.Release()
+		d.free()
 	}
 }
 
-// keep is the caller's end when the bytes landed: the buffer is the
-// caller's. It reports false (and the buffer goes with the revoke) when
-// the grant was not revoked yet, which an answer that came never leaves.
+func (d *landing) free() {
+	if d.buf != nil {
+		d.buf.Release()
+	}
+	if d.release != nil {
+		d.release()
+	}
+}
+
+// keep is the caller's end when the bytes landed: the buffer (or the
+// Into's tensor) is the caller's; an Into's registration goes. It
+// reports false (and the buffer goes with the revoke) when the grant was
+// not revoked yet, which an answer that came never leaves.
 func (d *landing) keep() bool {
-	return d.ends.Add(1) == 2
+	if d.ends.Add(1) != 2 {
+		return false
+	}
+	if d.release != nil {
+		d.release()
+	}
+	return true
 }
 
 // landingFor is a landing for a Fetch of key on lane l, or nil when the
-// Fetch does not land: the session's plane takes none, the Fetch is not
-// of a whole tensor into the pool, the key's size is not known or not
-// one that lands, or the session would compress the bytes. Failing to
-// grant one is not an error: the Fetch goes as any other.
+// Fetch does not land: the session's plane takes none, the Fetch is of
+// rows or a lease, its size (Into's tensor's, or the size the key had
+// when last fetched) is unknown or not one that lands, or the session
+// would compress the bytes. An Into lands in the caller's tensor where
+// the provider can register it. Failing to grant one is not an error:
+// the Fetch goes as any other.
 func (c *Client) landingFor(ctx context.Context, s *clientSession, l *engine.Link, key string, fo fetchOptions) *landing {
-	if s.landing == 0 || fo.into != nil || fo.rows != nil || fo.lease || s.transport != TransportTCP {
+	if s.landing == 0 || fo.rows != nil || fo.lease || s.transport != TransportTCP {
 		return nil
+	}
+	if fo.into != nil {
+		return c.landingInto(ctx, s, l, fo.into)
 	}
 	n := s.hints.get(key)
 	if n <= engine.FrameInline(s.eager) || n > s.landing || !l.Squeeze.Plain(ctx, n) {
@@ -117,11 +145,59 @@ func (c *Client) landingFor(ctx context.Context, s *clientSession, l *engine.Lin
 		buf.Release()
 		return nil
 	}
+	return newLanding(s, g, buf.Arena().ID(), n, &landing{buf: buf})
+}
+
+// landingInto is the landing of a Fetch into dst: dst's own memory,
+// granted writable (a pool buffer of this client's, or caller memory the
+// provider registers), with the dtype and shape the tensor must have.
+func (c *Client) landingInto(ctx context.Context, s *clientSession, l *engine.Link, dst *Tensor) *landing {
+	n := len(dst.Bytes())
+	if n <= engine.FrameInline(s.eager) || n > s.landing || !l.Squeeze.Plain(ctx, n) {
+		return nil
+	}
+	var g verbs.Grant
+	var err error
+	var release func()
+	region := uint32(0)
+	if dst.buf != nil && c.ownPoolMemory(dst) {
+		g, err = l.Grant(dst.buf, n, verbs.AccessRemoteWrite)
+		region = dst.buf.Arena().ID()
+	} else {
+		var local verbs.Local
+		if local, release, err = l.Domain.CallerLocal(dst.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err == nil {
+			if g, err = l.QP.Grant(local.Region, local.Offset, n, verbs.AccessRemoteWrite); err != nil {
+				release()
+			}
+		}
+	}
+	if err != nil {
+		return nil
+	}
+	d := newLanding(s, g, region, n, &landing{into: dst, release: release})
+	d.loc.Offset = 0
+	return d
+}
+
+// newLanding completes d with g, a grant of n bytes in region, and the
+// Location that names it.
+func newLanding(s *clientSession, g verbs.Grant, region uint32, n int, d *landing) *landing {
 	r := g.Remote()
-	return &landing{buf: buf, g: g, loc: &pb.Location{
-		Transport: transportOf(s.transport), RegionId: buf.Arena().ID(), RemoteKey: r.Key,
-		Address: r.Addr, Offset: uint64(buf.Offset()), Length: uint64(n),
-	}}
+	d.g, d.revoked = g, make(chan struct{})
+	d.loc = &pb.Location{Transport: transportOf(s.transport), RegionId: region, RemoteKey: r.Key, Address: r.Addr, Length: uint64(n)}
+	if d.buf != nil {
+		d.loc.Offset = uint64(d.buf.Offset())
+	}
+	return d
+}
+
+// request is the FetchRequest that grants d.
+func (d *landing) request(key string) *pb.FetchRequest {
+	req := &pb.FetchRequest{Key: key, Landing: d.loc}
+	if d.into != nil {
+		req.LandingInto = &pb.TensorMeta{Dtype: pb.DType(d.into.DType()), Shape: d.into.Shape(), ByteLength: uint64(len(d.into.Bytes()))}
+	}
+	return req
 }
 
 // landed is the tensor of an answer that says its bytes landed in d.
@@ -131,12 +207,25 @@ func (c *Client) landed(ctx context.Context, d *landing, meta *pb.TensorMeta, re
 		return nil, err
 	}
 	n := int(meta.ByteLength)
-	if meta.Location != nil || len(resp.InlineData) > 0 || resp.TransferId != 0 || n > d.buf.Len() {
+	if meta.Location != nil || len(resp.InlineData) > 0 || resp.TransferId != 0 || uint64(n) > d.loc.Length {
 		d.done()
-		return nil, status.Errorf(codes.Internal, "tensorrpc: the server says tensor %q of %d bytes landed in %d bytes, with a location, inline bytes or a transfer", meta.Key, n, d.buf.Len())
+		return nil, status.Errorf(codes.Internal, "tensorrpc: the server says tensor %q of %d bytes landed in %d bytes, with a location, inline bytes or a transfer", meta.Key, n, d.loc.Length)
 	}
 	if !d.keep() {
 		return nil, status.Error(codes.Internal, "tensorrpc: a landing kept before its grant was revoked")
+	}
+	c.stats.transfers.Add(1)
+	c.stats.dataPlaneBytes.Add(int64(n))
+	c.stats.landed.Add(1)
+	explain(ctx, MovedLanded, 1, 0)
+	if dst := d.into; dst != nil {
+		if err := matchInto(meta, dst); err != nil {
+			return nil, err
+		}
+		if err := verifySum(meta, dst.Bytes()); err != nil {
+			return nil, err
+		}
+		return dst, nil
 	}
 	if err := verifySum(meta, d.buf.Bytes()[:n]); err != nil {
 		d.buf.Release()
@@ -148,10 +237,6 @@ func (c *Client) landed(ctx context.Context, d *landing, meta *pb.TensorMeta, re
 		d.buf.Release()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	c.stats.transfers.Add(1)
-	c.stats.dataPlaneBytes.Add(int64(n))
-	c.stats.landed.Add(1)
-	explain(ctx, MovedLanded, 1, 0)
 	return &Tensor{Tensor: zt, buf: d.buf}, nil
 }
 
@@ -162,11 +247,14 @@ func (c *Client) landed(ctx context.Context, d *landing, meta *pb.TensorMeta, re
 // the Write could not be posted. The Write goes ahead of the answer on
 // l, whose queue pair delivers in order; e's buffer is released when it
 // completes.
-func (s *Server) land(ss *serverSession, l *engine.Link, key string, e rendezvous.Entry, at *pb.Location) (*pb.FetchResponse, bool) {
+func (s *Server) land(ss *serverSession, l *engine.Link, key string, e rendezvous.Entry, at *pb.Location, into *pb.TensorMeta) (*pb.FetchResponse, bool) {
 	n := len(e.Tensor.Bytes())
 	if at == nil || l == nil || ss.transport != TransportTCP || at.Transport != transportOf(ss.transport) ||
 		n == 0 || uint64(n) > at.Length || n > s.opts.fetchLanding || len(at.Lanes) > 0 {
 		return nil, false
+	}
+	if m := into; m != nil && (m.Dtype != pb.DType(e.Tensor.DType()) || m.ByteLength != uint64(n) || !slices.Equal(m.Shape, e.Tensor.Shape())) {
+		return nil, false // not what the caller's tensor is: its memory stays as it is
 	}
 	local, err := l.Domain.Reg.Local(e.Buf)
 	if err != nil {

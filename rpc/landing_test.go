@@ -270,3 +270,90 @@ func TestFetchLandingStreams(t *testing.T) {
 		t.Errorf("no Fetch landed: %+v", st)
 	}
 }
+
+// TestFetchLandingInto: a tcp Fetch into a tensor of the caller's lands
+// in that tensor's own memory from the first Fetch on (its size is
+// known): caller memory, or pool memory of the client's. A tensor of
+// another shape is refused as before, its memory untouched; so is one
+// too small.
+func TestFetchLandingInto(t *testing.T) {
+	m := &moves{}
+	s, c := pair(t, rpc.TransportTCP, nil, []rpc.DialOption{rpc.WithInterceptors(m.interceptor())})
+	want := publishShaped(t, s, "w", zerocopy.Float32, []int64{64, 256}, 9)
+	ctx := ctxT(t)
+	check := func(what string, dst *rpc.Tensor) {
+		t.Helper()
+		got, err := c.Fetch(ctx, "w", rpc.Into(dst))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got != dst || !bytes.Equal(dst.Bytes(), want) {
+			t.Fatalf("%s: not the published bytes in the caller's tensor", what)
+		}
+		if mv := m.get(); mv != rpc.MovedLanded {
+			t.Errorf("%s: moved %q, want %q", what, mv, rpc.MovedLanded)
+		}
+	}
+	caller := make([]byte, len(want))
+	zt, _ := zerocopy.New(zerocopy.Float32, []int64{64, 256}, caller)
+	own := rpc.WrapTensor(zt)
+	inUse := c.Pool().Stats().InUse
+	check("caller memory", own)
+	check("caller memory again", own)
+	if got := c.Pool().Stats().InUse; got != inUse {
+		t.Errorf("landing in caller memory used %d bytes of the pool", got-inUse)
+	}
+	pooled, err := c.NewTensor(ctx, zerocopy.Float32, []int64{64, 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("pool memory", pooled)
+	pooled.Release()
+	own.Release()
+
+	for _, shape := range [][]int64{{128, 128}, {64, 255}} {
+		b := bytes.Repeat([]byte{0xee}, int(4*shape[0]*shape[1]))
+		zt, _ := zerocopy.New(zerocopy.Float32, shape, b)
+		dst := rpc.WrapTensor(zt)
+		_, err := c.Fetch(ctx, "w", rpc.Into(dst))
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Into a %v tensor: %v, want InvalidArgument", shape, err)
+		}
+		if bytes.Count(b, []byte{0xee}) != len(b) {
+			t.Errorf("Into a %v tensor: its memory was written", shape)
+		}
+		dst.Release()
+	}
+	if st := c.Stats(); st.Landed != 3 || st.Copies != 0 {
+		t.Errorf("client stats: %d landed, %d copies; want 3 and none", st.Landed, st.Copies)
+	}
+}
+
+// TestFetchLandingIntoAbandoned: a Fetch into caller memory given up
+// while its landing is granted returns only once the grant is revoked:
+// nothing the server writes later reaches that memory.
+func TestFetchLandingIntoAbandoned(t *testing.T) {
+	s, c := pair(t, rpc.TransportTCP, nil, nil)
+	b := bytes.Repeat([]byte{0xee}, 64<<10)
+	zt, _ := zerocopy.New(zerocopy.Uint8, []int64{64 << 10}, b)
+	dst := rpc.WrapTensor(zt)
+	defer dst.Release()
+	ctx, cancel := context.WithTimeout(ctxT(t), 50*time.Millisecond)
+	defer cancel()
+	_, err := c.Fetch(ctx, "later", rpc.WaitForKey(), rpc.Into(dst))
+	if status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Fetch into caller memory of an unpublished key until a deadline: %v, want DeadlineExceeded", err)
+	}
+	want := publishBytes(t, s, "later", 64<<10, 10)
+	got, err := c.Fetch(ctxT(t), "later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Error("Fetch after the abandoned one: other bytes")
+	}
+	got.Release()
+	if bytes.Count(b, []byte{0xee}) != len(b) {
+		t.Error("the abandoned Fetch's caller memory was written after it returned")
+	}
+}

@@ -278,9 +278,13 @@ func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.ch
 // round trip, and the transfer's release) is saved: a 64 KiB tcp Fetch
 // takes one round trip instead of two. A tensor that has grown past the
 // landing, or a server that takes none, is fetched as before. The
-// session uses the smaller of the two sides' bounds. A Fetch with Into,
-// Rows or Lease never lands, nor, from 1 MiB (where compression may
-// start), one that a compressing session's mode would compress.
+// session uses the smaller of the two sides' bounds. A Fetch with Into
+// lands in the Into tensor's own memory (caller memory the provider
+// registers, or pool memory), from the first Fetch on, and only a tensor
+// of exactly its dtype and shape (another is refused as before, that
+// memory untouched). A Fetch with Rows or Lease never lands, nor, from
+// 1 MiB (where compression may start), one that a compressing session's
+// mode would compress.
 func WithFetchLanding(n int) Option {
 	return sharedOption(func(o *options) { o.fetchLanding = max(n, 0) })
 }

@@ -63,11 +63,12 @@ func (s *Server) fetch(ctx context.Context, key string, wait bool) (rendezvous.E
 // the Fetch method's) as a FetchResponse; it takes over e's reference,
 // offered and held as in offer.
 //
-// With land (a FETCH_REQ's landing) a tensor above inlineMax is Written
-// there, and the answer says it landed, where it fits (Server.land).
-func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer, land *pb.Location) (*pb.FetchResponse, error) {
+// With land (a FETCH_REQ with a landing) a tensor above inlineMax is
+// Written there, and the answer says it landed, where it fits
+// (Server.land).
+func (s *Server) fetchAnswer(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, key string, e rendezvous.Entry, inlineMax int, held *[]*mempool.Buffer, land *pb.FetchRequest) (*pb.FetchResponse, error) {
 	if land != nil && len(e.Tensor.Bytes()) > inlineMax {
-		if resp, ok := s.land(ss, l, key, e, land); ok {
+		if resp, ok := s.land(ss, l, key, e, land.Landing, land.LandingInto); ok {
 			return resp, nil
 		}
 	}

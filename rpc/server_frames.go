@@ -56,13 +56,13 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 		// interceptors, all of them inline ones (WithInlineInterceptors),
 		// the call runs there too, wrapped by them (runFrameCall's
 		// inline); with any other, where every other call's work runs.
-		key, land, landOK := body, (*pb.Location)(nil), true
+		key, land, landOK := body, (*pb.FetchRequest)(nil), true
 		if h.Flags&wire.FlagLanding != 0 {
 			// The key and the landing, decoded here when the frame holds
 			// them; else serveFetchFrame decodes or refuses it.
 			key, land, landOK = nil, nil, false
 			if req, err := landingRequest(h, body); bad == nil && err == nil {
-				key, land, landOK = []byte(req.Key), req.Landing, true
+				key, land, landOK = []byte(req.Key), req, true
 			}
 		}
 		direct := bad == nil && landOK && h.Flags&(wire.FlagWait|wire.FlagIndirect|wire.FlagRows) == 0 && len(key) <= wire.MaxKeyLen
@@ -230,7 +230,7 @@ func (s *Server) takeRequest(ss *serverSession, l *engine.Link, h wire.FrameHead
 func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, body []byte, bad error, inline bool) {
 	var key string
 	var rows []int64
-	var land *pb.Location
+	var land *pb.FetchRequest
 	// An indirect key is pulled up to one byte past the longest, so
 	// that one too long fails as one inline does.
 	limit := wire.MaxKeyLen + 1
@@ -244,7 +244,7 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 			if err != nil {
 				return err
 			}
-			b, land = []byte(req.Key), req.Landing
+			b, land = []byte(req.Key), req
 		case h.Flags&wire.FlagRows != 0:
 			req := &pb.FetchRequest{}
 			if err := unmarshalFrame(b, req); err != nil {
@@ -277,7 +277,7 @@ func (s *Server) serveFetchFrame(ss *serverSession, l *engine.Link, h wire.Frame
 // fits a slot, and a credit and a buffer are at hand. It reports whether it answered; if
 // not, the call runs as any other. It saves a Fetch the hop to a goroutine
 // of its own.
-func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, land *pb.Location) bool {
+func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, land *pb.FetchRequest) bool {
 	if !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
@@ -343,7 +343,7 @@ func (s *Server) fetchNow(ss *serverSession, l *engine.Link, h wire.FrameHeader,
 // interceptors have seen it): an answer that finds no credit or buffer
 // goes from a goroutine of its own, the call counted as under way until
 // it has gone.
-func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, key string, land *pb.Location) bool {
+func (s *Server) fetchNowIntercepted(ss *serverSession, l *engine.Link, h wire.FrameHeader, hdr headers, key string, land *pb.FetchRequest) bool {
 	if hdr.timeout != 0 || !l.Opened.Load() || !ss.Accepts(h.Ref) {
 		return false
 	}
@@ -410,7 +410,7 @@ type fetchNowCall struct {
 	l    *engine.Link
 	ref  uint64
 	key  string
-	land *pb.Location      // the request's landing, if any
+	land *pb.FetchRequest  // the request, when it grants a landing
 	resp *pb.FetchResponse // the answer: &reply.FetchResponse when inline
 	view *mempool.Buffer   // what an inline resp views
 	// reply is an inline answer, which encodes itself.
@@ -688,7 +688,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 
 // fetchForFrame is a FETCH_REQ: a FetchResponse, indirect when it does not
 // fit a slot (a long key, a large shape).
-func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, rows []int64, land *pb.Location, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
+func (s *Server) fetchForFrame(ctx context.Context, ss *serverSession, l *engine.Link, h wire.FrameHeader, key string, rows []int64, land *pb.FetchRequest, held *[]*mempool.Buffer) (uint16, proto.Message, error) {
 	e, err := s.fetch(ctx, key, h.Flags&wire.FlagWait != 0)
 	if err != nil {
 		return 0, nil, err

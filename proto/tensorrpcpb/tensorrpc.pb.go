@@ -1526,7 +1526,13 @@ type FetchRequest struct {
 	// FetchResponse.landed, meta without a location; else it answers as
 	// for any Fetch and writes nothing. The client revokes the grant once
 	// the answer (or the link's end) came, and only then reuses the buffer.
-	Landing       *Location `protobuf:"bytes,7,opt,name=landing,proto3" json:"landing,omitempty"`
+	Landing *Location `protobuf:"bytes,7,opt,name=landing,proto3" json:"landing,omitempty"`
+	// With landing, for a Fetch into a tensor of the caller's (Into): the
+	// dtype, shape and byte_length that tensor has (no key, location or
+	// checksum). The server lands only a tensor of exactly these; any
+	// other it answers as for any Fetch, without writing into the
+	// caller's memory.
+	LandingInto   *TensorMeta `protobuf:"bytes,8,opt,name=landing_into,json=landingInto,proto3" json:"landing_into,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1592,6 +1598,13 @@ func (x *FetchRequest) GetRows() []int64 {
 func (x *FetchRequest) GetLanding() *Location {
 	if x != nil {
 		return x.Landing
+	}
+	return nil
+}
+
+func (x *FetchRequest) GetLandingInto() *TensorMeta {
+	if x != nil {
+		return x.LandingInto
 	}
 	return nil
 }
@@ -2468,14 +2481,15 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
 	"\x04meta\x18\x02 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x122\n" +
-	"\x06handle\x18\x03 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\"\xb8\x01\n" +
+	"\x06handle\x18\x03 \x01(\v2\x1a.tensorrpc.v1.DeviceHandleR\x06handle\"\xf5\x01\n" +
 	"\fFetchRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x12\n" +
 	"\x04rows\x18\x06 \x03(\x03R\x04rows\x120\n" +
-	"\alanding\x18\a \x01(\v2\x16.tensorrpc.v1.LocationR\alandingJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
+	"\alanding\x18\a \x01(\v2\x16.tensorrpc.v1.LocationR\alanding\x12;\n" +
+	"\flanding_into\x18\b \x01(\v2\x18.tensorrpc.v1.TensorMetaR\vlandingIntoJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\x05leaseR\n" +
 	"client_ref\"\xbd\x01\n" +
 	"\rFetchResponse\x12,\n" +
 	"\x04meta\x18\x01 \x01(\v2\x18.tensorrpc.v1.TensorMetaR\x04meta\x12\x1f\n" +
@@ -2646,41 +2660,42 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	4,  // 18: tensorrpc.v1.SendDeviceRequest.meta:type_name -> tensorrpc.v1.TensorMeta
 	14, // 19: tensorrpc.v1.SendDeviceRequest.handle:type_name -> tensorrpc.v1.DeviceHandle
 	2,  // 20: tensorrpc.v1.FetchRequest.landing:type_name -> tensorrpc.v1.Location
-	4,  // 21: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 22: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
-	2,  // 23: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
-	4,  // 24: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 25: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	26, // 26: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
-	4,  // 27: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	27, // 28: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 29: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	17, // 30: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	19, // 31: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	21, // 32: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	23, // 33: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	17, // 34: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	28, // 35: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	28, // 36: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	17, // 37: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
-	16, // 38: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
-	23, // 39: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
-	8,  // 40: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	18, // 41: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	20, // 42: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	22, // 43: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	24, // 44: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	28, // 45: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	20, // 46: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	28, // 47: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	15, // 48: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
-	20, // 49: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
-	24, // 50: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
-	40, // [40:51] is the sub-list for method output_type
-	29, // [29:40] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	4,  // 21: tensorrpc.v1.FetchRequest.landing_into:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 22: tensorrpc.v1.FetchResponse.meta:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 23: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
+	2,  // 24: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
+	4,  // 25: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
+	4,  // 26: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	26, // 27: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 28: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	27, // 29: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 30: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	17, // 31: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	19, // 32: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	21, // 33: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	23, // 34: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	17, // 35: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	28, // 36: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	28, // 37: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	17, // 38: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
+	16, // 39: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
+	23, // 40: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
+	8,  // 41: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	18, // 42: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	20, // 43: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	22, // 44: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	24, // 45: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	28, // 46: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	20, // 47: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	28, // 48: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	15, // 49: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
+	20, // 50: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
+	24, // 51: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
+	41, // [41:52] is the sub-list for method output_type
+	30, // [30:41] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
