@@ -57,7 +57,9 @@ func checkFetchFlags(flags C.int) error {
 // rows[0:nrows] of it (indices along dimension 0; rows NULL or nrows 0:
 // the whole tensor), into dst, the caller's CPU tensor: its dtype and
 // shape must be what arrives, else INVALID_ARGUMENT and dst is not
-// written. On tcp the bytes are read straight into dst's memory; where a
+// written. On tcp the bytes go straight into dst's memory (up to 4 MiB
+// the server writes them there before it answers, a landing; above, the
+// client reads them there); where a
 // plane cannot reach caller memory they land in pool memory and are
 // copied into dst once (trpc_stats.copies). flags as trpc_client_fetch's
 // (TRPC_FETCH_LEASE is ignored: a lease cannot land in dst). When it

@@ -171,13 +171,16 @@ typedef void (*trpc_release_fn)(void *owner);
  *     tensor (C-contiguous, writable): its dtype and shape must be exactly
  *     what arrives ([nrows, shape[1:]...] for rows), else INVALID_ARGUMENT
  *     and dst is not written. dst's memory is wrapped, not copied: on tcp
- *     the bytes are read straight into it; where a plane cannot reach
+ *     the bytes go straight into it (a whole tensor of up to 4 MiB the
+ *     server writes there before it answers, saving a round trip; larger
+ *     ones and rows the client reads there); where a plane cannot reach
  *     caller memory (grpc), or the tensor is small enough to come
  *     inline, they are copied into it once (trpc_stats.copies). flags:
  *     TRPC_FETCH_WAIT; TRPC_FETCH_LEASE is ignored. On a failure dst's
  *     contents are undefined, but when the call returns, whatever its
- *     result, nothing writes dst any more (a Read under way is waited
- *     for; a peer that holds one past 5 s has the session ended), so dst
+ *     result, nothing writes dst any more (a Read under way, or the
+ *     server's answer while dst is open to its writes, is waited for; a
+ *     peer that holds one past 5 s has the session ended), so dst
  *     may be freed at once.
  * trpc_client_fetch_rows(cli, key, rows, nrows, flags, timeout_ms, &mt,
  *     &err) returns rows[0:nrows] (nrows >= 1; in this order, repeats
