@@ -220,15 +220,16 @@ func (q *queuePair) holdEarly() {
 	q.Mu.Unlock()
 }
 
-// releaseHeld ends holdEarly as the receiver is about to wait for the
-// next frame, writing what was held back: itself, on the terms of
+// releaseHeld ends holdEarly, and the receiver's busy spell (rxBusy), as
+// the receiver is about to wait for the next frame, writing what was
+// held back: itself, on the terms of
 // flushAcks (nobody else writing, room in the kernel's send queue), else
 // through the writer. The completions of what it wrote are the
 // receiver's to deliver (it does, before it waits).
 func (q *queuePair) releaseHeld(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
 	q.Mu.Lock()
 	q.holding = false
-	q.heldLarge.Store(false)
+	q.rxBusy.Store(false)
 	held, n := q.held, q.sendqBytes+q.ctrlBytes+(len(q.Sendq)+len(q.ctrl))*headerSize
 	q.held = false
 	q.Mu.Unlock()
@@ -487,6 +488,7 @@ func (r *receiving) loop(afterDeliver bool) {
 			if _, r.err = io.ReadFull(br, hb[:]); r.err != nil {
 				break
 			}
+			q.rxBusy.Store(true)
 			var h header
 			if h, r.err = parseHeader(hb[:]); r.err != nil {
 				break
@@ -516,10 +518,8 @@ func (r *receiving) loop(afterDeliver bool) {
 		}
 		if br.Buffered() == 0 {
 			// The next read may wait.
-			if r.holding || q.heldLarge.Load() {
-				r.holding = false
-				q.releaseHeld(r.conn, r.raw, &r.sndbuf)
-			}
+			r.holding = false
+			q.releaseHeld(r.conn, r.raw, &r.sndbuf)
 			q.flushAcks(r.conn, r.raw, &r.sndbuf)
 			if q.DeliverFrom(r.resume) {
 				return // (the completions of Early requests written here)

@@ -61,10 +61,12 @@ type queuePair struct {
 	lazyArmed     bool             // on the lazy-ack sweeper's list (armLazyAcks)
 	holding       bool             // the receiver writes Early requests itself before it next waits (holdEarly)
 	held          bool             // an Early request was posted while holding
-	// heldLarge: Early requests too large for the direct path were held
-	// for the receiver without holdEarly (PostSendUnlock), which it
-	// writes as it would held ones before it next waits.
-	heldLarge atomic.Bool
+	// rxBusy: the receiver is between reading a frame's header and its
+	// next look at whether the connection has more (set without q.Mu,
+	// cleared under it by releaseHeld): an Early request posted
+	// meanwhile may be held for it, as it will write what is held
+	// before it next waits.
+	rxBusy atomic.Bool
 	lazyMark  uint64 // ctrlTakes at the sweeper's previous look
 	ctrlTakes uint64 // how many times the queued responses were taken to be written
 	active    int    // goroutines that may still touch memory
@@ -193,17 +195,16 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.sendqBytes += payloadBytes(w)
 		q.Sendq = append(q.Sendq, w)
 	}
-	if allEarly && (q.holding || q.sendqBytes > directMaxQueued) {
+	if allEarly && (q.holding || q.sendqBytes > directMaxQueued && q.rxBusy.Load()) {
 		// Held for the receiver, which delivers the completions these
 		// answer and writes what was held before it next waits: within
 		// a burst (holdEarly), with the rest of the burst's answers;
 		// past the direct path's bound (a Fetch's landing Written with
-		// its answer), without waking the writer, as the direct path
-		// would for a small answer.
-		if !q.holding {
-			q.holding = true
-			q.heldLarge.Store(true)
-		}
+		// its answer) while it is busy with what it read, without
+		// waking the writer, as the direct path would for a small
+		// answer. (Not while it waits for the connection: Early
+		// requests of a delivery by the queue's Run goroutine go as
+		// any other.)
 		q.held = true
 		q.Mu.Unlock()
 		return
