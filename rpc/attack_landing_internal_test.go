@@ -136,3 +136,36 @@ func TestAttackLandingNamesNothing(t *testing.T) {
 		return true
 	})
 }
+
+// TestLandedReplyIndexes: a reply tensor that names a landing the call
+// did not grant, none, or one another tensor took is refused.
+func TestLandedReplyIndexes(t *testing.T) {
+	_, c, _ := framedPair(t, TransportTCP)
+	const n = 64 << 10
+	buf, err := c.pool.TryAlloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := make(chan struct{})
+	close(revoked)
+	d := &landing{buf: buf, loc: &pb.Location{Length: n}, revoked: revoked}
+	d.ends.Store(1) // as if its grant were revoked: the answer came
+	lands := []*landing{nil, d}
+	idx := func(i uint32) *pb.TensorMeta {
+		return &pb.TensorMeta{Dtype: pb.DType(zerocopy.Uint8), Shape: []int64{n}, ByteLength: n, LandingIndex: &i}
+	}
+	for _, i := range []uint32{0, 2, 1 << 30} {
+		if _, err := c.landedReply(ctxT(t), lands, idx(i)); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("landing %d of a call that granted only landing 1: %v, want InvalidArgument", i, err)
+		}
+	}
+	got, err := c.landedReply(ctxT(t), lands, idx(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.landedReply(ctxT(t), lands, idx(1)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a second tensor in landing 1: %v, want InvalidArgument", err)
+	}
+	got.Release()
+	doneAll(lands)
+}

@@ -525,7 +525,7 @@ func (c *Client) callIntercepted(ctx context.Context, s *clientSession, method s
 	return reply, err
 }
 
-func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *engine.Link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64) (*Message, error) {
+func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *engine.Link, metadata []byte, metas []*pb.TensorMeta, inline [][]byte, transfers []uint64, lands []*landing) (*Message, error) {
 	reply := &Message{Metadata: metadata}
 	next := 0
 	fail := func(err error) (*Message, error) {
@@ -536,6 +536,14 @@ func (c *Client) receiveReply(ctx context.Context, s *clientSession, l *engine.L
 		return nil, err
 	}
 	for _, m := range metas {
+		if m.LandingIndex != nil {
+			t, err := c.landedReply(ctx, lands, m)
+			if err != nil {
+				return fail(err)
+			}
+			reply.Tensors = append(reply.Tensors, t)
+			continue
+		}
 		var data []byte
 		var id uint64
 		switch {
@@ -981,6 +989,16 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
+	lands := c.replyLandings(ctx, s, l, method)
+	if len(lands) > 0 {
+		creq.ReplyLandings = replyLocations(lands)
+		held := hold
+		hold = func() {
+			revokeAll(lands)
+			held()
+		}
+		defer doneAll(lands)
+	}
 	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameCallReq, 0, nil, callRequestBody{creq}, intoCallAnswer, hold)
 	if err != nil {
 		return nil, err
@@ -1007,7 +1025,16 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 			c.stats.dataPlaneBytes.Add(n)
 		}
 	}
-	reply, err := c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds)
+	reply, err := c.receiveReply(ctx, s, l, resp.Metadata, resp.Tensors, resp.InlineData, resp.TransferIds, lands)
 	recycleInlines(resp.InlineData) // copied into the reply's tensors, or failed
+	if err == nil && s.landing > 0 {
+		var sizes []int
+		for _, m := range resp.Tensors {
+			if m.InlineIndex == nil {
+				sizes = append(sizes, int(m.ByteLength))
+			}
+		}
+		s.replyHints.put(method, sizes)
+	}
 	return reply, err
 }

@@ -37,8 +37,9 @@ type clientSession struct {
 	// landing is the largest tensor a Fetch of the session lands (the
 	// smaller of HandshakeResponse.fetch_landing and this side's
 	// WithFetchLanding; 0: none), and hints the sizes its keys had.
-	landing int
-	hints   landingHints
+	landing    int
+	hints      landingHints
+	replyHints replyHints
 	// streamZ is the compression of the fallback streams this side sends
 	// (nil: none).
 	streamZ *engine.Compression

@@ -95,10 +95,10 @@ func fastTensorMeta(b []byte) *pb.TensorMeta {
 	return m
 }
 
-// fastMeta reports whether appendMeta encodes m: no location, no unknown
-// fields, a UTF-8 key.
+// fastMeta reports whether appendMeta encodes m: no location, no landing
+// index, no unknown fields, a UTF-8 key.
 func fastMeta(m *pb.TensorMeta) bool {
-	return m.Location == nil && len(m.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(m.Key)
+	return m.Location == nil && m.LandingIndex == nil && len(m.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(m.Key)
 }
 
 // bytesField is the length of a length-delimited field of field number
@@ -244,7 +244,7 @@ func marshalAppend(b []byte, m proto.Message) []byte {
 type callRequestBody struct{ *pb.CallRequest }
 
 func (r callRequestBody) fast() bool {
-	return len(r.ProtoReflect().GetUnknown()) == 0 && utf8.ValidString(r.SessionId) && utf8.ValidString(r.Method) && fastMetas(r.Tensors)
+	return len(r.ProtoReflect().GetUnknown()) == 0 && len(r.ReplyLandings) == 0 && utf8.ValidString(r.SessionId) && utf8.ValidString(r.Method) && fastMetas(r.Tensors)
 }
 
 // FrameSize is proto.Size(r).

@@ -74,6 +74,7 @@ type landing struct {
 	loc     *pb.Location
 	ends    atomic.Int32
 	revoked chan struct{} // closed once the grant is revoked
+	kept    bool          // a Call's reply tensor took it (landedReply)
 }
 
 // revoke ends the grant: no Write of the server lands after it.
@@ -240,37 +241,59 @@ func (c *Client) landed(ctx context.Context, d *landing, meta *pb.TensorMeta, re
 	return &Tensor{Tensor: zt, buf: d.buf}, nil
 }
 
-// land Writes e's tensor into the client's landing on lane l and is the
-// answer that says so, or reports false, with e still the caller's, when
-// the tensor does not land there: the session's plane is not tcp, the
-// tensor is empty, larger than the landing or than this server lands, or
-// the Write could not be posted. The Write goes ahead of the answer on
-// l, whose queue pair delivers in order; e's buffer is released when it
-// completes.
+// land Writes e's tensor into the client's landing at on lane l and is
+// the answer that says so, or reports false, with e still the caller's,
+// when the tensor does not land there (see writeLanding; with into, the
+// landing of a Fetch Into, also when the tensor is not exactly into's
+// dtype and shape). e's buffer is released when the Write completes.
 func (s *Server) land(ss *serverSession, l *engine.Link, key string, e rendezvous.Entry, at *pb.Location, into *pb.TensorMeta) (*pb.FetchResponse, bool) {
 	n := len(e.Tensor.Bytes())
-	if at == nil || l == nil || ss.transport != TransportTCP || at.Transport != transportOf(ss.transport) ||
-		n == 0 || uint64(n) > at.Length || n > s.opts.fetchLanding || len(at.Lanes) > 0 {
-		return nil, false
-	}
 	if m := into; m != nil && (m.Dtype != pb.DType(e.Tensor.DType()) || m.ByteLength != uint64(n) || !slices.Equal(m.Shape, e.Tensor.Shape())) {
 		return nil, false // not what the caller's tensor is: its memory stays as it is
 	}
-	local, err := l.Domain.Reg.Local(e.Buf)
-	if err != nil {
+	if !s.mayLand(ss, l, n, at) {
 		return nil, false
 	}
-	local.Length = n
+	// Described before the Write, whose completion may release e's
+	// buffer at once.
 	meta := metaOf(key, e.Tensor, s.opts.checksums)
-	buf := e.Buf
+	if !s.writeLanding(ss, l, e.Buf, n, at) {
+		return nil, false
+	}
+	return &pb.FetchResponse{Meta: meta, Landed: true}, true
+}
+
+// mayLand reports whether n bytes may land at, on lane l (writeLanding).
+func (s *Server) mayLand(ss *serverSession, l *engine.Link, n int, at *pb.Location) bool {
+	return at != nil && l != nil && ss.transport == TransportTCP && at.Transport == transportOf(ss.transport) &&
+		n > 0 && uint64(n) <= at.Length && n <= s.opts.fetchLanding && len(at.Lanes) == 0
+}
+
+// writeLanding posts a Write of the first n bytes of buf into the
+// client's landing at on lane l, ahead of the answer that will say so,
+// taking over buf's reference (released when the Write completes); or
+// reports false, buf still the caller's, when they do not land there:
+// the session's plane is not tcp, n is 0 or more than the landing or
+// than this server lands, or the Write could not be posted. The lane's
+// queue pair delivers in order: the bytes are in place when the answer
+// arrives.
+func (s *Server) writeLanding(ss *serverSession, l *engine.Link, buf *mempool.Buffer, n int, at *pb.Location) bool {
+	if !s.mayLand(ss, l, n, at) {
+		return false
+	}
+	local, err := l.Domain.Reg.Local(buf)
+	if err != nil {
+		return false
+	}
+	local.Length = n
 	wr := verbs.SendRequest{Op: verbs.OpWrite, Local: local, Remote: verbs.Remote{Addr: at.Address, Key: at.RemoteKey}, LazyCompletion: true}
 	if err := l.PostAsync(wr, func(verbs.Completion) { buf.Release() }); err != nil {
-		return nil, false
+		return false
 	}
 	ss.stats.transfers.Add(1)
 	ss.stats.dataPlaneBytes.Add(int64(n))
 	ss.stats.landed.Add(1)
-	return &pb.FetchResponse{Meta: meta, Landed: true}, true
+	return true
 }
 
 // landingRequest is the FetchRequest a FETCH_REQ with the LANDING flag
@@ -287,4 +310,116 @@ func landingRequest(h wire.FrameHeader, body []byte) (*pb.FetchRequest, error) {
 		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a FETCH_REQ with the LANDING flag names no landing, or rows")
 	}
 	return req, nil
+}
+
+// replyHints is a session's sizes of the reply tensors that did not go
+// inline, in order, that each method's last Call returned, for the
+// landings of its next Call.
+type replyHints struct {
+	sizes sync.Map // string -> []int
+	n     atomic.Int32
+}
+
+func (h *replyHints) get(method string) []int {
+	if v, ok := h.sizes.Load(method); ok {
+		return v.([]int)
+	}
+	return nil
+}
+
+func (h *replyHints) put(method string, ns []int) {
+	if v, ok := h.sizes.Load(method); ok {
+		if !slices.Equal(v.([]int), ns) {
+			h.sizes.Store(method, ns)
+		}
+		return
+	}
+	if len(ns) == 0 {
+		return
+	}
+	if h.n.Add(1) > maxLandingHints {
+		h.sizes.Clear()
+		h.n.Store(1)
+	}
+	h.sizes.Store(method, ns)
+}
+
+// replyLandings are the landings of a Call of method on lane l for its
+// reply's tensors (CallRequest.reply_landings), as many as the sizes its
+// last reply's tensors that did not go inline had, up to the last that
+// lands: one that does not (too large, or one the session would
+// compress, or no pool memory at hand) keeps its place with none (nil,
+// an empty Location in the request), so that each keeps its index.
+func (c *Client) replyLandings(ctx context.Context, s *clientSession, l *engine.Link, method string) []*landing {
+	if s.landing == 0 || s.transport != TransportTCP {
+		return nil
+	}
+	var ds []*landing
+	last := 0
+	for _, n := range s.replyHints.get(method) {
+		var d *landing
+		if n > engine.FrameInline(s.eager) && n <= s.landing && l.Squeeze.Plain(ctx, n) {
+			if buf, err := c.pool.TryAlloc(n); err == nil {
+				if g, err := l.Grant(buf, n, verbs.AccessRemoteWrite); err == nil {
+					d = newLanding(s, g, buf.Arena().ID(), n, &landing{buf: buf})
+				} else {
+					buf.Release()
+				}
+			}
+		}
+		ds = append(ds, d)
+		if d != nil {
+			last = len(ds)
+		}
+	}
+	return ds[:last]
+}
+
+// replyLocations is what a CallRequest names of ds.
+func replyLocations(ds []*landing) []*pb.Location {
+	if len(ds) == 0 {
+		return nil
+	}
+	locs := make([]*pb.Location, len(ds))
+	for i, d := range ds {
+		if d == nil {
+			locs[i] = &pb.Location{}
+		} else {
+			locs[i] = d.loc
+		}
+	}
+	return locs
+}
+
+// revokeAll is the Call's hold for its landings.
+func revokeAll(ds []*landing) {
+	for _, d := range ds {
+		if d != nil {
+			d.revoke()
+		}
+	}
+}
+
+// doneAll is the caller's end of the landings keep did not take.
+func doneAll(ds []*landing) {
+	for _, d := range ds {
+		if d != nil && !d.kept {
+			d.done()
+		}
+	}
+}
+
+// landedReply is the reply tensor meta describes, whose bytes landed in
+// ds[*meta.LandingIndex].
+func (c *Client) landedReply(ctx context.Context, ds []*landing, meta *pb.TensorMeta) (*Tensor, error) {
+	i := int(*meta.LandingIndex)
+	if i >= len(ds) || ds[i] == nil || ds[i].kept {
+		return nil, status.Errorf(codes.InvalidArgument, "tensorrpc: reply tensor landed in landing %d of %d, none or taken", i, len(ds))
+	}
+	if meta.InlineIndex != nil || meta.TransferId != 0 {
+		return nil, status.Error(codes.InvalidArgument, "tensorrpc: a landed reply tensor with inline data or a transfer")
+	}
+	d := ds[i]
+	d.kept = true
+	return c.landed(ctx, d, meta, &pb.FetchResponse{})
 }

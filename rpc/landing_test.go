@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -355,5 +356,77 @@ func TestFetchLandingIntoAbandoned(t *testing.T) {
 	got.Release()
 	if bytes.Count(b, []byte{0xee}) != len(b) {
 		t.Error("the abandoned Fetch's caller memory was written after it returned")
+	}
+}
+
+// TestCallReplyLanding: on tcp, a Call's reply tensors that do not go
+// inline land in buffers the client grants with its request, sized as
+// the method's last reply's were: each that fits, in order; one that
+// grew is read as before, and lands from the next Call on. For handlers
+// run where their frames are read and in goroutines.
+func TestCallReplyLanding(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprint("inline=", inline), func(t *testing.T) {
+			s, c := pair(t, rpc.TransportTCP, nil, nil)
+			var mu sync.Mutex
+			sizes := []int{64 << 10, 100, 128 << 10}
+			var opts []rpc.HandlerOption
+			if inline {
+				opts = append(opts, rpc.Inline())
+			}
+			s.Handle("make", func(ctx context.Context, in *rpc.Message) (*rpc.Message, error) {
+				mu.Lock()
+				ns := slices.Clone(sizes)
+				mu.Unlock()
+				out := &rpc.Message{Metadata: in.Metadata}
+				for i, n := range ns {
+					b := make([]byte, n)
+					pattern(b, byte(i+int(in.Metadata[0])))
+					zt, _ := zerocopy.New(zerocopy.Uint8, []int64{int64(n)}, b)
+					out.Tensors = append(out.Tensors, rpc.WrapTensor(zt))
+				}
+				return out, nil
+			}, opts...)
+			call := func(round byte, wantLanded int64) {
+				t.Helper()
+				before := c.Stats().Landed
+				reply, err := c.Call(ctxT(t), "make", &rpc.Message{Metadata: []byte{round}})
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				defer reply.Release()
+				mu.Lock()
+				ns := slices.Clone(sizes)
+				mu.Unlock()
+				if len(reply.Tensors) != len(ns) {
+					t.Fatalf("round %d: %d tensors, want %d", round, len(reply.Tensors), len(ns))
+				}
+				for i, n := range ns {
+					want := make([]byte, n)
+					pattern(want, byte(i+int(round)))
+					if !bytes.Equal(reply.Tensors[i].Bytes(), want) {
+						t.Fatalf("round %d: reply tensor %d (%d bytes) differs", round, i, n)
+					}
+				}
+				if got := c.Stats().Landed - before; got != wantLanded {
+					t.Errorf("round %d: %d reply tensors landed, want %d", round, got, wantLanded)
+				}
+			}
+			call(1, 0) // nothing known of the method yet
+			call(2, 2)
+			call(3, 2)
+			mu.Lock()
+			sizes = []int{64 << 10, 200 << 10, 32 << 10} // the second grew, the third came out of inline
+			mu.Unlock()
+			call(4, 1)
+			call(5, 3)
+			mu.Lock()
+			sizes = []int{50 << 10}
+			mu.Unlock()
+			call(6, 1)
+			if st := s.Stats(); st.Landed != 9 {
+				t.Errorf("server: %d landed, want 9", st.Landed)
+			}
+		})
 	}
 }

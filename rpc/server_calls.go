@@ -327,7 +327,7 @@ func (s *Server) callRequest(ctx context.Context, ss *serverSession, l *engine.L
 		return ts, err
 	}, func(out *Message) error {
 		var err error
-		resp, err = s.reply(ctx, ss, l, ref, out, inlineMax, held)
+		resp, err = s.reply(ctx, ss, l, ref, out, inlineMax, held, req.ReplyLandings)
 		return err
 	})
 	if err != nil {
@@ -415,10 +415,12 @@ func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), 
 }
 
 // reply offers a handler's reply tensors to the client of the call named
-// ref: inline up to inlineMax bytes, else as transfers it reads; held as
-// in offer.
-func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer) (*pb.CallResponse, error) {
+// ref: inline up to inlineMax bytes, else written into the client's
+// landings where they fit (the k-th tensor that does not go inline into
+// landings[k]), else as transfers it reads; held as in offer.
+func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, ref uint64, out *Message, inlineMax int, held *[]*mempool.Buffer, landings []*pb.Location) (*pb.CallResponse, error) {
 	resp := &pb.CallResponse{Metadata: out.Metadata}
+	k := 0 // the tensors that did not go inline so far
 	for i, t := range out.Tensors {
 		buf, err := poolBuffer(ctx, s.pool, t, s.countersOf(ss))
 		if err != nil {
@@ -426,6 +428,18 @@ func (s *Server) reply(ctx context.Context, ss *serverSession, l *engine.Link, r
 			return nil, status.Errorf(codes.Internal, "tensorrpc: reply tensor %d: %v", i, err)
 		}
 		zt, _ := zerocopy.New(t.DType(), t.Shape(), buf.Bytes())
+		if n := len(zt.Bytes()); n > inlineMax && l != nil {
+			k++
+			if k <= len(landings) && s.mayLand(ss, l, n, landings[k-1]) {
+				meta := metaOf("", zt, s.opts.checksums) // before the Write, which may release buf at once
+				if s.writeLanding(ss, l, buf, n, landings[k-1]) {
+					idx := uint32(k - 1)
+					meta.LandingIndex = &idx
+					resp.Tensors = append(resp.Tensors, meta)
+					continue
+				}
+			}
+		}
 		meta, inline, id, err := s.offer(ctx, ss, l, ref, "", zt, buf, inlineMax, held)
 		if err != nil {
 			s.releaseTransfers(ss, resp.TransferIds)

@@ -444,7 +444,11 @@ type TensorMeta struct {
 	InlineIndex *uint32 `protobuf:"varint,7,opt,name=inline_index,json=inlineIndex,proto3,oneof" json:"inline_index,omitempty"`
 	// Only in the TensorMeta body of an INDIRECT response frame
 	// (header.fbs): the transfer whose bytes are the response.
-	TransferId    uint64 `protobuf:"varint,8,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	TransferId uint64 `protobuf:"varint,8,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// In a CallResponse frame: the reply tensor's bytes were written into
+	// CallRequest.reply_landings[landing_index] before the answer, on the
+	// same lane (no location, no inline_index, no transfer id).
+	LandingIndex  *uint32 `protobuf:"varint,9,opt,name=landing_index,json=landingIndex,proto3,oneof" json:"landing_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -531,6 +535,13 @@ func (x *TensorMeta) GetInlineIndex() uint32 {
 func (x *TensorMeta) GetTransferId() uint64 {
 	if x != nil {
 		return x.TransferId
+	}
+	return 0
+}
+
+func (x *TensorMeta) GetLandingIndex() uint32 {
+	if x != nil && x.LandingIndex != nil {
+		return *x.LandingIndex
 	}
 	return 0
 }
@@ -1878,9 +1889,21 @@ type CallRequest struct {
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Method    string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// Opaque to tensorrpc: the method reads it.
-	Metadata      []byte        `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	Tensors       []*TensorMeta `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	InlineData    [][]byte      `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	Metadata   []byte        `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Tensors    []*TensorMeta `protobuf:"bytes,4,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	InlineData [][]byte      `protobuf:"bytes,5,rep,name=inline_data,json=inlineData,proto3" json:"inline_data,omitempty"`
+	// Landings for the reply's tensors, as FetchRequest.landing is for a
+	// Fetch's: buffers of the client's, granted writable on the lane the
+	// request goes on, of the sizes the method's reply tensors that did
+	// not go inline had when the session last called it, in that order.
+	// Only in a CALL_REQ frame of a tcp session whose
+	// HandshakeResponse.fetch_landing is not 0. The server may Write the
+	// k-th reply tensor that does not go inline into reply_landings[k]
+	// when it fits (at most length bytes, and at most fetch_landing), then
+	// names it in that tensor's TensorMeta.landing_index (no location, no
+	// transfer id); any other it offers as before. A server from before
+	// this field ignores it.
+	ReplyLandings []*Location `protobuf:"bytes,7,rep,name=reply_landings,json=replyLandings,proto3" json:"reply_landings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1946,6 +1969,13 @@ func (x *CallRequest) GetTensors() []*TensorMeta {
 func (x *CallRequest) GetInlineData() [][]byte {
 	if x != nil {
 		return x.InlineData
+	}
+	return nil
+}
+
+func (x *CallRequest) GetReplyLandings() []*Location {
+	if x != nil {
+		return x.ReplyLandings
 	}
 	return nil
 }
@@ -2395,7 +2425,7 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"LaneRemote\x12\x1d\n" +
 	"\n" +
 	"remote_key\x18\x01 \x01(\rR\tremoteKey\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\x04R\aaddress\"\xb6\x02\n" +
+	"\aaddress\x18\x02 \x01(\x04R\aaddress\"\xf2\x02\n" +
 	"\n" +
 	"TensorMeta\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
@@ -2407,9 +2437,11 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\blocation\x18\x06 \x01(\v2\x16.tensorrpc.v1.LocationR\blocation\x12&\n" +
 	"\finline_index\x18\a \x01(\rH\x01R\vinlineIndex\x88\x01\x01\x12\x1f\n" +
 	"\vtransfer_id\x18\b \x01(\x04R\n" +
-	"transferIdB\t\n" +
+	"transferId\x12(\n" +
+	"\rlanding_index\x18\t \x01(\rH\x02R\flandingIndex\x88\x01\x01B\t\n" +
 	"\a_crc32cB\x0f\n" +
-	"\r_inline_index\"\x93\x01\n" +
+	"\r_inline_indexB\x10\n" +
+	"\x0e_landing_index\"\x93\x01\n" +
 	"\x0eTransportOffer\x125\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x17.tensorrpc.v1.TransportR\ttransport\x12\x12\n" +
 	"\x04info\x18\x02 \x01(\fR\x04info\x12 \n" +
@@ -2511,7 +2543,7 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"client_ref\"\xa6\x01\n" +
 	"\fSendResponse\x128\n" +
 	"\vreservation\x18\x04 \x01(\v2\x16.tensorrpc.v1.LocationR\vreservation\x12%\n" +
-	"\x0ereservation_id\x18\x05 \x01(\x04R\rreservationIdJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\xc7\x01\n" +
+	"\x0ereservation_id\x18\x05 \x01(\x04R\rreservationIdJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\vdestinationR\timmediateR\vtransfer_id\"\x86\x02\n" +
 	"\vCallRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
@@ -2519,7 +2551,8 @@ const file_tensorrpc_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x01(\fR\bmetadata\x122\n" +
 	"\atensors\x18\x04 \x03(\v2\x18.tensorrpc.v1.TensorMetaR\atensors\x12\x1f\n" +
 	"\vinline_data\x18\x05 \x03(\fR\n" +
-	"inlineDataJ\x04\b\x06\x10\aR\n" +
+	"inlineData\x12=\n" +
+	"\x0ereply_landings\x18\a \x03(\v2\x16.tensorrpc.v1.LocationR\rreplyLandingsJ\x04\b\x06\x10\aR\n" +
 	"client_ref\"\xa2\x01\n" +
 	"\fCallResponse\x12\x1a\n" +
 	"\bmetadata\x18\x01 \x01(\fR\bmetadata\x122\n" +
@@ -2665,37 +2698,38 @@ var file_tensorrpc_proto_depIdxs = []int32{
 	4,  // 23: tensorrpc.v1.SendRequest.meta:type_name -> tensorrpc.v1.TensorMeta
 	2,  // 24: tensorrpc.v1.SendResponse.reservation:type_name -> tensorrpc.v1.Location
 	4,  // 25: tensorrpc.v1.CallRequest.tensors:type_name -> tensorrpc.v1.TensorMeta
-	4,  // 26: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
-	26, // 27: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
-	4,  // 28: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
-	27, // 29: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
-	7,  // 30: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
-	17, // 31: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
-	19, // 32: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
-	21, // 33: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
-	23, // 34: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
-	17, // 35: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
-	28, // 36: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
-	28, // 37: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
-	17, // 38: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
-	16, // 39: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
-	23, // 40: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
-	8,  // 41: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
-	18, // 42: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
-	20, // 43: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
-	22, // 44: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
-	24, // 45: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
-	28, // 46: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
-	20, // 47: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
-	28, // 48: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
-	15, // 49: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
-	20, // 50: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
-	24, // 51: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
-	41, // [41:52] is the sub-list for method output_type
-	30, // [30:41] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	2,  // 26: tensorrpc.v1.CallRequest.reply_landings:type_name -> tensorrpc.v1.Location
+	4,  // 27: tensorrpc.v1.CallResponse.tensors:type_name -> tensorrpc.v1.TensorMeta
+	26, // 28: tensorrpc.v1.CallHeaders.metadata:type_name -> tensorrpc.v1.Header
+	4,  // 29: tensorrpc.v1.ChunkHeader.tensors:type_name -> tensorrpc.v1.TensorMeta
+	27, // 30: tensorrpc.v1.Chunk.header:type_name -> tensorrpc.v1.ChunkHeader
+	7,  // 31: tensorrpc.v1.TensorRPC.Session:input_type -> tensorrpc.v1.SessionRequest
+	17, // 32: tensorrpc.v1.TensorRPC.Fetch:input_type -> tensorrpc.v1.FetchRequest
+	19, // 33: tensorrpc.v1.TensorRPC.Send:input_type -> tensorrpc.v1.SendRequest
+	21, // 34: tensorrpc.v1.TensorRPC.Call:input_type -> tensorrpc.v1.CallRequest
+	23, // 35: tensorrpc.v1.TensorRPC.Release:input_type -> tensorrpc.v1.ReleaseRequest
+	17, // 36: tensorrpc.v1.TensorRPC.FetchStream:input_type -> tensorrpc.v1.FetchRequest
+	28, // 37: tensorrpc.v1.TensorRPC.SendStream:input_type -> tensorrpc.v1.Chunk
+	28, // 38: tensorrpc.v1.TensorRPC.CallStream:input_type -> tensorrpc.v1.Chunk
+	17, // 39: tensorrpc.v1.TensorRPC.FetchDevice:input_type -> tensorrpc.v1.FetchRequest
+	16, // 40: tensorrpc.v1.TensorRPC.SendDevice:input_type -> tensorrpc.v1.SendDeviceRequest
+	23, // 41: tensorrpc.v1.TensorRPC.ReleaseDevice:input_type -> tensorrpc.v1.ReleaseRequest
+	8,  // 42: tensorrpc.v1.TensorRPC.Session:output_type -> tensorrpc.v1.SessionResponse
+	18, // 43: tensorrpc.v1.TensorRPC.Fetch:output_type -> tensorrpc.v1.FetchResponse
+	20, // 44: tensorrpc.v1.TensorRPC.Send:output_type -> tensorrpc.v1.SendResponse
+	22, // 45: tensorrpc.v1.TensorRPC.Call:output_type -> tensorrpc.v1.CallResponse
+	24, // 46: tensorrpc.v1.TensorRPC.Release:output_type -> tensorrpc.v1.ReleaseResponse
+	28, // 47: tensorrpc.v1.TensorRPC.FetchStream:output_type -> tensorrpc.v1.Chunk
+	20, // 48: tensorrpc.v1.TensorRPC.SendStream:output_type -> tensorrpc.v1.SendResponse
+	28, // 49: tensorrpc.v1.TensorRPC.CallStream:output_type -> tensorrpc.v1.Chunk
+	15, // 50: tensorrpc.v1.TensorRPC.FetchDevice:output_type -> tensorrpc.v1.FetchDeviceResponse
+	20, // 51: tensorrpc.v1.TensorRPC.SendDevice:output_type -> tensorrpc.v1.SendResponse
+	24, // 52: tensorrpc.v1.TensorRPC.ReleaseDevice:output_type -> tensorrpc.v1.ReleaseResponse
+	42, // [42:53] is the sub-list for method output_type
+	31, // [31:42] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_tensorrpc_proto_init() }
