@@ -66,7 +66,7 @@ type queuePair struct {
 	// cleared under it by releaseHeld): an Early request posted
 	// meanwhile may be held for it, as it will write what is held
 	// before it next waits.
-	rxBusy atomic.Bool
+	rxBusy    atomic.Bool
 	lazyMark  uint64 // ctrlTakes at the sweeper's previous look
 	ctrlTakes uint64 // how many times the queued responses were taken to be written
 	active    int    // goroutines that may still touch memory
