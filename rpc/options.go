@@ -284,7 +284,8 @@ func WithChecksums(on bool) Option { return sharedOption(func(o *options) { o.ch
 // of exactly its dtype and shape (another is refused as before, that
 // memory untouched). A Fetch with Rows or Lease never lands, nor, from
 // 1 MiB (where compression may start), one that a compressing session's
-// mode would compress.
+// mode would compress. A Call's reply tensors that do not go inline land
+// the same way, in buffers sized as the method's last reply's were.
 func WithFetchLanding(n int) Option {
 	return sharedOption(func(o *options) { o.fetchLanding = max(n, 0) })
 }
