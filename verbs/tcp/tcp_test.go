@@ -745,32 +745,19 @@ func TestAnswersToABurstGoInOneWrite(t *testing.T) {
 	amr, bmr := reg(a, 16*burst), reg(b, 16*burst)
 	bq := b.qp.(*queuePair)
 	held := make(chan bool, 64)
-	done := make(chan verbs.Completion, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() {
-		ran <- b.cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
-			for _, c := range cs {
-				if c.Op == verbs.OpRecv {
-					// Answer it where it was delivered.
-					if err := b.qp.PostSend(verbs.SendRequest{ID: 1000 + c.ID, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: int(c.ID) * 8, Length: 8}, LazyCompletion: true}); err != nil {
-						t.Error(err)
-					}
-					bq.Mu.Lock()
-					holding, h := bq.holding, bq.held
-					bq.Mu.Unlock()
-					if holding {
-						held <- h
-					}
-				}
-				done <- c
-			}
-		})
-	}()
-	defer func() {
-		cancel()
-		<-ran
-	}()
+	done, stop := runDelivering(b.cq, func(c verbs.Completion) {
+		// Answer it where it was delivered.
+		if err := b.qp.PostSend(verbs.SendRequest{ID: 1000 + c.ID, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: int(c.ID) * 8, Length: 8}, LazyCompletion: true}); err != nil {
+			t.Error(err)
+		}
+		bq.Mu.Lock()
+		holding, h := bq.holding, bq.held
+		bq.Mu.Unlock()
+		if holding {
+			held <- h
+		}
+	})
+	defer stop()
 	sawHold := false
 	for try := 0; try < 20 && !sawHold; try++ {
 		for i := range burst {
@@ -917,32 +904,19 @@ func TestLargeEarlyWriteGoesWithTheAnswer(t *testing.T) {
 	defer g.Revoke()
 	bq := b.qp.(*queuePair)
 	held := make(chan bool, 1)
-	done := make(chan verbs.Completion, 8)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() {
-		ran <- b.cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
-			for _, c := range cs {
-				if c.Op == verbs.OpRecv {
-					err := b.qp.PostSend(
-						verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
-						verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
-					if err != nil {
-						t.Error(err)
-					}
-					bq.Mu.Lock()
-					h := bq.held
-					bq.Mu.Unlock()
-					held <- h
-				}
-				done <- c
-			}
-		})
-	}()
-	defer func() {
-		cancel()
-		<-ran
-	}()
+	done, stop := runDelivering(b.cq, func(verbs.Completion) {
+		err := b.qp.PostSend(
+			verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
+			verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
+		if err != nil {
+			t.Error(err)
+		}
+		bq.Mu.Lock()
+		h := bq.held
+		bq.Mu.Unlock()
+		held <- h
+	})
+	defer stop()
 	sawHold := false
 	for try := 0; try < 20 && !sawHold; try++ {
 		for i := range src[:n] {
@@ -983,5 +957,28 @@ func TestLargeEarlyWriteGoesWithTheAnswer(t *testing.T) {
 	}
 	if any, _ := a.qp.(*queuePair).owedAcks(); any {
 		t.Fatal("a owes acknowledgements of requests sent without one")
+	}
+}
+
+// runDelivering runs cq's completions (verbs.CompletionRunner) in the
+// provider's delivery, calling onRecv there for each receive, and sends
+// every completion to the channel it returns; stop ends the run.
+func runDelivering(cq verbs.CompletionQueue, onRecv func(verbs.Completion)) (<-chan verbs.Completion, func()) {
+	done := make(chan verbs.Completion, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- cq.(verbs.CompletionRunner).Run(ctx, func(cs []verbs.Completion) {
+			for _, c := range cs {
+				if c.Op == verbs.OpRecv {
+					onRecv(c)
+				}
+				done <- c
+			}
+		})
+	}()
+	return done, func() {
+		cancel()
+		<-ran
 	}
 }
