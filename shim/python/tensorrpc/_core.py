@@ -426,8 +426,10 @@ class Client:
         writable buffer; C-contiguous and writable) receives the bytes in
         place and is returned itself (output is ignored): its dtype and
         shape must be exactly those of what arrives, else
-        InvalidArgumentError and out is not written. On tcp the bytes are
-        read straight into out (on shm too); on grpc, and for tensors small
+        InvalidArgumentError and out is not written. On tcp the bytes go
+        straight into out (a whole tensor of up to 4 MiB the server writes
+        there before it answers, in one round trip; larger ones and rows
+        are read there), on shm too; on grpc, and for tensors small
         enough to come inline, they are copied into it once
         (stats()["copies"]). If fetch fails otherwise, out's contents are
         undefined; when it returns, whatever its result, nothing writes
