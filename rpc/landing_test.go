@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -96,6 +97,10 @@ func TestFetchLanding(t *testing.T) {
 		{"inline-interceptors", []rpc.ServerOption{rpc.WithInlineInterceptors(noop)}, nil},
 		{"goroutine", []rpc.ServerOption{rpc.WithInterceptors(noop)}, nil},
 		{"checksums", []rpc.ServerOption{rpc.WithChecksums(true)}, nil},
+		// A user's gRPC options on both sides: the session's calls are
+		// frames all the same, and land.
+		{"grpc-options", []rpc.ServerOption{rpc.WithGRPCServerOptions(grpc.UnaryInterceptor(passUnary), grpc.StreamInterceptor(passStream), grpc.MaxRecvMsgSize(64<<20))},
+			[]rpc.DialOption{rpc.WithGRPCDialOptions(grpc.WithUnaryInterceptor(passUnaryClient), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &moves{}
@@ -429,4 +434,16 @@ func TestCallReplyLanding(t *testing.T) {
 			}
 		})
 	}
+}
+
+func passUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	return h(ctx, req)
+}
+
+func passStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return h(srv, ss)
+}
+
+func passUnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoke(ctx, method, req, reply, cc, opts...)
 }

@@ -11,6 +11,10 @@ too) between:
   py-tensor      Client.fetch(key, output="tensor"), then dropped;
   py-numpy       the same, output="numpy";
   py-torch       the same, output="torch";
+  py-out         Client.fetch(key, out=array): into one NumPy array of the
+                 tensor's dtype and shape, made once (what a framework
+                 refreshing its own tensors does; on tcp the server writes
+                 a tensor of up to 4 MiB straight into it);
   torch-rpc      torch.distributed.rpc.rpc_sync (TensorPipe backend, two
                  processes of their own) returning a uint8 tensor of the
                  size that the callee holds; shm: TensorPipe's "shm"
@@ -207,6 +211,23 @@ def python_round(c, output, iters):
     return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
 
 
+def out_round(c, iters):
+    """python_round for fetch(out=array), into one array made from a
+    first fetch."""
+    import numpy as np  # as output="numpy" needs it
+
+    fetch, clock = c.fetch, time.perf_counter
+    out = np.empty_like(fetch("bench", output="numpy"))
+    fetch("bench", out=out)  # warm-up
+    ds = []
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    for _ in range(iters):
+        t0 = clock()
+        fetch("bench", out=out)
+        ds.append(clock() - t0)
+    return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
+
+
 def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
     """{case: ([seconds], [voluntary switches per call, by round])} for
     one transport and size, rounds alternating."""
@@ -219,6 +240,7 @@ def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
                 raise RuntimeError("negotiated %s, not %s" % (c.transport, transport))
             cases = [("go", lambda: go_round(gopeer, addr, transport, size, iters))]
             cases += [("py-" + o, lambda o=o: python_round(c, o, iters)) for o in OUTPUTS]
+            cases.append(("py-out", lambda: out_round(c, iters)))
             if torch_rpc is not None:
                 cases.append(("torch-rpc", lambda: torch_rpc.run(size, iters)))
             for r in range(rounds):
