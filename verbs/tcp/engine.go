@@ -127,6 +127,9 @@ func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, fa
 		early = early || w.Early
 	}
 	if early && err == nil {
+		if h := afterEarlyWrite; h != nil {
+			h()
+		}
 		q.completeEarly(send, delivers)
 	}
 	for i := range ctrl {
@@ -146,6 +149,10 @@ func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, fa
 	clear(reqs)
 	return true, failed, err
 }
+
+// afterEarlyWrite, set by tests, runs between writing a batch with Early
+// requests and completing them (a writer the host has not run on yet).
+var afterEarlyWrite func()
 
 // takeLocked takes the posted requests the writer may send now: all of
 // them, or those before the first Fence request that must wait for an
@@ -749,10 +756,33 @@ func skipPayload(br *bufio.Reader, n uint64) error {
 	return err
 }
 
+// passEarlyLocked completes the Early requests at the head of Inflight
+// that came before request seq, which the peer answers now: it read them
+// before it, and acknowledges none of them (flagNoAck), and the writer
+// that wrote them completes them only after its write returned, which a
+// busy host may delay past the peer's answer to a later request (a Read
+// posted behind an Early request, answered while the writer had not yet
+// run on). Their completions are Queued for the receiver to deliver. The
+// caller holds q.Mu.
+func (q *queuePair) passEarlyLocked(seq uint64) {
+	var buf [4]softrc.Entry
+	es := buf[:0]
+	for len(q.Inflight) > 0 && q.Inflight[0].Early && q.Inflight[0].Seq < seq {
+		w := q.Inflight[0]
+		q.Inflight = softrc.TakeFront(q.Inflight, 1)
+		q.unackedBytes -= payloadBytes(w)
+		es = q.CompleteSend(es, w, verbs.StatusSuccess, nil)
+	}
+	if len(es) > 0 {
+		q.SendCQ.Queue(es...)
+	}
+}
+
 // applyReadResponse reads the data of the oldest outstanding Read straight
 // into its local buffer.
 func (q *queuePair) applyReadResponse(h *header, br *bufio.Reader) (bool, error) {
 	q.Mu.Lock()
+	q.passEarlyLocked(h.seq)
 	if len(q.Inflight) == 0 {
 		q.Mu.Unlock()
 		return false, fmt.Errorf("read response %d with no request outstanding", h.seq)

@@ -982,3 +982,85 @@ func runDelivering(cq verbs.CompletionQueue, onRecv func(verbs.Completion)) (<-c
 		<-ran
 	}
 }
+
+// TestReadAnsweredBeforeAnEarlyRequestCompletes: a Read posted behind an
+// Early request in one batch may be answered before whoever wrote the
+// batch has completed the Early request (a writer the host does not run
+// on yet): the Read's response finds the Early request still in flight,
+// which the peer acknowledges nothing of, and completes it first (it
+// read it) instead of failing the queue pair for a response out of turn.
+func TestReadAnsweredBeforeAnEarlyRequestCompletes(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	amem, bmem := make([]byte, 4096), make([]byte, 4096)
+	for i := range bmem {
+		bmem[i] = byte(i*5 + 1)
+	}
+	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: amem}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: bmem}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.qp.Grant(bmr, 0, 1024, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Revoke()
+	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: bmr, Offset: 2048, Length: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan struct{})
+	release := make(chan struct{})
+	afterEarlyWrite = func() {
+		close(written)
+		<-release // the writer stalls before it completes what it wrote
+	}
+	defer func() { afterEarlyWrite = nil }()
+	// a: a delivery under way (its Run handler, on a receive of its own)
+	// during which another goroutine posts a Lazy Send (Early) and a Read
+	// in one batch.
+	if err := a.qp.PostRecv(verbs.RecvRequest{ID: 2, Local: verbs.Local{Region: amr, Offset: 2048, Length: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	posted := make(chan error, 1)
+	done, stop := runDelivering(a.cq, func(verbs.Completion) {
+		go func() {
+			posted <- a.qp.PostSend(
+				verbs.SendRequest{ID: 10, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Offset: 3072, Length: 8}, LazyCompletion: true},
+				verbs.SendRequest{ID: 11, Op: verbs.OpRead, Local: verbs.Local{Region: amr, Length: 1024}, Remote: g.Remote()})
+		}()
+		<-written // the batch is out; the delivery ends, and a's receiver reads on
+	})
+	defer stop()
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 20, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: 1024, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]verbs.Completion{}
+	deadline := time.After(10 * time.Second)
+	for len(got) < 3 { // a's receive, its Send and its Read
+		select {
+		case c := <-done:
+			got[c.ID] = c
+		case <-deadline:
+			close(release)
+			t.Fatalf("a's completions: %v", got)
+		}
+	}
+	close(release)
+	if err := <-posted; err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint64{10, 11} {
+		if c := got[id]; c.Status != verbs.StatusSuccess {
+			t.Errorf("a's request %d: %+v", id, c)
+		}
+	}
+	if !bytes.Equal(amem[:1024], bmem[:1024]) {
+		t.Error("the Read brought other bytes")
+	}
+}
