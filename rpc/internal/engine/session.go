@@ -91,6 +91,18 @@ func (s *Session) Watch(lanes []*Link) (<-chan struct{}, func() error) {
 	return AnyDead(lanes, &s.handlers)
 }
 
+// track counts one more of the session's goroutines (the caller calls
+// handlers.Done for it), unless the session has closed.
+func (s *Session) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.handlers.Add(1)
+	return true
+}
+
 // Go runs f in its own goroutine, counted among the session's, unless
 // the session has closed; it reports whether it did.
 func (s *Session) Go(f func()) bool {
@@ -112,7 +124,17 @@ func (s *Session) Go(f func()) bool {
 func (s *Session) FinishAside(ts []*Transfer) {
 	var rest []*Transfer
 	for _, t := range ts {
-		if !t.finishAsync() {
+		// Counted among the session's goroutines until its grants are
+		// revoked and its buffer released (a revocation may wait for an
+		// access under way in a goroutine of its own), so that Close
+		// returns only once it is: a Server's Stop then leaves no
+		// buffer in use.
+		if !s.track() {
+			rest = append(rest, t)
+			continue
+		}
+		if !t.finishAsync(s.handlers.Done) {
+			s.handlers.Done()
 			rest = append(rest, t)
 		}
 	}

@@ -71,7 +71,7 @@ func (t *Transfer) release() {
 // revocation is complete, which on shm is when the receiver reads the
 // peer's confirmation. It reports false, having done nothing, when a
 // grant cannot.
-func (t *Transfer) finishAsync() bool {
+func (t *Transfer) finishAsync(done func()) bool {
 	grants := make([]verbs.AsyncRevoker, 0, 1+len(t.Stripes))
 	for _, g := range append([]verbs.Grant{t.Grant}, t.Stripes...) {
 		if g == nil {
@@ -85,6 +85,7 @@ func (t *Transfer) finishAsync() bool {
 	}
 	if len(grants) == 0 {
 		t.release()
+		done()
 		return true
 	}
 	var left atomic.Int32
@@ -93,6 +94,7 @@ func (t *Transfer) finishAsync() bool {
 		g.RevokeAsync(func() {
 			if left.Add(-1) == 0 {
 				t.release()
+				done()
 			}
 		})
 	}
