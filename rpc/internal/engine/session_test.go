@@ -352,3 +352,44 @@ func TestSessionCallHandedOver(t *testing.T) {
 		t.Fatalf("%+v after over", h)
 	}
 }
+
+// slowRevoke is a grant whose asynchronous revocation completes only
+// when the test says (a peer's access still under way).
+type slowRevoke struct {
+	verbs.Grant
+	done chan func()
+}
+
+func (g *slowRevoke) RevokeAsync(done func()) { g.done <- done }
+
+// TestSessionCloseWaitsForTransfersFinishingAside: a transfer finished
+// aside whose revocation is still under way is counted among the
+// session's goroutines: Close returns only once its buffer went back.
+func TestSessionCloseWaitsForTransfersFinishingAside(t *testing.T) {
+	defer leakcheck.Check(t)
+	p := pooltest.New(t, 1<<20)
+	s := NewSession(context.Background(), 0, nil)
+	g := &slowRevoke{done: make(chan func(), 1)}
+	tr := newTransfer(t, p)
+	tr.Grant = g
+	s.FinishAside([]*Transfer{tr})
+	revoked := <-g.done // the revocation began, and waits
+	closed := make(chan struct{})
+	go func() {
+		s.Close(nil, errors.New("test"))
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a transfer finishing aside still held its buffer")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if p.Stats().InUse == 0 {
+		t.Fatal("the buffer went back before its revocation completed")
+	}
+	revoked()
+	<-closed
+	if n := p.Stats().InUse; n != 0 {
+		t.Fatalf("%d bytes in use after Close", n)
+	}
+}
