@@ -105,6 +105,16 @@ def _dlpack_dtype(name: str) -> _lib.DLDataType:
     return _lib.DLDataType(code, bits, 1)
 
 
+# DLPack dtypes by name, and the CPU device: assigning a ctypes structure
+# to a field copies it, so one of each serves every DLTensor.
+_DL_DTYPES = {name: _dlpack_dtype(name) for name in DTYPES}
+_CPU = _lib.DLDevice(1, 0)
+
+# NumPy dtypes _describe_numpy has checked, by dtype: their names. A
+# handful in a program; checking each again cost a third of a describe.
+_numpy_dtypes: dict = {}
+
+
 class _Described:
     """A DLTensor describing a caller's tensor, and what keeps its memory
     and shape array alive while the library reads it."""
@@ -114,14 +124,12 @@ class _Described:
     def __init__(self, data: Optional[int], shape: Sequence[int], name: str, keep: Any) -> None:
         ndim = len(shape)
         shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
-        dl = _lib.DLTensor()
+        dl = _lib.DLTensor()  # zeroed: strides NULL, byte_offset 0
         dl.data = data or None
-        dl.device = _lib.DLDevice(1, 0)
+        dl.device = _CPU
         dl.ndim = ndim
-        dl.dtype = _dlpack_dtype(name)
-        dl.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
-        dl.strides = None
-        dl.byte_offset = 0
+        dl.dtype = _DL_DTYPES[name]
+        dl.shape = shape_arr  # the array's address (a ctypes array converts to a pointer)
         self.dl = dl
         self.keep = (keep, shape_arr)
 
@@ -159,17 +167,22 @@ def describe(x: Any, what: str = "tensor", writable: bool = False) -> _Described
 
 
 def _describe_numpy(a: Any, what: str, writable: bool = False) -> _Described:
-    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
-        raise InvalidArgumentError("%s has big-endian dtype %s; tensors are little-endian" % (what, a.dtype))
-    if a.dtype.fields is not None or a.dtype.name not in DTYPES:
-        raise InvalidArgumentError("%s has dtype %s, which tensorrpc does not support (supported: %s)"
-                                   % (what, a.dtype, ", ".join(DTYPES)))
-    if not a.flags.c_contiguous:
+    dt = a.dtype
+    name = _numpy_dtypes.get(dt)
+    if name is None:
+        if dt.byteorder == ">" or (dt.byteorder == "=" and sys.byteorder == "big"):
+            raise InvalidArgumentError("%s has big-endian dtype %s; tensors are little-endian" % (what, dt))
+        if dt.fields is not None or dt.name not in DTYPES:
+            raise InvalidArgumentError("%s has dtype %s, which tensorrpc does not support (supported: %s)"
+                                       % (what, dt, ", ".join(DTYPES)))
+        name = _numpy_dtypes[dt] = str(dt.name)
+    flags = a.flags
+    if not flags.c_contiguous:
         raise InvalidArgumentError("%s is not C-contiguous (shape %s, strides %s); pass np.ascontiguousarray(x)"
                                    % (what, a.shape, a.strides))
-    if writable and not a.flags.writeable:
+    if writable and not flags.writeable:
         raise InvalidArgumentError("%s is a read-only NumPy array; the library cannot write into it" % what)
-    return _Described(a.__array_interface__["data"][0], a.shape, a.dtype.name, a)
+    return _Described(a.__array_interface__["data"][0], a.shape, name, a)
 
 
 def _describe_torch(t: Any, what: str, writable: bool = False) -> _Described:
