@@ -82,8 +82,10 @@
 // receiver hands what it completed to the handler itself, before it reads
 // on. The acknowledgement of a Send or WriteImm, which completed a
 // receive, waits for a reply posted in reaction to carry it; what no reply
-// took the receiver writes before it waits for the next frame (the writer
-// does when the socket's send queue is not nearly empty). A
+// took the receiver writes before it waits for the next frame. The
+// receiver never blocks on a write: it writes what the socket's send
+// queue takes at once, and the writer goroutine writes the rest, before
+// anything else. A
 // request-response exchange thus costs one write per direction and wakes
 // neither the writer nor a poller. A request marked LazyCompletion and
 // posted while the completion queue's Run handler is being given

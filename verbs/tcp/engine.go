@@ -38,7 +38,7 @@ import (
 func (q *queuePair) writer(conn net.Conn) {
 	for {
 		q.writeMu.Lock()
-		wrote, failed, err := q.writeQueued(conn, false, false)
+		wrote, failed, err := q.writeQueued(conn, false, nil)
 		q.writeMu.Unlock()
 		if err != nil {
 			break
@@ -56,8 +56,14 @@ func (q *queuePair) writer(conn net.Conn) {
 	}
 	// Posters check the state under writeMu before writing and the queue
 	// pair is in ERR: once a poster already writing is done, nobody writes
-	// any more.
+	// any more. (A batch the receiver wrote in part is finished above:
+	// writeQueued finishes it first, err or not; and the receiver starts
+	// none once the writer is gone.)
 	q.writeMu.Lock()
+	if q.partial {
+		q.finishPartial(conn)
+	}
+	q.writerGone = true
 	q.writeMu.Unlock()
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.CloseWrite()
@@ -77,16 +83,32 @@ const directMaxQueued = 16 << 10
 // writeMu. With direct set it does nothing unless the batch is small and
 // the queue pair is not in ERR. It reports whether it wrote anything and
 // whether the queue pair is in ERR (then requests are left for the flush).
-// A failed write moves the queue pair to ERR and closes conn. delivers
-// says that the caller is the receiver, which delivers the completions of
-// the Early requests written (Queue) before it waits; else they are
-// handed to a delivery under way, or Run's goroutine (Hand).
-func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, failed bool, err error) {
+// A failed write moves the queue pair to ERR and closes conn.
+//
+// rx is the receiver, when it is the caller: it writes without blocking
+// (a peer that is not reading must never stop it, as the peer's receiver
+// may be waiting to write to us too), and what the kernel's send queue
+// did not take is the writer's to finish (partial), before anyone writes
+// anything else; it delivers the completions of the Early requests it
+// wrote (Queue) before it waits. Others hand those to a delivery under
+// way, or Run's goroutine (Hand). Batches with a Read response to
+// compress are the writer's (compressing while writing blocks).
+func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving) (wrote, failed bool, err error) {
+	if q.partial {
+		if direct || rx != nil {
+			return false, false, nil
+		}
+		if err = q.finishPartial(conn); err != nil {
+			return true, true, err
+		}
+		wrote = true
+	}
 	q.Mu.Lock()
 	failed = q.StateLocked() == verbs.QPError
-	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) {
+	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) ||
+		rx != nil && (q.writerGone || compressing(q.ctrl)) {
 		q.Mu.Unlock()
-		return false, failed, nil
+		return wrote, failed, nil
 	}
 	ctrl := q.ctrl
 	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
@@ -101,26 +123,61 @@ func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, fa
 	}
 	q.Mu.Unlock()
 	if len(ctrl) == 0 && len(reqs) == 0 {
-		return false, failed, nil
+		return wrote, failed, nil
 	}
 	// Reference the regions whose bytes go out; a request whose region was
 	// deregistered ends the batch and the queue pair (a local protection
 	// error), after the requests before it are sent.
-	send := reqs
-	var bad *softrc.SendWR
-	var badRegion *softrc.Region
+	b := written{ctrl: ctrl, reqs: reqs, send: reqs}
 	for i, w := range reqs {
 		if payloadBytes(w) == 0 {
 			continue
 		}
 		if r, ok := w.Vec.Acquire(); !ok {
-			send, bad, badRegion = reqs[:i], w, r
+			b.send, b.bad, b.badRegion = reqs[:i], w, r
 			break
 		}
 	}
-	err = q.batch.write(conn, ctrl, send, q.maxInline)
+	var try syscall.RawConn
+	if rx != nil {
+		try = rx.raw
+	}
+	err = q.batch.write(conn, ctrl, b.send, q.maxInline, try)
+	if err == errPartial {
+		q.partial, q.written = true, b
+		softrc.Signal(q.wakeWriter)
+		return true, failed, nil
+	}
+	q.endBatch(conn, &b, err, rx != nil)
+	return true, failed, err
+}
+
+// written is a batch of frames handed to the kernel, or, while partial,
+// in part: what to release and complete once it is all written.
+type written struct {
+	ctrl      []ctrlFrame
+	reqs      []*softrc.SendWR
+	send      []*softrc.SendWR // reqs up to bad
+	bad       *softrc.SendWR   // a request whose region was deregistered
+	badRegion *softrc.Region
+}
+
+// finishPartial writes what the receiver left of its batch (partial),
+// blocking; the caller holds writeMu.
+func (q *queuePair) finishPartial(conn net.Conn) error {
+	err := q.batch.finish(conn)
+	b := q.written
+	q.partial, q.written = false, written{}
+	q.endBatch(conn, &b, err, false)
+	return err
+}
+
+// endBatch releases what a batch referenced and completes its Early
+// requests, as it is written (err nil) or failed to be. delivers: see
+// writeQueued's rx.
+func (q *queuePair) endBatch(conn net.Conn, b *written, err error, delivers bool) {
 	early := false
-	for _, w := range send {
+	for _, w := range b.send {
 		if payloadBytes(w) > 0 {
 			w.Vec.Release()
 		}
@@ -130,24 +187,34 @@ func (q *queuePair) writeQueued(conn net.Conn, direct, delivers bool) (wrote, fa
 		if h := afterEarlyWrite; h != nil {
 			h()
 		}
-		q.completeEarly(send, delivers)
+		q.completeEarly(b.send, delivers)
 	}
-	for i := range ctrl {
-		ctrl[i].use.Release()
+	for i := range b.ctrl {
+		b.ctrl[i].use.Release()
 	}
-	if bad != nil {
+	if b.bad != nil {
 		q.Mu.Lock()
-		bad.LocalErr = true
+		b.bad.LocalErr = true
 		q.Mu.Unlock()
-		q.Fail(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", bad.Op, bad.ID, badRegion.LocalKey()))
+		q.Fail(verbs.StatusFlushed, q.Errorf("%v %d: local region %#x was deregistered", b.bad.Op, b.bad.ID, b.badRegion.LocalKey()))
 	}
 	if err != nil {
 		q.Fail(verbs.StatusTransport, q.Errorf("writing to the peer: %w", err))
 		conn.Close()
 	}
-	clear(ctrl)
-	clear(reqs)
-	return true, failed, err
+	clear(b.ctrl)
+	clear(b.reqs)
+}
+
+// compressing reports whether a control frame of ctrl is a Read response
+// to compress.
+func compressing(ctrl []ctrlFrame) bool {
+	for i := range ctrl {
+		if ctrl[i].compress.Codec != verbs.CodecNone {
+			return true
+		}
+	}
+	return false
 }
 
 // afterEarlyWrite, set by tests, runs between writing a batch with Early
@@ -229,25 +296,23 @@ func (q *queuePair) holdEarly() {
 
 // releaseHeld ends holdEarly, and the receiver's busy spell (rxBusy), as
 // the receiver is about to wait for the next frame, writing what was
-// held back: itself, on the terms of
-// flushAcks (nobody else writing, room in the kernel's send queue), else
-// through the writer. The completions of what it wrote are the
+// held back: itself, when nobody else is writing (writeQueued's rx:
+// without blocking, what the kernel does not take left to the writer),
+// else through the writer. The completions of what it wrote are the
 // receiver's to deliver (it does, before it waits).
-func (q *queuePair) releaseHeld(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
+func (r *receiving) releaseHeld() {
+	q := r.q
 	q.Mu.Lock()
 	q.holding = false
 	q.rxBusy.Store(false)
-	held, n := q.held, q.sendqBytes+q.ctrlBytes+(len(q.Sendq)+len(q.ctrl))*headerSize
+	held := q.held
 	q.held = false
 	q.Mu.Unlock()
 	if !held {
 		return
 	}
-	if raw != nil && q.writeMu.TryLock() {
-		wrote := false
-		if sendQueueRoom(raw, n, sndbuf) {
-			wrote, _, _ = q.writeQueued(conn, false, true)
-		}
+	if r.raw != nil && q.writeMu.TryLock() {
+		wrote, _, _ := q.writeQueued(r.conn, false, r)
 		q.writeMu.Unlock()
 		if wrote {
 			return
@@ -294,7 +359,9 @@ type frameBatch struct {
 	bufs  net.Buffers
 	// out is what WriteTo consumes (it advances the slice it is called
 	// on): a field, so that the call does not move a local to the heap.
+	// After flushNow's errPartial, what is left for finish.
 	out net.Buffers
+	iov []iovec // writeNow's
 }
 
 // cut ends an arena segment at end and follows it with an external payload.
@@ -340,7 +407,11 @@ func (b *frameBatch) addVec(h *header, v softrc.Vec, n, inline int) {
 	}
 }
 
-func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendWR, inline int) error {
+// write writes the frames of ctrl and reqs, in one writev where it can.
+// With try set (the receiver) it writes without blocking, and reports
+// errPartial when the kernel took less than all: the rest waits in the
+// batch for finish. try is never set for a Read response to compress.
+func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendWR, inline int, try syscall.RawConn) error {
 	b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
 	if raceEnabled {
 		inline = math.MaxInt // see race.go
@@ -406,17 +477,18 @@ func (b *frameBatch) write(conn net.Conn, ctrl []ctrlFrame, reqs []*softrc.SendW
 		}
 		b.addVec(&h, w.Vec, w.N, inline)
 	}
+	if try != nil {
+		return b.flushNow(try)
+	}
 	return b.flush(conn)
 }
 
-// flush writes what the batch holds and empties it.
-func (b *frameBatch) flush(conn net.Conn) error {
-	defer func() {
-		b.arena, b.cuts, b.bufs = b.arena[:0], b.cuts[:0], b.bufs[:0]
-	}()
-	if len(b.arena) == 0 && len(b.cuts) == 0 {
-		return nil
-	}
+// errPartial: a write without blocking (frameBatch.flushNow) left part
+// of the batch for finish.
+var errPartial = errors.New("tcp: batch written in part")
+
+// gather lists the batch's segments in order in bufs.
+func (b *frameBatch) gather() {
 	start := 0
 	for _, c := range b.cuts {
 		if c.end > start {
@@ -428,6 +500,23 @@ func (b *frameBatch) flush(conn net.Conn) error {
 	if start < len(b.arena) {
 		b.bufs = append(b.bufs, b.arena[start:])
 	}
+}
+
+// reset empties the batch, dropping its references to user memory.
+func (b *frameBatch) reset() {
+	clear(b.bufs)
+	for i := range b.cuts {
+		b.cuts[i].ext = nil
+	}
+	b.arena, b.cuts, b.bufs, b.out = b.arena[:0], b.cuts[:0], b.bufs[:0], nil
+}
+
+// flush writes what the batch holds and empties it.
+func (b *frameBatch) flush(conn net.Conn) error {
+	if len(b.arena) == 0 && len(b.cuts) == 0 {
+		return nil
+	}
+	b.gather()
 	var err error
 	if raceEnabled {
 		// One plain write, which the race detector annotates; writev is
@@ -436,13 +525,67 @@ func (b *frameBatch) flush(conn net.Conn) error {
 	} else {
 		b.out = b.bufs
 		_, err = b.out.WriteTo(conn)
-		b.out = nil
 	}
-	clear(b.bufs) // drop references to user memory
-	for i := range b.cuts {
-		b.cuts[i].ext = nil
-	}
+	b.reset()
 	return err
+}
+
+// flushNow writes what the batch holds as far as the kernel's send queue
+// takes it without blocking; errPartial leaves the rest in out for
+// finish, else the batch is emptied.
+func (b *frameBatch) flushNow(raw syscall.RawConn) error {
+	if len(b.arena) == 0 && len(b.cuts) == 0 {
+		return nil
+	}
+	b.gather()
+	b.out = b.bufs
+	for consume(&b.out, 0); len(b.out) > 0; {
+		n, asked, err := writeNow(raw, b.out, &b.iov)
+		if err != nil {
+			b.reset()
+			return err
+		}
+		consume(&b.out, n)
+		if n < asked {
+			return errPartial // the kernel's send queue is full
+		}
+	}
+	b.reset()
+	return nil
+}
+
+// writeNowCap, set by tests, bounds the bytes each writeNow writes, of
+// how many it is offered: the kernel's send queue is full past them.
+var writeNowCap func(asked int) int
+
+// finish writes, blocking, what flushNow left, and empties the batch.
+func (b *frameBatch) finish(conn net.Conn) error {
+	var err error
+	for len(b.out) > 0 && err == nil {
+		if raceEnabled {
+			// See flush: one plain write at a time.
+			var n int
+			n, err = conn.Write(b.out[0])
+			consume(&b.out, n)
+			continue
+		}
+		_, err = b.out.WriteTo(conn)
+	}
+	b.reset()
+	return err
+}
+
+// consume drops the first n bytes of v.
+func consume(v *net.Buffers, n int) {
+	for len(*v) > 0 {
+		l := len((*v)[0])
+		if n < l {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= l
+		*v = (*v)[1:]
+	}
 }
 
 // receiver reads frames and applies them in order. After a fatal error it
@@ -472,8 +615,7 @@ type receiving struct {
 	q        *queuePair
 	conn     net.Conn
 	br       *bufio.Reader
-	raw      syscall.RawConn
-	sndbuf   int // the send buffer's size, as sendQueueRoom last read it
+	raw      syscall.RawConn // nil: the receiver never writes
 	draining bool
 	holding  bool // holdEarly is on
 	// err and fatal are the last frame's outcome (apply's), which the
@@ -526,8 +668,8 @@ func (r *receiving) loop(afterDeliver bool) {
 		if br.Buffered() == 0 {
 			// The next read may wait.
 			r.holding = false
-			q.releaseHeld(r.conn, r.raw, &r.sndbuf)
-			q.flushAcks(r.conn, r.raw, &r.sndbuf)
+			r.releaseHeld()
+			r.flushAcks()
 			if q.DeliverFrom(r.resume) {
 				return // (the completions of Early requests written here)
 			}
@@ -947,13 +1089,12 @@ func (q *queuePair) owedAcks() (any, urgent bool) {
 
 // flushAcks writes the delayed acknowledgements no frame took, as the
 // receiver is about to wait for the next frame: itself, on the direct
-// path's terms (see writeQueued), when nobody is writing and the kernel's
-// send queue has room for the batch (so that the receiver never blocks on
-// a peer that is not reading: the peer's receiver may be waiting to write
-// to us too); else the writer is woken for them. When all of them are
-// lazy, it only makes sure that the lazy-ack sweeper looks at them. Never are they
-// left unsent.
-func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
+// path's terms (see writeQueued), when nobody is writing (without
+// blocking: writeQueued's rx); else the writer is woken for them. When
+// all of them are lazy, it only makes sure that the lazy-ack sweeper
+// looks at them. Never are they left unsent.
+func (r *receiving) flushAcks() {
+	q := r.q
 	if any, urgent := q.owedAcks(); !urgent {
 		if any {
 			q.armLazyAcks()
@@ -970,11 +1111,8 @@ func (q *queuePair) flushAcks(conn net.Conn, raw syscall.RawConn, sndbuf *int) {
 		}
 		return
 	}
-	if raw != nil && q.writeMu.TryLock() {
-		wrote := false
-		if sendQueueRoom(raw, directMaxQueued+maxDelayedAcks*headerSize, sndbuf) {
-			wrote, _, _ = q.writeQueued(conn, true, true)
-		}
+	if r.raw != nil && q.writeMu.TryLock() {
+		wrote, _, _ := q.writeQueued(r.conn, true, r)
 		q.writeMu.Unlock()
 		if wrote {
 			return

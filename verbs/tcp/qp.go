@@ -44,6 +44,13 @@ type queuePair struct {
 	// its holder.
 	writeMu sync.Mutex
 	batch   frameBatch
+	// partial: the receiver wrote batch in part (writeQueued's rx); the
+	// writer finishes it, and ends written, before anything else is
+	// written. writerGone: the writer has returned; the receiver writes
+	// no more. Guarded by writeMu.
+	partial    bool
+	written    written
+	writerGone bool
 
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet taken by the writer, its Inflight those taken and waiting for
@@ -212,7 +219,7 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	conn := q.ConnLocked()
 	q.Mu.Unlock()
 	if q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(conn, true, false)
+		wrote, _, _ := q.writeQueued(conn, true, nil)
 		q.writeMu.Unlock()
 		if wrote {
 			return // or failed: the requests are posted, the flush completes them

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1062,5 +1064,168 @@ func TestReadAnsweredBeforeAnEarlyRequestCompletes(t *testing.T) {
 	}
 	if !bytes.Equal(amem[:1024], bmem[:1024]) {
 		t.Error("the Read brought other bytes")
+	}
+}
+
+// TestReceiverWritesInPart: the receiver writes what it holds without
+// blocking, and when the kernel's send queue takes only part of it (here
+// 1,000 bytes of each write, writeNowCap), the writer finishes the rest
+// before anything posted after it: the Written bytes arrive whole, before
+// the answer posted behind them, and a Send posted meanwhile from another
+// goroutine (the direct path) after both.
+func TestReceiverWritesInPart(t *testing.T) {
+	defer leakcheck.Check(t)
+	var partial atomic.Int64
+	writeNowCap = func(asked int) int {
+		if asked > 1000 {
+			partial.Add(1)
+		}
+		return 1000
+	}
+	defer func() { writeNowCap = nil }()
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	const n = 4 * directMaxQueued
+	src := make([]byte, n+24) // the Write's bytes, the answer, the Send after it, b's receive
+	dst := make([]byte, n+24) // the Write's bytes, a's two receives, a's Send
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: dst}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.qp.Grant(amr, 0, n, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Revoke()
+	bq := b.qp.(*queuePair)
+	held := make(chan bool, 1)
+	done, stop := runDelivering(b.cq, func(verbs.Completion) {
+		err := b.qp.PostSend(
+			verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
+			verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
+		if err != nil {
+			t.Error(err)
+		}
+		bq.Mu.Lock()
+		h := bq.held
+		bq.Mu.Unlock()
+		held <- h
+	})
+	defer stop()
+	for try := 0; try < 20 && partial.Load() == 0; try++ {
+		for i := range src[:n] {
+			src[i] = byte(i*7 + try)
+		}
+		copy(src[n:], fmt.Sprintf("answer%02d", try))
+		copy(src[n+8:], fmt.Sprintf("after %02d", try))
+		if err := b.qp.PostRecv(verbs.RecvRequest{ID: 9, Local: verbs.Local{Region: bmr, Offset: n + 16, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			if err := a.qp.PostRecv(verbs.RecvRequest{ID: uint64(20 + i), Local: verbs.Local{Region: amr, Offset: n + 8*i, Length: 8}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.qp.PostSend(verbs.SendRequest{ID: 7, Op: verbs.OpSend, Local: verbs.Local{Region: amr, Offset: n + 16, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		<-held
+		// Posted as the receiver writes the held Write and answer, or
+		// after: it must arrive after them either way.
+		if err := b.qp.PostSend(verbs.SendRequest{ID: 3, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n + 8, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // a's Send, and its two receives
+			c, ok := waitCompletion(t, a.cq, 10*time.Second)
+			if !ok || c.Status != verbs.StatusSuccess {
+				t.Fatalf("try %d: a's completion: %+v, %v", try, c, ok)
+			}
+			if c.Op != verbs.OpRecv {
+				continue
+			}
+			if !bytes.Equal(dst[:n], src[:n]) {
+				t.Fatalf("try %d: a receive completed before the bytes Written ahead of it", try)
+			}
+			i := int(c.ID - 20)
+			want := []string{"answer", "after "}[i]
+			if got := string(dst[n+8*i : n+8*i+6]); got != want {
+				t.Fatalf("try %d: receive %d got %q, want %q (out of order)", try, i, got, want)
+			}
+		}
+		for range 4 { // b's receive, Write, answer and Send
+			select {
+			case c := <-done:
+				if c.Status != verbs.StatusSuccess {
+					t.Fatalf("try %d: b's completion %+v", try, c)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("try %d: b's requests did not complete", try)
+			}
+		}
+	}
+	if partial.Load() == 0 {
+		t.Error("in 20 tries the receiver never wrote a held Write in part")
+	}
+}
+
+// TestNothingWrittenPastAPartialBatch: while the receiver's batch is
+// written in part, neither a poster (the direct path) nor the receiver
+// writes anything: the writer finishes the batch first.
+func TestNothingWrittenPastAPartialBatch(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	bq := b.qp.(*queuePair)
+	mem := make([]byte, 8)
+	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: mem}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: make([]byte, 8)}, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: amr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	bq.writeMu.Lock()
+	bq.Mu.Lock()
+	bq.Sendq = append(bq.Sendq, &softrc.SendWR{}) // stands for a posted request
+	queued := len(bq.Sendq)
+	conn := bq.ConnLocked()
+	bq.Mu.Unlock()
+	bq.partial = true
+	for _, c := range []struct {
+		name   string
+		direct bool
+		rx     *receiving
+	}{{"a poster", true, nil}, {"the receiver", false, &receiving{q: bq, conn: conn}}, {"the receiver's acks", true, &receiving{q: bq, conn: conn}}} {
+		if wrote, _, _ := bq.writeQueued(conn, c.direct, c.rx); wrote {
+			t.Errorf("%s wrote past a batch written in part", c.name)
+		}
+	}
+	bq.Mu.Lock()
+	if len(bq.Sendq) != queued {
+		t.Errorf("the send queue went from %d requests to %d", queued, len(bq.Sendq))
+	}
+	bq.Sendq = bq.Sendq[:queued-1]
+	bq.Mu.Unlock()
+	bq.partial = false
+	bq.writeMu.Unlock()
+	// The queue pair still works.
+	if err := b.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := waitCompletion(t, a.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+		t.Fatalf("a's receive: %+v, %v", c, ok)
+	}
+	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+		t.Fatalf("b's Send: %+v, %v", c, ok)
 	}
 }
