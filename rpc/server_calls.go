@@ -469,25 +469,37 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 func (s *Server) requestTensors(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.CallRequest) ([]*Tensor, error) {
 	ts := make([]*Tensor, len(req.Tensors))
 	errs := make([]error, len(req.Tensors))
+	pull := func(i int, m *pb.TensorMeta) {
+		buf, err := s.pull(ctx, ss, l, m, true)
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		ts[i], errs[i] = tensorOf(m, buf)
+	}
+	// The tensors to Read are read at once, each in a goroutine but the
+	// last, which is read here (a Call of one tensor makes none).
 	var wg sync.WaitGroup
+	last := -1
 	for i, m := range req.Tensors {
 		var err error
 		if l == nil || m.GetLocation() == nil || m.TransferId != 0 {
 			ts[i], err = s.callTensor(ctx, ss, m, req.InlineData)
 		} else if err = checkMeta(m, s.opts.maxTensorBytes); err == nil {
-			wg.Go(func() {
-				buf, err := s.pull(ctx, ss, l, m, true)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				ts[i], errs[i] = tensorOf(m, buf)
-			})
+			if last >= 0 {
+				j := last
+				wg.Go(func() { pull(j, req.Tensors[j]) })
+			}
+			last = i
 		}
 		if err != nil {
 			errs[i] = err
+			last = -1 // nothing more is read
 			break
 		}
+	}
+	if last >= 0 {
+		pull(last, req.Tensors[last])
 	}
 	wg.Wait()
 	for _, err := range errs {
