@@ -714,7 +714,7 @@ func (q *queuePair) apply(h *header, br *bufio.Reader) (fatal bool, err error) {
 	case frameSend:
 		return q.applySend(h, br)
 	case frameReadReq:
-		return q.applyReadRequest(h), nil
+		return q.applyReadRequest(h, br.Buffered() == 0), nil
 	case frameReadResp:
 		return q.applyReadResponse(h, br)
 	case frameAck:
@@ -834,9 +834,10 @@ func (q *queuePair) applySend(h *header, br *bufio.Reader) (bool, error) {
 	return false, nil
 }
 
-// applyReadRequest queues the response to a Read; the writer sends the
+// applyReadRequest queues the response to a Read; the writer, or the
+// receiver before it waits when nothing more is read (last), sends the
 // region's bytes straight from memory.
-func (q *queuePair) applyReadRequest(h *header) bool {
+func (q *queuePair) applyReadRequest(h *header, last bool) bool {
 	use, buf, aerr := q.pd.Table.Remote(h.key, q.QP, h.addr, h.length, verbs.AccessRemoteRead)
 	if aerr != nil {
 		return q.refuse(h, verbs.StatusRemoteAccess, aerr)
@@ -845,6 +846,24 @@ func (q *queuePair) applyReadRequest(h *header) bool {
 	f := ctrlFrame{hdr: header{op: frameReadResp, seq: h.seq, length: h.length}, payload: buf, use: use}
 	if h.flags&flagCompress != 0 && q.compressOK.Load() {
 		f.compress = compressionOf(h.imm)
+		if last {
+			// Decided here, so that a response that goes as it is
+			// (zchunk.Stored) is the receiver's to write.
+			if plan := packFor(f.compress, buf); plan.Codec == zchunk.Stored {
+				f.hdr.imm = answerImm(plan)
+				f.compress = verbs.Compression{}
+			}
+		}
+	}
+	if last && f.compress.Codec == verbs.CodecNone {
+		// Nothing more read: the receiver writes the response itself
+		// before it waits (releaseHeld), without waking the writer.
+		q.Mu.Lock()
+		q.ctrl = append(q.ctrl, f)
+		q.ctrlBytes += len(f.payload)
+		q.held = true
+		q.Mu.Unlock()
+		return false
 	}
 	q.queueCtrl(f)
 	return false
@@ -868,6 +887,7 @@ func (q *queuePair) awaitCtrlRoom() {
 		if !full {
 			return
 		}
+		softrc.Signal(q.wakeWriter) // (some may be held for the receiver)
 		select {
 		case <-q.ctrlTaken:
 		case <-q.Errored:
