@@ -51,16 +51,13 @@ func TestExplainPaths(t *testing.T) {
 	const small, large, striped = 4 << 10, 1 << 20, 12 << 20
 	both := []explainCase{
 		{"fetch 4 KiB", explainFetch(small), explained{rpc.MovedInline, 0, 1}},
+		{"fetch 1 MiB", explainFetch(large), explained{rpc.MovedPulled, 1, 0}},
 		{"fetch 12 MiB (striped)", explainFetch(striped), explained{rpc.MovedPulled, 2, 0}},
 		{"send 4 KiB", explainSend(small), explained{rpc.MovedInline, 0, 1}},
 	}
 	cases := map[string][]explainCase{
-		rpc.TransportTCP: append(slices.Clone(both),
-			explainCase{"fetch 1 MiB", explainFetch(large), explained{rpc.MovedPulled, 1, 0}},
-			explainCase{"send 1 MiB of caller memory", explainSend(large), explained{rpc.MovedInPlace, 1, 0}}),
-		rpc.TransportSHM: append(slices.Clone(both),
-			explainCase{"fetch 1 MiB (striped: shm copies from engine.ShmStripeMin)", explainFetch(large), explained{rpc.MovedPulled, 2, 0}},
-			explainCase{"lease 1 MiB", explainFetch(large, rpc.Lease()), explained{rpc.MovedLeased, 0, 0}}),
+		rpc.TransportTCP: append(slices.Clone(both), explainCase{"send 1 MiB of caller memory", explainSend(large), explained{rpc.MovedInPlace, 1, 0}}),
+		rpc.TransportSHM: append(slices.Clone(both), explainCase{"lease 1 MiB", explainFetch(large, rpc.Lease()), explained{rpc.MovedLeased, 0, 0}}),
 		rpc.TransportGRPC: {
 			{"fetch 1 MiB", explainFetch(large), explained{rpc.MovedStream, 0, 1}},
 			{"fetch 1 MiB into caller memory", func(ctx context.Context, c *rpc.Client) error {

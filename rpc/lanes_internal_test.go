@@ -133,8 +133,8 @@ func expectNewSession(t *testing.T, c *Client, first, key string) {
 	}
 }
 
-// TestStripes: a transfer of engine.StripeMin bytes or more
-// (ShmStripeMin on shm) on a session with several lanes is read in parts over every lane (Fetch: the client's
+// TestStripes: a transfer of engine.StripeMin bytes or more on a session with
+// several lanes is read in parts over every lane (Fetch: the client's
 // lanes read; Send and Call: the server's), and arrives whole.
 func TestStripes(t *testing.T) {
 	for _, tr := range []string{TransportTCP, TransportSHM} {
@@ -159,9 +159,6 @@ func TestStripes(t *testing.T) {
 				}
 			}
 			n := engine.StripeMin + 3*engine.StripePart + 12345 // parts not a multiple of the page size
-			if tr == TransportSHM {
-				n = engine.ShmStripeMin + 2*engine.ShmStripePart + 12345 // shm's copies striped from 1 MiB
-			}
 			want := publishBytes(t, s, "big", n, 7)
 			before := reads(c.last.lanes)
 			got, err := c.Fetch(ctx, "big")

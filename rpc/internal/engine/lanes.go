@@ -175,36 +175,25 @@ func LeastBusy(lanes []*Link) *Link {
 // Stripes: a one-sided transfer of at least StripeMin bytes on a session
 // with several lanes is granted on every lane (Location.lanes), and its
 // reader splits it into parts of at least StripePart bytes, one per lane,
-// read at once. On shm, where each part is a copy the reader's thread
-// makes, from ShmStripeMin in parts of ShmStripePart: on 2 cores a 1 MiB
-// shm Fetch took a p50 of 108-180 µs in two parts against 336-422 µs
-// whole (the memcpy of 1 MiB: 215-276), 4 MiB 903-1168 against
-// 1502-1703 (benchmarks/RESULTS.md, session 22).
+// read at once.
 const (
-	StripeMin     = 8 << 20
-	StripePart    = 4 << 20
-	ShmStripeMin  = 1 << 20
-	ShmStripePart = 512 << 10
+	StripeMin  = 8 << 20
+	StripePart = 4 << 20
 )
 
-// Stripes is how many lanes a transfer of n bytes on d's links is split
-// across.
-func (d *Domain) Stripes(n, lanes int) int {
-	least, part := StripeMin, StripePart
-	if d != nil && d.Name == "shm" {
-		least, part = ShmStripeMin, ShmStripePart
-	}
-	if lanes < 2 || n < least {
+// Stripes is how many lanes a transfer of n bytes is split across.
+func Stripes(n, lanes int) int {
+	if lanes < 2 || n < StripeMin {
 		return 1
 	}
-	return min(lanes, n/part)
+	return min(lanes, n/StripePart)
 }
 
 // GrantLanes grants a striped transfer's n bytes on every lane with
 // grantOn (nil when it is not striped); lanes[at] reuses g, the grant on
 // the lane the location is sent on. On error nothing stays granted but g.
 func GrantLanes(lanes []*Link, at *Link, g verbs.Grant, n int, grantOn func(*Link) (verbs.Grant, error)) ([]verbs.Grant, []*pb.LaneRemote, error) {
-	if at.Domain.Stripes(n, len(lanes)) < 2 {
+	if Stripes(n, len(lanes)) < 2 {
 		return nil, nil, nil
 	}
 	var extra []verbs.Grant
@@ -324,7 +313,7 @@ func postLanes(ctx context.Context, op verbs.Opcode, l *Link, lanes []*Link, loc
 	local.Length -= skip
 	remote.Addr += uint64(skip)
 	n := local.Length
-	k := l.Domain.Stripes(n+skip, len(lanes))
+	k := Stripes(n+skip, len(lanes))
 	if len(striped) != len(lanes) || k < 2 {
 		c, err := l.postWait(ctx, verbs.SendRequest{Op: op, Local: local, Remote: remote, Compress: cz}, failed, true, nil)
 		return []verbs.Completion{c}, err
