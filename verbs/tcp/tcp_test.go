@@ -889,36 +889,9 @@ func TestLargeEarlyWriteGoesWithTheAnswer(t *testing.T) {
 	defer a.pd.Close()
 	defer b.pd.Close()
 	const n = 4 * directMaxQueued
-	src := make([]byte, n+8)
-	dst := make([]byte, n+8)
-	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: dst}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := a.qp.Grant(amr, 0, n, verbs.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Revoke()
-	bq := b.qp.(*queuePair)
-	held := make(chan bool, 1)
-	done, stop := runDelivering(b.cq, func(verbs.Completion) {
-		err := b.qp.PostSend(
-			verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
-			verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
-		if err != nil {
-			t.Error(err)
-		}
-		bq.Mu.Lock()
-		h := bq.held
-		bq.Mu.Unlock()
-		held <- h
-	})
-	defer stop()
+	w := writeThenAnswer(t, a, b, n, 8)
+	defer w.close()
+	src, dst, bmr, amr, held, done := w.src, w.dst, w.bmr, w.amr, w.held, w.done
 	sawHold := false
 	for try := 0; try < 20 && !sawHold; try++ {
 		for i := range src[:n] {
@@ -960,6 +933,55 @@ func TestLargeEarlyWriteGoesWithTheAnswer(t *testing.T) {
 	if any, _ := a.qp.(*queuePair).owedAcks(); any {
 		t.Fatal("a owes acknowledgements of requests sent without one")
 	}
+}
+
+// writeThenAnswer registers n+extra bytes on each end, grants a's first n
+// to b, and runs b's completions in the provider's delivery, where each
+// receive posts a Lazy Write of b's first n bytes into a's and, behind it,
+// a Lazy Send of the 8 bytes after them (the answer): Early requests,
+// held for the receiver while it is busy. held says, for each, whether
+// they were held.
+type earlyWrites struct {
+	src, dst []byte
+	bmr, amr verbs.MemoryRegion
+	held     chan bool
+	done     <-chan verbs.Completion
+	close    func()
+}
+
+func writeThenAnswer(t *testing.T, a, b end, n, extra int) *earlyWrites {
+	t.Helper()
+	w := &earlyWrites{src: make([]byte, n+extra), dst: make([]byte, n+extra), held: make(chan bool, 1)}
+	var err error
+	if w.bmr, err = b.pd.RegisterMemory(verbs.Memory{Bytes: w.src}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if w.amr, err = a.pd.RegisterMemory(verbs.Memory{Bytes: w.dst}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.qp.Grant(w.amr, 0, n, verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bq := b.qp.(*queuePair)
+	done, stop := runDelivering(b.cq, func(verbs.Completion) {
+		err := b.qp.PostSend(
+			verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: w.bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
+			verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: w.bmr, Offset: n, Length: 8}, LazyCompletion: true})
+		if err != nil {
+			t.Error(err)
+		}
+		bq.Mu.Lock()
+		h := bq.held
+		bq.Mu.Unlock()
+		w.held <- h
+	})
+	w.done = done
+	w.close = func() {
+		stop()
+		g.Revoke()
+	}
+	return w
 }
 
 // runDelivering runs cq's completions (verbs.CompletionRunner) in the
@@ -1087,36 +1109,11 @@ func TestReceiverWritesInPart(t *testing.T) {
 	defer a.pd.Close()
 	defer b.pd.Close()
 	const n = 4 * directMaxQueued
-	src := make([]byte, n+24) // the Write's bytes, the answer, the Send after it, b's receive
-	dst := make([]byte, n+24) // the Write's bytes, a's two receives, a's Send
-	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: dst}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := a.qp.Grant(amr, 0, n, verbs.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Revoke()
-	bq := b.qp.(*queuePair)
-	held := make(chan bool, 1)
-	done, stop := runDelivering(b.cq, func(verbs.Completion) {
-		err := b.qp.PostSend(
-			verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote(), LazyCompletion: true},
-			verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}, LazyCompletion: true})
-		if err != nil {
-			t.Error(err)
-		}
-		bq.Mu.Lock()
-		h := bq.held
-		bq.Mu.Unlock()
-		held <- h
-	})
-	defer stop()
+	// src: the Write's bytes, the answer, the Send after it, b's receive;
+	// dst: the Write's bytes, a's two receives, a's Send.
+	w := writeThenAnswer(t, a, b, n, 24)
+	defer w.close()
+	src, dst, bmr, amr, held, done := w.src, w.dst, w.bmr, w.amr, w.held, w.done
 	for try := 0; try < 20 && partial.Load() == 0; try++ {
 		for i := range src[:n] {
 			src[i] = byte(i*7 + try)
