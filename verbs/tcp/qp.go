@@ -40,8 +40,8 @@ type queuePair struct {
 	ctrlTaken  chan struct{} // one slot: the writer took the queued control frames
 
 	// writeMu is held by whoever writes frames to the connection: the
-	// writer goroutine or, on the direct path, a poster. batch belongs to
-	// its holder.
+	// writer goroutine, on the direct path a poster, or the receiver
+	// (writeQueued's rx). batch belongs to its holder.
 	writeMu sync.Mutex
 	batch   frameBatch
 	// partial: the receiver wrote batch in part (writeQueued's rx); the
