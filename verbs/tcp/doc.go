@@ -85,7 +85,8 @@
 // took the receiver writes before it waits for the next frame. The
 // receiver never blocks on a write: it writes what the socket's send
 // queue takes at once (up to 2 MiB), and the writer goroutine writes the
-// rest, before anything else; a Read's response, when nothing more was
+// rest, before anything else (so does a poster writing on an idle
+// connection, the direct path); a Read's response, when nothing more was
 // read, goes the same way, unless it is to be compressed. A
 // request-response exchange thus costs one write per direction and wakes
 // neither the writer nor a poller. A request marked LazyCompletion and

@@ -38,7 +38,7 @@ import (
 func (q *queuePair) writer(conn net.Conn) {
 	for {
 		q.writeMu.Lock()
-		wrote, failed, err := q.writeQueued(conn, false, nil)
+		wrote, failed, err := q.writeQueued(conn, false, nil, nil)
 		q.writeMu.Unlock()
 		if err != nil {
 			break
@@ -71,12 +71,13 @@ func (q *queuePair) writer(conn net.Conn) {
 	q.quiesce()
 }
 
-// directMaxQueued bounds the direct path, on which PostSend writes small
+// directMaxQueued bounds the direct path, on which PostSend writes
 // requests itself when the connection is nearly idle (at most one small
 // request in flight, the writer not busy), saving a goroutine hand-off on
 // each message of a round trip. Streams of requests go through the writer,
-// which batches them. The bound keeps PostSend from blocking on the
-// socket: a nearly idle connection has its send buffer free.
+// which batches them. It writes without blocking (writeQueued's try), so
+// it takes up to rxWriteMax bytes; where it cannot (no raw connection),
+// directMaxQueued, which a nearly idle connection's send buffer takes.
 const directMaxQueued = 16 << 10
 
 // writeQueued takes every queued frame and writes it; the caller holds
@@ -85,17 +86,20 @@ const directMaxQueued = 16 << 10
 // whether the queue pair is in ERR (then requests are left for the flush).
 // A failed write moves the queue pair to ERR and closes conn.
 //
-// rx is the receiver, when it is the caller: it writes without blocking
-// (a peer that is not reading must never stop it, as the peer's receiver
-// may be waiting to write to us too), and what the kernel's send queue
-// did not take is the writer's to finish (partial), before anyone writes
-// anything else; it delivers the completions of the Early requests it
-// wrote (Queue) before it waits. Others hand those to a delivery under
-// way, or Run's goroutine (Hand). Batches with a Read response to
-// compress are the writer's (compressing while writing blocks).
-func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving) (wrote, failed bool, err error) {
+// With try set (the receiver, and posters on the direct path) it writes
+// without blocking: a peer that is not reading must never stop the
+// receiver, as the peer's receiver may be waiting to write to us too,
+// nor a poster. What the kernel's send queue did not take is the
+// writer's to finish (partial), before anyone writes anything else.
+// Batches over rxWriteMax, and those with a Read response to compress
+// (compressing while writing blocks), are the writer's.
+//
+// rx is the receiver, when it is the caller: it delivers the completions
+// of the Early requests it wrote (Queue) before it waits. Others hand
+// those to a delivery under way, or Run's goroutine (Hand).
+func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try syscall.RawConn) (wrote, failed bool, err error) {
 	if q.partial {
-		if direct || rx != nil {
+		if direct || try != nil {
 			return false, false, nil
 		}
 		if err = q.finishPartial(conn); err != nil {
@@ -105,8 +109,12 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving) (wrot
 	}
 	q.Mu.Lock()
 	failed = q.StateLocked() == verbs.QPError
-	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > directMaxQueued || q.ctrlBytes > 0 || q.sendqBytes > directMaxQueued) ||
-		rx != nil && (q.writerGone || compressing(q.ctrl) || q.sendqBytes+q.ctrlBytes > rxWriteMax) {
+	bound := directMaxQueued
+	if try != nil {
+		bound = rxWriteMax
+	}
+	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > bound || q.ctrlBytes > 0 || q.sendqBytes > bound) ||
+		try != nil && (q.writerGone || compressing(q.ctrl) || q.sendqBytes+q.ctrlBytes > rxWriteMax) {
 		q.Mu.Unlock()
 		return wrote, failed, nil
 	}
@@ -138,10 +146,6 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving) (wrot
 			break
 		}
 	}
-	var try syscall.RawConn
-	if rx != nil {
-		try = rx.raw
-	}
 	err = q.batch.write(conn, ctrl, b.send, q.maxInline, try)
 	if err == errPartial {
 		q.partial, q.written = true, b
@@ -152,8 +156,8 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving) (wrot
 	return true, failed, err
 }
 
-// rxWriteMax bounds the payload bytes of a batch the receiver writes
-// itself (writeQueued's rx); larger ones are the writer's. On loopback a
+// rxWriteMax bounds the payload bytes of a batch the receiver or a
+// poster writes itself (writeQueued's try); larger ones are the writer's. On loopback a
 // 4 MiB landing written by the receiver went into the kernel in one
 // writev before the peer began to read (1.2 ms), where the writer's
 // first writev stopped sooner and the peer read while the rest went
@@ -322,7 +326,7 @@ func (r *receiving) releaseHeld() {
 		return
 	}
 	if r.raw != nil && q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(r.conn, false, r)
+		wrote, _, _ := q.writeQueued(r.conn, false, r, r.raw)
 		q.writeMu.Unlock()
 		if wrote {
 			return
@@ -1142,7 +1146,7 @@ func (r *receiving) flushAcks() {
 		return
 	}
 	if r.raw != nil && q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(r.conn, true, r)
+		wrote, _, _ := q.writeQueued(r.conn, true, r, r.raw)
 		q.writeMu.Unlock()
 		if wrote {
 			return

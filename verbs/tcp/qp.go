@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tensorrpc/tensorrpc/verbs"
@@ -51,6 +52,9 @@ type queuePair struct {
 	partial    bool
 	written    written
 	writerGone bool
+	// raw is the connection's, for writes that do not block (set by
+	// start under Mu; nil where the connection has none).
+	raw syscall.RawConn
 
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet taken by the writer, its Inflight those taken and waiting for
@@ -154,6 +158,9 @@ func (q *queuePair) start(conn net.Conn) {
 			tc.SetWriteBuffer(n)
 		}
 	}
+	if sc, ok := conn.(syscall.Conn); ok {
+		q.raw, _ = sc.SyscallConn()
+	}
 	q.active = 2
 	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize)) })
 }
@@ -216,10 +223,10 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 		q.Mu.Unlock()
 		return
 	}
-	conn := q.ConnLocked()
+	conn, raw := q.ConnLocked(), q.raw
 	q.Mu.Unlock()
 	if q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(conn, true, nil)
+		wrote, _, _ := q.writeQueued(conn, true, nil, raw)
 		q.writeMu.Unlock()
 		if wrote {
 			return // or failed: the requests are posted, the flush completes them

@@ -951,18 +951,9 @@ type earlyWrites struct {
 
 func writeThenAnswer(t *testing.T, a, b end, n, extra int) *earlyWrites {
 	t.Helper()
-	w := &earlyWrites{src: make([]byte, n+extra), dst: make([]byte, n+extra), held: make(chan bool, 1)}
-	var err error
-	if w.bmr, err = b.pd.RegisterMemory(verbs.Memory{Bytes: w.src}, verbs.AccessLocalWrite); err != nil {
-		t.Fatal(err)
-	}
-	if w.amr, err = a.pd.RegisterMemory(verbs.Memory{Bytes: w.dst}, verbs.AccessLocalWrite); err != nil {
-		t.Fatal(err)
-	}
-	g, err := a.qp.Grant(w.amr, 0, n, verbs.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := &earlyWrites{held: make(chan bool, 1)}
+	var g verbs.Grant
+	w.src, w.dst, w.bmr, w.amr, g = writable(t, a, b, n, extra)
 	bq := b.qp.(*queuePair)
 	done, stop := runDelivering(b.cq, func(verbs.Completion) {
 		err := b.qp.PostSend(
@@ -982,6 +973,39 @@ func writeThenAnswer(t *testing.T, a, b end, n, extra int) *earlyWrites {
 		g.Revoke()
 	}
 	return w
+}
+
+// writable registers n+extra bytes on each end (src on b, dst on a) and
+// grants a's first n to b, writable.
+func writable(t *testing.T, a, b end, n, extra int) (src, dst []byte, bmr, amr verbs.MemoryRegion, g verbs.Grant) {
+	t.Helper()
+	src, dst = make([]byte, n+extra), make([]byte, n+extra)
+	var err error
+	if bmr, err = b.pd.RegisterMemory(verbs.Memory{Bytes: src}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if amr, err = a.pd.RegisterMemory(verbs.Memory{Bytes: dst}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if g, err = a.qp.Grant(amr, 0, n, verbs.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	return src, dst, bmr, amr, g
+}
+
+// capWrites makes the kernel's send queue take at most max bytes of each
+// write without blocking (writeNowCap) for the rest of the test, and
+// counts the writes it cut short.
+func capWrites(t *testing.T, max int) *atomic.Int64 {
+	var cut atomic.Int64
+	writeNowCap = func(asked int) int {
+		if asked > max {
+			cut.Add(1)
+		}
+		return max
+	}
+	t.Cleanup(func() { writeNowCap = nil })
+	return &cut
 }
 
 // runDelivering runs cq's completions (verbs.CompletionRunner) in the
@@ -1097,14 +1121,7 @@ func TestReadAnsweredBeforeAnEarlyRequestCompletes(t *testing.T) {
 // goroutine (the direct path) after both.
 func TestReceiverWritesInPart(t *testing.T) {
 	defer leakcheck.Check(t)
-	var partial atomic.Int64
-	writeNowCap = func(asked int) int {
-		if asked > 1000 {
-			partial.Add(1)
-		}
-		return 1000
-	}
-	defer func() { writeNowCap = nil }()
+	partial := capWrites(t, 1000)
 	a, b := openPair(t, New())
 	defer a.pd.Close()
 	defer b.pd.Close()
@@ -1195,7 +1212,7 @@ func TestNothingWrittenPastAPartialBatch(t *testing.T) {
 	bq.Mu.Lock()
 	bq.Sendq = append(bq.Sendq, &softrc.SendWR{}) // stands for a posted request
 	queued := len(bq.Sendq)
-	conn := bq.ConnLocked()
+	conn, raw := bq.ConnLocked(), bq.raw
 	bq.Mu.Unlock()
 	bq.partial = true
 	for _, c := range []struct {
@@ -1203,7 +1220,7 @@ func TestNothingWrittenPastAPartialBatch(t *testing.T) {
 		direct bool
 		rx     *receiving
 	}{{"a poster", true, nil}, {"the receiver", false, &receiving{q: bq, conn: conn}}, {"the receiver's acks", true, &receiving{q: bq, conn: conn}}} {
-		if wrote, _, _ := bq.writeQueued(conn, c.direct, c.rx); wrote {
+		if wrote, _, _ := bq.writeQueued(conn, c.direct, c.rx, raw); wrote {
 			t.Errorf("%s wrote past a batch written in part", c.name)
 		}
 	}
@@ -1224,5 +1241,50 @@ func TestNothingWrittenPastAPartialBatch(t *testing.T) {
 	}
 	if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
 		t.Fatalf("b's Send: %+v, %v", c, ok)
+	}
+}
+
+// TestPosterWritesInPart: a poster on the direct path (an idle
+// connection, a goroutine of its own) writes without blocking too: with
+// the kernel taking 1,000 bytes a write (writeNowCap), its Write goes out
+// in part, the writer finishes it, and a Send posted behind it arrives
+// after its bytes.
+func TestPosterWritesInPart(t *testing.T) {
+	defer leakcheck.Check(t)
+	partial := capWrites(t, 1000)
+	a, b := openPair(t, New())
+	defer a.pd.Close()
+	defer b.pd.Close()
+	const n = 4 * directMaxQueued
+	src, dst, bmr, amr, g := writable(t, a, b, n, 8)
+	defer g.Revoke()
+	for try := range 3 {
+		for i := range src[:n] {
+			src[i] = byte(i*5 + try)
+		}
+		if err := a.qp.PostRecv(verbs.RecvRequest{ID: 8, Local: verbs.Local{Region: amr, Offset: n, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.qp.PostSend(verbs.SendRequest{ID: 1, Op: verbs.OpWrite, Local: verbs.Local{Region: bmr, Length: n}, Remote: g.Remote()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: bmr, Offset: n, Length: 8}}); err != nil {
+			t.Fatal(err)
+		}
+		c, ok := waitCompletion(t, a.cq, 10*time.Second)
+		if !ok || c.Status != verbs.StatusSuccess {
+			t.Fatalf("try %d: a's receive: %+v, %v", try, c, ok)
+		}
+		if !bytes.Equal(dst[:n], src[:n]) {
+			t.Fatalf("try %d: the Send arrived before the bytes Written ahead of it", try)
+		}
+		for range 2 {
+			if c, ok := waitCompletion(t, b.cq, 10*time.Second); !ok || c.Status != verbs.StatusSuccess {
+				t.Fatalf("try %d: b's completion: %+v, %v", try, c, ok)
+			}
+		}
+	}
+	if partial.Load() == 0 {
+		t.Error("the poster's Write was never written in part")
 	}
 }
