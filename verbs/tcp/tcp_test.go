@@ -689,7 +689,15 @@ func TestLazySendInADeliveryCompletesAsWritten(t *testing.T) {
 	if any, _ := b.qp.(*queuePair).owedAcks(); any {
 		t.Fatal("b owes an acknowledgement of a request sent without one")
 	}
-	// Outside a delivery: the lazy Send waits for what b sends back.
+	// Outside a delivery: the lazy Send waits for what b sends back. (The
+	// delivery above may still be ending after its handler's last call:
+	// a Send posted before it has is Early, as in the delivery.)
+	for aq := a.qp.(*queuePair); aq.SendCQ.Delivering(); {
+		if time.Now().After(deadline) {
+			t.Fatal("a's delivery of the first exchange never ended")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if err := b.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: bmr, Offset: 8, Length: 8}}); err != nil {
 		t.Fatal(err)
 	}
