@@ -614,10 +614,7 @@ func consume(v *net.Buffers, n int) {
 // (verbs.Detacher): the receiver then goes on in a new goroutine
 // (receiving.resume), and this one leaves once the reaction is done.
 func (q *queuePair) receiver(conn net.Conn, br *bufio.Reader) {
-	r := &receiving{q: q, conn: conn, br: br}
-	if sc, ok := conn.(syscall.Conn); ok {
-		r.raw, _ = sc.SyscallConn()
-	}
+	r := &receiving{q: q, conn: conn, br: br, raw: q.raw} // raw: set by start before this goroutine
 	r.cont = func() { r.loop(true) }
 	r.resume = func() { q.Continue(r.cont) }
 	r.loop(false)

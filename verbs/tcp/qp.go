@@ -45,10 +45,11 @@ type queuePair struct {
 	// (writeQueued's rx). batch belongs to its holder.
 	writeMu sync.Mutex
 	batch   frameBatch
-	// partial: the receiver wrote batch in part (writeQueued's rx); the
-	// writer finishes it, and ends written, before anything else is
-	// written. writerGone: the writer has returned; the receiver writes
-	// no more. Guarded by writeMu.
+	// partial: the receiver or a poster wrote batch in part
+	// (writeQueued's try); the writer finishes it, and ends written,
+	// before anything else is written. writerGone: the writer has
+	// returned; nobody writes without blocking any more. Guarded by
+	// writeMu.
 	partial    bool
 	written    written
 	writerGone bool
