@@ -375,7 +375,7 @@ type frameBatch struct {
 	// on): a field, so that the call does not move a local to the heap.
 	// After flushNow's errPartial, what is left for finish.
 	out net.Buffers
-	iov []iovec // writeNow's
+	now nowWriter
 }
 
 // cut ends an arena segment at end and follows it with an external payload.
@@ -554,7 +554,7 @@ func (b *frameBatch) flushNow(raw syscall.RawConn) error {
 	b.gather()
 	b.out = b.bufs
 	for consume(&b.out, 0); len(b.out) > 0; {
-		n, asked, err := writeNow(raw, b.out, &b.iov)
+		n, asked, err := b.now.write(raw, b.out)
 		if err != nil {
 			b.reset()
 			return err
@@ -568,7 +568,7 @@ func (b *frameBatch) flushNow(raw syscall.RawConn) error {
 	return nil
 }
 
-// writeNowCap, set by tests, bounds the bytes each writeNow writes, of
+// writeNowCap, set by tests, bounds the bytes each nowWriter.write writes, of
 // how many it is offered: the kernel's send queue is full past them.
 var writeNowCap func(asked int) int
 
