@@ -135,7 +135,8 @@ func (a *attacker) request(ctx context.Context, typ uint8, flags uint16, ref uin
 // reply waits for a response.
 func (a *attacker) reply(pc *engine.PendingCall, within time.Duration) (engine.FrameReply, bool) {
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		return r, true
 	case <-time.After(within):
 		return engine.FrameReply{}, false
@@ -151,7 +152,8 @@ func (a *attacker) replyCrediting(ctx context.Context, pc *engine.PendingCall, w
 	defer tick.Stop()
 	for {
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			return r, true
 		case <-deadline:
 			return engine.FrameReply{}, false
@@ -619,7 +621,7 @@ func TestAttackStalledClientAndGracefulStop(t *testing.T) {
 			if mode == "stopped-reader" {
 				// The client's polling goroutine blocks on the answer to
 				// this one: from then on it reads and reposts nothing.
-				block := &engine.PendingCall{Ch: make(chan engine.FrameReply), Want: wire.FrameFetchResp, Into: func(uint16) proto.Message { return &pb.FetchResponse{} }}
+				block := &engine.PendingCall{Ch: make(chan struct{}), Want: wire.FrameFetchResp, Into: func(uint16) proto.Message { return &pb.FetchResponse{} }}
 				a.l.Frames.Mu.Lock()
 				a.l.Frames.Pending[1<<50] = block
 				a.l.Frames.Mu.Unlock()
@@ -976,7 +978,8 @@ func endedOrAnswered(t *testing.T, s *Server, ss *serverSession, pc *engine.Pend
 	var answer *engine.FrameReply
 	waitFor(t, what, func() bool {
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			answer = &r
 		default:
 		}

@@ -652,7 +652,8 @@ func (c *Client) awaitReply(ctx context.Context, s *clientSession, l *engine.Lin
 		return r, nil
 	}
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		hold()
 		return r, nil
 	case <-ctx.Done():
@@ -665,7 +666,8 @@ func (c *Client) awaitReply(ctx context.Context, s *clientSession, l *engine.Lin
 		// an answer already here is the call's, whichever case select
 		// picked.
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			hold()
 			return r, nil
 		default:
@@ -725,8 +727,8 @@ func answerOr(m func() proto.Message) func(uint16) proto.Message {
 }
 
 // answer is an OK response's message: its body, or for an INDIRECT one
-// the transfer it names, read, released and decoded into m.
-func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, ref uint64, r engine.FrameReply, m proto.Message) (proto.Message, error) {
+// the transfer it names, read, released and decoded into a newMsg().
+func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, ref uint64, r engine.FrameReply, newMsg func() proto.Message) (proto.Message, error) {
 	if r.Flags&wire.FlagIndirect == 0 {
 		return r.Msg, nil
 	}
@@ -740,6 +742,7 @@ func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, r
 		c.releaseRef(s, ref)
 		return nil, err
 	}
+	m := newMsg()
 	err = proto.Unmarshal(t.Bytes(), m)
 	t.Release()
 	if err != nil {
@@ -748,6 +751,11 @@ func (c *Client) answer(ctx context.Context, s *clientSession, l *engine.Link, r
 	}
 	return m, nil
 }
+
+// What an indirect answer decodes into (answer's newMsg): made only for
+// one, not for every answer.
+func newFetchResponse() proto.Message { return &pb.FetchResponse{} }
+func newCallResponse() proto.Message  { return &pb.CallResponse{} }
 
 // responseTo is the response type of each request type.
 var responseTo = map[uint8]uint8{wire.FrameFetchReq: wire.FrameFetchResp, wire.FrameSendReq: wire.FrameSendResp, wire.FrameCallReq: wire.FrameCallResp}
@@ -779,7 +787,7 @@ func (c *Client) askFrame(ctx context.Context, s *clientSession, l *engine.Link,
 	if err := c.replyError(s, ref, r); err != nil {
 		return nil, err
 	}
-	m, err := c.answer(ctx, s, l, ref, r, &pb.FetchResponse{})
+	m, err := c.answer(ctx, s, l, ref, r, newFetchResponse)
 	if err != nil {
 		return nil, err
 	}
@@ -958,30 +966,40 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	return nil
 }
 
+// runAll calls each of fs.
+func runAll(fs []func()) {
+	for _, f := range fs {
+		f()
+	}
+}
+
 // callFrame is Call as a CALL_REQ: tensors inline while they fit a slot,
 // the rest granted to the server, which reads them all at once; one
 // CALL_RESP answers.
 func (c *Client) callFrame(ctx context.Context, s *clientSession, method string, req *Message) (*Message, error) {
 	l := s.lane()
-	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata}
+	creq := &pb.CallRequest{Method: method, Metadata: req.Metadata, Tensors: make([]*pb.TensorMeta, 0, len(req.Tensors))}
+	// What roundTrip holds until the answer (the grants of the request's
+	// tensors, the reply's landings): nil, no closure, when nothing.
 	var frees []func()
-	hold := func() {
-		for _, f := range frees {
-			f()
-		}
-	}
+	var hold func()
 	budget := engine.FrameInline(s.eager)
+	var idxs []uint32 // the inline indexes, one allocation for all
 	for _, t := range req.Tensors {
 		meta := metaOf("", t.Tensor, c.opts.checksums)
 		if n := len(t.Bytes()); n <= budget {
 			budget -= n
-			idx := uint32(len(creq.InlineData))
-			meta.InlineIndex = &idx
+			if idxs == nil {
+				idxs = make([]uint32, len(req.Tensors))
+			}
+			i := len(creq.InlineData)
+			idxs[i] = uint32(i)
+			meta.InlineIndex = &idxs[i]
 			creq.InlineData = append(creq.InlineData, t.Bytes())
 		} else {
 			loc, free, err := c.grantSource(ctx, s, l, outgoing{meta: meta, t: t})
 			if err != nil {
-				hold()
+				runAll(frees)
 				return nil, err
 			}
 			frees = append(frees, free)
@@ -989,13 +1007,18 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 		}
 		creq.Tensors = append(creq.Tensors, meta)
 	}
+	if len(frees) > 0 {
+		hold = func() { runAll(frees) }
+	}
 	lands := c.replyLandings(ctx, s, l, method)
 	if len(lands) > 0 {
 		creq.ReplyLandings = replyLocations(lands)
 		held := hold
 		hold = func() {
 			revokeAll(lands)
-			held()
+			if held != nil {
+				held()
+			}
 		}
 		defer doneAll(lands)
 	}
@@ -1006,7 +1029,7 @@ func (c *Client) callFrame(ctx context.Context, s *clientSession, method string,
 	if err := c.replyError(s, ref, r); err != nil {
 		return nil, err
 	}
-	m, err := c.answer(ctx, s, l, ref, r, &pb.CallResponse{})
+	m, err := c.answer(ctx, s, l, ref, r, newCallResponse)
 	if err != nil {
 		return nil, err
 	}

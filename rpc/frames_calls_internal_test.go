@@ -482,7 +482,7 @@ func TestAnswerBeforeDeath(t *testing.T) {
 	for i := range 100 {
 		ref := uint64(1<<40 + i)
 		pc := l.Frames.Expect(ref, wire.FrameSendResp, func(uint16) proto.Message { return &pb.SendResponse{} })
-		pc.Ch <- engine.FrameReply{Msg: &pb.SendResponse{}}
+		pc.Deliver(engine.FrameReply{Msg: &pb.SendResponse{}})
 		held := 0
 		r, err := c.awaitReply(ctxT(t), s, l, ref, pc, func() { held++ })
 		l.Frames.Forget(ref)

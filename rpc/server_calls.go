@@ -468,46 +468,73 @@ func (s *Server) releaseTransfers(ss *serverSession, ids []uint64) {
 // too.
 func (s *Server) requestTensors(ctx context.Context, ss *serverSession, l *engine.Link, req *pb.CallRequest) ([]*Tensor, error) {
 	ts := make([]*Tensor, len(req.Tensors))
-	errs := make([]error, len(req.Tensors))
-	pull := func(i int, m *pb.TensorMeta) {
-		buf, err := s.pull(ctx, ss, l, m, true)
-		if err != nil {
-			errs[i] = err
-			return
-		}
-		ts[i], errs[i] = tensorOf(m, buf)
-	}
-	// The tensors to Read are read at once, each in a goroutine but the
-	// last, which is read here (a Call of one tensor makes none).
-	var wg sync.WaitGroup
-	last := -1
+	// Every tensor is checked, and the inline ones taken, before anything
+	// is read.
+	located, last := 0, -1
 	for i, m := range req.Tensors {
 		var err error
-		if l == nil || m.GetLocation() == nil || m.TransferId != 0 {
+		if !toRead(l, m) {
 			ts[i], err = s.callTensor(ctx, ss, m, req.InlineData)
 		} else if err = checkMeta(m, s.opts.maxTensorBytes); err == nil {
-			if last >= 0 {
-				j := last
-				wg.Go(func() { pull(j, req.Tensors[j]) })
-			}
+			located++
 			last = i
 		}
-		if err != nil {
-			errs[i] = err
-			last = -1 // nothing more is read
-			break
-		}
-	}
-	if last >= 0 {
-		pull(last, req.Tensors[last])
-	}
-	wg.Wait()
-	for _, err := range errs {
 		if err != nil {
 			return ts, err
 		}
 	}
+	switch {
+	case located == 1:
+		// Read here: a Call of one tensor to read starts no goroutine
+		// and allocates nothing for the reading.
+		var err error
+		ts[last], err = s.pullTensor(ctx, ss, l, req.Tensors[last])
+		return ts, err
+	case located > 1:
+		return ts, s.pullTensors(ctx, ss, l, req.Tensors, ts)
+	}
 	return ts, nil
+}
+
+// toRead reports whether the request tensor m is read from the client's
+// memory: located, on a frame's lane l.
+func toRead(l *engine.Link, m *pb.TensorMeta) bool {
+	return l != nil && m.GetLocation() != nil && m.TransferId == 0
+}
+
+// pullTensor reads the located request tensor m from the client's memory.
+func (s *Server) pullTensor(ctx context.Context, ss *serverSession, l *engine.Link, m *pb.TensorMeta) (*Tensor, error) {
+	buf, err := s.pull(ctx, ss, l, m, true)
+	if err != nil {
+		return nil, err
+	}
+	return tensorOf(m, buf)
+}
+
+// pullTensors reads the tensors of metas to read (toRead) at once, each in a goroutine but the last, which is read here; the
+// first error, in the tensors' order, is returned once all reads ended.
+func (s *Server) pullTensors(ctx context.Context, ss *serverSession, l *engine.Link, metas []*pb.TensorMeta, ts []*Tensor) error {
+	errs := make([]error, len(metas))
+	var wg sync.WaitGroup
+	last := -1
+	for i, m := range metas {
+		if !toRead(l, m) {
+			continue
+		}
+		if last >= 0 {
+			j := last
+			wg.Go(func() { ts[j], errs[j] = s.pullTensor(ctx, ss, l, metas[j]) })
+		}
+		last = i
+	}
+	ts[last], errs[last] = s.pullTensor(ctx, ss, l, metas[last])
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // callTensor takes in one inline request tensor of a Call.

@@ -293,7 +293,9 @@ type QueuePair interface {
 	// PostSend posts Send, Write, WriteImm and Read work requests, in order,
 	// all or none: every request is checked first (opcode, segments against
 	// their regions and rights, limits, queue room) and an error means none
-	// was posted and no completion will come for any of them.
+	// was posted and no completion will come for any of them. The
+	// provider keeps no reference to wrs once PostSend returns (it may
+	// keep the memory their segments name, until their completions).
 	PostSend(wrs ...SendRequest) error
 	// PostRecv posts receive buffers for incoming Sends and WriteImms,
 	// all or none, as PostSend.

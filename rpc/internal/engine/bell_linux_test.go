@@ -125,7 +125,8 @@ func TestAwaitBellOneCaller(t *testing.T) {
 	}
 	answer(2)
 	select {
-	case r := <-second.Ch:
+	case <-second.Ch:
+		r := second.Reply()
 		wantBytes(t, r, true)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the second caller's answer never came")
@@ -267,11 +268,11 @@ func TestBellWaitAllocatesNothing(t *testing.T) {
 		t.Fatal("no eventfd")
 	}
 	defer b.close()
-	pc := &PendingCall{Ch: make(chan FrameReply, 1)}
+	pc := &PendingCall{Ch: make(chan struct{}, 1)}
 	ctx := context.Background()
 	dead := make(chan struct{})
 	allocs := testing.AllocsPerRun(200, func() {
-		pc.Ch <- FrameReply{}
+		pc.Deliver(FrameReply{})
 		b.ring()
 		if err := b.waitAnswer(pc, ctx, dead); err != nil {
 			t.Fatal(err)
@@ -292,15 +293,15 @@ func TestThreadBellRings(t *testing.T) {
 	if b == nil {
 		t.Fatal("no eventfd")
 	}
-	pc := &PendingCall{Ch: make(chan FrameReply, 1)}
+	pc := &PendingCall{Ch: make(chan struct{}, 1)}
 	dead := make(chan struct{})
 	waited := func(what string, ctx context.Context, dead <-chan struct{}, during func()) {
 		t.Helper()
 		waitEnds(t, what, func() error { return b.waitAnswer(pc, ctx, dead) }, during)
 	}
-	answer := func() { pc.Ch <- FrameReply{}; b.ring() }
+	answer := func() { pc.Deliver(FrameReply{}); b.ring() }
 	ctx := context.Background()
-	pc.Ch <- FrameReply{}
+	pc.Deliver(FrameReply{})
 	waited("answered before the wait", ctx, dead, func() {})
 	<-pc.Ch
 	for i := range 100 {

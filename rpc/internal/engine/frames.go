@@ -136,16 +136,29 @@ func AppendMessage(b []byte, msg proto.Message) ([]byte, error) {
 // stopped waiting, late holds what the caller leaves to do when the
 // response arrives or the link closes (revoke what it granted).
 type PendingCall struct {
-	Ch   chan FrameReply
-	Want uint8 // the response's type
-	Into func(flags uint16) proto.Message
-	late func()
+	// Ch receives once the answer is in (Deliver): Reply then has it. A
+	// channel of empty values is one allocation where one of FrameReply,
+	// which holds pointers, is two.
+	Ch    chan struct{}
+	reply FrameReply
+	Want  uint8 // the response's type
+	Into  func(flags uint16) proto.Message
+	late  func()
 	// bell, when set, is rung after the answer is in Ch (awaitBell).
 	bell atomic.Pointer[bell]
 	// tbell, when set, is rung instead: its caller is locked to its
 	// thread (awaitBell).
 	tbell atomic.Pointer[threadBell]
 }
+
+// Deliver hands pc its answer: once, by whoever took pc from Pending.
+func (pc *PendingCall) Deliver(r FrameReply) {
+	pc.reply = r
+	pc.Ch <- struct{}{} // buffered
+}
+
+// Reply is the answer Deliver gave, for one that received from Ch.
+func (pc *PendingCall) Reply() FrameReply { return pc.reply }
 
 // decodeReply decodes a response frame's body for pc.
 func (pc *PendingCall) decodeReply(flags uint16, body []byte) FrameReply {
@@ -211,7 +224,7 @@ func (l *Link) postSlot(i uint64) error {
 	if err != nil {
 		return err
 	}
-	return l.QP.PostRecv(verbs.RecvRequest{ID: i, Local: local})
+	return postRecv(l.QP, verbs.RecvRequest{ID: i, Local: local})
 }
 
 // releaseSlots frees the framing's buffers once the queue pair is closed.
@@ -334,7 +347,7 @@ func (l *Link) HandleFrame(b []byte) error {
 				pc.late()
 			}()
 		default:
-			pc.Ch <- pc.decodeReply(h.Flags, body) // buffered
+			pc.Deliver(pc.decodeReply(h.Flags, body))
 			if b := pc.bell.Load(); b != nil {
 				b.ring()
 			} else if b := pc.tbell.Load(); b != nil {
@@ -700,7 +713,7 @@ func (l *Link) FlushReleases(ctx context.Context) {
 // Expect registers a request awaiting the response frame of type want for
 // ref, whose body decodes into what into returns.
 func (f *Framing) Expect(ref uint64, want uint8, into func(flags uint16) proto.Message) *PendingCall {
-	pc := &PendingCall{Ch: make(chan FrameReply, 1), Want: want, Into: into}
+	pc := &PendingCall{Ch: make(chan struct{}, 1), Want: want, Into: into}
 	f.Mu.Lock()
 	f.Pending[ref] = pc
 	f.inflight.Store(int32(len(f.Pending)))

@@ -97,7 +97,8 @@ func TestFramesRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "bytes" {
 			t.Fatalf("answer: %+v", r)
 		}
@@ -124,7 +125,8 @@ func TestFramesWrongTypeAnswerFailsLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		t.Fatalf("the pending Fetch got an answer of another type: %+v", r)
 	case <-client.Dead:
 	case <-ctx.Done():
@@ -155,7 +157,8 @@ func TestFramesStrayAnswerIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		if r.Msg == nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "mine" {
 			t.Fatalf("answer: %+v", r)
 		}
@@ -266,7 +269,8 @@ func TestAbandonedPostDoesNotBlockCompletions(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case r := <-pc.Ch:
+	case <-pc.Ch:
+		r := pc.Reply()
 		if r.Bad != nil || r.Status != nil {
 			t.Fatalf("answer: %+v", r)
 		}
@@ -298,7 +302,8 @@ func TestPostFrame(t *testing.T) {
 			t.Fatalf("request %d: posted %v, %v", ref, posted, err)
 		}
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			if r.Bad != nil || r.Status != nil || string(r.Msg.(*pb.FetchResponse).InlineData) != "key" {
 				t.Fatalf("answer %d: %+v", ref, r)
 			}

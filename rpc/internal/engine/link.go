@@ -484,7 +484,7 @@ func (l *Link) postWait(ctx context.Context, wr verbs.SendRequest, onFail func()
 	}
 	l.Waiters[wr.ID] = w
 	l.Mu.Unlock()
-	if err := l.QP.PostSend(wr); err != nil {
+	if err := postSend(l.QP, &wr); err != nil {
 		l.Mu.Lock()
 		delete(l.Waiters, wr.ID)
 		l.Mu.Unlock()
@@ -568,7 +568,7 @@ func (l *Link) postWaiter(wr verbs.SendRequest, w *Waiter) error {
 	}
 	l.Waiters[wr.ID] = w
 	l.Mu.Unlock()
-	if err := l.QP.PostSend(wr); err != nil {
+	if err := postSend(l.QP, &wr); err != nil {
 		l.Mu.Lock()
 		_, ours := l.Waiters[wr.ID]
 		delete(l.Waiters, wr.ID)

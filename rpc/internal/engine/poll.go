@@ -66,7 +66,8 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 		// them all on every look (a tenth of the CPU of a 4 KiB shm
 		// Fetch, in runtime.lock2 and unlock2, on 2 CPUs).
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			return r, true
 		default:
 		}
@@ -75,7 +76,8 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 		}
 		if p.Poll() {
 			select {
-			case r := <-pc.Ch:
+			case <-pc.Ch:
+				r := pc.Reply()
 				return r, true
 			default:
 			}
@@ -177,7 +179,8 @@ func (l *Link) awaitBell(ctx context.Context, pc *PendingCall, watch time.Durati
 		// One-case selects, as in AwaitAnswer: the watch below looks
 		// many times, and a select of several cases locks them all.
 		select {
-		case r := <-pc.Ch:
+		case <-pc.Ch:
+			r := pc.Reply()
 			return r, true
 		default:
 		}
