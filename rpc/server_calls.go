@@ -352,11 +352,13 @@ func (s *Server) call(ctx context.Context, ss *serverSession, method string, met
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err() // released before it started
 	}
-	refund, err := s.chargeCall(ss, metas)
+	charged, err := s.chargeCall(ss, metas)
 	if err != nil {
 		return err
 	}
-	defer refund()
+	if charged > 0 {
+		defer ss.refund(charged)
+	}
 	ts, err := load(ctx)
 	in := &Message{Metadata: metadata, Tensors: ts}
 	defer in.Release()
@@ -389,12 +391,12 @@ func (s *Server) call(ctx context.Context, ss *serverSession, method string, met
 
 // chargeCall counts the request tensors a call brings into the server's
 // pool, inline and located ones, against the session's quota until the call ends, and
-// returns what refunds them. Several tensors may name the same inline
+// returns the bytes charged, for the caller to refund (ss.refund) then. Several tensors may name the same inline
 // bytes, each copied into a buffer of its own: without the charge, a few
 // kilobytes of request could hold the pool's whole limit.
-func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), error) {
+func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (int64, error) {
 	if ss == nil {
-		return func() {}, nil
+		return 0, nil
 	}
 	var n int64
 	for _, m := range metas {
@@ -406,12 +408,12 @@ func (s *Server) chargeCall(ss *serverSession, metas []*pb.TensorMeta) (func(), 
 		n += int64(min(m.ByteLength, uint64(s.opts.maxTensorBytes)+1))
 	}
 	if n == 0 {
-		return func() {}, nil
+		return 0, nil
 	}
 	if err := ss.charge(n, s.opts.sessionQuota); err != nil {
-		return nil, err
+		return 0, err
 	}
-	return func() { ss.refund(n) }, nil
+	return n, nil
 }
 
 // reply offers a handler's reply tensors to the client of the call named
