@@ -860,16 +860,59 @@ func (c *Client) ownPoolMemory(t *Tensor) bool {
 // transfer), described as a Location. A host tensor is granted from a
 // pool buffer holding it (its own when it is pool memory). free ends the
 // grants and drops the buffer.
+//
+// free is for what the peer has answered (or a request it never saw, or
+// a link that closed): no read of the peer can be under way, so it does
+// not wait for the peer to confirm the revocations (on shm a message
+// each way, which a Send of 64 KiB waited for, one more wake-up of its
+// caller), and the buffer goes back once they are complete.
 func (c *Client) grantSource(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free func(), err error) {
-	loc, free, _, err = c.grantSourceIn(ctx, s, l, out)
-	return loc, free, err
+	loc, f, _, err := c.grantSourceIn(ctx, s, l, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	return loc, f.later, nil
+}
+
+// grantFree ends a grantSource's grants and drops its buffer, once:
+// later, without waiting for the peer, or now, waiting until they are
+// ended (also when later began it).
+type grantFree struct {
+	once    sync.Once
+	ended   chan struct{}
+	g       verbs.Grant
+	extra   []verbs.Grant
+	release func()
+}
+
+func (f *grantFree) start(wait bool) {
+	f.once.Do(func() {
+		fin := func() {
+			f.release()
+			close(f.ended)
+		}
+		if wait {
+			f.g.Revoke()
+			engine.RevokeAll(f.extra)
+			fin()
+			return
+		}
+		engine.RevokeThen(f.g, f.extra, fin)
+	})
+}
+
+func (f *grantFree) later() { f.start(false) }
+
+func (f *grantFree) now() {
+	f.start(true)
+	<-f.ended
 }
 
 // grantSourceIn is grantSource, and reports whether it granted caller
-// memory in place: then free must run before the caller may reuse it,
-// even when the call is given up (it ends the grants, and waits for a
-// read of the peer under way).
-func (c *Client) grantSourceIn(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free func(), inPlace bool, err error) {
+// memory in place: then free.now must run before the caller may reuse
+// it, even when the call is given up (it ends the grants, and waits for
+// a read of the peer under way).
+func (c *Client) grantSourceIn(ctx context.Context, s *clientSession, l *engine.Link, out outgoing) (loc *pb.Location, free *grantFree, inPlace bool, err error) {
 	n := out.len()
 	grantOn := func(x *engine.Link) (verbs.Grant, error) {
 		return x.QP.Grant(out.region, out.offset, n, verbs.AccessRemoteRead)
@@ -908,11 +951,7 @@ func (c *Client) grantSourceIn(ctx context.Context, s *clientSession, l *engine.
 	}
 	r := g.Remote()
 	loc = &pb.Location{Transport: transportOf(s.transport), RegionId: region, RemoteKey: r.Key, Address: r.Addr, Length: uint64(n), Lanes: striped}
-	return loc, sync.OnceFunc(func() {
-		g.Revoke()
-		engine.RevokeAll(extra)
-		release()
-	}), inPlace, nil
+	return loc, &grantFree{ended: make(chan struct{}), g: g, extra: extra, release: release}, inPlace, nil
 }
 
 // sendFrame is Send as a SEND_REQ: the tensor inline, or granted to the
@@ -921,7 +960,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	l := s.lane()
 	req := &pb.SendRequest{Meta: out.meta, Rows: out.rows}
 	n := out.len()
-	free := func() {}
+	var free *grantFree
 	inPlace := false
 	if out.t != nil && n <= engine.FrameInline(s.eager) {
 		req.InlineData = out.t.Bytes()
@@ -932,7 +971,9 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 		}
 	}
 	hold := func() {
-		free()
+		if free != nil {
+			free.later() // answered, or never sent, or the link closed
+		}
 		out.finish()
 	}
 	r, ref, err := c.roundTrip(ctx, s, l, wire.FrameSendReq, 0, nil, sendRequestBody{req}, func(uint16) proto.Message { return &pb.SendResponse{} }, hold)
@@ -941,7 +982,7 @@ func (c *Client) sendFrame(ctx context.Context, s *clientSession, out outgoing) 
 	}
 	if err != nil {
 		if inPlace {
-			free() // the caller's memory is the caller's again when Send returns
+			free.now() // the caller's memory is the caller's again when Send returns
 		}
 		c.stats.errors.Add(1)
 		return err

@@ -72,33 +72,59 @@ func (t *Transfer) release() {
 // peer's confirmation. It reports false, having done nothing, when a
 // grant cannot.
 func (t *Transfer) finishAsync(done func()) bool {
-	grants := make([]verbs.AsyncRevoker, 0, 1+len(t.Stripes))
+	gs := make([]verbs.Grant, 0, 1+len(t.Stripes))
 	for _, g := range append([]verbs.Grant{t.Grant}, t.Stripes...) {
-		if g == nil {
-			continue
+		if g != nil {
+			gs = append(gs, g)
 		}
-		a, ok := g.(verbs.AsyncRevoker)
-		if !ok {
+	}
+	return revokeAsync(gs, func() {
+		t.release()
+		done()
+	})
+}
+
+// revokeAsync revokes every grant of gs without blocking, when each can be
+// revoked so (verbs.AsyncRevoker), and runs done once all revocations are
+// complete (at once when gs is empty), in whatever goroutine completed
+// the last; it reports false, having done nothing, when a grant cannot.
+func revokeAsync(gs []verbs.Grant, done func()) bool {
+	for _, g := range gs {
+		if _, ok := g.(verbs.AsyncRevoker); !ok {
 			return false
 		}
-		grants = append(grants, a)
 	}
-	if len(grants) == 0 {
-		t.release()
+	if len(gs) == 0 {
 		done()
 		return true
 	}
 	var left atomic.Int32
-	left.Store(int32(len(grants)))
-	for _, g := range grants {
-		g.RevokeAsync(func() {
+	left.Store(int32(len(gs)))
+	for _, g := range gs {
+		g.(verbs.AsyncRevoker).RevokeAsync(func() {
 			if left.Add(-1) == 0 {
-				t.release()
 				done()
 			}
 		})
 	}
 	return true
+}
+
+// RevokeThen revokes the grant g and the grants of extra, then runs done:
+// without waiting where every grant can be revoked so (verbs.AsyncRevoker;
+// done then runs once the last revocation completed, on shm when the
+// receiver reads the peer's confirmation), else here, after a Revoke of
+// each. For grants of a request whose answer came (or whose link
+// closed): no access by the peer can be under way, so nothing the caller
+// does next waits for the peer to confirm.
+func RevokeThen(g verbs.Grant, extra []verbs.Grant, done func()) {
+	gs := make([]verbs.Grant, 0, 1+len(extra))
+	gs = append(append(gs, g), extra...)
+	if revokeAsync(gs, done) {
+		return
+	}
+	RevokeAll(gs)
+	done()
 }
 
 // FinishAll finishes every transfer of ts.
