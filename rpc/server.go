@@ -55,13 +55,16 @@ type Server struct {
 	log  *slog.Logger
 	// sendPace is where small Sends run (see sendMode).
 	sendPace handlerPace
-	pool     *mempool.Pool
-	ownPool  bool
-	ctl      *mempool.Pool // the links' own buffers
-	grpc     *grpc.Server
-	rv       *rendezvous.Rendezvous
-	domains  map[string]*engine.Domain
-	missing  map[string]string // transport → why its device did not open
+	// readsFirst counts the Sends and Calls read first (postReadFirst),
+	// for tests.
+	readsFirst atomic.Int64
+	pool       *mempool.Pool
+	ownPool    bool
+	ctl        *mempool.Pool // the links' own buffers
+	grpc       *grpc.Server
+	rv         *rendezvous.Rendezvous
+	domains    map[string]*engine.Domain
+	missing    map[string]string // transport → why its device did not open
 
 	mu sync.Mutex
 	// handlers has its own lock: every call looks its method up, and must

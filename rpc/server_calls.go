@@ -504,8 +504,12 @@ func toRead(l *engine.Link, m *pb.TensorMeta) bool {
 	return l != nil && m.GetLocation() != nil && m.TransferId == 0
 }
 
-// pullTensor reads the located request tensor m from the client's memory.
+// pullTensor reads the located request tensor m from the client's memory
+// (or takes it, when callReadFirst read it already).
 func (s *Server) pullTensor(ctx context.Context, ss *serverSession, l *engine.Link, m *pb.TensorMeta) (*Tensor, error) {
+	if read, ok := ctx.Value(readFirstKey{}).(*readFirst); ok && read.m == m {
+		return read.result()
+	}
 	buf, err := s.pull(ctx, ss, l, m, true)
 	if err != nil {
 		return nil, err

@@ -36,13 +36,16 @@ import (
 // and otherwise in its own, and call may wait: if it takes long, the
 // link's receiving moves on to a new goroutine and leaves it behind.
 // pace, when not nil, hears how a RunRescued call run where its frame was
-// read went.
-func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, mode RunMode, pace Pacer, call func(refusal error, over func()) (handedOver bool)) {
+// read went. RunLater registers the call and returns start, which the
+// caller must call exactly once, when the call is to run: with here, as
+// RunRescued; without, in a goroutine of its own (start is nil when the
+// session has closed: call never runs).
+func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, mode RunMode, pace Pacer, call func(refusal error, over func()) (handedOver bool)) (start func(here bool)) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		cancel()
-		return
+		return nil
 	}
 	// A call of its own, so that the call's end unregisters only itself,
 	// not a later call of the same ref.
@@ -105,12 +108,19 @@ func (s *Session) Run(l *Link, ref uint64, cancel context.CancelFunc, mode RunMo
 		handedOver = call(refusal, over)
 	}
 	switch {
+	case mode == RunLater:
+		return func(here bool) {
+			if !here || !l.runHere(run, pace) {
+				go run()
+			}
+		}
 	case mode == RunInline:
 		run()
 	case mode == RunRescued && l.runHere(run, pace):
 	default:
 		go run()
 	}
+	return nil
 }
 
 // RunMode is where Session.Run runs a call.
@@ -120,6 +130,7 @@ const (
 	RunGoroutine RunMode = iota // in a goroutine of its own
 	RunInline                   // where its frame was read; it never waits
 	RunRescued                  // where its frame was read, left behind if it takes long
+	RunLater                    // registered now, run when the caller starts it (Run's start)
 )
 
 // frameCall is a call that arrived as a frame and is running.

@@ -549,6 +549,32 @@ func (l *Link) takeRoom(ctx context.Context) error {
 	}
 }
 
+// ReadAsync posts a Read of remote into local without waiting for it:
+// done runs with its error (nil when the bytes are in local) where
+// completions are handled, or at close, so it must never wait. It
+// reports false, having posted nothing (done does not run), when the
+// send queue has no room at once (see takeRoom) or the link has closed.
+// What a caller that would otherwise wait for the Read in a goroutine of
+// its own (PostWith) saves: that goroutine, and the wake-up of it when
+// the Read completes.
+func (l *Link) ReadAsync(local verbs.Local, remote verbs.Remote, done func(error)) bool {
+	select {
+	case l.room <- struct{}{}:
+	default:
+		return false
+	}
+	l.Reads.Add(1)
+	err := l.PostAsync(verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func(c verbs.Completion) {
+		<-l.room
+		done(CompletionStatus(c))
+	})
+	if err != nil {
+		<-l.room
+		return false
+	}
+	return true
+}
+
 // PostAsync posts one work request without waiting for it: done runs
 // with its completion (where completions are handled, see poll, or at
 // close), so it must never wait. On error the request was not posted
