@@ -16,8 +16,9 @@ import (
 // TestSendReadFirst: a plain Send whose tensor the server reads from the
 // client's memory is read as its frame arrives, and its call runs as the
 // Read completes, without a goroutine of its own (sendReadFirst): on tcp
-// below engine.MinCompressed (from there auto compression plans the
-// Read), on shm up to shmReadFirstMax. A Send with a deadline, or to a
+// up to a striped size (from engine.MinCompressed planned as auto
+// compression says, but for a Read that would probe the plane first), on
+// shm up to shmReadFirstMax. A Send with a deadline, or to a
 // server with an interceptor, is read as before, by its call. Either way what was sent is what is fetched, and
 // the pools are left empty (pair's cleanup).
 func TestSendReadFirst(t *testing.T) {
@@ -30,7 +31,7 @@ func TestSendReadFirst(t *testing.T) {
 	}{
 		{TransportTCP, 64 << 10, false, false, true},
 		{TransportTCP, 512 << 10, false, false, true},
-		{TransportTCP, 1 << 20, false, false, false}, // compression may apply: the Read is planned
+		{TransportTCP, 4 << 20, false, false, true}, // planned as auto compression says (after the first probes)
 		{TransportTCP, 64 << 10, true, false, false},
 		{TransportTCP, 64 << 10, false, true, false},
 		{TransportSHM, 64 << 10, false, false, true},

@@ -199,16 +199,17 @@ func (s *Server) framePlain(l *engine.Link, h wire.FrameHeader, hdr headers, bad
 }
 
 // readable reports whether m, a tensor to read, may be read first: on one
-// lane (not striped), well formed, nothing to compress (on a link with
-// compression, below engine.MinCompressed, from where its Read is
-// planned) and on shm (a verbs.Poller) at most shmReadFirstMax bytes.
+// lane (not striped), well formed, and on shm (a verbs.Poller) at most
+// shmReadFirstMax bytes. (On a link that compresses, postReadFirst's
+// Read is planned as ReadLanes plans it, except that one that would
+// probe first is not read first.)
 func (s *Server) readable(ss *serverSession, l *engine.Link, m *pb.TensorMeta) bool {
 	loc, n := m.Location, int(m.ByteLength)
 	if _, polled := l.QP.(verbs.Poller); polled && n > shmReadFirstMax {
 		return false
 	}
 	return n > 0 && checkMeta(m, s.opts.maxTensorBytes) == nil && loc.Length == m.ByteLength &&
-		loc.Transport == transportOf(ss.transport) && len(loc.Lanes) == 0 && (l.Squeeze == nil || n < engine.MinCompressed)
+		loc.Transport == transportOf(ss.transport) && len(loc.Lanes) == 0
 }
 
 // shmReadFirstMax bounds what shm reads first (readable): its Read is a
@@ -219,9 +220,10 @@ const shmReadFirstMax = 256 << 10
 
 // postReadFirst reads read.m from the client's memory, charged to the
 // session's quota meanwhile, and starts the registered call (start) as
-// the Read completes; when the pool has no memory at once, or the send
-// queue no room, it starts the call at once in a goroutine of its own,
-// which reads as usual (read.posted false).
+// the Read completes; when the pool has no memory at once, the send
+// queue no room, or the Read would probe the plane first
+// (engine.ReadPlanned), it starts the call at once in a goroutine of its
+// own, which reads as usual (read.posted false).
 func (s *Server) postReadFirst(ss *serverSession, l *engine.Link, read *readFirst, start func(here bool)) {
 	m := read.m
 	n := int(m.ByteLength)
@@ -245,7 +247,7 @@ func (s *Server) postReadFirst(ss *serverSession, l *engine.Link, read *readFirs
 	pulled := ss.Pulling()
 	read.posted = true
 	s.readsFirst.Add(1)
-	if !l.ReadAsync(local, verbs.Remote{Addr: m.Location.Address, Key: m.Location.RemoteKey}, func(err error) {
+	if !engine.ReadPlanned(context.Background(), l, local, verbs.Remote{Addr: m.Location.Address, Key: m.Location.RemoteKey}, func(err error) {
 		pulled()
 		ss.refund(int64(n))
 		if err == nil {

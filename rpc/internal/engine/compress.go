@@ -110,25 +110,42 @@ func CodecOf(ctx context.Context, mode verbs.Codec) verbs.Codec {
 // probes first, and whether it checks auto's choice: a read that auto
 // would have made that goes as it is (CodecNone), to be measured.
 func (c *Compression) plan(ctx context.Context, n int) (codec verbs.Codec, goodput float64, probe, check bool) {
+	codec, goodput, probe, check, _ = c.planned(ctx, n, true)
+	return codec, goodput, probe, check
+}
+
+// planNoProbe is plan for a read that cannot probe first (ReadPlanned):
+// ok false, and nothing planned, where plan would have it probe.
+func (c *Compression) planNoProbe(ctx context.Context, n int) (codec verbs.Codec, goodput float64, check, ok bool) {
+	codec, goodput, _, check, ok = c.planned(ctx, n, false)
+	return codec, goodput, check, ok
+}
+
+// planned is plan; without mayProbe, a read that would probe is not
+// planned at all (ok false).
+func (c *Compression) planned(ctx context.Context, n int, mayProbe bool) (codec verbs.Codec, goodput float64, probe, check, ok bool) {
 	if c == nil || n < MinCompressed {
-		return verbs.CodecNone, 0, false, false
+		return verbs.CodecNone, 0, false, false, true
 	}
 	codec = CodecOf(ctx, c.Mode)
 	if codec != verbs.CodecAuto {
-		return codec, 0, false, false
+		return codec, 0, false, false, true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.packed && !c.whole || c.recheck {
 		c.recheck = false
-		return verbs.CodecNone, c.goodput, false, true
+		return verbs.CodecNone, c.goodput, false, true, true
+	}
+	probe = n >= 2*probeBytes && (c.goodput == 0 || c.since+1 >= reprobeEvery)
+	if probe && !mayProbe {
+		return verbs.CodecNone, 0, false, false, false
 	}
 	c.since++
-	probe = n >= 2*probeBytes && (c.goodput == 0 || c.since >= reprobeEvery)
 	if probe {
 		c.since = 0
 	}
-	return codec, c.goodput, probe, false
+	return codec, c.goodput, probe, false, true
 }
 
 // observe updates the goodput from a read of n bytes that took took: as

@@ -134,3 +134,41 @@ func TestGoodputEstimate(t *testing.T) {
 	z.observe(measureMin-1, 0, time.Second, true)
 	near("a read too short to measure", rate(n/2, time.Millisecond))
 }
+
+// TestPlanNoProbe: a read that cannot probe first (ReadPlanned) is not
+// planned where plan would probe (nothing measured yet, or a probe due
+// again), and leaves the plan as it was, so that the read planned
+// instead (ReadLanes) still probes; otherwise it is planned as plan
+// plans it, and counts toward the next probe.
+func TestPlanNoProbe(t *testing.T) {
+	ctx := context.Background()
+	const n = 16 << 20
+	z := &Compression{Mode: verbs.CodecAuto}
+	if _, _, _, ok := z.planNoProbe(ctx, n); ok {
+		t.Fatal("planned with nothing measured")
+	}
+	if _, _, probe, _ := z.plan(ctx, n); !probe {
+		t.Fatal("the read after a refused one did not probe")
+	}
+	z.observe(probeBytes, 0, 2*time.Millisecond, false)
+	z.observe(n-probeBytes, 0, 4*time.Millisecond, true)
+	for i := 1; i < reprobeEvery; i++ {
+		codec, goodput, check, ok := z.planNoProbe(ctx, n)
+		if !ok || codec != verbs.CodecAuto || check || goodput <= 0 {
+			t.Fatalf("read %d: %v goodput %v check %v ok %v, want auto at the measured goodput", i, codec, goodput, check, ok)
+		}
+	}
+	if _, _, _, ok := z.planNoProbe(ctx, n); ok {
+		t.Fatalf("planned the %dth read, when a probe is due", reprobeEvery)
+	}
+	if _, _, probe, _ := z.plan(ctx, n); !probe {
+		t.Fatal("the due probe was lost")
+	}
+	// Below MinCompressed, or with a fixed codec, there is nothing to probe.
+	if codec, _, _, ok := z.planNoProbe(ctx, MinCompressed-1); !ok || codec != verbs.CodecNone {
+		t.Fatalf("a small read: %v ok %v, want none, planned", codec, ok)
+	}
+	if codec, _, _, ok := (&Compression{Mode: verbs.CodecS2}).planNoProbe(ctx, n); !ok || codec != verbs.CodecS2 {
+		t.Fatalf("s2: %v ok %v, want s2, planned", codec, ok)
+	}
+}

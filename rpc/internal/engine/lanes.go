@@ -295,6 +295,46 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 	return nil
 }
 
+// ReadPlanned is ReadLanes without waiting, for a read on l alone (not
+// striped) that needs no probe: done runs with its error where
+// completions are handled (see ReadAsync), after the read was measured
+// and reported as ReadLanes does (ctx, which must not be cancelled, is
+// the report's). It reports false, having posted nothing, where ReadAsync
+// would, and where auto compression would probe first (the plane not
+// measured yet, or due again).
+func ReadPlanned(ctx context.Context, l *Link, local verbs.Local, remote verbs.Remote, done func(error)) bool {
+	z := l.Squeeze
+	codec, goodput, check, ok := z.planNoProbe(ctx, local.Length)
+	if !ok {
+		return false
+	}
+	if codec == verbs.CodecNone && !check {
+		return l.ReadAsync(local, remote, done)
+	}
+	rep := ReadReport{Bytes: local.Length, Asked: codec, Checked: check, Goodput: goodput}
+	t0 := time.Now()
+	return l.readAsync(verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote, Compress: verbs.Compression{Codec: codec, Goodput: goodput}}, func(c verbs.Completion) {
+		err := CompletionStatus(c)
+		if err == nil {
+			rep.Sampled = c.Sampled
+			rep.Packed, rep.Wire = verbs.CodecNone, int64(c.Len)
+			if c.Packed != verbs.CodecNone {
+				rep.Packed, rep.Wire = c.Packed, int64(c.Wire)
+			}
+			if rep.Packed == verbs.CodecNone {
+				z.observe(local.Length, 0, time.Since(t0), true)
+			} else {
+				z.observe(local.Length, rep.Wire, time.Since(t0), true)
+			}
+			rep.Took = time.Since(t0)
+			if z.Report != nil {
+				z.Report(ctx, rep)
+			}
+		}
+		done(err)
+	})
+}
+
 // WriteLanes is ReadLanes the other way: it writes local into remote (a
 // destination the peer granted writable), striped over the lanes as
 // ReadLanes reads. When it returns nil the bytes are in place at the

@@ -558,15 +558,22 @@ func (l *Link) takeRoom(ctx context.Context) error {
 // its own (PostWith) saves: that goroutine, and the wake-up of it when
 // the Read completes.
 func (l *Link) ReadAsync(local verbs.Local, remote verbs.Remote, done func(error)) bool {
+	return l.readAsync(verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func(c verbs.Completion) {
+		done(CompletionStatus(c))
+	})
+}
+
+// readAsync is ReadAsync for the Read wr, done given its completion.
+func (l *Link) readAsync(wr verbs.SendRequest, done func(verbs.Completion)) bool {
 	select {
 	case l.room <- struct{}{}:
 	default:
 		return false
 	}
 	l.Reads.Add(1)
-	err := l.PostAsync(verbs.SendRequest{Op: verbs.OpRead, Local: local, Remote: remote}, func(c verbs.Completion) {
+	err := l.PostAsync(wr, func(c verbs.Completion) {
 		<-l.room
-		done(CompletionStatus(c))
+		done(c)
 	})
 	if err != nil {
 		<-l.room
