@@ -107,14 +107,14 @@ func (s *Server) serveFrame(ss *serverSession, l *engine.Link, h wire.FrameHeade
 }
 
 // sendReadFirst serves a SEND_REQ whose tensor the server reads from the
-// client's memory by reading it first, without waiting (readFirst.post):
+// client's memory by reading it first, without waiting (postReadFirst):
 // the call is registered with the session (Session.Run, RunLater), the
 // Read posted here, and the call runs as the Read's completion is
 // handled (where it was delivered, as RunRescued), which saves the
 // goroutine of its own a call that reads runs in (sendMode) and the
-// wake-up of that goroutine when its Read completes: a 64 KiB Send's
-// hand-offs 7.3 -> 5.1 on tcp, 1.1 -> 0.06 on shm, and its idle-P
-// starts under GOMAXPROCS=16 4.8 -> 0.2 on tcp, 3.0 -> 0.1 on shm. Only
+// wake-up of that goroutine when its Read completes: on 2 CPUs a 64 KiB
+// Send's hand-offs 7.3 -> 5.0 on tcp, 1.1 -> 0.1 on shm, and under
+// GOMAXPROCS=16 its idle-P starts 4.2-4.5 -> 0.1 on tcp. Only
 // a plain Send (framePlain, readable) qualifies; one whose memory the
 // pool has not at once, or for whose Read the send queue has no room at
 // once, is read as usual by its call, in a goroutine of its own. It
