@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/proto/wire"
@@ -385,7 +386,7 @@ func (c *Client) receiveIn(ctx context.Context, s *clientSession, l *engine.Link
 	}
 	if dst := fo.into; dst != nil {
 		if buf != nil {
-			copy(dst.Bytes(), buf.Bytes()[:n])
+			memcopy.Copy(dst.Bytes(), buf.Bytes()[:n])
 			c.stats.copied(n)
 			buf.Release()
 		}

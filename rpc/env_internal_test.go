@@ -80,7 +80,7 @@ func TestEnvKnobs(t *testing.T) {
 		t.Errorf("WithTransports did not win over %s: %v", EnvTransports, got)
 	}
 
-	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}, {EnvLanes, "0"}, {EnvLanes, "17"}, {EnvLanes, "many"}, {EnvPollSpin, "-1"}, {EnvPollSpin, "1001"}, {EnvPollSpin, "50us"}} {
+	for _, kv := range [][2]string{{EnvTransports, "udp"}, {EnvLog, "loud"}, {EnvLogFormat, "xml"}, {EnvLanes, "0"}, {EnvLanes, "17"}, {EnvLanes, "many"}, {EnvPollSpin, "-1"}, {EnvPollSpin, "1001"}, {EnvPollSpin, "50us"}, {EnvCopy, "fast"}} {
 		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(EnvLog, "info")
 			t.Setenv(kv[0], kv[1])
@@ -124,7 +124,7 @@ func TestEnvKnobs(t *testing.T) {
 			t.Errorf("EnvKnobs reports %s=%q, want grpc", k.Name, k.Value)
 		}
 	}
-	for _, n := range []string{EnvLog, EnvLogFormat, EnvTransports, EnvSocketIfname, EnvTCPAddr, EnvLanes} {
+	for _, n := range []string{EnvLog, EnvLogFormat, EnvTransports, EnvSocketIfname, EnvTCPAddr, EnvLanes, EnvCompression, EnvPollSpin, EnvCopy} {
 		if !names[n] {
 			t.Errorf("EnvKnobs lacks %s", n)
 		}

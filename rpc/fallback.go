@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -318,7 +319,7 @@ func (c *Client) fetchStream(ctx context.Context, s *clientSession, key string, 
 	}
 	// The chunks were copied out of gRPC's buffers into the pool.
 	if fo.into != nil {
-		n := copy(fo.into.Bytes(), ts[0].Bytes())
+		n := memcopy.Copy(fo.into.Bytes(), ts[0].Bytes())
 		ts[0].Release()
 		if n > 0 {
 			c.stats.copied(n)

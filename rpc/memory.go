@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
@@ -38,7 +39,7 @@ func copyToPool(ctx context.Context, pool *mempool.Pool, b []byte, c *counters) 
 	if err != nil {
 		return nil, err
 	}
-	copy(buf.Bytes(), b)
+	memcopy.Copy(buf.Bytes(), b)
 	if len(b) > 0 {
 		c.copied(len(b))
 	}

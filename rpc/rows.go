@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
@@ -96,7 +97,7 @@ func (s *Server) gatherRows(ctx context.Context, ss *serverSession, key string, 
 	}
 	src, dst := e.Tensor.Bytes(), buf.Bytes()
 	for i, r := range idx {
-		copy(dst[int64(i)*rowBytes:int64(i+1)*rowBytes], src[r*rowBytes:(r+1)*rowBytes])
+		memcopy.Copy(dst[int64(i)*rowBytes:int64(i+1)*rowBytes], src[r*rowBytes:(r+1)*rowBytes])
 	}
 	if n > 0 {
 		s.count(ss, func(c *counters) { c.copied(int(n)) })

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/rpc"
 )
 
@@ -163,7 +164,7 @@ func (r *replyEntry) replyTensor(dl *C.DLTensor) (*rpc.Tensor, error) {
 	if t == nil && err == nil {
 		t, err = r.server.srv.NewTensor(r.ctx, zt.DType(), zt.Shape())
 		if err == nil {
-			copy(t.Bytes(), zt.Bytes())
+			memcopy.Copy(t.Bytes(), zt.Bytes())
 		}
 	}
 	return t, err

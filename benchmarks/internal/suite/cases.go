@@ -69,10 +69,10 @@ type caseEnv struct {
 // ceilings first, so that the others can be compared as they finish.
 func Cases() []Case {
 	cs := []Case{
-		{Name: "memcpy", Kind: KindCeiling, About: "copy() into a buffer of the stream's own", Quick: true, open: openMemcpy},
+		{Name: "memcpy", Kind: KindCeiling, About: "memcopy.Copy (the data planes' copy) into a buffer of the stream's own", Quick: true, open: openMemcpy},
 		{Name: "tcp-socket", Kind: KindCeiling, About: "raw loopback TCP: 8-byte request, n-byte reply, one connection per stream", Quick: true, open: openSocket("tcp")},
 		{Name: "unix-socket", Kind: KindCeiling, About: "the same over a unix socket", Quick: true, open: openSocket("unix")},
-		{Name: "memcpy-echo", Kind: KindCeiling, Call: true, About: "copy() of the request into a buffer and from it into the stream's reply buffer: the two copies of a call over shared memory", open: openMemcpyEcho},
+		{Name: "memcpy-echo", Kind: KindCeiling, Call: true, About: "memcopy.Copy of the request into a buffer and from it into the stream's reply buffer: the two copies of a call over shared memory", open: openMemcpyEcho},
 		{Name: "tcp-socket-echo", Kind: KindCeiling, Call: true, About: "raw loopback TCP: an 8-byte header and n bytes of request, the n bytes back as the reply, one connection per stream", open: openSocketEcho("tcp")},
 
 		{Name: "grpc-proto", Kind: KindGRPC, Ceiling: "tcp-socket", About: "unary call, reply in a protobuf bytes field; default settings (receive limit raised)", Quick: true, open: openGRPC(grpcSettings{})},

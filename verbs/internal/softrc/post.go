@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -54,7 +55,7 @@ func (v Vec) Gather(dst []byte, off int) int {
 			off -= len(s.B)
 			continue
 		}
-		k := copy(dst[n:], s.B[off:])
+		k := memcopy.Copy(dst[n:], s.B[off:])
 		off = 0
 		n += k
 		if n == len(dst) {
@@ -73,7 +74,7 @@ func (v Vec) Scatter(off int, src []byte) int {
 			off -= len(s.B)
 			continue
 		}
-		k := copy(s.B[off:], src[n:])
+		k := memcopy.Copy(s.B[off:], src[n:])
 		off = 0
 		n += k
 		if n == len(src) {
