@@ -14,6 +14,8 @@
 // The data plane's copies (shared memory's Reads and Writes, a Fetch into
 // a caller's memory) go through Copy; TENSORRPC_COPY=runtime turns it off
 // (every copy the built-in), for a measurement or a CPU where it loses.
+// Race detector and sanitizer builds always use the built-in copy, which
+// they check (they cannot see into assembly).
 package memcopy
 
 import (
@@ -37,7 +39,7 @@ const MinBytes = 1 << 20
 const chunk = 256 << 10
 
 // enabled reports whether Copy runs its own loop for large copies.
-var enabled = parseEnv(os.Getenv(Env)) && haveLoop()
+var enabled = parseEnv(os.Getenv(Env)) && haveLoop() && !checked
 
 // ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto" and
 // "runtime" (in any case, spaces around ignored), an error naming the
@@ -62,6 +64,8 @@ func Active() (bool, string) {
 		return false, Env + "=runtime"
 	case !haveLoop():
 		return false, whyNot()
+	case checked:
+		return false, "a race detector or sanitizer build (it checks the built-in copy)"
 	}
 	return true, ""
 }

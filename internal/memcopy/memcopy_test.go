@@ -17,22 +17,29 @@ func TestCopyMatchesBuiltin(t *testing.T) {
 		src[i] = byte(r.Uint32())
 	}
 	sizes := []int{0, 1, 127, MinBytes - 1, MinBytes, MinBytes + 1, MinBytes + 127, 2*MinBytes + 4095, 3 * MinBytes}
-	for _, n := range sizes {
-		for _, offs := range [][2]int{{0, 0}, {1, 0}, {0, 7}, {31, 33}, {64, 3}} {
-			dst := make([]byte, n+100)
-			for i := range dst {
-				dst[i] = 0xee
-			}
-			d, s := dst[offs[0]:offs[0]+n], src[offs[1]:offs[1]+n]
-			if got := Copy(d, s); got != n {
-				t.Fatalf("size %d offsets %v: Copy returned %d", n, offs, got)
-			}
-			if !bytes.Equal(d, s) {
-				t.Fatalf("size %d offsets %v: bytes differ", n, offs)
-			}
-			for i, b := range dst {
-				if (i < offs[0] || i >= offs[0]+n) && b != 0xee {
-					t.Fatalf("size %d offsets %v: byte %d outside the copy written", n, offs, i)
+	for _, direct := range []bool{false, true} {
+		if direct && !haveLoop() {
+			continue
+		}
+		for _, n := range sizes {
+			for _, offs := range [][2]int{{0, 0}, {1, 0}, {0, 7}, {31, 33}, {64, 3}} {
+				dst := make([]byte, n+100)
+				for i := range dst {
+					dst[i] = 0xee
+				}
+				d, s := dst[offs[0]:offs[0]+n], src[offs[1]:offs[1]+n]
+				if direct && n >= MinBytes {
+					bulk(d, s) // the loop itself, also where Copy does not use it (race builds)
+				} else if got := Copy(d, s); got != n {
+					t.Fatalf("size %d offsets %v: Copy returned %d", n, offs, got)
+				}
+				if !bytes.Equal(d, s) {
+					t.Fatalf("size %d offsets %v: bytes differ", n, offs)
+				}
+				for i, b := range dst {
+					if (i < offs[0] || i >= offs[0]+n) && b != 0xee {
+						t.Fatalf("size %d offsets %v: byte %d outside the copy written", n, offs, i)
+					}
 				}
 			}
 		}
