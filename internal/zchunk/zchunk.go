@@ -43,6 +43,8 @@ import (
 	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 )
 
 // Codec names how a chunk's data is encoded.
@@ -292,7 +294,7 @@ func parseHeader(b []byte, left int) (codec Codec, raw, data int, err error) {
 func decode(codec Codec, dst, data []byte) error {
 	switch codec {
 	case Stored:
-		copy(dst, data)
+		memcopy.Copy(dst, data)
 		return nil
 	case S2:
 		n, err := s2.DecodedLen(data)

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/internal/zchunk"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
@@ -281,7 +282,7 @@ func copyFrom(dst []byte, src *mem.BufferSlice) int {
 	n := 0
 	for n < len(dst) && len(*src) > 0 {
 		b := (*src)[0].ReadOnlyData()
-		k := copy(dst[n:], b)
+		k := memcopy.Copy(dst[n:], b)
 		n += k
 		if k == len(b) {
 			*src = (*src)[1:]
