@@ -4,12 +4,15 @@
 // For copies of 1 MiB and more on amd64 CPUs with AVX, the runtime's
 // memmove switches to non-temporal stores with a PREFETCHNTA ahead of each
 // 128-byte block (unless it prefers REP MOVSB, on Intel CPUs with ERMS and
-// FSRM). On the 2-core Xeon VM this project is developed on, that loop
-// moves 2.9-3.3 GB/s on one core, where a plain AVX loop of cached loads
-// and stores moves 5.2 GB/s at 16 MiB and 14-17 GB/s at 1 MiB (hot in the
-// cache), and C's memcpy 4.5 GB/s at 16 MiB (memcopy's benchmark; RESULTS
-// "Session 24"). Copy takes those copies over where the runtime would run
-// that loop and leaves every other copy to the runtime.
+// FSRM: runtime/cpuflags_amd64.go and memmove_amd64.s as of Go 1.26). On
+// the 2-core Xeon VM this project is developed on, that loop moves 2.8-3.7
+// GB/s on one core at every size from 1 MiB, where a plain AVX loop of
+// cached loads and stores moves 5.2 GB/s at 16 MiB and 11-17 GB/s at 1-4
+// MiB (hot in the cache), and C's memcpy 4.5-4.8 GB/s at 16 MiB (memcopy's
+// benchmark; RESULTS "Session 24"). Copy takes over the copies the runtime
+// would run that loop for on every CPU of that kind, and leaves every
+// other copy to the runtime (it declines, for example, all copies on an
+// Intel CPU with FSRM, even the few the runtime streams there).
 //
 // The data plane's copies (shared memory's Reads and Writes, a Fetch into
 // a caller's memory) go through Copy; TENSORRPC_COPY=runtime turns it off
@@ -38,8 +41,13 @@ const MinBytes = 1 << 20
 // copy does not hold up a garbage collection's stop for milliseconds.
 const chunk = 256 << 10
 
+// envRuntime is whether TENSORRPC_COPY said "runtime" when the process
+// started: the environment is read once, and Active reports what Copy
+// does, not what a later change of the environment would make it do.
+var envRuntime = !parseEnv(os.Getenv(Env))
+
 // enabled reports whether Copy runs its own loop for large copies.
-var enabled = parseEnv(os.Getenv(Env)) && haveLoop() && !checked
+var enabled = !envRuntime && haveLoop() && !checked
 
 // ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto" and
 // "runtime" (in any case, spaces around ignored), an error naming the
@@ -56,11 +64,12 @@ func parseEnv(v string) bool { return norm(v) != "runtime" }
 
 func norm(v string) string { return strings.ToLower(strings.TrimSpace(v)) }
 
-// Active reports whether Copy runs its own loop on this CPU and
-// environment, and why not when it does not (for tensorrpc doctor).
+// Active reports whether Copy runs its own loop in this process (on this
+// CPU, with TENSORRPC_COPY as it was when the process started), and why
+// not when it does not (for tensorrpc doctor).
 func Active() (bool, string) {
 	switch {
-	case !parseEnv(os.Getenv(Env)):
+	case envRuntime:
 		return false, Env + "=runtime"
 	case !haveLoop():
 		return false, whyNot()

@@ -1,3 +1,5 @@
+//go:build gc
+
 package memcopy
 
 import (
@@ -34,7 +36,12 @@ func runtimeRepMovs() bool {
 	return intel && cpu.X86.HasERMS && fsrm
 }
 
-func haveLoop() bool { return cpu.X86.HasAVX && !runtimeRepMovs() }
+func haveLoop() bool { return canLoop() && !runtimeRepMovs() }
+
+// canLoop reports whether this CPU can run copyBlocks at all (256-bit
+// VMOVDQU needs AVX, with the OS saving the YMM registers, which
+// x/sys/cpu checks), whether or not Copy uses it here.
+func canLoop() bool { return cpu.X86.HasAVX }
 
 func whyNot() string {
 	if !cpu.X86.HasAVX {

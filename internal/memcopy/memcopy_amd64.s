@@ -1,3 +1,5 @@
+//go:build gc
+
 #include "textflag.h"
 
 // func copyBlocks(dst, src *byte, n uintptr)

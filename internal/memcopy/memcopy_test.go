@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -18,7 +21,7 @@ func TestCopyMatchesBuiltin(t *testing.T) {
 	}
 	sizes := []int{0, 1, 127, MinBytes - 1, MinBytes, MinBytes + 1, MinBytes + 127, 2*MinBytes + 4095, 3 * MinBytes}
 	for _, direct := range []bool{false, true} {
-		if direct && !haveLoop() {
+		if direct && !canLoop() {
 			continue
 		}
 		for _, n := range sizes {
@@ -109,5 +112,29 @@ func BenchmarkCopy(b *testing.B) {
 				Copy(dst, src)
 			}
 		})
+	}
+}
+
+// TestEnvRuntime: with TENSORRPC_COPY=runtime when the process starts,
+// Copy never runs its loop and Active says why; a change of the
+// environment afterwards changes neither. Run in a child process, since
+// the variable is read once.
+func TestEnvRuntime(t *testing.T) {
+	if os.Getenv("MEMCOPY_CHILD") == "1" {
+		ok, why := Active()
+		os.Setenv(Env, "auto")
+		ok2, _ := Active()
+		fmt.Printf("active=%v enabled=%v why=%q after=%v\n", ok, enabled, why, ok2)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestEnvRuntime$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "MEMCOPY_CHILD=1", Env+"= Runtime ")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	want := fmt.Sprintf("active=false enabled=false why=%q after=false", Env+"=runtime")
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("child said:\n%s\nwant a line %s", out, want)
 	}
 }
