@@ -7,7 +7,8 @@
 # run unpacks DIR into a temporary folder and runs, each step bounded by its
 # own time limit and by what is left of the run's budget, logged with its
 # wall time, going on past failures:
-#   1. facts: cores, GPU, driver, torch
+#   1. facts: cores, GPU, driver, torch, the CPU and its large copies
+#      (internal/memcopy's benchmark: Go's copy against memcopy.Copy)
 #   2. the real-GPU Go tests (TENSORRPC_TEST_CUDA=real, -test.run $CUDA_TESTS):
 #      gpudirect's and rpc's CUDA tests (streams, pinned copies, the
 #      driver's errors, staged transfers on every plane, CUDA IPC between
@@ -141,6 +142,7 @@ build() {
   (cd "$root" &&
     run_or_say go test -c -ldflags='-s -w' -o "$B/gpudirect.test" ./gpudirect &&
     run_or_say go test -c -ldflags='-s -w' -o "$B/rpc.test" ./rpc &&
+    run_or_say go test -c -ldflags='-s -w' -o "$B/memcopy.test" ./internal/memcopy &&
     run_or_say go build -ldflags='-s -w' -o "$B/allreduce" ./examples/allreduce &&
     run_or_say go build -ldflags='-s -w' -buildmode=c-shared -o "$B/libtensorrpc.so" ./shim/capi &&
     run_or_say go build -ldflags='-s -w' -o "$B/gopeer" ./shim/internal/gopeer) || exit 1
@@ -196,7 +198,7 @@ run() {
   fi
   local B=$T/bin
   local py="PYTHONPATH=$root/shim/python TENSORRPC_LIB=$B/libtensorrpc.so TENSORRPC_GOPEER=$B/gopeer PYTHONUNBUFFERED=1"
-  step facts 20 "nproc; uname -r; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total --format=csv; python3 -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())'; true"
+  step facts 20 "nproc; uname -r; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total --format=csv; python3 -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())'; grep -m1 'model name' /proc/cpuinfo; grep -ow -m1 fsrm /proc/cpuinfo || echo 'no fsrm'; $B/memcopy.test -test.run XXX -test.bench Copy -test.benchtime 20x; true"
   step --gpu gpudirect-tests 45 "cd $root/gpudirect && TENSORRPC_TEST_CUDA=real $B/gpudirect.test -test.run '$CUDA_TESTS' -test.v -test.count=1"
   step --gpu rpc-tests 90 "cd $root/rpc && TENSORRPC_TEST_CUDA=real $B/rpc.test -test.run '$CUDA_TESTS' -test.v -test.count=1"
   step --gpu cuda-check 60 "$py python3 $root/shim/examples/cuda_check.py"
