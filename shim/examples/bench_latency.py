@@ -8,6 +8,13 @@ For each transport and size one Go server (gopeer bench-serve) publishes a
 tensor of that size, and the rounds alternate (who goes first alternates
 too) between:
   go             gopeer bench-client -ops fetch: rpc.Client.Fetch + Release;
+  c              bench_capi.c, compiled here with cc when there is one: the
+                 C ABI from a C thread (trpc_client_fetch + the deleter),
+                 which is go plus what the ABI costs;
+  py-raw         the same two C functions called from Python with ctypes,
+                 none of the package's Python around them: c plus what
+                 ctypes costs (py-tensor less py-raw is the package's own
+                 Python);
   py-tensor      Client.fetch(key, output="tensor"), then dropped;
   py-numpy       the same, output="numpy";
   py-torch       the same, output="torch";
@@ -38,9 +45,11 @@ case. gopeer is $TENSORRPC_GOPEER, else built with
 """
 
 import argparse
+import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -198,6 +207,63 @@ def go_round(gopeer, addr, transport, size, iters):
     return r["times_s"], r["voluntary_switches_per_op"]
 
 
+def c_binary(tmp):
+    """bench_capi.c compiled against the library the package loads, or
+    None (and why, on stderr) where it cannot be: no C compiler, no
+    tensorrpc.h beside this script's checkout."""
+    from tensorrpc import _lib
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    src = os.path.join(HERE, "bench_capi.c")
+    inc = os.path.join(HERE, "..", "capi")
+    if not cc or not os.path.exists(os.path.join(inc, "tensorrpc.h")):
+        print("bench_latency: no C compiler or no shim/capi/tensorrpc.h: the c row is left out", file=sys.stderr)
+        return None
+    exe = os.path.join(tmp, "bench_capi")
+    out = subprocess.run([cc, "-O2", "-o", exe, "-I", inc, src, os.path.abspath(_lib.library_path())],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        print("bench_latency: compiling bench_capi.c failed, the c row is left out:\n" + out.stderr, file=sys.stderr)
+        return None
+    return exe
+
+
+def c_round(exe, addr, transport, iters):
+    out = subprocess.run([exe, addr, transport, str(iters)], capture_output=True, text=True, check=True)
+    ds, switches = json.loads(out.stdout)
+    return ds, switches
+
+
+def raw_round(c, iters):
+    """python_round without the package's Python: trpc_client_fetch and
+    the deleter called with ctypes, as Client.fetch and Tensor.__del__
+    call them."""
+    from tensorrpc import _core
+
+    fetch, release, clock = _core.lib.trpc_client_fetch, _core.lib.trpc_managed_deleter, time.perf_counter
+    h = c._handle()
+    res = _core._Results()
+    err = ctypes.byref(res, _core._SECOND)
+    ds = []
+
+    def once():
+        code = fetch(h, b"bench", 0, -1, res, err)
+        if code != 0:
+            _core._raise(code, res[1])
+        release(res[0])
+
+    once()  # warm-up
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    for _ in range(iters):
+        t0 = clock()
+        code = fetch(h, b"bench", 0, -1, res, err)
+        if code != 0:
+            _core._raise(code, res[1])
+        release(res[0])
+        ds.append(clock() - t0)
+    return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
+
+
 def python_round(c, output, iters):
     fetch, clock = c.fetch, time.perf_counter
     fetch("bench", output=output)  # warm-up (dropped at once)
@@ -228,7 +294,7 @@ def out_round(c, iters):
     return ds, (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches) / iters
 
 
-def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
+def measure_plane(gopeer, cbench, transport, size, iters, rounds, torch_rpc):
     """{case: ([seconds], [voluntary switches per call, by round])} for
     one transport and size, rounds alternating."""
     srv = Peer([gopeer, "bench-serve", "-transports", transport, "-size", str(size)])
@@ -239,6 +305,9 @@ def measure_plane(gopeer, transport, size, iters, rounds, torch_rpc):
             if c.transport != transport:
                 raise RuntimeError("negotiated %s, not %s" % (c.transport, transport))
             cases = [("go", lambda: go_round(gopeer, addr, transport, size, iters))]
+            if cbench is not None:
+                cases.append(("c", lambda: c_round(cbench, addr, transport, iters)))
+            cases.append(("py-raw", lambda: raw_round(c, iters)))
             cases += [("py-" + o, lambda o=o: python_round(c, o, iters)) for o in OUTPUTS]
             cases.append(("py-out", lambda: out_round(c, iters)))
             if torch_rpc is not None:
@@ -278,12 +347,13 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         gopeer = gopeer_binary(tmp)
+        cbench = c_binary(tmp)
         for transport in args.transports.split(","):
             trpc = TorchRPC(transport) if use_torch else None
             try:
                 for size in sizes:
                     iters = args.iters if size <= BIG else max(args.big_iters, parse_size(args.big_bytes) // size)
-                    res = measure_plane(gopeer, transport, size, iters, args.rounds, trpc)
+                    res = measure_plane(gopeer, cbench, transport, size, iters, args.rounds, trpc)
                     go50 = percentile(res["go"][0], 0.5)
                     py50 = percentile(res["py-tensor"][0], 0.5)
                     go_rounds = res["go"][2]
