@@ -150,6 +150,21 @@ func trpc_client_fetch(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.in
 	return 0
 }
 
+// trpc_client_fetch_tensor is trpc_client_fetch without out-parameters
+// (ABI version 7): the tensor, or NULL on failure, whose status code and
+// message trpc_last_error returns on this thread.
+//
+//export trpc_client_fetch_tensor
+func trpc_client_fetch_tensor(h C.trpc_client, key *C.char, flags C.int, timeoutMs C.int64_t) *C.DLManagedTensor {
+	var m *C.DLManagedTensor
+	var msg *C.char
+	if code := trpc_client_fetch(h, key, flags, timeoutMs, &m, &msg); code != 0 {
+		C.trpc_set_last_error(code, msg)
+		return nil
+	}
+	return m
+}
+
 // trpc_client_send puts the caller's tensor into the server's rendezvous
 // under key. The library reads the tensor's memory only until it returns:
 // a tensor the shim handed out is sent from its pool memory; other memory

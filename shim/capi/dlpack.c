@@ -182,6 +182,32 @@ void trpc_set_error_details(char *details) {
   error_details = details;
 }
 
+// The calling thread's last error of a function that returns NULL on
+// failure (trpc_last_error in tensorrpc.h), set by Go as the details are.
+static __thread int last_code;
+static __thread char *last_message;
+
+// trpc_set_last_error replaces this thread's last error with code and
+// message (malloc'd, or NULL), taking message over.
+void trpc_set_last_error(int code, char *message) {
+  free(last_message);
+  last_code = code;
+  last_message = message;
+}
+
+int trpc_last_error(char **message) {
+  int code = last_code;
+  char *m = last_message;
+  last_code = 0;
+  last_message = NULL;
+  if (message != NULL) {
+    *message = m;
+  } else {
+    free(m);
+  }
+  return code;
+}
+
 char *trpc_error_details(void) {
   char *d = error_details;
   error_details = NULL;

@@ -24,7 +24,9 @@ import (
 // details (trpc_reply_set_error_details, trpc_error_details). Version 4
 // added rows and fetches into the caller's memory (trpc_client_fetch_into,
 // trpc_client_fetch_rows, trpc_client_send_rows, trpc_server_publish_flags).
-// Version 5 added CUDA tensors (device.go, cuda.go).
+// Version 5 added CUDA tensors (device.go, cuda.go), version 6
+// trpc_server_publish_device, version 7 trpc_client_fetch_tensor and
+// trpc_last_error (a fetch without out-parameters).
 const ABIVersion = C.TRPC_ABI_VERSION
 
 // DLPack device types (DLDeviceType).

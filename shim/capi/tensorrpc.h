@@ -39,8 +39,10 @@ extern "C" {
  * trpc_client_call, trpc_server_publish(_flags) and trpc_reply_add_tensor
  * accept kDLCUDA tensors (staged through host memory). Version 6 added
  * trpc_server_publish_device (trpc_release_fn): a CUDA tensor published
- * in place on its device. */
-#define TRPC_ABI_VERSION 6
+ * in place on its device. Version 7 added trpc_client_fetch_tensor and
+ * trpc_last_error: a fetch without out-parameters, for callers (Python's
+ * ctypes) to whom each one costs. */
+#define TRPC_ABI_VERSION 7
 
 /* The DLPack types (dlpack.h; DLTensor has the same layout in v0.x and
  * v1.x). A program that includes dlpack.h before this file uses dlpack.h's
@@ -112,6 +114,15 @@ typedef struct DLManagedTensorVersioned {
  * returns the details of that failure as a malloc'd string (free it with
  * trpc_free), or NULL when it had none; each failing call replaces them and
  * the getter hands them over, so a second call returns NULL. */
+
+/* The last error (ABI version 7). A function that returns its result
+ * rather than a status code (trpc_client_fetch_tensor) reports a failure
+ * by returning NULL; trpc_last_error() on the same thread then returns its
+ * status code and, when message is not NULL, hands over its malloc'd
+ * message there (free it with trpc_free). It returns 0 (and NULL) when no
+ * such failure happened since it was last called: each call clears it.
+ * trpc_error_details() works after such a failure too. */
+int trpc_last_error(char **message);
 
 /* Handles name servers, clients and handler replies. 0 is never a valid
  * handle. */
@@ -281,6 +292,7 @@ const char *trpc_dltensor_versioned_name(void);
 DLManagedTensorVersioned *trpc_versioned_wrap(DLManagedTensor *inner, uint64_t flags);
 DLManagedTensorVersioned *trpc_versioned_copy(const DLTensor *src, size_t nbytes);
 void trpc_set_error_details(char *details);
+void trpc_set_last_error(int code, char *message);
 void trpc_managed_set_device(DLManagedTensor *m, int32_t device_type,
                              int32_t device_id, uint64_t data);
 char *trpc_error_details(void);

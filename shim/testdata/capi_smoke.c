@@ -299,6 +299,26 @@ int main(void) {
   err = NULL;
   CHECK(none == NULL, "a failed fetch stored a tensor");
 
+  // ABI 7: trpc_client_fetch_tensor returns the tensor, or NULL and the
+  // code and message through trpc_last_error (once).
+  CHECK(trpc_last_error(NULL) == 0, "a last error without a failure");
+  DLManagedTensor *ft = trpc_client_fetch_tensor(cli, "x", 0, 10000);
+  CHECK(ft != NULL, "fetch_tensor: %d", trpc_last_error(NULL));
+  if (ft != NULL) {
+    CHECK(ft->dl_tensor.shape[0] == N && ((float *)ft->dl_tensor.data)[N - 1] == (float)(N - 1), "fetch_tensor data");
+    ft->deleter(ft);
+  }
+  CHECK(trpc_client_fetch_tensor(cli, "never", 0, 10000) == NULL, "fetch_tensor: missing key returned a tensor");
+  char *msg = NULL;
+  int code = trpc_last_error(&msg);
+  CHECK(code == 5 && msg != NULL && strstr(msg, "never") != NULL, "fetch_tensor: last error %d %s", code,
+        msg ? msg : "NULL");
+  trpc_free(msg);
+  CHECK(trpc_last_error(&msg) == 0 && msg == NULL, "last error handed over twice");
+  CHECK(trpc_client_fetch_tensor(cli, "never", TRPC_FETCH_WAIT, 50) == NULL && trpc_last_error(NULL) == 4,
+        "fetch_tensor: wait did not time out");
+  CHECK(trpc_client_fetch_tensor(0, "x", 0, 10000) == NULL && trpc_last_error(NULL) != 0, "fetch_tensor: handle 0");
+
   rows_checks(srv, cli, addr_copy);
 
   // A stale handle and a bad tensor are errors, not crashes.

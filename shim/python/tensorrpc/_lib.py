@@ -9,7 +9,7 @@ import ctypes
 import os
 from typing import Any, Optional
 
-ABI_VERSION = 6  # TRPC_ABI_VERSION of tensorrpc.h
+ABI_VERSION = 7  # TRPC_ABI_VERSION of tensorrpc.h
 
 # Flags of trpc_client_fetch and trpc_server_fetch (TRPC_FETCH_* in tensorrpc.h).
 FETCH_LEASE = 1  # trpc_client_fetch: a shared-memory lease
@@ -155,6 +155,8 @@ _PROTOTYPES = {
     # out and err as plain pointers: Client.fetch passes one array for both
     # (tensor, message) and a pointer into it.
     "trpc_client_fetch": (_c.c_int, [_u64, _c.c_char_p, _c.c_int, _c.c_int64, _c.c_void_p, _c.c_void_p]),
+    "trpc_client_fetch_tensor": (_c.c_void_p, [_u64, _c.c_char_p, _c.c_int, _c.c_int64]),
+    "trpc_last_error": (_c.c_int, [_c.c_void_p]),
     "trpc_client_fetch_into": (_c.c_int, [
         _u64, _c.c_char_p, _c.POINTER(DLTensor), _rows, _c.c_size_t, _c.c_int, _c.c_int64, _err]),
     "trpc_client_fetch_rows": (_c.c_int, [_u64, _c.c_char_p, _rows, _c.c_size_t, _c.c_int, _c.c_int64, _mt_out, _err]),
