@@ -15,6 +15,11 @@ too) between:
                  none of the package's Python around them: c plus what
                  ctypes costs (py-tensor less py-raw is the package's own
                  Python);
+  socket, socket2  (tcp only) the kernel's ceiling between the same two
+                 processes: gopeer bench-client -ops socket asks the
+                 server's raw TCP socket for the same bytes and reads them
+                 into one buffer, over one connection, or over two at once
+                 (half each, as a striped Fetch's two lanes);
   py-tensor      Client.fetch(key, output="tensor"), then dropped;
   py-numpy       the same, output="numpy";
   py-torch       the same, output="torch";
@@ -228,6 +233,13 @@ def c_binary(tmp):
     return exe
 
 
+def socket_round(gopeer, socket_addr, op, size, iters):
+    out = subprocess.run([gopeer, "bench-client", "-socket", socket_addr, "-size", str(size),
+                          "-iters", str(iters), "-ops", op], capture_output=True, text=True, check=True)
+    (r,) = json.loads(out.stdout)
+    return r["times_s"], r["voluntary_switches_per_op"]
+
+
 def c_round(exe, addr, transport, iters):
     out = subprocess.run([exe, addr, transport, str(iters)], capture_output=True, text=True, check=True)
     ds, switches = json.loads(out.stdout)
@@ -300,6 +312,7 @@ def measure_plane(gopeer, cbench, transport, size, iters, rounds, torch_rpc):
     srv = Peer([gopeer, "bench-serve", "-transports", transport, "-size", str(size)])
     try:
         addr = srv.read_line("ADDR ")
+        socket_addr = srv.read_line("SOCKET ")
         res = {}
         with tensorrpc.Client(addr, transports=[transport]) as c:
             if c.transport != transport:
@@ -308,6 +321,9 @@ def measure_plane(gopeer, cbench, transport, size, iters, rounds, torch_rpc):
             if cbench is not None:
                 cases.append(("c", lambda: c_round(cbench, addr, transport, iters)))
             cases.append(("py-raw", lambda: raw_round(c, iters)))
+            if transport == "tcp":
+                cases += [(op, lambda op=op: socket_round(gopeer, socket_addr, op, size, iters))
+                          for op in ("socket", "socket2")]
             cases += [("py-" + o, lambda o=o: python_round(c, o, iters)) for o in OUTPUTS]
             cases.append(("py-out", lambda: out_round(c, iters)))
             if torch_rpc is not None:

@@ -8,8 +8,12 @@
 //	gopeer client -addr HOST:PORT [-transports ...]
 //	gopeer bench-serve -size N [-transports ...]
 //	gopeer bench-client -addr HOST:PORT -size N -iters K [-ops fetch,send_pool,send_wrapped] [-transports ...]
+//	gopeer bench-client -socket HOST:PORT -size N -iters K -ops socket,socket2
 //
 // Servers print "ADDR host:port" on stdout and serve until stdin closes;
+// bench-serve also prints "SOCKET host:port", a raw TCP server of the same
+// bytes (socket.go), whose ceiling bench-client's socket (one connection)
+// and socket2 (two, half each, as a striped Fetch's two lanes) measure;
 // when stdin's first line is "check", serve first checks the tensors the
 // client sent back ("BACK ok N"). Then they print "POOL allocs=N" (the
 // buffers still live after Close) and exit 1 if N is not 0 or a check
@@ -90,7 +94,8 @@ func main() {
 	addr := fs.String("addr", "", "server address (client modes)")
 	size := fs.Int("size", 64<<20, "tensor bytes (bench modes)")
 	iters := fs.Int("iters", 10, "transfers per measurement (bench-client)")
-	ops := fs.String("ops", "fetch,send_pool,send_wrapped", "measurements of bench-client, in order")
+	ops := fs.String("ops", "fetch,send_pool,send_wrapped", "measurements of bench-client, in order (also socket, socket2)")
+	socketAddr := fs.String("socket", "", "bench-serve's raw socket address (bench-client's socket ops)")
 	fs.Parse(os.Args[2:])
 	var opts []rpc.Option
 	if os.Getenv("TENSORRPC_LOG") == "debug" {
@@ -110,15 +115,17 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "serve":
-		err = serve(sopts, publishAll)
+		err = serve(sopts, publishAll, nil)
 	case "serve-rows":
-		err = serve(sopts, publishRows)
+		err = serve(sopts, publishRows, nil)
 	case "bench-serve":
-		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) })
+		raw := make([]byte, *size)
+		Pattern(raw, zerocopy.Uint8)
+		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) }, raw)
 	case "client":
 		err = client(*addr, dopts)
 	case "bench-client":
-		err = benchClient(*addr, dopts, *size, *iters, strings.Split(*ops, ","))
+		err = benchClient(*addr, *socketAddr, dopts, *size, *iters, strings.Split(*ops, ","))
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -128,8 +135,9 @@ func main() {
 	}
 }
 
-// serve runs a server until stdin closes.
-func serve(opts []rpc.ServerOption, setup func(*rpc.Server) error) error {
+// serve runs a server until stdin closes; with raw, also a raw socket
+// server of those bytes (serveSocket).
+func serve(opts []rpc.ServerOption, setup func(*rpc.Server) error, raw []byte) error {
 	s, err := rpc.NewServer(opts...)
 	if err != nil {
 		return err
@@ -146,6 +154,14 @@ func serve(opts []rpc.ServerOption, setup func(*rpc.Server) error) error {
 	s.Handle("echo", echo(s))
 	s.Handle("checksum", checksum)
 	fmt.Printf("ADDR %s\n", lis.Addr())
+	if raw != nil {
+		ss, err := serveSocket("127.0.0.1", raw)
+		if err != nil {
+			return err
+		}
+		defer ss.Close()
+		fmt.Printf("SOCKET %s\n", ss.lis.Addr())
+	}
 	var backErr error
 	if line, _ := bufio.NewReader(os.Stdin).ReadString('\n'); strings.TrimSpace(line) == "check" {
 		backErr = checkBack(s)
@@ -380,8 +396,12 @@ func measure(op, transport string, size, iters int, f func() error) (benchResult
 // benchClient measures, against bench-serve: Fetch (+Release) of the
 // published tensor, Send of a pool tensor (NewTensor) and Send of a tensor
 // over Go memory (WrapTensor, one copy into the pool first): those of ops,
-// in that order.
-func benchClient(addr string, opts []rpc.DialOption, size, iters int, ops []string) error {
+// in that order. The socket ops measure the raw socket at socketAddr
+// instead, and need no session.
+func benchClient(addr, socketAddr string, opts []rpc.DialOption, size, iters int, ops []string) error {
+	if !slices.ContainsFunc(ops, func(op string) bool { return !strings.HasPrefix(op, "socket") }) {
+		return benchSocket(socketAddr, size, iters, ops)
+	}
 	ctx := context.Background()
 	c, err := rpc.Dial(ctx, addr, opts...)
 	if err != nil {
@@ -416,6 +436,29 @@ func benchClient(addr string, opts []rpc.DialOption, size, iters int, ops []stri
 			return fmt.Errorf("unknown bench-client op %q", op)
 		}
 		r, err := measure(op, tr, size, iters, f)
+		if err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		out = append(out, r)
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
+// benchSocket measures ops, each "socket" (one connection) or "socket2"
+// (two), against bench-serve's raw socket server at addr.
+func benchSocket(addr string, size, iters int, ops []string) error {
+	var out []benchResult
+	for _, op := range ops {
+		conns := map[string]int{"socket": 1, "socket2": 2}[op]
+		if conns == 0 || addr == "" {
+			return fmt.Errorf("bench-client op %q: the socket ops need -socket and no other ops", op)
+		}
+		c, err := dialSocket(addr, conns, size)
+		if err != nil {
+			return err
+		}
+		r, err := measure(op, "tcp", size, iters, c.fetch)
+		c.Close()
 		if err != nil {
 			return fmt.Errorf("%s: %w", op, err)
 		}

@@ -147,8 +147,11 @@ class Peer:
 
     def __init__(self, args, env=None):
         self.args = args
+        # Unbuffered: readline then reads no further than its line, so that
+        # a second read_line's select sees the lines after it (a buffered
+        # reader could have taken them in with the first).
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env)
+                                     stderr=subprocess.PIPE, env=env, bufsize=0)
 
     def read_line(self, prefix, timeout=30):
         """Waits for the stdout line starting with prefix and returns the rest."""
