@@ -206,7 +206,7 @@ run() {
   step --gpu bench-cuda 120 "$py python3 $root/shim/examples/bench_cuda.py $BENCH_CUDA_ARGS | tee $T/bench-cuda.jsonl"
   step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
-  step python-spin 90 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|c\\|py-raw\\|py-tensor\\|torch-rpc\\|socket\\|socket2\\) |' $T/python-spin50.jsonl"
+  step python-spin 120 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|c\\|py-raw\\|py-tensor\\|torch-rpc\\|socket\\|socket2\\) |' $T/python-spin50.jsonl"
   step otel 45 "$B/otel.test -test.run XXX -test.bench Fetch4KiBTwoProcesses -test.benchtime $OTEL_CALLS"
   step allreduce 100 "for p in $ALLREDUCE_P; do for plane in tcp shm; do echo \"allreduce-run plane=\$plane p=\$p\"; $B/allreduce -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS -transports \$plane,grpc | tail -1; done; echo \"allreduce-run plane=gloo p=\$p\"; python3 $root/examples/allreduce/gloo_allreduce.py -p \$p -n $ALLREDUCE_N -iters $ALLREDUCE_ITERS 2>&1 | tail -1; done"
   if [ $dry = 1 ]; then
