@@ -64,10 +64,11 @@ func TestAutoChecksAProbesWord(t *testing.T) {
 // TestAutoRechecksASlowCodec: in auto mode, a read that came compressed
 // slower than the plane's goodput moves it as it is (a slow moment took
 // the estimate down, or the codec was slower than its sample said) is
-// followed by one read as it is (check), once; a compressed read faster
-// than that, as on a slow link, is not. (On the 2-core VM, a first
-// 16 MiB read of 11 ms put the estimate at 1.5 GB/s, and every later
-// read came s2-compressed in 10-15 ms where as it is it took 3.5-4.)
+// followed by one read as it is (check), and then by as many as auto's
+// backoff (TestAutoBacksOff), also as they are; a compressed read faster
+// than that, as on a slow link, is not. (On the 2-core VM, a first 16 MiB
+// read of 11 ms put the estimate at 1.5 GB/s, and every later read came
+// s2-compressed in 10-15 ms where as it is it took 3.5-4.)
 func TestAutoRechecksASlowCodec(t *testing.T) {
 	ctx := context.Background()
 	const n = 16 << 20
@@ -80,11 +81,16 @@ func TestAutoRechecksASlowCodec(t *testing.T) {
 		if codec != verbs.CodecNone || !check || probe {
 			t.Fatalf("compressed read %d, slower than the plane: %v probe %v check %v, want none, a check", i, codec, probe, check)
 		}
+		for k := range 1 << i { // the backoff: 1, then 2
+			if codec, _, _, check = z.plan(ctx, n); codec != verbs.CodecNone || !check {
+				t.Fatalf("compressed read %d's backoff, read %d: %v check %v, want none, a check", i, k, codec, check)
+			}
+		}
 		if codec, _, _, check = z.plan(ctx, n); codec != verbs.CodecAuto || check {
-			t.Fatalf("the read after compressed read %d's check: %v check %v, want auto, no check (one check a slow read)", i, codec, check)
+			t.Fatalf("the read after compressed read %d's backoff: %v check %v, want auto, no check", i, codec, check)
 		}
 	}
-	z.observe(n, 0, 4*time.Millisecond, true) // the check: 4.2 GB/s as it is
+	z.observe(n, 0, 4*time.Millisecond, true) // a check: 4.2 GB/s as it is
 	if g := z.Goodput(); g < 4e9 {
 		t.Fatalf("goodput after the check %.3g, want the check's 4.2e9", g)
 	}
@@ -99,6 +105,69 @@ func TestAutoRechecksASlowCodec(t *testing.T) {
 			t.Fatalf("slow link, compressed read faster than as it is: %v check %v, want auto, no check", codec, check)
 		}
 	}
+}
+
+// TestAutoBacksOff: each compressed read that loses to the plane as it
+// is, and each compressible sample a responder declined, doubles the reads that then
+// go as they are (1, 2, 4, ... up to maxBackoff); a compressed read that
+// wins resets it; while it backs off, the plane counts as plain (a
+// Fetch may land), and a read that asked for nothing declines nothing.
+func TestAutoBacksOff(t *testing.T) {
+	ctx := context.Background()
+	const n = 16 << 20
+	z := &Compression{Mode: verbs.CodecAuto}
+	z.plan(ctx, n)
+	z.observe(n, 0, 5*time.Millisecond, true) // 3.4 GB/s as it is
+	// skipped counts the reads planned as they are until auto asks again.
+	skipped := func() int {
+		t.Helper()
+		for k := 0; ; k++ {
+			codec, _, _, check := z.plan(ctx, n)
+			if codec == verbs.CodecAuto && !check {
+				return k
+			}
+			if codec != verbs.CodecNone || !check || k > 2*maxBackoff {
+				t.Fatalf("read %d of a backoff: %v check %v", k, codec, check)
+			}
+		}
+	}
+	backoff := 0
+	for i := range 9 {
+		backoff = min(max(1, 2*backoff), maxBackoff)
+		want := backoff
+		if i%2 == 0 {
+			z.observe(n, n/2, 9*time.Millisecond, true) // compressed, lost: 1.9 GB/s
+			want++                                      // the recheck, then the backoff
+		} else {
+			z.noteSampled(&ReadReport{Asked: verbs.CodecAuto, Sampled: 120})
+		}
+		if !z.Plain(ctx, n) {
+			t.Fatalf("loss %d: the plane is not plain while auto backs off", i)
+		}
+		if got := skipped(); got != want {
+			t.Fatalf("loss %d: %d reads as they are, want %d", i, got, want)
+		}
+	}
+	if backoff != maxBackoff {
+		t.Fatalf("the test's losses reached a backoff of %d, not maxBackoff", backoff)
+	}
+	// Reports that are no decline: a read that asked for nothing, a
+	// responder that did not sample, one that compressed, one whose
+	// sample found the tensor incompressible (the next may compress).
+	for _, r := range []ReadReport{{Asked: verbs.CodecNone, Sampled: 120}, {Asked: verbs.CodecAuto},
+		{Asked: verbs.CodecAuto, Sampled: 120, Packed: verbs.CodecS2}, {Asked: verbs.CodecAuto, Sampled: 1.05}} {
+		z.noteSampled(&r)
+		if got := skipped(); got != 0 {
+			t.Fatalf("%+v backed off %d reads", r, got)
+		}
+	}
+	z.observe(n, n/100, 3*time.Millisecond, true) // compressed, won: 5.6 GB/s
+	z.noteSampled(&ReadReport{Asked: verbs.CodecAuto, Sampled: 120})
+	if got := skipped(); got != 1 {
+		t.Fatalf("after a win, a decline backed off %d reads, want 1 (reset)", got)
+	}
+	var nilZ *Compression
+	nilZ.declined() // a session that does not compress
 }
 
 // TestGoodputEstimate: a read faster than the estimate replaces it; a

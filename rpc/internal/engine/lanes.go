@@ -285,6 +285,7 @@ func ReadLanes(ctx context.Context, l *Link, lanes []*Link, local verbs.Local, r
 	}
 	if rep.Packed == verbs.CodecNone {
 		z.observe(local.Length-skip, 0, time.Since(t1), true)
+		z.noteSampled(&rep)
 	} else {
 		z.observe(local.Length-skip, rep.Wire-int64(skip), time.Since(t1), true)
 	}
@@ -323,6 +324,7 @@ func ReadPlanned(ctx context.Context, l *Link, local verbs.Local, remote verbs.R
 			}
 			if rep.Packed == verbs.CodecNone {
 				z.observe(local.Length, 0, time.Since(t0), true)
+				z.noteSampled(&rep)
 			} else {
 				z.observe(local.Length, rep.Wire, time.Since(t0), true)
 			}
