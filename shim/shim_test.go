@@ -133,7 +133,7 @@ func TestCABI(t *testing.T) {
 	build(t)
 	exe := filepath.Join(buildDir, "capi_smoke")
 	out, err := run(t, time.Minute, nil, "gcc", "-Wall", "-Werror", "-o", exe, "testdata/capi_smoke.c",
-		"-I", buildDir, "-I", "capi", "-L", buildDir, "-ltensorrpc", "-Wl,-rpath,"+buildDir)
+		"-I", buildDir, "-I", "capi", "-L", buildDir, "-ltensorrpc", "-Wl,-rpath,"+buildDir, "-lpthread")
 	if err != nil {
 		t.Fatalf("compiling capi_smoke.c: %v\n%s", err, out)
 	}

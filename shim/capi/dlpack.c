@@ -5,6 +5,7 @@
 // function pointers itself, and a file with //export may only declare C
 // functions, so they live here.
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,17 +176,48 @@ DLManagedTensorVersioned *trpc_versioned_copy(const DLTensor *src,
 // calling C thread.
 static __thread char *error_details;
 
+// The calling thread's last error of a function that returns NULL on
+// failure (trpc_last_error in tensorrpc.h), set by Go as the details are.
+static __thread int last_code;
+static __thread char *last_message;
+
+// A thread that ends with details or a message nobody took frees them:
+// the first one stored on a thread sets its value of thread_strings_key,
+// whose destructor runs as the thread exits (before its thread-locals
+// go).
+static pthread_key_t thread_strings_key;
+static pthread_once_t thread_strings_once = PTHREAD_ONCE_INIT;
+static __thread int thread_strings_set;
+
+static void free_thread_strings(void *unused) {
+  (void)unused;
+  free(error_details);
+  error_details = NULL;
+  free(last_message);
+  last_message = NULL;
+}
+
+static void make_thread_strings_key(void) {
+  pthread_key_create(&thread_strings_key, free_thread_strings);
+}
+
+static void watch_thread_strings(void) {
+  if (!thread_strings_set) {
+    thread_strings_set = 1;
+    pthread_once(&thread_strings_once, make_thread_strings_key);
+    pthread_setspecific(thread_strings_key, &thread_strings_set);
+  }
+}
+
 // trpc_set_error_details replaces this thread's details with details (a
 // malloc'd string or NULL), which it takes over.
 void trpc_set_error_details(char *details) {
   free(error_details);
   error_details = details;
+  if (details != NULL) {
+    watch_thread_strings();
+  }
 }
-
-// The calling thread's last error of a function that returns NULL on
-// failure (trpc_last_error in tensorrpc.h), set by Go as the details are.
-static __thread int last_code;
-static __thread char *last_message;
 
 // trpc_set_last_error replaces this thread's last error with code and
 // message (malloc'd, or NULL), taking message over.
@@ -193,6 +225,9 @@ void trpc_set_last_error(int code, char *message) {
   free(last_message);
   last_code = code;
   last_message = message;
+  if (message != NULL) {
+    watch_thread_strings();
+  }
 }
 
 int trpc_last_error(char **message) {

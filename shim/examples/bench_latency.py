@@ -312,7 +312,7 @@ def measure_plane(gopeer, cbench, transport, size, iters, rounds, torch_rpc):
     srv = Peer([gopeer, "bench-serve", "-transports", transport, "-size", str(size)])
     try:
         addr = srv.read_line("ADDR ")
-        socket_addr = srv.read_line("SOCKET ")
+        socket_addr = srv.read_line("SOCKET ") if transport == "tcp" else None
         res = {}
         with tensorrpc.Client(addr, transports=[transport]) as c:
             if c.transport != transport:

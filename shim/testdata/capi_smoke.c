@@ -1,6 +1,8 @@
 // A C program using libtensorrpc directly: a server publishes a tensor, a
 // client fetches it as a DLManagedTensor, sends it back, calls a C handler,
 // and every pool buffer comes back. shim_test.go compiles and runs it.
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,14 @@
 #define N 100000  // floats: over the eager threshold
 
 static int failures;
+
+// fail_and_exit fails a fetch on its own thread and ends without taking
+// the message (trpc_last_error) or the details.
+static void *fail_and_exit(void *arg) {
+  trpc_client cli = (trpc_client)(uintptr_t)arg;
+  DLManagedTensor *m = trpc_client_fetch_tensor(cli, "never", 0, 10000);
+  return (void *)(uintptr_t)(m == NULL);
+}
 #define CHECK(cond, ...)                  \
   do {                                    \
     if (!(cond)) {                        \
@@ -318,6 +328,30 @@ int main(void) {
   CHECK(trpc_client_fetch_tensor(cli, "never", TRPC_FETCH_WAIT, 50) == NULL && trpc_last_error(NULL) == 4,
         "fetch_tensor: wait did not time out");
   CHECK(trpc_client_fetch_tensor(0, "x", 0, 10000) == NULL && trpc_last_error(NULL) != 0, "fetch_tensor: handle 0");
+  // Its failures replace the thread's error details too: details left
+  // by a handler's failure are gone after a fetch_tensor that had none.
+  {
+    uint8_t *rmeta = NULL;
+    int64_t rmeta_len = 0, nr = 0;
+    DLManagedTensor **rts = NULL;
+    CHECK(trpc_client_call(cli, "fails", NULL, 0, NULL, 0, 10000, &rmeta, &rmeta_len, &rts, &nr, &err) == 2,
+          "fails again: not UNKNOWN");
+    trpc_free(err);
+    err = NULL;
+    CHECK(trpc_client_fetch_tensor(cli, "never", 0, 10000) == NULL, "fetch_tensor: missing key returned a tensor");
+    CHECK(trpc_error_details() == NULL, "fetch_tensor: a handler's stale details survived its failure");
+    CHECK(trpc_last_error(NULL) == 5, "fetch_tensor after the handler: not NOT_FOUND");
+  }
+  // A thread that ends with a message and details nobody took frees them
+  // (the thread-local strings' destructor; ASan/valgrind would see a
+  // leak otherwise): here it must at least not crash.
+  {
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, fail_and_exit, (void *)(uintptr_t)cli) == 0, "pthread_create");
+    void *res = NULL;
+    pthread_join(th, &res);
+    CHECK(res == (void *)1, "the thread's fetch_tensor did not fail with NOT_FOUND");
+  }
 
   rows_checks(srv, cli, addr_copy);
 

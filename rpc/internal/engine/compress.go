@@ -41,10 +41,12 @@ type Compression struct {
 	recheck bool
 	// skip and backoff: after a compressed read that lost to the plane as
 	// it is (recheck), or a responder's sample that found the tensor
-	// compressible but compressing too slow for the plane (declined), the
-	// next skip reads ask for nothing, as
-	// it is, measured (check); each such loss doubles backoff, the next
-	// skip, up to maxBackoff, and a compressed read that won resets it.
+	// compressible at least declineRatio but sent it as it is (declined:
+	// at that ratio only the codec's speed can lose to the plane), the
+	// next skip reads ask for nothing, as it is, measured (check), and
+	// transfers as they are that Observe measures (landings) count too;
+	// each such loss doubles backoff, the next skip, up to maxBackoff, and
+	// a compressed read at least as fast as the plane as it is resets it.
 	// Without it auto tried again two reads after a loss: on the 2-core
 	// VM's loopback, 12 of 65 sequential 16 MiB Fetches of a patterned
 	// tensor came s2-compressed in 8.9 ms on average, against 5.2 as
@@ -97,6 +99,10 @@ const (
 	// is (Compression.recheck); the margin keeps a codec about as fast as
 	// the plane from taking turns with it.
 	recheckBelow = 0.9
+	// declineRatio: a responder's sample at least this compressible that
+	// it sent as it is lost to the plane's speed, not to its ratio
+	// (Compression.declined).
+	declineRatio = 2
 	// maxBackoff bounds Compression.backoff: after repeated losses auto
 	// still tries compressing once every this many reads, should the
 	// plane or the tensors have changed.
@@ -180,12 +186,12 @@ func (c *Compression) observe(n int, wire int64, took time.Duration, whole bool)
 	defer c.mu.Unlock()
 	if wire > 0 {
 		c.packed = true
-		switch {
-		case whole && float64(n)/took.Seconds() < c.goodput*recheckBelow:
+		switch rate := float64(n) / took.Seconds(); {
+		case whole && rate < c.goodput*recheckBelow:
 			c.recheck = true
 			c.backOffLocked()
-		case whole:
-			c.backoff = 0
+		case whole && rate >= c.goodput:
+			c.backoff = 0 // it won; within recheckBelow of the plane it neither lost nor won
 		}
 		c.goodput = max(c.goodput, float64(wire)/took.Seconds())
 		return
@@ -223,11 +229,13 @@ func (c *Compression) backOffLocked() {
 }
 
 // declined notes a read that asked auto to compress and whose responder
-// found the tensor compressible but sent it as it is, compressing being
-// too slow for the plane: asking again would cost the next reads a
-// sample each for the same answer, so auto backs off (Compression.skip).
-// A tensor its sample found incompressible says nothing of the next
-// ones, which on a slow link may compress well: no backoff for it.
+// found the tensor compressible at least declineRatio but sent it as it
+// is: at that ratio the wire takes at most half the time as it is, so
+// the codec's speed lost to the plane, and asking again would cost the
+// next reads a sample each for the same answer; auto backs off
+// (Compression.skip). A tensor that compresses less says nothing of the
+// plane (zchunk.Decide also declines a ratio just above MinRatio on a slow
+// link, for its margin), and the next may compress well: no backoff.
 func (c *Compression) declined() {
 	if c == nil {
 		return
@@ -239,7 +247,7 @@ func (c *Compression) declined() {
 
 // noteSampled calls declined for a read report that says so.
 func (c *Compression) noteSampled(rep *ReadReport) {
-	if rep.Asked == verbs.CodecAuto && rep.Sampled >= zchunk.MinRatio && rep.Packed == verbs.CodecNone {
+	if rep.Asked == verbs.CodecAuto && rep.Sampled >= declineRatio && rep.Packed == verbs.CodecNone {
 		c.declined()
 	}
 }
@@ -248,7 +256,20 @@ func (c *Compression) noteSampled(rep *ReadReport) {
 // or read that took took, wire bytes of it compressed (0: none); for
 // planes whose reads ReadLanes does not make (the gRPC fallback's
 // streams).
+//
+// Such a transfer of at least MinCompressed bytes as it is counts as one
+// of the reads auto skips while it backs off (Compression.skip): a
+// Fetch that lands while the plane counts as plain (Plain) is one, and
+// without counting them a session whose Fetches all land would stay
+// plain after one loss, whatever its goodput said later.
 func (c *Compression) Observe(n int, wire int64, took time.Duration) {
+	if c != nil && wire == 0 && n >= MinCompressed {
+		c.mu.Lock()
+		if c.skip > 0 {
+			c.skip--
+		}
+		c.mu.Unlock()
+	}
 	c.observe(n, wire, took, true)
 }
 

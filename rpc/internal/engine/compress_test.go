@@ -153,18 +153,46 @@ func TestAutoBacksOff(t *testing.T) {
 	}
 	// Reports that are no decline: a read that asked for nothing, a
 	// responder that did not sample, one that compressed, one whose
-	// sample found the tensor incompressible (the next may compress).
+	// sample found the tensor incompressible or compressible less than
+	// declineRatio (declined for Decide's margin on a slow link, say: the
+	// next tensor may compress well).
 	for _, r := range []ReadReport{{Asked: verbs.CodecNone, Sampled: 120}, {Asked: verbs.CodecAuto},
-		{Asked: verbs.CodecAuto, Sampled: 120, Packed: verbs.CodecS2}, {Asked: verbs.CodecAuto, Sampled: 1.05}} {
+		{Asked: verbs.CodecAuto, Sampled: 120, Packed: verbs.CodecS2}, {Asked: verbs.CodecAuto, Sampled: 1.05},
+		{Asked: verbs.CodecAuto, Sampled: 1.2}, {Asked: verbs.CodecAuto, Sampled: declineRatio - 0.01}} {
 		z.noteSampled(&r)
 		if got := skipped(); got != 0 {
 			t.Fatalf("%+v backed off %d reads", r, got)
 		}
 	}
-	z.observe(n, n/100, 3*time.Millisecond, true) // compressed, won: 5.6 GB/s
+	// A compressed read within recheckBelow of the plane neither loses
+	// nor wins: the backoff stays; one at least as fast resets it.
+	g := z.Goodput()
+	z.observe(n, n/100, time.Duration(float64(n)/(0.95*g)*1e9), true)
+	z.noteSampled(&ReadReport{Asked: verbs.CodecAuto, Sampled: 120})
+	if got := skipped(); got != maxBackoff {
+		t.Fatalf("after a near-tie, a decline backed off %d reads, want %d (kept)", got, maxBackoff)
+	}
+	z.observe(n, n/100, time.Duration(float64(n)/(1.1*g)*1e9), true) // compressed, won
 	z.noteSampled(&ReadReport{Asked: verbs.CodecAuto, Sampled: 120})
 	if got := skipped(); got != 1 {
 		t.Fatalf("after a win, a decline backed off %d reads, want 1 (reset)", got)
+	}
+	// Transfers as they are that Observe measures (landings, while the
+	// plane counts as plain) count as skipped reads: the plane stops
+	// counting as plain once they used the backoff up.
+	z = &Compression{Mode: verbs.CodecAuto}
+	z.observe(n, 0, 400*time.Millisecond, true) // a slow plane: 42 MB/s
+	z.noteSampled(&ReadReport{Asked: verbs.CodecAuto, Sampled: 120})
+	if !z.Plain(ctx, n) {
+		t.Fatal("the plane is not plain while auto backs off")
+	}
+	z.Observe(MinCompressed-1, 0, time.Millisecond) // too small to count
+	if !z.Plain(ctx, n) {
+		t.Fatal("a transfer under MinCompressed used the backoff up")
+	}
+	z.Observe(n, 0, 400*time.Millisecond)
+	if z.Plain(ctx, n) {
+		t.Fatal("after a landing used the backoff up, a slow plane still counts as plain")
 	}
 	var nilZ *Compression
 	nilZ.declined() // a session that does not compress

@@ -11,9 +11,10 @@
 //	gopeer bench-client -socket HOST:PORT -size N -iters K -ops socket,socket2
 //
 // Servers print "ADDR host:port" on stdout and serve until stdin closes;
-// bench-serve also prints "SOCKET host:port", a raw TCP server of the same
-// bytes (socket.go), whose ceiling bench-client's socket (one connection)
-// and socket2 (two, half each, as a striped Fetch's two lanes) measure;
+// bench-serve also prints "SOCKET host:port" where its transports include
+// tcp, a raw TCP server of the same bytes (socket.go), whose ceiling
+// bench-client's socket (one connection) and socket2 (two, half each, as a
+// striped Fetch's two lanes) measure;
 // when stdin's first line is "check", serve first checks the tensors the
 // client sent back ("BACK ok N"). Then they print "POOL allocs=N" (the
 // buffers still live after Close) and exit 1 if N is not 0 or a check
@@ -119,8 +120,11 @@ func main() {
 	case "serve-rows":
 		err = serve(sopts, publishRows, nil)
 	case "bench-serve":
-		raw := make([]byte, *size)
-		Pattern(raw, zerocopy.Uint8)
+		var raw []byte // the raw socket's bytes: only where the tcp plane may run
+		if *transports == "" || slices.Contains(strings.Split(*transports, ","), rpc.TransportTCP) {
+			raw = make([]byte, *size)
+			Pattern(raw, zerocopy.Uint8)
+		}
 		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) }, raw)
 	case "client":
 		err = client(*addr, dopts)

@@ -19,14 +19,16 @@ import (
 // socketServer answers raw-socket requests from buf until its listener
 // is closed.
 type socketServer struct {
-	lis net.Listener
-	buf []byte
-	wg  sync.WaitGroup
-	mu  sync.Mutex
-	cs  map[net.Conn]struct{}
+	lis    net.Listener
+	buf    []byte
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	cs     map[net.Conn]struct{}
+	closed bool // guarded by mu: Close began; accept closes what comes after
 }
 
-// serveSocket listens on host (the gRPC listener's) and answers from buf.
+// serveSocket listens on host (bench-serve's: 127.0.0.1, as its gRPC
+// listener) and answers from buf.
 func serveSocket(host string, buf []byte) (*socketServer, error) {
 	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
@@ -44,9 +46,14 @@ func (s *socketServer) accept() {
 			return
 		}
 		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			continue // Accept fails next, on the closed listener
+		}
 		s.cs[c] = struct{}{}
-		s.mu.Unlock()
 		s.wg.Go(func() { s.answer(c) })
+		s.mu.Unlock()
 	}
 }
 
@@ -76,6 +83,7 @@ func (s *socketServer) answer(c net.Conn) {
 func (s *socketServer) Close() {
 	s.lis.Close()
 	s.mu.Lock()
+	s.closed = true
 	for c := range s.cs {
 		c.Close()
 	}

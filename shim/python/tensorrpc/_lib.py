@@ -191,13 +191,16 @@ def _load() -> ctypes.CDLL:
             "tensorrpc: %s not found; install the package with `pip install ./shim/python` "
             "(which builds it), or point TENSORRPC_LIB at a libtensorrpc.so" % path)
     lib = ctypes.CDLL(path)
+    # The version first: a library of another version may lack functions
+    # of this one's prototypes (an AttributeError, not this message).
+    version = ctypes.CFUNCTYPE(ctypes.c_int)(("trpc_abi_version", lib))()
+    if version != ABI_VERSION:
+        raise ImportError("tensorrpc: %s has C ABI version %d; this package needs %d"
+                          % (path, version, ABI_VERSION))
     for name, (restype, argtypes) in _PROTOTYPES.items():
         f = getattr(lib, name)
         f.restype = restype
         f.argtypes = argtypes
-    if lib.trpc_abi_version() != ABI_VERSION:
-        raise ImportError("tensorrpc: %s has C ABI version %d; this package needs %d"
-                          % (path, lib.trpc_abi_version(), ABI_VERSION))
     # The capsule destructor (in C) needs two functions of the Python C API.
     api = ctypes.pythonapi
     lib.trpc_set_capsule_api(
