@@ -141,6 +141,12 @@ func TestCABI(t *testing.T) {
 	if err != nil || !strings.Contains(out, "capi_smoke OK") {
 		t.Fatalf("capi_smoke: %v\n%s", err, out)
 	}
+	// bench_latency.py's c row compiles examples/bench_capi.c with only
+	// tensorrpc.h (no libtensorrpc.h): it must keep building so.
+	if out, err := run(t, time.Minute, nil, "gcc", "-Wall", "-Werror", "-O2", "-o", filepath.Join(buildDir, "bench_capi"),
+		"-I", "capi", "examples/bench_capi.c", filepath.Join(buildDir, "libtensorrpc.so")); err != nil {
+		t.Fatalf("compiling examples/bench_capi.c: %v\n%s", err, out)
+	}
 }
 
 // TestPython runs the Python package's tests (python/tests) against a
