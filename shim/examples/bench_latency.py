@@ -27,6 +27,10 @@ too) between:
                  tensor's dtype and shape, made once (what a framework
                  refreshing its own tensors does; on tcp the server writes
                  a tensor of up to 4 MiB straight into it);
+  go-out         its Go counterpart, gopeer bench-client -ops fetch_into:
+                 rpc.Client.Fetch with rpc.Into, into one Go slice of the
+                 tensor's dtype and shape (py-out less go-out is what the
+                 Python and the C ABI around it cost);
   torch-rpc      torch.distributed.rpc.rpc_sync (TensorPipe backend, two
                  processes of their own) returning a uint8 tensor of the
                  size that the callee holds; shm: TensorPipe's "shm"
@@ -205,9 +209,9 @@ def torch_available():
 
 # --- tensorrpc -------------------------------------------------------------
 
-def go_round(gopeer, addr, transport, size, iters):
+def go_round(gopeer, addr, transport, size, iters, op="fetch"):
     out = subprocess.run([gopeer, "bench-client", "-addr", addr, "-transports", transport, "-size", str(size),
-                          "-iters", str(iters), "-ops", "fetch"], capture_output=True, text=True, check=True)
+                          "-iters", str(iters), "-ops", op], capture_output=True, text=True, check=True)
     (r,) = json.loads(out.stdout)
     return r["times_s"], r["voluntary_switches_per_op"]
 
@@ -326,6 +330,7 @@ def measure_plane(gopeer, cbench, transport, size, iters, rounds, torch_rpc):
                           for op in ("socket", "socket2")]
             cases += [("py-" + o, lambda o=o: python_round(c, o, iters)) for o in OUTPUTS]
             cases.append(("py-out", lambda: out_round(c, iters)))
+            cases.append(("go-out", lambda: go_round(gopeer, addr, transport, size, iters, "fetch_into")))
             if torch_rpc is not None:
                 cases.append(("torch-rpc", lambda: torch_rpc.run(size, iters)))
             for r in range(rounds):

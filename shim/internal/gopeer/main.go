@@ -7,7 +7,7 @@
 //	gopeer serve-rows [-transports ...]
 //	gopeer client -addr HOST:PORT [-transports ...]
 //	gopeer bench-serve -size N [-transports ...]
-//	gopeer bench-client -addr HOST:PORT -size N -iters K [-ops fetch,send_pool,send_wrapped] [-transports ...]
+//	gopeer bench-client -addr HOST:PORT -size N -iters K [-ops fetch,fetch_into,send_pool,send_wrapped] [-transports ...]
 //	gopeer bench-client -socket HOST:PORT -size N -iters K -ops socket,socket2
 //
 // Servers print "ADDR host:port" on stdout and serve until stdin closes;
@@ -95,7 +95,7 @@ func main() {
 	addr := fs.String("addr", "", "server address (client modes)")
 	size := fs.Int("size", 64<<20, "tensor bytes (bench modes)")
 	iters := fs.Int("iters", 10, "transfers per measurement (bench-client)")
-	ops := fs.String("ops", "fetch,send_pool,send_wrapped", "measurements of bench-client, in order (also socket, socket2)")
+	ops := fs.String("ops", "fetch,send_pool,send_wrapped", "measurements of bench-client, in order (also fetch_into; socket, socket2)")
 	socketAddr := fs.String("socket", "", "bench-serve's raw socket address (bench-client's socket ops)")
 	fs.Parse(os.Args[2:])
 	var opts []rpc.Option
@@ -428,8 +428,20 @@ func benchClient(addr, socketAddr string, opts []rpc.DialOption, size, iters int
 	defer pooled.Release()
 	Pattern(pooled.Bytes(), zerocopy.Uint8)
 	wrapped := rpc.WrapTensor(patterned(zerocopy.Uint8, []int64{int64(size)}))
+	// fetch_into lands the tensor in memory of the caller's own (Go heap,
+	// as a framework's tensor would be), of the published dtype and shape.
+	first, err := c.Fetch(ctx, "bench")
+	if err != nil {
+		return err
+	}
+	mine := rpc.WrapTensor(patterned(first.DType(), first.Shape()))
+	first.Release()
 	measurements := map[string]func() error{
-		"fetch":        fetch,
+		"fetch": fetch,
+		"fetch_into": func() error {
+			_, err := c.Fetch(ctx, "bench", rpc.Into(mine))
+			return err
+		},
 		"send_pool":    func() error { return c.Send(ctx, "sent", pooled) },
 		"send_wrapped": func() error { return c.Send(ctx, "sent", wrapped) },
 	}

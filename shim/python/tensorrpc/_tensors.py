@@ -133,6 +133,14 @@ class _Described:
         self.dl = dl
         self.keep = (keep, shape_arr)
 
+    @classmethod
+    def again(cls, dl: Any, keep: Any, shape_arr: Any) -> "_Described":
+        """A description made before (dl and its shape array), of keep."""
+        d = cls.__new__(cls)
+        d.dl = dl
+        d.keep = (keep, shape_arr)
+        return d
+
 
 def describe(x: Any, what: str = "tensor", writable: bool = False) -> _Described:
     """Describes x (a NumPy array, a torch tensor, a Tensor, a DLPack
@@ -164,6 +172,32 @@ def describe(x: Any, what: str = "tensor", writable: bool = False) -> _Described
         return _describe_numpy(_numpy().asarray(x), what, writable)
     raise InvalidArgumentError("%s must be a NumPy array, a torch tensor, a DLPack producer or a buffer, not %s"
                                % (what, type(x).__name__))
+
+
+def out_fingerprint(x: Any) -> Optional[Tuple[Any, ...]]:
+    """Where and as what fetch(out=x) would write x, read cheaply (about a
+    microsecond against describe's several): (address, shape, dtype) of a
+    writable C-contiguous NumPy array, (address, shape, strides, dtype,
+    conjugate and negative bits, device type) of a torch tensor; None for
+    anything else, and for a NumPy array describe would refuse (then
+    describe says why). Once describe has accepted an x, an x of an equal
+    fingerprint, the same object changed in place (resize, .shape=,
+    .dtype=, torch's set_ and resize_) or another, is described exactly
+    the same way."""
+    if _is_numpy(x):
+        try:
+            # The buffer protocol without PyBUF_STRIDES: NumPy refuses a
+            # read-only or a non-C-contiguous array, and ctypes an empty one.
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(x))
+        except (TypeError, ValueError, BufferError):
+            return None
+        return (addr, x.shape, x.dtype)
+    if _is_torch(x):
+        try:
+            return (x.data_ptr(), x.shape, x.stride(), x.dtype, x.is_conj(), x.is_neg(), x.device.type)
+        except (RuntimeError, AttributeError):  # no data pointer (sparse), or an older torch
+            return None
+    return None
 
 
 def _describe_numpy(a: Any, what: str, writable: bool = False) -> _Described:

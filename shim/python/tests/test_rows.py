@@ -147,6 +147,71 @@ class RowsTest(RowsCase):
             self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out, rows=[])
             self.assert_untouched(buf, "refused in Python")
 
+    def test_fetch_into_same_out_again(self):
+        # The client remembers how it described the last out; an out
+        # changed in place since (shape, dtype, writability, memory) is
+        # described again, and refused or written where it now is.
+        import weakref
+        want = rows_pattern()
+        flat = (ROWS_N * ROWS_COLS,)
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport), self.session(transport) as (srv, c):
+                out = np.zeros((ROWS_N, ROWS_COLS), np.float32)
+                for _ in range(3):
+                    out[:] = 0
+                    self.assertIs(c.fetch("kv", out=out, timeout=30), out)
+                    self.assertTrue(np.array_equal(out, want))
+                out[:] = 0
+                out.shape = flat  # in place: the same memory, another shape
+                self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+                out.shape = (ROWS_N, ROWS_COLS)
+                out.dtype = np.int32  # in place, the same itemsize
+                self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+                out.dtype = np.float32
+                out.flags.writeable = False
+                self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+                out.flags.writeable = True
+                self.assertTrue((out == 0).all(), "a refused fetch wrote out")
+                # New memory under the same array object.
+                out.resize((ROWS_N + 1, ROWS_COLS), refcheck=False)
+                self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+                out.resize((ROWS_N, ROWS_COLS), refcheck=False)
+                out[:] = 0
+                c.fetch("kv", out=out, timeout=30)
+                self.assertTrue(np.array_equal(out, want))
+                # A fetch into the remembered out that times out keeps it
+                # alive until close(), as a first one does; the client
+                # keeps no other reference (NumPy's resize would refuse a
+                # weak one).
+                self.assert_code(tensorrpc.DeadlineExceededError, 4, c.fetch, "kv", out=out, timeout=0)
+                out.resize((ROWS_N, ROWS_COLS + 1), refcheck=False)  # no weak reference either
+                out.resize((ROWS_N, ROWS_COLS), refcheck=False)
+                ref = weakref.ref(out)
+                del out
+                gc.collect()
+                self.assertIsNotNone(ref(), "out was freed before close()")
+                with c._lock:
+                    c._late_outs.clear()
+                gc.collect()
+                self.assertIsNone(ref(), "the client keeps the last out alive")
+
+    def test_fetch_into_same_torch_out_again(self):
+        torch = _need.module(self, "torch", "python3-torch")
+        want = rows_pattern()
+        with self.session("tcp") as (srv, c):
+            out = torch.zeros(ROWS_N, ROWS_COLS)
+            c.fetch("kv", out=out, timeout=30)
+            self.assertTrue(np.array_equal(out.numpy(), want))
+            old = out.clone()
+            out.set_(torch.zeros(ROWS_N, ROWS_COLS))  # other memory, the same tensor object
+            c.fetch("kv", out=out, timeout=30)
+            self.assertTrue(np.array_equal(out.numpy(), want))
+            out.resize_(ROWS_N - 1, ROWS_COLS)
+            self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+            out.set_(torch.zeros(ROWS_COLS, ROWS_N).t())  # not contiguous
+            self.assert_code(tensorrpc.InvalidArgumentError, 3, c.fetch, "kv", out=out)
+            self.assertTrue(bool((out == 0).all()) and np.array_equal(old.numpy(), want))
+
     def test_timed_out_out_kept_until_close(self):
         # rpc waits for a read under way when a fetch into out fails; the
         # client still keeps out alive until close(), belt and braces.
