@@ -429,19 +429,24 @@ func benchClient(addr, socketAddr string, opts []rpc.DialOption, size, iters int
 	Pattern(pooled.Bytes(), zerocopy.Uint8)
 	wrapped := rpc.WrapTensor(patterned(zerocopy.Uint8, []int64{int64(size)}))
 	// fetch_into lands the tensor in memory of the caller's own (Go heap,
-	// as a framework's tensor would be), of the published dtype and shape.
-	first, err := c.Fetch(ctx, "bench")
-	if err != nil {
+	// as a framework's tensor would be), of the published dtype and
+	// shape, learnt by its first call (measure's warm-up).
+	var mine *rpc.Tensor
+	fetchInto := func() error {
+		if mine == nil {
+			first, err := c.Fetch(ctx, "bench")
+			if err != nil {
+				return err
+			}
+			mine = rpc.WrapTensor(patterned(first.DType(), first.Shape()))
+			first.Release()
+		}
+		_, err := c.Fetch(ctx, "bench", rpc.Into(mine))
 		return err
 	}
-	mine := rpc.WrapTensor(patterned(first.DType(), first.Shape()))
-	first.Release()
 	measurements := map[string]func() error{
-		"fetch": fetch,
-		"fetch_into": func() error {
-			_, err := c.Fetch(ctx, "bench", rpc.Into(mine))
-			return err
-		},
+		"fetch":        fetch,
+		"fetch_into":   fetchInto,
 		"send_pool":    func() error { return c.Send(ctx, "sent", pooled) },
 		"send_wrapped": func() error { return c.Send(ctx, "sent", wrapped) },
 	}
