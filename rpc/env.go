@@ -85,7 +85,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2, zstd or huff0"},
 		{Name: EnvCopy, Default: "auto", Meaning: copyMeaning()},
-		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
+		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm; a Go caller in a process of at most 2 Ps only when the peer is this process) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)

@@ -685,6 +685,15 @@ type Poller interface {
 	EndPoll()
 }
 
+// PeerLocator is implemented by queue pairs that know whether their
+// connected peer runs in this very process (shm: from the socket's
+// SO_PEERCRED). Spinning for a peer in another process competes with that
+// process for the host's cores, which the Go scheduler cannot arbitrate;
+// spinning for one in this process does not.
+type PeerLocator interface {
+	PeerInProcess() bool
+}
+
 // Errors returned by posting and setup calls.
 var (
 	ErrClosed        = errors.New("verbs: closed")

@@ -74,6 +74,17 @@ func peerOf(c *net.UnixConn) (peerProcess, error) {
 	return peerProcess{pid: int(cred.Pid), uid: cred.Uid, gid: cred.Gid}, nil
 }
 
+// peerIsThisProcess reports whether the process at the other end of c is
+// this one (false when the socket does not say).
+func peerIsThisProcess(c *net.UnixConn) bool {
+	p, err := peerOf(c)
+	return err == nil && p.pid == os.Getpid()
+}
+
+// PeerInProcess (verbs.PeerLocator) reports whether the connected peer
+// is this process.
+func (qp *queuePair) PeerInProcess() bool { return qp.inProcess.Load() }
+
 // probeAddr is the address of qp's probe, which the peer reads. The
 // queue pair is a heap object, which Go's collector never moves, and it
 // lives as long as the connection can be probed.

@@ -107,6 +107,7 @@ func (qp *queuePair) connect(ctx context.Context, ri softrc.Info, dialer bool) (
 		qp.peerStagingMapping, qp.peerStaging, qp.peerState = l.peerMapping, l.peerStaging[stagingHeader:], wordAt(l.peerStaging, 0)
 		qp.rx, qp.tx = l.rx, l.tx
 		qp.cma = l.cma
+		qp.inProcess.Store(peerIsThisProcess(l.conn))
 		qp.readerDone = make(chan struct{})
 		receive := qp.runReceiver
 		if qp.rx != nil {

@@ -236,6 +236,9 @@ func TestOtherProcess(t *testing.T) {
 	p := childtest.Start(t, "rw", childproc.Options{})
 	defer p.Kill() // on early returns
 	ps.connectChild(t, p)
+	if ps.qp.(verbs.PeerLocator).PeerInProcess() {
+		t.Error("PeerInProcess true with the peer in a child process")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
 	defer cancel()

@@ -112,6 +112,9 @@ type queuePair struct {
 	// by Connect (under Mu) before the goroutines start, its pidfd closed
 	// by Shutdown.
 	cma cmaLink
+	// inProcess: the connected peer is this process (SO_PEERCRED), set
+	// when the connection starts.
+	inProcess atomic.Bool
 }
 
 func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queuePair {

@@ -328,6 +328,19 @@ func pollers(qps ...*queuePair) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
+// TestPeerInProcess: both ends of an in-process connection know their
+// peer is this process (TestOtherProcess: not so for a child's).
+func TestPeerInProcess(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 4096)
+	defer closeAll()
+	for name, qp := range map[string]verbs.QueuePair{"dialer": a.qp, "acceptor": b.qp} {
+		if l, ok := qp.(verbs.PeerLocator); !ok || !l.PeerInProcess() {
+			t.Errorf("%s: PeerInProcess false (or no verbs.PeerLocator) with the peer in this process", name)
+		}
+	}
+}
+
 // TestPollRacesTheReceiver: goroutines that poll both queue pairs all the
 // time compete with the receivers (which sleep as soon as the ring is
 // empty) for every message, those whose fd follows on the socket

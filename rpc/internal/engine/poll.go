@@ -24,6 +24,34 @@ const PollSpin = 50 * time.Microsecond
 // handling made ready may have no other P to run on.
 const fewProcs = 4
 
+// soloProcs is the most Ps at which a goroutine caller polls only a
+// queue pair whose peer is in this process (verbs.PeerLocator), and waits
+// for the receiver to hand its answer over from one in another process.
+// There, the two processes' spinning threads (this caller, the peer's
+// receiver, each side's other goroutines) outnumber the cores, and the
+// kernel cannot tell which one has the work: 4 KiB shm Fetches between
+// two Go processes on the 2-core VM, 3000 sequential calls a run,
+// medians of 6-8 runs, polling against handing over: p50 14.3, 14.9,
+// 10.2 -> 12.1, 9.4, 9.9 µs; p99 824, 593, 645 -> 319, 105, 171 µs;
+// mean 59, 42, 35 -> 25, 16, 18 µs (calls slower than 300 µs: 166, 98,
+// 95 -> 30, 10, 18); 1 MiB: p50 77, 74 -> 64, 69 µs, mean 180, 154 ->
+// 95, 106 µs. Within one process the Go scheduler shares the Ps between
+// the poller and the rest, and polling stays ahead (BenchmarkFetch
+// shm/4KiB 10.2 against 11.9 µs). A caller locked to its thread (the C
+// ABI's) polls anyway: handing over to it is an OS-level wake-up, several
+// times slower (75-109 µs at 4 KiB).
+const soloProcs = 2
+
+// pollsFor reports whether a caller (locked to its thread or not, in a
+// process of procs Ps) polls p for its answer.
+func pollsFor(p verbs.Poller, locked bool, procs int) bool {
+	if locked || procs > soloProcs {
+		return true
+	}
+	l, ok := p.(verbs.PeerLocator)
+	return ok && l.PeerInProcess()
+}
+
 // maxWatchFactor bounds how long a caller locked to its thread watches
 // for its answer on tcp (awaitBell): at most this many times its spin.
 const maxWatchFactor = 8
@@ -38,7 +66,9 @@ func watchFor(spin, lately time.Duration) time.Duration {
 // AwaitAnswer waits up to spin for pc's answer while polling the link's
 // queue pair, so that the answer is handled in this goroutine and nothing
 // needs to wake it. It reports false, with no answer, when the spin ran
-// out, the queue pair cannot be polled, another caller polls it (one
+// out, the queue pair cannot be polled, pollsFor says not to (a
+// goroutine caller on few Ps whose peer is another process), another
+// caller polls it (one
 // spinning caller per lane takes every answer as it arrives, and hands
 // the others over), or other requests of the link await their answers
 // too: the caller then waits for pc.Ch as before. With calls in flight
@@ -53,11 +83,11 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 	if !ok {
 		return l.awaitBell(ctx, pc, spin)
 	}
-	if spin <= 0 || l.Frames.InFlight() > 1 || !p.BeginPoll() {
+	locked := callhint.IsLocked(ctx)
+	if spin <= 0 || l.Frames.InFlight() > 1 || !pollsFor(p, locked, runtime.GOMAXPROCS(0)) || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
-	locked := callhint.IsLocked(ctx)
 	var start time.Time
 	for i := 0; ; i++ {
 		// Two one-case selects, not one of two cases: a receive that
