@@ -648,7 +648,7 @@ func (c *Client) roundTrip(ctx context.Context, s *clientSession, l *engine.Link
 // awaitReply waits for the answer pc awaits (to the request ref) and runs
 // hold as roundTrip says.
 func (c *Client) awaitReply(ctx context.Context, s *clientSession, l *engine.Link, ref uint64, pc *engine.PendingCall, hold func()) (engine.FrameReply, error) {
-	if r, ok := l.AwaitAnswer(ctx, pc, c.opts.pollSpin); ok {
+	if r, ok := l.AwaitAnswer(ctx, pc, c.opts.pollSpin, c.opts.pollSet); ok {
 		hold()
 		return r, nil
 	}

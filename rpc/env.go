@@ -54,6 +54,10 @@ const (
 	// recent waits, up to 8 times this). Longer spins trade a core's time for the
 	// wake-up of a parked caller (an OS wake-up for a thread-locked one);
 	// a tuning knob for measurements, like UCX's and NCCL's spin counts.
+	// Unset, a Go caller in a process of at most 2 Ps polls an shm peer
+	// only when the peer is this process (between two processes on 2
+	// cores, polling made the tail of small calls 2-5 times longer); set,
+	// it polls any peer.
 	EnvPollSpin = "TENSORRPC_POLL_US"
 	// EnvCopy chooses how the data planes copy 1 MiB and more in memory
 	// (shared memory's Reads and Writes, a Fetch into a caller's tensor):
@@ -85,7 +89,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2, zstd or huff0"},
 		{Name: EnvCopy, Default: "auto", Meaning: copyMeaning()},
-		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm; a Go caller in a process of at most 2 Ps only when the peer is this process) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
+		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm; unset, a Go caller in a process of at most 2 Ps only when the peer is this process) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)
@@ -129,7 +133,7 @@ func (o *options) applyEnv() {
 		case (err != nil || n < 0 || n > 1000) && o.envErr == nil:
 			o.envErr = fmt.Errorf("tensorrpc: %s=%q: want microseconds from 0 to 1000", EnvPollSpin, v)
 		case err == nil && n >= 0 && n <= 1000:
-			o.pollSpin = time.Duration(n) * time.Microsecond
+			o.pollSpin, o.pollSet = time.Duration(n)*time.Microsecond, true
 		}
 	}
 	if v := strings.TrimSpace(os.Getenv(EnvCompression)); v != "" {

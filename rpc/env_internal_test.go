@@ -105,12 +105,12 @@ func TestEnvKnobs(t *testing.T) {
 		}
 	})
 	t.Run(EnvPollSpin, func(t *testing.T) {
-		if got := buildDialOptions(nil).pollSpin; got != engine.PollSpin {
-			t.Errorf("default poll spin %v, want %v", got, engine.PollSpin)
+		if o := buildDialOptions(nil); o.pollSpin != engine.PollSpin || o.pollSet {
+			t.Errorf("default poll spin %v (set %v), want %v, not set", o.pollSpin, o.pollSet, engine.PollSpin)
 		}
 		t.Setenv(EnvPollSpin, "200")
-		if got := buildDialOptions(nil).pollSpin; got != 200*time.Microsecond {
-			t.Errorf("%s=200: poll spin %v", EnvPollSpin, got)
+		if o := buildDialOptions(nil); o.pollSpin != 200*time.Microsecond || !o.pollSet {
+			t.Errorf("%s=200: poll spin %v, set %v", EnvPollSpin, o.pollSpin, o.pollSet)
 		}
 		t.Setenv(EnvPollSpin, "0")
 		if got := buildDialOptions(nil).pollSpin; got != 0 {

@@ -82,6 +82,7 @@ type options struct {
 	admission      Admission
 	lanes          int           // 0: DefaultLanes for each data plane
 	pollSpin       time.Duration // how long a caller polls or watches for its answer (EnvPollSpin)
+	pollSet        bool          // EnvPollSpin was given: Go callers poll a peer in another process on few Ps too
 	noHealth       bool          // WithoutHealth
 	// handlersInGoroutines: WithHandlerGoroutines.
 	handlersInGoroutines bool

@@ -95,7 +95,7 @@ func TestAwaitBellAnswers(t *testing.T) {
 		} else {
 			whenBelled(client, func() { answer(ref) })
 		}
-		r, ok := client.AwaitAnswer(tenSeconds(t), pc, PollSpin)
+		r, ok := client.AwaitAnswer(tenSeconds(t), pc, PollSpin, false)
 		wantBytes(t, r, ok)
 		if client.belled.Load() {
 			t.Fatal("the bell stays taken after its caller got the answer")
@@ -114,13 +114,13 @@ func TestAwaitBellOneCaller(t *testing.T) {
 	}
 	done := make(chan result)
 	go func() {
-		r, ok := client.AwaitAnswer(tenSeconds(t), first, PollSpin)
+		r, ok := client.AwaitAnswer(tenSeconds(t), first, PollSpin, false)
 		done <- result{r, ok}
 	}()
 	for !client.belled.Load() {
 		time.Sleep(time.Millisecond)
 	}
-	if _, ok := client.AwaitAnswer(context.Background(), second, PollSpin); ok {
+	if _, ok := client.AwaitAnswer(context.Background(), second, PollSpin, false); ok {
 		t.Fatal("a second caller took the bell while the first waited on it")
 	}
 	answer(2)
@@ -144,14 +144,14 @@ func TestAwaitBellContextEnds(t *testing.T) {
 	pc := askFetch(t, client, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	whenBelled(client, cancel)
-	if r, ok := client.AwaitAnswer(ctx, pc, PollSpin); ok {
+	if r, ok := client.AwaitAnswer(ctx, pc, PollSpin, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v with no answer sent", r)
 	}
 	answer(1) // late: it lands in pc.Ch and rings the bell with nobody waiting
 	<-pc.Ch
 	next := askFetch(t, client, 2)
 	whenBelled(client, func() { answer(2) })
-	r, ok := client.AwaitAnswer(tenSeconds(t), next, PollSpin)
+	r, ok := client.AwaitAnswer(tenSeconds(t), next, PollSpin, false)
 	wantBytes(t, r, ok)
 }
 
@@ -161,7 +161,7 @@ func TestAwaitBellLinkFails(t *testing.T) {
 	client, _ := heldServer(t)
 	pc := askFetch(t, client, 1)
 	whenBelled(client, func() { client.Fail(errors.New("test: the link failed")) })
-	if r, ok := client.AwaitAnswer(context.Background(), pc, PollSpin); ok {
+	if r, ok := client.AwaitAnswer(context.Background(), pc, PollSpin, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v on a failed link", r)
 	}
 	select {
@@ -186,7 +186,7 @@ func TestAwaitBellLocked(t *testing.T) {
 				answer(ref)
 			})
 		}
-		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin)
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin, false)
 		wantBytes(t, r, ok)
 	}
 	// Half the answers came 10 spins late: the link's moving average of
@@ -374,7 +374,7 @@ func TestAwaitBellLockedBlocks(t *testing.T) {
 	for ref := uint64(1); ref <= 4; ref++ {
 		pc := askFetch(t, client, ref)
 		go func() { blockedOn(client.tbell); answer(ref) }()
-		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, 0)
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, 0, false)
 		wantBytes(t, r, ok)
 		if pc.bell.Load() != nil || pc.tbell.Load() != client.tbell {
 			t.Fatal("a locked caller waited on the netpoller's bell, not the thread bell")
@@ -383,14 +383,14 @@ func TestAwaitBellLockedBlocks(t *testing.T) {
 	pc := askFetch(t, client, 5)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { blockedOn(client.tbell); cancel() }()
-	if r, ok := client.AwaitAnswer(callhint.Locked(ctx), pc, 0); ok {
+	if r, ok := client.AwaitAnswer(callhint.Locked(ctx), pc, 0, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v with no answer sent", r)
 	}
 	answer(5) // late: rings the thread bell with nobody waiting
 	<-pc.Ch
 	pc = askFetch(t, client, 6)
 	go func() { blockedOn(client.tbell); client.Fail(errors.New("test: the link failed")) }()
-	if r, ok := client.AwaitAnswer(callhint.Locked(context.Background()), pc, 0); ok {
+	if r, ok := client.AwaitAnswer(callhint.Locked(context.Background()), pc, 0, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v on a failed link", r)
 	}
 	select {
@@ -427,7 +427,7 @@ func TestAwaitBellLockedOneP(t *testing.T) {
 	for ref := uint64(1); ref <= 3; ref++ {
 		pc := askFetch(t, client, ref)
 		whenBelled(client, func() { answer(ref) })
-		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin)
+		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, PollSpin, false)
 		wantBytes(t, r, ok)
 		if pc.tbell.Load() != nil || pc.bell.Load() != client.bell {
 			t.Fatal("with one P a locked caller waited on the thread bell, not the netpoller's")

@@ -67,7 +67,8 @@ func watchFor(spin, lately time.Duration) time.Duration {
 // queue pair, so that the answer is handled in this goroutine and nothing
 // needs to wake it. It reports false, with no answer, when the spin ran
 // out, the queue pair cannot be polled, pollsFor says not to (a
-// goroutine caller on few Ps whose peer is another process), another
+// goroutine caller on few Ps whose peer is another process; always
+// overrides it: TENSORRPC_POLL_US was set), another
 // caller polls it (one
 // spinning caller per lane takes every answer as it arrives, and hands
 // the others over), or other requests of the link await their answers
@@ -78,13 +79,13 @@ func watchFor(spin, lately time.Duration) time.Duration {
 // 69-75 µs without; only polling alone, 71 µs. Between fruitless
 // looks it lets other threads of the host run (the peer's, on a machine
 // with few cores), without waking an idle one.
-func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Duration) (FrameReply, bool) {
+func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Duration, always bool) (FrameReply, bool) {
 	p, ok := l.QP.(verbs.Poller)
 	if !ok {
 		return l.awaitBell(ctx, pc, spin)
 	}
 	locked := callhint.IsLocked(ctx)
-	if spin <= 0 || l.Frames.InFlight() > 1 || !pollsFor(p, locked, runtime.GOMAXPROCS(0)) || !p.BeginPoll() {
+	if spin <= 0 || l.Frames.InFlight() > 1 || !(always || pollsFor(p, locked, runtime.GOMAXPROCS(0))) || !p.BeginPoll() {
 		return FrameReply{}, false // another caller polls the lane: it hands our answer over
 	}
 	defer p.EndPoll()
