@@ -68,8 +68,7 @@ func watchFor(spin, lately time.Duration) time.Duration {
 // needs to wake it. It reports false, with no answer, when the spin ran
 // out, the queue pair cannot be polled, pollsFor says not to (a
 // goroutine caller on few Ps whose peer is another process; always
-// overrides it: TENSORRPC_POLL_US was set), another
-// caller polls it (one
+// overrides it: TENSORRPC_POLL_US was set), another caller polls it (one
 // spinning caller per lane takes every answer as it arrives, and hands
 // the others over), or other requests of the link await their answers
 // too: the caller then waits for pc.Ch as before. With calls in flight
@@ -86,7 +85,7 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 	}
 	locked := callhint.IsLocked(ctx)
 	if spin <= 0 || l.Frames.InFlight() > 1 || !(always || pollsFor(p, locked, runtime.GOMAXPROCS(0))) || !p.BeginPoll() {
-		return FrameReply{}, false // another caller polls the lane: it hands our answer over
+		return FrameReply{}, false // the receiver, or the lane's poller, hands our answer over
 	}
 	defer p.EndPoll()
 	var start time.Time
