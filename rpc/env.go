@@ -57,7 +57,8 @@ const (
 	// Unset, a Go caller in a process of at most 2 Ps polls an shm peer
 	// only when the peer is this process (between two processes on 2
 	// cores, polling made the tail of small calls 2-5 times longer); set,
-	// it polls any peer.
+	// it polls any peer. Unset, a caller through the C ABI polls shm 4
+	// times as long (200 µs); set, exactly as long as it says.
 	EnvPollSpin = "TENSORRPC_POLL_US"
 	// EnvCopy chooses how the data planes copy 1 MiB and more in memory
 	// (shared memory's Reads and Writes, a Fetch into a caller's tensor):
@@ -89,7 +90,7 @@ func EnvKnobs() []Knob {
 		{Name: EnvLanes, Default: "cores/2, at least 2 (1 on one core), at most 8", Meaning: "queue pairs (lanes) a session opens on its data plane, 1 to 16"},
 		{Name: EnvCompression, Default: CompressionAuto, Meaning: "compression of tensors on tcp and the gRPC fallback: off, auto (when it pays on the link), s2, zstd or huff0"},
 		{Name: EnvCopy, Default: "auto", Meaning: copyMeaning()},
-		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm; unset, a Go caller in a process of at most 2 Ps only when the peer is this process) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
+		{Name: EnvPollSpin, Default: fmt.Sprint(engine.PollSpin.Microseconds()), Meaning: "microseconds a caller alone on its lane polls (shm; unset, a Go caller in a process of at most 2 Ps only when the peer is this process, and a C ABI caller 4 times as long) or watches (tcp, C ABI callers; up to 8 times as long when the link's answers take longer) for its answer before it parks, 0 to 1000"},
 	}
 	for i := range k {
 		k[i].Value = os.Getenv(k[i].Name)

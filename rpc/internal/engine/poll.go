@@ -42,6 +42,21 @@ const fewProcs = 4
 // times slower (75-109 µs at 4 KiB).
 const soloProcs = 2
 
+// lockedPollFactor is how many times its spin a caller locked to its
+// thread polls (unless TENSORRPC_POLL_US sets the spin): past it, the
+// answer is handed over to its thread, an OS-level wake-up (75-109 µs at
+// 4 KiB between two processes on the 2-core VM), after the peer's wake-up
+// message to our sleeping receiver, so a short poll that an answer
+// delayed by the scheduler outlasts costs several times what it saves.
+// Python's fetches on shm between two processes there, two interleaved
+// pairs of runs, 50 against 200 µs (TENSORRPC_POLL_US): 4 KiB p50 18.8,
+// 20.7 -> 16.4, 16.7 µs, p99 829, 195 -> 145, 114 µs (the C caller 19.4,
+// 46.7 -> 14.4, 9.7 µs); 1 MiB 88, 91 -> 98, 70 µs; the library built
+// each way, two more pairs: 4 KiB 14.4, 22.2 -> 19.0, 18.1 µs (p99 314,
+// 176 -> 304, 274), 1 MiB 138, 89 -> 63, 78 µs (p99 2371, 1943 -> 305,
+// 955; C 107, 324 -> 78, 89 µs).
+const lockedPollFactor = 4
+
 // pollsFor reports whether a caller (locked to its thread or not, in a
 // process of procs Ps) polls p for its answer.
 func pollsFor(p verbs.Poller, locked bool, procs int) bool {
@@ -88,6 +103,9 @@ func (l *Link) AwaitAnswer(ctx context.Context, pc *PendingCall, spin time.Durat
 		return FrameReply{}, false // the receiver, or the lane's poller, hands our answer over
 	}
 	defer p.EndPoll()
+	if locked && !always {
+		spin *= lockedPollFactor
+	}
 	var start time.Time
 	for i := 0; ; i++ {
 		// Two one-case selects, not one of two cases: a receive that
