@@ -242,12 +242,14 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 		// compressed on the probe's word, crosses as it is to measure it.
 		// A compressed one that came slower than the link moves bytes as
 		// they are (a loaded machine compressing under the race
-		// detector) makes the next go as it is, to check: it may be the
-		// last, after one that came compressed.
-		const fetches = 3
+		// detector) makes the next go as it is, to check, and then as
+		// many as auto's backoff (1, then 2, ...): sparse tensors are
+		// fetched, from the third on, until one comes compressed again,
+		// at most maxFetches (three losses' checks and backoffs).
+		const fetches, maxFetches = 3, 9
 		var modes []string
 		smallest := int64(size)
-		for i := range fetches {
+		for i := 0; i < fetches || kind == "sparse-f32" && i < maxFetches && last.Compression == rpc.CompressionOff; i++ {
 			got, err := c.Fetch(ctx, kind)
 			if err != nil {
 				t.Fatal(err)
@@ -275,8 +277,8 @@ func slowLinkCompression(t *testing.T, addr, plane string) {
 		n := c.Stats().CompressedTransfers - before
 		lastOff := last.Compression == rpc.CompressionOff
 		switch {
-		case kind == "sparse-f32" && (n == 0 || lastOff && modes[fetches-2] == rpc.CompressionOff):
-			t.Errorf("sparse: %d of %d Fetches compressed (%q); want the last compressed, or checked as it is right after a compressed one", n, fetches, modes)
+		case kind == "sparse-f32" && (n == 0 || lastOff):
+			t.Errorf("sparse: %d of %d Fetches compressed (%q); want the last compressed", n, len(modes), modes)
 		case kind == "random" && (n != 0 || last.Compression != rpc.CompressionOff):
 			t.Errorf("random: %d Fetches compressed (the last %q); want none", n, last.Compression)
 		case plane == rpc.TransportTCP && kind == "random" && (last.SampleRatio < 0.99 || last.SampleRatio > 1.05):
