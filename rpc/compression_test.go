@@ -56,7 +56,7 @@ func TestCompressionRoundTrips(t *testing.T) {
 				ctx := testCtx(t)
 				for _, kind := range compressKinds {
 					for i, n := range sizes {
-						if rpctest.Race && (n >= 16<<20 && kind != "sparse-f32" || n >= 16<<20 && mode == rpc.CompressionZstd) {
+						if rpctest.Race && n >= 16<<20 && (kind != "sparse-f32" || mode == rpc.CompressionZstd) {
 							// The race detector is slow: one payload of the
 							// two largest sizes, and zstd (pure Go,
 							// instrumented) only up to 3 MiB.
