@@ -86,7 +86,7 @@ func (p *Pool) Alloc(ctx context.Context, n int) (*Buffer, error) {
 // TryAlloc is Alloc without the waiting: it returns ErrExhausted when Alloc
 // would block. It may still map a new arena when the limit allows.
 func (p *Pool) TryAlloc(n int) (*Buffer, error) {
-	return p.alloc(nil, n, false)
+	return p.alloc(context.Background(), n, false)
 }
 
 func (p *Pool) alloc(ctx context.Context, n int, wait bool) (*Buffer, error) {

@@ -177,21 +177,6 @@ func eventuallyGone(c *Client) bool {
 // statusBody is a response body with an error status.
 func statusBody(err error) []byte { return engine.AppendStatus(nil, err, 1<<20) }
 
-// within runs f in a goroutine and returns its error, failing the test when
-// f does not return within d.
-func within(t *testing.T, d time.Duration, f func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(d):
-		t.Fatalf("the call did not return within %v", d)
-		return nil
-	}
-}
-
 // started runs f in a goroutine; its error comes on the channel.
 func started(f func() error) <-chan error {
 	done := make(chan error, 1)

@@ -58,10 +58,6 @@ type launch struct {
 	listen      string // where this rank's server listens; "" for the default
 }
 
-// launchEnv are the environment variables a launched rank reads, as
-// torchrun sets them.
-var launchEnv = []string{"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-
 // resolveLaunch combines the flags that were set with the environment
 // (getenv): a flag wins over its variable. It returns nil, without error,
 // when neither -rank nor RANK says this process is a launched rank.

@@ -64,15 +64,6 @@ func (qp *queuePair) failAndClose(err error) {
 	qp.conn.Close()
 }
 
-// handle handles one control message from the peer, from the ring or the
-// socket; then it hands over what that completed (the receiver Queues its
-// completions, see softrc.CQ.Queue), so that the consumer's reaction (a
-// reply to a received request) runs here without waking anyone.
-func (qp *queuePair) handle(m message, fd int) error {
-	_, err := qp.handleFrom(m, fd, nil)
-	return err
-}
-
 // handleFrom is handle in a receiver, which resume continues in a new
 // goroutine if the consumer detaches the delivery (softrc.QP.DeliverFrom):
 // detached then reports that the caller is no longer the receiver. A

@@ -503,7 +503,7 @@ func (l *Link) sendFrame(ctx context.Context, typ uint8, flags uint16, ref uint6
 		f.Refund(returns, ids, refs)
 		return false, status.Errorf(codes.Internal, "tensorrpc: encoding a frame: %d of %d bytes: %v", len(body), size, err)
 	}
-	AppendReleases(body[len(body):len(body)], ids)
+	AppendReleases(body[len(body):], ids)
 	PutFrameHeader(b, frameHeader{Type: typ, Flags: flags, Ref: ref, Credits: returns, Releases: uint16(len(ids))}, n)
 	local, err := l.Domain.Ctl.Local(buf)
 	if err != nil {
