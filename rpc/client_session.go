@@ -9,11 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/tensorrpc/tensorrpc/proto/tensorrpcpb"
 	"github.com/tensorrpc/tensorrpc/rpc/internal/engine"
+	"github.com/tensorrpc/tensorrpc/rpc/internal/fallback/chunkcodec"
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
@@ -310,6 +312,9 @@ func (c *Client) openSession(ctx context.Context) (*clientSession, error) {
 			if !enabled(&c.opts, TransportGRPC) {
 				return fail(status.Errorf(codes.FailedPrecondition, "tensorrpc: no data plane connected and the grpc fallback is disabled: %s", rejectionText(s.rejections)))
 			}
+			if err := c.probeStreams(ctx); err != nil {
+				return fail(err)
+			}
 			s.open(nil, TransportGRPC, streams{c: c, s: s}, nil)
 			break
 		}
@@ -388,6 +393,35 @@ func rejectionText(rs []Rejection) string {
 		parts = append(parts, r.String())
 	}
 	return strings.Join(parts, "; ")
+}
+
+// probeStreams checks, for a session on the gRPC plane, that the gRPC
+// connection takes a stream beside the session's: each of that plane's
+// calls is a stream of its own, and a server that allows one stream per
+// connection (grpc.MaxConcurrentStreams(1)) would leave every call waiting
+// for its deadline. The check is local, as the client knows the server's
+// limit from the connection's HTTP/2 settings: it opens a FetchStream, as
+// the plane's Fetch does, and cancels it before it carries a message (the server's handler never runs;
+// interceptors on both sides see a cancelled stream). It waits up to the
+// connect timeout (WithConnectTimeout) or Dial's deadline, whichever is
+// sooner, as a stream on a connection another user of a shared ClientConn
+// (NewClient) fills may take a while. Errors other than that wait's end
+// are the calls' to meet: they pass.
+func (c *Client) probeStreams(ctx context.Context) error {
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, c.opts.connectTimeout)
+	defer cancel()
+	_, err := c.cc.NewStream(pctx, &grpc.StreamDesc{StreamName: "FetchStream", ServerStreams: true}, pb.TensorRPC_FetchStream_FullMethodName, chunkcodec.CallOptions()...)
+	switch {
+	case err == nil:
+		return nil // the deferred cancel ends the stream
+	case errors.Is(pctx.Err(), context.DeadlineExceeded):
+		return status.Errorf(codes.FailedPrecondition, "tensorrpc: the gRPC plane was chosen, but the connection to the server opened no stream beside the session's in %v: each of that plane's calls needs one, and a server with grpc.MaxConcurrentStreams(1) leaves none; allow the server at least 2 streams per connection, or connect a data plane", time.Since(start).Round(time.Millisecond))
+	case ctx.Err() != nil:
+		return negotiationError(ctx, err)
+	}
+	c.log.Debug("tensorrpc: the gRPC plane's stream check failed", "err", err)
+	return nil
 }
 
 func negotiationError(ctx context.Context, err error) error {

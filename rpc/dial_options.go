@@ -21,7 +21,8 @@ func WithTransportCredentials(c credentials.TransportCredentials) DialOption {
 
 // WithGRPCDialOptions passes options to the gRPC client connection that
 // Dial makes. As with WithGRPCServerOptions, its interceptors see the gRPC
-// methods only: calls of a data-plane session travel as frames.
+// methods only: calls of a data-plane session travel as frames; its
+// message-size call options bind the gRPC plane's calls only (see there).
 func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
 	return dialOption(func(o *options) { o.grpcDialOpts = append(o.grpcDialOpts, opts...) })
 }

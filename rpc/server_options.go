@@ -38,6 +38,15 @@ func WithEagerThreshold(n int) ServerOption {
 // makes. Its interceptors see the gRPC methods only (session setup, the
 // fallback's streams, gRPC-only clients): calls of a data-plane session
 // travel as frames on the data plane.
+//
+// Two of gRPC's limits bind the gRPC plane (the fallback) only, whose
+// calls are gRPC streams carrying tensors in messages of up to 1 MiB and a
+// few bytes: grpc.MaxConcurrentStreams must allow at least 2 streams per
+// connection (the session holds one; Dial fails with FailedPrecondition
+// when that plane is chosen and none is left), and message-size limits
+// below that chunk (grpc.MaxRecvMsgSize, MaxSendMsgSize, and the client's
+// call options) fail its calls with ResourceExhausted. On a data plane a
+// tensor's size is bounded by WithMaxTensorBytes instead.
 func WithGRPCServerOptions(opts ...grpc.ServerOption) ServerOption {
 	return serverOption(func(o *options) { o.grpcServerOpts = append(o.grpcServerOpts, opts...) })
 }
