@@ -1,8 +1,6 @@
 package rpc_test
 
 import (
-	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tensorrpc/tensorrpc/rpc"
-	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // TestGRPCPlaneStreamLimit: the gRPC plane's calls are streams of their
@@ -23,28 +20,10 @@ import (
 // two streams are enough.
 func TestGRPCPlaneStreamLimit(t *testing.T) {
 	serve := func(t *testing.T, streams uint32) string {
-		s, err := rpc.NewServer(testPool(), rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC),
+		s, addr, _ := serveOn(t, "127.0.0.1:0", rpc.WithTransports(rpc.TransportTCP, rpc.TransportGRPC),
 			rpc.WithGRPCServerOptions(grpc.MaxConcurrentStreams(streams)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		served := make(chan error, 1)
-		go func() { served <- s.Serve(lis) }()
-		x, err := s.NewTensor(context.Background(), zerocopy.Uint8, []int64{256 << 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Publish(context.Background(), "x", x)
-		x.Release()
-		t.Cleanup(func() {
-			s.Stop()
-			<-served
-		})
-		return lis.Addr().String()
+		publishBytes(t, s, "x", 256<<10, 1)
+		return addr
 	}
 	dial := func(addr, plane string) (*rpc.Client, error) {
 		return rpc.Dial(ctxT(t), addr, testPool(), insecureCreds(), rpc.WithTransports(plane), rpc.WithConnectTimeout(300*time.Millisecond))
