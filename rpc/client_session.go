@@ -401,8 +401,9 @@ func rejectionText(rs []Rejection) string {
 // connection (grpc.MaxConcurrentStreams(1)) would leave every call waiting
 // for its deadline. The check is local, as the client knows the server's
 // limit from the connection's HTTP/2 settings: it opens a FetchStream, as
-// the plane's Fetch does, and cancels it before it carries a message (the server's handler never runs;
-// interceptors on both sides see a cancelled stream). It waits up to the
+// the plane's Fetch does, and cancels it before it carries a message (the
+// server's FetchStream method never runs; interceptors on both sides see a
+// cancelled stream). It waits up to the
 // connect timeout (WithConnectTimeout) or Dial's deadline, whichever is
 // sooner, as a stream on a connection another user of a shared ClientConn
 // (NewClient) fills may take a while. Errors other than that wait's end
