@@ -65,8 +65,11 @@ const (
 	// "auto" (default) with a loop of cached 256-bit loads and stores where
 	// the Go runtime's copy would use its non-temporal loop (amd64 CPUs
 	// with AVX but not both ERMS and FSRM on Intel; measured 1.5-3.8x
-	// faster on a 2-core Xeon VM), "runtime" with Go's built-in copy. Read
-	// once, when the process starts; NewServer and Dial check its value.
+	// faster on a 2-core Xeon VM; on other CPUs than Intel's only up to
+	// an eighth of the last-level cache, past which the runtime's loop is
+	// the faster: 4 MiB on an AMD EPYC with 32 MiB of L3), "runtime" with
+	// Go's built-in copy. Read once, when the process starts; NewServer
+	// and Dial check its value.
 	EnvCopy = memcopy.Env
 )
 
@@ -103,6 +106,13 @@ func copyMeaning() string {
 	m := "in-memory copies of 1 MiB and more: auto (a loop of cached AVX loads and stores where Go's copy would stream) or runtime (Go's copy)"
 	if ok, why := memcopy.Active(); !ok {
 		return m + "; here Go's copy (" + why + ")"
+	}
+	if lim := memcopy.Limit(); lim > 0 {
+		size := fmt.Sprintf("%d KiB", lim>>10)
+		if lim%(1<<20) == 0 {
+			size = fmt.Sprintf("%d MiB", lim>>20)
+		}
+		return m + "; here the loop up to " + size + ", Go's copy above"
 	}
 	return m + "; here the loop"
 }

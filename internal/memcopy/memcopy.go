@@ -14,6 +14,17 @@
 // other copy to the runtime (it declines, for example, all copies on an
 // Intel CPU with FSRM, even the few the runtime streams there).
 //
+// On AMD CPUs the runtime's streaming loop is fast, and Copy's loop wins
+// only while both buffers sit in the cache. On a 2-core AMD EPYC (Zen 3,
+// 32 MiB L3) VM, hot buffers: the loop 30 GB/s at 1-4 MiB against the
+// runtime's 20, even at 6 MiB (24 against 21), behind from 7 MiB (19
+// against 21) and at 8-256 MiB (7.2-11 GB/s against 11.6-15.4); buffers
+// cycled over 96 MiB (cold): the runtime's 12.6-14 GB/s against the
+// loop's 8.0-8.8 at every size from 1 MiB (RESULTS "Session 29"). So on
+// CPUs other than Intel's, Copy runs its loop only up to an eighth of the
+// last-level cache (Limit; 4 MiB there), and leaves larger copies to the
+// runtime.
+//
 // The data plane's copies (shared memory's Reads and Writes, a Fetch into
 // a caller's memory) go through Copy; TENSORRPC_COPY=runtime turns it off
 // (every copy the built-in), for a measurement or a CPU where it loses.
@@ -49,6 +60,17 @@ var envRuntime = !parseEnv(os.Getenv(Env))
 // enabled reports whether Copy runs its own loop for large copies.
 var enabled = !envRuntime && haveLoop() && !checked
 
+// maxBytes is the largest copy Copy runs its loop for, 0 for no bound.
+var maxBytes = loopMax()
+
+// Limit is the largest copy Copy runs its own loop for where it is active
+// (Active), 0 when no size is too large for it: larger copies are the
+// built-in's.
+func Limit() int { return maxBytes }
+
+// useLoop reports whether Copy runs its loop for a copy of n bytes.
+func useLoop(n int) bool { return enabled && n >= MinBytes && (maxBytes == 0 || n <= maxBytes) }
+
 // ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto" and
 // "runtime" (in any case, spaces around ignored), an error naming the
 // variable otherwise.
@@ -81,11 +103,11 @@ func Active() (bool, string) {
 
 // Copy is copy(dst, src) for dst and src that do not overlap: it copies
 // min(len(dst), len(src)) bytes and returns that count. Copies of MinBytes
-// and more run Copy's own loop where it is active (see the package
-// comment); all others, and overlapping ranges, the built-in copy.
+// and more, up to Limit, run Copy's own loop where it is active (see the
+// package comment); all others, and overlapping ranges, the built-in copy.
 func Copy(dst, src []byte) int {
 	n := min(len(dst), len(src))
-	if n < MinBytes || !enabled || overlap(dst[:n], src[:n]) {
+	if !useLoop(n) || overlap(dst[:n], src[:n]) {
 		return copy(dst, src)
 	}
 	bulk(dst[:n], src[:n])

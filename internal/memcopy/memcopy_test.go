@@ -49,6 +49,29 @@ func TestCopyMatchesBuiltin(t *testing.T) {
 	}
 }
 
+// useLoop: the loop from MinBytes up to the bound, when there is one.
+func TestUseLoop(t *testing.T) {
+	saved, savedMax := enabled, maxBytes
+	defer func() { enabled, maxBytes = saved, savedMax }()
+	enabled = true
+	for _, c := range []struct {
+		max, n int
+		want   bool
+	}{
+		{0, MinBytes - 1, false}, {0, MinBytes, true}, {0, 1 << 30, true},
+		{4 << 20, MinBytes, true}, {4 << 20, 4 << 20, true}, {4 << 20, 4<<20 + 1, false}, {4 << 20, 64 << 20, false},
+	} {
+		maxBytes = c.max
+		if got := useLoop(c.n); got != c.want {
+			t.Errorf("bound %d: useLoop(%d) = %v, want %v", c.max, c.n, got, c.want)
+		}
+	}
+	enabled = false
+	if useLoop(2 * MinBytes) {
+		t.Error("useLoop with the loop off")
+	}
+}
+
 func TestCopyShorterSide(t *testing.T) {
 	src := bytes.Repeat([]byte{7}, 2*MinBytes)
 	dst := make([]byte, MinBytes+5)
@@ -93,25 +116,41 @@ func TestParseEnv(t *testing.T) {
 	}
 }
 
+// BenchmarkCopy compares the built-in copy, Copy, and Copy's loop alone
+// (where the CPU can run it, whether or not Copy uses it), on hot buffers
+// (the same pair each time) and on cold ones (pairs cycled over 96 MiB,
+// more than the caches hold), from 256 KiB to 64 MiB: where the loop
+// should stop (Limit) on a new CPU.
 func BenchmarkCopy(b *testing.B) {
-	for _, n := range []int{256 << 10, 1 << 20, 4 << 20, 16 << 20} {
-		src := make([]byte, n)
-		dst := make([]byte, n)
-		for i := range src {
-			src[i] = byte(i)
+	for _, temp := range []string{"hot", "cold"} {
+		for _, n := range []int{256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20} {
+			k := 1
+			if temp == "cold" {
+				k = max((96<<20)/n, 2)
+			}
+			srcs, dsts := make([][]byte, k), make([][]byte, k)
+			for j := range k {
+				srcs[j], dsts[j] = make([]byte, n), make([]byte, n)
+				for i := range srcs[j] {
+					srcs[j][i], dsts[j][i] = byte(i), 1
+				}
+			}
+			run := func(name string, f func(dst, src []byte)) {
+				b.Run(fmt.Sprintf("%s/%s/%dKiB", temp, name, n>>10), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					j := 0
+					for b.Loop() {
+						f(dsts[j], srcs[j])
+						j = (j + 1) % k
+					}
+				})
+			}
+			run("builtin", func(dst, src []byte) { copy(dst, src) })
+			run("Copy", func(dst, src []byte) { Copy(dst, src) })
+			if canLoop() && n >= MinBytes {
+				run("loop", bulk)
+			}
 		}
-		b.Run(fmt.Sprintf("builtin/%dKiB", n>>10), func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				copy(dst, src)
-			}
-		})
-		b.Run(fmt.Sprintf("Copy/%dKiB", n>>10), func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				Copy(dst, src)
-			}
-		})
 	}
 }
 
