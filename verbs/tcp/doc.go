@@ -63,7 +63,12 @@
 // of a payload that the connection's 16 KiB read-ahead buffer already
 // holds is copied from that buffer, so a large payload is copied once by
 // each kernel and almost never in user space. Read responses travel the
-// same way in the other direction.
+// same way in the other direction. While the receiver reads a payload of
+// 64 KiB or more straight into its destination, it raises the socket's
+// receive low water mark (SO_RCVLOWAT, on Linux) to what it still wants,
+// at most 256 KiB, so that the netpoller wakes it for a few large reads
+// instead of one per segment that arrives; any other read sets the mark
+// back first, so it never waits for bytes the peer does not send.
 //
 // The provider is a wire under the soft-RC core shared with shm (see
 // "Soft providers" in package verbs): regions, grants, completion queues,

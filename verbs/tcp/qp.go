@@ -163,7 +163,7 @@ func (q *queuePair) start(conn net.Conn) {
 		q.raw, _ = sc.SyscallConn()
 	}
 	q.active = 2
-	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(conn, readBufferSize)) })
+	q.Start(conn, func() { q.writer(conn) }, func() { q.receiver(conn, bufio.NewReaderSize(newLowatConn(conn, q.raw), readBufferSize)) })
 }
 
 // dial connects to the peer's listener and presents both secrets.
