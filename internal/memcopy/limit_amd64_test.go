@@ -36,7 +36,7 @@ func TestLoopMaxFollowsTheCache(t *testing.T) {
 		if loopMax() != 0 {
 			t.Fatalf("loopMax = %d on an Intel CPU, want 0 (no bound)", loopMax())
 		}
-		t.Skip("an Intel CPU: the loop has no size bound there, and no cache size is read")
+		t.Skip("needs a CPU that is not Intel's; this one is (the loop has no size bound there, and no cache size is read)")
 	}
 	llc := lastLevelCache()
 	if want := max(llc/8, MinBytes); llc > 0 && loopMax() != want {
@@ -55,7 +55,7 @@ func TestLoopMaxFollowsTheCache(t *testing.T) {
 		}
 	}
 	if sysfs == 0 {
-		t.Skipf("no cache sizes in sysfs to compare with (CPUID says %d bytes)", llc)
+		t.Skipf("needs the cache sizes under /sys/devices/system/cpu/cpu0/cache, absent here, to compare CPUID's %d bytes with", llc)
 	}
 	if llc != sysfs {
 		t.Fatalf("lastLevelCache = %d bytes, sysfs says %d", llc, sysfs)
