@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"syscall"
@@ -133,4 +134,23 @@ func TestLowatMarkFollowsTheRead(t *testing.T) {
 			t.Fatalf("SO_RCVLOWAT after a read of %d bytes = %d, want %d", step.read, got, step.mark)
 		}
 	}
+}
+
+// A peer that sends part of a payload and closes ends the read with an
+// error, even with the mark above what came: the kernel wakes a reader at
+// the end of the stream.
+func TestLowatPeerClosesMidPayload(t *testing.T) {
+	w, br, _ := lowatPair(t)
+	go func() {
+		w.Write(make([]byte, 100<<10))
+		time.Sleep(10 * time.Millisecond) // the reader waits on a raised mark by now, usually
+		w.Close()
+	}()
+	dst := make([]byte, 1<<20)
+	readWithin(t, 20*time.Second, "a payload cut short", func() error {
+		if err := readPayload(br, dst); err == nil {
+			return errors.New("read a whole payload the peer never sent")
+		}
+		return nil
+	})
 }
