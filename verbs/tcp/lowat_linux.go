@@ -32,7 +32,7 @@ import (
 type lowatConn struct {
 	net.Conn
 	raw  syscall.RawConn
-	mark int // the socket's SO_RCVLOWAT as last set; 1 is the kernel's default
+	mark int // the socket's SO_RCVLOWAT as last set; 1 stands for the kernel's default (which 6.18 reports as 0), the same
 	want int // the mark the next setsockopt sets (set's argument)
 	err  error
 	set  func(fd uintptr)
