@@ -175,6 +175,7 @@ func TestAwaitBellLinkFails(t *testing.T) {
 // (callhint.Locked) gets its answer whether it comes while it watches
 // pc.Ch or after the watch, on the bell.
 func TestAwaitBellLocked(t *testing.T) {
+	spareP(t)
 	client, answer := heldServer(t)
 	for ref := uint64(1); ref <= 6; ref++ {
 		pc := askFetch(t, client, ref)
@@ -347,19 +348,34 @@ func TestThreadBellRings(t *testing.T) {
 	}
 }
 
-// blockedOn returns once a waiter is about to block on b, and most likely
-// blocked.
-func blockedOn(b *threadBell) {
-	for {
+// blockedOn returns true once a waiter is about to block on b, and most
+// likely blocked; false if none did within ten seconds (the test fails
+// on its own then, and this helper must not outlive it: the leak check
+// would fail every later test too).
+func blockedOn(b *threadBell) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		b.mu.Lock()
 		w := b.waiting
 		b.mu.Unlock()
 		if w {
-			break
+			time.Sleep(time.Millisecond)
+			return true
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	time.Sleep(time.Millisecond)
+	return false
+}
+
+// spareP runs the test with at least two Ps: a caller locked to its
+// thread watches, and blocks on the thread bell, only while the process
+// has a P to spare for the receivers (awaitBell; with one P it parks on
+// the netpoller's bell, TestAwaitBellLockedOneP). Under go test -cpu 1,
+// or on a machine of one CPU, the test would see that path instead.
+func spareP(t *testing.T) {
+	if n := runtime.GOMAXPROCS(0); n < 2 {
+		runtime.GOMAXPROCS(2)
+		t.Cleanup(func() { runtime.GOMAXPROCS(n) })
+	}
 }
 
 // TestAwaitBellLockedBlocks: a caller locked to its thread whose watch
@@ -367,13 +383,18 @@ func blockedOn(b *threadBell) {
 // netpoller's bell, and gets its answer; its context's end and the link's
 // failure end that wait too.
 func TestAwaitBellLockedBlocks(t *testing.T) {
+	spareP(t)
 	client, answer := heldServer(t)
 	if client.tbell == nil {
 		t.Fatal("a tcp link on Linux has no thread bell")
 	}
 	for ref := uint64(1); ref <= 4; ref++ {
 		pc := askFetch(t, client, ref)
-		go func() { blockedOn(client.tbell); answer(ref) }()
+		go func() {
+			if blockedOn(client.tbell) {
+				answer(ref)
+			}
+		}()
 		r, ok := client.AwaitAnswer(callhint.Locked(tenSeconds(t)), pc, 0, false)
 		wantBytes(t, r, ok)
 		if pc.bell.Load() != nil || pc.tbell.Load() != client.tbell {
@@ -382,14 +403,14 @@ func TestAwaitBellLockedBlocks(t *testing.T) {
 	}
 	pc := askFetch(t, client, 5)
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { blockedOn(client.tbell); cancel() }()
+	go func() { blockedOn(client.tbell); cancel() }() // cancelled either way: the wait ends
 	if r, ok := client.AwaitAnswer(callhint.Locked(ctx), pc, 0, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v with no answer sent", r)
 	}
 	answer(5) // late: rings the thread bell with nobody waiting
 	<-pc.Ch
 	pc = askFetch(t, client, 6)
-	go func() { blockedOn(client.tbell); client.Fail(errors.New("test: the link failed")) }()
+	go func() { blockedOn(client.tbell); client.Fail(errors.New("test: the link failed")) }() // either way
 	if r, ok := client.AwaitAnswer(callhint.Locked(context.Background()), pc, 0, false); ok {
 		t.Fatalf("AwaitAnswer answered %+v on a failed link", r)
 	}
