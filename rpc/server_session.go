@@ -432,7 +432,7 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		if s.opts.frameServe != nil {
 			serve = s.opts.frameServe(ss, i, serve)
 		}
-		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) { s.releaseFramed(ss, ids) })
+		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) func() { return s.releaseFramed(ss, ids) })
 	}
 
 	o, err := engine.Negotiate(ctx, engine.Negotiation{

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -28,6 +29,13 @@ import (
 // is negotiate_test's). serve gets the server link and every request.
 func framedPair(t *testing.T, serve func(srv *Link, h frameHeader, body []byte)) (client, server *Link) {
 	t.Helper()
+	return framedPairWith(t, serve, func([]uint64) func() { return nil })
+}
+
+// framedPairWith is framedPair whose server link hands the transfer ids
+// a client's frame carries to releases.
+func framedPairWith(t *testing.T, serve func(srv *Link, h frameHeader, body []byte), releases func([]uint64) func()) (client, server *Link) {
+	t.Helper()
 	t.Cleanup(func() { leakcheck.Check(t) }) // last: after the links close
 	open := func(role verbs.ConnectRole) *Link {
 		ctl := pooltest.New(t, 1<<20)
@@ -45,7 +53,7 @@ func framedPair(t *testing.T, serve func(srv *Link, h frameHeader, body []byte))
 	}
 	client, server = open(verbs.RoleDial), open(verbs.RoleAccept)
 	client.EnableFrames(SlotSizeFor(0), nil, nil)
-	server.EnableFrames(SlotSizeFor(0), func(h frameHeader, body []byte) { serve(server, h, body) }, func([]uint64) {})
+	server.EnableFrames(SlotSizeFor(0), func(h frameHeader, body []byte) { serve(server, h, body) }, releases)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -331,5 +339,69 @@ func TestPostFrame(t *testing.T) {
 	client.Frames.Mu.Unlock()
 	if after != credits {
 		t.Errorf("credits %d after a frame that was not posted, want %d", after, credits)
+	}
+}
+
+// TestFramesReleasesAfterFetch: the releases a Fetch request carries are
+// taken at once (the releases function runs before the request is
+// served), and what finishes them runs once the Fetch is served; those
+// a Call request carries are finished before it is served, as are those
+// of a RELEASE frame of their own.
+func TestFramesReleasesAfterFetch(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	note := func(e string) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}
+	served := make(chan struct{}, 16)
+	client, _ := framedPairWith(t, func(_ *Link, h frameHeader, _ []byte) {
+		note(fmt.Sprint("serve ", h.Type))
+		served <- struct{}{}
+	}, func(ids []uint64) func() {
+		note(fmt.Sprint("take ", ids))
+		return func() { note(fmt.Sprint("finish ", ids)) }
+	})
+	for _, c := range []struct {
+		typ  uint8
+		late bool
+	}{{frameFetchReq, true}, {frameCallReq, false}, {frameSendReq, false}} {
+		carried := false
+		for try := uint64(1); try <= 20 && !carried; try++ {
+			mu.Lock()
+			events = events[:0]
+			mu.Unlock()
+			id := uint64(c.typ)*100 + try
+			client.Frames.QueueRelease(id, 0)
+			if _, err := client.SendFrame(context.Background(), c.typ, 0, id, []byte("key"), nil); err != nil {
+				t.Fatal(err)
+			}
+			<-served
+			if h := client.Frames.QueuedReleases(); h != 0 {
+				t.Fatalf("%d releases left queued after a frame", h)
+			}
+			mu.Lock()
+			got := strings.Join(events, "; ")
+			mu.Unlock()
+			take, fin := fmt.Sprint("take [", id, "]"), fmt.Sprint("finish [", id, "]")
+			if strings.Contains(got, fmt.Sprint("serve ", frameRelease)) {
+				// The releaser sent it alone before the request took it
+				// along: finished before that frame is served.
+				<-served
+				continue
+			}
+			carried = true
+			want := []string{take, fmt.Sprint("serve ", c.typ), fin}
+			if !c.late {
+				want = []string{take, fin, fmt.Sprint("serve ", c.typ)}
+			}
+			if got != strings.Join(want, "; ") {
+				t.Errorf("frame type %d carrying a release: %q, want %q", c.typ, got, strings.Join(want, "; "))
+			}
+		}
+		if !carried {
+			t.Errorf("frame type %d: no request took its release along in 20 tries", c.typ)
+		}
 	}
 }

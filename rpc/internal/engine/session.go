@@ -143,6 +143,24 @@ func (s *Session) FinishAside(ts []*Transfer) {
 	}
 }
 
+// RemoveForLater takes the transfers ids out, as RemoveAll does, and
+// returns what finishes them aside (FinishAside), counted among the
+// session's goroutines until it has run, so that Close waits for it; nil
+// when none of them was held. The caller runs it once.
+func (s *Session) RemoveForLater(ids []uint64) (finish func()) {
+	ts := s.RemoveAll(ids)
+	if len(ts) == 0 {
+		return nil
+	}
+	tracked := s.track()
+	return func() {
+		s.FinishAside(ts)
+		if tracked {
+			s.handlers.Done()
+		}
+	}
+}
+
 // Holding is what a session holds at one moment (Session.Holding).
 type Holding struct {
 	Transfers int // transfers the client has not released

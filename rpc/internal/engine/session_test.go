@@ -393,3 +393,44 @@ func TestSessionCloseWaitsForTransfersFinishingAside(t *testing.T) {
 		t.Fatalf("%d bytes in use after Close", n)
 	}
 }
+
+// TestSessionRemoveForLater: RemoveForLater takes the transfers off the
+// books at once (the session's bound counts them gone) and frees them
+// only when what it returns runs; Close waits for that; unknown ids
+// return nothing to run.
+func TestSessionRemoveForLater(t *testing.T) {
+	defer leakcheck.Check(t) // after the deferred closes
+	p := pooltest.New(t, 1<<20)
+	s := NewSession(context.Background(), 2, nil)
+	a, b := mustAdd(t, s, p, 1), mustAdd(t, s, p, 2)
+	if f := s.RemoveForLater([]uint64{a + b + 100}); f != nil {
+		t.Fatal("RemoveForLater of an unknown id returned something to run")
+	}
+	finish := s.RemoveForLater([]uint64{a, b})
+	if finish == nil {
+		t.Fatal("RemoveForLater of two held transfers returned nothing to run")
+	}
+	if h := s.Holding(); h.Transfers != 0 {
+		t.Fatalf("%d transfers held after RemoveForLater", h.Transfers)
+	}
+	if st := p.Stats(); st.Allocs != 2 {
+		t.Fatalf("%d buffers held before the finish ran, want 2", st.Allocs)
+	}
+	mustAdd(t, s, p, 3) // under the bound of 2 again
+	mustAdd(t, s, p, 4)
+	closed := make(chan struct{})
+	go func() {
+		s.Close(nil, errors.New("test over"))
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned before the finish RemoveForLater returned ran")
+	case <-time.After(20 * time.Millisecond):
+	}
+	finish()
+	<-closed
+	if st := p.Stats(); st.Allocs != 0 {
+		t.Fatalf("%d buffers still held after the finish and Close", st.Allocs)
+	}
+}
