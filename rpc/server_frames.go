@@ -771,15 +771,6 @@ func unmarshalFrame(body []byte, m proto.Message) error {
 	return nil
 }
 
-// releaseFramed takes the transfers whose ids a client's frame carried
-// off the session's books and returns what frees them, aside from where
-// completions are handled (FinishAside), for the link to run once it has
-// served the frame they came with (Framing.releases); nil when none was
-// held.
-func (s *Server) releaseFramed(ss *serverSession, ids []uint64) func() {
-	return ss.RemoveForLater(ids)
-}
-
 // runFrameCall runs one request frame's work in its own goroutine (the
 // engine's Session.Run, which counts, bounds or refuses it), under a
 // context with the caller's metadata and deadline (hdr) that a RELEASE of

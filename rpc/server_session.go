@@ -432,7 +432,10 @@ func (s *Server) tryConnect(ctx context.Context, send func(*pb.SessionResponse) 
 		if s.opts.frameServe != nil {
 			serve = s.opts.frameServe(ss, i, serve)
 		}
-		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, func(ids []uint64) func() { return s.releaseFramed(ss, ids) })
+		// The transfers a client's frame releases come off the session's
+		// books at once; the link frees them when it sees fit
+		// (Framing.releases).
+		x.EnableFrames(engine.SlotSizeFor(s.opts.eagerThreshold), serve, ss.RemoveForLater)
 	}
 
 	o, err := engine.Negotiate(ctx, engine.Negotiation{
