@@ -5,8 +5,9 @@ form) against the Go client, and PyTorch's own RPC, in one run.
         [--sizes 4K,64K,1M,16M,256M] [--transports shm,tcp] [--rounds 4] [--iters 200] [--no-torch-rpc]
 
 For each transport and size one Go server (gopeer bench-serve) publishes a
-tensor of that size, and the rounds alternate (who goes first alternates
-too) between:
+tensor of that size (pseudo-random bytes, which the tcp plane's auto
+compression samples and sends as they are), and the rounds alternate (who
+goes first alternates too) between:
   go             gopeer bench-client -ops fetch: rpc.Client.Fetch + Release;
   c              bench_capi.c, compiled here with cc when there is one: the
                  C ABI from a C thread (trpc_client_fetch + the deleter),

@@ -19,7 +19,9 @@
 // client sent back ("BACK ok N"). Then they print "POOL allocs=N" (the
 // buffers still live after Close) and exit 1 if N is not 0 or a check
 // failed. Tensors carry the pattern of Pattern, which the Python tests
-// reproduce, so that every dtype is checked bit for bit. serve-rows
+// reproduce, so that every dtype is checked bit for bit; bench-serve's
+// "bench" tensor (and its raw socket's bytes) are pseudo-random bytes
+// instead, which no codec shrinks (benchBytes). serve-rows
 // publishes the tensors of the rows tests instead (publishRows).
 package main
 
@@ -34,6 +36,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -123,7 +126,7 @@ func main() {
 		var raw []byte // the raw socket's bytes: only where the tcp plane may run
 		if *transports == "" || slices.Contains(strings.Split(*transports, ","), rpc.TransportTCP) {
 			raw = make([]byte, *size)
-			Pattern(raw, zerocopy.Uint8)
+			benchBytes(raw)
 		}
 		err = serve(sopts, func(s *rpc.Server) error { return publishBench(s, *size) }, raw)
 	case "client":
@@ -257,8 +260,21 @@ func publishBench(s *rpc.Server, size int) error {
 		return err
 	}
 	defer t.Release()
-	Pattern(t.Bytes(), zerocopy.Uint8)
+	benchBytes(t.Bytes())
 	return s.Publish(context.Background(), "bench", t)
+}
+
+// benchBytes fills b with the bench tensor's bytes: pseudo-random, the
+// same every run, which no codec shrinks. With a repeating pattern, the
+// tcp plane's auto compression (rpc.CompressionAuto) compressed some of
+// a 16 MiB Fetch's reads and not others, varying from run to run, so
+// that the tcp rows measured the codec on a toy payload as much as the
+// plane; random bytes make it sample, decline and send them as they are,
+// as it would a tensor of float noise, and make the rows compare planes
+// (PyTorch's and the raw socket's bytes are not compressed either).
+func benchBytes(b []byte) {
+	r := rand.NewChaCha8([32]byte{'t', 'e', 'n', 's', 'o', 'r', 'r', 'p', 'c'})
+	r.Read(b)
 }
 
 // echo replies with its request, the tensors copied into the pool.
