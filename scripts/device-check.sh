@@ -204,7 +204,7 @@ run() {
   step --gpu cuda-check 60 "$py python3 $root/shim/examples/cuda_check.py"
   step --gpu devbench 120 "$B/devbench $DEVBENCH_ARGS -json > $T/devbench.jsonl; cat $T/devbench.jsonl"
   step --gpu bench-cuda 120 "$py python3 $root/shim/examples/bench_cuda.py $BENCH_CUDA_ARGS | tee $T/bench-cuda.jsonl"
-  step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
+  step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; $B/handoffs -n $HANDOFF_CALLS -streams 16 -size 1048576 -cases fetch-tcp,fetch-shm -json >> $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
   step python-spin 120 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|c\\|py-raw\\|py-tensor\\|torch-rpc\\|socket\\|socket2\\) |' $T/python-spin50.jsonl"
   step otel 45 "$B/otel.test -test.run XXX -test.bench Fetch4KiBTwoProcesses -test.benchtime $OTEL_CALLS"

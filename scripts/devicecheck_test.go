@@ -50,6 +50,9 @@ func TestDeviceCheckDryRun(t *testing.T) {
 			t.Errorf("run --dry-run does not list the step %s:\n%s", step, run)
 		}
 	}
+	if !strings.Contains(run, "-streams 16 -size 1048576 -cases fetch-tcp,fetch-shm") {
+		t.Errorf("run --dry-run does not count the hand-offs of 16 streams:\n%s", run)
+	}
 	if !strings.Contains(run, "TENSORRPC_TEST_CUDA=real") {
 		t.Errorf("run --dry-run does not run the Go tests on the real driver:\n%s", run)
 	}
@@ -112,6 +115,33 @@ func TestDeviceCheckSummaryTimelines(t *testing.T) {
 		"| 1 | 2.1 | 2.1 | syscall verbs/tcp.(*frameBatch).flush |",
 		"| 23 | 27.6 | 0.1 | run rpc/internal/engine.(*bell).wait |",
 		"pingpong-tcp: the scheduler's events in a call",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+// TestDeviceCheckSummaryStreams: handoffs' lines with -streams are shown
+// for their numbers, and the hand-off goals and timelines take the
+// sequential 4 KiB lines wherever they are in the file (session 31's, 2
+// cores: the streams and 1 MiB lines come first).
+func TestDeviceCheckSummaryStreams(t *testing.T) {
+	steps := t.TempDir()
+	b, err := os.ReadFile(filepath.Join("..", "benchmarks", "results", "handoffs-streams-2core-session31.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(steps, "handoffs.jsonl"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	md := summarize(t, steps, "")
+	for _, want := range []string{
+		"| hand-offs per 4 KiB call, fetch-tcp (idle-P starts) | 3.01 (0.01) |",
+		"| hand-offs per 4 KiB call, fetch-shm (idle-P starts) | 0.06 (0.00) |",
+		"| hand-offs per 1 MiB Fetch, 4 streams on one session, fetch-shm (µs a call, all streams) | 2.71 (83.8 µs) |",
+		"| hand-offs per 1 MiB Fetch, 4 streams on one session, fetch-tcp (µs a call, all streams) | 3.85 (351.2 µs) |",
+		"fetch-tcp: the scheduler's events in a call, as ",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)

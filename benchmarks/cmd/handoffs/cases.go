@@ -34,6 +34,14 @@ type caseDef struct {
 	open func(ctx context.Context) (call func() error, close func() error, err error)
 }
 
+// streamable are the cases whose call may be made from several
+// goroutines at once (-streams): a Fetch from one Client is safe from
+// any number of them. The Call and Send cases each send one tensor they
+// made, and the ping-pongs share one connection.
+var streamable = map[string]bool{
+	"fetch-tcp": true, "fetch-shm": true, "fetch-tcp-locked": true, "fetch-shm-locked": true, "fetch-tcp-traced": true,
+}
+
 var allCases = []caseDef{
 	{"fetch-tcp", "rpc Fetch of a published tensor, tcp data plane", openFetch(rpc.TransportTCP)},
 	{"fetch-shm", "rpc Fetch of a published tensor, shm data plane", openFetch(rpc.TransportSHM)},

@@ -5,7 +5,9 @@
 // trip: the server's goroutine woken by the request, the caller's by the
 // reply).
 //
-// Each case runs its calls sequentially, warms up, times -n calls
+// Each case runs its calls sequentially (or, with -streams N, the Fetch
+// cases from N goroutines at once on one session: what concurrent
+// streams add per call, and what they queue on), warms up, times -n calls
 // untraced for the median, then traces -n calls with runtime/trace and
 // counts per call (see package benchmarks/internal/handoff): hand-offs by
 // goroutine unblock, by the netpoller (no goroutine running), by a
@@ -24,6 +26,7 @@
 //	GOMAXPROCS=16 go run ./benchmarks/cmd/handoffs       # as on a 16-core machine
 //	go run ./benchmarks/cmd/handoffs -json -cases fetch-shm,pingpong-unix
 //	go run ./benchmarks/cmd/handoffs -cases fetch-tcp,pingpong-tcp -timeline
+//	go run ./benchmarks/cmd/handoffs -streams 4 -size 1048576   # the Fetch cases, 4 streams on one session
 package main
 
 import (
@@ -81,6 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sites  = fs.Int("sites", 0, "also list, per case, the N places with the most hand-offs (who woke whom); the JSON has them all")
 		tl     = fs.Bool("timeline", false, "also print, per case, the scheduler events most calls went through, in order, with the median time since the call began (the JSON always has it)")
 		bytes  = fs.Int("size", size, "bytes of each call's tensor (4 KiB rides in the frames; past the eager threshold, 16 KiB, a Fetch's bytes take the data plane)")
+		nstrm  = fs.Int("streams", 1, "goroutines making the calls at once, on one session (Fetch cases only: "+strings.Join(streamableNames(), ", ")+"); the counts stay per call, and the table adds the wall-clock time per call of all streams together")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -95,6 +99,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-size %d: want at least one byte", *bytes)
 	}
 	size = *bytes
+	if *nstrm < 1 || *nstrm > *n {
+		return fmt.Errorf("-streams %d: want 1 to -n (%d)", *nstrm, *n)
+	}
 	if *warmup <= 0 {
 		*warmup = -1 // handoff.Options: negative for none
 	}
@@ -108,12 +115,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			selected = append(selected, allCases[i])
 		}
+	} else if *nstrm > 1 {
+		selected = slices.DeleteFunc(slices.Clone(allCases), func(c caseDef) bool { return !streamable[c.name] })
+	}
+	if *nstrm > 1 {
+		for _, c := range selected {
+			if !streamable[c.name] {
+				return fmt.Errorf("-streams %d: case %s makes its calls on one tensor or connection; the cases that take streams are %s", *nstrm, c.name, strings.Join(streamableNames(), ", "))
+			}
+		}
 	}
 
 	var results []result
 	for _, c := range selected {
 		fmt.Fprintf(stderr, "%s: %d calls\n", c.name, *n)
-		counts, err := measure(ctx, c, *n, *warmup)
+		counts, err := measure(ctx, c, *n, *warmup, *nstrm)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
@@ -181,12 +197,23 @@ func printTimelines(w io.Writer, rs []result) {
 // modulePrefix is left out of the timelines' function names.
 const modulePrefix = "github.com/tensorrpc/tensorrpc/"
 
-func measure(ctx context.Context, c caseDef, n, warmup int) (handoff.Counts, error) {
+// streamableNames lists the cases -streams takes, in allCases' order.
+func streamableNames() []string {
+	var names []string
+	for _, c := range allCases {
+		if streamable[c.name] {
+			names = append(names, c.name)
+		}
+	}
+	return names
+}
+
+func measure(ctx context.Context, c caseDef, n, warmup, streams int) (handoff.Counts, error) {
 	call, closeCase, err := c.open(ctx)
 	if err != nil {
 		return handoff.Counts{}, err
 	}
-	counts, err := handoff.Measure(ctx, n, handoff.Options{Warmup: warmup}, call)
+	counts, err := handoff.Measure(ctx, n, handoff.Options{Warmup: warmup, Streams: streams}, call)
 	return counts, errors.Join(err, closeCase())
 }
 
@@ -194,13 +221,22 @@ func printTable(w io.Writer, rs []result) {
 	if len(rs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "Per call of %d bytes, sequential, %d calls traced per case; GOMAXPROCS=%d on %d CPUs. "+
-		"Server and client in one process: the counts are both sides' together.\n\n", rs[0].Bytes, rs[0].Calls, rs[0].GOMAXPROCS, rs[0].CPUs)
-	fmt.Fprintln(w, "| case | hand-offs | by goroutine | by netpoller | by syscall return | created | P starts | empty P starts | syscalls | p50 µs |")
-	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	how, wallHead, wallRule := "sequential", "", ""
+	if s := rs[0].Streams; s > 1 {
+		how = fmt.Sprintf("%d streams at once on one session", s)
+		wallHead, wallRule = " µs a call, all streams |", "--:|"
+	}
+	fmt.Fprintf(w, "Per call of %d bytes, %s, %d calls traced per case; GOMAXPROCS=%d on %d CPUs. "+
+		"Server and client in one process: the counts are both sides' together.\n\n", rs[0].Bytes, how, rs[0].Calls, rs[0].GOMAXPROCS, rs[0].CPUs)
+	fmt.Fprintln(w, "| case | hand-offs | by goroutine | by netpoller | by syscall return | created | P starts | empty P starts | syscalls | p50 µs |"+wallHead)
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"+wallRule)
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", r.Case,
+		wall := ""
+		if wallHead != "" {
+			wall = fmt.Sprintf(" %.1f |", float64(r.WallPerCall.Nanoseconds())/1e3)
+		}
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |%s\n", r.Case,
 			r.Handoffs, r.ByGoroutine, r.ByNetpoller, r.BySyscallReturn, r.Created,
-			r.PStarts, r.EmptyPStarts, r.Syscalls, float64(r.P50.Nanoseconds())/1e3)
+			r.PStarts, r.EmptyPStarts, r.Syscalls, float64(r.P50.Nanoseconds())/1e3, wall)
 	}
 }

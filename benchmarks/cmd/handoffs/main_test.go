@@ -31,7 +31,8 @@ func TestJSON(t *testing.T) {
 			t.Fatalf("line %d is not a JSON object: %v\n%s", line, err, sc.Text())
 		}
 		for _, f := range []string{"case", "what", "gomaxprocs", "cpus", "one_process", "calls", "handoffs",
-			"by_goroutine", "by_netpoller", "by_syscall_return", "created", "p_starts", "empty_p_starts", "syscalls", "p50_ns"} {
+			"by_goroutine", "by_netpoller", "by_syscall_return", "created", "p_starts", "empty_p_starts", "syscalls", "p50_ns",
+			"streams", "wall_per_call_ns"} {
 			if _, ok := obj[f]; !ok {
 				t.Errorf("line %d: no %q: %s", line, f, sc.Text())
 			}
@@ -110,5 +111,65 @@ func TestUnknownCase(t *testing.T) {
 	var out, progress bytes.Buffer
 	if err := run(context.Background(), []string{"-cases", "nope"}, &out, &progress); err == nil {
 		t.Error("-cases nope: no error")
+	}
+}
+
+// TestStreams: -streams runs the Fetch cases (all of them by default)
+// from that many goroutines, says so in each JSON line and adds the
+// wall-clock time per call of all streams to the table.
+func TestStreams(t *testing.T) {
+	defer leakcheck.Check(t)
+	var out, progress bytes.Buffer
+	if err := run(context.Background(), []string{"-n", "20", "-warmup", "2", "-streams", "2", "-json"}, &out, &progress); err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var obj map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &obj); err != nil {
+			t.Fatalf("not a JSON object: %v\n%s", err, sc.Text())
+		}
+		name, _ := obj["case"].(string)
+		seen[name] = true
+		if s, _ := obj["streams"].(float64); s != 2 {
+			t.Errorf("%s: streams = %v, want 2", name, obj["streams"])
+		}
+		if w, _ := obj["wall_per_call_ns"].(float64); w <= 0 {
+			t.Errorf("%s: wall_per_call_ns = %v, want > 0", name, obj["wall_per_call_ns"])
+		}
+		if calls, _ := obj["calls"].(float64); calls != 20 {
+			t.Errorf("%s: calls = %v, want 20", name, obj["calls"])
+		}
+	}
+	for _, c := range allCases {
+		if seen[c.name] != streamable[c.name] {
+			t.Errorf("case %s: printed %v, takes streams %v", c.name, seen[c.name], streamable[c.name])
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"-n", "10", "-warmup", "2", "-streams", "2", "-cases", "fetch-tcp"}, &out, &progress); err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	for _, want := range []string{"2 streams at once on one session", "µs a call, all streams |", "| fetch-tcp |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the table has no %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestStreamsRefused: -streams refuses cases that cannot make calls at
+// once, and counts outside 1 to -n.
+func TestStreamsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"-streams", "2", "-cases", "pingpong-tcp"},
+		{"-streams", "2", "-cases", "fetch-shm,call-tcp"},
+		{"-streams", "0"},
+		{"-n", "4", "-streams", "5"},
+	} {
+		var out, progress bytes.Buffer
+		if err := run(context.Background(), args, &out, &progress); err == nil {
+			t.Errorf("%q: no error", args)
+		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"runtime/trace"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	xtrace "golang.org/x/exp/trace"
@@ -66,6 +67,12 @@ type Counts struct {
 	// P50 is the median wall-clock time of one call, from an untraced run
 	// of Calls calls: tracing slows calls down.
 	P50 time.Duration `json:"p50_ns"`
+	// Streams is how many goroutines made the calls at once
+	// (Options.Streams), and WallPerCall the untraced run's wall-clock
+	// time over its calls: with one stream about the mean call, with
+	// more the inverse of their throughput.
+	Streams     int           `json:"streams"`
+	WallPerCall time.Duration `json:"wall_per_call_ns"`
 
 	// Timeline is the sequence of scheduler events most calls went
 	// through, with the median time each step came after the call began.
@@ -119,6 +126,15 @@ type Options struct {
 	// Warmup calls run untraced before anything is measured (default 200;
 	// negative for none).
 	Warmup int
+	// Streams is how many goroutines make each run's calls at once
+	// (default 1: the calling goroutine, one call after another); call
+	// must then be safe for concurrent use. The calls of a run are split
+	// between the streams as evenly as they go. With more than one, the
+	// counted window also holds the streams' creation and the wait for
+	// them (Streams goroutines created and about one hand-off more a
+	// run, not a call), P50 is over every call of the timed run, and
+	// there is no Timeline (the calls' events interleave).
+	Streams int
 }
 
 // logCategory marks the traced window in the trace.
@@ -126,7 +142,8 @@ const logCategory = "handoff"
 
 // Measure warms call up, times n calls untraced for the median, then
 // traces n more calls and counts what happened between the first and the
-// last of them, in every goroutine of the process. call's error stops
+// last of them, in every goroutine of the process; the timed and traced
+// calls are made by opts.Streams goroutines at once. call's error stops
 // the measurement.
 func Measure(ctx context.Context, n int, opts Options, call func() error) (Counts, error) {
 	if n <= 0 {
@@ -134,6 +151,10 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	}
 	if trace.IsEnabled() {
 		return Counts{}, errors.New("handoff: runtime/trace is already tracing")
+	}
+	streams := max(opts.Streams, 1)
+	if streams > n {
+		return Counts{}, fmt.Errorf("handoff: %d streams for %d calls, want at most one stream a call", streams, n)
 	}
 	warmup := opts.Warmup
 	if warmup == 0 {
@@ -145,13 +166,18 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 		}
 	}
 	times := make([]time.Duration, n)
-	for i := range n {
+	began := time.Now()
+	if err := runStreams(n, streams, func(i int) error {
 		start := time.Now()
 		if err := call(); err != nil {
-			return Counts{}, fmt.Errorf("timed call %d: %w", i, err)
+			return fmt.Errorf("timed call %d: %w", i, err)
 		}
 		times[i] = time.Since(start)
+		return nil
+	}); err != nil {
+		return Counts{}, err
 	}
+	wall := time.Since(began)
 	slices.Sort(times)
 
 	var buf bytes.Buffer
@@ -159,14 +185,15 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 		return Counts{}, err
 	}
 	trace.Log(ctx, logCategory, "begin")
-	var callErr error
-	for i := range n {
-		trace.Log(ctx, logCategory, callMark)
-		if err := call(); err != nil {
-			callErr = fmt.Errorf("traced call %d: %w", i, err)
-			break
+	callErr := runStreams(n, streams, func(i int) error {
+		if streams == 1 {
+			trace.Log(ctx, logCategory, callMark)
 		}
-	}
+		if err := call(); err != nil {
+			return fmt.Errorf("traced call %d: %w", i, err)
+		}
+		return nil
+	})
 	trace.Log(ctx, logCategory, "end")
 	trace.Stop()
 	if callErr != nil {
@@ -178,10 +205,48 @@ func Measure(ctx context.Context, n int, opts Options, call func() error) (Count
 	}
 	c := t.PerCall(n)
 	c.P50 = times[n/2]
+	c.Streams, c.WallPerCall = streams, wall/time.Duration(n)
 	c.Sites = sites(t.Sites, n)
 	c.PStartSites = sites(t.PStartSites, n)
 	c.Timeline = timeline(t.Calls)
 	return c, nil
+}
+
+// runStreams runs do(i) for each i in [0, n): one after another in this
+// goroutine with one stream, else split between streams goroutines in
+// runs of consecutive i, each stopping at its first error. It returns
+// once all have stopped, with the errors they stopped at.
+func runStreams(n, streams int, do func(i int) error) error {
+	if streams == 1 {
+		for i := range n {
+			if err := do(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, streams)
+	lo := 0
+	for s := range streams {
+		k := n / streams
+		if s < n%streams {
+			k++
+		}
+		wg.Add(1)
+		go func(s, lo, hi int) {
+			defer wg.Done()
+			for i := lo; i < hi; i++ {
+				if err := do(i); err != nil {
+					errs[s] = err
+					return
+				}
+			}
+		}(s, lo, lo+k)
+		lo += k
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // callMark is the log message Measure writes as each traced call begins.

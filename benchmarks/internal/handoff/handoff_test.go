@@ -3,10 +3,12 @@ package handoff
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,5 +256,56 @@ func TestTimelineSpin(t *testing.T) {
 	t.Logf("%d calls: %+v", c.Timeline.Calls, c.Timeline.Steps)
 	if st := c.Timeline.Steps; len(st) != 1 || !strings.HasPrefix(st[0].What, "spin ") || !strings.Contains(st[0].What, "TestTimelineSpin") {
 		t.Errorf("steps %+v, want the caller's spin alone", st)
+	}
+}
+
+// TestMeasureStreams: with Streams, the timed and traced calls are made
+// by that many goroutines at once (the timed run's first calls each wait
+// until all of them have begun, which only concurrent streams get past),
+// every call is made once, and the streams' creation is inside the
+// counted window.
+func TestMeasureStreams(t *testing.T) {
+	defer leakcheck.Check(t)
+	const n, streams = 400, 4
+	var calls, arrived atomic.Int64
+	gate := make(chan struct{})
+	c, err := Measure(context.Background(), n, Options{Warmup: -1, Streams: streams}, func() error {
+		if calls.Add(1) <= streams {
+			if arrived.Add(1) == streams {
+				close(gate)
+			}
+			select {
+			case <-gate:
+			case <-time.After(10 * time.Second):
+				return errors.New("the streams' first calls did not run at once")
+			}
+		}
+		runtime.Gosched()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", c)
+	if got := calls.Load(); got != 2*n {
+		t.Errorf("call ran %d times, want %d (timed and traced)", got, 2*n)
+	}
+	if c.Calls != n || c.Streams != streams {
+		t.Errorf("Calls, Streams = %d, %d, want %d, %d", c.Calls, c.Streams, n, streams)
+	}
+	if c.Timeline != nil {
+		t.Errorf("a timeline of %d steps with %d streams, want none", len(c.Timeline.Steps), streams)
+	}
+	if c.WallPerCall <= 0 {
+		t.Errorf("wall time per call %v, want > 0", c.WallPerCall)
+	}
+	if created := c.Created * n; created < streams-0.5 {
+		t.Errorf("%.1f goroutines created in the window, want at least the %d streams", created, streams)
+	}
+}
+
+func TestMeasureRejectsMoreStreamsThanCalls(t *testing.T) {
+	if _, err := Measure(context.Background(), 2, Options{Streams: 3}, func() error { return nil }); err == nil {
+		t.Error("Measure of 2 calls on 3 streams: no error")
 	}
 }
