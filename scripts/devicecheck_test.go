@@ -101,8 +101,20 @@ func TestDeviceCheckSummaryNoGPU(t *testing.T) {
 // TestDeviceCheckSummaryTimelines: the summary lays out handoffs'
 // timelines, when its JSON lines have them (session 17's, 2 cores).
 func TestDeviceCheckSummaryTimelines(t *testing.T) {
+	summarizeHandoffs(t, "handoffs-2core-session17-2026-11-27.jsonl",
+		"fetch-tcp: the scheduler's events in a call, as 2959 of 3000 calls went",
+		"| 1 | 2.1 | 2.1 | syscall verbs/tcp.(*frameBatch).flush |",
+		"| 23 | 27.6 | 0.1 | run rpc/internal/engine.(*bell).wait |",
+		"pingpong-tcp: the scheduler's events in a call",
+	)
+}
+
+// summarizeHandoffs makes the summary of a handoffs run committed in
+// benchmarks/results and checks that summary.md has each of wants.
+func summarizeHandoffs(t *testing.T, results string, wants ...string) {
+	t.Helper()
 	steps := t.TempDir()
-	b, err := os.ReadFile(filepath.Join("..", "benchmarks", "results", "handoffs-2core-session17-2026-11-27.jsonl"))
+	b, err := os.ReadFile(filepath.Join("..", "benchmarks", "results", results))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +122,7 @@ func TestDeviceCheckSummaryTimelines(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := summarize(t, steps, "")
-	for _, want := range []string{
-		"fetch-tcp: the scheduler's events in a call, as 2959 of 3000 calls went",
-		"| 1 | 2.1 | 2.1 | syscall verbs/tcp.(*frameBatch).flush |",
-		"| 23 | 27.6 | 0.1 | run rpc/internal/engine.(*bell).wait |",
-		"pingpong-tcp: the scheduler's events in a call",
-	} {
+	for _, want := range wants {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)
 		}
@@ -127,26 +134,13 @@ func TestDeviceCheckSummaryTimelines(t *testing.T) {
 // sequential 4 KiB lines wherever they are in the file (session 31's, 2
 // cores: the streams and 1 MiB lines come first).
 func TestDeviceCheckSummaryStreams(t *testing.T) {
-	steps := t.TempDir()
-	b, err := os.ReadFile(filepath.Join("..", "benchmarks", "results", "handoffs-streams-2core-session31.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(steps, "handoffs.jsonl"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	md := summarize(t, steps, "")
-	for _, want := range []string{
+	summarizeHandoffs(t, "handoffs-streams-2core-session31.jsonl",
 		"| hand-offs per 4 KiB call, fetch-tcp (idle-P starts) | 3.01 (0.01) |",
 		"| hand-offs per 4 KiB call, fetch-shm (idle-P starts) | 0.06 (0.00) |",
 		"| hand-offs per 1 MiB Fetch, 4 streams on one session, fetch-shm (µs a call, all streams) | 2.71 (83.8 µs) |",
 		"| hand-offs per 1 MiB Fetch, 4 streams on one session, fetch-tcp (µs a call, all streams) | 3.85 (351.2 µs) |",
 		"fetch-tcp: the scheduler's events in a call, as ",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("summary.md lacks %q:\n%s", want, md)
-		}
-	}
+	)
 }
 
 // TestDeviceCheckSummaryH100 makes the summary of the H100 run committed
