@@ -23,6 +23,13 @@ type peerMemory struct {
 	mapping  []byte // the whole mmap, page-aligned
 	data     []byte // the range inside it
 
+	// copies counts the copies under way on mapping (withRemote), which
+	// hold no lock while they copy: unmap and remapWritable wait for them.
+	// They begin with qp.remoteMu held for reading, so none begins while
+	// the memory is being dropped or remapped (remoteMu held for writing)
+	// or once it left the cache.
+	copies sync.WaitGroup
+
 	roMu sync.Mutex
 	// ro is the read-only mapping for MapRemote, made on first use. While
 	// the memory is cached, the cache holds a reference to it, so that a
@@ -51,9 +58,10 @@ func mapPeerMemory(fd int, offset, length uint64, writable bool) (*peerMemory, e
 }
 
 // remapWritable replaces the read-only copy mapping by a read-write one.
-// The caller holds qp.remoteMu for writing, so no copy uses the old one,
-// and then points the keys on pm at the new data.
+// The caller holds qp.remoteMu for writing, so no copy begins; it waits
+// for those under way, and then points the keys on pm at the new data.
 func (pm *peerMemory) remapWritable() error {
+	pm.copies.Wait()
 	mapping, data, err := mapFD(pm.fd, pm.offset, pm.length, true)
 	if err != nil {
 		return err
@@ -65,8 +73,10 @@ func (pm *peerMemory) remapWritable() error {
 
 // unmap drops the copy mapping, the memfd and the cache's reference to
 // the read-only mapping; Mappings from MapRemote keep theirs. The caller
-// holds qp.remoteMu for writing (or owns the queue pair, in Close).
+// holds qp.remoteMu for writing (or owns the queue pair, in Close), so no
+// copy begins; it waits for those under way.
 func (pm *peerMemory) unmap() {
+	pm.copies.Wait()
 	unix.Munmap(pm.mapping)
 	closeFD(pm.fd)
 	pm.mapping, pm.data, pm.fd = nil, nil, -1
@@ -167,17 +177,31 @@ func mapAnnounced(m message, fd int) (*remoteRegion, error) {
 	return rr, nil
 }
 
-// withRemote runs f on the peer's region key, mapped, with the mapping
-// cache read-locked so the region cannot be unmapped under f. A key not in
-// the cache is asked of the peer first when fetch is set; otherwise
+// withRemote runs f on the peer's region key, mapped: counted among the
+// copies of its memory (peerMemory.copies), so that it cannot be unmapped
+// under f, without holding the mapping cache's lock while f copies. The
+// receiver changes the cache for every grant the peer makes and revokes;
+// held for reading across each copy, the lock had it wait for the copies
+// under way (and later copies for it), so that concurrent Reads of one
+// queue pair took turns with its messages. Memory without a memfd (cma)
+// keeps the lock, which keeps the peer's pidfd open. A key not in the
+// cache is asked of the peer first when fetch is set; otherwise
 // withRemote reports false and does nothing. An error of f fails with
 // StatusRemoteAccess, unless it is a statusError.
 func (qp *queuePair) withRemote(key uint32, fetch bool, f func(*remoteRegion) error) (verbs.Status, error, bool) {
 	for asked := false; ; asked = true {
 		qp.remoteMu.RLock()
 		if rr := qp.remote[key]; rr != nil {
-			err := f(rr)
-			qp.remoteMu.RUnlock()
+			var err error
+			if pm := rr.mem; pm != nil && !rr.cma {
+				pm.copies.Add(1)
+				qp.remoteMu.RUnlock()
+				err = f(rr)
+				pm.copies.Done()
+			} else {
+				err = f(rr)
+				qp.remoteMu.RUnlock()
+			}
 			if err != nil {
 				st := verbs.StatusRemoteAccess
 				var se *statusError
