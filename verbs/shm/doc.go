@@ -105,17 +105,33 @@
 //     control ring and copied once out of it by the peer; no system call
 //     while the peer's receiver is awake.
 //
-// Requests run one at a time, in posting order. When the queue pair is
-// idle, PostSend runs the request itself, in the caller's goroutine (see
-// WithInlineLimit): all of a Write or Read whose remote region is mapped,
-// the copy and doorbell of a WriteImm or of a Send that fits the staging
-// buffer. Everything else, and everything posted behind a running request,
-// runs in the queue pair's sender goroutine. A Send or WriteImm waits for
-// the peer's acknowledgement before the next request runs, so the data of
+// Requests run one at a time, in posting order, with one exception
+// below. When the queue pair is idle, PostSend runs the request itself, in
+// the caller's goroutine (see WithInlineLimit): all of a Write or Read
+// whose remote region is mapped, the copy and doorbell of a WriteImm or of
+// a Send that fits the staging buffer. A Send or WriteImm waits for the
+// peer's acknowledgement before the next request runs, so the data of
 // earlier Writes is in place when the peer sees it, and nothing runs after
-// a request that failed. A Send or WriteImm that finds no Recv waits at the
-// peer for one up to the RNR timeout (WithRNRTimeout, one second by
-// default) and then fails with StatusReceiverNotReady.
+// a request that failed. What is posted behind a running request waits;
+// when the acknowledgement comes, the goroutine that handled it (the
+// receiver, or a caller polling the queue pair) runs the next ones itself
+// while they are small (64 KiB), and the queue pair's sender goroutine
+// runs the rest. A Send or WriteImm that finds no Recv waits at the peer
+// for one up to the RNR timeout (WithRNRTimeout, one second by default)
+// and then fails with StatusReceiverNotReady.
+//
+// The exception: a Read (not fenced) posted while a Send or WriteImm
+// awaits its acknowledgement, with nothing queued before it, runs at once
+// in the poster's goroutine, beside it, as do further such Reads (up to
+// 64); their completions still come in posting order, after that
+// request's, and should it fail they flush. Concurrent streams on one
+// queue pair so copy side by side instead of each Read waiting for
+// another stream's request to be acknowledged and then for the sender.
+// The one ordering given up: such a Read may copy before the peer placed
+// the Send ahead of it in its receive buffer, so it must not read that
+// buffer expecting the Send's bytes (fence it). Copies hold no lock on
+// the mapping cache while they copy, so the receiver, which changes it
+// for every grant the peer makes or revokes, never waits for them.
 //
 // The control path is a pair of shared rings, one per direction. Each
 // queue pair makes a sealed 64 KiB memfd for the messages it receives,

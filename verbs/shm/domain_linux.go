@@ -29,13 +29,15 @@ type domain struct {
 	regions map[uint32]*region // by key; guarded by Mu
 }
 
-// attributes are the shm device's limits: requests run one at a time, so
-// one Read is under way at most.
+// attributes are the shm device's limits: requests run one at a time,
+// but while one awaits the peer's ack up to maxBeside Reads posted after
+// it run beside it (queuePair.canReadBesideLocked), and one more can be
+// the request running.
 var attributes = verbs.Attributes{
 	MaxMessageBytes:     math.MaxInt64,
 	MaxSegments:         softrc.MaxSegments,
 	MaxInline:           0,
-	MaxOutstandingReads: 1,
+	MaxOutstandingReads: maxBeside + 1,
 	MaxQueueDepth:       softrc.MaxQueueDepth,
 	Grants:              verbs.GrantSoftware,
 	RecvImmKey:          true,

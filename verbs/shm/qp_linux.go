@@ -28,6 +28,11 @@ type queuePair struct {
 	// it ran in the poster's goroutine, and queuedInline once that queued
 	// a completion for it to deliver before it returns.
 	runningInline, queuedInline bool
+	// runningQueued (under Mu) is set while runQueuedLocked ends a
+	// request it ran: its completion is queued for the calling goroutine
+	// (the receiver, or a caller polling) to deliver, and the sender is
+	// not woken for the requests behind it.
+	runningQueued bool
 
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
 	// yet done: Sendq[0] is executing when the sender set executing.
@@ -37,6 +42,16 @@ type queuePair struct {
 	// arrives, for a Send or WriteImm): requests run one at a time, in
 	// posting order.
 	executing bool
+	// beside holds, in posting order, the Reads run in their posters'
+	// goroutines while the request before them awaited the peer's ack
+	// (see readBesideLocked), each with its outcome once its copy ended.
+	// Nothing else starts while it is not empty, and its completions
+	// follow that request's. besideHeld is set while an ack's completion
+	// is on its way to the queue (onAck): nothing starts, and no
+	// completion is queued ahead of it.
+	beside     []besideRead
+	besideHeld bool
+	ranQueued  int // requests runQueuedLocked ran, for tests
 	// owed holds the acks FailedLocked owes the peer, for failLocked to
 	// return.
 	owed []message
@@ -142,11 +157,17 @@ func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queue
 // PostSendUnlock posts checked requests: an idle queue pair runs the
 // first ones inline (see executeInlineLocked).
 func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
-	posted := 0
+	posted, failed := 0, false
 	for i := range ws {
 		wr := &ws[i]
-		if qp.StateLocked() != verbs.QPError && !qp.executing && len(qp.Sendq) == 0 && qp.inlineable(wr) && qp.executeInlineLocked(wr) {
-			continue
+		if qp.StateLocked() != verbs.QPError && len(qp.Sendq) == 0 && qp.inlineable(wr) {
+			if !qp.executing && len(qp.beside) == 0 && !qp.besideHeld && qp.executeInlineLocked(wr) {
+				continue
+			}
+			if qp.canReadBesideLocked(wr) {
+				failed = qp.readBesideLocked(wr) || failed
+				continue
+			}
 		}
 		// Behind a running request, or the queue pair failed under an
 		// inline request of this call: the sender runs or flushes it.
@@ -159,11 +180,178 @@ func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	if posted > 0 {
 		softrc.Signal(qp.sqSignal)
 	}
+	if failed {
+		qp.fail(0, nil) // in ERR already: sends the acks owed
+	}
 	if deliver {
 		// Completions of requests run here went to the queue without
 		// waking anyone (finishSendLocked): hand them over in this
 		// goroutine, which waits for them, usually (a Read).
 		qp.Deliver()
+	}
+}
+
+// besideRead is a Read run beside the request awaiting its ack, and its
+// outcome once done.
+type besideRead struct {
+	wr   *softrc.SendWR
+	done bool
+	st   verbs.Status
+	err  error
+}
+
+// maxBeside bounds the Reads that run beside one request awaiting its ack.
+const maxBeside = 64
+
+// canReadBesideLocked reports whether wr, posted with nothing queued
+// before it, may run now in the poster's goroutine although the queue
+// pair is not idle: wr is a Read (not fenced), and what runs is a request
+// whose local part is done and that awaits the peer's ack (a Send's
+// last chunk, a WriteImm: on Inflight), or Reads run so. Before, such a
+// Read waited for that ack, then for the sender goroutine to be woken
+// for it: with several streams on one lane, each of their Fetches' Reads
+// queued behind another's request. The peer's region must be mapped
+// already (asking the peer for it is the sender's job).
+func (qp *queuePair) canReadBesideLocked(wr *softrc.SendWR) bool {
+	if wr.Op != verbs.OpRead || wr.Fence || wr.N == 0 || len(qp.beside) >= maxBeside {
+		return false
+	}
+	if !(qp.executing && len(qp.Inflight) > 0 || !qp.executing && len(qp.beside) > 0) {
+		return false
+	}
+	qp.remoteMu.RLock()
+	_, mapped := qp.remote[wr.Remote.Key]
+	qp.remoteMu.RUnlock()
+	return mapped
+}
+
+// readBesideLocked runs the Read wr in the poster's goroutine, with qp.Mu
+// released during the copy, beside the request awaiting its ack (see
+// canReadBesideLocked). Its completion waits on beside for that request's
+// and the earlier ones' (releaseBesideLocked); should the queue pair fail
+// meanwhile, the sender flushes it in its place, after the copy ended.
+//
+// What it departs from: the Read may copy before the peer has placed the
+// Send ahead of it in the peer's receive buffer, so a Read of that buffer
+// could find the bytes from before the Send (a fenced Read does not run
+// so). Its completion still comes in posting order.
+//
+// It reports whether the Read failed the queue pair (see
+// releaseBesideLocked).
+func (qp *queuePair) readBesideLocked(wr *softrc.SendWR) (failed bool) {
+	qp.beside = append(qp.beside, besideRead{wr: wr})
+	qp.inline.Add(1)
+	qp.Mu.Unlock()
+	st, err, ran := qp.read(wr, false)
+	if !ran {
+		// Revoked between the look and the copy: the peer deregistered it.
+		st, err = verbs.StatusRemoteAccess, fmt.Errorf("shm: remote key %#x was deregistered by the peer", wr.Remote.Key)
+	}
+	qp.Mu.Lock()
+	qp.inline.Done()
+	for i := range qp.beside {
+		if b := &qp.beside[i]; b.wr == wr {
+			b.done, b.st, b.err = true, st, err
+			break
+		}
+	}
+	queued, failed := qp.releaseBesideLocked()
+	if queued {
+		qp.queuedInline = true // PostSendUnlock delivers them
+	}
+	if !failed && !qp.executing && len(qp.beside) == 0 && len(qp.Sendq) > 0 {
+		softrc.Signal(qp.sqSignal)
+	}
+	return failed
+}
+
+// releaseBesideLocked queues the completions at the front of beside whose
+// copies ended, once the request before them has completed (not while an
+// ack's completion is on its way: besideHeld), and wakes the sender for
+// the requests queued behind them once beside is empty. A failed Read
+// fails the queue pair. In the error state it leaves beside to the
+// sender's flush. It reports whether it queued any completion, which the
+// caller then delivers (CQ.Queue), and whether a failed Read failed the
+// queue pair, for the caller to send the acks owed (fail) once unlocked.
+func (qp *queuePair) releaseBesideLocked() (queued, failed bool) {
+	if qp.executing || qp.besideHeld || qp.StateLocked() == verbs.QPError {
+		return false, false
+	}
+	var buf [4]softrc.Entry
+	es := buf[:0]
+	n := 0
+	var bad *besideRead
+	for n < len(qp.beside) && qp.beside[n].done {
+		b := &qp.beside[n]
+		n++
+		if b.st != verbs.StatusSuccess {
+			bad = b
+			break
+		}
+		es = qp.CompleteSend(es, b.wr, b.st, nil)
+	}
+	if bad != nil {
+		// Its completion is the failure's; every request after it flushes
+		// (the sender's flush), and the caller sends the acks owed.
+		es = qp.CompleteSend(es, bad.wr, bad.st, bad.err)
+		qp.FailLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(bad.wr, bad.st, bad.err)))
+	}
+	clear(qp.beside[:n])
+	qp.beside = append(qp.beside[:0], qp.beside[n:]...)
+	qp.SendCQ.Queue(es...)
+	return len(es) > 0, bad != nil
+}
+
+// runQueuedLimit is the largest request that runQueuedLocked runs in the
+// goroutine that handled an ack; larger ones are the sender's, so that
+// no large copy holds up the messages behind the ack.
+const runQueuedLimit = 64 << 10
+
+// maxRunQueued bounds the requests one runQueuedLocked runs.
+const maxRunQueued = 8
+
+// runQueuedLocked runs the requests queued behind the one an ack just
+// completed in the calling goroutine, which handled the ack (the
+// receiver, or a caller polling the queue pair), as the sender would:
+// small ones (runQueuedLimit), until one awaits its ack. The sender's
+// wake-up for each was, with several streams on one lane, about one
+// hand-off per call (a Fetch's request queued behind another stream's).
+// For the rest (a larger request, one whose peer region is not mapped
+// yet, more than maxRunQueued) it wakes the sender. The caller holds Mu,
+// which runQueuedLocked releases while it copies, and delivers the
+// completions it queued (CQ.Queue) once it has unlocked.
+func (qp *queuePair) runQueuedLocked() {
+	for n := 0; ; n++ {
+		if qp.StateLocked() == verbs.QPError || qp.executing || len(qp.beside) > 0 || qp.besideHeld || len(qp.Sendq) == 0 {
+			return
+		}
+		wr := qp.Sendq[0]
+		if n == maxRunQueued || wr.N > runQueuedLimit || !qp.inlineable(wr) {
+			softrc.Signal(qp.sqSignal)
+			return
+		}
+		// wr stays at the front of Sendq while it runs, as it does when
+		// the sender runs it; the sender's flush waits for us (inline).
+		qp.executing = true
+		qp.inline.Add(1)
+		qp.Mu.Unlock()
+		st, err, ran, doorbell, ring := qp.start(wr, false)
+		qp.Mu.Lock()
+		qp.inline.Done()
+		if !ran {
+			qp.executing = false
+			softrc.Signal(qp.sqSignal) // the sender asks the peer for the region
+			return
+		}
+		qp.Sendq = softrc.TakeFront(qp.Sendq, 1)
+		if ring && qp.StateLocked() == verbs.QPError {
+			st, err = qp.FailureLocked()
+			ring = false
+		}
+		qp.runningQueued = true
+		qp.ranQueued++
+		qp.ringLocked(wr, st, err, doorbell, ring)
+		qp.runningQueued = false
 	}
 }
 
@@ -238,10 +426,13 @@ func (qp *queuePair) ringLocked(wr *softrc.SendWR, st verbs.Status, err error, d
 func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err error) {
 	if e, ok := qp.SendQ.Complete(softrc.CompletionOf(wr, st, err), wr.Unsignaled); ok {
 		// Not through CompleteSend, whose slice would cost an allocation.
-		if qp.runningInline {
+		switch {
+		case qp.runningInline:
 			qp.SendCQ.Queue(e) // PostSendUnlock delivers it
 			qp.queuedInline = true
-		} else {
+		case qp.runningQueued:
+			qp.SendCQ.Queue(e) // runQueuedLocked's caller delivers it
+		default:
 			qp.SendCQ.Push(e)
 		}
 	}
@@ -250,8 +441,8 @@ func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err er
 		qp.Mu.Unlock()
 		qp.sendAll(acks)
 		qp.Mu.Lock()
-	} else if len(qp.Sendq) > 0 {
-		softrc.Signal(qp.sqSignal)
+	} else if len(qp.Sendq) > 0 && !qp.runningQueued {
+		softrc.Signal(qp.sqSignal) // runQueuedLocked goes on with them itself
 	}
 }
 
@@ -268,10 +459,18 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	}
 	failed, err := qp.Ack(m.seq, m.status, func([]*softrc.SendWR, *softrc.SendWR) {
 		qp.executing = false // one request at a time
-		if len(qp.Sendq) > 0 && m.status == verbs.StatusSuccess {
-			softrc.Signal(qp.sqSignal)
-		}
+		// The completions of the Reads beside it, and of what we run
+		// next, follow the one Ack queues after this.
+		qp.besideHeld = true
 	})
+	qp.Mu.Lock()
+	if qp.besideHeld {
+		qp.besideHeld = false
+		_, bad := qp.releaseBesideLocked() // delivered by our caller, as Ack's
+		failed = failed || bad
+		qp.runQueuedLocked()
+	}
+	qp.Mu.Unlock()
 	if failed {
 		qp.fail(0, nil) // in ERR already: sends the acks owed
 	}

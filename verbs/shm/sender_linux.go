@@ -66,11 +66,27 @@ func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 	for {
 		qp.Mu.Lock()
 		if qp.StateLocked() == verbs.QPError {
+			// Requests run outside this goroutine (PostSend's, the Reads
+			// beside, runQueuedLocked's) complete before the flush of the
+			// ones posted after them.
+			qp.Mu.Unlock()
+			qp.inline.Wait()
+			qp.Mu.Lock()
+			if len(qp.beside) > 0 {
+				// Reads run beside the failed request flush after it,
+				// ahead of the queue.
+				ws := make([]*softrc.SendWR, 0, len(qp.beside)+len(qp.Sendq))
+				for _, b := range qp.beside {
+					ws = append(ws, b.wr)
+				}
+				qp.Sendq = append(ws, qp.Sendq...)
+				qp.beside = nil
+			}
 			qp.FlushSendsLocked()
 			qp.Mu.Unlock()
 			return nil, false
 		}
-		if len(qp.Sendq) > 0 && !qp.executing {
+		if len(qp.Sendq) > 0 && !qp.executing && len(qp.beside) == 0 && !qp.besideHeld {
 			qp.executing = true
 			wr := qp.Sendq[0]
 			qp.Mu.Unlock()
