@@ -120,18 +120,21 @@
 // for one up to the RNR timeout (WithRNRTimeout, one second by default)
 // and then fails with StatusReceiverNotReady.
 //
-// The exception: a Read (not fenced) posted while a Send or WriteImm
-// awaits its acknowledgement, with nothing queued before it, runs at once
-// in the poster's goroutine, beside it, as do further such Reads (up to
-// 64); their completions still come in posting order, after that
-// request's, and should it fail they flush. Concurrent streams on one
-// queue pair so copy side by side instead of each Read waiting for
-// another stream's request to be acknowledged and then for the sender.
-// The one ordering given up: such a Read may copy before the peer placed
-// the Send ahead of it in its receive buffer, so it must not read that
-// buffer expecting the Send's bytes (fence it). Copies hold no lock on
-// the mapping cache while they copy, so the receiver, which changes it
-// for every grant the peer makes or revokes, never waits for them.
+// The exception: a Read (not fenced) posted behind requests that do not
+// write (a Send or WriteImm awaiting its acknowledgement, with its data
+// placed; Sends and Reads queued), whose peer region is mapped, copies at
+// once in the poster's goroutine, ahead of its turn (up to 64 such Reads
+// a queue pair); its completion still comes at its turn, in posting
+// order, and should a request ahead of it fail it flushes. Concurrent
+// streams on one queue pair so copy side by side instead of each Read
+// waiting for the other streams' requests to be acknowledged and then
+// for the sender. The one ordering given up: such a Read may copy before
+// the peer placed a Send posted ahead of it in its receive buffer, so it
+// must not read that buffer expecting the Send's bytes (fence it). A
+// Read behind a Write or WriteImm still waiting to run waits its turn.
+// Copies hold no lock on the mapping cache while they copy, so the
+// receiver, which changes it for every grant the peer makes or revokes,
+// never waits for them.
 //
 // The control path is a pair of shared rings, one per direction. Each
 // queue pair makes a sealed 64 KiB memfd for the messages it receives,

@@ -30,14 +30,14 @@ type domain struct {
 }
 
 // attributes are the shm device's limits: requests run one at a time,
-// but while one awaits the peer's ack up to maxBeside Reads posted after
-// it run beside it (queuePair.canReadBesideLocked), and one more can be
-// the request running.
+// but up to maxEarly Reads posted behind others may run ahead of their
+// turn (queuePair.canReadEarlyLocked), and one more can be the request
+// running.
 var attributes = verbs.Attributes{
 	MaxMessageBytes:     math.MaxInt64,
 	MaxSegments:         softrc.MaxSegments,
 	MaxInline:           0,
-	MaxOutstandingReads: maxBeside + 1,
+	MaxOutstandingReads: maxEarly + 1,
 	MaxQueueDepth:       softrc.MaxQueueDepth,
 	Grants:              verbs.GrantSoftware,
 	RecvImmKey:          true,

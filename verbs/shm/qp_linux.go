@@ -28,10 +28,10 @@ type queuePair struct {
 	// it ran in the poster's goroutine, and queuedInline once that queued
 	// a completion for it to deliver before it returns.
 	runningInline, queuedInline bool
-	// runningQueued (under Mu) is set while runQueuedLocked ends a
-	// request it ran: its completion is queued for the calling goroutine
-	// (the receiver, or a caller polling) to deliver, and the sender is
-	// not woken for the requests behind it.
+	// runningQueued (under Mu) is set while runQueuedLocked runs: the
+	// completions it queues are for the calling goroutine (the receiver,
+	// a caller polling, or with runningInline PostSendUnlock) to deliver,
+	// and the sender is not woken for the requests behind them.
 	runningQueued bool
 
 	// Guarded by Mu. The core's Sendq holds the requests posted and not
@@ -42,16 +42,16 @@ type queuePair struct {
 	// arrives, for a Send or WriteImm): requests run one at a time, in
 	// posting order.
 	executing bool
-	// beside holds, in posting order, the Reads run in their posters'
-	// goroutines while the request before them awaited the peer's ack
-	// (see readBesideLocked), each with its outcome once its copy ended.
-	// Nothing else starts while it is not empty, and its completions
-	// follow that request's. besideHeld is set while an ack's completion
-	// is on its way to the queue (onAck): nothing starts, and no
-	// completion is queued ahead of it.
-	beside     []besideRead
-	besideHeld bool
-	ranQueued  int // requests runQueuedLocked ran, for tests
+	// runningOp is the opcode of the request executing.
+	runningOp verbs.Opcode
+	// early holds the Reads run ahead of their turn, as they were posted
+	// (readEarlyLocked), while they wait in Sendq for it: done once the
+	// copy ended, with its outcome. ackHeld is set while an ack's
+	// completion is on its way to the queue (onAck): nothing starts, and
+	// no completion is queued ahead of it.
+	early     map[*softrc.SendWR]earlyRead
+	ackHeld   bool
+	ranQueued int // requests runQueuedLocked ran, for tests
 	// owed holds the acks FailedLocked owes the peer, for failLocked to
 	// return.
 	owed []message
@@ -138,6 +138,7 @@ func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queue
 		pd:           pd,
 		inlineLimit:  pd.opts.inlineLimit,
 		unmapWaiters: make(map[uint64]*unmapWaiter),
+		early:        make(map[*softrc.SendWR]earlyRead),
 		sqSignal:     make(chan struct{}, 1),
 		ackCh:        make(chan message, 1),
 		mapCh:        make(chan mapResult, 1),
@@ -155,17 +156,19 @@ func newQueuePair(pd *domain, core *softrc.QP, cfg verbs.QueuePairConfig) *queue
 }
 
 // PostSendUnlock posts checked requests: an idle queue pair runs the
-// first ones inline (see executeInlineLocked).
+// first ones inline (see executeInlineLocked), and a Read behind others
+// may run at once too (readEarlyLocked).
 func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
-	posted, failed := 0, false
+	posted := 0
 	for i := range ws {
 		wr := &ws[i]
-		if qp.StateLocked() != verbs.QPError && len(qp.Sendq) == 0 && qp.inlineable(wr) {
-			if !qp.executing && len(qp.beside) == 0 && !qp.besideHeld && qp.executeInlineLocked(wr) {
+		if qp.StateLocked() != verbs.QPError && qp.inlineable(wr) {
+			if !qp.executing && len(qp.Sendq) == 0 && !qp.ackHeld && qp.executeInlineLocked(wr) {
 				continue
 			}
-			if qp.canReadBesideLocked(wr) {
-				failed = qp.readBesideLocked(wr) || failed
+			if qp.canReadEarlyLocked(wr) {
+				qp.Sendq = append(qp.Sendq, wr) // its turn, for its completion
+				qp.readEarlyLocked(wr)
 				continue
 			}
 		}
@@ -176,12 +179,20 @@ func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	}
 	deliver := qp.queuedInline
 	qp.queuedInline = false
-	qp.Mu.Unlock()
-	if posted > 0 {
-		softrc.Signal(qp.sqSignal)
+	// What we queued waits for the request running (whoever ends it goes
+	// on with the queue: its sender, its ack's goroutine, a poster ending
+	// a Read run early) unless the queue pair is free: then the sender
+	// runs it. Waking the sender to find a request running was a
+	// hand-off per queued request, with several streams on one lane.
+	wake := posted > 0 && !qp.executing && !qp.ackHeld
+	if wake && len(qp.Sendq) > 0 {
+		if _, copying := qp.early[qp.Sendq[0]]; copying {
+			wake = false
+		}
 	}
-	if failed {
-		qp.fail(0, nil) // in ERR already: sends the acks owed
+	qp.Mu.Unlock()
+	if wake {
+		softrc.Signal(qp.sqSignal)
 	}
 	if deliver {
 		// Completions of requests run here went to the queue without
@@ -191,33 +202,37 @@ func (qp *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	}
 }
 
-// besideRead is a Read run beside the request awaiting its ack, and its
-// outcome once done.
-type besideRead struct {
-	wr   *softrc.SendWR
+// earlyRead is the outcome of a Read run ahead of its turn, once done.
+type earlyRead struct {
 	done bool
 	st   verbs.Status
 	err  error
 }
 
-// maxBeside bounds the Reads that run beside one request awaiting its ack.
-const maxBeside = 64
+// maxEarly bounds the Reads of a queue pair run ahead of their turn.
+const maxEarly = 64
 
-// canReadBesideLocked reports whether wr, posted with nothing queued
-// before it, may run now in the poster's goroutine although the queue
-// pair is not idle: wr is a Read (not fenced), and what runs is a request
-// whose local part is done and that awaits the peer's ack (a Send's
-// last chunk, a WriteImm: on Inflight), or Reads run so. Before, such a
-// Read waited for that ack, then for the sender goroutine to be woken
-// for it: with several streams on one lane, each of their Fetches' Reads
-// queued behind another's request. The peer's region must be mapped
-// already (asking the peer for it is the sender's job).
-func (qp *queuePair) canReadBesideLocked(wr *softrc.SendWR) bool {
-	if wr.Op != verbs.OpRead || wr.Fence || wr.N == 0 || len(qp.beside) >= maxBeside {
+// canReadEarlyLocked reports whether wr, a Read about to be queued behind
+// a running request or queued ones, may copy at once, in the poster's
+// goroutine, ahead of its turn: it is not fenced, its peer region is
+// mapped already (asking the peer for it is the sender's job), and
+// nothing ahead of it writes: what runs is a Send or a Read, or a Send or
+// WriteImm whose data is placed and that awaits the peer's ack (on
+// Inflight), and only Sends and Reads are queued. Before, such a Read
+// waited for the requests ahead (a Send for its ack), then for the sender
+// goroutine: with several streams on one lane, each of their Fetches'
+// Reads queued behind the others' requests.
+func (qp *queuePair) canReadEarlyLocked(wr *softrc.SendWR) bool {
+	if wr.Op != verbs.OpRead || wr.Fence || wr.N == 0 || len(qp.early) >= maxEarly {
 		return false
 	}
-	if !(qp.executing && len(qp.Inflight) > 0 || !qp.executing && len(qp.beside) > 0) {
-		return false
+	if qp.executing && len(qp.Inflight) == 0 && qp.runningOp != verbs.OpSend && qp.runningOp != verbs.OpRead {
+		return false // a Write's copy runs
+	}
+	for _, q := range qp.Sendq {
+		if q.Op != verbs.OpSend && q.Op != verbs.OpRead {
+			return false
+		}
 	}
 	qp.remoteMu.RLock()
 	_, mapped := qp.remote[wr.Remote.Key]
@@ -225,21 +240,20 @@ func (qp *queuePair) canReadBesideLocked(wr *softrc.SendWR) bool {
 	return mapped
 }
 
-// readBesideLocked runs the Read wr in the poster's goroutine, with qp.Mu
-// released during the copy, beside the request awaiting its ack (see
-// canReadBesideLocked). Its completion waits on beside for that request's
-// and the earlier ones' (releaseBesideLocked); should the queue pair fail
-// meanwhile, the sender flushes it in its place, after the copy ended.
+// readEarlyLocked runs the Read wr, queued last on Sendq, in the poster's
+// goroutine, with qp.Mu released during the copy (see
+// canReadEarlyLocked). Its outcome waits on early for its turn, when the
+// goroutine running the queue completes it in its place (runQueuedLocked,
+// or the sender); if its turn came while it copied, the poster goes on
+// with the queue itself. Should the queue pair fail meanwhile, the
+// sender's flush completes it, after the copy ended.
 //
-// What it departs from: the Read may copy before the peer has placed the
-// Send ahead of it in the peer's receive buffer, so a Read of that buffer
-// could find the bytes from before the Send (a fenced Read does not run
-// so). Its completion still comes in posting order.
-//
-// It reports whether the Read failed the queue pair (see
-// releaseBesideLocked).
-func (qp *queuePair) readBesideLocked(wr *softrc.SendWR) (failed bool) {
-	qp.beside = append(qp.beside, besideRead{wr: wr})
+// What it departs from: the Read may copy before the peer placed a Send
+// posted ahead of it in the peer's receive buffer, so a Read of that
+// buffer could find the bytes from before the Send (a fenced Read does
+// not run so). Its completion still comes in posting order.
+func (qp *queuePair) readEarlyLocked(wr *softrc.SendWR) {
+	qp.early[wr] = earlyRead{}
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
 	st, err, ran := qp.read(wr, false)
@@ -249,57 +263,13 @@ func (qp *queuePair) readBesideLocked(wr *softrc.SendWR) (failed bool) {
 	}
 	qp.Mu.Lock()
 	qp.inline.Done()
-	for i := range qp.beside {
-		if b := &qp.beside[i]; b.wr == wr {
-			b.done, b.st, b.err = true, st, err
-			break
-		}
+	if _, ok := qp.early[wr]; !ok {
+		return // flushed
 	}
-	queued, failed := qp.releaseBesideLocked()
-	if queued {
-		qp.queuedInline = true // PostSendUnlock delivers them
-	}
-	if !failed && !qp.executing && len(qp.beside) == 0 && len(qp.Sendq) > 0 {
-		softrc.Signal(qp.sqSignal)
-	}
-	return failed
-}
-
-// releaseBesideLocked queues the completions at the front of beside whose
-// copies ended, once the request before them has completed (not while an
-// ack's completion is on its way: besideHeld), and wakes the sender for
-// the requests queued behind them once beside is empty. A failed Read
-// fails the queue pair. In the error state it leaves beside to the
-// sender's flush. It reports whether it queued any completion, which the
-// caller then delivers (CQ.Queue), and whether a failed Read failed the
-// queue pair, for the caller to send the acks owed (fail) once unlocked.
-func (qp *queuePair) releaseBesideLocked() (queued, failed bool) {
-	if qp.executing || qp.besideHeld || qp.StateLocked() == verbs.QPError {
-		return false, false
-	}
-	var buf [4]softrc.Entry
-	es := buf[:0]
-	n := 0
-	var bad *besideRead
-	for n < len(qp.beside) && qp.beside[n].done {
-		b := &qp.beside[n]
-		n++
-		if b.st != verbs.StatusSuccess {
-			bad = b
-			break
-		}
-		es = qp.CompleteSend(es, b.wr, b.st, nil)
-	}
-	if bad != nil {
-		// Its completion is the failure's; every request after it flushes
-		// (the sender's flush), and the caller sends the acks owed.
-		es = qp.CompleteSend(es, bad.wr, bad.st, bad.err)
-		qp.FailLocked(verbs.StatusFlushed, verbs.CompletionError(softrc.CompletionOf(bad.wr, bad.st, bad.err)))
-	}
-	clear(qp.beside[:n])
-	qp.beside = append(qp.beside[:0], qp.beside[n:]...)
-	qp.SendCQ.Queue(es...)
-	return len(es) > 0, bad != nil
+	qp.early[wr] = earlyRead{done: true, st: st, err: err}
+	qp.runningInline = true // completions for PostSendUnlock to deliver
+	qp.runQueuedLocked()
+	qp.runningInline = false
 }
 
 // runQueuedLimit is the largest request that runQueuedLocked runs in the
@@ -310,29 +280,40 @@ const runQueuedLimit = 64 << 10
 // maxRunQueued bounds the requests one runQueuedLocked runs.
 const maxRunQueued = 8
 
-// runQueuedLocked runs the requests queued behind the one an ack just
-// completed in the calling goroutine, which handled the ack (the
-// receiver, or a caller polling the queue pair), as the sender would:
-// small ones (runQueuedLimit), until one awaits its ack. The sender's
-// wake-up for each was, with several streams on one lane, about one
-// hand-off per call (a Fetch's request queued behind another stream's).
-// For the rest (a larger request, one whose peer region is not mapped
-// yet, more than maxRunQueued) it wakes the sender. The caller holds Mu,
-// which runQueuedLocked releases while it copies, and delivers the
-// completions it queued (CQ.Queue) once it has unlocked.
+// runQueuedLocked goes on with the queue in the calling goroutine, which
+// handled an ack (the receiver, or a caller polling the queue pair) or
+// ended a Read run early (its poster), while the queue pair is free: it
+// completes the Reads run early at the front, whose copies ended, and
+// runs small requests (runQueuedLimit) as the sender would, until one
+// awaits its ack. The sender's wake-up for each was, with several streams
+// on one lane, about one hand-off per call (a Fetch's request queued
+// behind another stream's). For the rest (a larger request, one whose
+// peer region is not mapped yet, more than maxRunQueued) it wakes the
+// sender. The caller holds Mu, which runQueuedLocked releases while it
+// copies, and delivers the completions it queued (CQ.Queue, with
+// runningInline or runningQueued set) once it has unlocked.
 func (qp *queuePair) runQueuedLocked() {
-	for n := 0; ; n++ {
-		if qp.StateLocked() == verbs.QPError || qp.executing || len(qp.beside) > 0 || qp.besideHeld || len(qp.Sendq) == 0 {
+	qp.runningQueued = true
+	defer func() { qp.runningQueued = false }()
+	for n := 0; ; {
+		if qp.StateLocked() == verbs.QPError || qp.executing || qp.ackHeld || len(qp.Sendq) == 0 {
 			return
 		}
 		wr := qp.Sendq[0]
+		if qp.completeEarlyLocked(wr) {
+			continue
+		}
+		if _, ok := qp.early[wr]; ok {
+			return // still copying: its poster goes on when it ends
+		}
 		if n == maxRunQueued || wr.N > runQueuedLimit || !qp.inlineable(wr) {
 			softrc.Signal(qp.sqSignal)
 			return
 		}
+		n++
 		// wr stays at the front of Sendq while it runs, as it does when
 		// the sender runs it; the sender's flush waits for us (inline).
-		qp.executing = true
+		qp.executing, qp.runningOp = true, wr.Op
 		qp.inline.Add(1)
 		qp.Mu.Unlock()
 		st, err, ran, doorbell, ring := qp.start(wr, false)
@@ -348,11 +329,23 @@ func (qp *queuePair) runQueuedLocked() {
 			st, err = qp.FailureLocked()
 			ring = false
 		}
-		qp.runningQueued = true
 		qp.ranQueued++
 		qp.ringLocked(wr, st, err, doorbell, ring)
-		qp.runningQueued = false
 	}
+}
+
+// completeEarlyLocked completes wr, the front of Sendq, if it is a Read
+// run early whose copy ended, and reports whether it did. The caller
+// holds Mu, which a failure releases for a while (finishSendLocked).
+func (qp *queuePair) completeEarlyLocked(wr *softrc.SendWR) bool {
+	e, ok := qp.early[wr]
+	if !ok || !e.done {
+		return false
+	}
+	delete(qp.early, wr)
+	qp.Sendq = softrc.TakeFront(qp.Sendq, 1)
+	qp.finishSendLocked(wr, e.st, e.err)
+	return true
 }
 
 func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
@@ -374,7 +367,7 @@ func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 // when the ack comes. It reports false, having done nothing, when the
 // peer's region is not mapped yet.
 func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
-	qp.executing = true
+	qp.executing, qp.runningOp = true, wr.Op
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
 	st, err, ran, doorbell, ring := qp.start(wr, false)
@@ -431,7 +424,7 @@ func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err er
 			qp.SendCQ.Queue(e) // PostSendUnlock delivers it
 			qp.queuedInline = true
 		case qp.runningQueued:
-			qp.SendCQ.Queue(e) // runQueuedLocked's caller delivers it
+			qp.SendCQ.Queue(e) // the receiver or polling caller delivers it
 		default:
 			qp.SendCQ.Push(e)
 		}
@@ -442,7 +435,7 @@ func (qp *queuePair) finishSendLocked(wr *softrc.SendWR, st verbs.Status, err er
 		qp.sendAll(acks)
 		qp.Mu.Lock()
 	} else if len(qp.Sendq) > 0 && !qp.runningQueued {
-		softrc.Signal(qp.sqSignal) // runQueuedLocked goes on with them itself
+		softrc.Signal(qp.sqSignal) // (runQueuedLocked goes on with them itself)
 	}
 }
 
@@ -459,17 +452,13 @@ func (qp *queuePair) onAck(m message) (bool, error) {
 	}
 	failed, err := qp.Ack(m.seq, m.status, func([]*softrc.SendWR, *softrc.SendWR) {
 		qp.executing = false // one request at a time
-		// The completions of the Reads beside it, and of what we run
-		// next, follow the one Ack queues after this.
-		qp.besideHeld = true
+		// The completions of what runs next follow the one Ack queues
+		// after this.
+		qp.ackHeld = true
 	})
 	qp.Mu.Lock()
-	if qp.besideHeld {
-		qp.besideHeld = false
-		_, bad := qp.releaseBesideLocked() // delivered by our caller, as Ack's
-		failed = failed || bad
-		qp.runQueuedLocked()
-	}
+	qp.ackHeld = false
+	qp.runQueuedLocked() // its completions delivered by our caller, as Ack's
 	qp.Mu.Unlock()
 	if failed {
 		qp.fail(0, nil) // in ERR already: sends the acks owed

@@ -67,30 +67,25 @@ func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 		qp.Mu.Lock()
 		if qp.StateLocked() == verbs.QPError {
 			// Requests run outside this goroutine (PostSend's, the Reads
-			// beside, runQueuedLocked's) complete before the flush of the
-			// ones posted after them.
+			// run early, runQueuedLocked's) complete before the flush of
+			// the ones posted after them.
 			qp.Mu.Unlock()
 			qp.inline.Wait()
 			qp.Mu.Lock()
-			if len(qp.beside) > 0 {
-				// Reads run beside the failed request flush after it,
-				// ahead of the queue.
-				ws := make([]*softrc.SendWR, 0, len(qp.beside)+len(qp.Sendq))
-				for _, b := range qp.beside {
-					ws = append(ws, b.wr)
-				}
-				qp.Sendq = append(ws, qp.Sendq...)
-				qp.beside = nil
-			}
 			qp.FlushSendsLocked()
+			clear(qp.early)
 			qp.Mu.Unlock()
 			return nil, false
 		}
-		if len(qp.Sendq) > 0 && !qp.executing && len(qp.beside) == 0 && !qp.besideHeld {
-			qp.executing = true
-			wr := qp.Sendq[0]
-			qp.Mu.Unlock()
-			return wr, true
+		for len(qp.Sendq) > 0 && !qp.executing && !qp.ackHeld && qp.completeEarlyLocked(qp.Sendq[0]) {
+		}
+		if len(qp.Sendq) > 0 && !qp.executing && !qp.ackHeld && qp.StateLocked() != verbs.QPError {
+			if _, early := qp.early[qp.Sendq[0]]; !early { // else its poster goes on when its copy ends
+				qp.executing, qp.runningOp = true, qp.Sendq[0].Op
+				wr := qp.Sendq[0]
+				qp.Mu.Unlock()
+				return wr, true
+			}
 		}
 		qp.Mu.Unlock()
 		select {

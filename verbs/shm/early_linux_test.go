@@ -9,11 +9,11 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// besideSetup connects two ends of size bytes whose Sends wait up to rnr
+// earlySetup connects two ends of size bytes whose Sends wait up to rnr
 // for a Recv, fills b's region, maps it at a (one Read) and posts a Send
 // from a that b has no Recv for: it waits for its ack on a's Inflight
-// when besideSetup returns.
-func besideSetup(t *testing.T, size int, rnr time.Duration) (a, b *end, closeAll func()) {
+// when earlySetup returns.
+func earlySetup(t *testing.T, size int, rnr time.Duration) (a, b *end, closeAll func()) {
 	t.Helper()
 	a, b, closeAll = connected(t, size, WithRNRTimeout(rnr))
 	pattern(b.mr.Bytes(), 9)
@@ -58,13 +58,13 @@ func expectCompletions(t *testing.T, cs []verbs.Completion, ids []uint64, sts []
 	}
 }
 
-// TestReadsBesideSendAwaitingAck posts Reads behind a Send that the peer
+// TestReadsEarlyBehindSendAwaitingAck posts Reads behind a Send that the peer
 // has no Recv for: they copy in the poster's goroutine at once, and their
 // completions wait for the Send's, which comes with the peer's Recv.
-func TestReadsBesideSendAwaitingAck(t *testing.T) {
+func TestReadsEarlyBehindSendAwaitingAck(t *testing.T) {
 	defer leakcheck.Check(t)
 	const size = 1 << 20
-	a, b, closeAll := besideSetup(t, size, time.Minute)
+	a, b, closeAll := earlySetup(t, size, time.Minute)
 	defer closeAll()
 	reads := []verbs.SendRequest{
 		readOf(2, a, 4096, b, 1000, 300<<10),
@@ -73,7 +73,7 @@ func TestReadsBesideSendAwaitingAck(t *testing.T) {
 	if err := a.qp.PostSend(reads...); err != nil {
 		t.Fatal(err)
 	}
-	// One more, posted on its own, runs beside the other two.
+	// One more, posted on its own, runs early too.
 	if err := a.qp.PostSend(readOf(4, a, 600<<10, b, 700<<10, 100<<10)); err != nil {
 		t.Fatal(err)
 	}
@@ -104,12 +104,12 @@ func TestReadsBesideSendAwaitingAck(t *testing.T) {
 	}
 }
 
-// TestReadBesideFlushedAfterRefusedSend: the Send ahead of Reads run
-// beside it is refused (no Recv within the RNR timeout); they complete
+// TestReadEarlyFlushedAfterRefusedSend: the Send ahead of Reads run
+// early behind it is refused (no Recv within the RNR timeout); they complete
 // after it, flushed.
-func TestReadBesideFlushedAfterRefusedSend(t *testing.T) {
+func TestReadEarlyFlushedAfterRefusedSend(t *testing.T) {
 	defer leakcheck.Check(t)
-	a, _, closeAll := besideSetup(t, 64<<10, time.Second)
+	a, _, closeAll := earlySetup(t, 64<<10, time.Second)
 	defer closeAll()
 	if err := a.qp.PostSend(readOf(2, a, 0, a, 0, 1024), readOf(3, a, 4096, a, 0, 1024)); err != nil {
 		t.Fatal(err)
@@ -121,13 +121,13 @@ func TestReadBesideFlushedAfterRefusedSend(t *testing.T) {
 	}
 }
 
-// TestReadBesideFails: a Read run beside the Send awaiting its ack fails
+// TestReadEarlyFails: a Read run early behind the Send awaiting its ack fails
 // (outside the peer's region); once the Send completes, the Read's
 // failure follows, the queue pair fails, and the Read after it flushes.
-func TestReadBesideFails(t *testing.T) {
+func TestReadEarlyFails(t *testing.T) {
 	defer leakcheck.Check(t)
 	const size = 64 << 10
-	a, b, closeAll := besideSetup(t, size, time.Minute)
+	a, b, closeAll := earlySetup(t, size, time.Minute)
 	defer closeAll()
 	if err := a.qp.PostSend(readOf(2, a, 0, b, size-100, 200), readOf(3, a, 4096, b, 0, 1024)); err != nil {
 		t.Fatal(err)
@@ -145,11 +145,11 @@ func TestReadBesideFails(t *testing.T) {
 	}
 }
 
-// TestCloseWithReadsBeside closes the queue pair while Reads run beside
+// TestCloseWithReadsEarly closes the queue pair while Reads run early
 // wait for the Send's ack: every request flushes once, in order.
-func TestCloseWithReadsBeside(t *testing.T) {
+func TestCloseWithReadsEarly(t *testing.T) {
 	defer leakcheck.Check(t)
-	a, b, closeAll := besideSetup(t, 64<<10, time.Minute)
+	a, b, closeAll := earlySetup(t, 64<<10, time.Minute)
 	defer closeAll()
 	if err := a.qp.PostSend(readOf(2, a, 0, b, 0, 1024), readOf(3, a, 4096, b, 0, 1024)); err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ func TestCloseWithReadsBeside(t *testing.T) {
 func TestAckRunsQueuedRequests(t *testing.T) {
 	defer leakcheck.Check(t)
 	const size = 1 << 20
-	a, b, closeAll := besideSetup(t, size, time.Minute)
+	a, b, closeAll := earlySetup(t, size, time.Minute)
 	defer closeAll()
 	copy(a.mr.Bytes()[4096:], "second message")
 	copy(a.mr.Bytes()[8192:], "third")
@@ -217,5 +217,50 @@ func TestAckRunsQueuedRequests(t *testing.T) {
 	a.qp.Mu.Unlock()
 	if ran != 3 {
 		t.Fatalf("the acks' goroutine ran %d queued requests, want 3 (two Sends and the Write; the large Read is the sender's)", ran)
+	}
+}
+
+// TestReadEarlyBehindQueuedSend: a Read posted behind a Send that is only
+// queued (another awaits its ack) copies at once too, and completes after
+// both Sends; a Read behind a queued Write waits for its turn, and sees
+// the Write's bytes.
+func TestReadEarlyBehindQueuedSend(t *testing.T) {
+	defer leakcheck.Check(t)
+	const size = 1 << 20
+	a, b, closeAll := earlySetup(t, size, time.Minute)
+	defer closeAll()
+	copy(a.mr.Bytes()[4096:], "queued message")
+	copy(a.mr.Bytes()[8192:], "new bytes")
+	early := readOf(3, a, 64<<10, b, 128<<10, 256<<10)
+	if err := a.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: a.mr, Offset: 4096, Length: 14}}, early); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.mr.Bytes()[64<<10:320<<10], b.mr.Bytes()[128<<10:384<<10]) {
+		t.Fatal("a Read behind a queued Send was not copied as it was posted")
+	}
+	// Behind a Write to the bytes it reads: it must see the new ones.
+	if err := a.qp.PostSend(
+		verbs.SendRequest{ID: 4, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Offset: 8192, Length: 9},
+			Remote: verbs.Remote{Addr: b.mr.Addr() + 500<<10, Key: b.mr.RemoteKey()}},
+		readOf(5, a, 600<<10, b, 500<<10, 9)); err != nil {
+		t.Fatal(err)
+	}
+	var cs [4]verbs.Completion
+	if n := a.cq.Poll(cs[:]); n != 0 {
+		t.Fatalf("completions %+v before the Send ahead of them completed", cs[:n])
+	}
+	for i := range 2 {
+		if err := b.qp.PostRecv(verbs.RecvRequest{ID: uint64(10 + i), Local: verbs.Local{Region: b.mr, Offset: size - 4096*(i+1), Length: 64}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := waitN(t, a, 5)
+	ok := verbs.StatusSuccess
+	expectCompletions(t, got, []uint64{1, 2, 3, 4, 5}, []verbs.Status{ok, ok, ok, ok, ok})
+	if m := string(a.mr.Bytes()[600<<10 : 600<<10+9]); m != "new bytes" {
+		t.Fatalf("the Read behind the Write found %q, want the Write's bytes", m)
+	}
+	if m := string(b.mr.Bytes()[size-8192 : size-8192+14]); m != "queued message" {
+		t.Fatalf("the queued Send arrived as %q", m)
 	}
 }
