@@ -2,6 +2,8 @@ package shm
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -263,4 +265,127 @@ func TestReadEarlyBehindQueuedSend(t *testing.T) {
 	if m := string(b.mr.Bytes()[size-8192 : size-8192+14]); m != "queued message" {
 		t.Fatalf("the queued Send arrived as %q", m)
 	}
+}
+
+// TestEarlyReadsInterleaved posts a random mix of Sends, Reads and Writes
+// in small batches while the peer posts its Recvs late, so that Sends
+// await their acks and Reads run early behind them: every request
+// completes once, in posting order, and every Read finds what the Writes
+// posted before it left (and nothing a later Write put there). With
+// closeAt set, the queue pair closes part way: the completions are the
+// successes in order, then the rest flushed in order, each once.
+func TestEarlyReadsInterleaved(t *testing.T) {
+	for _, closeAt := range []int{-1, 60} {
+		t.Run(fmt.Sprintf("close=%d", closeAt), func(t *testing.T) { earlyInterleaved(t, closeAt) })
+	}
+}
+
+func earlyInterleaved(t *testing.T, closeAt int) {
+	defer leakcheck.Check(t)
+	const (
+		slot    = 4096
+		slots   = 32      // read/write targets in b, at 0
+		recvOff = 1 << 20 // b's receive buffers
+		srcOff  = 1 << 20 // a's Write and Send sources
+		n       = 120     // under MaxSend (128): completions are taken at the end
+		size    = 4 << 20
+	)
+	a, b, closeAll := connected(t, size, WithRNRTimeout(time.Minute))
+	defer closeAll()
+	rng := rand.New(rand.NewPCG(1, uint64(closeAt+2)))
+	pattern(b.mr.Bytes()[:slots*slot], 3)
+	model := make([][]byte, slots) // what b's slots hold after the Writes posted so far
+	for i := range model {
+		model[i] = append([]byte(nil), b.mr.Bytes()[i*slot:(i+1)*slot]...)
+	}
+	post(t, a, readOf(1000, a, 0, b, 0, 64)) // maps b's region at a
+	type want struct {
+		dst  int
+		data []byte
+	}
+	reads := map[uint64]want{}
+	sends := 0
+	recvs := make(chan int, n)
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for i := range recvs {
+			time.Sleep(time.Duration(100+i%5*50) * time.Microsecond)
+			if b.qp.PostRecv(verbs.RecvRequest{ID: uint64(i), Local: verbs.Local{Region: b.mr, Offset: recvOff + i*slot, Length: slot}}) != nil {
+				return
+			}
+		}
+	}()
+	posted := 0
+	for posted < n {
+		var batch []verbs.SendRequest
+		for k := 1 + rng.IntN(3); k > 0 && posted < n; k-- {
+			id := uint64(posted)
+			switch r := rng.IntN(20); {
+			case r < 6:
+				src := srcOff + posted*slot
+				pattern(a.mr.Bytes()[src:src+64], byte(posted))
+				batch = append(batch, verbs.SendRequest{ID: id, Op: verbs.OpSend, Local: verbs.Local{Region: a.mr, Offset: src, Length: 64}})
+				recvs <- sends
+				sends++
+			case r < 7: // few Writes: a queued one holds the Reads behind it to their turn
+				s := rng.IntN(slots)
+				src := srcOff + posted*slot
+				pattern(a.mr.Bytes()[src:src+slot], byte(7*posted+1))
+				model[s] = append([]byte(nil), a.mr.Bytes()[src:src+slot]...)
+				batch = append(batch, verbs.SendRequest{ID: id, Op: verbs.OpWrite, Local: verbs.Local{Region: a.mr, Offset: src, Length: slot},
+					Remote: verbs.Remote{Addr: b.mr.Addr() + uint64(s*slot), Key: b.mr.RemoteKey()}})
+			default:
+				s := rng.IntN(slots)
+				dst := 2*size/4 + posted*slot // a's read targets, from 2 MiB
+				reads[id] = want{dst: dst, data: append([]byte(nil), model[s]...)}
+				batch = append(batch, readOf(id, a, dst, b, s*slot, slot))
+			}
+			posted++
+		}
+		if err := a.qp.PostSend(batch...); err != nil {
+			t.Fatal(err)
+		}
+		if closeAt >= 0 && posted >= closeAt {
+			a.qp.Close()
+			break
+		}
+	}
+	close(recvs)
+	got := waitN(t, a, posted)
+	failed := false
+	for i, c := range got {
+		if c.ID != uint64(i) {
+			t.Fatalf("completion %d is of request %d, want posting order", i, c.ID)
+		}
+		if c.Status != verbs.StatusSuccess {
+			if closeAt < 0 {
+				t.Fatalf("request %d: %v", i, verbs.CompletionError(c))
+			}
+			if failed && c.Status != verbs.StatusFlushed {
+				t.Fatalf("request %d after the first failure: %v, want flushed", i, c.Status)
+			}
+			failed = true
+			continue
+		}
+		if failed {
+			t.Fatalf("request %d succeeded after an earlier one failed", i)
+		}
+		if w, ok := reads[c.ID]; ok && !bytes.Equal(a.mr.Bytes()[w.dst:w.dst+slot], w.data) {
+			t.Fatalf("read %d did not find what the Writes before it left", i)
+		}
+	}
+	var more [1]verbs.Completion
+	if k := a.cq.Poll(more[:]); k != 0 {
+		t.Fatalf("a completion past the %d posted: %+v", posted, more[0])
+	}
+	a.qp.Mu.Lock()
+	early := a.qp.ranEarly
+	a.qp.Mu.Unlock()
+	if closeAt < 0 && early == 0 {
+		t.Fatal("no Read ran early: the test did not exercise what it is for")
+	}
+	t.Logf("%d of %d Reads ran early", early, len(reads))
+	a.qp.Close()
+	<-recvDone
 }

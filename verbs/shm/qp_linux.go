@@ -52,6 +52,7 @@ type queuePair struct {
 	early     map[*softrc.SendWR]earlyRead
 	ackHeld   bool
 	ranQueued int // requests runQueuedLocked ran, for tests
+	ranEarly  int // Reads run early, for tests
 	// owed holds the acks FailedLocked owes the peer, for failLocked to
 	// return.
 	owed []message
@@ -254,6 +255,7 @@ func (qp *queuePair) canReadEarlyLocked(wr *softrc.SendWR) bool {
 // not run so). Its completion still comes in posting order.
 func (qp *queuePair) readEarlyLocked(wr *softrc.SendWR) {
 	qp.early[wr] = earlyRead{}
+	qp.ranEarly++
 	qp.inline.Add(1)
 	qp.Mu.Unlock()
 	st, err, ran := qp.read(wr, false)
