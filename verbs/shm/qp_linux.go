@@ -314,13 +314,8 @@ func (qp *queuePair) runQueuedLocked() {
 		}
 		n++
 		// wr stays at the front of Sendq while it runs, as it does when
-		// the sender runs it; the sender's flush waits for us (inline).
-		qp.executing, qp.runningOp = true, wr.Op
-		qp.inline.Add(1)
-		qp.Mu.Unlock()
-		st, err, ran, doorbell, ring := qp.start(wr, false)
-		qp.Mu.Lock()
-		qp.inline.Done()
+		// the sender runs it.
+		st, err, ran, doorbell, ring := qp.startAsideLocked(wr)
 		if !ran {
 			qp.executing = false
 			softrc.Signal(qp.sqSignal) // the sender asks the peer for the region
@@ -369,12 +364,7 @@ func (qp *queuePair) inlineable(wr *softrc.SendWR) bool {
 // when the ack comes. It reports false, having done nothing, when the
 // peer's region is not mapped yet.
 func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
-	qp.executing, qp.runningOp = true, wr.Op
-	qp.inline.Add(1)
-	qp.Mu.Unlock()
-	st, err, ran, doorbell, ring := qp.start(wr, false)
-	qp.Mu.Lock()
-	qp.inline.Done()
+	st, err, ran, doorbell, ring := qp.startAsideLocked(wr)
 	qp.runningInline = true
 	defer func() { qp.runningInline = false }()
 	if !ran {
@@ -388,6 +378,19 @@ func (qp *queuePair) executeInlineLocked(wr *softrc.SendWR) bool {
 	}
 	qp.ringLocked(wr, st, err, doorbell, ring)
 	return true
+}
+
+// startAsideLocked marks wr executing and runs its start (see start)
+// outside the sender, with qp.Mu released, counted in inline so that the
+// sender's flush and Close wait for it. The caller holds Mu.
+func (qp *queuePair) startAsideLocked(wr *softrc.SendWR) (st verbs.Status, err error, ran bool, doorbell message, ring bool) {
+	qp.executing, qp.runningOp = true, wr.Op
+	qp.inline.Add(1)
+	qp.Mu.Unlock()
+	st, err, ran, doorbell, ring = qp.start(wr, false)
+	qp.Mu.Lock()
+	qp.inline.Done()
+	return st, err, ran, doorbell, ring
 }
 
 // ringLocked ends the start of wr, the request executing: with a doorbell
