@@ -167,9 +167,12 @@ type Link struct {
 	Squeeze *Compression
 	// rescue runs calls where their frames are read (RunRescued);
 	// lastOfBatch says, to the goroutine handling completions, that the
-	// one it handles is the last of its batch.
+	// one it handles is the last of its batch. Atomic: a delivery left
+	// behind (rescue) still runs its call while the receiver it detached
+	// from delivers the next batch in another goroutine; runHere reads it
+	// only in the goroutine that wrote it, before its call.
 	rescue      *rescue
-	lastOfBatch bool
+	lastOfBatch atomic.Bool
 	waiter      waitPoller // the Detacher of a queue polled with Wait
 }
 
@@ -313,7 +316,7 @@ func (l *Link) poll() {
 	if r, ok := l.cq.(verbs.CompletionRunner); ok {
 		r.Run(context.Background(), func(cs []verbs.Completion) {
 			for i, c := range cs {
-				l.lastOfBatch = i == len(cs)-1
+				l.lastOfBatch.Store(i == len(cs)-1)
 				l.complete(c)
 			}
 		})
@@ -335,7 +338,7 @@ func (l *Link) pollWait() {
 			return // the queue was closed
 		}
 		for i, c := range batch[:n] {
-			l.lastOfBatch = i == n-1
+			l.lastOfBatch.Store(i == n-1)
 			l.complete(c)
 			if l.waiter.gen.Load() != gen {
 				return // detached after the batch's last: the next poller has the rest

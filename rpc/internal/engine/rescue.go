@@ -78,7 +78,7 @@ func newRescue(det verbs.Detacher) *rescue {
 // pace, when not nil, hears whether fn was left behind once fn returns.
 func (l *Link) runHere(fn func(), pace Pacer) bool {
 	r := l.rescue
-	if r == nil || !l.lastOfBatch {
+	if r == nil || !l.lastOfBatch.Load() {
 		return false
 	}
 	tok := r.det.DeliveryToken()

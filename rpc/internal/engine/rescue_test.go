@@ -71,7 +71,8 @@ func TestWatchdogAfterShortCalls(t *testing.T) {
 	defer leakcheck.Check(t)
 	d := &detacher{detached: make(chan struct{})}
 	d.from.Store(math.MaxUint64) // a short call left behind (a loaded machine) closes nothing
-	l := &Link{lastOfBatch: true}
+	l := &Link{}
+	l.lastOfBatch.Store(true)
 	l.rescue = newRescue(d)
 	defer dog.drop(l.rescue)
 	for end := time.Now().Add(4 * dogEvery); time.Now().Before(end); {
