@@ -77,7 +77,7 @@ func (qp *queuePair) nextSend() (*softrc.SendWR, bool) {
 			qp.Mu.Unlock()
 			return nil, false
 		}
-		for len(qp.Sendq) > 0 && !qp.executing && !qp.ackHeld && qp.completeEarlyLocked(qp.Sendq[0]) {
+		for len(qp.Sendq) > 0 && !qp.executing && !qp.ackHeld && qp.StateLocked() != verbs.QPError && qp.completeEarlyLocked(qp.Sendq[0]) {
 		}
 		if len(qp.Sendq) > 0 && !qp.executing && !qp.ackHeld && qp.StateLocked() != verbs.QPError {
 			if _, early := qp.early[qp.Sendq[0]]; !early { // else its poster goes on when its copy ends
