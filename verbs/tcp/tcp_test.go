@@ -1228,7 +1228,7 @@ func TestNothingWrittenPastAPartialBatch(t *testing.T) {
 		direct bool
 		rx     *receiving
 	}{{"a poster", true, nil}, {"the receiver", false, &receiving{q: bq, conn: conn}}, {"the receiver's acks", true, &receiving{q: bq, conn: conn}}} {
-		if wrote, _, _ := bq.writeQueued(conn, c.direct, c.rx, raw); wrote {
+		if wrote, _, _, _ := bq.writeQueued(conn, c.direct, c.rx, raw); wrote {
 			t.Errorf("%s wrote past a batch written in part", c.name)
 		}
 	}
