@@ -67,14 +67,7 @@ func TestPosterLeavesItsSendToTheHolder(t *testing.T) {
 	defer b.pd.Close()
 	aq := a.qp.(*queuePair)
 	amem, bmem := []byte("combinedlefttoit"), make([]byte, 16)
-	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: amem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: bmem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	amr, bmr := registerPair(t, a, b, amem, bmem)
 	for i := range 2 {
 		if err := b.qp.PostRecv(verbs.RecvRequest{ID: uint64(i), Local: verbs.Local{Region: bmr, Offset: 8 * i, Length: 8}}); err != nil {
 			t.Fatal(err)
@@ -140,14 +133,7 @@ func TestConcurrentPostersKeepEverySend(t *testing.T) {
 	const posters, each, size = 8, 120, 8 // at most 1024 requests outstanding
 	const total = posters * each
 	amem, bmem := make([]byte, total*size), make([]byte, total*size)
-	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: amem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: bmem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	amr, bmr := registerPair(t, a, b, amem, bmem)
 	for i := range total {
 		if err := b.qp.PostRecv(verbs.RecvRequest{ID: uint64(i), Local: verbs.Local{Region: bmr, Offset: i * size, Length: size}}); err != nil {
 			t.Fatal(err)
@@ -209,4 +195,18 @@ func drain(ctx context.Context, cq verbs.CompletionQueue, n int) []verbs.Complet
 		}
 	}
 	return got
+}
+
+// registerPair registers amem on a's domain and bmem on b's, for local
+// writes.
+func registerPair(t *testing.T, a, b end, amem, bmem []byte) (amr, bmr verbs.MemoryRegion) {
+	t.Helper()
+	var err error
+	if amr, err = a.pd.RegisterMemory(verbs.Memory{Bytes: amem}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if bmr, err = b.pd.RegisterMemory(verbs.Memory{Bytes: bmem}, verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	return amr, bmr
 }

@@ -1054,14 +1054,7 @@ func TestReadAnsweredBeforeAnEarlyRequestCompletes(t *testing.T) {
 	for i := range bmem {
 		bmem[i] = byte(i*5 + 1)
 	}
-	amr, err := a.pd.RegisterMemory(verbs.Memory{Bytes: amem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bmr, err := b.pd.RegisterMemory(verbs.Memory{Bytes: bmem}, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	amr, bmr := registerPair(t, a, b, amem, bmem)
 	g, err := b.qp.Grant(bmr, 0, 1024, verbs.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
