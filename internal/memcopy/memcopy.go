@@ -27,7 +27,10 @@
 //
 // The data plane's copies (shared memory's Reads and Writes, a Fetch into
 // a caller's memory) go through Copy; TENSORRPC_COPY=runtime turns it off
-// (every copy the built-in), for a measurement or a CPU where it loses.
+// (every copy the built-in, by its own goroutine alone), for a measurement
+// or a CPU where it loses. Shared memory's copies of 256 KiB and more are
+// shared with idle spinning goroutines (Share, Help);
+// TENSORRPC_COPY=alone keeps Copy's loop and turns only that off.
 // Race detector and sanitizer builds always use the built-in copy, which
 // they check (they cannot see into assembly).
 package memcopy
@@ -71,18 +74,22 @@ func Limit() int { return maxBytes }
 // useLoop reports whether Copy runs its loop for a copy of n bytes.
 func useLoop(n int) bool { return enabled && n >= MinBytes && (maxBytes == 0 || n <= maxBytes) }
 
-// ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto" and
-// "runtime" (in any case, spaces around ignored), an error naming the
-// variable otherwise.
+// ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto",
+// "alone" and "runtime" (in any case, spaces around ignored), an error
+// naming the variable otherwise.
 func ParseEnv(v string) error {
 	switch norm(v) {
-	case "", "auto", "runtime":
+	case "", "auto", "alone", "runtime":
 		return nil
 	}
-	return fmt.Errorf("%s=%q: want auto or runtime", Env, v)
+	return fmt.Errorf("%s=%q: want auto, alone or runtime", Env, v)
 }
 
 func parseEnv(v string) bool { return norm(v) != "runtime" }
+
+// envAlone is whether TENSORRPC_COPY said "alone" or "runtime" when the
+// process started: copies are then never shared (Share).
+var envAlone = func(v string) bool { return v == "alone" || v == "runtime" }(norm(os.Getenv(Env)))
 
 func norm(v string) string { return strings.ToLower(strings.TrimSpace(v)) }
 

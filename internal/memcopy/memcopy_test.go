@@ -103,7 +103,7 @@ func TestCopyOverlapping(t *testing.T) {
 }
 
 func TestParseEnv(t *testing.T) {
-	for _, v := range []string{"", "auto", "runtime"} {
+	for _, v := range []string{"", "auto", "runtime", " Alone"} {
 		if err := ParseEnv(v); err != nil {
 			t.Errorf("%q: %v", v, err)
 		}
@@ -155,15 +155,15 @@ func BenchmarkCopy(b *testing.B) {
 }
 
 // TestEnvRuntime: with TENSORRPC_COPY=runtime when the process starts,
-// Copy never runs its loop and Active says why; a change of the
-// environment afterwards changes neither. Run in a child process, since
+// Copy never runs its loop and Active says why, and no copy is shared; a
+// change of the environment afterwards changes none of it. Run in a child process, since
 // the variable is read once.
 func TestEnvRuntime(t *testing.T) {
 	if os.Getenv("MEMCOPY_CHILD") == "1" {
 		ok, why := Active()
 		os.Setenv(Env, "auto")
 		ok2, _ := Active()
-		fmt.Printf("active=%v enabled=%v why=%q after=%v\n", ok, enabled, why, ok2)
+		fmt.Printf("active=%v enabled=%v why=%q after=%v alone=%v\n", ok, enabled, why, ok2, envAlone)
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestEnvRuntime$", "-test.count=1")
@@ -172,7 +172,7 @@ func TestEnvRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
-	want := fmt.Sprintf("active=false enabled=false why=%q after=false", Env+"=runtime")
+	want := fmt.Sprintf("active=false enabled=false why=%q after=false alone=true", Env+"=runtime")
 	if !strings.Contains(string(out), want) {
 		t.Fatalf("child said:\n%s\nwant a line %s", out, want)
 	}

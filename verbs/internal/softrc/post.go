@@ -106,7 +106,7 @@ func (v Vec) ScatterParallel(src []byte, workers int) int {
 func parallel(n, workers int, f func(lo, hi int) int) int {
 	parts := min(workers, n/ParallelMinBytes)
 	if parts <= 1 {
-		return f(0, n)
+		return memcopy.Share(n, f)
 	}
 	step := (n/parts + 4095) &^ 4095 // page-aligned parts
 	var wg sync.WaitGroup
