@@ -19,7 +19,9 @@
 #      each against its ceiling in the same run
 #   4. shim/examples/bench_cuda.py: torch's copies and RPC (cuda -> cuda)
 #      beside the Python package's CUDA fetch
-#   5. the 16-core goals: handoffs, tensorbench (1/4/16/64 streams, the
+#   5. the 16-core goals: handoffs, copyshare (shm Fetches of 1 and 4 MiB
+#      with and without the copies shared with idle ring receivers,
+#      scripts/copyshare-ab.sh), tensorbench (1/4/16/64 streams, the
 #      4 KiB call rate), Python vs Go and PyTorch RPC (4 KiB to 256 MiB),
 #      examples/allreduce (tcp, shm) against Gloo at P = 4 and 8, and the
 #      telemetry's cost (otel.test: 4 KiB Fetches with and without the
@@ -205,6 +207,7 @@ run() {
   step --gpu devbench 120 "$B/devbench $DEVBENCH_ARGS -json > $T/devbench.jsonl; cat $T/devbench.jsonl"
   step --gpu bench-cuda 120 "$py python3 $root/shim/examples/bench_cuda.py $BENCH_CUDA_ARGS | tee $T/bench-cuda.jsonl"
   step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; $B/handoffs -n $HANDOFF_CALLS -streams 16 -size 1048576 -cases fetch-tcp,fetch-shm -json >> $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
+  step copyshare 60 "bash $root/scripts/copyshare-ab.sh $B 55"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
   step python-spin 120 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|c\\|py-raw\\|py-tensor\\|torch-rpc\\|socket\\|socket2\\) |' $T/python-spin50.jsonl"
   step otel 45 "$B/otel.test -test.run XXX -test.bench Fetch4KiBTwoProcesses -test.benchtime $OTEL_CALLS"

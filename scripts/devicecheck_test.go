@@ -45,7 +45,7 @@ func TestDeviceCheckDryRun(t *testing.T) {
 	}
 	run := deviceCheck(t, "run", dir, "--dry-run")
 	for _, step := range []string{"facts", "gpudirect-tests", "rpc-tests", "cuda-check", "devbench", "bench-cuda",
-		"handoffs", "tensorbench", "python-spin", "otel", "allreduce", "summary"} {
+		"handoffs", "copyshare", "tensorbench", "python-spin", "otel", "allreduce", "summary"} {
 		if !strings.Contains(run, "\n"+step+" ") {
 			t.Errorf("run --dry-run does not list the step %s:\n%s", step, run)
 		}

@@ -27,10 +27,10 @@
 //
 // The data plane's copies (shared memory's Reads and Writes, a Fetch into
 // a caller's memory) go through Copy; TENSORRPC_COPY=runtime turns it off
-// (every copy the built-in, by its own goroutine alone), for a measurement
-// or a CPU where it loses. Shared memory's copies of 256 KiB and more are
-// shared with idle spinning goroutines (Share, Help);
-// TENSORRPC_COPY=alone keeps Copy's loop and turns only that off.
+// (every copy the built-in), for a measurement or a CPU where it loses.
+// TENSORRPC_COPY=share keeps Copy's loop and also shares shared memory's
+// copies of 256 KiB and more with idle spinning goroutines (Share, Help;
+// off by default until measured on a many-core machine).
 // Race detector and sanitizer builds always use the built-in copy, which
 // they check (they cannot see into assembly).
 package memcopy
@@ -75,21 +75,17 @@ func Limit() int { return maxBytes }
 func useLoop(n int) bool { return enabled && n >= MinBytes && (maxBytes == 0 || n <= maxBytes) }
 
 // ParseEnv checks a value of TENSORRPC_COPY: nil for "", "auto",
-// "alone" and "runtime" (in any case, spaces around ignored), an error
+// "share" and "runtime" (in any case, spaces around ignored), an error
 // naming the variable otherwise.
 func ParseEnv(v string) error {
 	switch norm(v) {
-	case "", "auto", "alone", "runtime":
+	case "", "auto", "share", "runtime":
 		return nil
 	}
-	return fmt.Errorf("%s=%q: want auto, alone or runtime", Env, v)
+	return fmt.Errorf("%s=%q: want auto, share or runtime", Env, v)
 }
 
 func parseEnv(v string) bool { return norm(v) != "runtime" }
-
-// envAlone is whether TENSORRPC_COPY said "alone" or "runtime" when the
-// process started: copies are then never shared (Share).
-var envAlone = func(v string) bool { return v == "alone" || v == "runtime" }(norm(os.Getenv(Env)))
 
 func norm(v string) string { return strings.ToLower(strings.TrimSpace(v)) }
 

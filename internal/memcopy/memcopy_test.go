@@ -103,7 +103,7 @@ func TestCopyOverlapping(t *testing.T) {
 }
 
 func TestParseEnv(t *testing.T) {
-	for _, v := range []string{"", "auto", "runtime", " Alone"} {
+	for _, v := range []string{"", "auto", "runtime", " Share"} {
 		if err := ParseEnv(v); err != nil {
 			t.Errorf("%q: %v", v, err)
 		}
@@ -163,7 +163,7 @@ func TestEnvRuntime(t *testing.T) {
 		ok, why := Active()
 		os.Setenv(Env, "auto")
 		ok2, _ := Active()
-		fmt.Printf("active=%v enabled=%v why=%q after=%v alone=%v\n", ok, enabled, why, ok2, envAlone)
+		fmt.Printf("active=%v enabled=%v why=%q after=%v share=%v\n", ok, enabled, why, ok2, Sharing())
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestEnvRuntime$", "-test.count=1")
@@ -172,7 +172,7 @@ func TestEnvRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
-	want := fmt.Sprintf("active=false enabled=false why=%q after=false alone=true", Env+"=runtime")
+	want := fmt.Sprintf("active=false enabled=false why=%q after=false share=false", Env+"=runtime")
 	if !strings.Contains(string(out), want) {
 		t.Fatalf("child said:\n%s\nwant a line %s", out, want)
 	}

@@ -1,6 +1,7 @@
 package memcopy
 
 import (
+	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -9,23 +10,39 @@ import (
 // Sharing a copy with goroutines that would otherwise spin.
 //
 // A shared-memory ring receiver with nothing to read polls its ring for a
-// while before it sleeps (verbs/shm), with many Ps on a core of its own,
-// and a Fetch of 1 MiB over shared memory is one copy made meanwhile by
-// the caller's goroutine. Share lets such a copy be made in 64 KiB chunks
-// that the caller and those receivers claim one at a time, a receiver one
-// chunk between looks at its ring: no goroutine is woken or started for
-// it (a hand-off that on a many-core machine costs more than a chunk),
-// and a receiver with a record to handle is back to it within a chunk's
-// time (about 2 µs). Measured on the 2-core VM with every receiver
-// helping (RESULTS, "Session 33"): in one process (tensorbench, where the
+// while before it sleeps (verbs/shm), and a Fetch of 1 MiB over shared
+// memory is one copy made meanwhile by the caller's goroutine. Share lets
+// such a copy be made in 64 KiB chunks that the caller and those
+// receivers claim one at a time, a receiver one chunk between looks at its
+// ring: no goroutine is woken or started for it (a hand-off that on a
+// many-core machine costs more than a chunk), and a receiver with a record
+// to handle is back to it within a chunk's time (about 2 µs).
+//
+// It is off unless TENSORRPC_COPY=share (Sharing). Measured on the 2-core
+// VM (RESULTS, "Session 33"): in one process (tensorbench, where the
 // server's receiver polls while the client copies), shm Fetches of 1 MiB
 // went from 0.39-0.61 of a memcpy to 0.52-0.69, of 4 MiB from 0.28-0.44
 // to 0.60-1.18; with the client in a process of its own, whose receiver
 // shares the two cores with the caller and the server, no faster at
 // 1 MiB (medians 55.9-65.7 µs before, 52.3-68.7 after) and slower at
-// 4 MiB (335-578 µs, 458-677). So receivers help only with more than 4
-// Ps (verbs/shm's shmFewProcs), where a spinning receiver's core is not
-// the one the copy or the peer needs.
+// 4 MiB (335-578 µs, 458-677). Whether a receiver with a core of its own
+// (many cores, few streams) makes it a gain, and what it does to 16
+// streams, is for a many-core machine to tell (scripts/copyshare-ab.sh,
+// run by scripts/device-check.sh).
+
+// sharingOn is whether copies are shared: TENSORRPC_COPY=share when the
+// process started, or SetSharing.
+var sharingOn atomic.Bool
+
+func init() { sharingOn.Store(norm(os.Getenv(Env)) == "share") }
+
+// Sharing reports whether copies are shared (TENSORRPC_COPY=share):
+// whether a goroutine that would spin should call Help.
+func Sharing() bool { return sharingOn.Load() }
+
+// SetSharing turns sharing on or off and returns what it was (for tests
+// and benchmarks; TENSORRPC_COPY sets it when the process starts).
+func SetSharing(on bool) bool { return sharingOn.Swap(on) }
 
 // ShareMinBytes is the smallest copy Share offers to helpers: below it,
 // a chunk or two would be all a helper could take, for the cost of
@@ -73,14 +90,15 @@ func Helping(on bool) {
 }
 
 // Share runs copy over [0, n) and returns the sum of what it returned:
-// by the calling goroutine alone for a copy under ShareMinBytes, when no
-// goroutine is Helping, or when another copy is being shared; else in
+// by the calling goroutine alone for a copy under ShareMinBytes, when
+// sharing is off (Sharing), when no goroutine is Helping, or when another
+// copy is being shared; else in
 // chunks, which the caller and goroutines calling Help (a shared-memory
 // ring receiver polling an empty ring, on a core of its own) claim one
 // at a time. It returns once every chunk is copied. copy must be safe to
 // call on disjoint ranges at once.
 func Share(n int, copy func(lo, hi int) int) int {
-	if n < ShareMinBytes || envAlone || helpers.Load() == 0 {
+	if n < ShareMinBytes || !sharingOn.Load() || helpers.Load() == 0 {
 		return copy(0, n)
 	}
 	s := &shared{copy: copy, n: int64(n)}

@@ -38,10 +38,27 @@ func newCopier(n int) *chunkCopier {
 	return c
 }
 
-// TestShareAlone: without a helper, below ShareMinBytes, or while another
-// copy is being shared, Share makes the copy in one call, itself.
+// withSharing turns sharing on for the test.
+func withSharing(t *testing.T) {
+	was := SetSharing(true)
+	t.Cleanup(func() { SetSharing(was) })
+}
+
+// TestShareAlone: with sharing off, without a helper, below
+// ShareMinBytes, or while another copy is being shared, Share makes the
+// copy in one call, itself.
 func TestShareAlone(t *testing.T) {
+	Helping(true)
 	c := newCopier(1 << 20)
+	was := SetSharing(false)
+	got := Share(len(c.src), c.copy)
+	SetSharing(was)
+	Helping(false)
+	if got != len(c.src) || len(c.ranges) != 1 || !bytes.Equal(c.dst, c.src) {
+		t.Errorf("sharing off: Share = %d, ranges %v", got, c.ranges)
+	}
+	withSharing(t)
+	c = newCopier(1 << 20)
 	if got := Share(len(c.src), c.copy); got != len(c.src) || len(c.ranges) != 1 || !bytes.Equal(c.dst, c.src) {
 		t.Errorf("no helper: Share = %d, ranges %v", got, c.ranges)
 	}
@@ -54,7 +71,7 @@ func TestShareAlone(t *testing.T) {
 	other := &shared{n: 1}
 	sharing.Store(other)
 	c = newCopier(1 << 20)
-	got := Share(len(c.src), c.copy)
+	got = Share(len(c.src), c.copy)
 	sharing.CompareAndSwap(other, nil)
 	if got != len(c.src) || len(c.ranges) != 1 || !bytes.Equal(c.dst, c.src) {
 		t.Errorf("another copy shared: Share = %d, ranges %v", got, c.ranges)
@@ -67,6 +84,7 @@ func TestShareAlone(t *testing.T) {
 // last byte is in place).
 func TestShareWaitsForTheHelpersChunks(t *testing.T) {
 	defer leakcheck.Check(t)
+	withSharing(t)
 	c := newCopier(1 << 20)
 	inHelper, release := make(chan struct{}), make(chan struct{})
 	callerChunks := make(chan int, 16)
@@ -122,6 +140,7 @@ func TestShareWaitsForTheHelpersChunks(t *testing.T) {
 // arrive whole, each chunk copied once.
 func TestShareWithHelpersAtWork(t *testing.T) {
 	defer leakcheck.Check(t)
+	withSharing(t)
 	stop := make(chan struct{})
 	var helpers sync.WaitGroup
 	for range 3 {
@@ -167,30 +186,30 @@ func TestShareWithHelpersAtWork(t *testing.T) {
 	helpers.Wait()
 }
 
-// TestEnvAlone: with TENSORRPC_COPY=alone when the process starts, Copy
-// keeps its loop and no copy is shared, helper or not.
-func TestEnvAlone(t *testing.T) {
+// TestEnvShare: TENSORRPC_COPY=share when the process starts turns
+// sharing on (a copy with a helper about is made in chunks), with Copy's
+// loop as with auto; without it, sharing is off.
+func TestEnvShare(t *testing.T) {
 	if os.Getenv("MEMCOPY_CHILD") == "1" {
 		Helping(true)
 		c := newCopier(1 << 20)
-		go func() {
-			for range 1000 {
-				Help()
-				time.Sleep(time.Microsecond)
-			}
-		}()
 		Share(len(c.src), c.copy)
 		ok, _ := Active()
-		fmt.Printf("alone=%v active=%v chunks=%d\n", envAlone, ok == (haveLoop() && !checked), len(c.ranges))
+		fmt.Printf("share=%v active=%v chunks=%d\n", Sharing(), ok == (haveLoop() && !checked), len(c.ranges))
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestEnvAlone$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "MEMCOPY_CHILD=1", Env+"=alone")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
-	if want := "alone=true active=true chunks=1"; !strings.Contains(string(out), want) {
-		t.Fatalf("child said:\n%s\nwant a line %s", out, want)
+	for v, want := range map[string]string{
+		"share": "share=true active=true chunks=16",
+		"auto":  "share=false active=true chunks=1",
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestEnvShare$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "MEMCOPY_CHILD=1", Env+"="+v)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), want) {
+			t.Errorf("%s=%s: child said:\n%s\nwant a line %s", Env, v, out, want)
+		}
 	}
 }

@@ -136,13 +136,12 @@
 // receiver, which changes it for every grant the peer makes or revokes,
 // never waits for them.
 //
-// A Read or Write of 256 KiB to 16 MiB (past which WithCopyWorkers'
-// goroutines split it) is offered, in 64 KiB chunks, to the ring
-// receivers of the process that poll an empty ring meanwhile, with more
-// than 4 Ps: each takes one chunk between looks at its ring, on the core
-// it spins on anyway, and the copy's goroutine waits for the chunks taken
-// before the request completes (internal/memcopy's Share).
-// TENSORRPC_COPY=alone turns that off.
+// With TENSORRPC_COPY=share (off by default), a Read or Write of 256 KiB
+// to 16 MiB (past which WithCopyWorkers' goroutines split it) is offered,
+// in 64 KiB chunks, to the ring receivers of the process that poll an
+// empty ring meanwhile: each takes one chunk between looks at its ring,
+// on the core it spins on anyway, and the copy's goroutine waits for the
+// chunks taken before the request completes (internal/memcopy's Share).
 //
 // The control path is a pair of shared rings, one per direction. Each
 // queue pair makes a sealed 64 KiB memfd for the messages it receives,

@@ -2,7 +2,6 @@ package shm
 
 import (
 	"bytes"
-	"runtime"
 	"testing"
 
 	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
@@ -10,13 +9,13 @@ import (
 	"github.com/tensorrpc/tensorrpc/verbs"
 )
 
-// TestReceiversHelpLargeReads: with many Ps, a ring receiver polling its
-// empty ring (b's, after the Send it took) copies chunks of a large Read
-// the poster copies meanwhile (memcopy.Share), and every Read arrives
-// whole, source byte for byte.
+// TestReceiversHelpLargeReads: with sharing on (TENSORRPC_COPY=share), a
+// ring receiver polling its empty ring (b's, after the Send it took)
+// copies chunks of a large Read the poster copies meanwhile
+// (memcopy.Share), and every Read arrives whole, source byte for byte.
 func TestReceiversHelpLargeReads(t *testing.T) {
 	defer leakcheck.Check(t)
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	defer memcopy.SetSharing(memcopy.SetSharing(true))
 	const size = 2 << 20
 	a, b, closeAll := connected(t, size)
 	defer closeAll()

@@ -327,31 +327,32 @@ func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 		few := procs <= shmFewProcs
 		base := qp.pd.opts.ringSpin
 		if n == 0 && err == nil && spin > 0 && (few || mayRingSpin(procs)) {
-			// With many Ps, the spinning receiver has a core of its own:
-			// it takes chunks of a large copy made elsewhere in the
-			// process meanwhile (memcopy.Share), one between looks. With
-			// few, the core it would copy on is the one the copy's
-			// goroutine or the peer needs.
-			if !few {
+			// With TENSORRPC_COPY=share, the spinning receiver takes
+			// chunks of a large copy made elsewhere in the process
+			// meanwhile (memcopy.Share), one between looks.
+			helping := memcopy.Sharing()
+			if helping {
 				memcopy.Helping(true)
 			}
 			for start := time.Now(); n == 0 && err == nil; {
 				if time.Since(start) >= spin {
 					break
 				}
-				if few {
-					runtime.Gosched()
-				} else if memcopy.Help() {
+				if helping && memcopy.Help() {
 					// The spin counts idle time only, from the end of
 					// the chunk.
 					start = time.Now()
+				} else if few {
+					runtime.Gosched()
 				} else {
 					unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				}
 				n, err = qp.drainLocked(bufs)
 			}
-			if !few {
+			if helping {
 				memcopy.Helping(false)
+			}
+			if !few {
 				ringSpun()
 			}
 		}
