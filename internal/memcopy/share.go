@@ -25,7 +25,7 @@ import (
 // to 0.60-1.18; with the client in a process of its own, whose receiver
 // shares the two cores with the caller and the server, no faster at
 // 1 MiB (medians 55.9-65.7 µs before, 52.3-68.7 after) and slower at
-// 4 MiB (335-578 µs, 458-677). Whether a receiver with a core of its own
+// 4 MiB (the median of 10 rounds' medians 453 µs before, 553 after). Whether a receiver with a core of its own
 // (many cores, few streams) makes it a gain, and what it does to 16
 // streams, is for a many-core machine to tell (scripts/copyshare-ab.sh,
 // run by scripts/device-check.sh).
