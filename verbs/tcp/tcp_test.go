@@ -819,12 +819,17 @@ func TestAnswersToABurstGoInOneWrite(t *testing.T) {
 }
 
 // TestLazyAckArrivesWithNothingBack: when nothing goes back, the sweeper
-// sends the lazy acknowledgement on its own, and the Send completes.
+// writes the lazy acknowledgement itself, without waking b's writer
+// goroutine, and the Send completes.
 func TestLazyAckArrivesWithNothingBack(t *testing.T) {
 	defer leakcheck.Check(t)
+	watch := watchWriters(t)
 	a, b, amr, bmr := lazyPair(t)
 	defer a.pd.Close()
 	defer b.pd.Close()
+	bq := b.qp.(*queuePair)
+	watch.awaitParked(t, bq)
+	wakes := watch.Wakes(bq)
 	for i := range 3 {
 		if i > 0 {
 			if err := b.qp.PostRecv(verbs.RecvRequest{ID: 100, Local: verbs.Local{Region: bmr, Length: 8}}); err != nil {
@@ -840,6 +845,9 @@ func TestLazyAckArrivesWithNothingBack(t *testing.T) {
 		if c, ok := waitCompletion(t, a.cq, 10*time.Second); !ok || c.ID != 1 || c.Status != verbs.StatusSuccess {
 			t.Fatalf("a's lazy Send %d never completed: %+v, %v", i, c, ok)
 		}
+	}
+	if n := watch.Wakes(bq) - wakes; n != 0 {
+		t.Errorf("b's writer goroutine woke %d times for the acknowledgements", n)
 	}
 }
 
