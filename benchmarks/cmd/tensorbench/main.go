@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		allPayloads  = fs.Bool("all-payloads", false, "run content-blind cases on every payload too (their speed does not depend on it)")
 		reps         = fs.Int("reps", 0, "reps per measurement when within -budget (default 5; quick 3)")
 		minReps      = fs.Int("min-reps", 0, "reps per measurement even over -budget (default 3)")
-		repTime      = fs.Duration("rep-time", 0, "shortest rep: small transfers repeat to fill it (default 30ms; quick 15ms)")
+		repTime      = fs.Duration("rep-time", 0, "shortest rep: small transfers repeat to fill it (default 50ms; quick 15ms)")
 		budget       = fs.Duration("budget", 0, "time the reps of one measurement should take (default 1.5s; quick 250ms)")
 		maxInflight  = fs.String("max-inflight", "1GiB", "skip concurrency × size above this, to bound memory")
 		maxCompress  = fs.Duration("max-compress-time", 0, "skip compressed-gRPC measurements predicted to take longer (default 15s; quick 2s)")
