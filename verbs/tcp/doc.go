@@ -126,12 +126,7 @@
 // flush order in package verbs). Close closes the connection and stops
 // both goroutines before it returns.
 //
-// PostSend may write a small request to the socket itself, without
-// blocking, instead of handing it to the writer goroutine, which saves a
-// hand-off on each message: on a nearly idle connection up to 2 MiB, on a
-// busy one (concurrent streams) batches of up to 16 KiB. A poster (or the
-// receiver) that finds another goroutine writing leaves what it queued to
-// that goroutine, which writes it as it lets go, a few batches at most,
-// before the rest is the writer goroutine's (combining: 16 streams of
-// 1 MiB Fetches woke the writer 1.17 times a Fetch, 0.17 since).
+// PostSend may write a small request to the socket itself when the
+// connection is nearly idle, instead of handing it to the writer goroutine,
+// which saves a hand-off on each message of a round trip.
 package tcp

@@ -38,27 +38,19 @@ import (
 func (q *queuePair) writer(conn net.Conn) {
 	for {
 		q.writeMu.Lock()
-		q.pending.Store(false) // what was left for a holder is ours to write
-		wrote, failed, _, err := q.writeQueued(conn, false, nil, nil)
+		wrote, failed, err := q.writeQueued(conn, false, nil, nil)
 		q.writeMu.Unlock()
 		if err != nil {
 			break
 		}
-		if wrote || q.pending.Load() {
+		if wrote {
 			continue
 		}
 		if failed {
 			break
 		}
-		h := writerParks
-		if h != nil {
-			h(q, false)
-		}
 		select {
 		case <-q.wakeWriter:
-			if h != nil {
-				h(q, true)
-			}
 		case <-q.Errored:
 		}
 	}
@@ -80,75 +72,13 @@ func (q *queuePair) writer(conn net.Conn) {
 }
 
 // directMaxQueued bounds the direct path, on which PostSend writes
-// requests itself, saving a goroutine hand-off on each message. When the
-// connection is nearly idle (at most one small request in flight, the
-// writer not busy) it writes without blocking (writeQueued's try) up to
-// rxWriteMax bytes; where it cannot (no raw connection), directMaxQueued,
-// which a nearly idle connection's send buffer takes. On a busy
-// connection (concurrent streams) it writes, without blocking, batches of
-// at most directMaxQueued payload bytes, requests and control frames
-// together: a stream's requests and acknowledgements, not its bulk, which
-// is the writer's.
+// requests itself when the connection is nearly idle (at most one small
+// request in flight, the writer not busy), saving a goroutine hand-off on
+// each message of a round trip. Streams of requests go through the writer,
+// which batches them. It writes without blocking (writeQueued's try), so
+// it takes up to rxWriteMax bytes; where it cannot (no raw connection),
+// directMaxQueued, which a nearly idle connection's send buffer takes.
 const directMaxQueued = 16 << 10
-
-// maxCombine bounds how many times a goroutine that lets go of writeMu
-// writes what others left for it meanwhile (writeOrLeave), before it
-// leaves the rest to the writer goroutine: a poster, or the receiver,
-// never writes for everyone else for long.
-const maxCombine = 4
-
-// writeOrLeave writes what is queued, without blocking, from a poster
-// (direct: PostSend's direct path) or the receiver (rx), or leaves it to
-// someone else: while another goroutine holds writeMu, to that goroutine,
-// which looks again once it lets go (pending, combining), instead of to
-// the writer goroutine. Concurrent streams' requests so go out with the
-// write under way or right after it, where each used to wake the writer
-// (1.17 wakes a Fetch, 16 streams of 1 MiB on tcp, 2-core VM). What the
-// non-blocking write declines (a batch written in part, a compressed Read
-// response, too much to write at once) and what is left after maxCombine
-// rounds is the writer's. Without a raw connection (no non-blocking
-// writes) it writes on the direct path's blocking terms, or wakes the
-// writer.
-func (q *queuePair) writeOrLeave(conn net.Conn, direct bool, rx *receiving, raw syscall.RawConn) {
-	if raw == nil {
-		if q.writeMu.TryLock() {
-			wrote, _, _, _ := q.writeQueued(conn, direct, rx, nil)
-			q.writeMu.Unlock()
-			if wrote {
-				return // or failed: the requests are posted, the flush completes them
-			}
-		}
-		softrc.Signal(q.wakeWriter)
-		return
-	}
-	// Set before trying writeMu: a holder that made the try fail looks at
-	// it once it lets go, and finds it set unless another goroutine took
-	// writeMu since and is writing what was queued.
-	q.pending.Store(true)
-	if q.writeMu.TryLock() {
-		q.combine(conn, direct, rx, raw)
-	}
-}
-
-// combine is writeOrLeave's, holding writeMu: it writes what is queued,
-// lets go of writeMu and writes what was left for it meanwhile (pending),
-// up to maxCombine times, while writeMu is free; what its non-blocking
-// writes decline, or what is left after that, is the writer's.
-func (q *queuePair) combine(conn net.Conn, direct bool, rx *receiving, raw syscall.RawConn) {
-	for round := 1; ; round++ {
-		q.pending.Store(false)
-		_, _, declined, _ := q.writeQueued(conn, direct, rx, raw)
-		q.writeMu.Unlock()
-		if declined || round == maxCombine && q.pending.Load() {
-			break
-		}
-		if !q.pending.Load() || !q.writeMu.TryLock() {
-			return // nothing left, or left to the new holder
-		}
-		direct = true // writing for others now: on the busy direct path's terms
-	}
-	softrc.Signal(q.wakeWriter)
-}
 
 // writeQueued takes every queued frame and writes it; the caller holds
 // writeMu. With direct set it does nothing unless the batch is small and
@@ -167,13 +97,13 @@ func (q *queuePair) combine(conn net.Conn, direct bool, rx *receiving, raw sysca
 // rx is the receiver, when it is the caller: it delivers the completions
 // of the Early requests it wrote (Queue) before it waits. Others hand
 // those to a delivery under way, or Run's goroutine (Hand).
-func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try syscall.RawConn) (wrote, failed, declined bool, err error) {
+func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try syscall.RawConn) (wrote, failed bool, err error) {
 	if q.partial {
 		if direct || try != nil {
-			return false, false, true, nil
+			return false, false, nil
 		}
 		if err = q.finishPartial(conn); err != nil {
-			return true, true, false, err
+			return true, true, err
 		}
 		wrote = true
 	}
@@ -183,11 +113,10 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try s
 	if try != nil {
 		bound = rxWriteMax
 	}
-	busy := len(q.Inflight) > 1 || q.unackedBytes > bound || q.ctrlBytes > 0
-	if direct && (failed || q.sendqBytes > bound || busy && (try == nil || q.sendqBytes+q.ctrlBytes > directMaxQueued)) ||
+	if direct && (failed || len(q.Inflight) > 1 || q.unackedBytes > bound || q.ctrlBytes > 0 || q.sendqBytes > bound) ||
 		try != nil && (q.writerGone || compressing(q.ctrl) || q.sendqBytes+q.ctrlBytes > rxWriteMax) {
 		q.Mu.Unlock()
-		return wrote, failed, true, nil
+		return wrote, failed, nil
 	}
 	ctrl := q.ctrl
 	q.ctrl, q.spareCtrls = q.spareCtrls[:0], ctrl
@@ -201,11 +130,8 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try s
 		reqs = q.takeLocked()
 	}
 	q.Mu.Unlock()
-	if h := afterTake; h != nil {
-		h()
-	}
 	if len(ctrl) == 0 && len(reqs) == 0 {
-		return wrote, failed, false, nil
+		return wrote, failed, nil
 	}
 	// Reference the regions whose bytes go out; a request whose region was
 	// deregistered ends the batch and the queue pair (a local protection
@@ -224,10 +150,10 @@ func (q *queuePair) writeQueued(conn net.Conn, direct bool, rx *receiving, try s
 	if err == errPartial {
 		q.partial, q.written = true, b
 		softrc.Signal(q.wakeWriter)
-		return true, failed, false, nil
+		return true, failed, nil
 	}
 	q.endBatch(conn, &b, err, rx != nil)
-	return true, failed, false, err
+	return true, failed, err
 }
 
 // rxWriteMax bounds the payload bytes of a batch the receiver or a
@@ -308,14 +234,6 @@ func compressing(ctrl []ctrlFrame) bool {
 // afterEarlyWrite, set by tests, runs between writing a batch with Early
 // requests and completing them (a writer the host has not run on yet).
 var afterEarlyWrite func()
-
-// afterTake, set by tests, runs as writeQueued has taken the queued
-// frames, before it writes them.
-var afterTake func()
-
-// writerParks, set by tests, runs as q's writer goroutine waits for
-// something to write (woke false), and as it is woken for it (woke true).
-var writerParks func(q *queuePair, woke bool)
 
 // takeLocked takes the posted requests the writer may send now: all of
 // them, or those before the first Fence request that must wait for an
@@ -407,11 +325,14 @@ func (r *receiving) releaseHeld() {
 	if !held {
 		return
 	}
-	if r.raw == nil {
-		softrc.Signal(q.wakeWriter)
-		return
+	if r.raw != nil && q.writeMu.TryLock() {
+		wrote, _, _ := q.writeQueued(r.conn, false, r, r.raw)
+		q.writeMu.Unlock()
+		if wrote {
+			return
+		}
 	}
-	q.writeOrLeave(r.conn, false, r, r.raw)
+	softrc.Signal(q.wakeWriter)
 }
 
 // completeEarly completes the Early requests of send, just written, that
@@ -1221,11 +1142,14 @@ func (r *receiving) flushAcks() {
 		}
 		return
 	}
-	if r.raw == nil {
-		softrc.Signal(q.wakeWriter)
-		return
+	if r.raw != nil && q.writeMu.TryLock() {
+		wrote, _, _ := q.writeQueued(r.conn, true, r, r.raw)
+		q.writeMu.Unlock()
+		if wrote {
+			return
+		}
 	}
-	q.writeOrLeave(r.conn, true, r, r.raw)
+	softrc.Signal(q.wakeWriter)
 }
 
 // armLazyAcks puts the queue pair on the lazy-ack sweeper's list.
@@ -1239,14 +1163,13 @@ func (q *queuePair) armLazyAcks() {
 	}
 }
 
-// lazyAckSweep is what the sweeper does with the queue pair: it reports
-// whether acknowledgements owed since the previous sweep were taken by no
-// frame meanwhile (due: the sweeper writes them, writeDueAcks), and
-// whether the queue pair still owes any (keep).
-func (q *queuePair) lazyAckSweep() (keep, due bool) {
+// lazyAckSweep is what the sweeper does with the queue pair: it wakes the
+// writer for acknowledgements owed since the previous sweep that no frame
+// took meanwhile, and reports whether the queue pair still owes any.
+func (q *queuePair) lazyAckSweep() (keep bool) {
 	q.Mu.Lock()
 	owed := q.delayedAcks > 0
-	due = owed && q.lazyMark == q.ctrlTakes
+	due := owed && q.lazyMark == q.ctrlTakes
 	q.lazyMark = q.ctrlTakes
 	if due {
 		q.delayedAcks, q.urgentAcks = 0, 0
@@ -1255,24 +1178,10 @@ func (q *queuePair) lazyAckSweep() (keep, due bool) {
 		q.lazyArmed = false
 	}
 	q.Mu.Unlock()
-	return owed && !due, due
-}
-
-// writeDueAcks writes the acknowledgements a sweep found due, from the
-// sweeper's goroutine, on the direct path's terms (writeOrLeave): the
-// sweeper is awake already, where waking the writer for them is one more
-// hand-off. (With 16 streams of compressible 1 MiB Fetches, half the
-// sweeps found acknowledgements due, but the writer was woken for the
-// compressed Read responses anyway: 0.11-0.18 wakes a Fetch either way.)
-func (q *queuePair) writeDueAcks() {
-	q.Mu.Lock()
-	conn, raw := q.ConnLocked(), q.raw
-	q.Mu.Unlock()
-	if conn == nil {
+	if due {
 		softrc.Signal(q.wakeWriter)
-		return
 	}
-	q.writeOrLeave(conn, true, nil, raw)
+	return owed && !due
 }
 
 // lazyAcks is the sweeper of lazy acknowledgements: one goroutine for the
@@ -1331,7 +1240,6 @@ const lazySweeperIdle = 2
 
 func (w *lazySweeper) run() {
 	idle := 0
-	var dues []*queuePair
 	t := time.NewTimer(time.Duration(lazyAckDelay.Load()))
 	defer t.Stop()
 	for first := true; ; first = false {
@@ -1351,33 +1259,19 @@ func (w *lazySweeper) run() {
 			w.mu.Unlock()
 			return
 		}
-		dues = dues[:0]
 		for q := range w.qps {
-			keep, due := q.lazyAckSweep()
-			if !keep {
+			if !q.lazyAckSweep() {
 				delete(w.qps, q)
 			}
-			if due {
-				dues = append(dues, q)
-			}
 		}
-		stop := false
 		if len(w.qps) > 0 {
 			idle = 0
 		} else if idle++; idle >= lazySweeperIdle {
 			w.running = false
-			stop = true
-		}
-		w.mu.Unlock()
-		// Written outside w.mu: a queue pair that closed meanwhile is in
-		// ERR, and writeOrLeave leaves its acknowledgements to the flush.
-		for i, q := range dues {
-			q.writeDueAcks()
-			dues[i] = nil
-		}
-		if stop {
+			w.mu.Unlock()
 			return
 		}
+		w.mu.Unlock()
 	}
 }
 

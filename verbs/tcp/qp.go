@@ -53,10 +53,6 @@ type queuePair struct {
 	partial    bool
 	written    written
 	writerGone bool
-	// pending: a poster or the receiver found writeMu held and left what
-	// it queued to the holder, which writes it once it lets go
-	// (writeOrLeave), or the writer goroutine does.
-	pending atomic.Bool
 	// raw is the connection's, for writes that do not block (set by
 	// start under Mu; nil where the connection has none).
 	raw syscall.RawConn
@@ -230,7 +226,14 @@ func (q *queuePair) PostSendUnlock(ws []softrc.SendWR) {
 	}
 	conn, raw := q.ConnLocked(), q.raw
 	q.Mu.Unlock()
-	q.writeOrLeave(conn, true, nil, raw)
+	if q.writeMu.TryLock() {
+		wrote, _, _ := q.writeQueued(conn, true, nil, raw)
+		q.writeMu.Unlock()
+		if wrote {
+			return // or failed: the requests are posted, the flush completes them
+		}
+	}
+	softrc.Signal(q.wakeWriter)
 }
 
 // PostRecvUnlock: the receiver takes receives from the core's Recvq.
