@@ -3,12 +3,12 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorrpc/tensorrpc/internal/memcopy"
 	"github.com/tensorrpc/tensorrpc/mempool"
 	"golang.org/x/sys/unix"
 )
