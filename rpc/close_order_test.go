@@ -108,12 +108,21 @@ func TestCloseWaitsForCallsBeforeDevices(t *testing.T) {
 
 // TestCloseCancelsStreamCalls: a call on the gRPC fallback travels on a
 // stream of its own, which the session's end does not end; Close cancels
-// it, and it has returned (with its buffers) by the time Close returns.
+// it, and waits for the call to end, buffers given back, before it
+// returns. An interceptor holds the failed call a while, and records when
+// it lets go: that is inside the call, so Close must return after it (a
+// flag set where Call returns to its caller would race Close's return).
 func TestCloseCancelsStreamCalls(t *testing.T) {
-	e := start(t, rpc.TransportGRPC, nil, nil)
+	var ended atomic.Bool
+	hold := func(ctx context.Context, info *rpc.CallInfo, next func(context.Context) error) error {
+		err := next(ctx)
+		time.Sleep(100 * time.Millisecond)
+		ended.Store(true)
+		return err
+	}
+	e := start(t, rpc.TransportGRPC, nil, []rpc.DialOption{rpc.WithInterceptors(hold)})
 	entered := make(chan struct{}, 1)
 	e.srv.Handle("block", blockingHandler(entered))
-	var returned atomic.Bool
 	errc := make(chan error, 1)
 	go func() {
 		// Caller memory: the call copies it into pool buffers it holds
@@ -124,15 +133,20 @@ func TestCloseCancelsStreamCalls(t *testing.T) {
 			return
 		}
 		_, err = e.c.Call(testCtx(t), "block", &rpc.Message{Tensors: []*rpc.Tensor{rpc.WrapTensor(x)}})
-		returned.Store(true)
 		errc <- err
 	}()
 	<-entered
-	if err := e.c.Close(); err != nil {
-		t.Errorf("Close: %v", err)
+	if st := e.c.Pool().Stats(); st.InUse == 0 {
+		t.Error("the blocked call holds no pool buffer")
 	}
-	if !returned.Load() {
-		t.Error("Close returned before the stream call under way did")
+	if err := e.c.Close(); err != nil {
+		t.Errorf("Close: %v", err) // the pool's Close reports buffers still live
+	}
+	if !ended.Load() {
+		t.Error("Close returned before the stream call under way ended")
+	}
+	if st := e.c.Pool().Stats(); st.InUse != 0 {
+		t.Errorf("Close returned while the stream call under way still held %d bytes of pool buffers", st.InUse)
 	}
 	if err := <-errc; status.Code(err) != codes.Canceled && status.Code(err) != codes.Unavailable {
 		t.Errorf("a stream call under way at Close: %v, want Canceled or Unavailable", err)
