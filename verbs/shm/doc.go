@@ -163,7 +163,14 @@
 // from 1 to 0 and, if it did, writes a wake-up message on the socket. With
 // sequentially consistent atomics on both sides, either the receiver's
 // second look sees the record or the sender's swap sees the word, so no
-// wake-up is lost, and a sleep costs one wake-up message at most. Only the
+// wake-up is lost, and a sleep costs one wake-up message at most. The
+// wake-up reaches the receiver through Go's netpoller, which a process
+// whose every P runs goroutines looks at only every 10 ms (the runtime's
+// monitor): there a sleeping receiver's lane would stall that long. So
+// the process's awake receivers look after its sleeping ones: between
+// their own drains they poll the ring of one sleeping receiver (round
+// robin) when records wait there, as a polling caller does, claiming the
+// sleeping word meanwhile (asleep_linux.go). Only the
 // peer's records are trusted as far as mempool.Ring checks them: a corrupt
 // ring, a record that is not a control message, or anything but a wake-up
 // or an announced fd on the socket fails the queue pair with

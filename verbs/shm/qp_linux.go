@@ -24,6 +24,9 @@ type queuePair struct {
 	*softrc.QP
 	pd          *domain
 	inlineLimit int
+	// asleepAt (under asleep.mu) is this queue pair's index in asleep.qps
+	// while its receiver sleeps on the socket.
+	asleepAt int
 	// runningInline (under Mu) is set while PostSendUnlock ends a request
 	// it ran in the poster's goroutine, and queuedInline once that queued
 	// a completion for it to deliver before it returns.

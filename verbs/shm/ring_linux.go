@@ -314,6 +314,9 @@ func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 		} else {
 			n, err = qp.drainLocked(bufs)
 		}
+		if err == nil {
+			lookAfterSleeper(qp) // see asleep
+		}
 		// Poll for a while before sleeping, which costs the peer a
 		// wake-up message and us a trip through the netpoller. Between
 		// looks, let the other threads of the host run (the peer's, which
@@ -347,6 +350,7 @@ func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 				} else {
 					unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				}
+				lookAfterSleeper(qp)
 				n, err = qp.drainLocked(bufs)
 			}
 			if helping {
@@ -360,7 +364,9 @@ func (qp *queuePair) ringReceiver(bufs *msgBuffers, resumed bool) {
 			rx.sleeping.Store(1)
 			if n, err = qp.drainLocked(bufs); n == 0 && err == nil {
 				slept := time.Now()
+				sleepBegins(qp)
 				err = qp.awaitWake(bufs)
+				sleepEnds(qp)
 				spin = adaptSpin(spin, base, time.Since(slept))
 			}
 			if err != errDetached {

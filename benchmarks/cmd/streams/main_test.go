@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tensorrpc/tensorrpc/internal/leakcheck"
+)
+
+// TestRun: both planes measured, one JSON line each, every stream made
+// Fetches (the slowest's count over the fastest's is above 0), and the
+// windows were counted.
+func TestRun(t *testing.T) {
+	defer leakcheck.Check(t)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-planes", "shm,tcp", "-streams", "3", "-size", "4096", "-duration", "200ms", "-window", "20ms", "-json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2:\n%s", len(lines), out.String())
+	}
+	for i, plane := range []string{"shm", "tcp"} {
+		var r result
+		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Plane != plane || r.Streams != 3 || r.Bytes != 4096 || r.GBps <= 0 || r.SlowestFastest <= 0 || r.SlowestFastest > 1 || r.WindowMs != 20 || r.MaxFetchMs <= 0 {
+			t.Errorf("%s: %+v", plane, r)
+		}
+	}
+}
+
+// TestRunRefuses: flags that cannot measure anything are refused.
+func TestRunRefuses(t *testing.T) {
+	for _, args := range [][]string{{"-streams", "0"}, {"-duration", "10ms", "-window", "50ms"}, {"-planes", "nope", "-duration", "50ms", "-window", "10ms"}} {
+		if err := run(context.Background(), args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
