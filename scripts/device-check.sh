@@ -151,6 +151,7 @@ build() {
   (cd "$root/benchmarks" &&
     run_or_say go build -ldflags='-s -w' -o "$B/tensorbench" ./cmd/tensorbench &&
     run_or_say go build -ldflags='-s -w' -o "$B/handoffs" ./cmd/handoffs &&
+    run_or_say go build -ldflags='-s -w' -o "$B/streams" ./cmd/streams &&
     run_or_say go build -ldflags='-s -w' -o "$B/devbench" ./cmd/devbench) || exit 1
   (cd "$root/otel" &&
     run_or_say go test -c -ldflags='-s -w' -o "$B/otel.test" .) || exit 1
@@ -207,6 +208,7 @@ run() {
   step --gpu devbench 120 "$B/devbench $DEVBENCH_ARGS -json > $T/devbench.jsonl; cat $T/devbench.jsonl"
   step --gpu bench-cuda 120 "$py python3 $root/shim/examples/bench_cuda.py $BENCH_CUDA_ARGS | tee $T/bench-cuda.jsonl"
   step handoffs 40 "$B/handoffs -n $HANDOFF_CALLS -json > $T/handoffs.jsonl; $B/handoffs -n $HANDOFF_CALLS -streams 16 -size 1048576 -cases fetch-tcp,fetch-shm -json >> $T/handoffs.jsonl; cut -c1-160 $T/handoffs.jsonl"
+  step streams 30 "$B/streams -duration 2s -json > $T/streams.jsonl; TENSORRPC_LANES=1 $B/streams -duration 2s -json >> $T/streams.jsonl; cat $T/streams.jsonl"
   step copyshare 60 "bash $root/scripts/copyshare-ab.sh $B 55"
   step tensorbench 100 "$B/tensorbench -sections transfers -cases tcp-socket,unix-socket,memcpy,trpc-tcp,trpc-shm,call-rate,call-rate-inline $TENSORBENCH_ARGS -payloads random -jsonl $T/tensorbench.jsonl"
   step python-spin 120 "$py python3 $root/shim/examples/bench_latency.py $SPIN_ARGS > $T/python-spin50.jsonl; grep -h '| \\(go\\|c\\|py-raw\\|py-tensor\\|torch-rpc\\|socket\\|socket2\\) |' $T/python-spin50.jsonl"

@@ -25,6 +25,7 @@ JSONL = (
     ("devbench", "devbench.jsonl"),
     ("bench-cuda", "bench-cuda.jsonl"),
     ("handoffs", "handoffs.jsonl"),
+    ("streams", "streams.jsonl"),
     ("tensorbench", "tensorbench.jsonl"),
     ("python-spin", "python-spin50.jsonl"),
     ("python-spin-200us", "python-spin200.jsonl"),
@@ -211,6 +212,16 @@ class Summary:
                           (size_name(r.get("bytes", 0)), r["streams"], r.get("case")), "—", None,
                           "%.2f (%.1f µs)" % (r["handoffs"], r.get("wall_per_call_ns", 0) / 1e3), "—", r["handoffs"])
 
+    def streams_lines(self):
+        """benchmarks/cmd/streams: how evenly 16 streams progress, shown
+        for its numbers (issue 24, item 2)."""
+        for r in self.data.get("streams", []):
+            lanes = "TENSORRPC_LANES=%s" % r["lanes_env"] if r.get("lanes_env") else "default lanes"
+            self.goal("streams", "slowest/fastest stream within %g ms (p50), %d streams of %s, %s, %s (GB/s)" %
+                      (r.get("window_ms", 0), r.get("streams", 0), size_name(r.get("bytes", 0)), r.get("plane"), lanes),
+                      "—", None, "%.2f (%.2f GB/s)" % (r.get("window_slowest_over_fastest_p50", 0), r.get("gb_per_s", 0)),
+                      "—", r.get("window_slowest_over_fastest_p50", 0))
+
     def python_goals(self):
         # The goal is judged at the default poll spin; the 200 µs rows,
         # when measured, show whether a longer spin would help.
@@ -338,6 +349,7 @@ class Summary:
         self.device_goals()
         self.tensorbench_goals()
         self.handoff_goals()
+        self.streams_lines()
         self.python_goals()
         self.allreduce_goals()
         self.otel_goals()

@@ -37,7 +37,7 @@ func deviceCheck(t *testing.T, args ...string) string {
 func TestDeviceCheckDryRun(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "devbin")
 	build := deviceCheck(t, "build", dir, "--dry-run")
-	for _, want := range []string{"gpudirect.test", "rpc.test", "otel.test", "tensorbench", "handoffs", "devbench", "allreduce",
+	for _, want := range []string{"gpudirect.test", "rpc.test", "otel.test", "tensorbench", "handoffs", "streams", "devbench", "allreduce",
 		"-buildmode=c-shared -o " + dir + "/bin/libtensorrpc.so", "gopeer", "tar cJf"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("build --dry-run does not mention %q:\n%s", want, build)
@@ -45,7 +45,7 @@ func TestDeviceCheckDryRun(t *testing.T) {
 	}
 	run := deviceCheck(t, "run", dir, "--dry-run")
 	for _, step := range []string{"facts", "gpudirect-tests", "rpc-tests", "cuda-check", "devbench", "bench-cuda",
-		"handoffs", "copyshare", "tensorbench", "python-spin", "otel", "allreduce", "summary"} {
+		"handoffs", "streams", "copyshare", "tensorbench", "python-spin", "otel", "allreduce", "summary"} {
 		if !strings.Contains(run, "\n"+step+" ") {
 			t.Errorf("run --dry-run does not list the step %s:\n%s", step, run)
 		}

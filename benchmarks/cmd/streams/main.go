@@ -43,6 +43,7 @@ func main() {
 // result is one plane's measurement (one JSON line with -json).
 type result struct {
 	Plane          string  `json:"plane"`
+	LanesEnv       string  `json:"lanes_env,omitempty"` // TENSORRPC_LANES, when set
 	Streams        int     `json:"streams"`
 	Bytes          int     `json:"bytes"`
 	Seconds        float64 `json:"seconds"`
@@ -191,7 +192,7 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 		total += v
 		lo, hi = min(lo, v), max(hi, v)
 	}
-	r := result{Plane: plane, Streams: streams, Bytes: size, Seconds: elapsed.Seconds(),
+	r := result{Plane: plane, LanesEnv: os.Getenv("TENSORRPC_LANES"), Streams: streams, Bytes: size, Seconds: elapsed.Seconds(),
 		GBps: float64(total) * float64(size) / elapsed.Seconds() / 1e9, WindowMs: float64(win) / 1e6}
 	if hi > 0 {
 		r.SlowestFastest = float64(lo) / float64(hi)
