@@ -139,7 +139,9 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 				default:
 				}
 				t0 := time.Now()
+				region := trace.StartRegion(ctx, "fetch") // for -trace
 				x, err := c.Fetch(ctx, "t")
+				region.End()
 				if err != nil {
 					errs <- err
 					return
