@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
@@ -9,12 +10,12 @@ import (
 )
 
 // TestAwakeReceiversLookAfterSleepers: a record in the ring of a receiver
-// asleep on its socket is handled by an awake receiver of the process,
-// which is what a busy process, whose netpoller nobody looks at, relies
-// on. b2's receiver sleeps and no wake-up can reach it (its sleeping word
-// is cleared, as a poller's claim clears it, so a2 sends none); pair 1's
-// receivers spin. a2's Send must still complete at b2, with b2's receiver
-// asleep throughout.
+// asleep on its socket gets handled when an awake receiver of the process
+// kicks it, which is what a busy process, whose netpoller nobody looks
+// at, relies on. b2's receiver sleeps and no wake-up can reach it (its
+// sleeping word is cleared, as a poller's claim clears it, so a2 sends
+// none); pair 1's receivers spin. a2's Send must still complete at b2,
+// with no wake-up message sent.
 func TestAwakeReceiversLookAfterSleepers(t *testing.T) {
 	defer leakcheck.Check(t)
 	_, _, close1 := connected(t, 4096, withRingSpin(time.Hour)) // awake until closed
@@ -26,28 +27,31 @@ func TestAwakeReceiversLookAfterSleepers(t *testing.T) {
 			t.Errorf("%d receivers still listed asleep after every queue pair closed", n)
 		}
 	}()
-	// Wait for b2's receiver to sleep, then take its sleeping word away.
-	deadline := time.Now().Add(10 * time.Second)
-	for !isAsleep(b2.qp) || !b2.qp.rx.sleeping.CompareAndSwap(1, 0) {
-		if time.Now().After(deadline) {
-			t.Fatal("b2's receiver never went to sleep")
+	for round := range 3 {
+		// Wait for b2's receiver to sleep, then take its sleeping word away.
+		deadline := time.Now().Add(10 * time.Second)
+		for !isAsleep(b2.qp) || !b2.qp.rx.sleeping.CompareAndSwap(1, 0) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: b2's receiver never went to sleep", round)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
-	}
-	if err := b2.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: b2.mr, Length: 64}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a2.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: a2.mr, Length: 64}}); err != nil {
-		t.Fatal(err)
-	}
-	if c := waitOne(t, b2.cq); c.Status != verbs.StatusSuccess || c.Len != 64 {
-		t.Fatalf("receive: %+v", c)
-	}
-	if c := waitOne(t, a2.cq); c.Status != verbs.StatusSuccess {
-		t.Fatalf("send: %+v", c)
-	}
-	if !isAsleep(b2.qp) {
-		t.Error("b2's receiver woke: the test did not check what it meant to")
+		wakes := a2.qp.tx.wakes.Load()
+		if err := b2.qp.PostRecv(verbs.RecvRequest{ID: 1, Local: verbs.Local{Region: b2.mr, Length: 64}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a2.qp.PostSend(verbs.SendRequest{ID: 2, Op: verbs.OpSend, Local: verbs.Local{Region: a2.mr, Length: 64}}); err != nil {
+			t.Fatal(err)
+		}
+		if c := waitOne(t, b2.cq); c.Status != verbs.StatusSuccess || c.Len != 64 {
+			t.Fatalf("round %d: receive: %+v", round, c)
+		}
+		if n := a2.qp.tx.wakes.Load() - wakes; n != 0 {
+			t.Fatalf("round %d: a2 sent %d wake-ups: the test did not check what it meant to", round, n)
+		}
+		if c := waitOne(t, a2.cq); c.Status != verbs.StatusSuccess {
+			t.Fatalf("round %d: send: %+v", round, c)
+		}
 	}
 }
 
@@ -98,5 +102,25 @@ func TestAsleepList(t *testing.T) {
 		if !isAsleep(qps[i]) {
 			t.Errorf("queue pair %d, still asleep, is not listed", i)
 		}
+	}
+}
+
+// TestKickWhileAwake: a kick that lands after its receiver woke (a read
+// deadline in the past still set) ends the receiver's next read of the
+// socket, here the fd of a region the peer announces, which it then reads
+// again instead of failing the queue pair.
+func TestKickWhileAwake(t *testing.T) {
+	defer leakcheck.Check(t)
+	a, b, closeAll := connected(t, 4096, withRingSpin(time.Hour)) // a's receiver never sleeps
+	defer closeAll()
+	pattern(b.mr.Bytes(), 3)
+	a.qp.rx.kicked.Store(true)
+	a.qp.conn.SetReadDeadline(time.Unix(1, 0))
+	post(t, a, readOf(1, a, 0, b, 0, 64)) // maps b's region at a: its fd comes on the socket
+	if !bytes.Equal(a.mr.Bytes()[:64], b.mr.Bytes()[:64]) {
+		t.Fatal("the Read's bytes differ from the source")
+	}
+	if a.qp.rx.kicked.Load() {
+		t.Error("the read the kick ended did not take the kick back")
 	}
 }

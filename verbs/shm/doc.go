@@ -168,9 +168,10 @@
 // whose every P runs goroutines looks at only every 10 ms (the runtime's
 // monitor): there a sleeping receiver's lane would stall that long. So
 // the process's awake receivers look after its sleeping ones: between
-// their own drains they poll the ring of one sleeping receiver (round
-// robin) when records wait there, as a polling caller does, claiming the
-// sleeping word meanwhile (asleep_linux.go). Only the
+// their own drains they look at one sleeping receiver's ring (round
+// robin) and, when records wait there, kick it: a read deadline in the
+// past ends its read at once, and Go readies it without the netpoller
+// (asleep_linux.go). Only the
 // peer's records are trusted as far as mempool.Ring checks them: a corrupt
 // ring, a record that is not a control message, or anything but a wake-up
 // or an announced fd on the socket fails the queue pair with

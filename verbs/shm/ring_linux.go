@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,12 @@ type ringRx struct {
 	// EndPoll must set it back.
 	pollers atomic.Int32
 	claimed bool
+	// kicked is set while an awake receiver of the process has ended
+	// this receiver's sleep (kick) and it has not woken yet;
+	// waitingSince (Unix ns, 0: none) is when an awake receiver first saw
+	// records wait in the ring of this one, asleep.
+	kicked       atomic.Bool
+	waitingSince atomic.Int64
 	// resume continues the ring receiver in a new goroutine (set before
 	// it starts).
 	resume func()
@@ -429,9 +436,12 @@ func adaptSpin(spin, base, slept time.Duration) time.Duration {
 // poller had cleared the sleeping word (see Poll): readFD takes it from
 // bufs.pending.
 func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
-	m, fds, err := readMessageFDs(qp.conn, bufs)
+	m, fds, kicked, err := qp.readSocket(bufs)
 	if err != nil {
 		return fmt.Errorf("shm: connection to the peer lost: %w", err)
+	}
+	if kicked {
+		return nil // records wait in the ring
 	}
 	if m.typ == msgFD && fds[0] >= 0 && fds[1] < 0 && bufs.pendingFD < 0 {
 		bufs.pendingFD, bufs.pendingSeq = fds[0], m.seq
@@ -442,6 +452,19 @@ func (qp *queuePair) awaitWake(bufs *msgBuffers) error {
 		return fmt.Errorf("shm: peer broke the protocol: message type %d on the socket while waiting for a wake-up", m.typ)
 	}
 	return nil
+}
+
+// readSocket reads the next message on the socket, as the ring receiver
+// does. kicked reports a read that an awake receiver of the process ended
+// instead (kick: a read deadline in the past, which it clears).
+func (qp *queuePair) readSocket(bufs *msgBuffers) (m message, fds passedFDs, kicked bool, err error) {
+	m, fds, err = readMessageFDs(qp.conn, bufs)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		qp.conn.SetReadDeadline(time.Time{})
+		qp.rx.kicked.Store(false)
+		return m, fds, true, nil
+	}
+	return m, fds, false, err
 }
 
 // drainLocked is drainRing under the ring's consume lock, for the
@@ -617,11 +640,11 @@ func (qp *queuePair) readFD(seq uint64, bufs *msgBuffers) (int, error) {
 		return fd, nil
 	}
 	for {
-		m, fds, err := readMessageFDs(qp.conn, bufs)
+		m, fds, kicked, err := qp.readSocket(bufs)
 		if err != nil {
 			return -1, fmt.Errorf("shm: connection to the peer lost: %w", err)
 		}
-		if m.typ == msgWake && fds[0] < 0 {
+		if kicked || m.typ == msgWake && fds[0] < 0 {
 			continue
 		}
 		if m.typ != msgFD || m.seq != seq || fds[0] < 0 || fds[1] >= 0 {
