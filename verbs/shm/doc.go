@@ -169,7 +169,7 @@
 // monitor): there a sleeping receiver's lane would stall that long. So
 // the process's awake receivers look after its sleeping ones: between
 // their own drains they look at one sleeping receiver's ring (round
-// robin) and, when records wait there, kick it: a read deadline in the
+// robin) and, when records have waited there 100 µs, kick it: a read deadline in the
 // past ends its read at once, and Go readies it without the netpoller
 // (asleep_linux.go). Only the
 // peer's records are trusted as far as mempool.Ring checks them: a corrupt
