@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,5 +42,23 @@ func TestRunRefuses(t *testing.T) {
 		if err := run(context.Background(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// TestTrace: -trace writes a runtime trace of the first plane's run, and
+// the run still reports its windows.
+func TestTrace(t *testing.T) {
+	defer leakcheck.Check(t)
+	path := filepath.Join(t.TempDir(), "streams.trace")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-planes", "shm", "-streams", "2", "-size", "4096", "-duration", "800ms", "-window", "50ms", "-json", "-trace", path}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() == 0 {
+		t.Fatalf("no trace written: %v", err)
+	}
+	var r result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.WindowP50 <= 0 {
+		t.Errorf("result %+v (%v)", r, err)
 	}
 }
