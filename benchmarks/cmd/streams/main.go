@@ -6,7 +6,9 @@
 // each -window (p10 and p50 over the windows), and the longest Fetch of
 // the median stream and of the worst. A step that waits for every stream
 // (an all-reduce, tensorbench's reps) goes at the pace of the slowest
-// within its window, not at the average.
+// within its window, not at the average. -busy N runs N goroutines that
+// compute without yielding meanwhile: what CPU-bound work on every P
+// costs the calls.
 //
 //	go run ./benchmarks/cmd/streams -planes shm,tcp -streams 16 -size 1048576
 //	TENSORRPC_LANES=1 go run ./benchmarks/cmd/streams -planes shm
@@ -44,6 +46,7 @@ func main() {
 type result struct {
 	Plane          string  `json:"plane"`
 	LanesEnv       string  `json:"lanes_env,omitempty"` // TENSORRPC_LANES, when set
+	Busy           int     `json:"busy,omitempty"`      // goroutines computing beside the streams
 	Streams        int     `json:"streams"`
 	Bytes          int     `json:"bytes"`
 	Seconds        float64 `json:"seconds"`
@@ -52,6 +55,8 @@ type result struct {
 	WindowMs       float64 `json:"window_ms"`
 	WindowP10      float64 `json:"window_slowest_over_fastest_p10"`
 	WindowP50      float64 `json:"window_slowest_over_fastest_p50"`
+	P50us          float64 `json:"p50_fetch_us"`
+	P99us          float64 `json:"p99_fetch_us"`
 	MaxFetchMedMs  float64 `json:"longest_fetch_median_stream_ms"`
 	MaxFetchMs     float64 `json:"longest_fetch_ms"`
 }
@@ -65,6 +70,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	win := fs.Duration("window", 50*time.Millisecond, "window of the per-window slowest/fastest")
 	asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
 	traceTo := fs.String("trace", "", "write a runtime trace of 300 ms in the middle of the first plane's run to this file")
+	busy := fs.Int("busy", 0, "goroutines that compute without yielding while the streams run (what CPU-bound work on every P costs the calls)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -73,14 +79,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if !*asJSON {
 		fmt.Fprintf(out, "%d streams of %d-byte Fetches on one session, free-running, %v a plane; slowest/fastest: the slowest stream's Fetches over the fastest's\n\n", *streams, *size, *dur)
-		fmt.Fprintf(out, "| plane | GB/s | slowest/fastest | per %v window, p10 | p50 | longest Fetch, median stream | worst |\n|---|--:|--:|--:|--:|--:|--:|\n", *win)
+		fmt.Fprintf(out, "| plane | GB/s | Fetch p50 | p99 | slowest/fastest | per %v window, p10 | p50 | longest Fetch, median stream | worst |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n", *win)
 	}
 	for i, plane := range strings.Split(*planes, ",") {
 		tr := ""
 		if i == 0 {
 			tr = *traceTo
 		}
-		r, err := measure(ctx, plane, *size, *streams, *dur, *win, tr)
+		r, err := measure(ctx, plane, *size, *streams, *busy, *dur, *win, tr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", plane, err)
 		}
@@ -89,12 +95,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			fmt.Fprintln(out, string(b))
 			continue
 		}
-		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f | %.2f | %.1f ms | %.1f ms |\n", r.Plane, r.GBps, r.SlowestFastest, r.WindowP10, r.WindowP50, r.MaxFetchMedMs, r.MaxFetchMs)
+		fmt.Fprintf(out, "| %s | %.2f | %.1f µs | %.1f µs | %.2f | %.2f | %.2f | %.1f ms | %.1f ms |\n", r.Plane, r.GBps, r.P50us, r.P99us, r.SlowestFastest, r.WindowP10, r.WindowP50, r.MaxFetchMedMs, r.MaxFetchMs)
 	}
 	return nil
 }
 
-func measure(ctx context.Context, plane string, size, streams int, dur, win time.Duration, traceTo string) (result, error) {
+func measure(ctx context.Context, plane string, size, streams, busy int, dur, win time.Duration, traceTo string) (result, error) {
 	tr := rpc.WithTransports(plane, rpc.TransportGRPC)
 	s, err := rpc.NewServer(tr)
 	if err != nil {
@@ -123,8 +129,11 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 	if got := c.Transport(); got != plane {
 		return result{}, fmt.Errorf("negotiated %s (%v)", got, c.Rejections())
 	}
+	stopBusy := spin(busy)
+	defer stopBusy()
 	counts := make([]atomic.Int64, streams)
 	longest := make([]time.Duration, streams)
+	took := make([][]time.Duration, streams) // every Fetch's time, by stream
 	errs := make(chan error, streams)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -147,7 +156,9 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 					return
 				}
 				x.Release()
-				longest[i] = max(longest[i], time.Since(t0))
+				d := time.Since(t0)
+				longest[i] = max(longest[i], d)
+				took[i] = append(took[i], d)
 				counts[i].Add(1)
 			}
 		}()
@@ -194,7 +205,7 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 		total += v
 		lo, hi = min(lo, v), max(hi, v)
 	}
-	r := result{Plane: plane, LanesEnv: os.Getenv("TENSORRPC_LANES"), Streams: streams, Bytes: size, Seconds: elapsed.Seconds(),
+	r := result{Plane: plane, LanesEnv: os.Getenv("TENSORRPC_LANES"), Busy: busy, Streams: streams, Bytes: size, Seconds: elapsed.Seconds(),
 		GBps: float64(total) * float64(size) / elapsed.Seconds() / 1e9, WindowMs: float64(win) / 1e6}
 	if hi > 0 {
 		r.SlowestFastest = float64(lo) / float64(hi)
@@ -203,10 +214,46 @@ func measure(ctx context.Context, plane string, size, streams int, dur, win time
 		slices.Sort(windows)
 		r.WindowP10, r.WindowP50 = windows[len(windows)/10], windows[len(windows)/2]
 	}
+	var all []time.Duration
+	for _, t := range took {
+		all = append(all, t...)
+	}
+	if len(all) > 0 {
+		slices.Sort(all)
+		r.P50us, r.P99us = float64(all[len(all)/2])/1e3, float64(all[len(all)*99/100])/1e3
+	}
 	slices.Sort(longest)
 	r.MaxFetchMedMs, r.MaxFetchMs = float64(longest[streams/2])/1e6, float64(longest[streams-1])/1e6
 	return r, nil
 }
+
+// spin starts n goroutines that compute without blocking or yielding
+// (only Go's asynchronous preemption takes their P), until the returned
+// function is called.
+func spin(n int) (stop func()) {
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := uint64(1)
+			for !done.Load() {
+				for range 1 << 12 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			sink.Add(x)
+		}()
+	}
+	return func() {
+		done.Store(true)
+		wg.Wait()
+	}
+}
+
+// sink keeps spin's arithmetic from being optimised away.
+var sink atomic.Uint64
 
 // traceFor writes a runtime trace of d to path.
 func traceFor(path string, d time.Duration) error {

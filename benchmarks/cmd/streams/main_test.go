@@ -30,7 +30,7 @@ func TestRun(t *testing.T) {
 		if err := json.Unmarshal([]byte(lines[i]), &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Plane != plane || r.Streams != 3 || r.Bytes != 4096 || r.GBps <= 0 || r.SlowestFastest <= 0 || r.SlowestFastest > 1 || r.WindowMs != 20 || r.MaxFetchMs <= 0 {
+		if r.Plane != plane || r.Streams != 3 || r.Bytes != 4096 || r.GBps <= 0 || r.SlowestFastest <= 0 || r.SlowestFastest > 1 || r.WindowMs != 20 || r.MaxFetchMs <= 0 || r.P50us <= 0 || r.P99us < r.P50us {
 			t.Errorf("%s: %+v", plane, r)
 		}
 	}
@@ -59,6 +59,20 @@ func TestTrace(t *testing.T) {
 	}
 	var r result
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.WindowP50 <= 0 {
+		t.Errorf("result %+v (%v)", r, err)
+	}
+}
+
+// TestBusy: -busy runs its computing goroutines beside the streams, says
+// so in the result, and stops them (leakcheck).
+func TestBusy(t *testing.T) {
+	defer leakcheck.Check(t)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-planes", "shm", "-streams", "1", "-size", "4096", "-duration", "100ms", "-window", "20ms", "-busy", "2", "-json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Busy != 2 || r.P50us <= 0 {
 		t.Errorf("result %+v (%v)", r, err)
 	}
 }
