@@ -64,9 +64,11 @@ func sleepEnds(qp *queuePair) {
 // over takes far less, and the kick then only adds a hand-off; the stall
 // it ends takes up to 10 ms. (On the 2-core VM a single stream's 4 KiB
 // shm Fetch, in one process, made 0.12-0.22 hand-offs a call kicking at
-// once and 0.10-0.16 after 100 µs, against 0.04-0.05 with no kicks: both
-// Ps spin there, so the netpoller waits for the monitor, and records on
-// the other lane are kicked either way.)
+// once and 0.07-0.16 after 100 µs, against 0.03-0.05 with no kicks: both
+// Ps spin there (the polling caller, the server's receiver), so the
+// netpoller waits for the monitor, and records that reach the client's
+// sleeping receiver after its caller stopped polling are kicked either
+// way, where they waited for the monitor before.)
 const kickAfter = 100 * time.Microsecond
 
 // lookAfterSleeper is called by the awake receiver of self between its
