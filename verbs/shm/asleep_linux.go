@@ -66,9 +66,10 @@ func sleepEnds(qp *queuePair) {
 // shm Fetch, in one process, made 0.12-0.22 hand-offs a call kicking at
 // once and 0.07-0.16 after 100 µs, against 0.03-0.05 with no kicks: both
 // Ps spin there (the polling caller, the server's receiver), so the
-// netpoller waits for the monitor, and records that reach the client's
-// sleeping receiver after its caller stopped polling are kicked either
-// way, where they waited for the monitor before.)
+// netpoller waits for the monitor. Counted in another single-stream run,
+// the kicks were rare, 88 in 66,000 Fetches, all to the client's own
+// lane, whose receiver sleeps while its caller polls; what the rest of
+// those hand-offs are is not traced.)
 const kickAfter = 100 * time.Microsecond
 
 // lookAfterSleeper is called by the awake receiver of self between its
