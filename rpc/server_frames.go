@@ -693,8 +693,10 @@ func (f *fetchNowCall) work(ctx context.Context, info *CallInfo) error {
 func (s *Server) answerAside(ss *serverSession, l *engine.Link, ref uint64, raw []byte, body proto.Message, resp *pb.FetchResponse, view *mempool.Buffer, inline int) {
 	ran := false
 	ss.Run(l, ref, func() {}, engine.RunInline, nil, func(_ error, over func()) bool {
-		ran = true
-		go func() {
+		// A goroutine of the session, which the session's Close waits
+		// for: the Send can complete (and the call end) before this
+		// goroutine has freed what the answer held.
+		ran = ss.Go(func() {
 			posted, err := l.PostFrame(ss.Context(), wire.FrameFetchResp, 0, ref, raw, body, over)
 			if err != nil {
 				s.withdraw(ss, resp, nil)
@@ -707,8 +709,8 @@ func (s *Server) answerAside(ss *serverSession, l *engine.Link, ref uint64, raw 
 			if !posted {
 				over()
 			}
-		}()
-		return true
+		})
+		return ran
 	})
 	if !ran { // the session closed
 		s.withdraw(ss, resp, view)
@@ -900,9 +902,12 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 			info = after // the answer goes aside: they run as it does
 			// No credit or buffer at hand: the answer waits for them
 			// aside, with what it views.
+			// A goroutine of the session, which the session's Close
+			// waits for, so that what it holds is back in the pool
+			// when Close returns (the Send can complete first).
 			own := held
 			held = nil
-			go func() {
+			aside := ss.Go(func() {
 				defer func() {
 					for _, b := range own {
 						b.Release()
@@ -915,8 +920,14 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 				if !posted {
 					over()
 				}
-			}()
-			return true
+			})
+			if !aside { // the session closed
+				for _, b := range own {
+					b.Release()
+				}
+				engine.FinishAll(ss.ReleaseRef(ref))
+			}
+			return aside
 		}
 		posted, err := l.PostFrame(ss.Context(), resp, flags, ref, raw, body, over)
 		if err != nil {
