@@ -325,8 +325,15 @@ func (r *receiving) releaseHeld() {
 	if !held {
 		return
 	}
+	q.writeOrWake(r, false)
+}
+
+// writeOrWake writes what is queued from the receiver r without blocking
+// (writeQueued's try; direct as there), when the writer is not at work,
+// and otherwise, or when that wrote nothing, wakes the writer.
+func (q *queuePair) writeOrWake(r *receiving, direct bool) {
 	if r.raw != nil && q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(r.conn, false, r, r.raw)
+		wrote, _, _ := q.writeQueued(r.conn, direct, r, r.raw)
 		q.writeMu.Unlock()
 		if wrote {
 			return
@@ -1142,14 +1149,7 @@ func (r *receiving) flushAcks() {
 		}
 		return
 	}
-	if r.raw != nil && q.writeMu.TryLock() {
-		wrote, _, _ := q.writeQueued(r.conn, true, r, r.raw)
-		q.writeMu.Unlock()
-		if wrote {
-			return
-		}
-	}
-	softrc.Signal(q.wakeWriter)
+	q.writeOrWake(r, true)
 }
 
 // armLazyAcks puts the queue pair on the lazy-ack sweeper's list.
