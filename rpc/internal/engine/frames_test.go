@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -404,4 +405,58 @@ func TestFramesReleasesAfterFetch(t *testing.T) {
 			t.Errorf("frame type %d: no request took its release along in 20 tries", c.typ)
 		}
 	}
+}
+
+// TestReleaserDelays: a release that no frame takes along goes in a
+// RELEASE frame of its own once its delay passed; not before, while the
+// delay runs; and a cancellation queued meanwhile cuts that wait to the
+// cancellation's delay, its ref in the same frame.
+func TestReleaserDelays(t *testing.T) {
+	pair := func(t *testing.T, release, cancel time.Duration) (*Link, chan []uint64, chan []uint64) {
+		// Set before the links start, restored after they ended (the
+		// cleanups run last first).
+		old, oldCancel := releaseDelay, cancelDelay
+		t.Cleanup(func() { releaseDelay, cancelDelay = old, oldCancel })
+		releaseDelay, cancelDelay = release, cancel
+		released, cancelled := make(chan []uint64, 8), make(chan []uint64, 8)
+		client, _ := framedPairWith(t, func(_ *Link, h frameHeader, body []byte) {
+			if h.Type == frameRelease {
+				if refs := ReadU64s(body); len(refs) > 0 {
+					cancelled <- refs
+				}
+			}
+		}, func(ids []uint64) func() {
+			released <- ids
+			return func() {}
+		})
+		return client, released, cancelled
+	}
+	wait := func(t *testing.T, ch chan []uint64, want uint64, what string) {
+		t.Helper()
+		select {
+		case got := <-ch:
+			if !slices.Equal(got, []uint64{want}) {
+				t.Fatalf("%s %v, want [%d]", what, got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s %d: not sent in 10 s", what, want)
+		}
+	}
+	t.Run("alone", func(t *testing.T) {
+		client, released, _ := pair(t, time.Millisecond, time.Millisecond)
+		client.Frames.QueueRelease(5, 0)
+		wait(t, released, 5, "released")
+	})
+	t.Run("cancellation-cuts-the-wait", func(t *testing.T) {
+		client, released, cancelled := pair(t, time.Hour, time.Millisecond)
+		client.Frames.QueueRelease(7, 0)
+		select {
+		case ids := <-released:
+			t.Fatalf("released %v within 50 ms of a release delay of an hour, with nothing else queued", ids)
+		case <-time.After(50 * time.Millisecond):
+		}
+		client.Frames.QueueRelease(0, 9)
+		wait(t, released, 7, "released")
+		wait(t, cancelled, 9, "cancelled")
+	})
 }
