@@ -23,6 +23,7 @@ import (
 	"github.com/tensorrpc/tensorrpc/rpc/internal/rpctest"
 	"github.com/tensorrpc/tensorrpc/verbs"
 	"github.com/tensorrpc/tensorrpc/verbs/tcp"
+	"github.com/tensorrpc/tensorrpc/zerocopy"
 )
 
 // framedPair is a pair whose client counts the unary calls it makes.
@@ -490,4 +491,48 @@ func TestAnswerBeforeDeath(t *testing.T) {
 			t.Fatalf("try %d: %v, %v, hold ran %d times; want the answer", i, r.Msg, err, held)
 		}
 	}
+}
+
+// TestCallAnswerAside: a call answered where its frame was read whose
+// answer finds no credit or buffer at hand sends it aside, with the pool
+// tensor its reply views; the answer arrives, and once the Server has
+// stopped that tensor is back in the pool (the pair's cleanup checks),
+// even when the session ends right after the answer arrived.
+func TestCallAnswerAside(t *testing.T) {
+	for _, tr := range []string{TransportTCP, TransportSHM} {
+		t.Run(tr, func(t *testing.T) {
+			s, c := pair(t, tr, nil, nil)
+			s.Handle("echo", func(ctx context.Context, in *Message) (*Message, error) {
+				o, err := s.NewTensor(ctx, zerocopy.Uint8, []int64{int64(len(in.Tensors[0].Bytes()))})
+				if err != nil {
+					return nil, err
+				}
+				copy(o.Bytes(), in.Tensors[0].Bytes())
+				return &Message{Tensors: []*Tensor{o}}, nil
+			}, Inline())
+			answerAsideForTest.Store(true)
+			defer answerAsideForTest.Store(false)
+			for i := range 5 {
+				b := make([]byte, 4<<10)
+				pattern(b, byte(i))
+				reply, err := c.Call(ctxT(t), "echo", &Message{Tensors: []*Tensor{WrapTensor(mustTensorInternal(t, b))}})
+				if err != nil {
+					t.Fatalf("call %d: %v", i, err)
+				}
+				if !bytes.Equal(reply.Tensors[0].Bytes(), b) {
+					t.Fatalf("call %d: the reply differs", i)
+				}
+				reply.Release()
+			}
+		})
+	}
+}
+
+func mustTensorInternal(t *testing.T, b []byte) zerocopy.Tensor {
+	t.Helper()
+	zt, err := zerocopy.New(zerocopy.Uint8, []int64{int64(len(b))}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zt
 }

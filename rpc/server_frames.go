@@ -723,8 +723,9 @@ func errSkipped(op Operation) error {
 	return status.Errorf(codes.Internal, "tensorrpc: an interceptor ended a %s without an error and without running it", op)
 }
 
-// answerAsideForTest makes fetchNowIntercepted answer as when no credit
-// or buffer is at hand (tests).
+// answerAsideForTest makes fetchNowIntercepted, and calls answered where
+// their frames were read (runFrameCall), answer as when no credit or
+// buffer is at hand (tests).
 var answerAsideForTest atomic.Bool
 
 // withdraw frees what a Fetch's answer that will not go made for the
@@ -896,7 +897,7 @@ func (s *Server) runFrameCall(ss *serverSession, l *engine.Link, ref uint64, res
 				}
 				info = nil // (the deferred answered: nothing to run)
 			}
-			if l.TrySendFrame(resp, flags, ref, raw, body, sent) {
+			if !answerAsideForTest.Load() && l.TrySendFrame(resp, flags, ref, raw, body, sent) {
 				return true
 			}
 			info = after // the answer goes aside: they run as it does
