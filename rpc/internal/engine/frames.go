@@ -698,8 +698,8 @@ func (f *Framing) QueueRelease(id, ref uint64) {
 // (the runtime's wakeNetPoller), so the delay bounds those starts too.
 // At 500 µs, a stream of 1 MiB shm Fetches between goroutines of one
 // process under GOMAXPROCS=16 (handoffs -size 1048576 -cases fetch-shm,
-// 2-core VM) paid 0.23-0.26 idle-P starts and 0.14 hand-offs a call,
-// 0.08 of each the releaser's; at 5 ms, 0.13-0.15 and 0.08-0.09. What
+// 2-core VM) paid 0.19-0.26 idle-P starts and 0.11-0.14 hand-offs a
+// call, 0.08 of each the releaser's; at 5 ms, 0.13-0.15 and 0.07-0.09. What
 // it holds back is only server memory of tensors the client dropped
 // while idle, freed 5 ms later (a Close flushes at once).
 const ReleaseDelay = 5 * time.Millisecond
